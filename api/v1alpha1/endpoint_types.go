@@ -1,0 +1,159 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// NetworkEndpointSpec is one pod's attachment to its network.
+type NetworkEndpointSpec struct {
+	// Network is the name of the Network the pod is bound to.
+	// +required
+	Network string `json:"network"`
+	// Node is the node the pod runs on.
+	// +required
+	Node string `json:"node"`
+	// Addresses are the pod's addresses in the network, at most one per family.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=2
+	Addresses []IPAddress `json:"addresses,omitempty"`
+	// MAC is the pod interface's MAC address.
+	// +optional
+	MAC MACAddress `json:"mac,omitempty"`
+	// Interface is the pod's interface name inside its namespace.
+	// +optional
+	Interface string `json:"interface,omitempty"`
+}
+
+// NetworkEndpointStatus reports whether the attachment is programmed.
+type NetworkEndpointStatus struct {
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// NetworkEndpoint records a pod's attachment: network, node, addresses, MAC.
+// It is owned by its Pod.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Namespaced,shortName=nep,categories=lace
+// +kubebuilder:printcolumn:name="Network",type=string,JSONPath=`.spec.network`
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.node`
+// +kubebuilder:printcolumn:name="Addresses",type=string,JSONPath=`.spec.addresses`
+// +kubebuilder:printcolumn:name="MAC",type=string,JSONPath=`.spec.mac`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type NetworkEndpoint struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec   NetworkEndpointSpec   `json:"spec"`
+	Status NetworkEndpointStatus `json:"status,omitempty"`
+}
+
+// NetworkEndpointList is a list of NetworkEndpoints.
+//
+// +kubebuilder:object:root=true
+type NetworkEndpointList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []NetworkEndpoint `json:"items"`
+}
+
+// NeighborSpec binds an IP address of an l2 network to a MAC address.
+type NeighborSpec struct {
+	// Network is the name of the l2 Network.
+	// +required
+	Network string `json:"network"`
+	// Address is the IP address.
+	// +required
+	Address IPAddress `json:"address"`
+	// MAC is the MAC address the IP address resolves to.
+	// +required
+	MAC MACAddress `json:"mac"`
+	// Learned is true when the binding was learned from traffic rather
+	// than allocated.
+	// +optional
+	Learned bool `json:"learned,omitempty"`
+}
+
+// Neighbor is an IP to MAC binding in an l2 network, used to answer ARP and
+// neighbour solicitations without flooding.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster,shortName=nbr,categories=lace
+// +kubebuilder:printcolumn:name="Network",type=string,JSONPath=`.spec.network`
+// +kubebuilder:printcolumn:name="Address",type=string,JSONPath=`.spec.address`
+// +kubebuilder:printcolumn:name="MAC",type=string,JSONPath=`.spec.mac`
+// +kubebuilder:printcolumn:name="Learned",type=boolean,JSONPath=`.spec.learned`
+type Neighbor struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec NeighborSpec `json:"spec"`
+}
+
+// NeighborList is a list of Neighbors.
+//
+// +kubebuilder:object:root=true
+type NeighborList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Neighbor `json:"items"`
+}
+
+// FDBEntrySpec places a MAC address of an l2 network on a node.
+type FDBEntrySpec struct {
+	// Network is the name of the l2 Network.
+	// +required
+	Network string `json:"network"`
+	// MAC is the MAC address.
+	// +required
+	MAC MACAddress `json:"mac"`
+	// Node is where the MAC currently lives.
+	// +required
+	Node string `json:"node"`
+	// Sequence orders moves of the MAC: the highest sequence wins.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Sequence int64 `json:"sequence,omitempty"`
+	// Learned is true when the location was learned from traffic.
+	// +optional
+	Learned bool `json:"learned,omitempty"`
+}
+
+// FDBEntry is the location (node) of a MAC address in an l2 network.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster,shortName=fdb,categories=lace
+// +kubebuilder:printcolumn:name="Network",type=string,JSONPath=`.spec.network`
+// +kubebuilder:printcolumn:name="MAC",type=string,JSONPath=`.spec.mac`
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.node`
+// +kubebuilder:printcolumn:name="Sequence",type=integer,JSONPath=`.spec.sequence`
+type FDBEntry struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec FDBEntrySpec `json:"spec"`
+}
+
+// FDBEntryList is a list of FDBEntries.
+//
+// +kubebuilder:object:root=true
+type FDBEntryList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []FDBEntry `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(
+		&NetworkEndpoint{}, &NetworkEndpointList{},
+		&Neighbor{}, &NeighborList{},
+		&FDBEntry{}, &FDBEntryList{},
+	)
+}
