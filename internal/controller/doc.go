@@ -1,0 +1,36 @@
+// Package controller holds lace-controller's reconcilers: network IDs, the
+// l3 node blocks (Allocations) and the nodes' SRv6 locators. It is the single
+// writer of those cluster-wide decisions. It never touches a node's kernel
+// and never writes the fields agents own (UnderlayEndpoint addresses and
+// zone, NetworkEndpoints).
+//
+// Every allocation decision is made by one reconcile at a time (one worker
+// per kind) from a fresh, uncached list of what is already allocated, so a
+// stale cache can never hand out the same block, ID or locator twice; leader
+// election keeps a second controller from deciding at the same time.
+package controller
+
+// Labels the controller puts on what it creates, to list them by owner.
+const (
+	LabelNetwork    = "lace-cni.io/network"
+	LabelNetworkUID = "lace-cni.io/network-uid"
+	LabelNode       = "lace-cni.io/node"
+
+	// FieldManager is the server-side-apply field manager of the controller.
+	FieldManager = "lace-controller"
+)
+
+// Condition types and reasons written by the controller.
+const (
+	ConditionBlocksAllocated = "BlocksAllocated"
+
+	ReasonAllocated          = "Allocated"
+	ReasonSubnetExhausted    = "SubnetExhausted"
+	ReasonNotRouted          = "NotRouted"
+	ReasonIDAssigned         = "IDAssigned"
+	ReasonIDsExhausted       = "NetworkIDsExhausted"
+	ReasonLocatorsExhausted  = "LocatorPoolExhausted"
+	ReasonNetworkNotFound    = "NetworkNotFound"
+	ReasonNetworkFound       = "NetworkFound"
+	ReasonDuplicateNetworkID = "DuplicateNetworkID"
+)

@@ -1,0 +1,99 @@
+package controller
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/lace-cni/lace/internal/model/ipam"
+	"github.com/lace-cni/lace/pkg/scheme"
+)
+
+// Options configure lace-controller.
+type Options struct {
+	// MetricsAddr serves Prometheus metrics ("0" disables).
+	MetricsAddr string
+	// HealthAddr serves /healthz and /readyz ("0" disables).
+	HealthAddr string
+
+	LeaderElection          bool
+	LeaderElectionNamespace string
+	LeaderElectionID        string
+
+	// LocatorPool is cut into per-node SRv6 locators of LocatorLength bits.
+	LocatorPool   netip.Prefix
+	LocatorLength int
+
+	// ReleaseGrace keeps a removed node's blocks reserved this long.
+	ReleaseGrace time.Duration
+
+	// SkipNameValidation allows several managers in one process (tests that
+	// restart the controller or run two for leader election).
+	SkipNameValidation bool
+}
+
+// DefaultOptions are the flag defaults of lace-controller.
+func DefaultOptions() Options {
+	return Options{
+		MetricsAddr:             ":8080",
+		HealthAddr:              ":8081",
+		LeaderElection:          true,
+		LeaderElectionNamespace: "kube-system",
+		LeaderElectionID:        "lace-controller",
+		LocatorPool:             netip.MustParsePrefix("fd1a:ce::/48"),
+		LocatorLength:           64,
+		ReleaseGrace:            30 * time.Second,
+	}
+}
+
+// NewManager builds the controller manager with every reconciler registered.
+func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
+	if !o.LocatorPool.Addr().Is6() {
+		return nil, fmt.Errorf("SRv6 locator pool %s is not IPv6", o.LocatorPool)
+	}
+	pool, err := ipam.NewPool(o.LocatorPool, o.LocatorLength)
+	if err != nil {
+		return nil, fmt.Errorf("SRv6 locator pool: %w", err)
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                        scheme.Scheme,
+		Metrics:                       metricsserver.Options{BindAddress: o.MetricsAddr},
+		HealthProbeBindAddress:        o.HealthAddr,
+		LeaderElection:                o.LeaderElection,
+		LeaderElectionNamespace:       o.LeaderElectionNamespace,
+		LeaderElectionID:              o.LeaderElectionID,
+		LeaderElectionReleaseOnCancel: true,
+		Controller:                    config.Controller{SkipNameValidation: &o.SkipNameValidation},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create manager: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return nil, fmt.Errorf("add healthz: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
+		return nil, fmt.Errorf("add readyz: %w", err)
+	}
+	recorder := mgr.GetEventRecorderFor("lace-controller")
+	if err := (&NetworkReconciler{
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: recorder, ReleaseGrace: o.ReleaseGrace,
+	}).SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("setup network controller: %w", err)
+	}
+	if err := (&LocatorReconciler{
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: recorder, Pool: pool,
+	}).SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("setup locator controller: %w", err)
+	}
+	if err := (&BindingPolicyReconciler{Client: mgr.GetClient(), Recorder: recorder}).SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("setup binding policy controller: %w", err)
+	}
+	return mgr, nil
+}
