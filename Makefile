@@ -9,10 +9,13 @@ CACHE_DIR ?= $(HOME)/.cache/lace
 BIN_DIR   ?= $(CURDIR)/bin
 TOOLS_BIN := $(CACHE_DIR)/tools
 K8S_BIN   := $(CACHE_DIR)/k8s-v1.34.4
+CNI_BIN   := $(CACHE_DIR)/cni-v1.9.1
 GO        ?= go
 GOFLAGS_TEST ?=
 
 export LACE_K8S_BIN := $(K8S_BIN)
+export LACE_CNI_BIN := $(CNI_BIN)
+LAB_NAME ?= lace
 
 CONTROLLER_GEN := $(TOOLS_BIN)/controller-gen
 STATICCHECK    := $(TOOLS_BIN)/staticcheck
@@ -49,8 +52,19 @@ lint: $(STATICCHECK) ## gofmt, go vet and staticcheck.
 	$(STATICCHECK) ./...
 
 .PHONY: test
-test: k8s-bins check-generated lint ## Unit, API and controller integration tests (needs root for the later tiers).
-	$(GO) test $(GOFLAGS_TEST) -count=1 ./...
+test: k8s-bins cni-bins build check-generated lint ## All test tiers: unit, API, controller, datapath, lab end-to-end (root).
+	LACE_BIN_DIR=$(BIN_DIR) $(GO) test $(GOFLAGS_TEST) -count=1 -timeout 30m ./...
+
+##@ Lab
+
+.PHONY: lab
+lab: k8s-bins cni-bins build ## Bring up a 3-node lab (LAB_NAME=lace) and run a short demo.
+	$(BIN_DIR)/lace-lab up --name $(LAB_NAME)
+	./hack/lab-demo.sh $(LAB_NAME)
+
+.PHONY: lab-down
+lab-down: build ## Remove the lab and everything it made.
+	$(BIN_DIR)/lace-lab down --name $(LAB_NAME)
 
 ##@ Tools
 
@@ -59,6 +73,15 @@ $(CONTROLLER_GEN) $(STATICCHECK) &: hack/tools/go.mod hack/tools/go.sum
 
 .PHONY: tools
 tools: $(CONTROLLER_GEN) $(STATICCHECK) ## Build the pinned code generators and linters.
+
+.PHONY: cni-bins
+cni-bins: $(CNI_BIN)/.stamp ## Build the reference CNI plugins (bridge, host-local, loopback) the lab falls back to.
+
+$(CNI_BIN)/.stamp: hack/tools/go.mod hack/tools/go.sum
+	mkdir -p $(CNI_BIN)
+	cd hack/tools && $(GO) build -o $(CNI_BIN)/ github.com/containernetworking/plugins/plugins/main/bridge \
+		github.com/containernetworking/plugins/plugins/ipam/host-local github.com/containernetworking/plugins/plugins/main/loopback
+	touch $@
 
 .PHONY: k8s-bins
 k8s-bins: $(K8S_BIN)/.stamp ## Build etcd and the pinned Kubernetes binaries into $(CACHE_DIR).

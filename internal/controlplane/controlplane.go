@@ -40,6 +40,9 @@ type Options struct {
 	ServiceCIDRs string
 	// ExtraAPIServerArgs are appended to the kube-apiserver command line.
 	ExtraAPIServerArgs []string
+	// BeforeAPIServer, when set, runs once the PKI exists and before
+	// kube-apiserver starts (to issue certificates its flags name).
+	BeforeAPIServer func(*PKI) error
 }
 
 // DefaultBinDir is where `make k8s-bins` puts the binaries: $LACE_K8S_BIN,
@@ -99,6 +102,11 @@ func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
 	}()
 	if err := cp.startEtcd(ctx); err != nil {
 		return nil, err
+	}
+	if o.BeforeAPIServer != nil {
+		if err := o.BeforeAPIServer(pki); err != nil {
+			return nil, err
+		}
 	}
 	if err := cp.startAPIServer(ctx); err != nil {
 		return nil, err

@@ -1,0 +1,185 @@
+// Command lace-lab runs a whole multi-node Kubernetes cluster on one Linux
+// machine, from processes and network namespaces: lace-lab up|down|status|
+// exec|kubeconfig|restart.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/lace-cni/lace/internal/lab"
+)
+
+const usage = `usage: lace-lab COMMAND [flags]
+
+commands:
+  up [--name N] [--nodes 3] [--zones 2]   start a lab (a no-op when it runs)
+  down [--name N] [--all]                 stop a lab and remove all it made
+  status [--name N]                       show nodes and processes
+  kubeconfig [--name N]                   print the path of the lab's kubeconfig
+  exec [--name N] TARGET -- CMD...        run CMD in NAMESPACE/POD, node/NODE or external
+  restart [--name N] agent/NODE|controller
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code, err := run(ctx, os.Args[1:], os.Stdout)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "lace-lab:", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func run(ctx context.Context, args []string, out io.Writer) (int, error) {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(out, usage)
+		return 0, nil
+	}
+	cmd, args := args[0], args[1:]
+	cfg := lab.DefaultConfig()
+	fs := flag.NewFlagSet("lace-lab "+cmd, flag.ContinueOnError)
+	fs.StringVar(&cfg.Name, "name", cfg.Name, "lab name (prefixes every namespace and process)")
+	fs.StringVar(&cfg.StateRoot, "state-root", cfg.StateRoot, "directory holding the labs' state")
+	all := false
+	switch cmd {
+	case "up", "daemon":
+		fs.IntVar(&cfg.Nodes, "nodes", cfg.Nodes, "number of nodes")
+		fs.IntVar(&cfg.Zones, "zones", cfg.Zones, "number of zones")
+		fs.StringVar(&cfg.K8sBinDir, "k8s-bin", cfg.K8sBinDir, "directory of etcd, the Kubernetes binaries and agnhost")
+		fs.StringVar(&cfg.CNIBinDir, "cni-bin", cfg.CNIBinDir, "directory of the CNI plugins")
+	case "down":
+		fs.BoolVar(&all, "all", false, "remove every lab, including what crashed runs left")
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0, nil
+		}
+		return 2, err
+	}
+	rest := fs.Args()
+
+	switch cmd {
+	case "daemon":
+		h := slog.NewJSONHandler(os.Stderr, nil)
+		return 0, lab.RunDaemon(ctx, cfg, slog.New(h))
+	case "up":
+		start := time.Now()
+		st, err := lab.Up(ctx, cfg, out)
+		if err != nil {
+			return 1, err
+		}
+		fmt.Fprintf(out, "lab %s is ready (%d nodes) in %.1fs\n\n", cfg.Name, len(st.Nodes), time.Since(start).Seconds())
+		fmt.Fprintf(out, "  export KUBECONFIG=%s\n  kubectl get nodes -L topology.kubernetes.io/zone\n", st.Kubeconfig)
+		fmt.Fprintf(out, "  lace-lab exec --name %s node/%s -- ip addr\n  lace-lab down --name %s\n", cfg.Name, cfg.NodeName(1), cfg.Name)
+		return 0, nil
+	case "down":
+		names := []string{cfg.Name}
+		if all {
+			names = lab.AllLabs(cfg.StateRoot)
+		}
+		removed := 0
+		for _, n := range names {
+			c := cfg
+			c.Name = n
+			found, err := lab.Down(ctx, c)
+			if err != nil {
+				return 1, fmt.Errorf("down %s: %w", n, err)
+			}
+			if found {
+				removed++
+				fmt.Fprintf(out, "lab %s removed\n", n)
+			}
+		}
+		if removed == 0 {
+			fmt.Fprintln(out, "nothing to remove")
+		}
+		return 0, nil
+	case "status":
+		st, err := lab.GetStatus(cfg)
+		if err != nil {
+			return 1, err
+		}
+		printStatus(out, st)
+		return 0, nil
+	case "kubeconfig":
+		if _, err := os.Stat(cfg.Kubeconfig()); err != nil {
+			return 1, fmt.Errorf("lab %s has no kubeconfig: is it up?", cfg.Name)
+		}
+		fmt.Fprintln(out, cfg.Kubeconfig())
+		return 0, nil
+	case "exec":
+		if len(rest) < 2 {
+			return 2, errors.New("usage: lace-lab exec TARGET -- CMD...")
+		}
+		target, argv := rest[0], rest[1:]
+		if argv[0] == "--" {
+			argv = argv[1:]
+		}
+		if len(argv) == 0 {
+			return 2, errors.New("no command")
+		}
+		ns, err := lab.ExecTarget(ctx, cfg, target)
+		if err != nil {
+			return 1, err
+		}
+		c := lab.ExecCommand(cfg, ns, argv)
+		c.Stdin, c.Stdout, c.Stderr = os.Stdin, out, os.Stderr
+		if err := c.Run(); err != nil {
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				return ee.ExitCode(), nil
+			}
+			return 1, err
+		}
+		return 0, nil
+	case "restart":
+		if len(rest) != 1 {
+			return 2, errors.New("usage: lace-lab restart agent/NODE|controller")
+		}
+		return 0, lab.Restart(cfg, rest[0])
+	}
+	return 2, fmt.Errorf("unknown command %q\n%s", cmd, usage)
+}
+
+func printStatus(out io.Writer, st *lab.Status) {
+	state := "starting"
+	switch {
+	case st.Error != "":
+		state = "failed: " + st.Error
+	case st.Ready:
+		state = "ready"
+	}
+	fmt.Fprintf(out, "lab %s: %s (pid %d, up since %s)\nkubeconfig: %s\napi server: %s\n\n",
+		st.Name, state, st.PID, st.StartedAt.Format(time.RFC3339), st.Kubeconfig, st.APIServer)
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tZONE\tNETNS\tIPV4\tIPV6\tKUBELET\tPODS")
+	for _, n := range st.Nodes {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t127.0.0.1:%d\t%d\n", n.Name, n.Zone, n.NetNS, n.IPv4, n.IPv6, n.KubeletPort, n.Pods)
+	}
+	tw.Flush()
+	fmt.Fprintln(out)
+	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PROCESS\tSTATE\tLOG")
+	for _, p := range st.Processes {
+		s := "running"
+		if !p.Alive {
+			s = "exited"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", p.Name, s, p.Log)
+	}
+	tw.Flush()
+}

@@ -1,0 +1,325 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/lace-cni/lace/internal/controlplane"
+)
+
+// controlClient talks to a lab daemon over its unix socket.
+func controlClient(c Config) *http.Client {
+	return &http.Client{
+		Timeout: 10 * time.Second,
+		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", c.Socket())
+		}},
+	}
+}
+
+// GetStatus asks the lab's daemon for its status; it fails when no daemon
+// answers.
+func GetStatus(c Config) (*Status, error) {
+	resp, err := controlClient(c).Get("http://lab/status")
+	if err != nil {
+		return nil, fmt.Errorf("lab %s is not running: %w", c.Name, err)
+	}
+	defer resp.Body.Close()
+	var st Status
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		return nil, fmt.Errorf("read status of lab %s: %w", c.Name, err)
+	}
+	return &st, nil
+}
+
+// Up starts lab c in the background and waits until it is ready. Starting
+// a lab that is already running is a no-op.
+func Up(ctx context.Context, c Config, out io.Writer) (*Status, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if st, err := GetStatus(c); err == nil && st.Error == "" {
+		fmt.Fprintf(out, "lab %s is already running\n", c.Name)
+		return waitUp(ctx, c, st.PID)
+	}
+	if err := checkBinaries(c); err != nil {
+		return nil, err
+	}
+	// Whatever a crashed run of this lab left goes first.
+	if err := Cleanup(c); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(c.StateDir(), "logs"), 0o755); err != nil {
+		return nil, fmt.Errorf("create lab state dir: %w", err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	logPath := filepath.Join(c.StateDir(), "logs", "lab.log")
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	cmd := exec.Command(self, "daemon",
+		"--name", c.Name, "--nodes", strconv.Itoa(c.Nodes), "--zones", strconv.Itoa(c.Zones),
+		"--state-root", c.StateRoot, "--k8s-bin", c.K8sBinDir, "--cni-bin", c.CNIBinDir)
+	cmd.Env = append(os.Environ(), EnvLab+"="+c.Name)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start lab daemon: %w", err)
+	}
+	pid := cmd.Process.Pid
+	_ = cmd.Process.Release()
+	fmt.Fprintf(out, "starting lab %s (%d nodes, %d zones); logs in %s\n", c.Name, c.Nodes, c.Zones, filepath.Dir(logPath))
+	st, err := waitUp(ctx, c, pid)
+	if err != nil {
+		tail := tailFile(logPath, 3000)
+		_ = Cleanup(c)
+		return nil, fmt.Errorf("%w\n--- lab log ---\n%s", err, tail)
+	}
+	return st, nil
+}
+
+func waitUp(ctx context.Context, c Config, pid int) (*Status, error) {
+	deadline := time.Now().Add(5 * time.Minute)
+	for time.Now().Before(deadline) {
+		st, err := GetStatus(c)
+		if err == nil {
+			if st.Error != "" {
+				return nil, fmt.Errorf("lab %s failed: %s", c.Name, st.Error)
+			}
+			if st.Ready {
+				return st, nil
+			}
+		}
+		if syscall.Kill(pid, 0) != nil {
+			return nil, fmt.Errorf("lab daemon (pid %d) exited", pid)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return nil, fmt.Errorf("lab %s not ready after 5 minutes", c.Name)
+}
+
+func checkBinaries(c Config) error {
+	if m := controlplane.MissingBinaries(c.K8sBinDir, "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "agnhost"); len(m) > 0 {
+		return fmt.Errorf("missing %s in %s: run 'make k8s-bins'", strings.Join(m, ", "), c.K8sBinDir)
+	}
+	if m := controlplane.MissingBinaries(c.CNIBinDir, "bridge", "host-local", "loopback"); len(m) > 0 {
+		return fmt.Errorf("missing CNI plugins %s in %s: run 'make cni-bins'", strings.Join(m, ", "), c.CNIBinDir)
+	}
+	for _, tool := range []string{"ip"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("the lab needs %s (iproute2)", tool)
+		}
+	}
+	return nil
+}
+
+// Down stops lab c and removes everything it made. Stopping a lab that does
+// not exist is a no-op; it reports whether there was anything to remove.
+func Down(ctx context.Context, c Config) (bool, error) {
+	if err := c.Validate(); err != nil {
+		return false, err
+	}
+	found := false
+	if st, err := GetStatus(c); err == nil {
+		found = true
+		resp, err := controlClient(c).Post("http://lab/shutdown", "", nil)
+		if err == nil {
+			resp.Body.Close()
+		}
+		deadline := time.Now().Add(3 * time.Minute)
+		for time.Now().Before(deadline) && syscall.Kill(st.PID, 0) == nil {
+			select {
+			case <-ctx.Done():
+				return found, ctx.Err()
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+	if leftover(c) {
+		found = true
+	}
+	return found, Cleanup(c)
+}
+
+func leftover(c Config) bool {
+	if _, err := os.Stat(c.StateDir()); err == nil {
+		return true
+	}
+	nss, _ := labNamespaces(c.Name)
+	return len(nss) > 0 || len(labProcesses(c.Name)) > 0
+}
+
+// Cleanup removes whatever lab c left: processes, namespaces and state,
+// without asking a daemon. Use it after a crash.
+func Cleanup(c Config) error {
+	for _, pid := range labProcesses(c.Name) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	// Killed processes may hold a namespace a moment longer; deleting the
+	// name is enough, the kernel frees it with the last process.
+	var errs []error
+	if err := teardownNetwork(c.Name); err != nil {
+		errs = append(errs, err)
+	}
+	if err := os.RemoveAll(c.StateDir()); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// labProcesses lists the processes started by lab name (or by any lab when
+// name is empty), found by the EnvLab variable every lab process carries.
+func labProcesses(name string) []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	self := os.Getpid()
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil {
+			continue
+		}
+		for _, kv := range bytes.Split(env, []byte{0}) {
+			v, ok := bytes.CutPrefix(kv, []byte(EnvLab+"="))
+			if ok && (name == "" || string(v) == name) {
+				out = append(out, pid)
+				break
+			}
+		}
+	}
+	return out
+}
+
+var labNSRE = regexp.MustCompile(`^([a-z][a-z0-9]{0,9})-(fabric|external|n[0-9]+|p-[0-9a-f-]{36})$`)
+
+// AllLabs lists the names of every lab that left anything on the machine.
+func AllLabs(root string) []string {
+	names := map[string]bool{}
+	if ents, err := os.ReadDir(root); err == nil {
+		for _, e := range ents {
+			if e.IsDir() && nameRE.MatchString(e.Name()) {
+				names[e.Name()] = true
+			}
+		}
+	}
+	if nss, err := os.ReadDir("/run/netns"); err == nil {
+		for _, e := range nss {
+			if m := labNSRE.FindStringSubmatch(e.Name()); m != nil {
+				names[m[1]] = true
+			}
+		}
+	}
+	for _, pid := range labProcesses("") {
+		env, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "environ"))
+		for _, kv := range bytes.Split(env, []byte{0}) {
+			if v, ok := bytes.CutPrefix(kv, []byte(EnvLab+"=")); ok && nameRE.Match(v) {
+				names[string(v)] = true
+			}
+		}
+	}
+	out := make([]string, 0, len(names))
+	for n := range names {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// ExecTarget returns the namespace name of an exec target: NAMESPACE/POD,
+// node/NODE or external.
+func ExecTarget(ctx context.Context, c Config, target string) (string, error) {
+	switch {
+	case target == "external":
+		return c.NetNS("external"), nil
+	case strings.HasPrefix(target, "node/"):
+		return c.NetNS(strings.TrimPrefix(target, "node/")), nil
+	}
+	ns, name, ok := strings.Cut(target, "/")
+	if !ok || ns == "" || name == "" {
+		return "", fmt.Errorf("target %q: want NAMESPACE/POD, node/NODE or external", target)
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig())
+	if err != nil {
+		return "", fmt.Errorf("lab %s kubeconfig: %w", c.Name, err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return "", err
+	}
+	pod, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return "", err
+	}
+	if pod.Spec.HostNetwork {
+		return c.NetNS(pod.Spec.NodeName), nil
+	}
+	return c.PodNetNS(string(pod.UID)), nil
+}
+
+// ExecCommand returns a command running argv in the namespace netns with
+// the lab's binaries first on PATH.
+func ExecCommand(c Config, netns string, argv []string) *exec.Cmd {
+	cmd := exec.Command("ip", append([]string{"netns", "exec", netns}, argv...)...)
+	cmd.Env = append(os.Environ(), "PATH="+filepath.Join(c.StateDir(), "bin")+":"+os.Getenv("PATH"))
+	return cmd
+}
+
+func tailFile(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
+
+// Restart asks the lab daemon to restart a Lace component.
+func Restart(c Config, target string) error {
+	resp, err := controlClient(c).Post("http://lab/restart?target="+target, "", nil)
+	if err != nil {
+		return fmt.Errorf("lab %s is not running: %w", c.Name, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return errors.New(strings.TrimSpace(string(b)))
+	}
+	return nil
+}

@@ -1,0 +1,183 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/types"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/lace-cni/lace/internal/netutil"
+)
+
+// nodeExec runs CNI plugins the way a container runtime on the node would:
+// as processes in the node's network namespace (with its own /sys, which
+// `ip netns exec` mounts), with the CNI environment and config on stdin.
+type nodeExec struct {
+	version.PluginDecoder
+	netns string
+}
+
+func (e *nodeExec) ExecPlugin(ctx context.Context, pluginPath string, stdin []byte, environ []string) ([]byte, error) {
+	var stdout, stderr bytes.Buffer
+	c := exec.CommandContext(ctx, "ip", "netns", "exec", e.netns, pluginPath)
+	c.Env, c.Stdin, c.Stdout, c.Stderr = environ, bytes.NewReader(stdin), &stdout, &stderr
+	if err := c.Run(); err != nil {
+		// A plugin reports failure as a CNI error object on stdout.
+		var cniErr types.Error
+		if json.Unmarshal(stdout.Bytes(), &cniErr) == nil && cniErr.Msg != "" {
+			return nil, &cniErr
+		}
+		return nil, fmt.Errorf("%s: %w: %s", filepath.Base(pluginPath), err, strings.TrimSpace(stderr.String()))
+	}
+	return stdout.Bytes(), nil
+}
+
+func (e *nodeExec) FindInPath(plugin string, paths []string) (string, error) {
+	return invoke.FindInPath(plugin, paths)
+}
+
+// nodeCNI is one node's CNI runtime side: its config directory, plugin
+// path and result cache.
+type nodeCNI struct {
+	confDir string
+	cni     *libcni.CNIConfig
+}
+
+func newNodeCNI(nodeNS, confDir, cacheDir string, binDirs []string) *nodeCNI {
+	return &nodeCNI{
+		confDir: confDir,
+		cni:     libcni.NewCNIConfigWithCacheDir(binDirs, cacheDir, &nodeExec{netns: nodeNS}),
+	}
+}
+
+// confList loads the first config of the node's CNI directory in lexical
+// order, as kubelet runtimes do.
+func (n *nodeCNI) confList() (*libcni.NetworkConfigList, error) {
+	files, err := libcni.ConfFiles(n.confDir, []string{".conflist"})
+	if err != nil {
+		return nil, fmt.Errorf("read CNI config dir %s: %w", n.confDir, err)
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("no CNI config in %s", n.confDir)
+	}
+	return libcni.ConfListFromFile(files[0])
+}
+
+// podRuntimeConf is what a runtime passes for a pod: container ID, netns,
+// eth0, and the Kubernetes CNI_ARGS.
+func podRuntimeConf(containerID, netnsPath, ns, name, uid string) *libcni.RuntimeConf {
+	return &libcni.RuntimeConf{
+		ContainerID: containerID,
+		NetNS:       netnsPath,
+		IfName:      "eth0",
+		Args: [][2]string{
+			{"IgnoreUnknown", "1"},
+			{"K8S_POD_NAMESPACE", ns},
+			{"K8S_POD_NAME", name},
+			{"K8S_POD_INFRA_CONTAINER_ID", containerID},
+			{"K8S_POD_UID", uid},
+		},
+	}
+}
+
+// add runs CNI ADD and returns the pod's addresses, IPv4 first.
+func (n *nodeCNI) add(ctx context.Context, rt *libcni.RuntimeConf) ([]netip.Addr, error) {
+	list, err := n.confList()
+	if err != nil {
+		return nil, err
+	}
+	res, err := n.cni.AddNetworkList(ctx, list, rt)
+	if err != nil {
+		return nil, err
+	}
+	cur, err := types100.NewResultFromResult(res)
+	if err != nil {
+		return nil, fmt.Errorf("convert CNI result: %w", err)
+	}
+	var v4, v6 []netip.Addr
+	for _, ip := range cur.IPs {
+		a, ok := netip.AddrFromSlice(ip.Address.IP)
+		if !ok {
+			continue
+		}
+		if a = a.Unmap(); a.Is4() {
+			v4 = append(v4, a)
+		} else {
+			v6 = append(v6, a)
+		}
+	}
+	if len(v4)+len(v6) == 0 {
+		return nil, errors.New("CNI result has no IP address")
+	}
+	out := append(v4[:min(len(v4), 1)], v6[:min(len(v6), 1)]...)
+	return out, nil
+}
+
+// del runs CNI DEL; it succeeds when nothing is left to delete.
+func (n *nodeCNI) del(ctx context.Context, rt *libcni.RuntimeConf) error {
+	list, err := n.confList()
+	if err != nil {
+		return err
+	}
+	return n.cni.DelNetworkList(ctx, list, rt)
+}
+
+// writeBridgeConfig writes the lab's fallback CNI config for node i: the
+// reference bridge and host-local plugins with a per-node range, routed
+// between nodes over the underlay.
+func writeBridgeConfig(c Config, i int, confDir, ipamDir string) error {
+	v4, v6 := BridgePodCIDRs(i)
+	conf := map[string]any{
+		"cniVersion": "1.1.0",
+		"name":       "lab-bridge",
+		"plugins": []any{
+			map[string]any{
+				"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+				"ipam": map[string]any{
+					"type":    "host-local",
+					"dataDir": ipamDir,
+					"ranges":  []any{[]any{map[string]any{"subnet": v4.String()}}, []any{map[string]any{"subnet": v6.String()}}},
+					"routes":  []any{map[string]any{"dst": "0.0.0.0/0"}, map[string]any{"dst": "::/0"}},
+				},
+			},
+		},
+	}
+	b, err := json.MarshalIndent(conf, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(confDir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", confDir, err)
+	}
+	if err := os.WriteFile(filepath.Join(confDir, "10-bridge.conflist"), b, 0o644); err != nil {
+		return fmt.Errorf("write bridge CNI config: %w", err)
+	}
+	// Route the other nodes' pod ranges over the underlay.
+	ns := netutil.Path(c.NetNS(c.NodeName(i)))
+	for j := 1; j <= c.Nodes; j++ {
+		if j == i {
+			continue
+		}
+		pv4, pv6 := BridgePodCIDRs(j)
+		gv4, gv6 := NodeUnderlay(j)
+		if err := netutil.EnsureRoute(ns, pv4, gv4, "eth0"); err != nil {
+			return err
+		}
+		if err := netutil.EnsureRoute(ns, pv6, gv6, "eth0"); err != nil {
+			return err
+		}
+	}
+	return nil
+}

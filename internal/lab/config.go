@@ -1,0 +1,131 @@
+// Package lab runs a whole multi-node Kubernetes cluster on one Linux
+// machine: a real control plane as processes on loopback, one network
+// namespace per node on a shared fabric, an external host namespace, and a
+// lab kubelet per node that runs pods in their own namespaces through the
+// node's CNI plugin.
+//
+// It owns every namespace, process and file it makes, all named after the
+// lab so two labs can run side by side, and it never adds a link, address,
+// route or rule to the root network namespace: the only things the lab
+// opens in the root namespace are listening sockets on loopback.
+package lab
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+
+	"github.com/lace-cni/lace/internal/controlplane"
+)
+
+// Config describes one lab.
+type Config struct {
+	// Name prefixes every namespace and process of the lab.
+	Name string
+	// Nodes is the number of worker nodes, Zones the number of zones they
+	// are spread over (round robin).
+	Nodes, Zones int
+	// StateRoot holds one directory per lab.
+	StateRoot string
+	// K8sBinDir holds etcd, the Kubernetes binaries and agnhost.
+	K8sBinDir string
+	// CNIBinDir holds the CNI plugins the nodes run.
+	CNIBinDir string
+}
+
+// DefaultStateRoot is where labs keep their state: on tmpfs, like the
+// namespaces, so a reboot leaves no stale lab behind.
+const DefaultStateRoot = "/run/lace-lab"
+
+// CNIVersion is the containernetworking/plugins release the tools module pins.
+const CNIVersion = "v1.9.1"
+
+// DefaultConfig is the lab `lace-lab up` makes without flags.
+func DefaultConfig() Config {
+	home, _ := os.UserHomeDir()
+	cni := os.Getenv("LACE_CNI_BIN")
+	if cni == "" {
+		cni = filepath.Join(home, ".cache", "lace", "cni-"+CNIVersion)
+	}
+	return Config{
+		Name:      "lace",
+		Nodes:     3,
+		Zones:     2,
+		StateRoot: DefaultStateRoot,
+		K8sBinDir: controlplane.DefaultBinDir(),
+		CNIBinDir: cni,
+	}
+}
+
+var nameRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,9}$`)
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	if !nameRE.MatchString(c.Name) {
+		return fmt.Errorf("lab name %q: want 1-10 lowercase letters and digits, starting with a letter", c.Name)
+	}
+	if c.Nodes < 1 || c.Nodes > 50 {
+		return fmt.Errorf("--nodes %d: want 1 to 50", c.Nodes)
+	}
+	if c.Zones < 1 || c.Zones > c.Nodes {
+		return fmt.Errorf("--zones %d: want 1 to the number of nodes", c.Zones)
+	}
+	return nil
+}
+
+// StateDir is the lab's own directory.
+func (c Config) StateDir() string { return filepath.Join(c.StateRoot, c.Name) }
+
+// Kubeconfig is the path of the lab's cluster-admin kubeconfig.
+func (c Config) Kubeconfig() string { return filepath.Join(c.StateDir(), "kubeconfig") }
+
+// Socket is the lab daemon's control socket.
+func (c Config) Socket() string { return filepath.Join(c.StateDir(), "lab.sock") }
+
+// NodeName is the Kubernetes name of node i (1-based).
+func (c Config) NodeName(i int) string { return "n" + strconv.Itoa(i) }
+
+// Zone is the zone of node i (1-based).
+func (c Config) Zone(i int) string { return "zone-" + string(rune('a'+(i-1)%c.Zones)) }
+
+// NetNS is the name of the lab namespace for role: fabric, external, a node
+// name, or p-<pod uid>.
+func (c Config) NetNS(role string) string { return c.Name + "-" + role }
+
+// PodNetNS is the namespace name of the pod with uid.
+func (c Config) PodNetNS(uid string) string { return c.NetNS("p-" + uid) }
+
+// Lab addressing. The fabric is one L2 segment; each node's underlay
+// interface eth0 has an IPv4 and an IPv6 (ULA) address on it.
+var (
+	UnderlayV4 = netip.MustParsePrefix("172.30.0.0/24")
+	UnderlayV6 = netip.MustParsePrefix("fd00:30::/64")
+)
+
+// NodeUnderlay returns node i's underlay addresses (IPv4, IPv6).
+func NodeUnderlay(i int) (netip.Addr, netip.Addr) { return hostAddr(10 + i) }
+
+// ExternalUnderlay returns the external host's addresses (IPv4, IPv6).
+func ExternalUnderlay() (netip.Addr, netip.Addr) { return hostAddr(200) }
+
+func hostAddr(n int) (netip.Addr, netip.Addr) {
+	v4 := UnderlayV4.Addr().As4()
+	v4[3] = byte(n)
+	v6 := UnderlayV6.Addr().As16()
+	v6[15] = byte(n)
+	return netip.AddrFrom4(v4), netip.AddrFrom16(v6)
+}
+
+// BridgePodCIDRs are node i's pod ranges under the lab's fallback bridge CNI.
+func BridgePodCIDRs(i int) (netip.Prefix, netip.Prefix) {
+	v4 := netip.AddrFrom4([4]byte{10, 244, byte(i), 0})
+	v6 := netip.MustParseAddr("fd00:244::").As16()
+	v6[7] = byte(i)
+	return netip.PrefixFrom(v4, 24), netip.PrefixFrom(netip.AddrFrom16(v6), 64)
+}
+
+// ServiceCIDRs are the lab's service ranges (dual-stack).
+const ServiceCIDRs = "10.96.0.0/16,fd00:96::/108"
