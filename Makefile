@@ -23,7 +23,7 @@ STATICCHECK    := $(TOOLS_BIN)/staticcheck
 K8S_TOOLS := kube-apiserver kube-controller-manager kube-scheduler kube-proxy agnhost
 K8S_PKGS  := k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
              k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-proxy \
-             k8s.io/kubernetes/test/images/agnhost
+             k8s.io/kubernetes/test/images/agnhost k8s.io/kubernetes/cmd/kubectl
 
 .PHONY: help
 help: ## Show this help.

@@ -55,7 +55,10 @@ func run(ctx context.Context, args []string, out io.Writer) (int, error) {
 	fs.StringVar(&cfg.Name, "name", cfg.Name, "lab name (prefixes every namespace and process)")
 	fs.StringVar(&cfg.StateRoot, "state-root", cfg.StateRoot, "directory holding the labs' state")
 	all := false
+	hostname := ""
 	switch cmd {
+	case "sandbox":
+		fs.StringVar(&hostname, "hostname", "", "hostname of the pod")
 	case "up", "daemon":
 		fs.IntVar(&cfg.Nodes, "nodes", cfg.Nodes, "number of nodes")
 		fs.IntVar(&cfg.Zones, "zones", cfg.Zones, "number of zones")
@@ -73,6 +76,8 @@ func run(ctx context.Context, args []string, out io.Writer) (int, error) {
 	rest := fs.Args()
 
 	switch cmd {
+	case "sandbox":
+		return 0, lab.RunSandbox(hostname)
 	case "daemon":
 		h := slog.NewJSONHandler(os.Stderr, nil)
 		return 0, lab.RunDaemon(ctx, cfg, slog.New(h))

@@ -128,7 +128,7 @@ func waitUp(ctx context.Context, c Config, pid int) (*Status, error) {
 }
 
 func checkBinaries(c Config) error {
-	if m := controlplane.MissingBinaries(c.K8sBinDir, "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "agnhost"); len(m) > 0 {
+	if m := controlplane.MissingBinaries(c.K8sBinDir, "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "agnhost", "kubectl"); len(m) > 0 {
 		return fmt.Errorf("missing %s in %s: run 'make k8s-bins'", strings.Join(m, ", "), c.K8sBinDir)
 	}
 	if m := controlplane.MissingBinaries(c.CNIBinDir, "bridge", "host-local", "loopback"); len(m) > 0 {

@@ -155,10 +155,10 @@ func processEnv(k *kubelet, p *corev1.Pod, c *corev1.Container) []string {
 	return env
 }
 
-// startProcess starts argv in the network namespace netns with output
-// appended to logPath. The process gets its own process group so that a
-// stop reaches its children too, and dies with the lab.
-func startProcess(netns string, argv, env []string, dir, logPath string) (*exec.Cmd, error) {
+// startProcess starts argv (already wrapped to enter the pod's namespaces)
+// with output appended to logPath. The process gets its own process group
+// so that a stop reaches its children too, and dies with the lab.
+func startProcess(argv, env []string, dir, logPath string) (*exec.Cmd, error) {
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
 		return nil, err
 	}
@@ -167,7 +167,7 @@ func startProcess(netns string, argv, env []string, dir, logPath string) (*exec.
 		return nil, fmt.Errorf("open container log: %w", err)
 	}
 	defer logf.Close()
-	cmd := exec.Command("ip", append([]string{"netns", "exec", netns}, argv...)...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env, cmd.Stdout, cmd.Stderr, cmd.Dir = env, logf, logf, dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -216,7 +216,7 @@ func (p *pod) supervise(ctx context.Context, c *container) {
 			return
 		}
 		env := processEnv(p.k, p.snapshot(), &c.spec)
-		cmd, err := startProcess(p.netns, args, env, p.dir, c.logPath)
+		cmd, err := startProcess(p.enter(args), env, p.dir, c.logPath)
 		if err != nil {
 			c.setWaiting("RunContainerError", err.Error())
 			p.changed()

@@ -112,7 +112,8 @@ func (e podExecutor) ExecInContainer(ctx context.Context, _ string, _ types.UID,
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
-	x := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", e.p.netns}, cmd...)...)
+	argv := e.p.enter(cmd)
+	x := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	x.Env = processEnv(e.p.k, e.p.snapshot(), &c.spec)
 	x.Dir = e.p.dir
 	x.Stdin = in

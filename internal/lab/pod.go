@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -29,6 +32,10 @@ type pod struct {
 	netns   string
 	ownNS   bool
 	sandbox bool // CNI ADD succeeded; DEL is owed
+	// holder keeps the pod's UTS namespace (hostname = pod name), as a
+	// pause container does; containers join it and the network namespace.
+	holder     *exec.Cmd
+	holderDone chan struct{}
 
 	mu         sync.Mutex
 	spec       *corev1.Pod
@@ -109,6 +116,9 @@ func (p *pod) start(ctx context.Context) error {
 		p.k.log.Info("pod network ready", "pod", p.key(), "ips", ips)
 	}
 
+	if err := p.startHolder(spec); err != nil {
+		return p.failSetup(err)
+	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	p.mu.Lock()
 	p.cancel = cancel
@@ -154,6 +164,10 @@ func (p *pod) stop(ctx context.Context) error {
 	if cancel != nil {
 		cancel()
 		p.wg.Wait()
+	}
+	if p.holder != nil {
+		stopProcess(p.holder, p.holderDone, time.Second)
+		p.holder = nil
 	}
 	var errs []error
 	if p.ownNS {
@@ -295,4 +309,50 @@ func (p *pod) podIP() netip.Addr {
 		return netip.Addr{}
 	}
 	return p.ips[0]
+}
+
+// startHolder starts the process that owns the pod's UTS namespace.
+func (p *pod) startHolder(spec *corev1.Pod) error {
+	if p.holder != nil {
+		return nil
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	hostname := spec.Name
+	if spec.Spec.HostNetwork {
+		hostname = p.k.node
+	}
+	cmd := exec.Command(self, "sandbox", "--hostname", hostname)
+	cmd.Env = []string{EnvLab + "=" + p.k.cfg.Name}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUTS, Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start pod sandbox: %w", err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	p.holder, p.holderDone = cmd, done
+	return nil
+}
+
+// enter wraps argv so that it runs in the pod's network and UTS namespaces.
+func (p *pod) enter(argv []string) []string {
+	out := []string{"nsenter", "--net=" + netutil.Path(p.netns)}
+	if p.holder != nil {
+		out = append(out, fmt.Sprintf("--uts=/proc/%d/ns/uts", p.holder.Process.Pid))
+	}
+	return append(append(out, "--"), argv...)
+}
+
+// RunSandbox is the body of a pod's namespace holder: it names the UTS
+// namespace it was started in and waits to be stopped.
+func RunSandbox(hostname string) error {
+	if err := syscall.Sethostname([]byte(hostname)); err != nil {
+		return fmt.Errorf("set hostname: %w", err)
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	<-sig
+	return nil
 }

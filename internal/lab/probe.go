@@ -129,7 +129,8 @@ func (p *pod) runProbe(ctx context.Context, c *container, pr *corev1.Probe) erro
 		if len(pr.Exec.Command) == 0 {
 			return fmt.Errorf("exec probe without command")
 		}
-		cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", p.netns}, pr.Exec.Command...)...)
+		argv := p.enter(pr.Exec.Command)
+		cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 		cmd.Env = processEnv(p.k, p.snapshot(), &c.spec)
 		return cmd.Run()
 	case pr.HTTPGet != nil:
