@@ -111,12 +111,6 @@ func (c *container) status(podUID string) corev1.ContainerStatus {
 	return st
 }
 
-func (c *container) running() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.cmd != nil
-}
-
 func (c *container) setWaiting(reason, msg string) {
 	c.mu.Lock()
 	c.waiting = &corev1.ContainerStateWaiting{Reason: reason, Message: msg}

@@ -351,7 +351,7 @@ func (k *kubelet) fillStatus(node *corev1.Node) {
 	}
 	node.Status.DaemonEndpoints.KubeletEndpoint.Port = int32(k.apiPort)
 	node.Status.NodeInfo = corev1.NodeSystemInfo{
-		KubeletVersion: controlplane.K8sVersion, KubeProxyVersion: controlplane.K8sVersion,
+		KubeletVersion:  controlplane.K8sVersion,
 		OperatingSystem: "linux", Architecture: "amd64",
 		ContainerRuntimeVersion: "lace-lab://" + controlplane.K8sVersion,
 		OSImage:                 "lace lab node", MachineID: k.cfg.Name + "-" + k.node, SystemUUID: k.cfg.Name + "-" + k.node,
