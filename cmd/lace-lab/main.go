@@ -128,7 +128,7 @@ func run(ctx context.Context, args []string, out io.Writer) (int, error) {
 		return 0, nil
 	case "exec":
 		if len(rest) < 2 {
-			return 2, errors.New("usage: lace-lab exec TARGET -- CMD...")
+			return 2, errors.New("usage: lace-lab exec TARGET -- CMD [ARG]")
 		}
 		target, argv := rest[0], rest[1:]
 		if argv[0] == "--" {
