@@ -32,14 +32,15 @@ help: ## Show this help.
 ##@ Development
 
 .PHONY: generate
-generate: $(CONTROLLER_GEN) ## Regenerate deepcopy code and CRD manifests.
+generate: $(CONTROLLER_GEN) ## Regenerate deepcopy code, CRD manifests and the eBPF objects (bpf2go).
 	$(CONTROLLER_GEN) object paths=./api/...
 	$(CONTROLLER_GEN) crd:allowDangerousTypes=false paths=./api/... output:crd:artifacts:config=config/crd
+	$(GO) generate ./internal/datapath/...
 
 .PHONY: check-generated
 check-generated: generate ## Fail when `make generate` changes tracked files.
-	@git diff --exit-code -- api config || { echo "generated files are stale: run 'make generate' and commit"; exit 1; }
-	@test -z "$$(git status --porcelain -- api config)" || { git status --porcelain -- api config; echo "generated files are untracked: run 'make generate' and commit"; exit 1; }
+	@git diff --exit-code -- api config internal/datapath || { echo "generated files are stale: run 'make generate' and commit"; exit 1; }
+	@test -z "$$(git status --porcelain -- api config internal/datapath)" || { git status --porcelain -- api config internal/datapath; echo "generated files are untracked: run 'make generate' and commit"; exit 1; }
 
 .PHONY: build
 build: ## Build the Lace binaries into ./bin.

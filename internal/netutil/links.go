@@ -142,6 +142,9 @@ func EnsureRoute(nsPath string, dst netip.Prefix, gw netip.Addr, link string) er
 	r := &netlink.Route{Dst: &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(dst.Bits(), dst.Addr().BitLen())}}
 	if gw.IsValid() {
 		r.Gw = gw.AsSlice()
+	} else {
+		// A device route: the destination is on the link itself.
+		r.Scope = netlink.SCOPE_LINK
 	}
 	if link != "" {
 		l, err := h.LinkByName(link)
@@ -154,4 +157,115 @@ func EnsureRoute(nsPath string, dst netip.Prefix, gw netip.Addr, link string) er
 		return fmt.Errorf("route %s via %s: %w", dst, gw, err)
 	}
 	return nil
+}
+
+// LinkInfo is what callers need to know of a link.
+type LinkInfo struct {
+	Index int
+	MAC   net.HardwareAddr
+}
+
+// GetLink returns the index and MAC of link name in the namespace at nsPath.
+func GetLink(nsPath, name string) (LinkInfo, error) {
+	h, err := Handle(nsPath)
+	if err != nil {
+		return LinkInfo{}, err
+	}
+	defer h.Close()
+	l, err := h.LinkByName(name)
+	if err != nil {
+		return LinkInfo{}, fmt.Errorf("find %s: %w", name, err)
+	}
+	return LinkInfo{Index: l.Attrs().Index, MAC: l.Attrs().HardwareAddr}, nil
+}
+
+// DeleteLink removes link name from the namespace at nsPath. A missing
+// link (or namespace) is success.
+func DeleteLink(nsPath, name string) error {
+	h, err := Handle(nsPath)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return err
+	}
+	defer h.Close()
+	l, err := h.LinkByName(name)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return nil
+		}
+		return fmt.Errorf("find %s: %w", name, err)
+	}
+	if err := h.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+		return fmt.Errorf("delete %s: %w", name, err)
+	}
+	return nil
+}
+
+// EnsureNeigh installs a permanent neighbour entry ip -> mac on link.
+func EnsureNeigh(nsPath, link string, ip netip.Addr, mac net.HardwareAddr) error {
+	h, err := Handle(nsPath)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	l, err := h.LinkByName(link)
+	if err != nil {
+		return fmt.Errorf("find %s: %w", link, err)
+	}
+	fam := unix.AF_INET
+	if ip.Is6() {
+		fam = unix.AF_INET6
+	}
+	n := &netlink.Neigh{LinkIndex: l.Attrs().Index, Family: fam, State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: mac}
+	if err := h.NeighSet(n); err != nil {
+		return fmt.Errorf("neighbour %s on %s: %w", ip, link, err)
+	}
+	return nil
+}
+
+// DeleteRoute removes the route to dst out of link; a missing route is fine.
+func DeleteRoute(nsPath string, dst netip.Prefix, link string) error {
+	h, err := Handle(nsPath)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	r := &netlink.Route{Dst: &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(dst.Bits(), dst.Addr().BitLen())}}
+	if link != "" {
+		if l, err := h.LinkByName(link); err == nil {
+			r.LinkIndex = l.Attrs().Index
+		}
+	}
+	if err := h.RouteDel(r); err != nil && !errors.Is(err, unix.ESRCH) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("delete route %s: %w", dst, err)
+	}
+	return nil
+}
+
+// GlobalAddrs returns the global unicast addresses of link.
+func GlobalAddrs(nsPath, link string) ([]netip.Addr, error) {
+	h, err := Handle(nsPath)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	l, err := h.LinkByName(link)
+	if err != nil {
+		return nil, fmt.Errorf("find %s: %w", link, err)
+	}
+	addrs, err := h.AddrList(l, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("list addresses of %s: %w", link, err)
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if ok && ip.Unmap().IsGlobalUnicast() {
+			out = append(out, ip.Unmap())
+		}
+	}
+	return out, nil
 }

@@ -1,0 +1,349 @@
+/* Shared definitions of Lace's eBPF data plane: map layouts (mirrored by
+ * internal/datapath through bpf2go), drop reasons and small helpers.
+ *
+ * Every map is pinned by name so the pod and underlay programs share one
+ * instance, and an agent restart finds the state it left. Keys carry the
+ * network ID so networks may use overlapping subnets. */
+#ifndef LACE_H
+#define LACE_H
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/in6.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/icmpv6.h>
+#include <linux/pkt_cls.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+/* Debian's UAPI headers predate these flags; the values are the kernel's
+ * (internal/datapath checks them against the running kernel's BTF). */
+#define LACE_ADJ_ROOM_DECAP_L3_IPV4 (1ULL << 7)
+#define LACE_ADJ_ROOM_DECAP_L3_IPV6 (1ULL << 8)
+
+#define AF_INET 2
+#define AF_INET6 10
+#define LACE_FAMILY_V4 4
+#define LACE_FAMILY_V6 6
+
+/* SID function layout, in the 64 bits after a node's /64 locator:
+ * byte 8 is the behaviour, bytes 12-15 the network ID (big endian). */
+#define SID_BEHAVIOUR_BYTE 8
+#define SID_NET_BYTE 12
+#define SID_L3_DECAP 1 /* End.DT46: decapsulate, look up in network N */
+
+enum drop_reason {
+	DROP_NOT_IP = 0,      /* not IPv4/IPv6 from a pod (ARP, ND, ...) */
+	DROP_SPOOF = 1,       /* source address is not the pod's */
+	DROP_ISOLATED = 2,    /* destination not in the source's network */
+	DROP_ANONYMOUS = 3,   /* anonymous network without a self policy */
+	DROP_NO_ENDPOINT = 4, /* inside a local block but no such pod */
+	DROP_TTL = 5,         /* TTL / hop limit exhausted */
+	DROP_FIB = 6,         /* no underlay route to the SID */
+	DROP_HOST = 7,        /* pod -> host that is not a reply */
+	DROP_DECAP_SOURCE = 8, /* SRv6 packet from an unknown node */
+	DROP_DECAP_SID = 9,   /* SID names no known network or behaviour */
+	DROP_DECAP_PROTO = 10, /* SID packet carrying neither IPv4 nor IPv6 */
+	DROP_ADJUST = 11,     /* header room change failed */
+	DROP_UNKNOWN_PORT = 12, /* pod port without endpoint state */
+	DROP_MAX = 13,
+};
+
+enum fwd_counter {
+	FWD_LOCAL = 0,  /* delivered to a pod on this node */
+	FWD_ENCAP = 1,  /* encapsulated to another node */
+	FWD_DECAP = 2,  /* decapsulated and delivered */
+	FWD_HOST = 3,   /* reply handed to the host */
+	FWD_MAX = 4,
+};
+
+struct lace_config {
+	__u8 underlay_ip6[16]; /* outer source address */
+	__u8 locator[8];       /* this node's /64 locator */
+	__u32 underlay_ifindex;
+	__u32 flags;
+};
+
+struct ep_key {
+	__u32 net_id;
+	__u8 family;
+	__u8 pad[3];
+	__u8 addr[16];
+};
+
+struct ep_val {
+	__u32 ifindex; /* host side of the pod's veth */
+	__u8 pod_mac[6];
+	__u8 host_mac[6];
+	__u32 flags;
+};
+
+struct port_val { /* keyed by the host-side ifindex */
+	__u32 net_id;
+	__u32 flags;
+	__u8 ip4[4];
+	__u8 ip6[16];
+};
+#define PORT_HAS_V4 1
+#define PORT_HAS_V6 2
+
+struct route_key {
+	__u32 prefixlen; /* 64 + prefix length */
+	__u32 net_id;
+	__u8 family;
+	__u8 pad[3];
+	__u8 addr[16];
+};
+
+struct route_val {
+	__u8 sid[16];
+	__u32 flags;
+};
+#define ROUTE_LOCAL 1 /* a block of this node: deliver, never encapsulate */
+
+struct net_val {
+	__u32 flags;
+};
+#define NET_ANONYMOUS 1
+
+struct policy_key {
+	__u32 src_net;
+	__u32 dst_net;
+};
+
+struct host_key {
+	__u8 family;
+	__u8 pad[3];
+	__u8 addr[16];
+};
+
+struct ct_key {
+	__u32 net_id;
+	__u8 family;
+	__u8 proto;
+	__u16 pad;
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__u16 sport;
+	__u16 dport;
+};
+
+struct ct_val {
+	__u64 last_seen_ns;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lace_config);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_cfg SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct ep_key);
+	__type(value, struct ep_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_endpoints SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct port_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_ports SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 65536);
+	__type(key, struct route_key);
+	__type(value, struct route_val);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_routes SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct net_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_networks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct policy_key);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_policies SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct host_key);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_nodes SEC(".maps"); /* underlay addresses of every node */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, struct host_key);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_host_addrs SEC(".maps"); /* this node's own addresses */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 262144);
+	__type(key, struct ct_key);
+	__type(value, struct ct_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_ct SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, DROP_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_drops SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, FWD_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_forwarded SEC(".maps");
+
+static __always_inline int drop(__u32 reason)
+{
+	__u64 *c = bpf_map_lookup_elem(&lace_drops, &reason);
+	if (c)
+		*c += 1;
+	return TC_ACT_SHOT;
+}
+
+static __always_inline void count(__u32 what)
+{
+	__u64 *c = bpf_map_lookup_elem(&lace_forwarded, &what);
+	if (c)
+		*c += 1;
+}
+
+static __always_inline struct lace_config *config(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&lace_cfg, &zero);
+}
+
+/* A parsed IP packet: family, addresses as 16 bytes (IPv4 in the first 4),
+ * L4 protocol and ports (ICMP: zero). */
+struct pkt {
+	__u8 family;
+	__u8 proto;
+	__u8 ttl;
+	__u16 sport;
+	__u16 dport;
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__u32 l3_off;
+};
+
+static __always_inline int parse_l4(struct __sk_buff *skb, struct pkt *p, __u32 l4_off)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	if (p->proto == IPPROTO_TCP || p->proto == IPPROTO_UDP) {
+		__u16 *ports = data + l4_off;
+		if ((void *)(ports + 2) > end)
+			return -1;
+		p->sport = ports[0];
+		p->dport = ports[1];
+	}
+	return 0;
+}
+
+/* parse fills p from the IP header at l3_off; eth_proto is network order. */
+static __always_inline int parse_ip(struct __sk_buff *skb, __u16 eth_proto, __u32 l3_off, struct pkt *p)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	p->l3_off = l3_off;
+	if (eth_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = data + l3_off;
+		if ((void *)(ip + 1) > end)
+			return -1;
+		p->family = LACE_FAMILY_V4;
+		p->proto = ip->protocol;
+		p->ttl = ip->ttl;
+		__builtin_memcpy(p->saddr, &ip->saddr, 4);
+		__builtin_memcpy(p->daddr, &ip->daddr, 4);
+		return parse_l4(skb, p, l3_off + ip->ihl * 4);
+	}
+	if (eth_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = data + l3_off;
+		if ((void *)(ip6 + 1) > end)
+			return -1;
+		p->family = LACE_FAMILY_V6;
+		p->proto = ip6->nexthdr;
+		p->ttl = ip6->hop_limit;
+		__builtin_memcpy(p->saddr, &ip6->saddr, 16);
+		__builtin_memcpy(p->daddr, &ip6->daddr, 16);
+		return parse_l4(skb, p, l3_off + sizeof(*ip6));
+	}
+	return -1;
+}
+
+/* dec_ttl lowers the TTL / hop limit of the IP header at l3_off by one. */
+static __always_inline int dec_ttl(struct __sk_buff *skb, struct pkt *p)
+{
+	if (p->family == LACE_FAMILY_V4) {
+		__u32 off = p->l3_off + offsetof(struct iphdr, ttl);
+		/* TTL and protocol share one 16-bit checksum word. */
+		__u16 old = bpf_htons(((__u16)p->ttl << 8) | p->proto);
+		__u16 new = bpf_htons(((__u16)(p->ttl - 1) << 8) | p->proto);
+		__u8 ttl = p->ttl - 1;
+		if (bpf_l3_csum_replace(skb, p->l3_off + offsetof(struct iphdr, check), old, new, 2))
+			return -1;
+		return bpf_skb_store_bytes(skb, off, &ttl, 1, 0);
+	}
+	__u8 hl = p->ttl - 1;
+	return bpf_skb_store_bytes(skb, p->l3_off + offsetof(struct ipv6hdr, hop_limit), &hl, 1, 0);
+}
+
+/* eq4/eq8/eq16 compare addresses without a memcmp libcall. */
+static __always_inline int eq4(const void *a, const void *b)
+{
+	return *(const __u32 *)a == *(const __u32 *)b;
+}
+
+static __always_inline int eq8(const void *a, const void *b)
+{
+	const __u32 *x = a, *y = b;
+	return x[0] == y[0] && x[1] == y[1];
+}
+
+static __always_inline int eq16(const void *a, const void *b)
+{
+	const __u32 *x = a, *y = b;
+	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3];
+}
+
+static __always_inline int set_macs(struct __sk_buff *skb, const __u8 *dst, const __u8 *src)
+{
+	if (bpf_skb_store_bytes(skb, 0, dst, 6, 0))
+		return -1;
+	return bpf_skb_store_bytes(skb, 6, src, 6, 0);
+}
+
+#endif

@@ -1,0 +1,199 @@
+//go:build ignore
+
+/* Programs on the host side of each pod's veth.
+ *
+ * from_pod (tcx ingress): everything a pod sends. Anti-spoofing, isolation
+ * by default (a destination is looked up only in the pod's own network),
+ * then delivery to a pod on this node with bpf_redirect_peer, or SRv6
+ * encapsulation (reduced: the SID in the outer destination, no routing
+ * header) toward the node owning the destination's block.
+ *
+ * to_pod (tcx egress): only host-originated traffic reaches it (redirected
+ * pod traffic goes straight to the peer); it records the flow so the pod's
+ * replies may reach the host, the one exception to isolation. */
+#include "lace.h"
+
+static __always_inline int encap_and_send(struct __sk_buff *skb, struct pkt *p, const __u8 *sid)
+{
+	struct lace_config *cfg = config();
+	if (!cfg)
+		return drop(DROP_FIB);
+	__u32 inner_len = skb->len - ETH_HLEN;
+	__u32 flow = bpf_get_hash_recalc(skb) & 0xfffff;
+
+	/* ENCAP_L3_IPV6 keeps GSO metadata consistent; FIXED_GSO keeps the
+	 * segment size, which the pod MTU already leaves room for. Without
+	 * them TSO packets are dropped and TCP stalls. */
+	if (bpf_skb_adjust_room(skb, sizeof(struct ipv6hdr), BPF_ADJ_ROOM_MAC,
+				BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 | BPF_F_ADJ_ROOM_FIXED_GSO))
+		return drop(DROP_ADJUST);
+
+	struct ipv6hdr outer = {};
+	outer.version = 6;
+	outer.flow_lbl[0] = (flow >> 16) & 0x0f;
+	outer.flow_lbl[1] = (flow >> 8) & 0xff;
+	outer.flow_lbl[2] = flow & 0xff;
+	outer.payload_len = bpf_htons(inner_len);
+	outer.nexthdr = p->family == LACE_FAMILY_V4 ? IPPROTO_IPIP : IPPROTO_IPV6;
+	outer.hop_limit = 64;
+	__builtin_memcpy(&outer.saddr, cfg->underlay_ip6, 16);
+	__builtin_memcpy(&outer.daddr, sid, 16);
+	if (bpf_skb_store_bytes(skb, ETH_HLEN, &outer, sizeof(outer), 0))
+		return drop(DROP_ADJUST);
+	__u16 proto = bpf_htons(ETH_P_IPV6);
+	if (bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_proto), &proto, 2, 0))
+		return drop(DROP_ADJUST);
+
+	struct bpf_fib_lookup fib = {};
+	fib.family = AF_INET6;
+	fib.ifindex = cfg->underlay_ifindex;
+	/* tot_len stays 0: the kernel then checks the MTU against the skb
+	 * itself, which understands GSO; a tot_len of a 64 KB GSO packet would
+	 * answer FRAG_NEEDED. */
+	__builtin_memcpy(fib.ipv6_src, cfg->underlay_ip6, 16);
+	__builtin_memcpy(fib.ipv6_dst, sid, 16);
+	long rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		if (set_macs(skb, fib.dmac, fib.smac))
+			return drop(DROP_ADJUST);
+		count(FWD_ENCAP);
+		return bpf_redirect(fib.ifindex, 0);
+	}
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		/* The kernel resolves the neighbour and queues the packet. */
+		count(FWD_ENCAP);
+		return bpf_redirect_neigh(fib.ifindex, 0, 0, 0);
+	}
+	return drop(DROP_FIB);
+}
+
+static __always_inline void ct_key_of(struct ct_key *k, __u32 net_id, struct pkt *p, int reverse)
+{
+	k->net_id = net_id;
+	k->family = p->family;
+	k->proto = p->proto;
+	if (reverse) {
+		__builtin_memcpy(k->saddr, p->daddr, 16);
+		__builtin_memcpy(k->daddr, p->saddr, 16);
+		k->sport = p->dport;
+		k->dport = p->sport;
+	} else {
+		__builtin_memcpy(k->saddr, p->saddr, 16);
+		__builtin_memcpy(k->daddr, p->daddr, 16);
+		k->sport = p->sport;
+		k->dport = p->dport;
+	}
+}
+
+SEC("tcx/ingress")
+int from_pod(struct __sk_buff *skb)
+{
+	__u32 ifindex = skb->ingress_ifindex;
+	struct port_val *port = bpf_map_lookup_elem(&lace_ports, &ifindex);
+	if (!port)
+		return drop(DROP_UNKNOWN_PORT);
+
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end)
+		return drop(DROP_NOT_IP);
+
+	struct pkt p = {};
+	if (parse_ip(skb, eth->h_proto, ETH_HLEN, &p))
+		return drop(DROP_NOT_IP);
+
+	/* Anti-spoofing: a pod sends only from its own addresses. Neighbour
+	 * discovery never leaves the pod: its gateway is a permanent entry. */
+	if (p.family == LACE_FAMILY_V4) {
+		if (!(port->flags & PORT_HAS_V4) || !eq4(p.saddr, port->ip4))
+			return drop(DROP_SPOOF);
+	} else {
+		if (p.proto == IPPROTO_ICMPV6) {
+			struct icmp6hdr *icmp = data + ETH_HLEN + sizeof(struct ipv6hdr);
+			if ((void *)(icmp + 1) > (void *)(long)skb->data_end)
+				return drop(DROP_NOT_IP);
+			if (icmp->icmp6_type >= 133 && icmp->icmp6_type <= 137)
+				return drop(DROP_NOT_IP);
+		}
+		if (!(port->flags & PORT_HAS_V6) || !eq16(p.saddr, port->ip6))
+			return drop(DROP_SPOOF);
+	}
+
+	/* Replies to the host's own connections (probes) go to the host. */
+	struct host_key hk = {.family = p.family};
+	__builtin_memcpy(hk.addr, p.daddr, 16);
+	if (bpf_map_lookup_elem(&lace_host_addrs, &hk)) {
+		struct ct_key ck = {};
+		ct_key_of(&ck, port->net_id, &p, 1);
+		struct ct_val *ct = bpf_map_lookup_elem(&lace_ct, &ck);
+		if (!ct)
+			return drop(DROP_HOST);
+		ct->last_seen_ns = bpf_ktime_get_ns();
+		count(FWD_HOST);
+		return TC_ACT_OK;
+	}
+
+	if (p.ttl <= 1)
+		return drop(DROP_TTL);
+
+	/* Isolation by default: only the pod's own network is searched. */
+	struct route_key rk = {.prefixlen = 64 + 128, .net_id = port->net_id, .family = p.family};
+	__builtin_memcpy(rk.addr, p.daddr, 16);
+	struct route_val *rv = bpf_map_lookup_elem(&lace_routes, &rk);
+	if (!rv)
+		return drop(DROP_ISOLATED);
+
+	struct net_val *nv = bpf_map_lookup_elem(&lace_networks, &port->net_id);
+	if (nv && (nv->flags & NET_ANONYMOUS)) {
+		struct policy_key pk = {.src_net = port->net_id, .dst_net = port->net_id};
+		if (!bpf_map_lookup_elem(&lace_policies, &pk))
+			return drop(DROP_ANONYMOUS);
+	}
+
+	if (rv->flags & ROUTE_LOCAL) {
+		struct ep_key ek = {.net_id = port->net_id, .family = p.family};
+		__builtin_memcpy(ek.addr, p.daddr, 16);
+		struct ep_val *ep = bpf_map_lookup_elem(&lace_endpoints, &ek);
+		if (!ep)
+			return drop(DROP_NO_ENDPOINT);
+		if (dec_ttl(skb, &p) || set_macs(skb, ep->pod_mac, ep->host_mac))
+			return drop(DROP_ADJUST);
+		count(FWD_LOCAL);
+		return bpf_redirect_peer(ep->ifindex, 0);
+	}
+
+	__u8 sid[16];
+	__builtin_memcpy(sid, rv->sid, 16);
+	if (dec_ttl(skb, &p))
+		return drop(DROP_ADJUST);
+	return encap_and_send(skb, &p, sid);
+}
+
+SEC("tcx/egress")
+int to_pod(struct __sk_buff *skb)
+{
+	__u32 ifindex = skb->ifindex;
+	struct port_val *port = bpf_map_lookup_elem(&lace_ports, &ifindex);
+	if (!port)
+		return TC_ACT_OK;
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end)
+		return TC_ACT_OK;
+	struct pkt p = {};
+	if (parse_ip(skb, eth->h_proto, ETH_HLEN, &p))
+		return TC_ACT_OK;
+	struct host_key hk = {.family = p.family};
+	__builtin_memcpy(hk.addr, p.saddr, 16);
+	if (!bpf_map_lookup_elem(&lace_host_addrs, &hk))
+		return TC_ACT_OK;
+	struct ct_key ck = {};
+	ct_key_of(&ck, port->net_id, &p, 0);
+	struct ct_val v = {.last_seen_ns = bpf_ktime_get_ns()};
+	bpf_map_update_elem(&lace_ct, &ck, &v, BPF_ANY);
+	return TC_ACT_OK;
+}
+
+char __license[] SEC("license") = "GPL";

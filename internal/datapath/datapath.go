@@ -1,0 +1,194 @@
+// Package datapath owns Lace's eBPF data plane on one node: loading the
+// programs compiled from ../../bpf, pinning their maps and links under a
+// bpffs directory so that an agent restart keeps forwarding, attaching them
+// with tcx, and typed access to every map. It knows nothing of Kubernetes
+// (it must not import k8s.io/api): callers translate API objects into the
+// types of this package.
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/lace-cni/lace/internal/netutil"
+)
+
+// SID function layout (bpf/include/lace.h): byte 8 of the SID is the
+// behaviour, bytes 12-15 the network ID.
+const (
+	sidBehaviourByte = 8
+	sidNetByte       = 12
+	// BehaviourL3Decap decapsulates and looks the inner packet up in the
+	// network named by the SID (End.DT46 semantics).
+	BehaviourL3Decap = 1
+)
+
+// SID returns the SID of behaviour for network netID inside locator (a /64).
+func SID(locator netip.Prefix, behaviour uint8, netID uint32) netip.Addr {
+	b := locator.Masked().Addr().As16()
+	b[sidBehaviourByte] = behaviour
+	b[sidNetByte], b[sidNetByte+1], b[sidNetByte+2], b[sidNetByte+3] = byte(netID>>24), byte(netID>>16), byte(netID>>8), byte(netID)
+	return netip.AddrFrom16(b)
+}
+
+// Datapath is the loaded programs and pinned maps of one node.
+type Datapath struct {
+	pinDir   string
+	pod      podObjects
+	underlay underlayObjects
+}
+
+// Load loads the programs and opens (or creates) the maps pinned in pinDir,
+// which must be on a bpffs mount. State already pinned there is kept.
+func Load(pinDir string) (*Datapath, error) {
+	if err := os.MkdirAll(filepath.Join(pinDir, "links"), 0o700); err != nil {
+		return nil, fmt.Errorf("create pin dir: %w", err)
+	}
+	d := &Datapath{pinDir: pinDir}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}
+	if err := loadPodObjects(&d.pod, opts); err != nil {
+		return nil, fmt.Errorf("load pod programs: %w", verifierDetail(err))
+	}
+	if err := loadUnderlayObjects(&d.underlay, opts); err != nil {
+		d.pod.Close()
+		return nil, fmt.Errorf("load underlay programs: %w", verifierDetail(err))
+	}
+	return d, nil
+}
+
+func verifierDetail(err error) error {
+	var ve *ebpf.VerifierError
+	if errors.As(err, &ve) {
+		return fmt.Errorf("%+v", ve)
+	}
+	return err
+}
+
+// Close releases this process's handles. Pinned maps and links stay, so
+// forwarding continues without the agent.
+func (d *Datapath) Close() error {
+	return errors.Join(d.pod.Close(), d.underlay.Close())
+}
+
+// Remove unpins every map and link (the node leaves Lace); programs detach
+// once nothing holds them.
+func (d *Datapath) Remove() error {
+	_ = d.Close()
+	return os.RemoveAll(d.pinDir)
+}
+
+// Direction of a tcx attachment.
+type Direction int
+
+// Directions.
+const (
+	Ingress Direction = iota
+	Egress
+)
+
+func (dir Direction) String() string {
+	if dir == Egress {
+		return "egress"
+	}
+	return "ingress"
+}
+
+func (d *Datapath) linkPin(ifName string, dir Direction) string {
+	return filepath.Join(d.pinDir, "links", ifName+"-"+dir.String())
+}
+
+// attach attaches prog to ifName (in the namespace nsPath) with tcx and pins
+// the link. An existing pinned link is updated to prog instead, so a new
+// agent replaces its programs without a gap.
+func (d *Datapath) attach(nsPath, ifName string, dir Direction, prog *ebpf.Program) error {
+	pin := d.linkPin(ifName, dir)
+	if l, err := link.LoadPinnedLink(pin, nil); err == nil {
+		defer l.Close()
+		if err := l.Update(prog); err == nil {
+			return nil
+		}
+		// The interface went away (and the link with it): attach afresh.
+		_ = l.Unpin()
+	}
+	attachType := ebpf.AttachTCXIngress
+	if dir == Egress {
+		attachType = ebpf.AttachTCXEgress
+	}
+	return netutil.Do(nsPath, func() error {
+		iface, err := net.InterfaceByName(ifName)
+		if err != nil {
+			return fmt.Errorf("find %s: %w", ifName, err)
+		}
+		l, err := link.AttachTCX(link.TCXOptions{Interface: iface.Index, Program: prog, Attach: attachType})
+		if err != nil {
+			return fmt.Errorf("attach tcx %s %s: %w", dir, ifName, err)
+		}
+		defer l.Close()
+		if err := l.Pin(pin); err != nil {
+			return fmt.Errorf("pin link of %s: %w", ifName, err)
+		}
+		return nil
+	})
+}
+
+// AttachPod attaches from_pod and to_pod to the host side of a pod's veth.
+func (d *Datapath) AttachPod(nsPath, hostIf string) error {
+	if err := d.attach(nsPath, hostIf, Ingress, d.pod.FromPod); err != nil {
+		return err
+	}
+	return d.attach(nsPath, hostIf, Egress, d.pod.ToPod)
+}
+
+// DetachPod removes the pod programs of hostIf. Missing links are fine.
+func (d *Datapath) DetachPod(hostIf string) error {
+	var errs []error
+	for _, dir := range []Direction{Ingress, Egress} {
+		l, err := link.LoadPinnedLink(d.linkPin(hostIf, dir), nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		errs = append(errs, l.Unpin(), l.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// AttachUnderlay attaches from_underlay to the node's underlay interface.
+func (d *Datapath) AttachUnderlay(nsPath, ifName string) error {
+	return d.attach(nsPath, ifName, Ingress, d.underlay.FromUnderlay)
+}
+
+// PinnedPodLinks lists the host interfaces with pinned pod programs.
+func (d *Datapath) PinnedPodLinks() ([]string, error) {
+	ents, err := os.ReadDir(filepath.Join(d.pinDir, "links"))
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var out []string
+	for _, e := range ents {
+		name, ok := strings.CutSuffix(e.Name(), "-"+Ingress.String())
+		if !ok {
+			name, ok = strings.CutSuffix(e.Name(), "-"+Egress.String())
+		}
+		if ok && !seen[name] && strings.HasPrefix(name, PodIfPrefix) {
+			seen[name] = true
+			out = append(out, name)
+		}
+	}
+	return out, nil
+}
+
+// PodIfPrefix starts the name of every pod's host-side interface.
+const PodIfPrefix = "lace"

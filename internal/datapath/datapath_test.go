@@ -1,0 +1,285 @@
+package datapath_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"io"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf/btf"
+
+	"github.com/lace-cni/lace/internal/datapath"
+	"github.com/lace-cni/lace/internal/netutil"
+)
+
+// The DECAP flags are defined in bpf/include/lace.h because Debian's UAPI
+// headers lack them; they must equal the running kernel's.
+func TestAdjustRoomFlagsMatchKernel(t *testing.T) {
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		t.Skipf("no kernel BTF: %v", err)
+	}
+	want := map[string]uint64{"BPF_F_ADJ_ROOM_DECAP_L3_IPV4": 1 << 7, "BPF_F_ADJ_ROOM_DECAP_L3_IPV6": 1 << 8}
+	seen := 0
+	for typ, err := range spec.All() {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if en, ok := typ.(*btf.Enum); ok {
+			for _, v := range en.Values {
+				if w, ok := want[v.Name]; ok {
+					seen++
+					if v.Value != w {
+						t.Errorf("%s = %d in the kernel, %d in lace.h", v.Name, v.Value, w)
+					}
+				}
+			}
+		}
+	}
+	if seen != 2 {
+		t.Fatalf("found %d of the 2 DECAP flags in the kernel BTF", seen)
+	}
+}
+
+func TestSIDLayout(t *testing.T) {
+	got := datapath.SID(netip.MustParsePrefix("fd1a:ce:0:2::/64"), datapath.BehaviourL3Decap, 0x10203)
+	if got.String() != "fd1a:ce:0:2:100:0:1:203" {
+		t.Fatalf("SID = %s", got)
+	}
+}
+
+// TestL3Forwarding drives TCP, UDP and ICMP over IPv4 and IPv6 between pods
+// on one node and across nodes, and checks isolation, overlapping subnets,
+// anonymous networks and what the underlay carries.
+func TestL3Forwarding(t *testing.T) {
+	w := newWorld(t, 2)
+	n1, n2 := w.nodes[0], w.nodes[1]
+	w.addNetwork(1, "10.40.0.0/16", "fd00:40::/48", false)
+	w.addNetwork(2, "10.40.0.0/16", "fd00:40::/48", false) // overlaps network 1
+	w.addNetwork(3, "10.60.0.0/16", "fd00:60::/48", true)  // anonymous
+	a := w.addPod("a", n1, 1, 2)
+	b := w.addPod("b", n1, 1, 3)
+	c := w.addPod("c", n2, 1, 2)
+	d := w.addPod("d", n1, 2, 2) // same addresses as a, other network
+	e := w.addPod("e", n2, 2, 2) // same addresses as c, other network
+	f := w.addPod("f", n1, 3, 2)
+	g := w.addPod("g", n2, 3, 2)
+
+	type pair struct {
+		from *pod
+		to   *pod
+		want string
+	}
+	for _, tc := range []pair{
+		{a, b, "b"}, {b, a, "a"}, // same node
+		{a, c, "c"}, {c, a, "a"}, // across nodes
+		{d, e, "e"}, {e, d, "d"}, // the overlapping network reaches its own pods
+	} {
+		for _, dst := range []netip.Addr{tc.to.v4, tc.to.v6} {
+			got, err := tc.from.dialTCP(dst)
+			if err != nil || got != tc.want {
+				t.Errorf("TCP %s -> %s (%s): got %q, %v; want %q", tc.from.name, tc.to.name, dst, got, err, tc.want)
+			}
+			got, err = tc.from.dialUDP(dst)
+			if err != nil || got != tc.want {
+				t.Errorf("UDP %s -> %s (%s): got %q, %v; want %q", tc.from.name, tc.to.name, dst, got, err, tc.want)
+			}
+			if err := tc.from.ping(dst); err != nil {
+				t.Errorf("ICMP %s -> %s: %v", tc.from.name, tc.to.name, err)
+			}
+		}
+	}
+
+	before1, _ := n1.dp.Drops()
+	// Isolation: other networks and anonymous networks are unreachable.
+	for _, tc := range []struct {
+		from, to *pod
+	}{{a, f}, {a, g}, {f, a}, {f, g}, {g, f}} {
+		for _, dst := range []netip.Addr{tc.to.v4, tc.to.v6} {
+			if got, err := tc.from.dialTCP(dst); err == nil {
+				t.Errorf("TCP %s -> %s (%s) connected (answered %q); want it dropped", tc.from.name, tc.to.name, dst, got)
+			}
+		}
+	}
+	after1, _ := n1.dp.Drops()
+	if after1["isolated"] <= before1["isolated"] {
+		t.Errorf("isolated drops did not grow: %d -> %d", before1["isolated"], after1["isolated"])
+	}
+	if after1["anonymous-network"] <= before1["anonymous-network"] {
+		t.Errorf("anonymous-network drops did not grow: %d -> %d", before1["anonymous-network"], after1["anonymous-network"])
+	}
+
+	// A self policy opens an anonymous network to itself.
+	for _, n := range w.nodes {
+		must(t, n.dp.UpsertPolicy(datapath.Policy{Src: 3, Dst: 3}))
+	}
+	if got, err := f.dialTCP(g.v4); err != nil || got != "g" {
+		t.Errorf("anonymous network with a self policy: got %q, %v", got, err)
+	}
+}
+
+// TestUnderlayCarriesOnlySRv6 captures the underlay while pods on two nodes
+// talk: every frame between the nodes' pods is IPv6 to a SID inside the
+// destination node's locator.
+func TestUnderlayCarriesOnlySRv6(t *testing.T) {
+	w := newWorld(t, 2)
+	n1, n2 := w.nodes[0], w.nodes[1]
+	w.addNetwork(7, "10.70.0.0/16", "fd00:70::/48", false)
+	a := w.addPod("a", n1, 7, 2)
+	c := w.addPod("c", n2, 7, 2)
+	frames := w.capture(n1.name, func() {
+		for _, dst := range []netip.Addr{c.v4, c.v6} {
+			if got, err := a.dialTCP(dst); err != nil || got != "c" {
+				t.Errorf("TCP a -> c: %q %v", got, err)
+			}
+			if err := a.ping(dst); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	srv6 := 0
+	for _, fr := range frames {
+		if len(fr) < 14 {
+			continue
+		}
+		et := binary.BigEndian.Uint16(fr[12:14])
+		switch et {
+		case 0x0800:
+			t.Errorf("IPv4 frame on the underlay: % x", fr[:min(len(fr), 40)])
+		case 0x86dd:
+			if len(fr) < 54 {
+				continue
+			}
+			dst := netip.AddrFrom16([16]byte(fr[38:54]))
+			src := netip.AddrFrom16([16]byte(fr[22:38]))
+			next := fr[20]
+			if next != 4 && next != 41 {
+				continue // neighbour discovery between the nodes
+			}
+			srv6++
+			var want netip.Prefix
+			switch src {
+			case n1.v6:
+				want = n2.locator
+			case n2.v6:
+				want = n1.locator
+			default:
+				t.Errorf("SRv6 packet from %s, not a node", src)
+				continue
+			}
+			if !want.Contains(dst) || dst != datapath.SID(want, datapath.BehaviourL3Decap, 7) {
+				t.Errorf("SRv6 packet %s -> %s: want the SID of network 7 in %s", src, dst, want)
+			}
+		}
+	}
+	if srv6 == 0 {
+		t.Fatalf("no SRv6 packets captured among %d frames", len(frames))
+	}
+	t.Logf("%d SRv6 packets captured, no IPv4", srv6)
+}
+
+// TestBulkTransferAcrossNodes pushes 8 MiB through one TCP stream across
+// nodes (GSO-sized segments through encap and decap) and checks it arrives
+// whole.
+func TestBulkTransferAcrossNodes(t *testing.T) {
+	w := newWorld(t, 2)
+	w.addNetwork(8, "10.80.0.0/16", "fd00:80::/48", false)
+	a := w.addPod("a", w.nodes[0], 8, 2)
+	c := w.addPod("c", w.nodes[1], 8, 2)
+	for _, dst := range []netip.Addr{c.v4, c.v6} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		conn, err := netutil.DialContext(ctx, netutil.Path(a.ns), "tcp", netip.AddrPortFrom(dst, 7).String())
+		if err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+		r := bufio.NewReader(conn)
+		if _, err := r.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+		const size = 8 << 20
+		payload := make([]byte, size)
+		for i := range payload {
+			payload[i] = byte(i * 7)
+		}
+		go func() { _, _ = conn.Write(payload) }()
+		got := make([]byte, size)
+		if _, err := io.ReadFull(r, got); err != nil {
+			dumpCounters(t, w)
+			t.Fatalf("echo of 8 MiB to %s: %v", dst, err)
+		}
+		if string(got) != string(payload) {
+			t.Fatalf("echo to %s corrupted", dst)
+		}
+		conn.Close()
+		cancel()
+	}
+}
+
+// TestStreamSurvivesAgentRestart keeps a TCP stream running while the
+// process that loaded the data plane lets go of it and a new one loads it
+// again from the pins: forwarding never depends on the agent.
+func TestStreamSurvivesAgentRestart(t *testing.T) {
+	w := newWorld(t, 2)
+	w.addNetwork(9, "10.90.0.0/16", "fd00:90::/48", false)
+	a := w.addPod("a", w.nodes[0], 9, 2)
+	c := w.addPod("c", w.nodes[1], 9, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	conn, err := netutil.DialContext(ctx, netutil.Path(a.ns), "tcp", netip.AddrPortFrom(c.v4, 7).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r := bufio.NewReader(conn)
+	_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := r.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	echo := func(msg string) {
+		t.Helper()
+		if _, err := conn.Write([]byte(msg + "\n")); err != nil {
+			t.Fatalf("write %q: %v", msg, err)
+		}
+		got, err := r.ReadString('\n')
+		if err != nil || strings.TrimSpace(got) != msg {
+			t.Fatalf("echo %q: got %q, %v", msg, got, err)
+		}
+	}
+	echo("before")
+	// The agent goes away: its handles close, the pins stay.
+	for _, n := range w.nodes {
+		must(t, n.dp.Close())
+		n.dp = nil
+	}
+	echo("without agent")
+	// A new agent loads the programs again and finds its maps and links.
+	for _, n := range w.nodes {
+		n.load()
+		eps, err := n.dp.Endpoints()
+		must(t, err)
+		if len(eps) != 2 {
+			t.Errorf("node %s: %d endpoints after reload, want 2", n.name, len(eps))
+		}
+	}
+	echo("after restart")
+}
+
+func dumpCounters(t *testing.T, w *world) {
+	for _, n := range w.nodes {
+		d, _ := n.dp.Drops()
+		f, _ := n.dp.Forwarded()
+		nz := map[string]uint64{}
+		for k, v := range d {
+			if v > 0 {
+				nz[k] = v
+			}
+		}
+		t.Logf("node %s drops %v forwarded %v", n.name, nz, f)
+	}
+}

@@ -1,0 +1,348 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+)
+
+// Config is the node-wide configuration of the programs.
+type Config struct {
+	// UnderlayIP is the outer source of encapsulated packets.
+	UnderlayIP netip.Addr
+	// Locator is this node's /64 SRv6 locator.
+	Locator netip.Prefix
+	// UnderlayIfIndex is the underlay interface (for FIB lookups).
+	UnderlayIfIndex uint32
+}
+
+// Endpoint is a pod address on this node.
+type Endpoint struct {
+	NetID   uint32
+	Addr    netip.Addr
+	IfIndex uint32 // host side of the pod's veth
+	PodMAC  net.HardwareAddr
+	HostMAC net.HardwareAddr
+}
+
+// Port is what the programs know of a pod's veth: its network and the
+// addresses it may send from.
+type Port struct {
+	IfIndex uint32
+	NetID   uint32
+	V4, V6  netip.Addr
+}
+
+// Route sends a prefix of a network either to this node's pods (Local) or
+// encapsulated to SID.
+type Route struct {
+	NetID  uint32
+	Prefix netip.Prefix
+	SID    netip.Addr
+	Local  bool
+}
+
+// Network is what the programs know of a network.
+type Network struct {
+	ID        uint32
+	Anonymous bool
+}
+
+// Policy lets network Src initiate traffic to network Dst.
+type Policy struct{ Src, Dst uint32 }
+
+func family(a netip.Addr) uint8 {
+	if a.Is4() {
+		return 4
+	}
+	return 6
+}
+
+func addr16(a netip.Addr) [16]uint8 {
+	var out [16]uint8
+	if a.Is4() {
+		b := a.As4()
+		copy(out[:], b[:])
+		return out
+	}
+	return a.As16()
+}
+
+func fromAddr16(fam uint8, b [16]uint8) netip.Addr {
+	if fam == 4 {
+		return netip.AddrFrom4([4]byte{b[0], b[1], b[2], b[3]})
+	}
+	return netip.AddrFrom16(b)
+}
+
+func mac6(m net.HardwareAddr) [6]uint8 {
+	var out [6]uint8
+	copy(out[:], m)
+	return out
+}
+
+// SetConfig writes the node configuration.
+func (d *Datapath) SetConfig(c Config) error {
+	v := podLaceConfig{UnderlayIp6: c.UnderlayIP.As16(), UnderlayIfindex: c.UnderlayIfIndex}
+	loc := c.Locator.Masked().Addr().As16()
+	copy(v.Locator[:], loc[:8])
+	return d.pod.LaceCfg.Put(uint32(0), v)
+}
+
+// UpsertEndpoint adds or replaces a local pod address.
+func (d *Datapath) UpsertEndpoint(e Endpoint) error {
+	k := podEpKey{NetId: e.NetID, Family: family(e.Addr), Addr: addr16(e.Addr)}
+	v := podEpVal{Ifindex: e.IfIndex, PodMac: mac6(e.PodMAC), HostMac: mac6(e.HostMAC)}
+	if err := d.pod.LaceEndpoints.Put(k, v); err != nil {
+		return fmt.Errorf("put endpoint %s/%d: %w", e.Addr, e.NetID, err)
+	}
+	return nil
+}
+
+// DeleteEndpoint removes a local pod address; a missing one is fine.
+func (d *Datapath) DeleteEndpoint(netID uint32, a netip.Addr) error {
+	return ignoreMissing(d.pod.LaceEndpoints.Delete(podEpKey{NetId: netID, Family: family(a), Addr: addr16(a)}))
+}
+
+// Endpoints lists the local pod addresses.
+func (d *Datapath) Endpoints() ([]Endpoint, error) {
+	var out []Endpoint
+	var k podEpKey
+	var v podEpVal
+	it := d.pod.LaceEndpoints.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, Endpoint{NetID: k.NetId, Addr: fromAddr16(k.Family, k.Addr), IfIndex: v.Ifindex,
+			PodMAC: append(net.HardwareAddr{}, v.PodMac[:]...), HostMAC: append(net.HardwareAddr{}, v.HostMac[:]...)})
+	}
+	return out, it.Err()
+}
+
+// UpsertPort adds or replaces a pod port.
+func (d *Datapath) UpsertPort(p Port) error {
+	v := podPortVal{NetId: p.NetID}
+	if p.V4.IsValid() {
+		v.Flags |= 1
+		v.Ip4 = p.V4.As4()
+	}
+	if p.V6.IsValid() {
+		v.Flags |= 2
+		v.Ip6 = p.V6.As16()
+	}
+	return d.pod.LacePorts.Put(p.IfIndex, v)
+}
+
+// DeletePort removes a pod port; a missing one is fine.
+func (d *Datapath) DeletePort(ifindex uint32) error {
+	return ignoreMissing(d.pod.LacePorts.Delete(ifindex))
+}
+
+// Ports lists the pod ports.
+func (d *Datapath) Ports() ([]Port, error) {
+	var out []Port
+	var k uint32
+	var v podPortVal
+	it := d.pod.LacePorts.Iterate()
+	for it.Next(&k, &v) {
+		p := Port{IfIndex: k, NetID: v.NetId}
+		if v.Flags&1 != 0 {
+			p.V4 = netip.AddrFrom4(v.Ip4)
+		}
+		if v.Flags&2 != 0 {
+			p.V6 = netip.AddrFrom16(v.Ip6)
+		}
+		out = append(out, p)
+	}
+	return out, it.Err()
+}
+
+func routeKey(netID uint32, p netip.Prefix) podRouteKey {
+	return podRouteKey{Prefixlen: uint32(64 + p.Bits()), NetId: netID, Family: family(p.Addr()), Addr: addr16(p.Masked().Addr())}
+}
+
+// UpsertRoute adds or replaces a route.
+func (d *Datapath) UpsertRoute(r Route) error {
+	v := podRouteVal{}
+	if r.Local {
+		v.Flags = 1
+	} else {
+		v.Sid = r.SID.As16()
+	}
+	if err := d.pod.LaceRoutes.Put(routeKey(r.NetID, r.Prefix), v); err != nil {
+		return fmt.Errorf("put route %s/%d: %w", r.Prefix, r.NetID, err)
+	}
+	return nil
+}
+
+// DeleteRoute removes a route; a missing one is fine.
+func (d *Datapath) DeleteRoute(netID uint32, p netip.Prefix) error {
+	return ignoreMissing(d.pod.LaceRoutes.Delete(routeKey(netID, p)))
+}
+
+// Routes lists the routes.
+func (d *Datapath) Routes() ([]Route, error) {
+	var out []Route
+	var k podRouteKey
+	var v podRouteVal
+	it := d.pod.LaceRoutes.Iterate()
+	for it.Next(&k, &v) {
+		bits := int(k.Prefixlen) - 64
+		r := Route{NetID: k.NetId, Prefix: netip.PrefixFrom(fromAddr16(k.Family, k.Addr), bits), Local: v.Flags&1 != 0}
+		if !r.Local {
+			r.SID = netip.AddrFrom16(v.Sid)
+		}
+		out = append(out, r)
+	}
+	return out, it.Err()
+}
+
+// UpsertNetwork adds or replaces a network.
+func (d *Datapath) UpsertNetwork(n Network) error {
+	v := podNetVal{}
+	if n.Anonymous {
+		v.Flags = 1
+	}
+	return d.pod.LaceNetworks.Put(n.ID, v)
+}
+
+// DeleteNetwork removes a network; a missing one is fine.
+func (d *Datapath) DeleteNetwork(id uint32) error {
+	return ignoreMissing(d.pod.LaceNetworks.Delete(id))
+}
+
+// Networks lists the networks.
+func (d *Datapath) Networks() ([]Network, error) {
+	var out []Network
+	var k uint32
+	var v podNetVal
+	it := d.pod.LaceNetworks.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, Network{ID: k, Anonymous: v.Flags&1 != 0})
+	}
+	return out, it.Err()
+}
+
+// UpsertPolicy allows p.Src to initiate to p.Dst.
+func (d *Datapath) UpsertPolicy(p Policy) error {
+	return d.pod.LacePolicies.Put(podPolicyKey{SrcNet: p.Src, DstNet: p.Dst}, uint32(1))
+}
+
+// DeletePolicy removes a policy; a missing one is fine.
+func (d *Datapath) DeletePolicy(p Policy) error {
+	return ignoreMissing(d.pod.LacePolicies.Delete(podPolicyKey{SrcNet: p.Src, DstNet: p.Dst}))
+}
+
+// Policies lists the policies.
+func (d *Datapath) Policies() ([]Policy, error) {
+	var out []Policy
+	var k podPolicyKey
+	var v uint32
+	it := d.pod.LacePolicies.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, Policy{Src: k.SrcNet, Dst: k.DstNet})
+	}
+	return out, it.Err()
+}
+
+func hostKey(a netip.Addr) podHostKey { return podHostKey{Family: family(a), Addr: addr16(a)} }
+
+func listAddrs(m *ebpf.Map) ([]netip.Addr, error) {
+	var out []netip.Addr
+	var k podHostKey
+	var v uint32
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, fromAddr16(k.Family, k.Addr))
+	}
+	return out, it.Err()
+}
+
+// UpsertNode marks a as the underlay address of a cluster node: only those
+// may send SRv6 packets to this node's pods.
+func (d *Datapath) UpsertNode(a netip.Addr) error { return d.pod.LaceNodes.Put(hostKey(a), uint32(1)) }
+
+// DeleteNode forgets a node address; a missing one is fine.
+func (d *Datapath) DeleteNode(a netip.Addr) error {
+	return ignoreMissing(d.pod.LaceNodes.Delete(hostKey(a)))
+}
+
+// Nodes lists the known node addresses.
+func (d *Datapath) Nodes() ([]netip.Addr, error) { return listAddrs(d.pod.LaceNodes) }
+
+// UpsertHostAddr marks a as an address of this node itself.
+func (d *Datapath) UpsertHostAddr(a netip.Addr) error {
+	return d.pod.LaceHostAddrs.Put(hostKey(a), uint32(1))
+}
+
+// DeleteHostAddr forgets a host address; a missing one is fine.
+func (d *Datapath) DeleteHostAddr(a netip.Addr) error {
+	return ignoreMissing(d.pod.LaceHostAddrs.Delete(hostKey(a)))
+}
+
+// HostAddrs lists this node's own addresses.
+func (d *Datapath) HostAddrs() ([]netip.Addr, error) { return listAddrs(d.pod.LaceHostAddrs) }
+
+// DropReasons name the drop counters, in the order of enum drop_reason.
+var DropReasons = []string{
+	"not-ip", "spoofed-source", "isolated", "anonymous-network", "no-endpoint", "ttl-exceeded",
+	"no-underlay-route", "host-not-reply", "decap-unknown-source", "decap-unknown-sid",
+	"decap-bad-protocol", "header-adjust-failed", "unknown-port",
+}
+
+// ForwardCounters name the forwarding counters, in the order of enum fwd_counter.
+var ForwardCounters = []string{"local", "encapsulated", "decapsulated", "to-host"}
+
+func sumPerCPU(m *ebpf.Map, names []string) (map[string]uint64, error) {
+	out := map[string]uint64{}
+	for i, name := range names {
+		var per []uint64
+		if err := m.Lookup(uint32(i), &per); err != nil {
+			return nil, fmt.Errorf("read counter %s: %w", name, err)
+		}
+		var sum uint64
+		for _, v := range per {
+			sum += v
+		}
+		out[name] = sum
+	}
+	return out, nil
+}
+
+// Drops returns the packets dropped, by reason.
+func (d *Datapath) Drops() (map[string]uint64, error) { return sumPerCPU(d.pod.LaceDrops, DropReasons) }
+
+// Forwarded returns the packets forwarded, by path.
+func (d *Datapath) Forwarded() (map[string]uint64, error) {
+	return sumPerCPU(d.pod.LaceForwarded, ForwardCounters)
+}
+
+// MapSizes returns the number of entries of the main maps.
+func (d *Datapath) MapSizes() (map[string]int, error) {
+	out := map[string]int{}
+	for name, m := range map[string]*ebpf.Map{
+		"endpoints": d.pod.LaceEndpoints, "ports": d.pod.LacePorts, "routes": d.pod.LaceRoutes,
+		"networks": d.pod.LaceNetworks, "policies": d.pod.LacePolicies, "nodes": d.pod.LaceNodes,
+		"conntrack": d.pod.LaceCt,
+	} {
+		n := 0
+		var k, v []byte
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			n++
+		}
+		if err := it.Err(); err != nil {
+			return nil, fmt.Errorf("count %s: %w", name, err)
+		}
+		out[name] = n
+	}
+	return out, nil
+}
+
+func ignoreMissing(err error) error {
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil
+	}
+	return err
+}

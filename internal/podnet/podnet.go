@@ -1,0 +1,107 @@
+// Package podnet wires a pod into the node: the veth pair (host side in the
+// node's namespace, eth0 in the pod's), the pod's addresses, its gateway as
+// a permanent neighbour (so the pod never resolves it and ARP/ND never
+// leave the pod), and the node's route to the pod. It makes no eBPF or API
+// calls.
+package podnet
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/lace-cni/lace/internal/netutil"
+)
+
+// Spec describes one pod interface.
+type Spec struct {
+	NodeNS, PodNS string // namespace paths
+	HostIf        string // host-side name (see HostIfName)
+	PodIf         string // name inside the pod, usually eth0
+	MTU           int
+	Addrs         []netip.Addr // at most one per family
+	Gateways      []netip.Addr // one per family of Addrs
+}
+
+// Result is what the data plane needs of the created interface.
+type Result struct {
+	HostIfIndex int
+	HostMAC     net.HardwareAddr
+	PodMAC      net.HardwareAddr
+}
+
+// HostIfName is the host-side interface name for a container: "lace" and
+// 11 hex characters of a hash of its ID, within IFNAMSIZ.
+func HostIfName(containerID string) string {
+	sum := sha256.Sum256([]byte(containerID))
+	return "lace" + hex.EncodeToString(sum[:])[:11]
+}
+
+// Setup creates the interface. It is idempotent: an existing veth is kept
+// and addresses, routes and neighbours are replaced.
+func Setup(s Spec) (Result, error) {
+	if len(s.Addrs) == 0 || len(s.Addrs) != len(s.Gateways) {
+		return Result{}, errors.New("podnet: need one gateway per address")
+	}
+	if err := netutil.EnsureVeth(netutil.VethSpec{
+		NSPath: s.NodeNS, Name: s.HostIf, PeerNSPath: s.PodNS, PeerName: s.PodIf, MTU: s.MTU,
+	}); err != nil {
+		return Result{}, err
+	}
+	host, err := netutil.GetLink(s.NodeNS, s.HostIf)
+	if err != nil {
+		return Result{}, err
+	}
+	pod, err := netutil.GetLink(s.PodNS, s.PodIf)
+	if err != nil {
+		return Result{}, err
+	}
+	// The pod neither accepts router advertisements nor autoconfigures:
+	// its addresses and routes are the ones given here.
+	for _, kv := range [][2]string{
+		{"net.ipv6.conf." + s.PodIf + ".accept_ra", "0"},
+		{"net.ipv6.conf." + s.PodIf + ".autoconf", "0"},
+	} {
+		_ = netutil.Sysctl(s.PodNS, kv[0], kv[1])
+	}
+	for i, a := range s.Addrs {
+		gw := s.Gateways[i]
+		if err := netutil.EnsureAddr(s.PodNS, s.PodIf, netip.PrefixFrom(a, a.BitLen())); err != nil {
+			return Result{}, err
+		}
+		if err := netutil.EnsureRoute(s.PodNS, netip.PrefixFrom(gw, gw.BitLen()), netip.Addr{}, s.PodIf); err != nil {
+			return Result{}, err
+		}
+		def := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+		if a.Is6() {
+			def = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+		}
+		if err := netutil.EnsureRoute(s.PodNS, def, gw, s.PodIf); err != nil {
+			return Result{}, err
+		}
+		if err := netutil.EnsureNeigh(s.PodNS, s.PodIf, gw, host.MAC); err != nil {
+			return Result{}, err
+		}
+		// The node reaches its own pods (probes); nothing else routes here.
+		if err := netutil.EnsureRoute(s.NodeNS, netip.PrefixFrom(a, a.BitLen()), netip.Addr{}, s.HostIf); err != nil {
+			return Result{}, err
+		}
+	}
+	return Result{HostIfIndex: host.Index, HostMAC: host.MAC, PodMAC: pod.MAC}, nil
+}
+
+// Teardown removes the host side (and with it the pod side) and the node's
+// routes to addrs. What is already gone is fine.
+func Teardown(nodeNS, hostIf string, addrs []netip.Addr) error {
+	var errs []error
+	for _, a := range addrs {
+		errs = append(errs, netutil.DeleteRoute(nodeNS, netip.PrefixFrom(a, a.BitLen()), hostIf))
+	}
+	if err := netutil.DeleteLink(nodeNS, hostIf); err != nil {
+		errs = append(errs, fmt.Errorf("delete %s: %w", hostIf, err))
+	}
+	return errors.Join(errs...)
+}
