@@ -18,9 +18,9 @@ import (
 
 func main() {
 	o := controller.DefaultOptions()
-	var kubeconfig, logLevel string
+	var logLevel string
 	pool := o.LocatorPool.String()
-	flag.StringVar(&kubeconfig, "kubeconfig", "", "path to a kubeconfig (default: in-cluster or $KUBECONFIG)")
+	// --kubeconfig is registered by controller-runtime's config package.
 	flag.StringVar(&o.MetricsAddr, "metrics-bind-address", o.MetricsAddr, "address of the metrics endpoint (0 disables)")
 	flag.StringVar(&o.HealthAddr, "health-probe-bind-address", o.HealthAddr, "address of /healthz and /readyz (0 disables)")
 	flag.BoolVar(&o.LeaderElection, "leader-elect", o.LeaderElection, "elect a leader so only one controller decides at a time")
@@ -31,13 +31,13 @@ func main() {
 	flag.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	flag.Parse()
 
-	if err := run(ctrl.SetupSignalHandler(), kubeconfig, pool, logLevel, o); err != nil {
+	if err := run(ctrl.SetupSignalHandler(), pool, logLevel, o); err != nil {
 		fmt.Fprintln(os.Stderr, "lace-controller:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, kubeconfig, pool, logLevel string, o controller.Options) error {
+func run(ctx context.Context, pool, logLevel string, o controller.Options) error {
 	if err := logging.Setup(logLevel); err != nil {
 		return err
 	}
@@ -46,9 +46,6 @@ func run(ctx context.Context, kubeconfig, pool, logLevel string, o controller.Op
 		return fmt.Errorf("parse --srv6-locator-pool: %w", err)
 	}
 	o.LocatorPool = p
-	if kubeconfig != "" {
-		os.Setenv("KUBECONFIG", kubeconfig)
-	}
 	cfg, err := config.GetConfig()
 	if err != nil {
 		return fmt.Errorf("load kubeconfig: %w", err)

@@ -63,7 +63,9 @@ func run(ctx context.Context, args []string, out io.Writer) (int, error) {
 		fs.IntVar(&cfg.Nodes, "nodes", cfg.Nodes, "number of nodes")
 		fs.IntVar(&cfg.Zones, "zones", cfg.Zones, "number of zones")
 		fs.StringVar(&cfg.K8sBinDir, "k8s-bin", cfg.K8sBinDir, "directory of etcd, the Kubernetes binaries and agnhost")
-		fs.StringVar(&cfg.CNIBinDir, "cni-bin", cfg.CNIBinDir, "directory of the CNI plugins")
+		fs.StringVar(&cfg.CNIBinDir, "cni-bin", cfg.CNIBinDir, "directory of the reference CNI plugins (bridge fallback)")
+		fs.StringVar(&cfg.LaceBinDir, "lace-bin", cfg.LaceBinDir, "directory of the Lace binaries")
+		fs.StringVar(&cfg.CNI, "cni", cfg.CNI, "pod network: lace, or bridge (the reference plugins)")
 	case "down":
 		fs.BoolVar(&all, "all", false, "remove every lab, including what crashed runs left")
 	}

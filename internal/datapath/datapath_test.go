@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"io"
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -141,6 +142,7 @@ func TestUnderlayCarriesOnlySRv6(t *testing.T) {
 			}
 		}
 	})
+	podV4, podV6 := netip.MustParsePrefix("10.70.0.0/16"), netip.MustParsePrefix("fd00:70::/48")
 	srv6 := 0
 	for _, fr := range frames {
 		if len(fr) < 14 {
@@ -149,13 +151,24 @@ func TestUnderlayCarriesOnlySRv6(t *testing.T) {
 		et := binary.BigEndian.Uint16(fr[12:14])
 		switch et {
 		case 0x0800:
-			t.Errorf("IPv4 frame on the underlay: % x", fr[:min(len(fr), 40)])
+			// The nodes' own IPv4 chatter (IGMP) is fine; pod addresses
+			// must never appear unencapsulated.
+			if len(fr) >= 34 {
+				src := netip.AddrFrom4([4]byte(fr[26:30]))
+				dst := netip.AddrFrom4([4]byte(fr[30:34]))
+				if podV4.Contains(src) || podV4.Contains(dst) {
+					t.Errorf("pod IPv4 packet on the underlay: %s -> %s", src, dst)
+				}
+			}
 		case 0x86dd:
 			if len(fr) < 54 {
 				continue
 			}
 			dst := netip.AddrFrom16([16]byte(fr[38:54]))
 			src := netip.AddrFrom16([16]byte(fr[22:38]))
+			if podV6.Contains(src) || podV6.Contains(dst) {
+				t.Errorf("pod IPv6 packet on the underlay without encapsulation: %s -> %s", src, dst)
+			}
 			next := fr[20]
 			if next != 4 && next != 41 {
 				continue // neighbour discovery between the nodes
@@ -281,5 +294,51 @@ func dumpCounters(t *testing.T, w *world) {
 			}
 		}
 		t.Logf("node %s drops %v forwarded %v", n.name, nz, f)
+	}
+}
+
+// TestNodeReachesItsOwnPods checks the one exception to isolation: the node
+// itself (kubelet probes) reaches pods on that node and gets answers, while
+// a pod cannot open connections to the node.
+func TestNodeReachesItsOwnPods(t *testing.T) {
+	w := newWorld(t, 1)
+	n1 := w.nodes[0]
+	w.addNetwork(5, "10.50.0.0/16", "fd00:50::/48", false)
+	a := w.addPod("a", n1, 5, 2)
+	for _, dst := range []netip.Addr{a.v4, a.v6} {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		c, err := netutil.DialContext(ctx, netutil.Path(n1.ns), "tcp", netip.AddrPortFrom(dst, 7).String())
+		cancel()
+		if err != nil {
+			t.Fatalf("node -> pod %s: %v", dst, err)
+		}
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		line, err := bufio.NewReader(c).ReadString('\n')
+		c.Close()
+		if err != nil || strings.TrimSpace(line) != "a" {
+			t.Errorf("node -> pod %s answered %q, %v", dst, line, err)
+		}
+	}
+	// A listener on the node is not reachable from the pod.
+	var lnErr error
+	must(t, netutil.Do(netutil.Path(n1.ns), func() error {
+		ln, err := net.Listen("tcp", "0.0.0.0:9999")
+		if err == nil {
+			t.Cleanup(func() { ln.Close() })
+		}
+		lnErr = err
+		return err
+	}))
+	_ = lnErr
+	before, _ := n1.dp.Drops()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if c, err := netutil.DialContext(ctx, netutil.Path(a.ns), "tcp", netip.AddrPortFrom(n1.v4, 9999).String()); err == nil {
+		c.Close()
+		t.Error("pod opened a connection to its node")
+	}
+	after, _ := n1.dp.Drops()
+	if after["host-not-reply"] <= before["host-not-reply"] {
+		t.Errorf("host-not-reply drops did not grow")
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/lace-cni/lace/internal/controlplane"
+	"github.com/lace-cni/lace/internal/netutil"
 )
 
 // controlClient talks to a lab daemon over its unix socket.
@@ -84,7 +85,8 @@ func Up(ctx context.Context, c Config, out io.Writer) (*Status, error) {
 	defer logf.Close()
 	cmd := exec.Command(self, "daemon",
 		"--name", c.Name, "--nodes", strconv.Itoa(c.Nodes), "--zones", strconv.Itoa(c.Zones),
-		"--state-root", c.StateRoot, "--k8s-bin", c.K8sBinDir, "--cni-bin", c.CNIBinDir)
+		"--state-root", c.StateRoot, "--k8s-bin", c.K8sBinDir, "--cni-bin", c.CNIBinDir,
+		"--lace-bin", c.LaceBinDir, "--cni", c.CNI)
 	cmd.Env = append(os.Environ(), EnvLab+"="+c.Name)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -131,8 +133,15 @@ func checkBinaries(c Config) error {
 	if m := controlplane.MissingBinaries(c.K8sBinDir, "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "agnhost", "kubectl"); len(m) > 0 {
 		return fmt.Errorf("missing %s in %s: run 'make k8s-bins'", strings.Join(m, ", "), c.K8sBinDir)
 	}
-	if m := controlplane.MissingBinaries(c.CNIBinDir, "bridge", "host-local", "loopback"); len(m) > 0 {
-		return fmt.Errorf("missing CNI plugins %s in %s: run 'make cni-bins'", strings.Join(m, ", "), c.CNIBinDir)
+	if c.CNI == CNIBridge {
+		if m := controlplane.MissingBinaries(c.CNIBinDir, "bridge", "host-local", "loopback"); len(m) > 0 {
+			return fmt.Errorf("missing CNI plugins %s in %s: run 'make cni-bins'", strings.Join(m, ", "), c.CNIBinDir)
+		}
+	}
+	if c.CNI == CNILace {
+		if m := controlplane.MissingBinaries(c.LaceBinDir, "lace-controller", "lace-agent", "lace-cni"); len(m) > 0 {
+			return fmt.Errorf("missing %s in %s: run 'make build'", strings.Join(m, ", "), c.LaceBinDir)
+		}
 	}
 	for _, tool := range []string{"ip"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -188,6 +197,10 @@ func Cleanup(c Config) error {
 	// name is enough, the kernel frees it with the last process.
 	var errs []error
 	if err := teardownNetwork(c.Name); err != nil {
+		errs = append(errs, err)
+	}
+	// Unmounting the lab's bpffs drops its pins: programs detach.
+	if err := netutil.UnmountBPFFS(filepath.Join(c.StateDir(), "bpffs")); err != nil {
 		errs = append(errs, err)
 	}
 	if err := os.RemoveAll(c.StateDir()); err != nil {

@@ -32,9 +32,20 @@ type Config struct {
 	StateRoot string
 	// K8sBinDir holds etcd, the Kubernetes binaries and agnhost.
 	K8sBinDir string
-	// CNIBinDir holds the CNI plugins the nodes run.
+	// CNIBinDir holds the reference CNI plugins (the bridge fallback).
 	CNIBinDir string
+	// LaceBinDir holds the Lace binaries (lace-controller, lace-agent,
+	// lace-cni installed as the CNI plugin "lace").
+	LaceBinDir string
+	// CNI is the lab's pod network: lace (default) or bridge.
+	CNI string
 }
+
+// CNI choices of a lab.
+const (
+	CNILace   = "lace"
+	CNIBridge = "bridge"
+)
 
 // DefaultStateRoot is where labs keep their state: on tmpfs, like the
 // namespaces, so a reboot leaves no stale lab behind.
@@ -50,13 +61,16 @@ func DefaultConfig() Config {
 	if cni == "" {
 		cni = filepath.Join(home, ".cache", "lace", "cni-"+CNIVersion)
 	}
+	self, _ := os.Executable()
 	return Config{
-		Name:      "lace",
-		Nodes:     3,
-		Zones:     2,
-		StateRoot: DefaultStateRoot,
-		K8sBinDir: controlplane.DefaultBinDir(),
-		CNIBinDir: cni,
+		CNI:        CNILace,
+		LaceBinDir: filepath.Dir(self),
+		Name:       "lace",
+		Nodes:      3,
+		Zones:      2,
+		StateRoot:  DefaultStateRoot,
+		K8sBinDir:  controlplane.DefaultBinDir(),
+		CNIBinDir:  cni,
 	}
 }
 
@@ -69,6 +83,9 @@ func (c Config) Validate() error {
 	}
 	if c.Nodes < 1 || c.Nodes > 50 {
 		return fmt.Errorf("--nodes %d: want 1 to 50", c.Nodes)
+	}
+	if c.CNI != CNILace && c.CNI != CNIBridge {
+		return fmt.Errorf("--cni %q: want lace or bridge", c.CNI)
 	}
 	if c.Zones < 1 || c.Zones > c.Nodes {
 		return fmt.Errorf("--zones %d: want 1 to the number of nodes", c.Zones)
@@ -129,3 +146,7 @@ func BridgePodCIDRs(i int) (netip.Prefix, netip.Prefix) {
 
 // ServiceCIDRs are the lab's service ranges (dual-stack).
 const ServiceCIDRs = "10.96.0.0/16,fd00:96::/108"
+
+// cniPluginDir holds lace-cni under the plugin name "lace", as a runtime's
+// CNI bin directory would.
+func (c Config) cniPluginDir() string { return filepath.Join(c.StateDir(), "cni-bin") }

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/lace-cni/lace/internal/controlplane"
+	"github.com/lace-cni/lace/internal/netutil"
 )
 
 // EnvLab marks every process a lab starts with the lab's name, so that
@@ -72,6 +73,8 @@ type daemon struct {
 	once     sync.Once
 	// kubeletErr is the first error a lab kubelet stopped with.
 	kubeletErr error
+	// components are Lace's own processes (restartable).
+	components []*component
 }
 
 // RunDaemon brings the lab up and keeps it running until ctx ends or a
@@ -177,6 +180,14 @@ func (d *daemon) up(ctx context.Context, wg *sync.WaitGroup) error {
 	if err := d.linkBinaries(); err != nil {
 		return err
 	}
+	if c.CNI == CNILace {
+		if err := installDefaults(ctx, cfg); err != nil {
+			return err
+		}
+		if err := d.startLace(cp); err != nil {
+			return err
+		}
+	}
 	pki := cp.PKI
 	servingCert, servingKey := filepath.Join(pki.Dir, "kubelet.crt"), filepath.Join(pki.Dir, "kubelet.key")
 	if err := pki.Issue(servingCert, servingKey, "lab-kubelet", nil, []string{"localhost"},
@@ -189,8 +200,10 @@ func (d *daemon) up(ctx context.Context, wg *sync.WaitGroup) error {
 			return err
 		}
 		k := newKubelet(c, i, client, port, d.log)
-		if err := writeBridgeConfig(c, i, k.cni.confDir, filepath.Join(k.dataDir, "ipam")); err != nil {
-			return fmt.Errorf("CNI config of %s: %w", k.node, err)
+		if c.CNI == CNIBridge {
+			if err := writeBridgeConfig(c, i, k.cni.confDir, filepath.Join(k.dataDir, "ipam")); err != nil {
+				return fmt.Errorf("CNI config of %s: %w", k.node, err)
+			}
 		}
 		if err := k.serveAPI(ctx, servingCert, servingKey, pki.CACert); err != nil {
 			return err
@@ -211,7 +224,23 @@ func (d *daemon) up(ctx context.Context, wg *sync.WaitGroup) error {
 			}
 		}()
 	}
-	return d.waitReady(ctx, client)
+	if err := d.waitReady(ctx, client); err != nil {
+		return err
+	}
+	if c.CNI == CNILace {
+		return waitLace(ctx, cfg, c.Nodes, d.alive)
+	}
+	return nil
+}
+
+// alive fails when a lab process has exited.
+func (d *daemon) alive() error {
+	for _, p := range d.processes() {
+		if p.Exited() {
+			return fmt.Errorf("%s %v: %s", p.Name, p.ExitError(), p.LogTail(1500))
+		}
+	}
+	return nil
 }
 
 // waitReady waits until every node is Ready and the default service
@@ -283,7 +312,25 @@ func (d *daemon) linkBinaries() error {
 		}
 		return nil
 	}
-	return link(filepath.Join(d.cfg.K8sBinDir, "agnhost"), "agnhost")
+	if err := link(filepath.Join(d.cfg.K8sBinDir, "agnhost"), "agnhost"); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(d.cfg.cniPluginDir(), 0o755); err != nil {
+		return err
+	}
+	plugin := filepath.Join(d.cfg.cniPluginDir(), "lace")
+	_ = os.Remove(plugin)
+	if err := os.Symlink(filepath.Join(d.cfg.LaceBinDir, "lace-cni"), plugin); err != nil {
+		return fmt.Errorf("install lace CNI plugin: %w", err)
+	}
+	for _, b := range []string{"lace-controller", "lace-agent", "lacectl"} {
+		if _, err := os.Stat(filepath.Join(d.cfg.LaceBinDir, b)); err == nil {
+			if err := link(filepath.Join(d.cfg.LaceBinDir, b), b); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // teardown stops everything in reverse order and removes the lab's
@@ -292,6 +339,9 @@ func (d *daemon) teardown() {
 	procs := d.processes()
 	for i := len(procs) - 1; i >= 0; i-- {
 		procs[i].Stop(10 * time.Second)
+	}
+	if err := netutil.UnmountBPFFS(d.bpffsDir()); err != nil {
+		d.log.Error("unmount lab bpffs", "err", err)
 	}
 	if err := teardownNetwork(d.cfg.Name); err != nil {
 		d.log.Error("remove lab namespaces", "err", err)
@@ -354,9 +404,27 @@ func (d *daemon) serveControl() (*http.Server, error) {
 	return srv, nil
 }
 
-// restart restarts a Lace component of the lab.
+// restart restarts a Lace component of the lab (agent/NODE or controller).
 func (d *daemon) restart(target string) error {
-	return fmt.Errorf("no restartable component %q in this lab (agent/NODE and controller run once Lace is the lab's CNI)", target)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, c := range d.components {
+		if c.name != target {
+			continue
+		}
+		c.proc.Stop(10 * time.Second)
+		if err := c.start(); err != nil {
+			return err
+		}
+		for i, p := range d.procs {
+			if p.Name == c.name {
+				d.procs[i] = c.proc
+			}
+		}
+		d.log.Info("restarted", "component", target)
+		return nil
+	}
+	return fmt.Errorf("no component %q in lab %s (agent/NODE or controller)", target, d.cfg.Name)
 }
 
 func copyFile(src, dst string) error {

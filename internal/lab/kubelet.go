@@ -60,7 +60,7 @@ func newKubelet(cfg Config, i int, client kubernetes.Interface, apiPort int, log
 		client: client, dataDir: dataDir, apiPort: apiPort, log: log.With("node", node),
 		pods: map[string]*pod{}, statusDue: map[string]bool{}, statusCh: make(chan struct{}, 1),
 	}
-	k.cni = newNodeCNI(k.nodeNS, filepath.Join(dataDir, "net.d"), filepath.Join(dataDir, "cni-cache"), []string{cfg.CNIBinDir})
+	k.cni = newNodeCNI(k.nodeNS, filepath.Join(dataDir, "net.d"), filepath.Join(dataDir, "cni-cache"), []string{cfg.CNIBinDir, cfg.cniPluginDir()})
 	k.nodeHTTP = nodeHTTPClient(k.nodeNS)
 	return k
 }

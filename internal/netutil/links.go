@@ -269,3 +269,53 @@ func GlobalAddrs(nsPath, link string) ([]netip.Addr, error) {
 	}
 	return out, nil
 }
+
+// RouteProto marks the routes Lace owns in a node's namespace, so that it
+// can find and remove exactly its own.
+const RouteProto = 0x1a
+
+// ReplaceOwnedRoute installs dst via gw out of link, marked as Lace's.
+func ReplaceOwnedRoute(nsPath string, dst netip.Prefix, gw netip.Addr, link string) error {
+	h, err := Handle(nsPath)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	l, err := h.LinkByName(link)
+	if err != nil {
+		return fmt.Errorf("find %s: %w", link, err)
+	}
+	r := &netlink.Route{
+		Dst:       &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(dst.Bits(), dst.Addr().BitLen())},
+		Gw:        gw.AsSlice(),
+		LinkIndex: l.Attrs().Index,
+		Protocol:  RouteProto,
+	}
+	if err := h.RouteReplace(r); err != nil {
+		return fmt.Errorf("route %s via %s: %w", dst, gw, err)
+	}
+	return nil
+}
+
+// OwnedRoutes lists the destinations of the routes marked as Lace's.
+func OwnedRoutes(nsPath string) ([]netip.Prefix, error) {
+	h, err := Handle(nsPath)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	routes, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: RouteProto}, netlink.RT_FILTER_PROTOCOL)
+	if err != nil {
+		return nil, fmt.Errorf("list routes: %w", err)
+	}
+	var out []netip.Prefix
+	for _, r := range routes {
+		if r.Dst == nil {
+			continue
+		}
+		a, _ := netip.AddrFromSlice(r.Dst.IP)
+		ones, _ := r.Dst.Mask.Size()
+		out = append(out, netip.PrefixFrom(a.Unmap(), ones))
+	}
+	return out, nil
+}

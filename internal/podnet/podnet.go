@@ -86,7 +86,12 @@ func Setup(s Spec) (Result, error) {
 			return Result{}, err
 		}
 		// The node reaches its own pods (probes); nothing else routes here.
+		// The pod's MAC is a permanent neighbour too: the pod's ARP and ND
+		// answers never leave it.
 		if err := netutil.EnsureRoute(s.NodeNS, netip.PrefixFrom(a, a.BitLen()), netip.Addr{}, s.HostIf); err != nil {
+			return Result{}, err
+		}
+		if err := netutil.EnsureNeigh(s.NodeNS, s.HostIf, a, pod.MAC); err != nil {
 			return Result{}, err
 		}
 	}

@@ -1,0 +1,84 @@
+// Command lace-cni is Lace's CNI plugin: a thin client that forwards each
+// CNI invocation to lace-agent over its unix socket and returns the agent's
+// result or error. It keeps no state and touches nothing itself.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/lace-cni/lace/pkg/cniapi"
+)
+
+func main() {
+	skel.PluginMainFuncs(skel.CNIFuncs{
+		Add:    func(a *skel.CmdArgs) error { return call("ADD", a, true) },
+		Del:    func(a *skel.CmdArgs) error { return call("DEL", a, false) },
+		Check:  func(a *skel.CmdArgs) error { return call("CHECK", a, false) },
+		Status: func(a *skel.CmdArgs) error { return call("STATUS", a, false) },
+		GC:     func(a *skel.CmdArgs) error { return call("GC", a, false) },
+	}, version.PluginSupports("0.4.0", "1.0.0", "1.1.0"), "Lace CNI plugin (forwards to lace-agent)")
+}
+
+func call(cmd string, a *skel.CmdArgs, printResult bool) error {
+	var conf cniapi.NetConf
+	if err := json.Unmarshal(a.StdinData, &conf); err != nil {
+		return types.NewError(types.ErrDecodingFailure, "parse network config", err.Error())
+	}
+	sock := conf.AgentSocket
+	if sock == "" {
+		sock = cniapi.DefaultSocket
+	}
+	req := cniapi.Request{Command: cmd, ContainerID: a.ContainerID, NetNS: a.Netns, IfName: a.IfName,
+		Args: parseArgs(a.Args), Config: a.StdinData}
+	body, _ := json.Marshal(req)
+	client := &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		}}}
+	resp, err := client.Post("http://lace-agent/cni", "application/json", bytes.NewReader(body))
+	if err != nil {
+		if cmd == "DEL" {
+			// Nothing can be removed without the agent; it collects what
+			// is left when it comes back, so DEL must not block deletion.
+			return nil
+		}
+		return types.NewError(types.ErrTryAgainLater, "lace-agent is not reachable at "+sock, err.Error())
+	}
+	defer resp.Body.Close()
+	var out cniapi.Response
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return types.NewError(types.ErrInternal, "decode lace-agent answer", err.Error())
+	}
+	if out.Error != nil {
+		return &types.Error{Code: out.Error.Code, Msg: out.Error.Msg, Details: out.Error.Details}
+	}
+	if printResult {
+		if _, err := os.Stdout.Write(out.Result); err != nil {
+			return fmt.Errorf("write result: %w", err)
+		}
+	}
+	return nil
+}
+
+func parseArgs(s string) map[string]string {
+	out := map[string]string{}
+	for _, kv := range strings.Split(s, ";") {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			out[k] = v
+		}
+	}
+	return out
+}

@@ -1,0 +1,186 @@
+// Package agent is lace-agent: everything Lace does on one node. It serves
+// CNI requests from lace-cni on a unix socket (pod interfaces, addresses,
+// NetworkEndpoints), publishes the node's UnderlayEndpoint, and keeps the
+// node's eBPF data plane equal to the desired state computed by
+// internal/model from the API. Kernel work goes through internal/netutil,
+// internal/podnet and internal/datapath only.
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/record"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/datapath"
+	"github.com/lace-cni/lace/internal/model"
+	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/pkg/cniapi"
+	"github.com/lace-cni/lace/pkg/scheme"
+)
+
+// Options configure lace-agent.
+type Options struct {
+	NodeName string
+	// NetNS is the path of the node's network namespace (the agent's own
+	// by default; the lab points it at a node namespace).
+	NetNS string
+	// UnderlayInterface carries SRv6 traffic to the other nodes.
+	UnderlayInterface string
+	CNISocket         string
+	// BPFFS is the directory (on bpffs) where maps and links are pinned.
+	BPFFS string
+	// StateDir keeps the endpoint checkpoint.
+	StateDir string
+	// MTU of pod interfaces: the underlay's less the 40-byte outer header.
+	MTU         int
+	MetricsAddr string
+	HealthAddr  string
+	// ResyncPeriod bounds how long a missed event can leave state stale.
+	ResyncPeriod time.Duration
+	// SkipNameValidation allows several agents in one process (tests).
+	SkipNameValidation bool
+}
+
+// DefaultOptions are the flag defaults of lace-agent.
+func DefaultOptions() Options {
+	return Options{
+		NetNS:             "/proc/self/ns/net",
+		UnderlayInterface: "eth0",
+		CNISocket:         cniapi.DefaultSocket,
+		BPFFS:             "/sys/fs/bpf/lace",
+		StateDir:          "/var/lib/lace",
+		MTU:               1460,
+		MetricsAddr:       "0",
+		HealthAddr:        "0",
+		ResyncPeriod:      30 * time.Second,
+	}
+}
+
+// Agent is a running lace-agent.
+type Agent struct {
+	opts     Options
+	log      *slog.Logger
+	mgr      manager.Manager
+	client   client.Client
+	reader   client.Reader
+	recorder record.EventRecorder
+	dp       *datapath.Datapath
+	cp       *checkpoint
+
+	mu       sync.Mutex
+	state    model.NodeState
+	applied  bool
+	ownAddrs []netip.Addr
+	// addLock serialises address allocation.
+	addLock sync.Mutex
+}
+
+var nodeKey = reconcile.Request{}
+
+// New builds an agent: it loads the data plane (keeping pinned state) and
+// the checkpoint, and wires the watches. Run starts it.
+func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
+	if o.NodeName == "" {
+		return nil, fmt.Errorf("--node-name is required")
+	}
+	if err := netutil.EnsureBPFFS(o.BPFFS); err != nil {
+		return nil, err
+	}
+	dp, err := datapath.Load(o.BPFFS)
+	if err != nil {
+		return nil, err
+	}
+	cp, err := loadCheckpoint(o.StateDir)
+	if err != nil {
+		dp.Close()
+		return nil, err
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                 scheme.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: o.MetricsAddr},
+		HealthProbeBindAddress: o.HealthAddr,
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&corev1.Pod{}: {Field: fields.OneTermEqualSelector("spec.nodeName", o.NodeName)},
+		}},
+		Controller: ctrlConfig(o),
+	})
+	if err != nil {
+		dp.Close()
+		return nil, fmt.Errorf("create manager: %w", err)
+	}
+	a := &Agent{opts: o, log: log.With("node", o.NodeName), mgr: mgr, client: mgr.GetClient(), reader: mgr.GetAPIReader(),
+		recorder: mgr.GetEventRecorderFor("lace-agent/" + o.NodeName), dp: dp, cp: cp}
+	toNode := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+		return []reconcile.Request{nodeKey}
+	})
+	err = ctrl.NewControllerManagedBy(mgr).
+		Named("node-dataplane").
+		Watches(&lacev1.Network{}, toNode).
+		Watches(&lacev1.Allocation{}, toNode).
+		Watches(&lacev1.UnderlayEndpoint{}, toNode).
+		Watches(&lacev1.NetworkRoutingPolicy{}, toNode).
+		Watches(&lacev1.NetworkBindingPolicy{}, toNode).
+		Watches(&corev1.Pod{}, toNode).
+		Watches(&corev1.Node{}, toNode, builder.WithPredicates()).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
+		Complete(reconcile.Func(a.reconcile))
+	if err != nil {
+		dp.Close()
+		return nil, fmt.Errorf("setup node controller: %w", err)
+	}
+	if err := mgr.Add(manager.RunnableFunc(a.serveCNI)); err != nil {
+		dp.Close()
+		return nil, err
+	}
+	if err := mgr.Add(manager.RunnableFunc(a.resync)); err != nil {
+		dp.Close()
+		return nil, err
+	}
+	return a, nil
+}
+
+// Run runs the agent until ctx ends. The data plane stays pinned: pods
+// keep forwarding while no agent runs.
+func (a *Agent) Run(ctx context.Context) error {
+	defer a.dp.Close()
+	a.log.Info("lace-agent starting", "netns", a.opts.NetNS, "bpffs", a.opts.BPFFS, "endpoints", len(a.cp.all()))
+	return a.mgr.Start(ctx)
+}
+
+// resync triggers a full reconcile periodically, so a missed event never
+// leaves the node stale for long.
+func (a *Agent) resync(ctx context.Context) error {
+	t := time.NewTicker(a.opts.ResyncPeriod)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			if _, err := a.reconcile(ctx, nodeKey); err != nil {
+				a.log.Info("periodic resync failed", "err", err)
+			}
+		}
+	}
+}
+
+// Datapath exposes the node's data plane (for status views).
+func (a *Agent) Datapath() *datapath.Datapath { return a.dp }

@@ -1,0 +1,383 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	cnitypes "github.com/containernetworking/cni/pkg/types"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/datapath"
+	"github.com/lace-cni/lace/internal/model"
+	"github.com/lace-cni/lace/internal/podnet"
+	"github.com/lace-cni/lace/pkg/cniapi"
+)
+
+const labelPodUID = "lace-cni.io/pod-uid"
+
+// CNI error codes (the spec's well-known ones and Lace's own >= 100).
+const (
+	errInvalidConfig  = 7
+	errTryAgainLater  = 11
+	errNoBinding      = 100
+	errNoAddress      = 101
+	errNetworkMissing = 102
+)
+
+type cniError struct {
+	code uint
+	msg  string
+}
+
+func (e *cniError) Error() string { return e.msg }
+
+func cniErr(code uint, format string, args ...any) error {
+	return &cniError{code: code, msg: fmt.Sprintf(format, args...)}
+}
+
+// serveCNI serves lace-cni on the agent's unix socket until ctx ends.
+func (a *Agent) serveCNI(ctx context.Context) error {
+	sock := a.opts.CNISocket
+	if err := os.MkdirAll(filepath.Dir(sock), 0o755); err != nil {
+		return err
+	}
+	_ = os.Remove(sock)
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", sock, err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /cni", func(w http.ResponseWriter, r *http.Request) {
+		var req cniapi.Request
+		resp := cniapi.Response{}
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			resp.Error = &cniapi.Error{Code: errInvalidConfig, Msg: "decode request: " + err.Error()}
+		} else {
+			start := time.Now()
+			res, err := a.handle(r.Context(), req)
+			if err != nil {
+				var ce *cniError
+				code := uint(999)
+				if errors.As(err, &ce) {
+					code = ce.code
+				}
+				resp.Error = &cniapi.Error{Code: code, Msg: err.Error()}
+				a.log.Info("CNI request failed", "command", req.Command, "container", req.ContainerID, "err", err)
+			} else {
+				resp.Result = res
+				a.log.Debug("CNI request", "command", req.Command, "container", req.ContainerID, "took", time.Since(start))
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(resp)
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+func (a *Agent) handle(ctx context.Context, req cniapi.Request) (json.RawMessage, error) {
+	switch req.Command {
+	case "ADD":
+		return a.cmdAdd(ctx, req)
+	case "DEL":
+		return nil, a.cmdDel(ctx, req)
+	case "CHECK":
+		return nil, a.cmdCheck(req)
+	case "STATUS":
+		return nil, a.cmdStatus()
+	case "GC":
+		return nil, a.cmdGC(ctx, req)
+	}
+	return nil, cniErr(4, "unsupported CNI command %q", req.Command)
+}
+
+func (a *Agent) cmdStatus() error {
+	a.mu.Lock()
+	applied := a.applied
+	a.mu.Unlock()
+	if !applied {
+		return cniErr(50, "lace-agent on %s has not programmed its data plane yet", a.opts.NodeName)
+	}
+	return nil
+}
+
+func (a *Agent) cmdAdd(ctx context.Context, req cniapi.Request) (json.RawMessage, error) {
+	var conf cniapi.NetConf
+	if err := json.Unmarshal(req.Config, &conf); err != nil {
+		return nil, cniErr(errInvalidConfig, "parse network config: %v", err)
+	}
+	if e, ok := a.cp.get(req.ContainerID); ok && e.Ready {
+		return a.result(conf.CNIVersion, e)
+	}
+	ns, name, uid := req.Args["K8S_POD_NAMESPACE"], req.Args["K8S_POD_NAME"], req.Args["K8S_POD_UID"]
+	if ns == "" || name == "" {
+		return nil, cniErr(errInvalidConfig, "CNI_ARGS lack K8S_POD_NAMESPACE/K8S_POD_NAME")
+	}
+	var pod corev1.Pod
+	if err := a.reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &pod); err != nil {
+		return nil, cniErr(errTryAgainLater, "get pod %s/%s: %v", ns, name, err)
+	}
+	if uid != "" && string(pod.UID) != uid {
+		return nil, cniErr(errTryAgainLater, "pod %s/%s has UID %s, the runtime asked for %s", ns, name, pod.UID, uid)
+	}
+	var nsObj corev1.Namespace
+	if err := a.client.Get(ctx, types.NamespacedName{Name: ns}, &nsObj); err != nil {
+		return nil, cniErr(errTryAgainLater, "get namespace %s: %v", ns, err)
+	}
+	var nbps lacev1.NetworkBindingPolicyList
+	if err := a.client.List(ctx, &nbps); err != nil {
+		return nil, cniErr(errTryAgainLater, "list binding policies: %v", err)
+	}
+	b, err := model.Bind(nbps.Items, lacev1.MatchKindPod, ns, name, pod.Labels, nsObj.Labels)
+	if err != nil {
+		a.recorder.Eventf(&pod, corev1.EventTypeWarning, "NoNetworkBinding", "%v", err)
+		return nil, cniErr(errNoBinding, "%v", err)
+	}
+	var nw lacev1.Network
+	if err := a.client.Get(ctx, types.NamespacedName{Name: b.Network}, &nw); err != nil {
+		return nil, cniErr(errNetworkMissing, "pod %s/%s binds to network %s (policy %s), which does not exist", ns, name, b.Network, b.Policy)
+	}
+	if nw.Spec.Type != lacev1.NetworkTypeL3 {
+		return nil, cniErr(errNetworkMissing, "pod %s/%s binds to %s network %s: only l3 networks attach pods so far", ns, name, nw.Spec.Type, nw.Name)
+	}
+	blocks, err := a.waitBlocks(ctx, nw.Name)
+	if err != nil {
+		return nil, err
+	}
+
+	e := Endpoint{ContainerID: req.ContainerID, IfName: req.IfName, NetNS: req.NetNS, PodNS: ns, PodName: name,
+		PodUID: string(pod.UID), Network: nw.Name, NetID: blocks[0].NetID, HostIf: podnet.HostIfName(req.ContainerID)}
+	// Reserve the addresses in the checkpoint before touching the kernel.
+	a.addLock.Lock()
+	used := a.cp.used(nw.Name)
+	for _, bl := range blocks {
+		ad, ok := pickAddr(bl.Prefix, used)
+		if !ok {
+			a.addLock.Unlock()
+			a.recorder.Eventf(&pod, corev1.EventTypeWarning, "NoFreeAddress", "network %s has no free address on node %s (block %s)", nw.Name, a.opts.NodeName, bl.Prefix)
+			return nil, cniErr(errNoAddress, "network %s has no free address on node %s", nw.Name, a.opts.NodeName)
+		}
+		e.Addrs = append(e.Addrs, ad)
+		e.Gateways = append(e.Gateways, gateway(bl.Prefix))
+	}
+	err = a.cp.put(e)
+	a.addLock.Unlock()
+	if err != nil {
+		return nil, err
+	}
+
+	res, err := podnet.Setup(podnet.Spec{NodeNS: a.opts.NetNS, PodNS: req.NetNS, HostIf: e.HostIf, PodIf: req.IfName,
+		MTU: a.opts.MTU, Addrs: e.Addrs, Gateways: e.Gateways})
+	if err == nil {
+		e.HostIfIndex, e.HostMAC, e.PodMAC = res.HostIfIndex, res.HostMAC.String(), res.PodMAC.String()
+		err = a.program(e, res)
+	}
+	if err != nil {
+		// Leave nothing half-made: the runtime will DEL and retry.
+		_ = a.teardown(ctx, e)
+		return nil, fmt.Errorf("attach pod %s/%s: %w", ns, name, err)
+	}
+	e.Ready = true
+	if err := a.cp.put(e); err != nil {
+		return nil, err
+	}
+	if err := a.writeNetworkEndpoint(ctx, &pod, e); err != nil {
+		// The pod works; the record is retried by the next resync.
+		a.log.Info("write NetworkEndpoint failed", "pod", ns+"/"+name, "err", err)
+	}
+	a.log.Info("pod attached", "pod", ns+"/"+name, "network", nw.Name, "addrs", e.Addrs)
+	return a.result(conf.CNIVersion, e)
+}
+
+// waitBlocks returns this node's blocks of network, waiting briefly for the
+// controller to allocate them (a new node or network).
+func (a *Agent) waitBlocks(ctx context.Context, network string) ([]model.Block, error) {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var out []model.Block
+		for _, b := range a.nodeState().Blocks {
+			if b.Network == network {
+				out = append(out, b)
+			}
+		}
+		if len(out) > 0 {
+			return out, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, cniErr(errTryAgainLater, "network %s has no block on node %s yet (no Allocation)", network, a.opts.NodeName)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+		if _, err := a.reconcile(ctx, nodeKey); err != nil {
+			a.log.Info("reconcile while waiting for blocks", "err", err)
+		}
+	}
+}
+
+// program writes the endpoint into the data plane and attaches the pod
+// programs to its host interface.
+func (a *Agent) program(e Endpoint, res podnet.Result) error {
+	p := datapath.Port{IfIndex: uint32(res.HostIfIndex), NetID: e.NetID}
+	for _, ad := range e.Addrs {
+		if err := a.dp.UpsertEndpoint(datapath.Endpoint{NetID: e.NetID, Addr: ad, IfIndex: uint32(res.HostIfIndex),
+			PodMAC: res.PodMAC, HostMAC: res.HostMAC}); err != nil {
+			return err
+		}
+		if ad.Is4() {
+			p.V4 = ad
+		} else {
+			p.V6 = ad
+		}
+	}
+	if err := a.dp.UpsertPort(p); err != nil {
+		return err
+	}
+	return a.dp.AttachPod(a.opts.NetNS, e.HostIf)
+}
+
+func (a *Agent) writeNetworkEndpoint(ctx context.Context, pod *corev1.Pod, e Endpoint) error {
+	ne := &lacev1.NetworkEndpoint{}
+	ne.Namespace, ne.Name = pod.Namespace, pod.Name
+	addrs := make([]lacev1.IPAddress, 0, len(e.Addrs))
+	for _, ad := range e.Addrs {
+		addrs = append(addrs, lacev1.IPAddress(ad.String()))
+	}
+	spec := lacev1.NetworkEndpointSpec{Network: e.Network, Node: a.opts.NodeName, Addresses: addrs,
+		MAC: lacev1.MACAddress(e.PodMAC), Interface: e.IfName}
+	err := a.client.Get(ctx, client.ObjectKeyFromObject(ne), ne)
+	if apierrors.IsNotFound(err) {
+		ne.Labels = map[string]string{labelPodUID: string(pod.UID), "lace-cni.io/network": e.Network, "lace-cni.io/node": a.opts.NodeName}
+		ne.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID,
+			Controller: ptr.To(true)}}
+		ne.Spec = spec
+		return a.client.Create(ctx, ne)
+	}
+	if err != nil {
+		return err
+	}
+	ne.Labels[labelPodUID] = string(pod.UID)
+	ne.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID, Controller: ptr.To(true)}}
+	ne.Spec = spec
+	return a.client.Update(ctx, ne)
+}
+
+func (a *Agent) result(version string, e Endpoint) (json.RawMessage, error) {
+	if version == "" {
+		version = "1.1.0"
+	}
+	hm, _ := net.ParseMAC(e.HostMAC)
+	pm, _ := net.ParseMAC(e.PodMAC)
+	r := &types100.Result{CNIVersion: types100.ImplementedSpecVersion}
+	r.Interfaces = []*types100.Interface{
+		{Name: e.HostIf, Mac: hm.String()},
+		{Name: e.IfName, Mac: pm.String(), Sandbox: e.NetNS},
+	}
+	for i, ad := range e.Addrs {
+		gw := e.Gateways[i]
+		r.IPs = append(r.IPs, &types100.IPConfig{Interface: ptr.To(1), Address: toIPNet(netip.PrefixFrom(ad, ad.BitLen())), Gateway: gw.AsSlice()})
+		def := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+		if ad.Is6() {
+			def = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+		}
+		r.Routes = append(r.Routes, &cnitypes.Route{Dst: toIPNet(def), GW: gw.AsSlice()})
+	}
+	conv, err := r.GetAsVersion(version)
+	if err != nil {
+		return nil, cniErr(1, "CNI version %s: %v", version, err)
+	}
+	b, err := json.Marshal(conv)
+	return b, err
+}
+
+func toIPNet(p netip.Prefix) net.IPNet {
+	return net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// cmdDel removes the endpoint of a container. Unknown containers and
+// already-removed pieces are success, as the CNI spec asks.
+func (a *Agent) cmdDel(ctx context.Context, req cniapi.Request) error {
+	e, ok := a.cp.get(req.ContainerID)
+	if !ok {
+		// Nothing recorded: remove a host interface of that name, if any.
+		hostIf := podnet.HostIfName(req.ContainerID)
+		return errors.Join(a.dp.DetachPod(hostIf), podnet.Teardown(a.opts.NetNS, hostIf, nil))
+	}
+	if err := a.teardown(ctx, e); err != nil {
+		return err
+	}
+	a.log.Info("pod detached", "pod", e.PodNS+"/"+e.PodName, "addrs", e.Addrs)
+	return nil
+}
+
+func (a *Agent) cmdCheck(req cniapi.Request) error {
+	e, ok := a.cp.get(req.ContainerID)
+	if !ok || !e.Ready {
+		return cniErr(errTryAgainLater, "container %s has no Lace endpoint on node %s", req.ContainerID, a.opts.NodeName)
+	}
+	eps, err := a.dp.Endpoints()
+	if err != nil {
+		return err
+	}
+	for _, ad := range e.Addrs {
+		found := false
+		for _, x := range eps {
+			found = found || (x.NetID == e.NetID && x.Addr == ad)
+		}
+		if !found {
+			return cniErr(errTryAgainLater, "address %s of container %s is not in the data plane", ad, req.ContainerID)
+		}
+	}
+	return nil
+}
+
+// cmdGC removes every endpoint whose attachment the runtime no longer
+// lists (CNI 1.1 GC).
+func (a *Agent) cmdGC(ctx context.Context, req cniapi.Request) error {
+	var conf struct {
+		Valid []struct {
+			ContainerID string `json:"containerID"`
+			IfName      string `json:"ifname"`
+		} `json:"cni.dev/valid-attachments"`
+	}
+	if err := json.Unmarshal(req.Config, &conf); err != nil {
+		return cniErr(errInvalidConfig, "parse GC config: %v", err)
+	}
+	valid := map[string]bool{}
+	for _, v := range conf.Valid {
+		valid[v.ContainerID] = true
+	}
+	var errs []error
+	for _, e := range a.cp.all() {
+		if !valid[e.ContainerID] {
+			a.log.Info("GC removes stale endpoint", "container", e.ContainerID, "pod", e.PodNS+"/"+e.PodName)
+			errs = append(errs, a.teardown(ctx, e))
+		}
+	}
+	return errors.Join(errs...)
+}
+

@@ -1,0 +1,293 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/datapath"
+	"github.com/lace-cni/lace/internal/model"
+	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/internal/podnet"
+)
+
+// FieldManager is the agent's server-side-apply field manager.
+const FieldManager = "lace-agent"
+
+// reconcile brings the node's data plane, kernel routes and published
+// UnderlayEndpoint to the desired state. It is the one place that applies:
+// watches only enqueue.
+func (a *Agent) reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+	var in model.NodeInput
+	in.Node = a.opts.NodeName
+	var nets lacev1.NetworkList
+	var allocs lacev1.AllocationList
+	var ueps lacev1.UnderlayEndpointList
+	var nrps lacev1.NetworkRoutingPolicyList
+	for _, l := range []client.ObjectList{&nets, &allocs, &ueps, &nrps} {
+		if err := a.client.List(ctx, l); err != nil {
+			return reconcile.Result{}, fmt.Errorf("list %T: %w", l, err)
+		}
+	}
+	in.Networks, in.Allocations, in.Underlays, in.RoutingPolicies = nets.Items, allocs.Items, ueps.Items, nrps.Items
+
+	if err := a.publishUnderlay(ctx, ueps.Items); err != nil {
+		return reconcile.Result{}, err
+	}
+	st := model.ComputeNode(in)
+	if err := a.apply(st); err != nil {
+		return reconcile.Result{}, err
+	}
+	a.mu.Lock()
+	a.state = st
+	a.mu.Unlock()
+	if err := a.collectEndpoints(ctx); err != nil {
+		return reconcile.Result{}, err
+	}
+	return reconcile.Result{}, nil
+}
+
+func (a *Agent) nodeState() model.NodeState {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.state
+}
+
+// publishUnderlay writes the node's addresses and zone into its
+// UnderlayEndpoint (the controller owns the locator).
+func (a *Agent) publishUnderlay(ctx context.Context, ueps []lacev1.UnderlayEndpoint) error {
+	addrs, err := netutil.GlobalAddrs(a.opts.NetNS, a.opts.UnderlayInterface)
+	if err != nil {
+		return fmt.Errorf("underlay addresses: %w", err)
+	}
+	a.mu.Lock()
+	a.ownAddrs = addrs
+	a.mu.Unlock()
+	var node corev1.Node
+	if err := a.client.Get(ctx, types.NamespacedName{Name: a.opts.NodeName}, &node); err != nil {
+		return fmt.Errorf("get node: %w", err)
+	}
+	zone := node.Labels[corev1.LabelTopologyZone]
+	want := make([]any, 0, len(addrs))
+	wantStr := make([]lacev1.IPAddress, 0, len(addrs))
+	for _, ad := range addrs {
+		want = append(want, ad.String())
+		wantStr = append(wantStr, lacev1.IPAddress(ad.String()))
+	}
+	for _, u := range ueps {
+		if u.Name == a.opts.NodeName && u.Spec.Zone == zone && equalAddrs(u.Spec.Addresses, wantStr) {
+			return nil
+		}
+	}
+	obj := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": lacev1.GroupVersion.String(), "kind": "UnderlayEndpoint",
+		"metadata": map[string]any{"name": a.opts.NodeName, "ownerReferences": []any{map[string]any{
+			"apiVersion": "v1", "kind": "Node", "name": node.Name, "uid": string(node.UID)}}},
+		"spec": map[string]any{"node": a.opts.NodeName, "addresses": want, "zone": zone},
+	}}
+	if err := a.client.Patch(ctx, obj, client.Apply, client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
+		return fmt.Errorf("publish underlay endpoint: %w", err)
+	}
+	a.log.Info("published underlay endpoint", "addresses", want, "zone", zone)
+	return nil
+}
+
+func equalAddrs(a, b []lacev1.IPAddress) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	set := map[lacev1.IPAddress]bool{}
+	for _, x := range a {
+		set[x] = true
+	}
+	for _, x := range b {
+		if !set[x] {
+			return false
+		}
+	}
+	return true
+}
+
+// apply makes the data plane equal to st, touching only the difference.
+func (a *Agent) apply(st model.NodeState) error {
+	ns := a.opts.NetNS
+	a.mu.Lock()
+	own := append([]netip.Addr(nil), a.ownAddrs...)
+	first := !a.applied
+	a.mu.Unlock()
+	if first {
+		for _, kv := range [][2]string{{"net.ipv4.ip_forward", "1"}, {"net.ipv6.conf.all.forwarding", "1"}} {
+			// fib lookups answer FWD_DISABLED without forwarding.
+			if err := netutil.Sysctl(ns, kv[0], kv[1]); err != nil {
+				return err
+			}
+		}
+		if err := a.dp.AttachUnderlay(ns, a.opts.UnderlayInterface); err != nil {
+			return err
+		}
+	}
+	eth, err := netutil.GetLink(ns, a.opts.UnderlayInterface)
+	if err != nil {
+		return err
+	}
+	var v6 netip.Addr
+	for _, ad := range own {
+		if ad.Is6() {
+			v6 = ad
+			break
+		}
+	}
+	if err := a.dp.SetConfig(datapath.Config{UnderlayIP: v6, Locator: st.Locator, UnderlayIfIndex: uint32(eth.Index)}); err != nil {
+		return fmt.Errorf("set config: %w", err)
+	}
+	var errs []error
+	curHost, err := a.dp.HostAddrs()
+	errs = append(errs, err, syncSet(curHost, own, a.dp.UpsertHostAddr, a.dp.DeleteHostAddr))
+	curNodes, err := a.dp.Nodes()
+	errs = append(errs, err, syncSet(curNodes, st.Nodes, a.dp.UpsertNode, a.dp.DeleteNode))
+	curNets, err := a.dp.Networks()
+	errs = append(errs, err, syncList(curNets, st.Networks, func(n datapath.Network) uint32 { return n.ID },
+		a.dp.UpsertNetwork, func(n datapath.Network) error { return a.dp.DeleteNetwork(n.ID) }))
+	curRoutes, err := a.dp.Routes()
+	errs = append(errs, err, syncList(curRoutes, st.Routes, func(r datapath.Route) string { return fmt.Sprint(r.NetID, r.Prefix) },
+		a.dp.UpsertRoute, func(r datapath.Route) error { return a.dp.DeleteRoute(r.NetID, r.Prefix) }))
+	curPol, err := a.dp.Policies()
+	errs = append(errs, err, syncSet(curPol, st.Policies, a.dp.UpsertPolicy, a.dp.DeletePolicy))
+
+	// Underlay routes to the other nodes' locators.
+	owned, err := netutil.OwnedRoutes(ns)
+	errs = append(errs, err)
+	want := map[netip.Prefix]bool{}
+	for _, lr := range st.LocatorRoutes {
+		want[lr.Locator] = true
+		errs = append(errs, netutil.ReplaceOwnedRoute(ns, lr.Locator, lr.Via, a.opts.UnderlayInterface))
+	}
+	for _, p := range owned {
+		if !want[p] {
+			errs = append(errs, netutil.DeleteRoute(ns, p, ""))
+		}
+	}
+
+	// Endpoints and ports follow the checkpoint (they survive restarts in
+	// the pinned maps; this repairs them if the maps were lost).
+	var wantEps []datapath.Endpoint
+	var wantPorts []datapath.Port
+	for _, e := range a.cp.all() {
+		if !e.Ready {
+			continue
+		}
+		pm, _ := net.ParseMAC(e.PodMAC)
+		hm, _ := net.ParseMAC(e.HostMAC)
+		p := datapath.Port{IfIndex: uint32(e.HostIfIndex), NetID: e.NetID}
+		for _, ad := range e.Addrs {
+			wantEps = append(wantEps, datapath.Endpoint{NetID: e.NetID, Addr: ad, IfIndex: uint32(e.HostIfIndex), PodMAC: pm, HostMAC: hm})
+			if ad.Is4() {
+				p.V4 = ad
+			} else {
+				p.V6 = ad
+			}
+		}
+		wantPorts = append(wantPorts, p)
+	}
+	curEps, err := a.dp.Endpoints()
+	errs = append(errs, err, syncList(curEps, wantEps, func(e datapath.Endpoint) string { return fmt.Sprint(e.NetID, e.Addr) },
+		a.dp.UpsertEndpoint, func(e datapath.Endpoint) error { return a.dp.DeleteEndpoint(e.NetID, e.Addr) }))
+	curPorts, err := a.dp.Ports()
+	errs = append(errs, err, syncList(curPorts, wantPorts, func(p datapath.Port) uint32 { return p.IfIndex },
+		a.dp.UpsertPort, func(p datapath.Port) error { return a.dp.DeletePort(p.IfIndex) }))
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("apply data plane: %w", err)
+	}
+	a.mu.Lock()
+	a.applied = true
+	a.mu.Unlock()
+	return nil
+}
+
+// syncSet upserts what is wanted and missing and deletes what is extra.
+func syncSet[T comparable](cur, want []T, upsert, del func(T) error) error {
+	return syncList(cur, want, func(t T) T { return t }, upsert, del)
+}
+
+// syncList upserts wanted items that are missing or differ, and deletes
+// current items whose key is not wanted.
+func syncList[T any, K comparable](cur, want []T, key func(T) K, upsert, del func(T) error) error {
+	have := map[K]T{}
+	for _, c := range cur {
+		have[key(c)] = c
+	}
+	wanted := map[K]bool{}
+	var errs []error
+	for _, w := range want {
+		k := key(w)
+		wanted[k] = true
+		if c, ok := have[k]; ok && fmt.Sprint(c) == fmt.Sprint(w) {
+			continue
+		}
+		errs = append(errs, upsert(w))
+	}
+	for k, c := range have {
+		if !wanted[k] {
+			errs = append(errs, del(c))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// collectEndpoints removes the endpoints of pods that no longer exist
+// (deleted while the agent was down, or DEL never came), after confirming
+// with the API server: a cold or lagging cache never removes a live pod.
+func (a *Agent) collectEndpoints(ctx context.Context) error {
+	for _, e := range a.cp.all() {
+		var pod corev1.Pod
+		err := a.client.Get(ctx, types.NamespacedName{Namespace: e.PodNS, Name: e.PodName}, &pod)
+		if err == nil && string(pod.UID) == e.PodUID {
+			continue
+		}
+		err = a.reader.Get(ctx, types.NamespacedName{Namespace: e.PodNS, Name: e.PodName}, &pod)
+		switch {
+		case err == nil && string(pod.UID) == e.PodUID:
+			continue
+		case err != nil && !apierrors.IsNotFound(err):
+			return fmt.Errorf("check pod %s/%s: %w", e.PodNS, e.PodName, err)
+		}
+		a.log.Info("removing endpoint of a pod that is gone", "pod", e.PodNS+"/"+e.PodName, "container", e.ContainerID)
+		if err := a.teardown(ctx, e); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// teardown removes everything of one endpoint; what is gone already is fine.
+func (a *Agent) teardown(ctx context.Context, e Endpoint) error {
+	var errs []error
+	for _, ad := range e.Addrs {
+		errs = append(errs, a.dp.DeleteEndpoint(e.NetID, ad))
+	}
+	if e.HostIfIndex > 0 {
+		errs = append(errs, a.dp.DeletePort(uint32(e.HostIfIndex)))
+	}
+	errs = append(errs, a.dp.DetachPod(e.HostIf), podnet.Teardown(a.opts.NetNS, e.HostIf, e.Addrs))
+	ne := &lacev1.NetworkEndpoint{}
+	ne.Namespace, ne.Name = e.PodNS, e.PodName
+	if err := a.client.Get(ctx, client.ObjectKeyFromObject(ne), ne); err == nil && ne.Labels[labelPodUID] == e.PodUID {
+		if err := a.client.Delete(ctx, ne); client.IgnoreNotFound(err) != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("tear down endpoint %s: %w", e.ContainerID, err)
+	}
+	return a.cp.remove(e.ContainerID)
+}
