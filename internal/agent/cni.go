@@ -380,4 +380,3 @@ func (a *Agent) cmdGC(ctx context.Context, req cniapi.Request) error {
 	}
 	return errors.Join(errs...)
 }
-

@@ -13,11 +13,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/netutil"
@@ -293,48 +290,7 @@ func (p *pod) ping(dst netip.Addr) error {
 
 // capture records the frames seen on a fabric port while f runs.
 func (w *world) capture(port string, f func()) [][]byte {
-	var frames [][]byte
-	var fd int
-	must(w.t, netutil.Do(netutil.Path(w.fabric), func() error {
-		var err error
-		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL)))
-		if err != nil {
-			return err
-		}
-		iface, err := net.InterfaceByName(port)
-		if err != nil {
-			return err
-		}
-		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: iface.Index})
-	}))
-	tv := unix.NsecToTimeval((100 * time.Millisecond).Nanoseconds())
-	must(w.t, unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv))
-	var mu sync.Mutex
-	done := make(chan struct{})
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		buf := make([]byte, 65536)
-		for {
-			select {
-			case <-done:
-				return
-			default:
-			}
-			n, _, err := unix.Recvfrom(fd, buf, 0)
-			if err != nil || n == 0 {
-				continue
-			}
-			mu.Lock()
-			frames = append(frames, append([]byte(nil), buf[:n]...))
-			mu.Unlock()
-		}
-	}()
-	f()
-	close(done)
-	<-stopped
-	unix.Close(fd)
+	frames, err := netutil.Capture(netutil.Path(w.fabric), port, f)
+	must(w.t, err)
 	return frames
 }
-
-func htons(v uint16) uint16 { return v<<8 | v>>8 }

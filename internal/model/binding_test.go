@@ -34,7 +34,7 @@ func TestBind(t *testing.T) {
 		lbl, nsLbl map[string]string
 		want       string
 	}{
-		{lacev1.MatchKindPod, map[string]string{"tier": "frontend"}, nil, "front2"},   // tie broken by name
+		{lacev1.MatchKindPod, map[string]string{"tier": "frontend"}, nil, "front2"},     // tie broken by name
 		{lacev1.MatchKindService, map[string]string{"tier": "frontend"}, nil, "svcnet"}, // matchKind
 		{lacev1.MatchKindPod, nil, map[string]string{"team": "a"}, "team"},              // namespaceSelector
 		{lacev1.MatchKindPod, map[string]string{"x": "y"}, nil, "default"},              // catch-all

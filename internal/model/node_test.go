@@ -30,7 +30,7 @@ func TestComputeNode(t *testing.T) {
 		Allocations: []lacev1.Allocation{
 			alloc("red", "n1", "10.1.1.0/24", false),
 			alloc("red", "n2", "10.1.2.0/24", false),
-			alloc("red", "n3", "10.1.3.0/24", true), // being released: withdrawn
+			alloc("red", "n3", "10.1.3.0/24", true),  // being released: withdrawn
 			alloc("new", "n2", "10.9.2.0/24", false), // no ID yet: not routed
 			alloc("red", "n4", "10.1.4.0/24", false), // n4 has no locator yet
 		},

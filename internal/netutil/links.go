@@ -319,3 +319,21 @@ func OwnedRoutes(nsPath string) ([]netip.Prefix, error) {
 	}
 	return out, nil
 }
+
+// ListLinks returns the names of the links in the namespace at nsPath.
+func ListLinks(nsPath string) ([]string, error) {
+	h, err := Handle(nsPath)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	links, err := h.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list links: %w", err)
+	}
+	out := make([]string, 0, len(links))
+	for _, l := range links {
+		out = append(out, l.Attrs().Name)
+	}
+	return out, nil
+}

@@ -1,0 +1,72 @@
+package netutil
+
+import (
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Capture records the frames seen on ifName (in the namespace at nsPath)
+// while f runs, with a raw packet socket. It is for tests and diagnostics.
+func Capture(nsPath, ifName string, f func()) ([][]byte, error) {
+	proto := htons(unix.ETH_P_ALL)
+	var fd int
+	err := Do(nsPath, func() error {
+		var err error
+		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(proto))
+		if err != nil {
+			return fmt.Errorf("packet socket: %w", err)
+		}
+		iface, err := net.InterfaceByName(ifName)
+		if err != nil {
+			unix.Close(fd)
+			return fmt.Errorf("find %s: %w", ifName, err)
+		}
+		if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: proto, Ifindex: iface.Index}); err != nil {
+			unix.Close(fd)
+			return fmt.Errorf("bind to %s: %w", ifName, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	tv := unix.NsecToTimeval((100 * time.Millisecond).Nanoseconds())
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		return nil, err
+	}
+	var (
+		mu     sync.Mutex
+		frames [][]byte
+		done   = make(chan struct{})
+		exited = make(chan struct{})
+	)
+	go func() {
+		defer close(exited)
+		buf := make([]byte, 65536)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			n, _, err := unix.Recvfrom(fd, buf, 0)
+			if err != nil || n == 0 {
+				continue
+			}
+			mu.Lock()
+			frames = append(frames, append([]byte(nil), buf[:n]...))
+			mu.Unlock()
+		}
+	}()
+	f()
+	close(done)
+	<-exited
+	return frames, nil
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }

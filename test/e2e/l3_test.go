@@ -1,0 +1,509 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
+	crclient "sigs.k8s.io/controller-runtime/pkg/client"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/datapath"
+	"github.com/lace-cni/lace/internal/lab"
+	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/pkg/scheme"
+)
+
+func laceClient(t *testing.T) crclient.Client {
+	t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := crclient.New(cfg, crclient.Options{Scheme: scheme.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// network creates an l3 network and a binding policy for pods labelled
+// net=<name>, removed when the test ends.
+func network(t *testing.T, c crclient.Client, name, v4, v6 string, anonymous bool) {
+	t.Helper()
+	ctx := context.Background()
+	nw := &lacev1.Network{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: lacev1.NetworkSpec{
+		Type: lacev1.NetworkTypeL3, Anonymous: anonymous,
+		IPv4Subnet: &lacev1.Subnet{Prefix: lacev1.CIDR(v4), HostLocalPrefixLength: ptr.To[int32](24)},
+		IPv6Subnet: &lacev1.Subnet{Prefix: lacev1.CIDR(v6), HostLocalPrefixLength: ptr.To[int32](64)},
+	}}
+	pol := &lacev1.NetworkBindingPolicy{ObjectMeta: metav1.ObjectMeta{Name: "e2e-" + name}, Spec: lacev1.NetworkBindingPolicySpec{
+		Network: name, Priority: 10, MatchKind: lacev1.MatchKindPod,
+		Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"net": name}},
+	}}
+	for _, o := range []crclient.Object{nw, pol} {
+		if err := c.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_ = c.Delete(context.Background(), pol)
+		_ = c.Delete(context.Background(), nw)
+	})
+	eventually(t, time.Minute, "allocations of "+name, func() error {
+		var allocs lacev1.AllocationList
+		if err := c.List(ctx, &allocs, crclient.MatchingLabels{"lace-cni.io/network": name}); err != nil {
+			return err
+		}
+		if len(allocs.Items) < 3 {
+			return fmt.Errorf("%d allocations", len(allocs.Items))
+		}
+		return nil
+	})
+}
+
+// netPod starts an agnhost netexec pod bound to network net on node.
+func netPod(t *testing.T, name, net, node string, probe bool) *corev1.Pod {
+	t.Helper()
+	p := netexecPod(name, node)
+	p.Labels["net"] = net
+	if !probe {
+		p.Spec.Containers[0].ReadinessProbe = nil
+	}
+	if _, err := client.CoreV1().Pods("default").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = client.CoreV1().Pods("default").Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	})
+	return waitPodReady(t, "default", name)
+}
+
+func podAddrs(p *corev1.Pod) (v4, v6 netip.Addr) {
+	for _, ip := range p.Status.PodIPs {
+		a := netip.MustParseAddr(ip.IP)
+		if a.Is4() {
+			v4 = a
+		} else {
+			v6 = a
+		}
+	}
+	return v4, v6
+}
+
+// dial sends one request from inside pod from's network namespace (the
+// test enters it) to netexec at dst and returns the hostname that answered:
+// HTTP on 8080 or a UDP datagram on 8081.
+func dial(ctx context.Context, from *corev1.Pod, proto string, dst netip.Addr) ([]string, error) {
+	ns := netutil.Path(lab.Config{Name: labName}.PodNetNS(string(from.UID)))
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if proto == "udp" {
+		conn, err := netutil.DialContext(ctx, ns, "udp", net.JoinHostPort(dst.String(), "8081"))
+		if err != nil {
+			return nil, err
+		}
+		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(1500 * time.Millisecond))
+		if _, err := conn.Write([]byte("hostname")); err != nil {
+			return nil, err
+		}
+		buf := make([]byte, 256)
+		n, err := conn.Read(buf)
+		if err != nil {
+			return nil, nil // no answer: unreachable
+		}
+		return []string{strings.TrimSpace(string(buf[:n]))}, nil
+	}
+	conn, err := netutil.DialContext(ctx, ns, "tcp", net.JoinHostPort(dst.String(), "8080"))
+	if err != nil {
+		return nil, nil // no connection: unreachable
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+	fmt.Fprintf(conn, "GET /hostname HTTP/1.0\r\nHost: e2e\r\n\r\n")
+	b, err := io.ReadAll(conn)
+	if err != nil {
+		return nil, err
+	}
+	_, body, _ := strings.Cut(string(b), "\r\n\r\n")
+	return []string{strings.TrimSpace(body)}, nil
+}
+
+func expectReach(t *testing.T, from, to *corev1.Pod) {
+	t.Helper()
+	v4, v6 := podAddrs(to)
+	for _, dst := range []netip.Addr{v4, v6} {
+		for _, proto := range []string{"http", "udp"} {
+			eventually(t, 20*time.Second, fmt.Sprintf("%s %s -> %s (%s)", proto, from.Name, to.Name, dst), func() error {
+				got, err := dial(context.Background(), from, proto, dst)
+				if err != nil {
+					return err
+				}
+				if len(got) != 1 || got[0] != to.Name {
+					return fmt.Errorf("answered by %v", got)
+				}
+				return nil
+			})
+		}
+		out, err := kubectl(context.Background(), "exec", from.Name, "--", "ping", "-c", "2", "-i", "0.2", "-W", "2", dst.String())
+		if err != nil {
+			t.Errorf("ICMP %s -> %s (%s): %v\n%s", from.Name, to.Name, dst, err, out)
+		}
+	}
+}
+
+func expectNoReach(t *testing.T, from *corev1.Pod, dst netip.Addr) {
+	t.Helper()
+	got, err := dial(context.Background(), from, "http", dst)
+	if err != nil {
+		t.Fatalf("dial from %s: %v", from.Name, err)
+	}
+	if len(got) > 0 && got[0] != "" {
+		t.Errorf("%s reached %s (answered by %v); want it isolated", from.Name, dst, got)
+	}
+}
+
+// TestL3Networks: pods of one network reach each other on one node and
+// across nodes (TCP, UDP, ICMP; IPv4 and IPv6); other networks, networks
+// with the same subnet and anonymous networks are isolated.
+func TestL3Networks(t *testing.T) {
+	needLab(t)
+	c := laceClient(t)
+	network(t, c, "blue", "10.50.0.0/16", "fd00:50::/48", false)
+	network(t, c, "green", "10.50.0.0/16", "fd00:50::/48", false) // same subnets as blue
+	network(t, c, "anon", "10.70.0.0/16", "fd00:70::/48", true)
+
+	var wg sync.WaitGroup
+	pods := map[string]*corev1.Pod{}
+	var mu sync.Mutex
+	for _, spec := range []struct{ name, net, node string }{
+		{"blue-a", "blue", "n1"}, {"blue-b", "blue", "n1"}, {"blue-c", "blue", "n2"},
+		{"green-a", "green", "n3"}, {"green-c", "green", "n2"},
+		{"anon-a", "anon", "n1"}, {"anon-c", "anon", "n2"},
+	} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Pods of overlapping networks on one node share addresses; the
+			// node's probe route can point at only one of them.
+			p := netPod(t, spec.name, spec.net, spec.node, spec.net == "blue")
+			mu.Lock()
+			pods[spec.name] = p
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	expectReach(t, pods["blue-a"], pods["blue-b"]) // same node
+	expectReach(t, pods["blue-a"], pods["blue-c"]) // across nodes
+	expectReach(t, pods["blue-c"], pods["blue-a"])
+
+	// green has blue's subnets: its pods reach green pods, never blue ones.
+	gc4, _ := podAddrs(pods["green-c"])
+	bc4, _ := podAddrs(pods["blue-c"])
+	if gc4 != bc4 {
+		t.Logf("green-c %s and blue-c %s differ; the overlap check still holds", gc4, bc4)
+	}
+	expectReach(t, pods["green-a"], pods["green-c"])
+
+	// Isolation between networks and inside an anonymous network.
+	a4, a6 := podAddrs(pods["anon-c"])
+	expectNoReach(t, pods["blue-a"], a4)
+	expectNoReach(t, pods["blue-a"], a6)
+	expectNoReach(t, pods["anon-a"], a4)
+	expectNoReach(t, pods["anon-a"], a6)
+	ga4, _ := podAddrs(pods["green-a"])
+	if got, _ := dial(context.Background(), pods["blue-a"], "http", ga4); len(got) > 0 && got[0] == "green-a" {
+		t.Errorf("blue-a reached green-a at %s", ga4)
+	}
+}
+
+// TestUnderlayCarriesSRv6 captures node n1's underlay port while pods talk
+// across nodes: pod addresses never appear on the fabric, only IPv6
+// packets from node to node addressed to SIDs in the destination locator.
+func TestUnderlayCarriesSRv6(t *testing.T) {
+	needLab(t)
+	c := laceClient(t)
+	network(t, c, "wire", "10.80.0.0/16", "fd00:80::/48", false)
+	a := netPod(t, "wire-a", "wire", "n1", true)
+	b := netPod(t, "wire-b", "wire", "n2", true)
+	var ueps lacev1.UnderlayEndpointList
+	if err := c.List(context.Background(), &ueps); err != nil {
+		t.Fatal(err)
+	}
+	locator := map[netip.Addr]netip.Prefix{}
+	for _, u := range ueps.Items {
+		loc := netip.MustParsePrefix(string(u.Spec.Locator))
+		for _, ad := range u.Spec.Addresses {
+			locator[netip.MustParseAddr(string(ad))] = loc
+		}
+	}
+	fabric := netutil.Path(lab.Config{Name: labName}.NetNS("fabric"))
+	frames, err := netutil.Capture(fabric, "n1", func() { expectReach(t, a, b) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod4, pod6 := netip.MustParsePrefix("10.80.0.0/16"), netip.MustParsePrefix("fd00:80::/48")
+	srv6 := 0
+	for _, fr := range frames {
+		if len(fr) < 34 {
+			continue
+		}
+		switch binary.BigEndian.Uint16(fr[12:14]) {
+		case 0x0800:
+			s, d := netip.AddrFrom4([4]byte(fr[26:30])), netip.AddrFrom4([4]byte(fr[30:34]))
+			if pod4.Contains(s) || pod4.Contains(d) {
+				t.Errorf("pod IPv4 packet on the underlay: %s -> %s", s, d)
+			}
+		case 0x86dd:
+			if len(fr) < 54 {
+				continue
+			}
+			s, d := netip.AddrFrom16([16]byte(fr[22:38])), netip.AddrFrom16([16]byte(fr[38:54]))
+			if pod6.Contains(s) || pod6.Contains(d) {
+				t.Errorf("pod IPv6 packet on the underlay: %s -> %s", s, d)
+			}
+			if fr[20] != 4 && fr[20] != 41 {
+				continue
+			}
+			srv6++
+			loc, ok := locator[s]
+			if !ok {
+				t.Errorf("SRv6 packet from %s, which is no node", s)
+				continue
+			}
+			if loc.Contains(d) {
+				t.Errorf("SRv6 packet %s -> %s addressed to the sender's own locator", s, d)
+			}
+			found := false
+			for _, l := range locator {
+				found = found || l.Contains(d)
+			}
+			if !found {
+				t.Errorf("SRv6 packet to %s, outside every node's locator", d)
+			}
+		}
+	}
+	if srv6 == 0 {
+		t.Fatalf("no SRv6 packet among %d frames", len(frames))
+	}
+	t.Logf("%d frames, %d SRv6, no pod address in the clear", len(frames), srv6)
+}
+
+// TestStreamSurvivesAgentRestart holds one TCP connection from a pod on n1
+// to a pod on n2 and keeps using it while both agents restart.
+func TestStreamSurvivesAgentRestart(t *testing.T) {
+	needLab(t)
+	c := laceClient(t)
+	network(t, c, "steady", "10.90.0.0/16", "fd00:90::/48", false)
+	a := netPod(t, "steady-a", "steady", "n1", true)
+	b := netPod(t, "steady-b", "steady", "n2", true)
+	b4, _ := podAddrs(b)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// The test enters pod a's namespace to hold the connection itself.
+	conn, err := netutil.DialContext(ctx, netutil.Path(lab.Config{Name: labName}.PodNetNS(string(a.UID))), "tcp",
+		net.JoinHostPort(b4.String(), "8080"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r := bufio.NewReader(conn)
+	ask := func(msg string) {
+		t.Helper()
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(conn, "GET /echo?msg=%s HTTP/1.1\r\nHost: steady\r\n\r\n", msg)
+		var length int
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				t.Fatalf("request %q on the held connection: %v", msg, err)
+			}
+			if v, ok := strings.CutPrefix(strings.ToLower(line), "content-length:"); ok {
+				fmt.Sscanf(strings.TrimSpace(v), "%d", &length)
+			}
+			if line == "\r\n" {
+				break
+			}
+		}
+		body := make([]byte, length)
+		if _, err := io.ReadFull(r, body); err != nil || string(body) != msg {
+			t.Fatalf("echo %q: got %q, %v", msg, body, err)
+		}
+	}
+	ask("before")
+	for _, target := range []string{"agent/n1", "agent/n2"} {
+		if out, err := labCmd("restart", target).CombinedOutput(); err != nil {
+			t.Fatalf("restart %s: %v %s", target, err, out)
+		}
+		ask("during-" + strings.ReplaceAll(target, "/", "-"))
+	}
+	time.Sleep(2 * time.Second) // the new agents reconcile
+	ask("after")
+	// And the restarted agents still attach new pods.
+	netPod(t, "steady-c", "steady", "n1", true)
+}
+
+// TestHundredPodsLeaveNothing creates and deletes 100 pods and checks that
+// no address, NetworkEndpoint, veth or map entry remains.
+func TestHundredPodsLeaveNothing(t *testing.T) {
+	needLab(t)
+	c := laceClient(t)
+	ctx := context.Background()
+	const n = 100
+	start := time.Now()
+	for i := range n {
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("churn-%03d", i), Labels: map[string]string{"app": "churn"}},
+			Spec: corev1.PodSpec{TerminationGracePeriodSeconds: ptr.To[int64](1),
+				Containers: []corev1.Container{{Name: "pause", Image: "registry.k8s.io/pause:3.10"}}},
+		}
+		if _, err := client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 4*time.Minute, "100 pods running with addresses", func() error {
+		pods, err := client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=churn"})
+		if err != nil {
+			return err
+		}
+		ready := 0
+		seen := map[string]string{}
+		for _, p := range pods.Items {
+			if p.Status.Phase == corev1.PodRunning && len(p.Status.PodIPs) == 2 {
+				ready++
+				for _, ip := range p.Status.PodIPs {
+					if other, dup := seen[ip.IP]; dup {
+						return fmt.Errorf("address %s given to %s and %s", ip.IP, other, p.Name)
+					}
+					seen[ip.IP] = p.Name
+				}
+			}
+		}
+		if ready != n {
+			return fmt.Errorf("%d of %d running", ready, n)
+		}
+		return nil
+	})
+	t.Logf("100 pods running in %s", time.Since(start).Round(time.Second))
+	var neps lacev1.NetworkEndpointList
+	if err := c.List(ctx, &neps, crclient.InNamespace("default")); err != nil {
+		t.Fatal(err)
+	}
+	churnNEs := 0
+	for _, ne := range neps.Items {
+		if strings.HasPrefix(ne.Name, "churn-") {
+			churnNEs++
+		}
+	}
+	if churnNEs != n {
+		t.Errorf("%d NetworkEndpoints for the churn pods, want %d", churnNEs, n)
+	}
+	if err := client.CoreV1().Pods("default").DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "app=churn"}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 3*time.Minute, "churn pods and their NetworkEndpoints gone", func() error {
+		pods, err := client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=churn"})
+		if err != nil {
+			return err
+		}
+		if len(pods.Items) > 0 {
+			return fmt.Errorf("%d pods left", len(pods.Items))
+		}
+		var neps lacev1.NetworkEndpointList
+		if err := c.List(ctx, &neps, crclient.InNamespace("default")); err != nil {
+			return err
+		}
+		for _, ne := range neps.Items {
+			if strings.HasPrefix(ne.Name, "churn-") {
+				return fmt.Errorf("NetworkEndpoint %s left", ne.Name)
+			}
+		}
+		return nil
+	})
+	t.Logf("100 pods created and deleted in %s", time.Since(start).Round(time.Second))
+	// Every node holds exactly what its remaining pods need.
+	eventually(t, 30*time.Second, "node state matching the remaining pods", func() error {
+		pods, err := client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		want := map[string]residue{}
+		for _, p := range pods.Items {
+			if p.Spec.HostNetwork || p.Spec.NodeName == "" || len(p.Status.PodIPs) == 0 {
+				continue
+			}
+			r := want[p.Spec.NodeName]
+			r.Veths++
+			r.Ports++
+			r.Checkpointed++
+			r.Endpoints += len(p.Status.PodIPs)
+			want[p.Spec.NodeName] = r
+		}
+		got := nodeResidue(t)
+		for node, g := range got {
+			if g != want[node] {
+				return fmt.Errorf("node %s holds %+v, its pods need %+v", node, g, want[node])
+			}
+		}
+		return nil
+	})
+}
+
+// residue is what a node holds per pod: veths, map entries, checkpointed
+// addresses.
+type residue struct {
+	Veths, Endpoints, Ports, Checkpointed int
+}
+
+func nodeResidue(t *testing.T) map[string]residue {
+	t.Helper()
+	cfg := lab.Config{Name: labName, StateRoot: lab.DefaultStateRoot}
+	out := map[string]residue{}
+	for _, node := range []string{"n1", "n2", "n3"} {
+		var r residue
+		links, err := netutil.ListLinks(netutil.Path(cfg.NetNS(node)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range links {
+			if strings.HasPrefix(l, datapath.PodIfPrefix) {
+				r.Veths++
+			}
+		}
+		dp, err := datapath.Load(filepath.Join(cfg.StateDir(), "bpffs", node))
+		if err != nil {
+			t.Fatal(err)
+		}
+		eps, _ := dp.Endpoints()
+		ports, _ := dp.Ports()
+		dp.Close()
+		r.Endpoints, r.Ports = len(eps), len(ports)
+		b, err := os.ReadFile(filepath.Join(cfg.StateDir(), "nodes", node, "agent", "endpoints.json"))
+		if err == nil {
+			var list []json.RawMessage
+			_ = json.Unmarshal(b, &list)
+			r.Checkpointed = len(list)
+		}
+		out[node] = r
+	}
+	return out
+}
