@@ -61,7 +61,8 @@ test: k8s-bins cni-bins build check-generated lint ## All test tiers: unit, API,
 .PHONY: lab
 lab: k8s-bins cni-bins build ## Bring up a 3-node lab (LAB_NAME=lace) and run a short demo.
 	$(BIN_DIR)/lace-lab up --name $(LAB_NAME)
-	./hack/lab-demo.sh $(LAB_NAME)
+	$(BIN_DIR)/lace-lab demo --name $(LAB_NAME)
+	KUBECONFIG=$$($(BIN_DIR)/lace-lab kubeconfig --name $(LAB_NAME)) $(BIN_DIR)/lacectl status
 
 .PHONY: lab-down
 lab-down: build ## Remove the lab and everything it made.

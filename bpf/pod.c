@@ -109,6 +109,12 @@ int from_pod(struct __sk_buff *skb)
 		if (!(port->flags & PORT_HAS_V4) || !eq4(p.saddr, port->ip4))
 			return drop(DROP_SPOOF);
 	} else {
+		/* Link-local and unspecified sources (MLD, DAD, router
+		 * solicitations) never leave the pod's link. */
+		if ((p.saddr[0] == 0xfe && (p.saddr[1] & 0xc0) == 0x80) ||
+		    (((__u32 *)p.saddr)[0] == 0 && ((__u32 *)p.saddr)[1] == 0 &&
+		     ((__u32 *)p.saddr)[2] == 0 && ((__u32 *)p.saddr)[3] == 0))
+			return drop(DROP_NOT_IP);
 		if (p.proto == IPPROTO_ICMPV6) {
 			struct icmp6hdr *icmp = data + ETH_HLEN + sizeof(struct ipv6hdr);
 			if ((void *)(icmp + 1) > (void *)(long)skb->data_end)

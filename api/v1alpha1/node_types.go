@@ -85,20 +85,47 @@ type UnderlayEndpointSpec struct {
 	Locator CIDR `json:"locator,omitempty"`
 }
 
+// DatapathStatus summarises a node's eBPF data plane, as its agent last
+// read it.
+type DatapathStatus struct {
+	// Endpoints is the number of pod attachments on the node.
+	Endpoints int32 `json:"endpoints"`
+	// Maps is the number of entries of each data plane map.
+	// +optional
+	Maps map[string]int64 `json:"maps,omitempty"`
+	// Drops counts dropped packets by reason since the maps were created.
+	// +optional
+	Drops map[string]int64 `json:"drops,omitempty"`
+	// Forwarded counts forwarded packets by path.
+	// +optional
+	Forwarded map[string]int64 `json:"forwarded,omitempty"`
+	// UpdatedAt is when the agent read the counters.
+	UpdatedAt metav1.Time `json:"updatedAt"`
+}
+
+// UnderlayEndpointStatus is written by the node's agent.
+type UnderlayEndpointStatus struct {
+	// +optional
+	Datapath *DatapathStatus `json:"datapath,omitempty"`
+}
+
 // UnderlayEndpoint is a node's underlay addresses, zone and SRv6 locator.
 //
 // +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Cluster,shortName=uep,categories=lace
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.node`
 // +kubebuilder:printcolumn:name="Addresses",type=string,JSONPath=`.spec.addresses`
 // +kubebuilder:printcolumn:name="Zone",type=string,JSONPath=`.spec.zone`
 // +kubebuilder:printcolumn:name="Locator",type=string,JSONPath=`.spec.locator`
+// +kubebuilder:printcolumn:name="Endpoints",type=integer,JSONPath=`.status.datapath.endpoints`
 type UnderlayEndpoint struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
 	// +required
-	Spec UnderlayEndpointSpec `json:"spec"`
+	Spec   UnderlayEndpointSpec   `json:"spec"`
+	Status UnderlayEndpointStatus `json:"status,omitempty"`
 }
 
 // UnderlayEndpointList is a list of UnderlayEndpoints.

@@ -37,7 +37,7 @@
 #define SID_L3_DECAP 1 /* End.DT46: decapsulate, look up in network N */
 
 enum drop_reason {
-	DROP_NOT_IP = 0,      /* not IPv4/IPv6 from a pod (ARP, ND, ...) */
+	DROP_NOT_IP = 0,      /* link-local only: not IP, ND, MLD, link-local sources */
 	DROP_SPOOF = 1,       /* source address is not the pod's */
 	DROP_ISOLATED = 2,    /* destination not in the source's network */
 	DROP_ANONYMOUS = 3,   /* anonymous network without a self policy */

@@ -29,6 +29,7 @@ commands:
   kubeconfig [--name N]                   print the path of the lab's kubeconfig
   exec [--name N] TARGET -- CMD...        run CMD in NAMESPACE/POD, node/NODE or external
   restart [--name N] agent/NODE|controller
+  demo [--name N]                         two networks, pods on every node, a reachability matrix
 `
 
 func main() {
@@ -153,6 +154,8 @@ func run(ctx context.Context, args []string, out io.Writer) (int, error) {
 			return 1, err
 		}
 		return 0, nil
+	case "demo":
+		return 0, lab.Demo(ctx, cfg, out)
 	case "restart":
 		if len(rest) != 1 {
 			return 2, errors.New("usage: lace-lab restart agent/NODE|controller")

@@ -150,9 +150,11 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		dp.Close()
 		return nil, err
 	}
-	if err := mgr.Add(manager.RunnableFunc(a.resync)); err != nil {
-		dp.Close()
-		return nil, err
+	for _, r := range []manager.RunnableFunc{a.resync, a.reportStatus} {
+		if err := mgr.Add(r); err != nil {
+			dp.Close()
+			return nil, err
+		}
 	}
 	return a, nil
 }

@@ -286,7 +286,7 @@ func (d *Datapath) HostAddrs() ([]netip.Addr, error) { return listAddrs(d.pod.La
 
 // DropReasons name the drop counters, in the order of enum drop_reason.
 var DropReasons = []string{
-	"not-ip", "spoofed-source", "isolated", "anonymous-network", "no-endpoint", "ttl-exceeded",
+	"link-local", "spoofed-source", "isolated", "anonymous-network", "no-endpoint", "ttl-exceeded",
 	"no-underlay-route", "host-not-reply", "decap-unknown-source", "decap-unknown-sid",
 	"decap-bad-protocol", "header-adjust-failed", "unknown-port",
 }
