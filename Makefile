@@ -56,6 +56,10 @@ lint: $(STATICCHECK) ## gofmt, go vet and staticcheck.
 test: k8s-bins cni-bins build check-generated lint ## All test tiers: unit, API, controller, datapath, lab end-to-end (root).
 	LACE_BIN_DIR=$(BIN_DIR) $(GO) test $(GOFLAGS_TEST) -count=1 -timeout 30m ./...
 
+.PHONY: bench
+bench: k8s-bins cni-bins build ## Benchmarks on a lab, beside peers measured in the same run (root).
+	$(GO) run ./bench --bin $(BIN_DIR)
+
 ##@ Lab
 
 .PHONY: lab

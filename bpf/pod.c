@@ -8,9 +8,11 @@
  * encapsulation (reduced: the SID in the outer destination, no routing
  * header) toward the node owning the destination's block.
  *
- * to_pod (tcx egress): only host-originated traffic reaches it (redirected
- * pod traffic goes straight to the peer); it records the flow so the pod's
- * replies may reach the host, the one exception to isolation. */
+ * The node itself reaches its pods (kubelet probes), the one exception to
+ * isolation; pods may answer it but never open anything towards it. That
+ * rule is stateless (see is_reply_to_host), so it needs no program on the
+ * veth's egress: attaching a tcx program costs an RCU grace period, and
+ * one per pod halves the time a pod waits for its network. */
 #include "lace.h"
 
 static __always_inline int encap_and_send(struct __sk_buff *skb, struct pkt *p, const __u8 *sid)
@@ -67,22 +69,33 @@ static __always_inline int encap_and_send(struct __sk_buff *skb, struct pkt *p, 
 	return drop(DROP_FIB);
 }
 
-static __always_inline void ct_key_of(struct ct_key *k, __u32 net_id, struct pkt *p, int reverse)
+/* is_reply_to_host accepts what a pod may send to its node: TCP segments
+ * that do not open a connection (no SYN without ACK: the node's stack
+ * resets anything that matches no socket of its own), ICMP echo replies
+ * and ICMP errors. UDP and new TCP connections are refused. */
+static __always_inline int is_reply_to_host(struct __sk_buff *skb, struct pkt *p, __u32 l4_off)
 {
-	k->net_id = net_id;
-	k->family = p->family;
-	k->proto = p->proto;
-	if (reverse) {
-		__builtin_memcpy(k->saddr, p->daddr, 16);
-		__builtin_memcpy(k->daddr, p->saddr, 16);
-		k->sport = p->dport;
-		k->dport = p->sport;
-	} else {
-		__builtin_memcpy(k->saddr, p->saddr, 16);
-		__builtin_memcpy(k->daddr, p->daddr, 16);
-		k->sport = p->sport;
-		k->dport = p->dport;
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	if (p->proto == IPPROTO_TCP) {
+		struct tcphdr *th = data + l4_off;
+		if ((void *)(th + 1) > end)
+			return 0;
+		return !(th->syn && !th->ack);
 	}
+	if (p->proto == IPPROTO_ICMP) {
+		__u8 *type = data + l4_off;
+		if ((void *)(type + 1) > end)
+			return 0;
+		return *type == 0 || *type == 3 || *type == 11; /* echo reply, unreachable, time exceeded */
+	}
+	if (p->proto == IPPROTO_ICMPV6) {
+		__u8 *type = data + l4_off;
+		if ((void *)(type + 1) > end)
+			return 0;
+		return *type == 129 || *type < 128; /* echo reply, errors */
+	}
+	return 0;
 }
 
 SEC("tcx/ingress")
@@ -126,16 +139,12 @@ int from_pod(struct __sk_buff *skb)
 			return drop(DROP_SPOOF);
 	}
 
-	/* Replies to the host's own connections (probes) go to the host. */
+	/* Answers to the node's own connections (probes) go to the node. */
 	struct host_key hk = {.family = p.family};
 	__builtin_memcpy(hk.addr, p.daddr, 16);
 	if (bpf_map_lookup_elem(&lace_host_addrs, &hk)) {
-		struct ct_key ck = {};
-		ct_key_of(&ck, port->net_id, &p, 1);
-		struct ct_val *ct = bpf_map_lookup_elem(&lace_ct, &ck);
-		if (!ct)
+		if (!is_reply_to_host(skb, &p, p.l4_off))
 			return drop(DROP_HOST);
-		ct->last_seen_ns = bpf_ktime_get_ns();
 		count(FWD_HOST);
 		return TC_ACT_OK;
 	}
@@ -174,32 +183,6 @@ int from_pod(struct __sk_buff *skb)
 	if (dec_ttl(skb, &p))
 		return drop(DROP_ADJUST);
 	return encap_and_send(skb, &p, sid);
-}
-
-SEC("tcx/egress")
-int to_pod(struct __sk_buff *skb)
-{
-	__u32 ifindex = skb->ifindex;
-	struct port_val *port = bpf_map_lookup_elem(&lace_ports, &ifindex);
-	if (!port)
-		return TC_ACT_OK;
-	void *data = (void *)(long)skb->data;
-	void *end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
-	if ((void *)(eth + 1) > end)
-		return TC_ACT_OK;
-	struct pkt p = {};
-	if (parse_ip(skb, eth->h_proto, ETH_HLEN, &p))
-		return TC_ACT_OK;
-	struct host_key hk = {.family = p.family};
-	__builtin_memcpy(hk.addr, p.saddr, 16);
-	if (!bpf_map_lookup_elem(&lace_host_addrs, &hk))
-		return TC_ACT_OK;
-	struct ct_key ck = {};
-	ct_key_of(&ck, port->net_id, &p, 0);
-	struct ct_val v = {.last_seen_ns = bpf_ktime_get_ns()};
-	bpf_map_update_elem(&lace_ct, &ck, &v, BPF_ANY);
-	return TC_ACT_OK;
 }
 
 char __license[] SEC("license") = "GPL";

@@ -44,7 +44,7 @@ enum drop_reason {
 	DROP_NO_ENDPOINT = 4, /* inside a local block but no such pod */
 	DROP_TTL = 5,         /* TTL / hop limit exhausted */
 	DROP_FIB = 6,         /* no underlay route to the SID */
-	DROP_HOST = 7,        /* pod -> host that is not a reply */
+	DROP_HOST = 7,        /* pod -> node that is not an answer */
 	DROP_DECAP_SOURCE = 8, /* SRv6 packet from an unknown node */
 	DROP_DECAP_SID = 9,   /* SID names no known network or behaviour */
 	DROP_DECAP_PROTO = 10, /* SID packet carrying neither IPv4 nor IPv6 */
@@ -121,21 +121,6 @@ struct host_key {
 	__u8 addr[16];
 };
 
-struct ct_key {
-	__u32 net_id;
-	__u8 family;
-	__u8 proto;
-	__u16 pad;
-	__u8 saddr[16];
-	__u8 daddr[16];
-	__u16 sport;
-	__u16 dport;
-};
-
-struct ct_val {
-	__u64 last_seen_ns;
-};
-
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
@@ -202,14 +187,6 @@ struct {
 } lace_host_addrs SEC(".maps"); /* this node's own addresses */
 
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 262144);
-	__type(key, struct ct_key);
-	__type(value, struct ct_val);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} lace_ct SEC(".maps");
-
-struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, DROP_MAX);
 	__type(key, __u32);
@@ -257,6 +234,7 @@ struct pkt {
 	__u8 saddr[16];
 	__u8 daddr[16];
 	__u32 l3_off;
+	__u32 l4_off;
 };
 
 static __always_inline int parse_l4(struct __sk_buff *skb, struct pkt *p, __u32 l4_off)
@@ -288,7 +266,8 @@ static __always_inline int parse_ip(struct __sk_buff *skb, __u16 eth_proto, __u3
 		p->ttl = ip->ttl;
 		__builtin_memcpy(p->saddr, &ip->saddr, 4);
 		__builtin_memcpy(p->daddr, &ip->daddr, 4);
-		return parse_l4(skb, p, l3_off + ip->ihl * 4);
+		p->l4_off = l3_off + ip->ihl * 4;
+		return parse_l4(skb, p, p->l4_off);
 	}
 	if (eth_proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = data + l3_off;
@@ -299,7 +278,8 @@ static __always_inline int parse_ip(struct __sk_buff *skb, __u16 eth_proto, __u3
 		p->ttl = ip6->hop_limit;
 		__builtin_memcpy(p->saddr, &ip6->saddr, 16);
 		__builtin_memcpy(p->daddr, &ip6->daddr, 16);
-		return parse_l4(skb, p, l3_off + sizeof(*ip6));
+		p->l4_off = l3_off + sizeof(*ip6);
+		return parse_l4(skb, p, p->l4_off);
 	}
 	return -1;
 }

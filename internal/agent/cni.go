@@ -131,13 +131,19 @@ func (a *Agent) cmdAdd(ctx context.Context, req cniapi.Request) (json.RawMessage
 	if e, ok := a.cp.get(req.ContainerID); ok && e.Ready {
 		return a.result(conf.CNIVersion, e)
 	}
+	t0 := time.Now()
 	ns, name, uid := req.Args["K8S_POD_NAMESPACE"], req.Args["K8S_POD_NAME"], req.Args["K8S_POD_UID"]
 	if ns == "" || name == "" {
 		return nil, cniErr(errInvalidConfig, "CNI_ARGS lack K8S_POD_NAMESPACE/K8S_POD_NAME")
 	}
+	// The pod is bound to this node, so the node's pod cache knows it; the
+	// API server is asked only when the cache lags behind.
 	var pod corev1.Pod
-	if err := a.reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &pod); err != nil {
-		return nil, cniErr(errTryAgainLater, "get pod %s/%s: %v", ns, name, err)
+	key := types.NamespacedName{Namespace: ns, Name: name}
+	if err := a.client.Get(ctx, key, &pod); err != nil || (uid != "" && string(pod.UID) != uid) {
+		if err := a.reader.Get(ctx, key, &pod); err != nil {
+			return nil, cniErr(errTryAgainLater, "get pod %s/%s: %v", ns, name, err)
+		}
 	}
 	if uid != "" && string(pod.UID) != uid {
 		return nil, cniErr(errTryAgainLater, "pod %s/%s has UID %s, the runtime asked for %s", ns, name, pod.UID, uid)
@@ -188,10 +194,13 @@ func (a *Agent) cmdAdd(ctx context.Context, req cniapi.Request) (json.RawMessage
 		return nil, err
 	}
 
+	t1 := time.Now()
+	t2 := t1
 	res, err := podnet.Setup(podnet.Spec{NodeNS: a.opts.NetNS, PodNS: req.NetNS, HostIf: e.HostIf, PodIf: req.IfName,
 		MTU: a.opts.MTU, Addrs: e.Addrs, Gateways: e.Gateways})
 	if err == nil {
 		e.HostIfIndex, e.HostMAC, e.PodMAC = res.HostIfIndex, res.HostMAC.String(), res.PodMAC.String()
+		t2 = time.Now()
 		err = a.program(e, res)
 	}
 	if err != nil {
@@ -199,15 +208,22 @@ func (a *Agent) cmdAdd(ctx context.Context, req cniapi.Request) (json.RawMessage
 		_ = a.teardown(ctx, e)
 		return nil, fmt.Errorf("attach pod %s/%s: %w", ns, name, err)
 	}
+	t3 := time.Now()
 	e.Ready = true
 	if err := a.cp.put(e); err != nil {
 		return nil, err
 	}
-	if err := a.writeNetworkEndpoint(ctx, &pod, e); err != nil {
-		// The pod works; the record is retried by the next resync.
-		a.log.Info("write NetworkEndpoint failed", "pod", ns+"/"+name, "err", err)
-	}
-	a.log.Info("pod attached", "pod", ns+"/"+name, "network", nw.Name, "addrs", e.Addrs)
+	// The record is written off the runtime's critical path; a failure is
+	// repaired by the next reconcile.
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := a.writeNetworkEndpoint(ctx, &pod, e); err != nil {
+			a.log.Info("write NetworkEndpoint failed", "pod", ns+"/"+name, "err", err)
+		}
+	}()
+	a.log.Info("pod attached", "pod", ns+"/"+name, "network", nw.Name, "addrs", e.Addrs,
+		"api", t1.Sub(t0).String(), "interface", t2.Sub(t1).String(), "datapath", t3.Sub(t2).String(), "total", time.Since(t0).String())
 	return a.result(conf.CNIVersion, e)
 }
 

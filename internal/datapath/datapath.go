@@ -139,12 +139,11 @@ func (d *Datapath) attach(nsPath, ifName string, dir Direction, prog *ebpf.Progr
 	})
 }
 
-// AttachPod attaches from_pod and to_pod to the host side of a pod's veth.
+// AttachPod attaches from_pod to the host side of a pod's veth (ingress:
+// what the pod sends). Nothing is attached on egress: traffic to the pod
+// arrives by bpf_redirect_peer, or from the node's own stack.
 func (d *Datapath) AttachPod(nsPath, hostIf string) error {
-	if err := d.attach(nsPath, hostIf, Ingress, d.pod.FromPod); err != nil {
-		return err
-	}
-	return d.attach(nsPath, hostIf, Egress, d.pod.ToPod)
+	return d.attach(nsPath, hostIf, Ingress, d.pod.FromPod)
 }
 
 // DetachPod removes the pod programs of hostIf. Missing links are fine.

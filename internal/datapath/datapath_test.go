@@ -338,7 +338,7 @@ func TestNodeReachesItsOwnPods(t *testing.T) {
 		t.Error("pod opened a connection to its node")
 	}
 	after, _ := n1.dp.Drops()
-	if after["host-not-reply"] <= before["host-not-reply"] {
-		t.Errorf("host-not-reply drops did not grow")
+	if after["to-node-not-answer"] <= before["to-node-not-answer"] {
+		t.Errorf("to-node-not-answer drops did not grow")
 	}
 }

@@ -287,7 +287,7 @@ func (d *Datapath) HostAddrs() ([]netip.Addr, error) { return listAddrs(d.pod.La
 // DropReasons name the drop counters, in the order of enum drop_reason.
 var DropReasons = []string{
 	"link-local", "spoofed-source", "isolated", "anonymous-network", "no-endpoint", "ttl-exceeded",
-	"no-underlay-route", "host-not-reply", "decap-unknown-source", "decap-unknown-sid",
+	"no-underlay-route", "to-node-not-answer", "decap-unknown-source", "decap-unknown-sid",
 	"decap-bad-protocol", "header-adjust-failed", "unknown-port",
 }
 
@@ -324,7 +324,6 @@ func (d *Datapath) MapSizes() (map[string]int, error) {
 	for name, m := range map[string]*ebpf.Map{
 		"endpoints": d.pod.LaceEndpoints, "ports": d.pod.LacePorts, "routes": d.pod.LaceRoutes,
 		"networks": d.pod.LaceNetworks, "policies": d.pod.LacePolicies, "nodes": d.pod.LaceNodes,
-		"conntrack": d.pod.LaceCt,
 	} {
 		n := 0
 		var k, v []byte

@@ -13,23 +13,6 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-type podCtKey struct {
-	_      structs.HostLayout
-	NetId  uint32
-	Family uint8
-	Proto  uint8
-	Pad    uint16
-	Saddr  [16]uint8
-	Daddr  [16]uint8
-	Sport  uint16
-	Dport  uint16
-}
-
-type podCtVal struct {
-	_          structs.HostLayout
-	LastSeenNs uint64
-}
-
 type podEpKey struct {
 	_      structs.HostLayout
 	NetId  uint32
@@ -100,7 +83,6 @@ type podRouteVal struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	podMapLaceCfg       = "lace_cfg"
-	podMapLaceCt        = "lace_ct"
 	podMapLaceDrops     = "lace_drops"
 	podMapLaceEndpoints = "lace_endpoints"
 	podMapLaceForwarded = "lace_forwarded"
@@ -111,7 +93,6 @@ const (
 	podMapLacePorts     = "lace_ports"
 	podMapLaceRoutes    = "lace_routes"
 	podProgFromPod      = "from_pod"
-	podProgToPod        = "to_pod"
 )
 
 // loadPod returns the embedded CollectionSpec for pod.
@@ -157,7 +138,6 @@ type podSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type podProgramSpecs struct {
 	FromPod *ebpf.ProgramSpec `ebpf:"from_pod"`
-	ToPod   *ebpf.ProgramSpec `ebpf:"to_pod"`
 }
 
 // podMapSpecs contains maps before they are loaded into the kernel.
@@ -165,7 +145,6 @@ type podProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type podMapSpecs struct {
 	LaceCfg       *ebpf.MapSpec `ebpf:"lace_cfg"`
-	LaceCt        *ebpf.MapSpec `ebpf:"lace_ct"`
 	LaceDrops     *ebpf.MapSpec `ebpf:"lace_drops"`
 	LaceEndpoints *ebpf.MapSpec `ebpf:"lace_endpoints"`
 	LaceForwarded *ebpf.MapSpec `ebpf:"lace_forwarded"`
@@ -204,7 +183,6 @@ func (o *podObjects) Close() error {
 // It can be passed to loadPodObjects or ebpf.CollectionSpec.LoadAndAssign.
 type podMaps struct {
 	LaceCfg       *ebpf.Map `ebpf:"lace_cfg"`
-	LaceCt        *ebpf.Map `ebpf:"lace_ct"`
 	LaceDrops     *ebpf.Map `ebpf:"lace_drops"`
 	LaceEndpoints *ebpf.Map `ebpf:"lace_endpoints"`
 	LaceForwarded *ebpf.Map `ebpf:"lace_forwarded"`
@@ -219,7 +197,6 @@ type podMaps struct {
 func (m *podMaps) Close() error {
 	return _PodClose(
 		m.LaceCfg,
-		m.LaceCt,
 		m.LaceDrops,
 		m.LaceEndpoints,
 		m.LaceForwarded,
@@ -243,13 +220,11 @@ type podVariables struct {
 // It can be passed to loadPodObjects or ebpf.CollectionSpec.LoadAndAssign.
 type podPrograms struct {
 	FromPod *ebpf.Program `ebpf:"from_pod"`
-	ToPod   *ebpf.Program `ebpf:"to_pod"`
 }
 
 func (p *podPrograms) Close() error {
 	return _PodClose(
 		p.FromPod,
-		p.ToPod,
 	)
 }
 

@@ -13,23 +13,6 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-type underlayCtKey struct {
-	_      structs.HostLayout
-	NetId  uint32
-	Family uint8
-	Proto  uint8
-	Pad    uint16
-	Saddr  [16]uint8
-	Daddr  [16]uint8
-	Sport  uint16
-	Dport  uint16
-}
-
-type underlayCtVal struct {
-	_          structs.HostLayout
-	LastSeenNs uint64
-}
-
 type underlayEpKey struct {
 	_      structs.HostLayout
 	NetId  uint32
@@ -100,7 +83,6 @@ type underlayRouteVal struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	underlayMapLaceCfg       = "lace_cfg"
-	underlayMapLaceCt        = "lace_ct"
 	underlayMapLaceDrops     = "lace_drops"
 	underlayMapLaceEndpoints = "lace_endpoints"
 	underlayMapLaceForwarded = "lace_forwarded"
@@ -163,7 +145,6 @@ type underlayProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type underlayMapSpecs struct {
 	LaceCfg       *ebpf.MapSpec `ebpf:"lace_cfg"`
-	LaceCt        *ebpf.MapSpec `ebpf:"lace_ct"`
 	LaceDrops     *ebpf.MapSpec `ebpf:"lace_drops"`
 	LaceEndpoints *ebpf.MapSpec `ebpf:"lace_endpoints"`
 	LaceForwarded *ebpf.MapSpec `ebpf:"lace_forwarded"`
@@ -202,7 +183,6 @@ func (o *underlayObjects) Close() error {
 // It can be passed to loadUnderlayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type underlayMaps struct {
 	LaceCfg       *ebpf.Map `ebpf:"lace_cfg"`
-	LaceCt        *ebpf.Map `ebpf:"lace_ct"`
 	LaceDrops     *ebpf.Map `ebpf:"lace_drops"`
 	LaceEndpoints *ebpf.Map `ebpf:"lace_endpoints"`
 	LaceForwarded *ebpf.Map `ebpf:"lace_forwarded"`
@@ -217,7 +197,6 @@ type underlayMaps struct {
 func (m *underlayMaps) Close() error {
 	return _UnderlayClose(
 		m.LaceCfg,
-		m.LaceCt,
 		m.LaceDrops,
 		m.LaceEndpoints,
 		m.LaceForwarded,

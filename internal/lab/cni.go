@@ -48,6 +48,35 @@ func (e *nodeExec) FindInPath(plugin string, paths []string) (string, error) {
 	return invoke.FindInPath(plugin, paths)
 }
 
+// NewNodeCNI returns the CNI runtime side of a node: plugins from binDirs
+// run in the node's namespace nodeNS with the first config of confDir.
+// Benchmarks use it to invoke plugins exactly as the lab kubelet does.
+func NewNodeCNI(nodeNS, confDir, cacheDir string, binDirs []string) *NodeCNI {
+	return newNodeCNI(nodeNS, confDir, cacheDir, binDirs)
+}
+
+// NodeCNI is one node's CNI runtime side.
+type NodeCNI = nodeCNI
+
+// PodRuntimeConf is what a runtime passes for a pod.
+func PodRuntimeConf(containerID, netnsPath, ns, name, uid string) *libcni.RuntimeConf {
+	return podRuntimeConf(containerID, netnsPath, ns, name, uid)
+}
+
+// Add runs CNI ADD and returns the pod's addresses.
+func (n *nodeCNI) Add(ctx context.Context, rt *libcni.RuntimeConf) ([]netip.Addr, error) {
+	return n.add(ctx, rt)
+}
+
+// Del runs CNI DEL.
+func (n *nodeCNI) Del(ctx context.Context, rt *libcni.RuntimeConf) error { return n.del(ctx, rt) }
+
+// WriteBridgeConfig writes the lab's reference bridge config with node i's
+// pod ranges (and nothing else: no routes).
+func WriteBridgeConfig(i int, confDir, ipamDir string) error {
+	return writeBridgeConfList(i, confDir, ipamDir)
+}
+
 // nodeCNI is one node's CNI runtime side: its config directory, plugin
 // path and result cache.
 type nodeCNI struct {
@@ -138,6 +167,28 @@ func (n *nodeCNI) del(ctx context.Context, rt *libcni.RuntimeConf) error {
 // reference bridge and host-local plugins with a per-node range, routed
 // between nodes over the underlay.
 func writeBridgeConfig(c Config, i int, confDir, ipamDir string) error {
+	if err := writeBridgeConfList(i, confDir, ipamDir); err != nil {
+		return err
+	}
+	// Route the other nodes' pod ranges over the underlay.
+	ns := netutil.Path(c.NetNS(c.NodeName(i)))
+	for j := 1; j <= c.Nodes; j++ {
+		if j == i {
+			continue
+		}
+		pv4, pv6 := BridgePodCIDRs(j)
+		gv4, gv6 := NodeUnderlay(j)
+		if err := netutil.EnsureRoute(ns, pv4, gv4, "eth0"); err != nil {
+			return err
+		}
+		if err := netutil.EnsureRoute(ns, pv6, gv6, "eth0"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func writeBridgeConfList(i int, confDir, ipamDir string) error {
 	v4, v6 := BridgePodCIDRs(i)
 	conf := map[string]any{
 		"cniVersion": "1.1.0",
@@ -163,21 +214,6 @@ func writeBridgeConfig(c Config, i int, confDir, ipamDir string) error {
 	}
 	if err := os.WriteFile(filepath.Join(confDir, "10-bridge.conflist"), b, 0o644); err != nil {
 		return fmt.Errorf("write bridge CNI config: %w", err)
-	}
-	// Route the other nodes' pod ranges over the underlay.
-	ns := netutil.Path(c.NetNS(c.NodeName(i)))
-	for j := 1; j <= c.Nodes; j++ {
-		if j == i {
-			continue
-		}
-		pv4, pv6 := BridgePodCIDRs(j)
-		gv4, gv6 := NodeUnderlay(j)
-		if err := netutil.EnsureRoute(ns, pv4, gv4, "eth0"); err != nil {
-			return err
-		}
-		if err := netutil.EnsureRoute(ns, pv6, gv6, "eth0"); err != nil {
-			return err
-		}
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 
 	"github.com/lace-cni/lace/internal/netutil"
 )
@@ -51,48 +52,54 @@ func Setup(s Spec) (Result, error) {
 	}); err != nil {
 		return Result{}, err
 	}
-	host, err := netutil.GetLink(s.NodeNS, s.HostIf)
+	node, err := netutil.OpenNS(s.NodeNS)
 	if err != nil {
 		return Result{}, err
 	}
-	pod, err := netutil.GetLink(s.PodNS, s.PodIf)
+	defer node.Close()
+	podNS, err := netutil.OpenNS(s.PodNS)
+	if err != nil {
+		return Result{}, err
+	}
+	defer podNS.Close()
+	host, hostLink, err := node.Link(s.HostIf)
+	if err != nil {
+		return Result{}, err
+	}
+	pod, podLink, err := podNS.Link(s.PodIf)
 	if err != nil {
 		return Result{}, err
 	}
 	// The pod neither accepts router advertisements nor autoconfigures:
 	// its addresses and routes are the ones given here.
-	for _, kv := range [][2]string{
-		{"net.ipv6.conf." + s.PodIf + ".accept_ra", "0"},
-		{"net.ipv6.conf." + s.PodIf + ".autoconf", "0"},
-	} {
-		_ = netutil.Sysctl(s.PodNS, kv[0], kv[1])
-	}
+	_ = netutil.Do(s.PodNS, func() error {
+		for _, k := range []string{"accept_ra", "autoconf"} {
+			_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+s.PodIf+"/"+k, []byte("0"), 0o644)
+		}
+		return nil
+	})
 	for i, a := range s.Addrs {
 		gw := s.Gateways[i]
-		if err := netutil.EnsureAddr(s.PodNS, s.PodIf, netip.PrefixFrom(a, a.BitLen())); err != nil {
-			return Result{}, err
-		}
-		if err := netutil.EnsureRoute(s.PodNS, netip.PrefixFrom(gw, gw.BitLen()), netip.Addr{}, s.PodIf); err != nil {
-			return Result{}, err
-		}
 		def := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
 		if a.Is6() {
 			def = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
 		}
-		if err := netutil.EnsureRoute(s.PodNS, def, gw, s.PodIf); err != nil {
-			return Result{}, err
-		}
-		if err := netutil.EnsureNeigh(s.PodNS, s.PodIf, gw, host.MAC); err != nil {
-			return Result{}, err
-		}
-		// The node reaches its own pods (probes); nothing else routes here.
-		// The pod's MAC is a permanent neighbour too: the pod's ARP and ND
-		// answers never leave it.
-		if err := netutil.EnsureRoute(s.NodeNS, netip.PrefixFrom(a, a.BitLen()), netip.Addr{}, s.HostIf); err != nil {
-			return Result{}, err
-		}
-		if err := netutil.EnsureNeigh(s.NodeNS, s.HostIf, a, pod.MAC); err != nil {
-			return Result{}, err
+		// The pod: its address, its gateway on the link, a default route
+		// and the gateway as a permanent neighbour (the host side's MAC).
+		// The node reaches its own pods (probes) and nothing else routes
+		// here; the pod's MAC is a permanent neighbour there too, so ARP
+		// and ND never cross the veth.
+		for _, step := range []func() error{
+			func() error { return podNS.ReplaceAddr(podLink, netip.PrefixFrom(a, a.BitLen())) },
+			func() error { return podNS.ReplaceRoute(podLink, netip.PrefixFrom(gw, gw.BitLen()), netip.Addr{}) },
+			func() error { return podNS.ReplaceRoute(podLink, def, gw) },
+			func() error { return podNS.SetNeigh(podLink, gw, host.MAC) },
+			func() error { return node.ReplaceRoute(hostLink, netip.PrefixFrom(a, a.BitLen()), netip.Addr{}) },
+			func() error { return node.SetNeigh(hostLink, a, pod.MAC) },
+		} {
+			if err := step(); err != nil {
+				return Result{}, err
+			}
 		}
 	}
 	return Result{HostIfIndex: host.Index, HostMAC: host.MAC, PodMAC: pod.MAC}, nil
