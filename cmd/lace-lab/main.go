@@ -28,7 +28,7 @@ commands:
   status [--name N]                       show nodes and processes
   kubeconfig [--name N]                   print the path of the lab's kubeconfig
   exec [--name N] TARGET -- CMD...        run CMD in NAMESPACE/POD, node/NODE or external
-  restart [--name N] agent/NODE|controller
+  restart|stop|start [--name N] agent/NODE|controller
   demo [--name N]                         two networks, pods on every node, a reachability matrix
 `
 
@@ -156,11 +156,11 @@ func run(ctx context.Context, args []string, out io.Writer) (int, error) {
 		return 0, nil
 	case "demo":
 		return 0, lab.Demo(ctx, cfg, out)
-	case "restart":
+	case "restart", "stop", "start":
 		if len(rest) != 1 {
-			return 2, errors.New("usage: lace-lab restart agent/NODE|controller")
+			return 2, fmt.Errorf("usage: lace-lab %s agent/NODE|controller", cmd)
 		}
-		return 0, lab.Restart(cfg, rest[0])
+		return 0, lab.Control(cfg, cmd, rest[0])
 	}
 	return 2, fmt.Errorf("unknown command %q\n%s", cmd, usage)
 }

@@ -323,9 +323,9 @@ func tailFile(path string, n int) string {
 	return string(b)
 }
 
-// Restart asks the lab daemon to restart a Lace component.
-func Restart(c Config, target string) error {
-	resp, err := controlClient(c).Post("http://lab/restart?target="+target, "", nil)
+// Control asks the lab daemon to stop, start or restart a Lace component.
+func Control(c Config, action, target string) error {
+	resp, err := controlClient(c).Post("http://lab/"+action+"?target="+target, "", nil)
 	if err != nil {
 		return fmt.Errorf("lab %s is not running: %w", c.Name, err)
 	}

@@ -71,6 +71,20 @@ func (n *nodeCNI) Add(ctx context.Context, rt *libcni.RuntimeConf) ([]netip.Addr
 // Del runs CNI DEL.
 func (n *nodeCNI) Del(ctx context.Context, rt *libcni.RuntimeConf) error { return n.del(ctx, rt) }
 
+// GC runs CNI GC: every attachment not in valid (container IDs, eth0) is
+// removed.
+func (n *nodeCNI) GC(ctx context.Context, valid []string) error {
+	list, err := n.confList()
+	if err != nil {
+		return err
+	}
+	args := &libcni.GCArgs{}
+	for _, id := range valid {
+		args.ValidAttachments = append(args.ValidAttachments, types.GCAttachment{ContainerID: id, IfName: "eth0"})
+	}
+	return n.cni.GCNetworkList(ctx, list, args)
+}
+
 // WriteBridgeConfig writes the lab's reference bridge config with node i's
 // pod ranges (and nothing else: no routes).
 func WriteBridgeConfig(i int, confDir, ipamDir string) error {

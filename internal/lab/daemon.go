@@ -388,8 +388,8 @@ func (d *daemon) serveControl() (*http.Server, error) {
 		d.once.Do(func() { close(d.shutdown) })
 		w.WriteHeader(http.StatusAccepted)
 	})
-	mux.HandleFunc("POST /restart", func(w http.ResponseWriter, r *http.Request) {
-		if err := d.restart(r.URL.Query().Get("target")); err != nil {
+	mux.HandleFunc("POST /{action}", func(w http.ResponseWriter, r *http.Request) {
+		if err := d.control(r.PathValue("action"), r.URL.Query().Get("target")); err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
@@ -404,15 +404,30 @@ func (d *daemon) serveControl() (*http.Server, error) {
 	return srv, nil
 }
 
-// restart restarts a Lace component of the lab (agent/NODE or controller).
-func (d *daemon) restart(target string) error {
+// control stops, starts or restarts a Lace component of the lab
+// (agent/NODE or controller). Stopping a stopped one, or starting a running
+// one, is a no-op.
+func (d *daemon) control(action, target string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, c := range d.components {
 		if c.name != target {
 			continue
 		}
-		c.proc.Stop(10 * time.Second)
+		switch action {
+		case "stop":
+			c.proc.Stop(10 * time.Second)
+			d.log.Info("stopped", "component", target)
+			return nil
+		case "start":
+			if !c.proc.Exited() {
+				return nil
+			}
+		case "restart":
+			c.proc.Stop(10 * time.Second)
+		default:
+			return fmt.Errorf("unknown action %q", action)
+		}
 		if err := c.start(); err != nil {
 			return err
 		}
@@ -421,7 +436,7 @@ func (d *daemon) restart(target string) error {
 				d.procs[i] = c.proc
 			}
 		}
-		d.log.Info("restarted", "component", target)
+		d.log.Info(action+"ed", "component", target)
 		return nil
 	}
 	return fmt.Errorf("no component %q in lab %s (agent/NODE or controller)", target, d.cfg.Name)

@@ -18,6 +18,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
@@ -50,6 +53,8 @@ type kubelet struct {
 	statusMu  sync.Mutex
 	statusDue map[string]bool
 	statusCh  chan struct{}
+
+	recorder record.EventRecorder
 }
 
 func newKubelet(cfg Config, i int, client kubernetes.Interface, apiPort int, log *slog.Logger) *kubelet {
@@ -62,6 +67,9 @@ func newKubelet(cfg Config, i int, client kubernetes.Interface, apiPort int, log
 	}
 	k.cni = newNodeCNI(k.nodeNS, filepath.Join(dataDir, "net.d"), filepath.Join(dataDir, "cni-cache"), []string{cfg.CNIBinDir, cfg.cniPluginDir()})
 	k.nodeHTTP = nodeHTTPClient(k.nodeNS)
+	bc := record.NewBroadcaster()
+	bc.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	k.recorder = bc.NewRecorder(clientgoscheme.Scheme, corev1.EventSource{Component: "kubelet", Host: node})
 	return k
 }
 
@@ -96,6 +104,7 @@ func (k *kubelet) run(ctx context.Context) error {
 		return fmt.Errorf("pod cache of node %s did not sync", k.node)
 	}
 	go k.statusLoop(ctx)
+	go k.garbageCollect(ctx)
 	workers := sync.WaitGroup{}
 	for range 4 {
 		workers.Add(1)
@@ -213,6 +222,7 @@ func (k *kubelet) sync(ctx context.Context, key string) error {
 	}
 	if !p.started() {
 		if err := p.start(ctx); err != nil {
+			k.recorder.Eventf(obj, corev1.EventTypeWarning, "FailedCreatePodSandBox", "Failed to create pod sandbox: %v", err)
 			return err
 		}
 		k.log.Info("pod started", "pod", key)
@@ -429,4 +439,25 @@ func (k *kubelet) lookup(ns, name string, uid types.UID) (*pod, error) {
 		return nil, fmt.Errorf("pod %s/%s is not running on node %s", ns, name, k.node)
 	}
 	return p, nil
+}
+
+// garbageCollect runs CNI GC every two minutes with the pods the kubelet
+// runs, as container runtimes do, so attachments whose DEL was lost do not
+// linger.
+func (k *kubelet) garbageCollect(ctx context.Context) {
+	for sleepCtx(ctx, 2*time.Minute) {
+		k.mu.Lock()
+		valid := make([]string, 0, len(k.pods))
+		for _, p := range k.pods {
+			if !p.snapshot().Spec.HostNetwork {
+				valid = append(valid, p.uid)
+			}
+		}
+		k.mu.Unlock()
+		gcCtx, cancel := context.WithTimeout(ctx, time.Minute)
+		if err := k.cni.GC(gcCtx, valid); err != nil && ctx.Err() == nil {
+			k.log.Info("CNI GC failed", "err", err)
+		}
+		cancel()
+	}
 }

@@ -507,3 +507,7 @@ func nodeResidue(t *testing.T) map[string]residue {
 	}
 	return out
 }
+
+type crObject = crclient.Object
+
+func crKey(name string) crclient.ObjectKey { return crclient.ObjectKey{Name: name} }

@@ -1,0 +1,218 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/utils/ptr"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/lab"
+	"github.com/lace-cni/lace/internal/netutil"
+)
+
+// residueMatchesPods waits until every node holds exactly what its pods
+// need (no leftover veth, map entry or checkpointed address).
+func residueMatchesPods(t *testing.T, what string) {
+	t.Helper()
+	ctx := context.Background()
+	eventually(t, 45*time.Second, what, func() error {
+		pods, err := client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		want := map[string]residue{}
+		for _, p := range pods.Items {
+			if p.Spec.HostNetwork || p.Spec.NodeName == "" || len(p.Status.PodIPs) == 0 {
+				continue
+			}
+			r := want[p.Spec.NodeName]
+			r.Veths++
+			r.Ports++
+			r.Checkpointed++
+			r.Endpoints += len(p.Status.PodIPs)
+			want[p.Spec.NodeName] = r
+		}
+		for node, g := range nodeResidue(t) {
+			if g != want[node] {
+				return fmt.Errorf("node %s holds %+v, its pods need %+v", node, g, want[node])
+			}
+		}
+		return nil
+	})
+}
+
+// TestAgentCleansUpAfterDowntime deletes a pod while its node's agent is
+// stopped (CNI DEL cannot reach it and succeeds anyway, so deletion is not
+// blocked); the agent, once back, removes the pod's interface, map entries
+// and addresses.
+func TestAgentCleansUpAfterDowntime(t *testing.T) {
+	needLab(t)
+	ctx := context.Background()
+	p := netPod(t, "orphan", "default", "n2", true)
+	if out, err := labCmd("stop", "agent/n2").CombinedOutput(); err != nil {
+		t.Fatalf("stop agent: %v %s", err, out)
+	}
+	started := false
+	defer func() {
+		if !started {
+			_ = labCmd("start", "agent/n2").Run()
+		}
+	}()
+	if err := client.CoreV1().Pods("default").Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "pod deleted without its agent", func() error {
+		if _, err := client.CoreV1().Pods("default").Get(ctx, p.Name, metav1.GetOptions{}); err == nil {
+			return fmt.Errorf("still there")
+		}
+		return nil
+	})
+	// The agent is down: the pod's veth is still on the node.
+	if r := nodeResidue(t)["n2"]; r.Checkpointed == 0 {
+		t.Fatalf("nothing left on n2 while its agent was down (%+v); the test proves nothing", r)
+	}
+	if out, err := labCmd("start", "agent/n2").CombinedOutput(); err != nil {
+		t.Fatalf("start agent: %v %s", err, out)
+	}
+	started = true
+	residueMatchesPods(t, "restarted agent removed the deleted pod's endpoint")
+}
+
+// TestCNIGarbageCollection attaches a container behind the kubelet's back
+// (a lost DEL looks the same) and runs CNI GC through lace-cni with the
+// kubelet's real containers as the valid list: the stray attachment goes,
+// the real ones stay.
+func TestCNIGarbageCollection(t *testing.T) {
+	needLab(t)
+	ctx := context.Background()
+	netPod(t, "gc-keep", "default", "n3", true)
+	stray, err := client.CoreV1().Pods("default").Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "gc-stray"},
+		Spec: corev1.PodSpec{SchedulerName: "lace-e2e-unscheduled",
+			Containers: []corev1.Container{{Name: "pause", Image: "registry.k8s.io/pause:3.10"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.CoreV1().Pods("default").Delete(ctx, "gc-stray", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	c := lab.Config{Name: labName, StateRoot: lab.DefaultStateRoot}
+	netns := labName + "-p-" + string(uuid.NewUUID())
+	if err := netutil.CreateNamed(netns); err != nil {
+		t.Fatal(err)
+	}
+	defer netutil.DeleteNamed(netns)
+	nodeDir := filepath.Join(c.StateDir(), "nodes", "n3")
+	cni := lab.NewNodeCNI(c.NetNS("n3"), filepath.Join(nodeDir, "net.d"), t.TempDir(), []string{filepath.Join(c.StateDir(), "cni-bin")})
+	addrs, err := cni.Add(ctx, lab.PodRuntimeConf("stray-"+string(stray.UID), netutil.Path(netns), "default", "gc-stray", string(stray.UID)))
+	if err != nil {
+		t.Fatalf("ADD behind the kubelet's back: %v", err)
+	}
+	t.Logf("stray attachment got %v", addrs)
+
+	pods, err := client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=n3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var valid []string
+	for _, p := range pods.Items {
+		valid = append(valid, string(p.UID)) // the lab kubelet's container ID
+	}
+	before := nodeResidue(t)["n3"]
+	if err := cni.GC(ctx, valid); err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	after := nodeResidue(t)["n3"]
+	if after.Checkpointed != before.Checkpointed-1 || after.Veths != before.Veths-1 {
+		t.Errorf("GC left n3 at %+v (before %+v); want exactly the stray attachment removed", after, before)
+	}
+	residueMatchesPods(t, "n3 holds only its pods after GC")
+}
+
+// TestCNIErrorsAreReported checks the messages an operator sees when a pod
+// cannot be attached: no binding policy, or no free address.
+func TestCNIErrorsAreReported(t *testing.T) {
+	needLab(t)
+	ctx := context.Background()
+	c := laceClient(t)
+
+	// A block of /30 holds one pod per node.
+	small := &lacev1.Network{ObjectMeta: metav1.ObjectMeta{Name: "tiny30"}, Spec: lacev1.NetworkSpec{Type: lacev1.NetworkTypeL3,
+		IPv4Subnet: &lacev1.Subnet{Prefix: "10.98.0.0/24", HostLocalPrefixLength: ptr.To[int32](30)}}}
+	pol := &lacev1.NetworkBindingPolicy{ObjectMeta: metav1.ObjectMeta{Name: "e2e-tiny30"}, Spec: lacev1.NetworkBindingPolicySpec{
+		Network: "tiny30", Priority: 10, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"net": "tiny30"}}}}
+	for _, o := range []crObject{small, pol} {
+		if err := c.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+		defer c.Delete(context.Background(), o)
+	}
+	netPod(t, "tiny-1", "tiny30", "n1", true)
+	p := netexecPod("tiny-2", "n1")
+	p.Labels["net"] = "tiny30"
+	if _, err := client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	defer client.CoreV1().Pods("default").Delete(ctx, "tiny-2", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	waitEvent(t, "tiny-2", "network tiny30 has no free address on node n1")
+
+	// Without the catch-all policy a pod matches nothing.
+	var catchAll lacev1.NetworkBindingPolicy
+	if err := c.Get(ctx, crKey("default"), &catchAll); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, &catchAll); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		catchAll.ResourceVersion = ""
+		if err := c.Create(context.Background(), &catchAll); err != nil {
+			t.Errorf("restore the catch-all policy: %v", err)
+		}
+	}()
+	time.Sleep(time.Second) // the agents' caches see the deletion
+	q := netexecPod("unbound", "n2")
+	if _, err := client.CoreV1().Pods("default").Create(ctx, q, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	defer client.CoreV1().Pods("default").Delete(ctx, "unbound", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	waitEvent(t, "unbound", "no NetworkBindingPolicy matches pod default/unbound")
+}
+
+// waitEvent waits for a Warning event about pod whose message contains msg,
+// and for the pod to report the same in its status.
+func waitEvent(t *testing.T, pod, msg string) {
+	t.Helper()
+	ctx := context.Background()
+	eventually(t, 45*time.Second, fmt.Sprintf("event %q on %s", msg, pod), func() error {
+		evs, err := client.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod})
+		if err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if e.Type == corev1.EventTypeWarning && strings.Contains(e.Message, msg) {
+				return nil
+			}
+		}
+		return fmt.Errorf("%d events, none says %q", len(evs.Items), msg)
+	})
+	eventually(t, 30*time.Second, "pod status naming the cause", func() error {
+		p, err := client.CoreV1().Pods("default").Get(ctx, pod, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, s := range p.Status.ContainerStatuses {
+			if s.State.Waiting != nil && strings.Contains(s.State.Waiting.Message, msg) {
+				return nil
+			}
+		}
+		return fmt.Errorf("statuses %+v", p.Status.ContainerStatuses)
+	})
+}
