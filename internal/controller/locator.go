@@ -7,7 +7,6 @@ import (
 	"sort"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
@@ -76,17 +75,16 @@ func (r *LocatorReconciler) Reconcile(ctx context.Context, _ reconcile.Request) 
 	for i := range ueps.Items {
 		u := &ueps.Items[i]
 		if nodeByName[u.Name] == nil {
-			var n corev1.Node
-			err := r.APIReader.Get(ctx, types.NamespacedName{Name: u.Name}, &n)
-			if apierrors.IsNotFound(err) {
+			gone, err := nodeGone(ctx, r.APIReader, u.Name)
+			if err != nil {
+				return reconcile.Result{}, err
+			}
+			if gone {
 				logger.Info("removing underlay endpoint of removed node", "node", u.Name)
 				if err := r.Client.Delete(ctx, u); client.IgnoreNotFound(err) != nil {
 					return reconcile.Result{}, fmt.Errorf("delete underlay endpoint %s: %w", u.Name, err)
 				}
 				continue
-			}
-			if err != nil {
-				return reconcile.Result{}, fmt.Errorf("get node %s: %w", u.Name, err)
 			}
 		}
 		pfx, err := netip.ParsePrefix(string(u.Spec.Locator))

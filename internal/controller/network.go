@@ -295,7 +295,7 @@ func (r *NetworkReconciler) allocateBlocks(ctx context.Context, nw *lacev1.Netwo
 		case haveBlock[a.Spec.Node]:
 			reason = "node already has an allocation of this network"
 		case nodeByName[a.Spec.Node] == nil:
-			gone, err := r.nodeGone(ctx, a.Spec.Node)
+			gone, err := nodeGone(ctx, r.APIReader, a.Spec.Node)
 			if err != nil {
 				return reconcile.Result{}, err
 			}
@@ -493,9 +493,9 @@ func (r *NetworkReconciler) listAllocations(ctx context.Context, network string)
 
 // nodeGone confirms with the API server that a node the cache does not know
 // really is gone: blocks are never released because a cache missed a node.
-func (r *NetworkReconciler) nodeGone(ctx context.Context, name string) (bool, error) {
+func nodeGone(ctx context.Context, reader client.Reader, name string) (bool, error) {
 	var n corev1.Node
-	err := r.APIReader.Get(ctx, types.NamespacedName{Name: name}, &n)
+	err := reader.Get(ctx, types.NamespacedName{Name: name}, &n)
 	switch {
 	case apierrors.IsNotFound(err):
 		return true, nil

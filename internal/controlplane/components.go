@@ -11,17 +11,7 @@ import (
 // replica sets, endpoint slices, garbage collection, node lifecycle, service
 // accounts) are what make the lab behave like a cluster.
 func (cp *ControlPlane) StartControllerManager(extra ...string) (*Process, error) {
-	kc := filepath.Join(cp.Opts.Dir, "kube-controller-manager.kubeconfig")
-	if err := cp.WriteKubeconfig(kc, "system:kube-controller-manager", []string{"system:masters"}); err != nil {
-		return nil, err
-	}
-	args := append([]string{
-		"--kubeconfig=" + kc,
-		"--authentication-kubeconfig=" + kc,
-		"--authorization-kubeconfig=" + kc,
-		"--bind-address=127.0.0.1",
-		"--secure-port=0",
-		"--leader-elect=false",
+	return cp.startComponent("kube-controller-manager", "system:kube-controller-manager", append([]string{
 		"--use-service-account-credentials=false",
 		"--service-account-private-key-file=" + cp.PKI.SAKey,
 		"--root-ca-file=" + cp.PKI.CACert,
@@ -30,23 +20,22 @@ func (cp *ControlPlane) StartControllerManager(extra ...string) (*Process, error
 		"--service-cluster-ip-range=" + cp.Opts.ServiceCIDRs,
 		"--controllers=*,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller",
 		"--node-monitor-grace-period=40s",
-		"--v=1",
-	}, extra...)
-	p, err := StartProcess("kube-controller-manager", filepath.Join(cp.Opts.BinDir, "kube-controller-manager"), args,
-		filepath.Join(cp.Opts.Dir, "logs", "kube-controller-manager.log"))
-	if err != nil {
-		return nil, err
-	}
-	return p, cp.checkAlive(p)
+	}, extra...))
 }
 
 // StartScheduler runs kube-scheduler against the control plane.
 func (cp *ControlPlane) StartScheduler(extra ...string) (*Process, error) {
-	kc := filepath.Join(cp.Opts.Dir, "kube-scheduler.kubeconfig")
-	if err := cp.WriteKubeconfig(kc, "system:kube-scheduler", []string{"system:masters"}); err != nil {
+	return cp.startComponent("kube-scheduler", "system:kube-scheduler", extra)
+}
+
+// startComponent runs a Kubernetes component with its own kubeconfig (user
+// in system:masters), serving nothing, without leader election.
+func (cp *ControlPlane) startComponent(name, user string, args []string) (*Process, error) {
+	kc := filepath.Join(cp.Opts.Dir, name+".kubeconfig")
+	if err := cp.WriteKubeconfig(kc, user, []string{"system:masters"}); err != nil {
 		return nil, err
 	}
-	args := append([]string{
+	args = append([]string{
 		"--kubeconfig=" + kc,
 		"--authentication-kubeconfig=" + kc,
 		"--authorization-kubeconfig=" + kc,
@@ -54,9 +43,8 @@ func (cp *ControlPlane) StartScheduler(extra ...string) (*Process, error) {
 		"--secure-port=0",
 		"--leader-elect=false",
 		"--v=1",
-	}, extra...)
-	p, err := StartProcess("kube-scheduler", filepath.Join(cp.Opts.BinDir, "kube-scheduler"), args,
-		filepath.Join(cp.Opts.Dir, "logs", "kube-scheduler.log"))
+	}, args...)
+	p, err := StartProcess(name, filepath.Join(cp.Opts.BinDir, name), args, filepath.Join(cp.Opts.Dir, "logs", name+".log"))
 	if err != nil {
 		return nil, err
 	}

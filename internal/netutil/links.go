@@ -109,54 +109,31 @@ func EnsureVeth(s VethSpec) error {
 }
 
 // EnsureAddr adds prefix (an address with its prefix length) to link in the
-// namespace at nsPath. IPv6 addresses skip duplicate address detection: the
-// lab assigns them uniquely and waiting for DAD only slows everything down.
+// namespace at nsPath. IPv6 addresses skip duplicate address detection: Lace
+// assigns them uniquely and waiting for DAD only slows everything down.
 func EnsureAddr(nsPath, link string, prefix netip.Prefix) error {
-	h, err := Handle(nsPath)
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	l, err := h.LinkByName(link)
-	if err != nil {
-		return fmt.Errorf("find %s: %w", link, err)
-	}
-	addr := &netlink.Addr{IPNet: &net.IPNet{IP: prefix.Addr().AsSlice(), Mask: net.CIDRMask(prefix.Bits(), prefix.Addr().BitLen())}}
-	if prefix.Addr().Is6() {
-		addr.Flags = unix.IFA_F_NODAD
-	}
-	if err := h.AddrReplace(l, addr); err != nil {
-		return fmt.Errorf("add %s to %s: %w", prefix, link, err)
-	}
-	return nil
+	return withLink(nsPath, link, func(n *NS, l netlink.Link) error { return n.ReplaceAddr(l, prefix) })
 }
 
-// EnsureRoute installs dst via gw (out of link when set) in the namespace at
-// nsPath, replacing a route to the same destination.
+// EnsureRoute installs dst via gw (a device route when gw is invalid) out
+// of link in the namespace at nsPath, replacing a route to the same
+// destination.
 func EnsureRoute(nsPath string, dst netip.Prefix, gw netip.Addr, link string) error {
-	h, err := Handle(nsPath)
+	return withLink(nsPath, link, func(n *NS, l netlink.Link) error { return n.ReplaceRoute(l, dst, gw) })
+}
+
+// withLink runs f with a handle in the namespace at nsPath and the link.
+func withLink(nsPath, link string, f func(*NS, netlink.Link) error) error {
+	n, err := OpenNS(nsPath)
 	if err != nil {
 		return err
 	}
-	defer h.Close()
-	r := &netlink.Route{Dst: &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(dst.Bits(), dst.Addr().BitLen())}}
-	if gw.IsValid() {
-		r.Gw = gw.AsSlice()
-	} else {
-		// A device route: the destination is on the link itself.
-		r.Scope = netlink.SCOPE_LINK
+	defer n.Close()
+	_, l, err := n.Link(link)
+	if err != nil {
+		return err
 	}
-	if link != "" {
-		l, err := h.LinkByName(link)
-		if err != nil {
-			return fmt.Errorf("find %s: %w", link, err)
-		}
-		r.LinkIndex = l.Attrs().Index
-	}
-	if err := h.RouteReplace(r); err != nil {
-		return fmt.Errorf("route %s via %s: %w", dst, gw, err)
-	}
-	return nil
+	return f(n, l)
 }
 
 // LinkInfo is what callers need to know of a link.
@@ -167,16 +144,13 @@ type LinkInfo struct {
 
 // GetLink returns the index and MAC of link name in the namespace at nsPath.
 func GetLink(nsPath, name string) (LinkInfo, error) {
-	h, err := Handle(nsPath)
+	n, err := OpenNS(nsPath)
 	if err != nil {
 		return LinkInfo{}, err
 	}
-	defer h.Close()
-	l, err := h.LinkByName(name)
-	if err != nil {
-		return LinkInfo{}, fmt.Errorf("find %s: %w", name, err)
-	}
-	return LinkInfo{Index: l.Attrs().Index, MAC: l.Attrs().HardwareAddr}, nil
+	defer n.Close()
+	info, _, err := n.Link(name)
+	return info, err
 }
 
 // DeleteLink removes link name from the namespace at nsPath. A missing
@@ -200,28 +174,6 @@ func DeleteLink(nsPath, name string) error {
 	}
 	if err := h.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
 		return fmt.Errorf("delete %s: %w", name, err)
-	}
-	return nil
-}
-
-// EnsureNeigh installs a permanent neighbour entry ip -> mac on link.
-func EnsureNeigh(nsPath, link string, ip netip.Addr, mac net.HardwareAddr) error {
-	h, err := Handle(nsPath)
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	l, err := h.LinkByName(link)
-	if err != nil {
-		return fmt.Errorf("find %s: %w", link, err)
-	}
-	fam := unix.AF_INET
-	if ip.Is6() {
-		fam = unix.AF_INET6
-	}
-	n := &netlink.Neigh{LinkIndex: l.Attrs().Index, Family: fam, State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: mac}
-	if err := h.NeighSet(n); err != nil {
-		return fmt.Errorf("neighbour %s on %s: %w", ip, link, err)
 	}
 	return nil
 }

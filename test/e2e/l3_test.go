@@ -440,32 +440,7 @@ func TestHundredPodsLeaveNothing(t *testing.T) {
 		return nil
 	})
 	t.Logf("100 pods created and deleted in %s", time.Since(start).Round(time.Second))
-	// Every node holds exactly what its remaining pods need.
-	eventually(t, 30*time.Second, "node state matching the remaining pods", func() error {
-		pods, err := client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return err
-		}
-		want := map[string]residue{}
-		for _, p := range pods.Items {
-			if p.Spec.HostNetwork || p.Spec.NodeName == "" || len(p.Status.PodIPs) == 0 {
-				continue
-			}
-			r := want[p.Spec.NodeName]
-			r.Veths++
-			r.Ports++
-			r.Checkpointed++
-			r.Endpoints += len(p.Status.PodIPs)
-			want[p.Spec.NodeName] = r
-		}
-		got := nodeResidue(t)
-		for node, g := range got {
-			if g != want[node] {
-				return fmt.Errorf("node %s holds %+v, its pods need %+v", node, g, want[node])
-			}
-		}
-		return nil
-	})
+	residueMatchesPods(t, "node state matching the remaining pods")
 }
 
 // residue is what a node holds per pod: veths, map entries, checkpointed
