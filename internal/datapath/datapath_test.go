@@ -114,6 +114,29 @@ func TestL3Forwarding(t *testing.T) {
 		t.Errorf("anonymous-network drops did not grow: %d -> %d", before1["anonymous-network"], after1["anonymous-network"])
 	}
 
+	// Anti-spoofing: a pod sending from an address that is not its own is
+	// dropped, even toward a pod of its own network.
+	forged := netip.MustParseAddr("10.40.1.99")
+	must(t, netutil.EnsureAddr(netutil.Path(a.ns), "eth0", netip.PrefixFrom(forged, 32)))
+	spoofBefore, _ := n1.dp.Drops()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	dialer := net.Dialer{LocalAddr: &net.TCPAddr{IP: forged.AsSlice()}}
+	var conn net.Conn
+	err := netutil.Do(netutil.Path(a.ns), func() error {
+		var err error
+		conn, err = dialer.DialContext(ctx, "tcp", netip.AddrPortFrom(c.v4, 7).String())
+		return err
+	})
+	if err == nil {
+		conn.Close()
+		t.Error("a connection from a forged source address was established")
+	}
+	spoofAfter, _ := n1.dp.Drops()
+	if spoofAfter["spoofed-source"] <= spoofBefore["spoofed-source"] {
+		t.Errorf("spoofed-source drops did not grow")
+	}
+
 	// A self policy opens an anonymous network to itself.
 	for _, n := range w.nodes {
 		must(t, n.dp.UpsertPolicy(datapath.Policy{Src: 3, Dst: 3}))
