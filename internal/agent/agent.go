@@ -91,6 +91,8 @@ type Agent struct {
 	ownAddrs []netip.Addr
 	// addLock serialises address allocation.
 	addLock sync.Mutex
+	// statusKick asks reportStatus for an early report.
+	statusKick chan struct{}
 }
 
 var nodeKey = reconcile.Request{}
@@ -127,7 +129,7 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		return nil, fmt.Errorf("create manager: %w", err)
 	}
 	a := &Agent{opts: o, log: log.With("node", o.NodeName), mgr: mgr, client: mgr.GetClient(), reader: mgr.GetAPIReader(),
-		recorder: mgr.GetEventRecorderFor("lace-agent/" + o.NodeName), dp: dp, cp: cp}
+		recorder: mgr.GetEventRecorderFor("lace-agent/" + o.NodeName), dp: dp, cp: cp, statusKick: make(chan struct{}, 1)}
 	toNode := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{nodeKey}
 	})

@@ -100,8 +100,10 @@ func (a *Agent) serveCNI(ctx context.Context) error {
 func (a *Agent) handle(ctx context.Context, req cniapi.Request) (json.RawMessage, error) {
 	switch req.Command {
 	case "ADD":
+		defer a.kickStatus()
 		return a.cmdAdd(ctx, req)
 	case "DEL":
+		defer a.kickStatus()
 		return nil, a.cmdDel(ctx, req)
 	case "CHECK":
 		return nil, a.cmdCheck(req)
@@ -200,8 +202,12 @@ func (a *Agent) cmdAdd(ctx context.Context, req cniapi.Request) (json.RawMessage
 		MTU: a.opts.MTU, Addrs: e.Addrs, Gateways: e.Gateways})
 	if err == nil {
 		e.HostIfIndex, e.HostMAC, e.PodMAC = res.HostIfIndex, res.HostMAC.String(), res.PodMAC.String()
-		t2 = time.Now()
-		err = a.program(e, res)
+		// Record the interface before programming it, so that a reconcile
+		// running meanwhile knows the port is this ADD's.
+		if err = a.cp.put(e); err == nil {
+			t2 = time.Now()
+			err = a.program(e, res)
+		}
 	}
 	if err != nil {
 		// Leave nothing half-made: the runtime will DEL and retry.

@@ -16,7 +16,9 @@ import (
 // UnderlayEndpoint's status (what lacectl status shows).
 const statusPeriod = 10 * time.Second
 
-// reportStatus publishes the data plane summary until ctx ends.
+// reportStatus publishes the data plane summary every statusPeriod, and
+// soon after each change of the node's endpoints (at most once a second),
+// until ctx ends.
 func (a *Agent) reportStatus(ctx context.Context) error {
 	t := time.NewTicker(statusPeriod)
 	defer t.Stop()
@@ -28,7 +30,28 @@ func (a *Agent) reportStatus(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		case <-a.statusKick:
+			if !sleepCtx(ctx, time.Second) {
+				return nil
+			}
 		}
+	}
+}
+
+// kickStatus asks for an early status report.
+func (a *Agent) kickStatus() {
+	select {
+	case a.statusKick <- struct{}{}:
+	default:
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
 	}
 }
 

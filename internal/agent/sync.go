@@ -179,11 +179,19 @@ func (a *Agent) apply(st model.NodeState) error {
 	}
 
 	// Endpoints and ports follow the checkpoint (they survive restarts in
-	// the pinned maps; this repairs them if the maps were lost).
+	// the pinned maps; this repairs them if the maps were lost). Entries an
+	// ADD or DEL is working on (not Ready) are neither written nor removed
+	// here: that ADD or DEL owns them.
 	var wantEps []datapath.Endpoint
 	var wantPorts []datapath.Port
+	busyEps := map[string]bool{}
+	busyPorts := map[uint32]bool{}
 	for _, e := range a.cp.all() {
 		if !e.Ready {
+			for _, ad := range e.Addrs {
+				busyEps[fmt.Sprint(e.NetID, ad)] = true
+			}
+			busyPorts[uint32(e.HostIfIndex)] = true
 			continue
 		}
 		pm, _ := net.ParseMAC(e.PodMAC)
@@ -201,16 +209,30 @@ func (a *Agent) apply(st model.NodeState) error {
 	}
 	curEps, err := a.dp.Endpoints()
 	errs = append(errs, err, syncList(curEps, wantEps, func(e datapath.Endpoint) string { return fmt.Sprint(e.NetID, e.Addr) },
-		a.dp.UpsertEndpoint, func(e datapath.Endpoint) error { return a.dp.DeleteEndpoint(e.NetID, e.Addr) }))
+		a.dp.UpsertEndpoint, func(e datapath.Endpoint) error {
+			if busyEps[fmt.Sprint(e.NetID, e.Addr)] {
+				return nil
+			}
+			return a.dp.DeleteEndpoint(e.NetID, e.Addr)
+		}))
 	curPorts, err := a.dp.Ports()
 	errs = append(errs, err, syncList(curPorts, wantPorts, func(p datapath.Port) uint32 { return p.IfIndex },
-		a.dp.UpsertPort, func(p datapath.Port) error { return a.dp.DeletePort(p.IfIndex) }))
+		a.dp.UpsertPort, func(p datapath.Port) error {
+			if busyPorts[p.IfIndex] {
+				return nil
+			}
+			return a.dp.DeletePort(p.IfIndex)
+		}))
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("apply data plane: %w", err)
 	}
 	a.mu.Lock()
+	first = !a.applied
 	a.applied = true
 	a.mu.Unlock()
+	if first {
+		a.kickStatus()
+	}
 	return nil
 }
 
@@ -271,6 +293,14 @@ func (a *Agent) collectEndpoints(ctx context.Context) error {
 
 // teardown removes everything of one endpoint; what is gone already is fine.
 func (a *Agent) teardown(ctx context.Context, e Endpoint) error {
+	// Not Ready from here on: a concurrent reconcile neither restores nor
+	// races the removal.
+	if e.Ready {
+		e.Ready = false
+		if err := a.cp.put(e); err != nil {
+			return err
+		}
+	}
 	var errs []error
 	for _, ad := range e.Addrs {
 		errs = append(errs, a.dp.DeleteEndpoint(e.NetID, ad))
