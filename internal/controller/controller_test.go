@@ -24,6 +24,7 @@ import (
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/controller"
 	"github.com/lace-cni/lace/internal/controlplane/cptest"
+	"github.com/lace-cni/lace/internal/testutil"
 	"github.com/lace-cni/lace/pkg/logging"
 )
 
@@ -71,15 +72,7 @@ func startController(t *testing.T, env *cptest.Env, mutate func(*controller.Opti
 
 func eventually(t *testing.T, timeout time.Duration, what string, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = f(); err == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("%s: not reached within %s: %v", what, timeout, err)
+	testutil.Eventually(t, timeout, 100*time.Millisecond, what, f)
 }
 
 func createNode(t *testing.T, c client.Client, name string) {

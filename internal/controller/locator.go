@@ -51,17 +51,13 @@ func (r *LocatorReconciler) SetupWithManager(mgr ctrl.Manager) error {
 // Reconcile implements reconcile.Reconciler.
 func (r *LocatorReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 	logger := log.FromContext(ctx)
-	var nodes corev1.NodeList
-	if err := r.Client.List(ctx, &nodes); err != nil {
-		return reconcile.Result{}, fmt.Errorf("list nodes: %w", err)
+	nodeByName, err := nodesByName(ctx, r.Client)
+	if err != nil {
+		return reconcile.Result{}, err
 	}
 	var ueps lacev1.UnderlayEndpointList
 	if err := r.APIReader.List(ctx, &ueps); err != nil {
 		return reconcile.Result{}, fmt.Errorf("list underlay endpoints: %w", err)
-	}
-	nodeByName := map[string]*corev1.Node{}
-	for i := range nodes.Items {
-		nodeByName[nodes.Items[i].Name] = &nodes.Items[i]
 	}
 
 	// Oldest first, so that of two endpoints claiming one locator the older keeps it.

@@ -236,13 +236,9 @@ func (r *NetworkReconciler) allocateBlocks(ctx context.Context, nw *lacev1.Netwo
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	var nodes corev1.NodeList
-	if err := r.Client.List(ctx, &nodes); err != nil {
-		return reconcile.Result{}, fmt.Errorf("list nodes: %w", err)
-	}
-	nodeByName := map[string]*corev1.Node{}
-	for i := range nodes.Items {
-		nodeByName[nodes.Items[i].Name] = &nodes.Items[i]
+	nodeByName, err := nodesByName(ctx, r.Client)
+	if err != nil {
+		return reconcile.Result{}, err
 	}
 	allocs, err := r.listAllocations(ctx, nw.Name)
 	if err != nil {
@@ -487,6 +483,19 @@ func (r *NetworkReconciler) listAllocations(ctx context.Context, network string)
 		if a.Spec.Network == network {
 			out = append(out, a)
 		}
+	}
+	return out, nil
+}
+
+// nodesByName lists the nodes from the cache.
+func nodesByName(ctx context.Context, c client.Reader) (map[string]*corev1.Node, error) {
+	var nodes corev1.NodeList
+	if err := c.List(ctx, &nodes); err != nil {
+		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+	out := make(map[string]*corev1.Node, len(nodes.Items))
+	for i := range nodes.Items {
+		out[nodes.Items[i].Name] = &nodes.Items[i]
 	}
 	return out, nil
 }

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/lace-cni/lace/internal/controlplane"
+	"github.com/lace-cni/lace/internal/testutil"
 )
 
 var (
@@ -139,13 +140,5 @@ func kubectl(ctx context.Context, args ...string) (string, error) {
 
 func eventually(t *testing.T, timeout time.Duration, what string, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = f(); err == nil {
-			return
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-	t.Fatalf("%s: not reached within %s: %v", what, timeout, err)
+	testutil.Eventually(t, timeout, 250*time.Millisecond, what, f)
 }

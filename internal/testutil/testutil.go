@@ -1,0 +1,23 @@
+// Package testutil holds helpers shared by the test tiers. It is imported
+// only from tests.
+package testutil
+
+import (
+	"testing"
+	"time"
+)
+
+// Eventually polls f every interval until it returns nil, and fails the
+// test with f's last error (naming what was awaited) after timeout.
+func Eventually(t testing.TB, timeout, interval time.Duration, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = f(); err == nil {
+			return
+		}
+		time.Sleep(interval)
+	}
+	t.Fatalf("%s: not reached within %s: %v", what, timeout, err)
+}
