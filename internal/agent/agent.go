@@ -82,7 +82,8 @@ type Agent struct {
 	client   client.Client
 	reader   client.Reader
 	recorder record.EventRecorder
-	dp       *datapath.Datapath
+	dp       dataplane
+	node     nodeKernel
 	cp       *checkpoint
 
 	mu       sync.Mutex
@@ -129,7 +130,8 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		return nil, fmt.Errorf("create manager: %w", err)
 	}
 	a := &Agent{opts: o, log: log.With("node", o.NodeName), mgr: mgr, client: mgr.GetClient(), reader: mgr.GetAPIReader(),
-		recorder: mgr.GetEventRecorderFor("lace-agent/" + o.NodeName), dp: dp, cp: cp, statusKick: make(chan struct{}, 1)}
+		recorder: mgr.GetEventRecorderFor("lace-agent/" + o.NodeName), dp: dp, cp: cp, statusKick: make(chan struct{}, 1),
+		node: linuxNode{ns: o.NetNS, underlay: o.UnderlayInterface}}
 	toNode := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{nodeKey}
 	})
@@ -185,6 +187,3 @@ func (a *Agent) resync(ctx context.Context) error {
 		}
 	}
 }
-
-// Datapath exposes the node's data plane (for status views).
-func (a *Agent) Datapath() *datapath.Datapath { return a.dp }

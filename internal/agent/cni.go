@@ -198,7 +198,7 @@ func (a *Agent) cmdAdd(ctx context.Context, req cniapi.Request) (json.RawMessage
 
 	t1 := time.Now()
 	t2 := t1
-	res, err := podnet.Setup(podnet.Spec{NodeNS: a.opts.NetNS, PodNS: req.NetNS, HostIf: e.HostIf, PodIf: req.IfName,
+	res, err := a.node.SetupPod(podnet.Spec{NodeNS: a.opts.NetNS, PodNS: req.NetNS, HostIf: e.HostIf, PodIf: req.IfName,
 		MTU: a.opts.MTU, Addrs: e.Addrs, Gateways: e.Gateways})
 	if err == nil {
 		e.HostIfIndex, e.HostMAC, e.PodMAC = res.HostIfIndex, res.HostMAC.String(), res.PodMAC.String()
@@ -347,7 +347,7 @@ func (a *Agent) cmdDel(ctx context.Context, req cniapi.Request) error {
 	if !ok {
 		// Nothing recorded: remove a host interface of that name, if any.
 		hostIf := podnet.HostIfName(req.ContainerID)
-		return errors.Join(a.dp.DetachPod(hostIf), podnet.Teardown(a.opts.NetNS, hostIf, nil))
+		return errors.Join(a.dp.DetachPod(hostIf), a.node.TeardownPod(hostIf, nil))
 	}
 	if err := a.teardown(ctx, e); err != nil {
 		return err

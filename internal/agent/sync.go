@@ -17,8 +17,6 @@ import (
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/model"
-	"github.com/lace-cni/lace/internal/netutil"
-	"github.com/lace-cni/lace/internal/podnet"
 )
 
 // FieldManager is the agent's server-side-apply field manager.
@@ -66,7 +64,7 @@ func (a *Agent) nodeState() model.NodeState {
 // publishUnderlay writes the node's addresses and zone into its
 // UnderlayEndpoint (the controller owns the locator).
 func (a *Agent) publishUnderlay(ctx context.Context, ueps []lacev1.UnderlayEndpoint) error {
-	addrs, err := netutil.GlobalAddrs(a.opts.NetNS, a.opts.UnderlayInterface)
+	addrs, err := a.node.UnderlayAddrs()
 	if err != nil {
 		return fmt.Errorf("underlay addresses: %w", err)
 	}
@@ -120,23 +118,19 @@ func equalAddrs(a, b []lacev1.IPAddress) bool {
 
 // apply makes the data plane equal to st, touching only the difference.
 func (a *Agent) apply(st model.NodeState) error {
-	ns := a.opts.NetNS
 	a.mu.Lock()
 	own := append([]netip.Addr(nil), a.ownAddrs...)
 	first := !a.applied
 	a.mu.Unlock()
 	if first {
-		for _, kv := range [][2]string{{"net.ipv4.ip_forward", "1"}, {"net.ipv6.conf.all.forwarding", "1"}} {
-			// fib lookups answer FWD_DISABLED without forwarding.
-			if err := netutil.Sysctl(ns, kv[0], kv[1]); err != nil {
-				return err
-			}
+		if err := a.node.EnableForwarding(); err != nil {
+			return err
 		}
-		if err := a.dp.AttachUnderlay(ns, a.opts.UnderlayInterface); err != nil {
+		if err := a.dp.AttachUnderlay(a.opts.NetNS, a.opts.UnderlayInterface); err != nil {
 			return err
 		}
 	}
-	eth, err := netutil.GetLink(ns, a.opts.UnderlayInterface)
+	ethIndex, err := a.node.UnderlayIndex()
 	if err != nil {
 		return err
 	}
@@ -147,7 +141,7 @@ func (a *Agent) apply(st model.NodeState) error {
 			break
 		}
 	}
-	if err := a.dp.SetConfig(datapath.Config{UnderlayIP: v6, Locator: st.Locator, UnderlayIfIndex: uint32(eth.Index)}); err != nil {
+	if err := a.dp.SetConfig(datapath.Config{UnderlayIP: v6, Locator: st.Locator, UnderlayIfIndex: uint32(ethIndex)}); err != nil {
 		return fmt.Errorf("set config: %w", err)
 	}
 	var errs []error
@@ -165,16 +159,16 @@ func (a *Agent) apply(st model.NodeState) error {
 	errs = append(errs, err, syncSet(curPol, st.Policies, a.dp.UpsertPolicy, a.dp.DeletePolicy))
 
 	// Underlay routes to the other nodes' locators.
-	owned, err := netutil.OwnedRoutes(ns)
+	owned, err := a.node.OwnedRoutes()
 	errs = append(errs, err)
 	want := map[netip.Prefix]bool{}
 	for _, lr := range st.LocatorRoutes {
 		want[lr.Locator] = true
-		errs = append(errs, netutil.ReplaceOwnedRoute(ns, lr.Locator, lr.Via, a.opts.UnderlayInterface))
+		errs = append(errs, a.node.ReplaceOwnedRoute(lr.Locator, lr.Via))
 	}
 	for _, p := range owned {
 		if !want[p] {
-			errs = append(errs, netutil.DeleteRoute(ns, p, ""))
+			errs = append(errs, a.node.DeleteRoute(p))
 		}
 	}
 
@@ -308,7 +302,7 @@ func (a *Agent) teardown(ctx context.Context, e Endpoint) error {
 	if e.HostIfIndex > 0 {
 		errs = append(errs, a.dp.DeletePort(uint32(e.HostIfIndex)))
 	}
-	errs = append(errs, a.dp.DetachPod(e.HostIf), podnet.Teardown(a.opts.NetNS, e.HostIf, e.Addrs))
+	errs = append(errs, a.dp.DetachPod(e.HostIf), a.node.TeardownPod(e.HostIf, e.Addrs))
 	ne := &lacev1.NetworkEndpoint{}
 	ne.Namespace, ne.Name = e.PodNS, e.PodName
 	if err := a.client.Get(ctx, client.ObjectKeyFromObject(ne), ne); err == nil && ne.Labels[labelPodUID] == e.PodUID {

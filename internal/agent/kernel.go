@@ -1,0 +1,98 @@
+package agent
+
+import (
+	"net/netip"
+
+	"github.com/lace-cni/lace/internal/datapath"
+	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/internal/podnet"
+)
+
+// dataplane is what the agent needs of the node's eBPF data plane.
+// *datapath.Datapath implements it; tests use a fake.
+type dataplane interface {
+	SetConfig(datapath.Config) error
+	AttachUnderlay(nsPath, ifName string) error
+	AttachPod(nsPath, hostIf string) error
+	DetachPod(hostIf string) error
+	UpsertEndpoint(datapath.Endpoint) error
+	DeleteEndpoint(netID uint32, a netip.Addr) error
+	Endpoints() ([]datapath.Endpoint, error)
+	UpsertPort(datapath.Port) error
+	DeletePort(ifindex uint32) error
+	Ports() ([]datapath.Port, error)
+	UpsertRoute(datapath.Route) error
+	DeleteRoute(netID uint32, p netip.Prefix) error
+	Routes() ([]datapath.Route, error)
+	UpsertNetwork(datapath.Network) error
+	DeleteNetwork(id uint32) error
+	Networks() ([]datapath.Network, error)
+	UpsertPolicy(datapath.Policy) error
+	DeletePolicy(datapath.Policy) error
+	Policies() ([]datapath.Policy, error)
+	UpsertNode(netip.Addr) error
+	DeleteNode(netip.Addr) error
+	Nodes() ([]netip.Addr, error)
+	UpsertHostAddr(netip.Addr) error
+	DeleteHostAddr(netip.Addr) error
+	HostAddrs() ([]netip.Addr, error)
+	MapSizes() (map[string]int, error)
+	Drops() (map[string]uint64, error)
+	Forwarded() (map[string]uint64, error)
+	Close() error
+}
+
+// nodeKernel is what the agent changes in the node's namespace besides the
+// eBPF maps: pod interfaces, underlay routes to other nodes' locators, and
+// forwarding. linuxNode implements it; tests use a fake.
+type nodeKernel interface {
+	// UnderlayAddrs are the global addresses of the underlay interface.
+	UnderlayAddrs() ([]netip.Addr, error)
+	UnderlayIndex() (int, error)
+	EnableForwarding() error
+	OwnedRoutes() ([]netip.Prefix, error)
+	ReplaceOwnedRoute(dst netip.Prefix, via netip.Addr) error
+	DeleteRoute(dst netip.Prefix) error
+	SetupPod(podnet.Spec) (podnet.Result, error)
+	TeardownPod(hostIf string, addrs []netip.Addr) error
+}
+
+// linuxNode is nodeKernel on a real namespace.
+type linuxNode struct {
+	ns       string // path of the node's network namespace
+	underlay string // name of the underlay interface
+}
+
+func (n linuxNode) UnderlayAddrs() ([]netip.Addr, error) {
+	return netutil.GlobalAddrs(n.ns, n.underlay)
+}
+
+func (n linuxNode) UnderlayIndex() (int, error) {
+	l, err := netutil.GetLink(n.ns, n.underlay)
+	return l.Index, err
+}
+
+// EnableForwarding turns forwarding on: fib lookups answer FWD_DISABLED
+// without it.
+func (n linuxNode) EnableForwarding() error {
+	for _, kv := range [][2]string{{"net.ipv4.ip_forward", "1"}, {"net.ipv6.conf.all.forwarding", "1"}} {
+		if err := netutil.Sysctl(n.ns, kv[0], kv[1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (n linuxNode) OwnedRoutes() ([]netip.Prefix, error) { return netutil.OwnedRoutes(n.ns) }
+
+func (n linuxNode) ReplaceOwnedRoute(dst netip.Prefix, via netip.Addr) error {
+	return netutil.ReplaceOwnedRoute(n.ns, dst, via, n.underlay)
+}
+
+func (n linuxNode) DeleteRoute(dst netip.Prefix) error { return netutil.DeleteRoute(n.ns, dst, "") }
+
+func (n linuxNode) SetupPod(s podnet.Spec) (podnet.Result, error) { return podnet.Setup(s) }
+
+func (n linuxNode) TeardownPod(hostIf string, addrs []netip.Addr) error {
+	return podnet.Teardown(n.ns, hostIf, addrs)
+}
