@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	"github.com/lace-cni/lace/internal/controlplane"
 	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/netutil"
 )
@@ -306,50 +308,40 @@ func TestPodDeletionCompletes(t *testing.T) {
 	}
 }
 
-// TestZLabDownLeavesNothing runs last (tests run in source order, and this
-// file's last test is the teardown): down removes every namespace, process
-// and file, a second down is a no-op, and the root namespace is untouched.
-func TestZLabDownLeavesNothing(t *testing.T) {
+// TestPortForward forwards a loopback port of the test machine to a pod
+// with kubectl port-forward, through the API server and the lab kubelet.
+func TestPortForward(t *testing.T) {
 	needLab(t)
-	stateDir := lab.Config{Name: labName, StateRoot: lab.DefaultStateRoot}.StateDir()
-	if out, err := labCmd("down").CombinedOutput(); err != nil {
-		t.Fatalf("lace-lab down: %v\n%s", err, out)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := client.CoreV1().Pods("default").Create(ctx, netexecPod("fwd", "n3"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
 	}
-	out, err := labCmd("down").CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "nothing to remove") {
-		t.Errorf("second down: %v %q, want a no-op", err, out)
-	}
-	if nss, _ := netutil.ListNamed(labName + "-"); len(nss) > 0 {
-		t.Errorf("namespaces left: %v", nss)
-	}
-	if _, err := os.Stat(stateDir); !os.IsNotExist(err) {
-		t.Errorf("state dir %s left (%v)", stateDir, err)
-	}
-	if procs := labProcesses(labName); len(procs) > 0 {
-		t.Errorf("processes left: %v", procs)
-	}
-	after, err := snapshotRoot()
+	defer client.CoreV1().Pods("default").Delete(context.Background(), "fwd", metav1.DeleteOptions{})
+	waitPodReady(t, "default", "fwd")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := rootBefore.diff(after); len(d) > 0 {
-		t.Errorf("root namespace changed:\n%s", strings.Join(d, "\n"))
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	cmd := exec.CommandContext(ctx, filepath.Join(controlplane.DefaultBinDir(), "kubectl"), "port-forward", "--address=127.0.0.1",
+		"pod/fwd", fmt.Sprintf("%d:8080", port))
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
 	}
-}
-
-// labProcesses lists processes carrying the lab's marker variable.
-func labProcesses(name string) []string {
-	var out []string
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	eventually(t, 30*time.Second, "GET /hostname through port-forward", func() error {
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/hostname", port))
 		if err != nil {
-			continue
+			return err
 		}
-		if strings.Contains("\x00"+string(env), "\x00"+lab.EnvLab+"="+name+"\x00") {
-			cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-			out = append(out, e.Name()+":"+strings.ReplaceAll(string(cmd), "\x00", " "))
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if strings.TrimSpace(string(b)) != "fwd" {
+			return fmt.Errorf("answered %q", b)
 		}
-	}
-	return out
+		return nil
+	})
 }
