@@ -23,9 +23,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
@@ -144,6 +146,13 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		Watches(&lacev1.NetworkBindingPolicy{}, toNode).
 		Watches(&corev1.Pod{}, toNode).
 		Watches(&corev1.Node{}, toNode, builder.WithPredicates()).
+		// Namespaces matter only to CNI ADD (namespaceSelector); watching
+		// them starts their cache with the agent, not at the first ADD.
+		Watches(&corev1.Namespace{}, toNode, builder.WithPredicates(predicate.Funcs{
+			CreateFunc: func(event.CreateEvent) bool { return false },
+			UpdateFunc: func(event.UpdateEvent) bool { return false },
+			DeleteFunc: func(event.DeleteEvent) bool { return false },
+		})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Complete(reconcile.Func(a.reconcile))
 	if err != nil {
