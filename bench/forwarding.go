@@ -85,25 +85,29 @@ func benchForwarding(ctx context.Context, name string, dur time.Duration) error 
 		peerName   string
 	}
 	var rows []row
-	measure := func(src, dst string, addr netip.Addr) (result, error) {
-		return measurePath(ctx, src, dst, addr, dur)
+	// The paths take turns, rounds times, so that drift on a busy machine
+	// hits each of them alike; each reports its median round.
+	paths := []struct {
+		name     string
+		src, dst string
+		addr     netip.Addr
+	}{
+		{"same node", nsOf["bench-a"], nsOf["bench-b"], ipOf["bench-b"]},
+		{"across nodes", nsOf["bench-a"], nsOf["bench-c"], ipOf["bench-c"]},
+		{"veth pair", peer.a, peer.b, peer.bAddr},
+		{"routed veth", peer.a, peer.c, peer.cAddr},
 	}
-	same, err := measure(nsOf["bench-a"], nsOf["bench-b"], ipOf["bench-b"])
-	if err != nil {
-		return fmt.Errorf("same node: %w", err)
+	samples := make([][]result, len(paths))
+	for range rounds {
+		for i, p := range paths {
+			r, err := measurePath(ctx, p.src, p.dst, p.addr, dur)
+			if err != nil {
+				return fmt.Errorf("%s: %w", p.name, err)
+			}
+			samples[i] = append(samples[i], r)
+		}
 	}
-	cross, err := measure(nsOf["bench-a"], nsOf["bench-c"], ipOf["bench-c"])
-	if err != nil {
-		return fmt.Errorf("across nodes: %w", err)
-	}
-	direct, err := measure(peer.a, peer.b, peer.bAddr)
-	if err != nil {
-		return fmt.Errorf("veth pair: %w", err)
-	}
-	routed, err := measure(peer.a, peer.c, peer.cAddr)
-	if err != nil {
-		return fmt.Errorf("routed veth: %w", err)
-	}
+	same, cross, direct, routed := median(samples[0]), median(samples[1]), median(samples[2]), median(samples[3])
 	// The peer is the same for every row: two namespaces joined by a plain
 	// veth pair, kernel routing. The routed row shows what one kernel
 	// routing hop costs on this machine, for scale.
@@ -112,7 +116,7 @@ func benchForwarding(ctx context.Context, name string, dur time.Duration) error 
 		row{"Lace pod to pod, across nodes (SRv6)", cross, direct, "veth pair"},
 		row{"reference: veth + kernel router hop", routed, direct, "veth pair"})
 
-	fmt.Println("Forwarding (IPv4, one TCP stream; request/response = 1-byte ping-pong on one connection)")
+	fmt.Printf("Forwarding (IPv4, one TCP stream; request/response = 1-byte ping-pong on one connection; median of %d interleaved rounds of %s)\n", rounds, dur)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "path\tpeer\tLace Gbit/s\tpeer Gbit/s\tratio\tLace p50\tpeer p50\tratio\tLace p99\tpeer p99\tratio\t")
 	for _, r := range rows {
@@ -128,6 +132,27 @@ func benchForwarding(ctx context.Context, name string, dur time.Duration) error 
 		_ = cs.CoreV1().Pods("default").Delete(ctx, n, metav1.DeleteOptions{})
 	}
 	return nil
+}
+
+// rounds is how many times each path is measured.
+const rounds = 3
+
+// median takes each figure's median over the rounds.
+func median(rs []result) result {
+	pick := func(f func(result) float64) float64 {
+		v := make([]float64, len(rs))
+		for i, r := range rs {
+			v[i] = f(r)
+		}
+		sort.Float64s(v)
+		return v[len(v)/2]
+	}
+	return result{
+		gbps:          pick(func(r result) float64 { return r.gbps }),
+		p50:           time.Duration(pick(func(r result) float64 { return float64(r.p50) })),
+		p99:           time.Duration(pick(func(r result) float64 { return float64(r.p99) })),
+		transactionsS: pick(func(r result) float64 { return r.transactionsS }),
+	}
 }
 
 func us(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e3, 'f', 1, 64) + "µs" }

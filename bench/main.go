@@ -24,7 +24,7 @@ import (
 )
 
 func main() {
-	dur := flag.Duration("duration", 4*time.Second, "length of each throughput and latency run")
+	dur := flag.Duration("duration", 3*time.Second, "length of each throughput and latency run (each path runs 3 rounds)")
 	pods := flag.Int("pods", 100, "pods for the CNI ADD latency run")
 	bin := flag.String("bin", "bin", "directory of the Lace binaries")
 	flag.Parse()
