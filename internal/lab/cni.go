@@ -48,58 +48,18 @@ func (e *nodeExec) FindInPath(plugin string, paths []string) (string, error) {
 	return invoke.FindInPath(plugin, paths)
 }
 
-// NewNodeCNI returns the CNI runtime side of a node: plugins from binDirs
-// run in the node's namespace nodeNS with the first config of confDir.
-// Benchmarks use it to invoke plugins exactly as the lab kubelet does.
-func NewNodeCNI(nodeNS, confDir, cacheDir string, binDirs []string) *NodeCNI {
-	return newNodeCNI(nodeNS, confDir, cacheDir, binDirs)
-}
-
-// NodeCNI is one node's CNI runtime side.
-type NodeCNI = nodeCNI
-
-// PodRuntimeConf is what a runtime passes for a pod.
-func PodRuntimeConf(containerID, netnsPath, ns, name, uid string) *libcni.RuntimeConf {
-	return podRuntimeConf(containerID, netnsPath, ns, name, uid)
-}
-
-// Add runs CNI ADD and returns the pod's addresses.
-func (n *nodeCNI) Add(ctx context.Context, rt *libcni.RuntimeConf) ([]netip.Addr, error) {
-	return n.add(ctx, rt)
-}
-
-// Del runs CNI DEL.
-func (n *nodeCNI) Del(ctx context.Context, rt *libcni.RuntimeConf) error { return n.del(ctx, rt) }
-
-// GC runs CNI GC: every attachment not in valid (container IDs, eth0) is
-// removed.
-func (n *nodeCNI) GC(ctx context.Context, valid []string) error {
-	list, err := n.confList()
-	if err != nil {
-		return err
-	}
-	args := &libcni.GCArgs{}
-	for _, id := range valid {
-		args.ValidAttachments = append(args.ValidAttachments, types.GCAttachment{ContainerID: id, IfName: "eth0"})
-	}
-	return n.cni.GCNetworkList(ctx, list, args)
-}
-
-// WriteBridgeConfig writes the lab's reference bridge config with node i's
-// pod ranges (and nothing else: no routes).
-func WriteBridgeConfig(i int, confDir, ipamDir string) error {
-	return writeBridgeConfList(i, confDir, ipamDir)
-}
-
-// nodeCNI is one node's CNI runtime side: its config directory, plugin
-// path and result cache.
-type nodeCNI struct {
+// NodeCNI is one node's CNI runtime side: its config directory, plugin
+// path and result cache. The lab kubelet and the benchmarks invoke plugins
+// through it exactly as a container runtime would.
+type NodeCNI struct {
 	confDir string
 	cni     *libcni.CNIConfig
 }
 
-func newNodeCNI(nodeNS, confDir, cacheDir string, binDirs []string) *nodeCNI {
-	return &nodeCNI{
+// NewNodeCNI runs plugins from binDirs in the node's namespace nodeNS with
+// the first config of confDir.
+func NewNodeCNI(nodeNS, confDir, cacheDir string, binDirs []string) *NodeCNI {
+	return &NodeCNI{
 		confDir: confDir,
 		cni:     libcni.NewCNIConfigWithCacheDir(binDirs, cacheDir, &nodeExec{netns: nodeNS}),
 	}
@@ -107,7 +67,7 @@ func newNodeCNI(nodeNS, confDir, cacheDir string, binDirs []string) *nodeCNI {
 
 // confList loads the first config of the node's CNI directory in lexical
 // order, as kubelet runtimes do.
-func (n *nodeCNI) confList() (*libcni.NetworkConfigList, error) {
+func (n *NodeCNI) confList() (*libcni.NetworkConfigList, error) {
 	files, err := libcni.ConfFiles(n.confDir, []string{".conflist"})
 	if err != nil {
 		return nil, fmt.Errorf("read CNI config dir %s: %w", n.confDir, err)
@@ -118,9 +78,9 @@ func (n *nodeCNI) confList() (*libcni.NetworkConfigList, error) {
 	return libcni.ConfListFromFile(files[0])
 }
 
-// podRuntimeConf is what a runtime passes for a pod: container ID, netns,
+// PodRuntimeConf is what a runtime passes for a pod: container ID, netns,
 // eth0, and the Kubernetes CNI_ARGS.
-func podRuntimeConf(containerID, netnsPath, ns, name, uid string) *libcni.RuntimeConf {
+func PodRuntimeConf(containerID, netnsPath, ns, name, uid string) *libcni.RuntimeConf {
 	return &libcni.RuntimeConf{
 		ContainerID: containerID,
 		NetNS:       netnsPath,
@@ -135,8 +95,8 @@ func podRuntimeConf(containerID, netnsPath, ns, name, uid string) *libcni.Runtim
 	}
 }
 
-// add runs CNI ADD and returns the pod's addresses, IPv4 first.
-func (n *nodeCNI) add(ctx context.Context, rt *libcni.RuntimeConf) ([]netip.Addr, error) {
+// Add runs CNI ADD and returns the pod's addresses, IPv4 first.
+func (n *NodeCNI) Add(ctx context.Context, rt *libcni.RuntimeConf) ([]netip.Addr, error) {
 	list, err := n.confList()
 	if err != nil {
 		return nil, err
@@ -168,8 +128,8 @@ func (n *nodeCNI) add(ctx context.Context, rt *libcni.RuntimeConf) ([]netip.Addr
 	return out, nil
 }
 
-// del runs CNI DEL; it succeeds when nothing is left to delete.
-func (n *nodeCNI) del(ctx context.Context, rt *libcni.RuntimeConf) error {
+// Del runs CNI DEL; it succeeds when nothing is left to delete.
+func (n *NodeCNI) Del(ctx context.Context, rt *libcni.RuntimeConf) error {
 	list, err := n.confList()
 	if err != nil {
 		return err
@@ -177,11 +137,25 @@ func (n *nodeCNI) del(ctx context.Context, rt *libcni.RuntimeConf) error {
 	return n.cni.DelNetworkList(ctx, list, rt)
 }
 
+// GC runs CNI GC: every attachment not in valid (container IDs, eth0) is
+// removed.
+func (n *NodeCNI) GC(ctx context.Context, valid []string) error {
+	list, err := n.confList()
+	if err != nil {
+		return err
+	}
+	args := &libcni.GCArgs{}
+	for _, id := range valid {
+		args.ValidAttachments = append(args.ValidAttachments, types.GCAttachment{ContainerID: id, IfName: "eth0"})
+	}
+	return n.cni.GCNetworkList(ctx, list, args)
+}
+
 // writeBridgeConfig writes the lab's fallback CNI config for node i: the
 // reference bridge and host-local plugins with a per-node range, routed
 // between nodes over the underlay.
 func writeBridgeConfig(c Config, i int, confDir, ipamDir string) error {
-	if err := writeBridgeConfList(i, confDir, ipamDir); err != nil {
+	if err := WriteBridgeConfig(i, confDir, ipamDir); err != nil {
 		return err
 	}
 	// Route the other nodes' pod ranges over the underlay.
@@ -202,7 +176,9 @@ func writeBridgeConfig(c Config, i int, confDir, ipamDir string) error {
 	return nil
 }
 
-func writeBridgeConfList(i int, confDir, ipamDir string) error {
+// WriteBridgeConfig writes the reference bridge config with node i's pod
+// ranges (and nothing else: no routes).
+func WriteBridgeConfig(i int, confDir, ipamDir string) error {
 	v4, v6 := BridgePodCIDRs(i)
 	conf := map[string]any{
 		"cniVersion": "1.1.0",

@@ -38,7 +38,7 @@ type kubelet struct {
 	zone    string
 	nodeNS  string
 	client  kubernetes.Interface
-	cni     *nodeCNI
+	cni     *NodeCNI
 	dataDir string
 	apiPort int
 	log     *slog.Logger
@@ -65,7 +65,7 @@ func newKubelet(cfg Config, i int, client kubernetes.Interface, apiPort int, log
 		client: client, dataDir: dataDir, apiPort: apiPort, log: log.With("node", node),
 		pods: map[string]*pod{}, statusDue: map[string]bool{}, statusCh: make(chan struct{}, 1),
 	}
-	k.cni = newNodeCNI(k.nodeNS, filepath.Join(dataDir, "net.d"), filepath.Join(dataDir, "cni-cache"), []string{cfg.CNIBinDir, cfg.cniPluginDir()})
+	k.cni = NewNodeCNI(k.nodeNS, filepath.Join(dataDir, "net.d"), filepath.Join(dataDir, "cni-cache"), []string{cfg.CNIBinDir, cfg.cniPluginDir()})
 	k.nodeHTTP = nodeHTTPClient(k.nodeNS)
 	bc := record.NewBroadcaster()
 	bc.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})

@@ -102,11 +102,11 @@ func (p *pod) start(ctx context.Context) error {
 			return p.failSetup(fmt.Errorf("create pod network namespace: %w", err))
 		}
 		addCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		ips, err := p.k.cni.add(addCtx, podRuntimeConf(p.uid, netutil.Path(p.netns), p.ns, p.nm, p.uid))
+		ips, err := p.k.cni.Add(addCtx, PodRuntimeConf(p.uid, netutil.Path(p.netns), p.ns, p.nm, p.uid))
 		cancel()
 		if err != nil {
 			// Leave nothing half-made behind: DEL is safe after a failed ADD.
-			_ = p.k.cni.del(ctx, podRuntimeConf(p.uid, netutil.Path(p.netns), p.ns, p.nm, p.uid))
+			_ = p.k.cni.Del(ctx, PodRuntimeConf(p.uid, netutil.Path(p.netns), p.ns, p.nm, p.uid))
 			return p.failSetup(fmt.Errorf("CNI ADD: %w", err))
 		}
 		p.sandbox = true
@@ -172,7 +172,7 @@ func (p *pod) stop(ctx context.Context) error {
 	var errs []error
 	if p.ownNS {
 		if p.sandbox || netutil.Exists(p.netns) {
-			if err := p.k.cni.del(ctx, podRuntimeConf(p.uid, netutil.Path(p.netns), p.ns, p.nm, p.uid)); err != nil {
+			if err := p.k.cni.Del(ctx, PodRuntimeConf(p.uid, netutil.Path(p.netns), p.ns, p.nm, p.uid)); err != nil {
 				errs = append(errs, fmt.Errorf("CNI DEL: %w", err))
 			} else {
 				p.sandbox = false
