@@ -1,0 +1,48 @@
+// Command mkimages builds the lab's container images (agnhost, pause, Lace)
+// as image tarballs that `ctr images import` loads under their full names.
+// `make images` runs it; see package internal/images.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/lace-cni/lace/internal/images"
+)
+
+func main() {
+	var o images.Options
+	flag.StringVar(&o.Out, "out", "bin/images", "directory for agnhost.tar, pause.tar and lace.tar")
+	flag.StringVar(&o.Agnhost, "agnhost", "", "static agnhost binary (make k8s-bins builds one)")
+	flag.StringVar(&o.Busybox, "busybox", "/bin/busybox", "static busybox (Debian busybox-static)")
+	flag.StringVar(&o.PauseSrc, "pause-src", "", "directory holding upstream pause.c (k8s.io/kubernetes build/pause/linux)")
+	flag.StringVar(&o.LaceBin, "lace-bin", "", "directory holding static lace-agent, lace-controller, lace-cni and lacectl")
+	flag.StringVar(&o.LaceTag, "lace-tag", "dev", "tag of "+images.LaceRepo)
+	flag.Parse()
+	if o.Agnhost == "" || o.PauseSrc == "" || o.LaceBin == "" {
+		fmt.Fprintln(os.Stderr, "mkimages: --agnhost, --pause-src and --lace-bin are required")
+		flag.Usage()
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "mkimages:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, o images.Options) error {
+	built, err := images.Build(ctx, o)
+	if err != nil {
+		return err
+	}
+	for _, b := range built {
+		fmt.Printf("%-48s %s  %5.1f MiB  %s\n", b.Ref, b.Digest.Hex[:12], float64(b.Size)/(1<<20), b.Path)
+	}
+	return nil
+}
