@@ -17,6 +17,10 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "install-cni" {
+		installCNI(os.Args[2:])
+		return
+	}
 	o := agent.DefaultOptions()
 	var logLevel string
 	// --kubeconfig is registered by controller-runtime's config package.
@@ -50,4 +54,21 @@ func run(ctx context.Context, logLevel string, o agent.Options) error {
 		return err
 	}
 	return a.Run(ctx)
+}
+
+// installCNI is `lace-agent install-cni`: the DaemonSet's init container
+// puts the plugin binary and its configuration on the node, then exits.
+func installCNI(args []string) {
+	o := agent.DefaultInstallCNIOptions()
+	fs := flag.NewFlagSet("install-cni", flag.ExitOnError)
+	fs.StringVar(&o.Binary, "cni-binary", o.Binary, "lace-cni binary to install")
+	fs.StringVar(&o.BinDir, "cni-bin-dir", o.BinDir, "CNI bin dir; the plugin is installed there as "+agent.CNIPluginName)
+	fs.StringVar(&o.ConfDir, "cni-conf-dir", o.ConfDir, "CNI conf dir; the configuration is written there as "+agent.CNIConfName)
+	fs.StringVar(&o.AgentSocket, "agent-socket", o.AgentSocket, "agent socket written into the configuration (as seen on the node)")
+	_ = fs.Parse(args)
+	if err := agent.InstallCNI(o); err != nil {
+		fmt.Fprintln(os.Stderr, "lace-agent install-cni:", err)
+		os.Exit(1)
+	}
+	fmt.Printf("installed %s/%s and %s/%s\n", o.BinDir, agent.CNIPluginName, o.ConfDir, agent.CNIConfName)
 }

@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/netip"
 	"sync"
 	"time"
@@ -25,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -134,6 +136,17 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 	a := &Agent{opts: o, log: log.With("node", o.NodeName), mgr: mgr, client: mgr.GetClient(), reader: mgr.GetAPIReader(),
 		recorder: mgr.GetEventRecorderFor("lace-agent/" + o.NodeName), dp: dp, cp: cp, statusKick: make(chan struct{}, 1),
 		node: linuxNode{ns: o.NetNS, underlay: o.UnderlayInterface}}
+	// The DaemonSet's probes: /healthz answers while the process serves;
+	// /readyz once the data plane has been programmed (what CNI STATUS
+	// reports), so a rolling update moves on only when forwarding is back.
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		dp.Close()
+		return nil, fmt.Errorf("add healthz: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("dataplane", func(*http.Request) error { return a.cmdStatus() }); err != nil {
+		dp.Close()
+		return nil, fmt.Errorf("add readyz: %w", err)
+	}
 	toNode := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{nodeKey}
 	})

@@ -1,0 +1,74 @@
+{{/*
+Names. Objects are named after their component, not the release: Lace is a
+cluster-wide singleton (its CRDs, ClusterRoles and default objects exist
+once per cluster), so a second release would fight the first anyway.
+*/}}
+{{- define "lace.agent.name" -}}lace-agent{{- end }}
+{{- define "lace.controller.name" -}}lace-controller{{- end }}
+
+{{/* The label networks carry and routing policies select on. */}}
+{{- define "lace.networkLabel" -}}lace-cni.io/network{{- end }}
+
+{{- define "lace.chart" -}}
+{{ .Chart.Name }}-{{ .Chart.Version | replace "+" "_" }}
+{{- end }}
+
+{{/* Labels on every object but the selector labels. */}}
+{{- define "lace.commonLabels" -}}
+helm.sh/chart: {{ include "lace.chart" . }}
+app.kubernetes.io/part-of: lace
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* Labels of objects that belong to no component (the defaults). */}}
+{{- define "lace.labels" -}}
+{{ include "lace.commonLabels" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Selector labels of a component: (dict "ctx" $ "component" "agent"). */}}
+{{- define "lace.selectorLabels" -}}
+app.kubernetes.io/name: lace-{{ .component }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+{{- end }}
+
+{{/* All labels of a component's objects. */}}
+{{- define "lace.componentLabels" -}}
+{{ include "lace.commonLabels" .ctx }}
+{{ include "lace.selectorLabels" . }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "lace.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag }}
+{{- end }}
+
+{{/*
+KUBERNETES_SERVICE_HOST/PORT for in-cluster config when apiServer is set:
+Lace serves the `kubernetes` Service itself, so it cannot reach the API
+server through it.
+*/}}
+{{- define "lace.apiServerEnv" -}}
+{{- $host := toString .Values.apiServer.host -}}
+{{- $port := toString .Values.apiServer.port -}}
+{{- if and $host (not $port) -}}
+{{- fail "apiServer.host is set but apiServer.port is not: set both or neither" -}}
+{{- end -}}
+{{- if and $port (not $host) -}}
+{{- fail "apiServer.port is set but apiServer.host is not: set both or neither" -}}
+{{- end -}}
+{{- if $host -}}
+- name: KUBERNETES_SERVICE_HOST
+  value: {{ $host | quote }}
+- name: KUBERNETES_SERVICE_PORT
+  value: {{ $port | quote }}
+{{- end }}
+{{- end }}
+
+{{/* Whether a default object is rendered: (include "lace.default" (list $ "world")). */}}
+{{- define "lace.default" -}}
+{{- $ctx := index . 0 -}}
+{{- $d := $ctx.Values.defaults -}}
+{{- if and $d.enabled (index $d (index . 1)).enabled -}}true{{- end -}}
+{{- end }}
