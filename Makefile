@@ -15,15 +15,33 @@ GOFLAGS_TEST ?=
 
 export LACE_K8S_BIN := $(K8S_BIN)
 export LACE_CNI_BIN := $(CNI_BIN)
+# The lab's image tarballs (make images); tests import them from here.
+export LACE_IMAGES := $(BIN_DIR)/images
 LAB_NAME ?= lace
 
 CONTROLLER_GEN := $(TOOLS_BIN)/controller-gen
 STATICCHECK    := $(TOOLS_BIN)/staticcheck
+HELM           := $(TOOLS_BIN)/helm
+# The chart tests and the lab install Lace with this helm.
+export LACE_HELM := $(HELM)
+# Stamped as helm's release build does: its version, and the Kubernetes
+# version `helm template` and `helm lint` assume (from its client-go).
+HELM_LDFLAGS = -s -w -X helm.sh/helm/v3/internal/version.version=$(shell awk '$$1 == "helm.sh/helm/v3" {print $$2}' hack/tools/helm/go.mod) \
+	-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 \
+	$(foreach p,chartutil lint/rules,-X helm.sh/helm/v3/pkg/$(p).k8sVersionMinor=$(shell awk '$$1 == "k8s.io/client-go" {split($$2, v, "."); print v[2]}' hack/tools/helm/go.mod))
 
-K8S_TOOLS := kube-apiserver kube-controller-manager kube-scheduler kube-proxy agnhost
+K8S_VERSION := v1.34.4
+# Upstream's pause.c, from the pinned Kubernetes module (deferred: only the
+# images target runs go list).
+PAUSE_SRC = $(shell cd hack/tools/k8s && $(GO) list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux
 K8S_PKGS  := k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
              k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-proxy \
-             k8s.io/kubernetes/test/images/agnhost k8s.io/kubernetes/cmd/kubectl
+             k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl
+# Stamped as the release build does, so nodes report the real kubelet version
+# and version-skew checks see a real release.
+K8S_LDFLAGS := -s -w $(foreach p,k8s.io/component-base/version k8s.io/client-go/pkg/version,\
+	-X $(p).gitVersion=$(K8S_VERSION) -X $(p).gitMajor=1 -X $(p).gitMinor=34 \
+	-X $(p).gitTreeState=clean -X $(p).buildDate=2026-01-01T00:00:00Z)
 
 .PHONY: help
 help: ## Show this help.
@@ -32,19 +50,29 @@ help: ## Show this help.
 ##@ Development
 
 .PHONY: generate
-generate: $(CONTROLLER_GEN) ## Regenerate deepcopy code, CRD manifests and the eBPF objects (bpf2go).
+generate: $(CONTROLLER_GEN) ## Regenerate deepcopy code, CRD manifests (and the chart's copy) and the eBPF objects (bpf2go).
 	$(CONTROLLER_GEN) object paths=./api/...
 	$(CONTROLLER_GEN) crd:allowDangerousTypes=false paths=./api/... output:crd:artifacts:config=config/crd
+	rm -f deploy/helm/lace/crds/*.yaml && cp config/crd/*.yaml deploy/helm/lace/crds/
 	$(GO) generate ./internal/datapath/...
 
 .PHONY: check-generated
 check-generated: generate ## Fail when `make generate` changes tracked files.
-	@git diff --exit-code -- api config internal/datapath || { echo "generated files are stale: run 'make generate' and commit"; exit 1; }
-	@test -z "$$(git status --porcelain -- api config internal/datapath)" || { git status --porcelain -- api config internal/datapath; echo "generated files are untracked: run 'make generate' and commit"; exit 1; }
+	@git diff --exit-code -- api config deploy internal/datapath || { echo "generated files are stale: run 'make generate' and commit"; exit 1; }
+	@test -z "$$(git status --porcelain -- api config deploy internal/datapath)" || { git status --porcelain -- api config deploy internal/datapath; echo "generated files are untracked: run 'make generate' and commit"; exit 1; }
+
+.PHONY: deps
+deps: ## Install the Debian packages the lab and tests need (only missing ones; root).
+	@bash hack/deps.sh
 
 .PHONY: build
 build: ## Build the Lace binaries into ./bin.
 	$(GO) build -o $(BIN_DIR)/ ./cmd/...
+
+.PHONY: images
+images: k8s-bins ## Build the lab's images (agnhost, pause, Lace) as tarballs into bin/images.
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(BIN_DIR)/static/ ./cmd/lace-agent ./cmd/lace-controller ./cmd/lace-cni ./cmd/lacectl
+	$(GO) run ./hack/mkimages --out $(LACE_IMAGES) --agnhost $(K8S_BIN)/agnhost --lace-bin $(BIN_DIR)/static --pause-src $(PAUSE_SRC)
 
 .PHONY: lint
 lint: $(STATICCHECK) ## gofmt, go vet and staticcheck.
@@ -53,17 +81,17 @@ lint: $(STATICCHECK) ## gofmt, go vet and staticcheck.
 	$(STATICCHECK) ./...
 
 .PHONY: test
-test: k8s-bins cni-bins build check-generated lint ## All test tiers: unit, API, controller, datapath, lab end-to-end (root).
+test: deps k8s-bins cni-bins build images check-generated lint $(HELM) ## All test tiers: unit, API, controller, datapath, lab end-to-end (root).
 	LACE_BIN_DIR=$(BIN_DIR) $(GO) test $(GOFLAGS_TEST) -count=1 -timeout 30m ./...
 
 .PHONY: bench
-bench: k8s-bins cni-bins build ## Benchmarks on a lab, beside peers measured in the same run (root).
+bench: deps k8s-bins cni-bins build images $(HELM) ## Benchmarks on a lab, beside peers measured in the same run (root).
 	$(GO) run ./bench --bin $(BIN_DIR)
 
 ##@ Lab
 
 .PHONY: lab
-lab: k8s-bins cni-bins build ## Bring up a 3-node lab (LAB_NAME=lace) and run a short demo.
+lab: deps k8s-bins cni-bins build images $(HELM) ## Bring up a 3-node lab (LAB_NAME=lace) and run a short demo.
 	$(BIN_DIR)/lace-lab up --name $(LAB_NAME)
 	$(BIN_DIR)/lace-lab demo --name $(LAB_NAME)
 	KUBECONFIG=$$($(BIN_DIR)/lace-lab kubeconfig --name $(LAB_NAME)) $(BIN_DIR)/lacectl status
@@ -80,6 +108,15 @@ $(CONTROLLER_GEN) $(STATICCHECK) &: hack/tools/go.mod hack/tools/go.sum
 .PHONY: tools
 tools: $(CONTROLLER_GEN) $(STATICCHECK) ## Build the pinned code generators and linters.
 
+# helm has its own module (hack/tools/helm) so that its dependencies never
+# move the versions of the tools above.
+$(HELM): hack/tools/helm/go.mod hack/tools/helm/go.sum
+	cd hack/tools/helm && GOBIN=$(TOOLS_BIN) $(GO) install -trimpath -ldflags '$(HELM_LDFLAGS)' helm.sh/helm/v3/cmd/helm
+	touch $@
+
+.PHONY: helm
+helm: $(HELM) ## Build the pinned helm the chart tests and the lab use.
+
 .PHONY: cni-bins
 cni-bins: $(CNI_BIN)/.stamp ## Build the reference CNI plugins (bridge, host-local, loopback) the lab falls back to.
 
@@ -95,5 +132,7 @@ k8s-bins: $(K8S_BIN)/.stamp ## Build etcd and the pinned Kubernetes binaries int
 $(K8S_BIN)/.stamp: hack/tools/k8s/go.mod hack/tools/k8s/go.sum hack/tools/etcd/go.mod hack/tools/etcd/go.sum
 	mkdir -p $(K8S_BIN)
 	cd hack/tools/etcd && $(GO) build -o $(K8S_BIN)/etcd ./cmd/etcd
-	cd hack/tools/k8s && $(GO) build -o $(K8S_BIN)/ $(K8S_PKGS)
+	cd hack/tools/k8s && $(GO) build -trimpath -ldflags '$(K8S_LDFLAGS)' -o $(K8S_BIN)/ $(K8S_PKGS)
+	# agnhost goes into an image: static, like the upstream one.
+	cd hack/tools/k8s && CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(K8S_BIN)/agnhost k8s.io/kubernetes/test/images/agnhost
 	touch $@

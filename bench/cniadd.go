@@ -50,9 +50,12 @@ func benchCNIAdd(ctx context.Context, name string, n int) error {
 		}
 	}()
 
-	nodeDir := filepath.Join(c.StateDir(), "nodes", "n1")
-	laceCNI := lab.NewNodeCNI(c.NetNS("n1"), filepath.Join(nodeDir, "net.d"), filepath.Join(c.StateDir(), "bench-cache"),
-		[]string{filepath.Join(c.StateDir(), "cni-bin")})
+	// lace-cni runs as node n1's containerd runs it: in the node's network
+	// and mount namespaces, with the config the agent's DaemonSet installed.
+	laceCNI, err := lab.NewNodeCNI(c, "n1", filepath.Join(c.StateDir(), "bench-cache"))
+	if err != nil {
+		return err
+	}
 
 	// The peer runs in a node namespace of its own, with its own bridge.
 	peerNode := c.Name + "-n9"
@@ -64,12 +67,12 @@ func benchCNIAdd(ctx context.Context, name string, n int) error {
 	if err := lab.WriteBridgeConfig(9, filepath.Join(peerDir, "net.d"), filepath.Join(peerDir, "ipam")); err != nil {
 		return err
 	}
-	bridgeCNI := lab.NewNodeCNI(peerNode, filepath.Join(peerDir, "net.d"), filepath.Join(peerDir, "cache"), []string{c.CNIBinDir})
+	bridgeCNI := lab.NewNetNSCNI(peerNode, filepath.Join(peerDir, "net.d"), filepath.Join(peerDir, "cache"), []string{c.CNIBinDir})
 
 	run := func(cni *lab.NodeCNI, id string) ([]time.Duration, error) {
 		var lat []time.Duration
 		for _, p := range pods {
-			rt := lab.PodRuntimeConf(id+p.uid, netutil.Path(p.netns), "default", p.name, p.uid)
+			rt := lab.PodRuntimeConf(id+p.uid, lab.MachinePath(netutil.Path(p.netns)), "default", p.name, p.uid)
 			t := time.Now()
 			if _, err := cni.Add(ctx, rt); err != nil {
 				return nil, fmt.Errorf("ADD %s: %w", p.name, err)
@@ -77,7 +80,7 @@ func benchCNIAdd(ctx context.Context, name string, n int) error {
 			lat = append(lat, time.Since(t))
 		}
 		for _, p := range pods {
-			if err := cni.Del(ctx, lab.PodRuntimeConf(id+p.uid, netutil.Path(p.netns), "default", p.name, p.uid)); err != nil {
+			if err := cni.Del(ctx, lab.PodRuntimeConf(id+p.uid, lab.MachinePath(netutil.Path(p.netns)), "default", p.name, p.uid)); err != nil {
 				return nil, fmt.Errorf("DEL %s: %w", p.name, err)
 			}
 		}
@@ -93,7 +96,7 @@ func benchCNIAdd(ctx context.Context, name string, n int) error {
 		return fmt.Errorf("bridge: %w", err)
 	}
 	q := func(l []time.Duration, p int) time.Duration { return l[min(len(l)-1, len(l)*p/100)] }
-	fmt.Printf("CNI ADD latency over %d pods (plugin run in the node namespace, as the lab kubelet runs it)\n", n)
+	fmt.Printf("CNI ADD latency over %d pods (plugin run in the node's namespaces, as its containerd runs it)\n", n)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "quantile\tLace (lace-cni + agent)\tpeer (bridge + host-local)\tratio\t")
 	for _, p := range []int{50, 99} {

@@ -63,7 +63,11 @@ func benchForwarding(ctx context.Context, name string, dur time.Duration) error 
 		for _, n := range []string{"bench-a", "bench-b", "bench-c"} {
 			p, err := cs.CoreV1().Pods("default").Get(ctx, n, metav1.GetOptions{})
 			if err == nil && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" {
-				nsOf[n] = netutil.Path(c.PodNetNS(string(p.UID)))
+				ns, err := lab.PodNetNS(ctx, c, "default", n)
+				if err != nil {
+					return err
+				}
+				nsOf[n] = ns
 				ipOf[n] = netip.MustParseAddr(p.Status.PodIP)
 			}
 		}

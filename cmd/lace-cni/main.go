@@ -40,7 +40,7 @@ func call(cmd string, a *skel.CmdArgs, printResult bool) error {
 	if sock == "" {
 		sock = cniapi.DefaultSocket
 	}
-	req := cniapi.Request{Command: cmd, ContainerID: a.ContainerID, NetNS: a.Netns, IfName: a.IfName,
+	req := cniapi.Request{Command: cmd, ContainerID: a.ContainerID, NetNS: a.Netns, IfName: a.IfName, PluginPID: os.Getpid(),
 		Args: parseArgs(a.Args), Config: a.StdinData}
 	body, _ := json.Marshal(req)
 	client := &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{

@@ -29,6 +29,10 @@ commands:
   kubeconfig [--name N]                   print the path of the lab's kubeconfig
   exec [--name N] TARGET -- CMD...        run CMD in NAMESPACE/POD, node/NODE or external
   restart|stop|start [--name N] agent/NODE|controller
+                                          restart deletes the pod (its DaemonSet or Deployment brings
+                                          it back); stop keeps the agent off NODE, or scales the
+                                          controller to 0; each waits for the change to take effect
+  load [--name N] [--as REF] IMAGE.tar    import an image into every node's containerd (like kind load)
   demo [--name N]                         two networks, pods on every node, a reachability matrix
 `
 
@@ -56,10 +60,13 @@ func run(ctx context.Context, args []string, out io.Writer) (int, error) {
 	fs.StringVar(&cfg.Name, "name", cfg.Name, "lab name (prefixes every namespace and process)")
 	fs.StringVar(&cfg.StateRoot, "state-root", cfg.StateRoot, "directory holding the labs' state")
 	all := false
-	hostname := ""
+	hostname, nodeDir, as := "", "", ""
 	switch cmd {
-	case "sandbox":
-		fs.StringVar(&hostname, "hostname", "", "hostname of the pod")
+	case "nodens":
+		fs.StringVar(&nodeDir, "dir", "", "state directory of the node")
+		fs.StringVar(&hostname, "hostname", "", "hostname of the node")
+	case "load":
+		fs.StringVar(&as, "as", "", "also tag the image as this reference")
 	case "up", "daemon":
 		fs.IntVar(&cfg.Nodes, "nodes", cfg.Nodes, "number of nodes")
 		fs.IntVar(&cfg.Zones, "zones", cfg.Zones, "number of zones")
@@ -67,6 +74,9 @@ func run(ctx context.Context, args []string, out io.Writer) (int, error) {
 		fs.StringVar(&cfg.CNIBinDir, "cni-bin", cfg.CNIBinDir, "directory of the reference CNI plugins (bridge fallback)")
 		fs.StringVar(&cfg.LaceBinDir, "lace-bin", cfg.LaceBinDir, "directory of the Lace binaries")
 		fs.StringVar(&cfg.CNI, "cni", cfg.CNI, "pod network: lace, or bridge (the reference plugins)")
+		fs.StringVar(&cfg.ImageDir, "images", cfg.ImageDir, "directory of the image tarballs every node imports (make images)")
+		fs.StringVar(&cfg.Helm, "helm", cfg.Helm, "helm binary that installs Lace's chart")
+		fs.StringVar(&cfg.LaceTag, "lace-tag", cfg.LaceTag, "tag of the Lace image the chart runs")
 	case "down":
 		fs.BoolVar(&all, "all", false, "remove every lab, including what crashed runs left")
 	}
@@ -79,8 +89,13 @@ func run(ctx context.Context, args []string, out io.Writer) (int, error) {
 	rest := fs.Args()
 
 	switch cmd {
-	case "sandbox":
-		return 0, lab.RunSandbox(hostname)
+	case "nodens":
+		return 0, lab.RunNodeNS(nodeDir, hostname)
+	case "load":
+		if len(rest) != 1 {
+			return 2, errors.New("usage: lace-lab load [--as REF] IMAGE.tar")
+		}
+		return 0, lab.Load(ctx, cfg, rest[0], as)
 	case "daemon":
 		h := slog.NewJSONHandler(os.Stderr, nil)
 		return 0, lab.RunDaemon(ctx, cfg, slog.New(h))
@@ -144,7 +159,7 @@ func run(ctx context.Context, args []string, out io.Writer) (int, error) {
 		if err != nil {
 			return 1, err
 		}
-		c := lab.ExecCommand(cfg, ns, argv)
+		c := lab.ExecCommand(ns, argv)
 		c.Stdin, c.Stdout, c.Stderr = os.Stdin, out, os.Stderr
 		if err := c.Run(); err != nil {
 			var ee *exec.ExitError
@@ -160,7 +175,7 @@ func run(ctx context.Context, args []string, out io.Writer) (int, error) {
 		if len(rest) != 1 {
 			return 2, fmt.Errorf("usage: lace-lab %s agent/NODE|controller", cmd)
 		}
-		return 0, lab.Control(cfg, cmd, rest[0])
+		return 0, lab.Control(ctx, cfg, cmd, rest[0])
 	}
 	return 2, fmt.Errorf("unknown command %q\n%s", cmd, usage)
 }
@@ -173,12 +188,12 @@ func printStatus(out io.Writer, st *lab.Status) {
 	case st.Ready:
 		state = "ready"
 	}
-	fmt.Fprintf(out, "lab %s: %s (pid %d, up since %s)\nkubeconfig: %s\napi server: %s\n\n",
-		st.Name, state, st.PID, st.StartedAt.Format(time.RFC3339), st.Kubeconfig, st.APIServer)
+	fmt.Fprintf(out, "lab %s: %s (pid %d, up since %s)\nkubeconfig: %s\napi server: %s (on the fabric: %s)\n\n",
+		st.Name, state, st.PID, st.StartedAt.Format(time.RFC3339), st.Kubeconfig, st.APIServer, st.FabricAPIServer)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tZONE\tNETNS\tIPV4\tIPV6\tKUBELET\tPODS")
+	fmt.Fprintln(tw, "NODE\tZONE\tNETNS\tIPV4\tIPV6\tROOT")
 	for _, n := range st.Nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t127.0.0.1:%d\t%d\n", n.Name, n.Zone, n.NetNS, n.IPv4, n.IPv6, n.KubeletPort, n.Pods)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Zone, n.NetNS, n.IPv4, n.IPv6, n.Root)
 	}
 	tw.Flush()
 	fmt.Fprintln(out)

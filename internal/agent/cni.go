@@ -198,7 +198,7 @@ func (a *Agent) cmdAdd(ctx context.Context, req cniapi.Request) (json.RawMessage
 
 	t1 := time.Now()
 	t2 := t1
-	res, err := a.node.SetupPod(podnet.Spec{NodeNS: a.opts.NetNS, PodNS: req.NetNS, HostIf: e.HostIf, PodIf: req.IfName,
+	res, err := a.node.SetupPod(podnet.Spec{NodeNS: a.opts.NetNS, PodNS: netnsPath(&req), HostIf: e.HostIf, PodIf: req.IfName,
 		MTU: a.opts.MTU, Addrs: e.Addrs, Gateways: e.Gateways})
 	if err == nil {
 		e.HostIfIndex, e.HostMAC, e.PodMAC = res.HostIfIndex, res.HostMAC.String(), res.PodMAC.String()
@@ -401,4 +401,21 @@ func (a *Agent) cmdGC(ctx context.Context, req cniapi.Request) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// netnsPath is where the agent opens the pod's network namespace. The
+// runtime names it by a path in its own mount namespace, which the agent,
+// running in a container, does not share: through the calling plugin's
+// /proc/<pid>/root the path resolves as the runtime sees it (the agent
+// shares the host's PID namespace). Without a plugin PID, or when that
+// path does not exist, the path is taken as it is (an agent running beside
+// the runtime).
+func netnsPath(req *cniapi.Request) string {
+	if req.PluginPID > 0 && filepath.IsAbs(req.NetNS) {
+		p := fmt.Sprintf("/proc/%d/root%s", req.PluginPID, req.NetNS)
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	return req.NetNS
 }

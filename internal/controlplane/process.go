@@ -25,6 +25,13 @@ type Process struct {
 // StartProcess runs bin with args, logging to logPath. The child dies with
 // the calling process (PDEATHSIG) so a crashed test leaves nothing behind.
 func StartProcess(name, bin string, args []string, logPath string) (*Process, error) {
+	return StartCommand(name, exec.Command(bin, args...), logPath)
+}
+
+// StartCommand starts cmd as StartProcess does, keeping whatever
+// SysProcAttr the caller set (namespaces, for instance) and adding its own
+// process group and PDEATHSIG.
+func StartCommand(name string, cmd *exec.Cmd, logPath string) (*Process, error) {
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
 		return nil, fmt.Errorf("create log dir for %s: %w", name, err)
 	}
@@ -32,9 +39,16 @@ func StartProcess(name, bin string, args []string, logPath string) (*Process, er
 	if err != nil {
 		return nil, fmt.Errorf("open log for %s: %w", name, err)
 	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if cmd.Stdout == nil {
+		cmd.Stdout = logf
+	}
+	if cmd.Stderr == nil {
+		cmd.Stderr = logf
+	}
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setpgid, cmd.SysProcAttr.Pdeathsig = true, syscall.SIGKILL
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
@@ -47,6 +61,9 @@ func StartProcess(name, bin string, args []string, logPath string) (*Process, er
 	}()
 	return p, nil
 }
+
+// PID is the process ID.
+func (p *Process) PID() int { return p.cmd.Process.Pid }
 
 // Exited reports whether the process has ended.
 func (p *Process) Exited() bool {

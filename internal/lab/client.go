@@ -19,11 +19,8 @@ import (
 	"syscall"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
-
 	"github.com/lace-cni/lace/internal/controlplane"
+	"github.com/lace-cni/lace/internal/images"
 	"github.com/lace-cni/lace/internal/netutil"
 )
 
@@ -86,7 +83,8 @@ func Up(ctx context.Context, c Config, out io.Writer) (*Status, error) {
 	cmd := exec.Command(self, "daemon",
 		"--name", c.Name, "--nodes", strconv.Itoa(c.Nodes), "--zones", strconv.Itoa(c.Zones),
 		"--state-root", c.StateRoot, "--k8s-bin", c.K8sBinDir, "--cni-bin", c.CNIBinDir,
-		"--lace-bin", c.LaceBinDir, "--cni", c.CNI)
+		"--lace-bin", c.LaceBinDir, "--cni", c.CNI, "--images", c.ImageDir, "--helm", c.Helm,
+		"--lace-tag", c.LaceTag)
 	cmd.Env = append(os.Environ(), EnvLab+"="+c.Name)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -130,22 +128,29 @@ func waitUp(ctx context.Context, c Config, pid int) (*Status, error) {
 }
 
 func checkBinaries(c Config) error {
-	if m := controlplane.MissingBinaries(c.K8sBinDir, "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "agnhost", "kubectl"); len(m) > 0 {
+	if m := controlplane.MissingBinaries(c.K8sBinDir, "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"); len(m) > 0 {
 		return fmt.Errorf("missing %s in %s: run 'make k8s-bins'", strings.Join(m, ", "), c.K8sBinDir)
 	}
+	plugins := []string{"loopback"}
 	if c.CNI == CNIBridge {
-		if m := controlplane.MissingBinaries(c.CNIBinDir, "bridge", "host-local", "loopback"); len(m) > 0 {
-			return fmt.Errorf("missing CNI plugins %s in %s: run 'make cni-bins'", strings.Join(m, ", "), c.CNIBinDir)
+		plugins = append(plugins, "bridge", "host-local")
+	}
+	if m := controlplane.MissingBinaries(c.CNIBinDir, plugins...); len(m) > 0 {
+		return fmt.Errorf("missing CNI plugins %s in %s: run 'make cni-bins'", strings.Join(m, ", "), c.CNIBinDir)
+	}
+	for _, img := range c.Images() {
+		if _, err := os.Stat(img); err != nil {
+			return fmt.Errorf("missing image %s: run 'make images'", img)
 		}
 	}
 	if c.CNI == CNILace {
-		if m := controlplane.MissingBinaries(c.LaceBinDir, "lace-controller", "lace-agent", "lace-cni"); len(m) > 0 {
-			return fmt.Errorf("missing %s in %s: run 'make build'", strings.Join(m, ", "), c.LaceBinDir)
+		if _, err := os.Stat(c.Helm); err != nil {
+			return fmt.Errorf("missing helm at %s: run 'make helm'", c.Helm)
 		}
 	}
-	for _, tool := range []string{"ip"} {
+	for _, tool := range []string{"ip", "nsenter", "containerd", "ctr", "runc"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			return fmt.Errorf("the lab needs %s (iproute2)", tool)
+			return fmt.Errorf("the lab needs %s (packages iproute2, util-linux, containerd, runc: 'make deps' installs them)", tool)
 		}
 	}
 	return nil
@@ -184,23 +189,24 @@ func leftover(c Config) bool {
 		return true
 	}
 	nss, _ := labNamespaces(c.Name)
-	return len(nss) > 0 || len(labProcesses(c.Name)) > 0
+	return len(nss) > 0 || len(labProcesses(c.Name)) > 0 || len(labCgroupRoots(c.Name)) > 0
 }
 
-// Cleanup removes whatever lab c left: processes, namespaces and state,
-// without asking a daemon. Use it after a crash.
+// Cleanup removes whatever lab c left: processes (those of its nodes'
+// cgroups included), namespaces and state, without asking a daemon. Use it
+// after a crash. The nodes' mounts live in their own mount namespaces and
+// go with their last process.
 func Cleanup(c Config) error {
 	for _, pid := range labProcesses(c.Name) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
+	var errs []error
+	for _, cg := range labCgroupRoots(c.Name) {
+		errs = append(errs, removeCgroupRoot(cg))
+	}
 	// Killed processes may hold a namespace a moment longer; deleting the
 	// name is enough, the kernel frees it with the last process.
-	var errs []error
 	if err := teardownNetwork(c.Name); err != nil {
-		errs = append(errs, err)
-	}
-	// Unmounting the lab's bpffs drops its pins: programs detach.
-	if err := netutil.UnmountBPFFS(filepath.Join(c.StateDir(), "bpffs")); err != nil {
 		errs = append(errs, err)
 	}
 	if err := os.RemoveAll(c.StateDir()); err != nil {
@@ -238,7 +244,7 @@ func labProcesses(name string) []int {
 	return out
 }
 
-var labNSRE = regexp.MustCompile(`^([a-z][a-z0-9]{0,9})-(fabric|external|n[0-9]+|p-[0-9a-f-]{36})$`)
+var labNSRE = regexp.MustCompile(`^([a-z][a-z0-9]{0,9})-(fabric|external|n[0-9]+)$`)
 
 // AllLabs lists the names of every lab that left anything on the machine.
 func AllLabs(root string) []string {
@@ -257,6 +263,12 @@ func AllLabs(root string) []string {
 			}
 		}
 	}
+	for _, cg := range labCgroupRoots("") {
+		// lace-lab-<lab>-<node>
+		if lab, _, ok := strings.Cut(strings.TrimPrefix(cg, "/lace-lab-"), "-"); ok && nameRE.MatchString(lab) {
+			names[lab] = true
+		}
+	}
 	for _, pid := range labProcesses("") {
 		env, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "environ"))
 		for _, kv := range bytes.Split(env, []byte{0}) {
@@ -273,43 +285,63 @@ func AllLabs(root string) []string {
 	return out
 }
 
-// ExecTarget returns the namespace name of an exec target: NAMESPACE/POD,
-// node/NODE or external.
+// ExecTarget returns the path of the network namespace of an exec target:
+// NAMESPACE/POD (found through the pod's node's runtime), node/NODE or
+// external.
 func ExecTarget(ctx context.Context, c Config, target string) (string, error) {
 	switch {
 	case target == "external":
-		return c.NetNS("external"), nil
+		return netutil.Path(c.NetNS("external")), nil
 	case strings.HasPrefix(target, "node/"):
-		return c.NetNS(strings.TrimPrefix(target, "node/")), nil
+		node := strings.TrimPrefix(target, "node/")
+		if !netutil.Exists(c.NetNS(node)) {
+			return "", fmt.Errorf("lab %s has no node %q", c.Name, node)
+		}
+		return netutil.Path(c.NetNS(node)), nil
 	}
 	ns, name, ok := strings.Cut(target, "/")
 	if !ok || ns == "" || name == "" {
 		return "", fmt.Errorf("target %q: want NAMESPACE/POD, node/NODE or external", target)
 	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig())
-	if err != nil {
-		return "", fmt.Errorf("lab %s kubeconfig: %w", c.Name, err)
-	}
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return "", err
-	}
-	pod, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return "", err
-	}
-	if pod.Spec.HostNetwork {
-		return c.NetNS(pod.Spec.NodeName), nil
-	}
-	return c.PodNetNS(string(pod.UID)), nil
+	return PodNetNS(ctx, c, ns, name)
 }
 
-// ExecCommand returns a command running argv in the namespace netns with
-// the lab's binaries first on PATH.
-func ExecCommand(c Config, netns string, argv []string) *exec.Cmd {
-	cmd := exec.Command("ip", append([]string{"netns", "exec", netns}, argv...)...)
-	cmd.Env = append(os.Environ(), "PATH="+filepath.Join(c.StateDir(), "bin")+":"+os.Getenv("PATH"))
-	return cmd
+// ExecCommand returns a command running argv, a program of the machine,
+// in the network namespace at netns.
+func ExecCommand(netns string, argv []string) *exec.Cmd {
+	return exec.Command("nsenter", append([]string{"--net=" + netns, "--"}, argv...)...)
+}
+
+// Load imports an image tarball into every node's runtime, as `kind load`
+// does; with as, the image also gets that reference.
+func Load(ctx context.Context, c Config, tarPath, as string) error {
+	st, err := GetStatus(c)
+	if err != nil {
+		return err
+	}
+	for _, n := range st.Nodes {
+		if err := importImage(ctx, c.ContainerdSocket(n.Name), tarPath, as); err != nil {
+			return fmt.Errorf("load into %s: %w", n.Name, err)
+		}
+	}
+	return nil
+}
+
+// importImage imports tarPath into the containerd at socket, in the CRI
+// plugin's namespace; with as, its (single) image also gets that name.
+func importImage(ctx context.Context, socket, tarPath, as string) error {
+	var retag map[string]string
+	if as != "" {
+		refs, err := images.ImageRefs(tarPath)
+		if err != nil {
+			return err
+		}
+		if len(refs) != 1 {
+			return fmt.Errorf("%s holds %d images; --as needs exactly one", tarPath, len(refs))
+		}
+		retag = map[string]string{refs[0]: as}
+	}
+	return images.Import(ctx, "ctr", socket, "k8s.io", tarPath, retag)
 }
 
 func tailFile(path string, n int) string {
@@ -321,18 +353,4 @@ func tailFile(path string, n int) string {
 		b = b[len(b)-n:]
 	}
 	return string(b)
-}
-
-// Control asks the lab daemon to stop, start or restart a Lace component.
-func Control(c Config, action, target string) error {
-	resp, err := controlClient(c).Post("http://lab/"+action+"?target="+target, "", nil)
-	if err != nil {
-		return fmt.Errorf("lab %s is not running: %w", c.Name, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(resp.Body)
-		return errors.New(strings.TrimSpace(string(b)))
-	}
-	return nil
 }

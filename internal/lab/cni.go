@@ -21,17 +21,27 @@ import (
 	"github.com/lace-cni/lace/internal/netutil"
 )
 
-// nodeExec runs CNI plugins the way a container runtime on the node would:
-// as processes in the node's network namespace (with its own /sys, which
-// `ip netns exec` mounts), with the CNI environment and config on stdin.
+// nodeExec runs CNI plugins the way a container runtime on the node
+// would: as processes in the node's network namespace (and, for a lab
+// node, its mount namespace, where the plugins, their config and the
+// agent's socket are), with the CNI environment and config on stdin.
 type nodeExec struct {
 	version.PluginDecoder
 	netns string
+	// root is the node's filesystem seen from the machine, and mntns its
+	// mount namespace; both empty for a plain network namespace.
+	root, mntns string
 }
 
 func (e *nodeExec) ExecPlugin(ctx context.Context, pluginPath string, stdin []byte, environ []string) ([]byte, error) {
 	var stdout, stderr bytes.Buffer
-	c := exec.CommandContext(ctx, "ip", "netns", "exec", e.netns, pluginPath)
+	var c *exec.Cmd
+	if e.mntns != "" {
+		c = exec.CommandContext(ctx, "nsenter", "--mount="+e.mntns, "--net="+netutil.Path(e.netns), "--", pluginPath)
+	} else {
+		// `ip netns exec` gives the plugin the namespace's own /sys.
+		c = exec.CommandContext(ctx, "ip", "netns", "exec", e.netns, pluginPath)
+	}
 	c.Env, c.Stdin, c.Stdout, c.Stderr = environ, bytes.NewReader(stdin), &stdout, &stderr
 	if err := c.Run(); err != nil {
 		// A plugin reports failure as a CNI error object on stdout.
@@ -44,26 +54,59 @@ func (e *nodeExec) ExecPlugin(ctx context.Context, pluginPath string, stdin []by
 	return stdout.Bytes(), nil
 }
 
+// FindInPath looks plugins up in the node's filesystem and returns their
+// paths as the node sees them.
 func (e *nodeExec) FindInPath(plugin string, paths []string) (string, error) {
-	return invoke.FindInPath(plugin, paths)
+	if e.root == "" {
+		return invoke.FindInPath(plugin, paths)
+	}
+	for _, dir := range paths {
+		if _, err := os.Stat(filepath.Join(e.root, dir, plugin)); err == nil {
+			return filepath.Join(dir, plugin), nil
+		}
+	}
+	return "", fmt.Errorf("failed to find plugin %q in node paths %v", plugin, paths)
 }
 
 // NodeCNI is one node's CNI runtime side: its config directory, plugin
-// path and result cache. The lab kubelet and the benchmarks invoke plugins
-// through it exactly as a container runtime would.
+// path and result cache. Tests and the benchmarks invoke plugins through
+// it exactly as a container runtime would.
 type NodeCNI struct {
 	confDir string
 	cni     *libcni.CNIConfig
 }
 
-// NewNodeCNI runs plugins from binDirs in the node's namespace nodeNS with
-// the first config of confDir.
-func NewNodeCNI(nodeNS, confDir, cacheDir string, binDirs []string) *NodeCNI {
+// NewNodeCNI invokes the CNI plugins of lab node as its runtime does, with
+// the node's config (the first in /etc/cni/net.d) and plugins
+// (/opt/cni/bin). Network namespace paths given to it must resolve in the
+// node's mount namespace: see MachinePath.
+func NewNodeCNI(c Config, node, cacheDir string) (*NodeCNI, error) {
+	root := c.NodeRoot(node)
+	target, err := os.Readlink(root)
+	if err != nil {
+		return nil, fmt.Errorf("node %s is not running: %w", node, err)
+	}
+	mntns := filepath.Join(filepath.Dir(target), "ns", "mnt")
+	e := &nodeExec{netns: c.NetNS(node), root: root, mntns: mntns}
+	return &NodeCNI{
+		confDir: filepath.Join(root, nodeCNIConfDir),
+		cni:     libcni.NewCNIConfigWithCacheDir([]string{nodeCNIBinDir}, cacheDir, e),
+	}, nil
+}
+
+// NewNetNSCNI runs plugins from binDirs in the named network namespace
+// netns with the first config of confDir, without a mount namespace of
+// its own (a peer plugin measured beside Lace).
+func NewNetNSCNI(netns, confDir, cacheDir string, binDirs []string) *NodeCNI {
 	return &NodeCNI{
 		confDir: confDir,
-		cni:     libcni.NewCNIConfigWithCacheDir(binDirs, cacheDir, &nodeExec{netns: nodeNS}),
+		cni:     libcni.NewCNIConfigWithCacheDir(binDirs, cacheDir, &nodeExec{netns: netns}),
 	}
 }
+
+// MachinePath returns a path that names the machine's file p from inside
+// any lab node's mount namespace, for as long as the calling process runs.
+func MachinePath(p string) string { return fmt.Sprintf("/proc/%d/root%s", os.Getpid(), p) }
 
 // confList loads the first config of the node's CNI directory in lexical
 // order, as kubelet runtimes do.
@@ -151,38 +194,16 @@ func (n *NodeCNI) GC(ctx context.Context, valid []string) error {
 	return n.cni.GCNetworkList(ctx, list, args)
 }
 
-// writeBridgeConfig writes the lab's fallback CNI config for node i: the
-// reference bridge and host-local plugins with a per-node range, routed
-// between nodes over the underlay.
-func writeBridgeConfig(c Config, i int, confDir, ipamDir string) error {
-	if err := WriteBridgeConfig(i, confDir, ipamDir); err != nil {
-		return err
-	}
-	// Route the other nodes' pod ranges over the underlay.
-	ns := netutil.Path(c.NetNS(c.NodeName(i)))
-	for j := 1; j <= c.Nodes; j++ {
-		if j == i {
-			continue
-		}
-		pv4, pv6 := BridgePodCIDRs(j)
-		gv4, gv6 := NodeUnderlay(j)
-		if err := netutil.EnsureRoute(ns, pv4, gv4, "eth0"); err != nil {
-			return err
-		}
-		if err := netutil.EnsureRoute(ns, pv6, gv6, "eth0"); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // WriteBridgeConfig writes the reference bridge config with node i's pod
 // ranges (and nothing else: no routes).
 func WriteBridgeConfig(i int, confDir, ipamDir string) error {
 	v4, v6 := BridgePodCIDRs(i)
 	conf := map[string]any{
-		"cniVersion": "1.1.0",
-		"name":       "lab-bridge",
+		// As the agent's config: 1.1 for runtimes that read cniVersions,
+		// 1.0 for containerd 1.6, which does not.
+		"cniVersion":  "1.0.0",
+		"cniVersions": []string{"1.0.0", "1.1.0"},
+		"name":        "lab-bridge",
 		"plugins": []any{
 			map[string]any{
 				"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,

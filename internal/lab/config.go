@@ -39,6 +39,12 @@ type Config struct {
 	LaceBinDir string
 	// CNI is the lab's pod network: lace (default) or bridge.
 	CNI string
+	// ImageDir holds the image tarballs every node imports (`make images`).
+	ImageDir string
+	// Helm is the helm binary that installs Lace's chart.
+	Helm string
+	// LaceTag is the tag of the Lace image the chart runs.
+	LaceTag string
 }
 
 // CNI choices of a lab.
@@ -62,8 +68,19 @@ func DefaultConfig() Config {
 		cni = filepath.Join(home, ".cache", "lace", "cni-"+CNIVersion)
 	}
 	self, _ := os.Executable()
+	images := os.Getenv("LACE_IMAGES")
+	if images == "" {
+		images = filepath.Join(filepath.Dir(self), "images")
+	}
+	helm := os.Getenv("LACE_HELM")
+	if helm == "" {
+		helm = filepath.Join(home, ".cache", "lace", "tools", "helm")
+	}
 	return Config{
 		CNI:        CNILace,
+		ImageDir:   images,
+		Helm:       helm,
+		LaceTag:    "dev",
 		LaceBinDir: filepath.Dir(self),
 		Name:       "lace",
 		Nodes:      3,
@@ -108,12 +125,26 @@ func (c Config) NodeName(i int) string { return "n" + strconv.Itoa(i) }
 // Zone is the zone of node i (1-based).
 func (c Config) Zone(i int) string { return "zone-" + string(rune('a'+(i-1)%c.Zones)) }
 
-// NetNS is the name of the lab namespace for role: fabric, external, a node
-// name, or p-<pod uid>.
+// NetNS is the name of the lab namespace for role: fabric, external or a
+// node name.
 func (c Config) NetNS(role string) string { return c.Name + "-" + role }
 
-// PodNetNS is the namespace name of the pod with uid.
-func (c Config) PodNetNS(uid string) string { return c.NetNS("p-" + uid) }
+// NodeDir is the state directory of a node.
+func (c Config) NodeDir(node string) string { return filepath.Join(c.StateDir(), "nodes", node) }
+
+// NodeRoot is a link to the node's filesystem as the node sees it (its
+// overlays, /run and bpffs), for reading it from the machine.
+func (c Config) NodeRoot(node string) string { return filepath.Join(c.NodeDir(node), "root") }
+
+// ContainerdSocket is the node's containerd (CRI) socket, reached from the
+// machine.
+func (c Config) ContainerdSocket(node string) string {
+	return filepath.Join(c.NodeRoot(node), nodeContainerdSock)
+}
+
+// EgressSocket is where the lab's CONNECT proxy listens for the API
+// server's connections to kubelets.
+func (c Config) EgressSocket() string { return filepath.Join(c.StateDir(), "egress.sock") }
 
 // Lab addressing. The fabric is one L2 segment; each node's underlay
 // interface eth0 has an IPv4 and an IPv6 (ULA) address on it.
@@ -124,6 +155,10 @@ var (
 
 // NodeUnderlay returns node i's underlay addresses (IPv4, IPv6).
 func NodeUnderlay(i int) (netip.Addr, netip.Addr) { return hostAddr(10 + i) }
+
+// APIServerAddrs are the addresses where the API server sits on the fabric
+// (IPv4, IPv6), as a cluster's control plane node would.
+func APIServerAddrs() (netip.Addr, netip.Addr) { return hostAddr(1) }
 
 // ExternalUnderlay returns the external host's addresses (IPv4, IPv6).
 func ExternalUnderlay() (netip.Addr, netip.Addr) { return hostAddr(200) }
@@ -147,6 +182,11 @@ func BridgePodCIDRs(i int) (netip.Prefix, netip.Prefix) {
 // ServiceCIDRs are the lab's service ranges (dual-stack).
 const ServiceCIDRs = "10.96.0.0/16,fd00:96::/108"
 
-// cniPluginDir holds lace-cni under the plugin name "lace", as a runtime's
-// CNI bin directory would.
-func (c Config) cniPluginDir() string { return filepath.Join(c.StateDir(), "cni-bin") }
+// Images are the tarballs every node imports at up.
+func (c Config) Images() []string {
+	var out []string
+	for _, n := range []string{"pause.tar", "agnhost.tar", "lace.tar"} {
+		out = append(out, filepath.Join(c.ImageDir, n))
+	}
+	return out
+}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -19,7 +20,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/lace-cni/lace/internal/controlplane"
-	"github.com/lace-cni/lace/internal/netutil"
 )
 
 // EnvLab marks every process a lab starts with the lab's name, so that
@@ -28,27 +28,29 @@ const EnvLab = "LACE_LAB"
 
 // Status is what the lab daemon reports on its control socket.
 type Status struct {
-	Name       string       `json:"name"`
-	Ready      bool         `json:"ready"`
-	Error      string       `json:"error,omitempty"`
-	PID        int          `json:"pid"`
-	Kubeconfig string       `json:"kubeconfig"`
-	APIServer  string       `json:"apiServer"`
-	StartedAt  time.Time    `json:"startedAt"`
-	UpSeconds  float64      `json:"upSeconds,omitempty"`
-	Nodes      []NodeStatus `json:"nodes"`
-	Processes  []ProcStatus `json:"processes"`
+	Name       string `json:"name"`
+	Ready      bool   `json:"ready"`
+	Error      string `json:"error,omitempty"`
+	PID        int    `json:"pid"`
+	Kubeconfig string `json:"kubeconfig"`
+	APIServer  string `json:"apiServer"`
+	// FabricAPIServer is where nodes and pods reach the API server.
+	FabricAPIServer string       `json:"fabricAPIServer"`
+	StartedAt       time.Time    `json:"startedAt"`
+	UpSeconds       float64      `json:"upSeconds,omitempty"`
+	Nodes           []NodeStatus `json:"nodes"`
+	Processes       []ProcStatus `json:"processes"`
 }
 
 // NodeStatus describes one lab node.
 type NodeStatus struct {
-	Name        string `json:"name"`
-	Zone        string `json:"zone"`
-	NetNS       string `json:"netns"`
-	IPv4        string `json:"ipv4"`
-	IPv6        string `json:"ipv6"`
-	KubeletPort int    `json:"kubeletPort"`
-	Pods        int    `json:"pods"`
+	Name  string `json:"name"`
+	Zone  string `json:"zone"`
+	NetNS string `json:"netns"`
+	IPv4  string `json:"ipv4"`
+	IPv6  string `json:"ipv6"`
+	// Root is the node's filesystem as the node sees it.
+	Root string `json:"root"`
 }
 
 // ProcStatus describes one lab process.
@@ -59,7 +61,8 @@ type ProcStatus struct {
 }
 
 // daemon is the long-lived process behind a running lab: it owns the
-// control plane processes, the lab kubelets and the namespaces.
+// control plane processes, the nodes (their namespaces, containerd and
+// kubelet) and the relays between the machine's loopback and the fabric.
 type daemon struct {
 	cfg Config
 	log *slog.Logger
@@ -68,13 +71,9 @@ type daemon struct {
 	status   Status
 	cp       *controlplane.ControlPlane
 	procs    []*controlplane.Process
-	kubelets []*kubelet
+	nodes    []*node
 	shutdown chan struct{}
 	once     sync.Once
-	// kubeletErr is the first error a lab kubelet stopped with.
-	kubeletErr error
-	// components are Lace's own processes (restartable).
-	components []*component
 }
 
 // RunDaemon brings the lab up and keeps it running until ctx ends or a
@@ -99,8 +98,7 @@ func RunDaemon(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var wg sync.WaitGroup
-	upErr := d.up(runCtx, &wg)
+	upErr := d.up(runCtx)
 	d.mu.Lock()
 	if upErr != nil {
 		d.status.Error = upErr.Error()
@@ -126,27 +124,48 @@ func RunDaemon(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	log.Info("lab shutting down")
 	cancel()
-	wg.Wait()
 	d.teardown()
 	return upErr
 }
 
-func (d *daemon) up(ctx context.Context, wg *sync.WaitGroup) error {
+func (d *daemon) up(ctx context.Context) error {
 	c := d.cfg
 	if err := setupNetwork(c); err != nil {
 		return fmt.Errorf("set up lab network: %w", err)
 	}
+	if err := serveEgress(ctx, c, d.log); err != nil {
+		return err
+	}
+	egress := filepath.Join(c.StateDir(), "egress-selector.yaml")
+	if err := writeFile(egress, egressConfig(c.EgressSocket()), 0o644); err != nil {
+		return err
+	}
+	apiV4, apiV6 := APIServerAddrs()
+	pkiDir := filepath.Join(c.StateDir(), "pki")
 	cp, err := controlplane.Start(ctx, controlplane.Options{
 		BinDir: c.K8sBinDir, Dir: c.StateDir(), ServiceCIDRs: ServiceCIDRs,
 		ExtraAPIServerArgs: []string{
-			// Kubelets are reached on loopback: see kubelet.register.
-			"--kubelet-preferred-address-types=InternalDNS,InternalIP,Hostname",
-			"--kubelet-client-certificate=" + filepath.Join(c.StateDir(), "pki", "apiserver-kubelet-client.crt"),
-			"--kubelet-client-key=" + filepath.Join(c.StateDir(), "pki", "apiserver-kubelet-client.key"),
+			// Where the API server sits on the fabric: the kubernetes
+			// Service's endpoints, reached through the relay.
+			"--advertise-address=" + apiV4.String(),
+			"--enable-admission-plugins=NodeRestriction",
+			"--kubelet-preferred-address-types=InternalIP",
+			"--kubelet-certificate-authority=" + filepath.Join(pkiDir, "ca.crt"),
+			"--kubelet-client-certificate=" + filepath.Join(pkiDir, "apiserver-kubelet-client.crt"),
+			"--kubelet-client-key=" + filepath.Join(pkiDir, "apiserver-kubelet-client.key"),
+			"--egress-selector-config-file=" + egress,
 		},
 		BeforeAPIServer: func(p *controlplane.PKI) error {
-			return p.Issue(filepath.Join(p.Dir, "apiserver-kubelet-client.crt"), filepath.Join(p.Dir, "apiserver-kubelet-client.key"),
-				"kube-apiserver-kubelet-client", []string{"system:masters"}, nil, nil, false)
+			if err := p.Issue(filepath.Join(p.Dir, "apiserver-kubelet-client.crt"), filepath.Join(p.Dir, "apiserver-kubelet-client.key"),
+				"kube-apiserver-kubelet-client", []string{"system:masters"}, nil, nil, false); err != nil {
+				return err
+			}
+			// Serving names and addresses of a cluster's API server: on
+			// the fabric and behind the kubernetes Service (both families).
+			return p.Issue(p.ServingCert, p.ServingK, "kube-apiserver", nil,
+				[]string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
+				[]net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback, apiV4.AsSlice(), apiV6.AsSlice(),
+					net.ParseIP("10.96.0.1"), net.ParseIP("fd00:96::1")}, true)
 		},
 	})
 	if err != nil {
@@ -160,6 +179,17 @@ func (d *daemon) up(ctx context.Context, wg *sync.WaitGroup) error {
 	if err := copyFile(cp.AdminKubeconfig, c.Kubeconfig()); err != nil {
 		return err
 	}
+	apiURL, err := url.Parse(cp.APIServerURL)
+	if err != nil {
+		return err
+	}
+	apiPort, _ := strconv.Atoi(apiURL.Port())
+	if err := relayAPIServer(ctx, c, apiPort, d.log); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	d.status.FabricAPIServer = "https://" + net.JoinHostPort(apiV4.String(), apiURL.Port())
+	d.mu.Unlock()
 	for _, start := range []func(...string) (*controlplane.Process, error){cp.StartControllerManager, cp.StartScheduler} {
 		p, err := start()
 		if err != nil {
@@ -169,68 +199,75 @@ func (d *daemon) up(ctx context.Context, wg *sync.WaitGroup) error {
 		d.procs = append(d.procs, p)
 		d.mu.Unlock()
 	}
-	cfg := cp.RESTConfig()
-	if err := controlplane.InstallCRDs(ctx, cfg); err != nil {
-		return err
-	}
-	client, err := kubernetes.NewForConfig(cfg)
+	restCfg := cp.RESTConfig()
+	client, err := kubernetes.NewForConfig(restCfg)
 	if err != nil {
 		return err
 	}
-	if err := d.linkBinaries(); err != nil {
-		return err
-	}
 	if c.CNI == CNILace {
-		if err := installDefaults(ctx, cfg); err != nil {
-			return err
-		}
-		if err := d.startLace(cp); err != nil {
+		// The chart goes in first, as on a cluster whose nodes wait for
+		// their network: the DaemonSet's pods land as the nodes register.
+		if err := installLace(ctx, c, apiPort); err != nil {
 			return err
 		}
 	}
-	pki := cp.PKI
-	servingCert, servingKey := filepath.Join(pki.Dir, "kubelet.crt"), filepath.Join(pki.Dir, "kubelet.key")
-	if err := pki.Issue(servingCert, servingKey, "lab-kubelet", nil, []string{"localhost"},
-		[]net.IP{net.IPv4(127, 0, 0, 1)}, true); err != nil {
+	if err := d.startNodes(ctx, cp.PKI, d.status.FabricAPIServer); err != nil {
 		return err
-	}
-	for i := 1; i <= c.Nodes; i++ {
-		port, err := controlplane.FreePort()
-		if err != nil {
-			return err
-		}
-		k := newKubelet(c, i, client, port, d.log)
-		if c.CNI == CNIBridge {
-			if err := writeBridgeConfig(c, i, k.cni.confDir, filepath.Join(k.dataDir, "ipam")); err != nil {
-				return fmt.Errorf("CNI config of %s: %w", k.node, err)
-			}
-		}
-		if err := k.serveAPI(ctx, servingCert, servingKey, pki.CACert); err != nil {
-			return err
-		}
-		d.mu.Lock()
-		d.kubelets = append(d.kubelets, k)
-		d.mu.Unlock()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := k.run(ctx); err != nil && ctx.Err() == nil {
-				d.log.Error("lab kubelet stopped", "node", k.node, "err", err)
-				d.mu.Lock()
-				if d.kubeletErr == nil {
-					d.kubeletErr = fmt.Errorf("lab kubelet of %s: %w", k.node, err)
-				}
-				d.mu.Unlock()
-			}
-		}()
 	}
 	if err := d.waitReady(ctx, client); err != nil {
 		return err
 	}
 	if c.CNI == CNILace {
-		return waitLace(ctx, cfg, c.Nodes, d.alive)
+		return waitLace(ctx, restCfg, c.Nodes, d.alive)
 	}
 	return nil
+}
+
+// startNodes brings every node's containerd up with the lab's images, in
+// parallel, then starts the kubelets.
+func (d *daemon) startNodes(ctx context.Context, pki *controlplane.PKI, apiServer string) error {
+	c := d.cfg
+	for i := 1; i <= c.Nodes; i++ {
+		d.nodes = append(d.nodes, newNode(c, i, d.log))
+	}
+	errs := make([]error, len(d.nodes))
+	var wg sync.WaitGroup
+	for i, n := range d.nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = n.start(ctx, pki, apiServer, c.Images())
+		}()
+	}
+	wg.Wait()
+	d.collectProcs()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	for _, n := range d.nodes {
+		if err := n.startKubelet(); err != nil {
+			return err
+		}
+	}
+	d.collectProcs()
+	return nil
+}
+
+// collectProcs adds the nodes' processes to the lab's list.
+func (d *daemon) collectProcs() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	have := map[*controlplane.Process]bool{}
+	for _, p := range d.procs {
+		have[p] = true
+	}
+	for _, n := range d.nodes {
+		for _, p := range n.processes() {
+			if !have[p] {
+				d.procs = append(d.procs, p)
+			}
+		}
+	}
 }
 
 // alive fails when a lab process has exited.
@@ -274,12 +311,6 @@ func (d *daemon) waitReady(ctx context.Context, client kubernetes.Interface) err
 		if last == "" {
 			return nil
 		}
-		d.mu.Lock()
-		kerr := d.kubeletErr
-		d.mu.Unlock()
-		if kerr != nil {
-			return kerr
-		}
 		for _, p := range d.processes() {
 			if p.Exited() {
 				return fmt.Errorf("%s %v: %s", p.Name, p.ExitError(), p.LogTail(1500))
@@ -298,56 +329,29 @@ func (d *daemon) processes() []*controlplane.Process {
 	return append([]*controlplane.Process(nil), d.procs...)
 }
 
-// linkBinaries fills <state>/bin, which leads PATH in pods and exec.
-func (d *daemon) linkBinaries() error {
-	bin := filepath.Join(d.cfg.StateDir(), "bin")
-	if err := os.MkdirAll(bin, 0o755); err != nil {
-		return err
-	}
-	link := func(target, name string) error {
-		dst := filepath.Join(bin, name)
-		_ = os.Remove(dst)
-		if err := os.Symlink(target, dst); err != nil {
-			return fmt.Errorf("link %s: %w", name, err)
-		}
-		return nil
-	}
-	if err := link(filepath.Join(d.cfg.K8sBinDir, "agnhost"), "agnhost"); err != nil {
-		return err
-	}
-	if err := os.MkdirAll(d.cfg.cniPluginDir(), 0o755); err != nil {
-		return err
-	}
-	plugin := filepath.Join(d.cfg.cniPluginDir(), "lace")
-	_ = os.Remove(plugin)
-	if err := os.Symlink(filepath.Join(d.cfg.LaceBinDir, "lace-cni"), plugin); err != nil {
-		return fmt.Errorf("install lace CNI plugin: %w", err)
-	}
-	for _, b := range []string{"lace-controller", "lace-agent", "lacectl"} {
-		if _, err := os.Stat(filepath.Join(d.cfg.LaceBinDir, b)); err == nil {
-			if err := link(filepath.Join(d.cfg.LaceBinDir, b), b); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// teardown stops everything in reverse order and removes the lab's
-// namespaces and state. Kubelets have stopped their pods already.
+// teardown stops the nodes (and everything that ran in them), then the
+// control plane, and removes the lab's namespaces and state.
 func (d *daemon) teardown() {
+	d.mu.Lock()
+	nodes := d.nodes
+	d.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := n.stop(); err != nil {
+				d.log.Error("stop node", "node", n.name, "err", err)
+			}
+		}()
+	}
+	wg.Wait()
 	procs := d.processes()
 	for i := len(procs) - 1; i >= 0; i-- {
 		procs[i].Stop(10 * time.Second)
 	}
-	if err := netutil.UnmountBPFFS(d.bpffsDir()); err != nil {
-		d.log.Error("unmount lab bpffs", "err", err)
-	}
-	if err := teardownNetwork(d.cfg.Name); err != nil {
-		d.log.Error("remove lab namespaces", "err", err)
-	}
-	if err := os.RemoveAll(d.cfg.StateDir()); err != nil {
-		d.log.Error("remove lab state", "err", err)
+	if err := Cleanup(d.cfg); err != nil {
+		d.log.Error("clean up lab", "err", err)
 	}
 }
 
@@ -356,13 +360,10 @@ func (d *daemon) snapshot() Status {
 	defer d.mu.Unlock()
 	st := d.status
 	st.Nodes = nil
-	for _, k := range d.kubelets {
-		v4, v6 := NodeUnderlay(k.index)
-		k.mu.Lock()
-		n := len(k.pods)
-		k.mu.Unlock()
-		st.Nodes = append(st.Nodes, NodeStatus{Name: k.node, Zone: k.zone, NetNS: k.nodeNS, IPv4: v4.String(),
-			IPv6: v6.String(), KubeletPort: k.apiPort, Pods: n})
+	for _, n := range d.nodes {
+		v4, v6 := NodeUnderlay(n.index)
+		st.Nodes = append(st.Nodes, NodeStatus{Name: n.name, Zone: n.zone, NetNS: n.cfg.NetNS(n.name),
+			IPv4: v4.String(), IPv6: v6.String(), Root: n.cfg.NodeRoot(n.name)})
 	}
 	st.Processes = nil
 	for _, p := range d.procs {
@@ -388,13 +389,6 @@ func (d *daemon) serveControl() (*http.Server, error) {
 		d.once.Do(func() { close(d.shutdown) })
 		w.WriteHeader(http.StatusAccepted)
 	})
-	mux.HandleFunc("POST /{action}", func(w http.ResponseWriter, r *http.Request) {
-		if err := d.control(r.PathValue("action"), r.URL.Query().Get("target")); err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		w.WriteHeader(http.StatusOK)
-	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -402,44 +396,6 @@ func (d *daemon) serveControl() (*http.Server, error) {
 		}
 	}()
 	return srv, nil
-}
-
-// control stops, starts or restarts a Lace component of the lab
-// (agent/NODE or controller). Stopping a stopped one, or starting a running
-// one, is a no-op.
-func (d *daemon) control(action, target string) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, c := range d.components {
-		if c.name != target {
-			continue
-		}
-		switch action {
-		case "stop":
-			c.proc.Stop(10 * time.Second)
-			d.log.Info("stopped", "component", target)
-			return nil
-		case "start":
-			if !c.proc.Exited() {
-				return nil
-			}
-		case "restart":
-			c.proc.Stop(10 * time.Second)
-		default:
-			return fmt.Errorf("unknown action %q", action)
-		}
-		if err := c.start(); err != nil {
-			return err
-		}
-		for i, p := range d.procs {
-			if p.Name == c.name {
-				d.procs[i] = c.proc
-			}
-		}
-		d.log.Info(action+"ed", "component", target)
-		return nil
-	}
-	return fmt.Errorf("no component %q in lab %s (agent/NODE or controller)", target, d.cfg.Name)
 }
 
 func copyFile(src, dst string) error {

@@ -89,6 +89,15 @@ func Demo(ctx context.Context, c Config, out io.Writer) error {
 		time.Sleep(300 * time.Millisecond)
 	}
 
+	// Each pod's network namespace, as its node's runtime reports it.
+	netns := map[string]string{}
+	for _, name := range names {
+		p, err := PodNetNS(ctx, c, pods[name].Namespace, name)
+		if err != nil {
+			return err
+		}
+		netns[name] = p
+	}
 	// Every cell is measured at once: isolated pairs wait out a timeout.
 	type cellKey struct{ src, dst string }
 	results := map[cellKey][]string{}
@@ -101,7 +110,7 @@ func Demo(ctx context.Context, c Config, out io.Writer) error {
 				defer wg.Done()
 				var cell []string
 				for _, ip := range pods[dst].Status.PodIPs {
-					if reach(ctx, c, pods[src], netip.MustParseAddr(ip.IP), dst) {
+					if reach(ctx, netns[src], netip.MustParseAddr(ip.IP), dst) {
 						cell = append(cell, "ok")
 					} else {
 						cell = append(cell, "--")
@@ -149,12 +158,12 @@ func demoPod(name, network, node string) *corev1.Pod {
 	}
 }
 
-// reach sends GET /hostname from inside src's namespace to dst:8080 and
-// reports whether want answered.
-func reach(ctx context.Context, c Config, src *corev1.Pod, dst netip.Addr, want string) bool {
+// reach sends GET /hostname from inside the network namespace at srcNS to
+// dst:8080 and reports whether want answered.
+func reach(ctx context.Context, srcNS string, dst netip.Addr, want string) bool {
 	ctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
 	defer cancel()
-	conn, err := netutil.DialContext(ctx, netutil.Path(c.PodNetNS(string(src.UID))), "tcp", net.JoinHostPort(dst.String(), "8080"))
+	conn, err := netutil.DialContext(ctx, srcNS, "tcp", net.JoinHostPort(dst.String(), "8080"))
 	if err != nil {
 		return false
 	}

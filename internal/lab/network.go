@@ -22,6 +22,15 @@ func setupNetwork(c Config) error {
 	if err := netutil.EnsureBridge(netutil.Path(fabric), fabricBridge); err != nil {
 		return err
 	}
+	// The fabric namespace is also where the control plane sits on the
+	// fabric: the API server's relay listens on these addresses and the
+	// API server's connections to kubelets leave from here.
+	av4, av6 := APIServerAddrs()
+	for _, a := range []netip.Prefix{netip.PrefixFrom(av4, UnderlayV4.Bits()), netip.PrefixFrom(av6, UnderlayV6.Bits())} {
+		if err := netutil.EnsureAddr(netutil.Path(fabric), fabricBridge, a); err != nil {
+			return fmt.Errorf("fabric address: %w", err)
+		}
+	}
 	attach := func(ns, fabricEnd string, v4, v6 netip.Addr) error {
 		if err := netutil.CreateNamed(ns); err != nil {
 			return err
@@ -86,8 +95,6 @@ func isLabNetNS(name, ns string) bool {
 	switch {
 	case role == "fabric" || role == "external":
 		return true
-	case strings.HasPrefix(role, "p-"):
-		return len(role) == len("p-")+36
 	case strings.HasPrefix(role, "n"):
 		for _, r := range role[1:] {
 			if r < '0' || r > '9' {

@@ -172,3 +172,15 @@ func Sysctl(nsPath, key, value string) error {
 		return nil
 	})
 }
+
+// Listen opens a listening socket inside the namespace at nsPath; it keeps
+// accepting there whatever thread calls Accept.
+func Listen(nsPath, network, addr string) (net.Listener, error) {
+	var ln net.Listener
+	err := Do(nsPath, func() error {
+		l, err := net.Listen(network, addr)
+		ln = l
+		return err
+	})
+	return ln, err
+}

@@ -10,11 +10,14 @@ const DefaultSocket = "/run/lace/cni.sock"
 
 // Request carries one CNI invocation.
 type Request struct {
-	Command     string            `json:"command"` // ADD, DEL, CHECK, STATUS, GC
-	ContainerID string            `json:"containerID,omitempty"`
-	NetNS       string            `json:"netns,omitempty"`
-	IfName      string            `json:"ifName,omitempty"`
-	Args        map[string]string `json:"args,omitempty"` // CNI_ARGS
+	Command     string `json:"command"` // ADD, DEL, CHECK, STATUS, GC
+	ContainerID string `json:"containerID,omitempty"`
+	NetNS       string `json:"netns,omitempty"`
+	// PluginPID is the calling plugin's PID: the agent resolves NetNS
+	// through /proc/<pid>/root, in the runtime's mount namespace.
+	PluginPID int               `json:"pluginPID,omitempty"`
+	IfName    string            `json:"ifName,omitempty"`
+	Args      map[string]string `json:"args,omitempty"` // CNI_ARGS
 	// Config is the network configuration from stdin, as given.
 	Config json.RawMessage `json:"config,omitempty"`
 }

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -103,27 +102,28 @@ func TestCNIGarbageCollection(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer client.CoreV1().Pods("default").Delete(ctx, "gc-stray", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
-	c := lab.Config{Name: labName, StateRoot: lab.DefaultStateRoot}
+	c := labConfig()
 	netns := labName + "-p-" + string(uuid.NewUUID())
 	if err := netutil.CreateNamed(netns); err != nil {
 		t.Fatal(err)
 	}
 	defer netutil.DeleteNamed(netns)
-	nodeDir := filepath.Join(c.StateDir(), "nodes", "n3")
-	cni := lab.NewNodeCNI(c.NetNS("n3"), filepath.Join(nodeDir, "net.d"), t.TempDir(), []string{filepath.Join(c.StateDir(), "cni-bin")})
-	addrs, err := cni.Add(ctx, lab.PodRuntimeConf("stray-"+string(stray.UID), netutil.Path(netns), "default", "gc-stray", string(stray.UID)))
+	// lace-cni runs as n3's containerd runs it, in the node's namespaces.
+	cni, err := lab.NewNodeCNI(c, "n3", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := cni.Add(ctx, lab.PodRuntimeConf("stray-"+string(stray.UID), lab.MachinePath(netutil.Path(netns)), "default", "gc-stray", string(stray.UID)))
 	if err != nil {
 		t.Fatalf("ADD behind the kubelet's back: %v", err)
 	}
 	t.Logf("stray attachment got %v", addrs)
 
-	pods, err := client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=n3"})
+	// The runtime's sandboxes are the valid attachments, as containerd
+	// lists them for CNI GC.
+	valid, err := lab.SandboxIDs(ctx, c, "n3")
 	if err != nil {
 		t.Fatal(err)
-	}
-	var valid []string
-	for _, p := range pods.Items {
-		valid = append(valid, string(p.UID)) // the lab kubelet's container ID
 	}
 	before := nodeResidue(t)["n3"]
 	if err := cni.GC(ctx, valid); err != nil {

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -110,7 +109,10 @@ func podAddrs(p *corev1.Pod) (v4, v6 netip.Addr) {
 // test enters it) to netexec at dst and returns the hostname that answered:
 // HTTP on 8080 or a UDP datagram on 8081.
 func dial(ctx context.Context, from *corev1.Pod, proto string, dst netip.Addr) ([]string, error) {
-	ns := netutil.Path(lab.Config{Name: labName}.PodNetNS(string(from.UID)))
+	ns, err := lab.PodNetNS(ctx, labConfig(), from.Namespace, from.Name)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if proto == "udp" {
@@ -320,35 +322,13 @@ func TestStreamSurvivesAgentRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	// The test enters pod a's namespace to hold the connection itself.
-	conn, err := netutil.DialContext(ctx, netutil.Path(lab.Config{Name: labName}.PodNetNS(string(a.UID))), "tcp",
+	conn, err := netutil.DialContext(ctx, podNetNS(t, a), "tcp",
 		net.JoinHostPort(b4.String(), "8080"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	r := bufio.NewReader(conn)
-	ask := func(msg string) {
-		t.Helper()
-		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-		fmt.Fprintf(conn, "GET /echo?msg=%s HTTP/1.1\r\nHost: steady\r\n\r\n", msg)
-		var length int
-		for {
-			line, err := r.ReadString('\n')
-			if err != nil {
-				t.Fatalf("request %q on the held connection: %v", msg, err)
-			}
-			if v, ok := strings.CutPrefix(strings.ToLower(line), "content-length:"); ok {
-				fmt.Sscanf(strings.TrimSpace(v), "%d", &length)
-			}
-			if line == "\r\n" {
-				break
-			}
-		}
-		body := make([]byte, length)
-		if _, err := io.ReadFull(r, body); err != nil || string(body) != msg {
-			t.Fatalf("echo %q: got %q, %v", msg, body, err)
-		}
-	}
+	ask := echoer(t, conn)
 	ask("before")
 	for _, target := range []string{"agent/n1", "agent/n2"} {
 		if out, err := labCmd("restart", target).CombinedOutput(); err != nil {
@@ -451,7 +431,7 @@ type residue struct {
 
 func nodeResidue(t *testing.T) map[string]residue {
 	t.Helper()
-	cfg := lab.Config{Name: labName, StateRoot: lab.DefaultStateRoot}
+	cfg := labConfig()
 	out := map[string]residue{}
 	for _, node := range []string{"n1", "n2", "n3"} {
 		var r residue
@@ -464,7 +444,8 @@ func nodeResidue(t *testing.T) map[string]residue {
 				r.Veths++
 			}
 		}
-		dp, err := datapath.Load(filepath.Join(cfg.StateDir(), "bpffs", node))
+		// The agent's pins and checkpoint, on the node's own bpffs and disk.
+		dp, err := datapath.Load(filepath.Join(cfg.NodeRoot(node), "sys/fs/bpf/lace"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -472,7 +453,7 @@ func nodeResidue(t *testing.T) map[string]residue {
 		ports, _ := dp.Ports()
 		dp.Close()
 		r.Endpoints, r.Ports = len(eps), len(ports)
-		b, err := os.ReadFile(filepath.Join(cfg.StateDir(), "nodes", node, "agent", "endpoints.json"))
+		b, err := os.ReadFile(filepath.Join(cfg.NodeRoot(node), "var/lib/lace/endpoints.json"))
 		if err == nil {
 			var list []json.RawMessage
 			_ = json.Unmarshal(b, &list)

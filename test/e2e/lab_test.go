@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -269,7 +270,9 @@ func TestUnknownImageFailsClearly(t *testing.T) {
 			return err
 		}
 		for _, s := range got.Status.ContainerStatuses {
-			if w := s.State.Waiting; w != nil && w.Reason == "ErrImagePull" && strings.Contains(w.Message, "agnhost") && strings.Contains(w.Message, "nginx") {
+			// No registry is reachable from the lab: the runtime's pull
+			// fails at once and the kubelet says so, naming the image.
+			if w := s.State.Waiting; w != nil && (w.Reason == "ErrImagePull" || w.Reason == "ImagePullBackOff") && strings.Contains(w.Message, "nginx") {
 				if got.Status.Phase != corev1.PodPending {
 					return fmt.Errorf("phase %s, want Pending", got.Status.Phase)
 				}
@@ -287,9 +290,13 @@ func TestPodDeletionCompletes(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := waitPodReady(t, "default", "doomed")
-	netns := lab.Config{Name: labName}.PodNetNS(string(p.UID))
-	if !netutil.Exists(netns) {
-		t.Fatalf("pod namespace %s does not exist while the pod runs", netns)
+	pid, err := lab.SandboxPID(ctx, labConfig(), "n2", string(p.UID))
+	if err != nil {
+		t.Fatalf("the runtime knows no sandbox of the running pod: %v", err)
+	}
+	netns := fmt.Sprintf("/proc/%d/ns/net", pid)
+	if _, err := os.Stat(netns); err != nil {
+		t.Fatalf("pod namespace %s does not exist while the pod runs: %v", netns, err)
 	}
 	start := time.Now()
 	if err := client.CoreV1().Pods("default").Delete(ctx, "doomed", metav1.DeleteOptions{}); err != nil {
@@ -303,9 +310,15 @@ func TestPodDeletionCompletes(t *testing.T) {
 		return fmt.Errorf("still there (%v)", err)
 	})
 	t.Logf("deletion took %s", time.Since(start).Round(time.Millisecond))
-	if netutil.Exists(netns) {
-		t.Errorf("pod namespace %s left behind", netns)
-	}
+	eventually(t, 10*time.Second, "sandbox gone from the runtime", func() error {
+		if _, err := lab.SandboxPID(ctx, labConfig(), "n2", string(p.UID)); err == nil {
+			return errors.New("the runtime still has a ready sandbox")
+		}
+		if _, err := os.Stat(netns); err == nil {
+			return fmt.Errorf("sandbox process %d (and its namespace) still there", pid)
+		}
+		return nil
+	})
 }
 
 // TestPortForward forwards a loopback port of the test machine to a pod

@@ -16,10 +16,12 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/lace-cni/lace/internal/controlplane"
+	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/testutil"
 )
 
@@ -90,8 +92,21 @@ func prerequisites() string {
 	if os.Geteuid() != 0 {
 		return "the lab needs root (network namespaces)"
 	}
-	if m := controlplane.MissingBinaries(controlplane.DefaultBinDir(), "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "agnhost", "kubectl"); len(m) > 0 {
+	if m := controlplane.MissingBinaries(controlplane.DefaultBinDir(), "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"); len(m) > 0 {
 		return fmt.Sprintf("missing %v: run 'make k8s-bins'", m)
+	}
+	for _, img := range lab.DefaultConfig().Images() {
+		if _, err := os.Stat(img); err != nil {
+			return fmt.Sprintf("missing image %s: run 'make images'", img)
+		}
+	}
+	if _, err := os.Stat(lab.DefaultConfig().Helm); err != nil {
+		return "missing helm: run 'make helm'"
+	}
+	for _, tool := range []string{"containerd", "runc", "ctr", "nsenter"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return tool + " is not installed: run 'make deps'"
+		}
 	}
 	if _, err := exec.LookPath("ip"); err != nil {
 		return "iproute2 (ip) is not installed"
@@ -136,6 +151,24 @@ func kubectl(ctx context.Context, args ...string) (string, error) {
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
+}
+
+// labConfig is the lab's configuration, for the lab package's helpers.
+func labConfig() lab.Config {
+	c := lab.DefaultConfig()
+	c.Name = labName
+	return c
+}
+
+// podNetNS returns the path of pod's network namespace, found through its
+// node's container runtime.
+func podNetNS(t testing.TB, pod *corev1.Pod) string {
+	t.Helper()
+	ns, err := lab.PodNetNS(context.Background(), labConfig(), pod.Namespace, pod.Name)
+	if err != nil {
+		t.Fatalf("network namespace of %s/%s: %v", pod.Namespace, pod.Name, err)
+	}
+	return ns
 }
 
 func eventually(t *testing.T, timeout time.Duration, what string, f func() error) {

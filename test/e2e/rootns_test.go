@@ -2,15 +2,19 @@ package e2e
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
 	"sort"
 	"strings"
 
 	"github.com/vishvananda/netlink"
 )
 
-// rootState is what the lab must never change in the root namespace.
+// rootState is what the lab must never change in the root namespaces: the
+// network namespace's links, addresses, routes, rules and nftables ruleset,
+// and the mount namespace's mounts.
 type rootState struct {
-	Links, Addrs, Routes, Rules []string
+	Links, Addrs, Routes, Rules, Nft, Mounts []string
 }
 
 func snapshotRoot() (rootState, error) {
@@ -46,7 +50,28 @@ func snapshotRoot() (rootState, error) {
 	for _, r := range rules {
 		s.Rules = append(s.Rules, fmt.Sprintf("%d from %v to %v table %d mark %d", r.Priority, r.Src, r.Dst, r.Table, r.Mark))
 	}
-	for _, l := range [][]string{s.Links, s.Addrs, s.Routes, s.Rules} {
+	nft, err := exec.Command("nft", "list", "ruleset").CombinedOutput()
+	if err != nil {
+		return s, fmt.Errorf("nft list ruleset: %v: %s", err, nft)
+	}
+	for _, l := range strings.Split(string(nft), "\n") {
+		if strings.TrimSpace(l) != "" {
+			s.Nft = append(s.Nft, l)
+		}
+	}
+	mounts, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return s, err
+	}
+	for _, l := range strings.Split(string(mounts), "\n") {
+		// Other test packages running meanwhile bind namespaces under
+		// /run/netns and mount bpffs instances under /tmp; every other
+		// mount point is the machine's, or a leak of the lab's.
+		if f := strings.Fields(l); len(f) >= 3 && !strings.HasPrefix(f[1], "/run/netns/") && !strings.HasPrefix(f[1], os.TempDir()+"/") {
+			s.Mounts = append(s.Mounts, f[1]+" "+f[2])
+		}
+	}
+	for _, l := range [][]string{s.Links, s.Addrs, s.Routes, s.Rules, s.Nft, s.Mounts} {
 		sort.Strings(l)
 	}
 	return s, nil
@@ -75,6 +100,8 @@ func (s rootState) diff(o rootState) []string {
 	cmp("address", s.Addrs, o.Addrs)
 	cmp("route", s.Routes, o.Routes)
 	cmp("rule", s.Rules, o.Rules)
+	cmp("nftables line", s.Nft, o.Nft)
+	cmp("mount", s.Mounts, o.Mounts)
 	return out
 }
 
