@@ -186,33 +186,30 @@ func TestCNIErrorsAreReported(t *testing.T) {
 	waitEvent(t, "unbound", "no NetworkBindingPolicy matches pod default/unbound")
 }
 
-// waitEvent waits for a Warning event about pod whose message contains msg,
-// and for the pod to report the same in its status.
+// waitEvent waits until the kubelet reports that the pod's sandbox could
+// not be created, with the agent's error (msg) in the event, as a real
+// kubelet does; the pod stays Pending with its containers waiting.
 func waitEvent(t *testing.T, pod, msg string) {
 	t.Helper()
 	ctx := context.Background()
-	eventually(t, 45*time.Second, fmt.Sprintf("event %q on %s", msg, pod), func() error {
+	eventually(t, 45*time.Second, fmt.Sprintf("FailedCreatePodSandBox %q on %s", msg, pod), func() error {
 		evs, err := client.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod})
 		if err != nil {
 			return err
 		}
 		for _, e := range evs.Items {
-			if e.Type == corev1.EventTypeWarning && strings.Contains(e.Message, msg) {
+			if e.Type == corev1.EventTypeWarning && e.Reason == "FailedCreatePodSandBox" && e.Source.Component == "kubelet" &&
+				strings.Contains(e.Message, msg) {
 				return nil
 			}
 		}
-		return fmt.Errorf("%d events, none says %q", len(evs.Items), msg)
+		return fmt.Errorf("%d events, no sandbox failure says %q", len(evs.Items), msg)
 	})
-	eventually(t, 30*time.Second, "pod status naming the cause", func() error {
-		p, err := client.CoreV1().Pods("default").Get(ctx, pod, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		for _, s := range p.Status.ContainerStatuses {
-			if s.State.Waiting != nil && strings.Contains(s.State.Waiting.Message, msg) {
-				return nil
-			}
-		}
-		return fmt.Errorf("statuses %+v", p.Status.ContainerStatuses)
-	})
+	p, err := client.CoreV1().Pods("default").Get(ctx, pod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Status.Phase != corev1.PodPending || len(p.Status.PodIPs) != 0 {
+		t.Errorf("pod %s is %s with addresses %v, want Pending without any", pod, p.Status.Phase, p.Status.PodIPs)
+	}
 }

@@ -143,7 +143,7 @@ func TestInitContainerAndVolume(t *testing.T) {
 	if s := got.Status.InitContainerStatuses; len(s) != 1 || s[0].State.Terminated == nil || s[0].State.Terminated.ExitCode != 0 {
 		t.Errorf("init container status %+v", s)
 	}
-	out, err := kubectl(ctx, "exec", p.Name, "--", "cat", "/data/msg", "/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+	out, err := kubectl(ctx, "exec", p.Name, "-c", "netexec", "--", "cat", "/data/msg", "/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 	if err != nil || out != "filled-by-init\ndefault" {
 		t.Errorf("exec cat: %v %q, want the init container's file and the service account namespace", err, out)
 	}
