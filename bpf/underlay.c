@@ -1,29 +1,55 @@
 //go:build ignore
 
-/* from_underlay (tcx ingress of the node's underlay interface): SRv6
- * packets addressed to a SID inside this node's locator are checked (the
- * outer source must be a known node, the SID must name a known network),
- * decapsulated and delivered to the pod by bpf_redirect_peer. Everything
- * else continues to the host stack untouched. */
+/* from_underlay (tcx ingress of the node's underlay interface) decides what
+ * may enter the node from the fabric:
+ *
+ * - SRv6 to a SID inside this node's locator, from a known node, naming a
+ *   known network, with nothing between the outer header and the inner
+ *   packet (no extension header, no fragment): decapsulated and delivered
+ *   to the pod by bpf_redirect_peer;
+ * - plain IP addressed to the node itself (one of its own addresses,
+ *   link-local, multicast or broadcast), ARP and other non-IP frames: to
+ *   the host stack;
+ * - anything else is plain IP the node would forward (to a pod prefix
+ *   routed via this node, to another node's SID): a node is not a router,
+ *   so it is dropped. Section 5 of ARCHITECTURE.md classifies such sources
+ *   into external networks; until a policy admits one, nothing gets in.
+ *
+ * Until the agent has written the node's own addresses it does not set
+ * LACE_CFG_UNDERLAY_GUARD, and plain IP passes (no pod is attached before). */
 #include "lace.h"
 
-SEC("tcx/ingress")
-int from_underlay(struct __sk_buff *skb)
-{
-	void *data = (void *)(long)skb->data;
-	void *end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
-	if ((void *)(eth + 1) > end || eth->h_proto != bpf_htons(ETH_P_IPV6))
-		return TC_ACT_OK;
-	struct ipv6hdr *outer = (void *)(eth + 1);
-	if ((void *)(outer + 1) > end)
-		return TC_ACT_OK;
-	struct lace_config *cfg = config();
-	if (!cfg)
-		return TC_ACT_OK;
-	if (!eq8(&outer->daddr, cfg->locator))
-		return TC_ACT_OK;
+#define IPV6_FRAGMENT 44
 
+static __always_inline int ipv6_ext_header(__u8 nexthdr)
+{
+	switch (nexthdr) {
+	case 0:   /* hop-by-hop options */
+	case 43:  /* routing (an SRH: reduced encapsulation carries none) */
+	case 50:  /* ESP */
+	case 51:  /* AH */
+	case 60:  /* destination options */
+	case 135: /* mobility */
+	case 139: /* HIP */
+	case 140: /* shim6 */
+		return 1;
+	}
+	return 0;
+}
+
+/* host_addr tells whether addr (4 or 16 bytes) is one of this node's. */
+static __always_inline int host_addr(__u8 family, const void *addr)
+{
+	struct host_key k = {.family = family};
+	if (family == LACE_FAMILY_V4)
+		__builtin_memcpy(k.addr, addr, 4);
+	else
+		__builtin_memcpy(k.addr, addr, 16);
+	return bpf_map_lookup_elem(&lace_host_addrs, &k) != NULL;
+}
+
+static __always_inline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
+{
 	__u8 *sid = (__u8 *)&outer->daddr;
 	if (sid[SID_BEHAVIOUR_BYTE] != SID_L3_DECAP)
 		return drop(DROP_DECAP_SID);
@@ -46,12 +72,21 @@ int from_underlay(struct __sk_buff *skb)
 	} else if (outer->nexthdr == IPPROTO_IPV6) {
 		inner_proto = bpf_htons(ETH_P_IPV6);
 		flags |= LACE_ADJ_ROOM_DECAP_L3_IPV6;
+	} else if (outer->nexthdr == IPV6_FRAGMENT) {
+		return drop(DROP_DECAP_FRAGMENT);
+	} else if (ipv6_ext_header(outer->nexthdr)) {
+		return drop(DROP_DECAP_EXT_HEADER);
 	} else {
 		return drop(DROP_DECAP_PROTO);
 	}
+	/* The inner header must be whole, and inside what the outer header
+	 * says it carries. */
+	__u32 inner_min = inner_proto == bpf_htons(ETH_P_IP) ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
+	if (bpf_ntohs(outer->payload_len) < inner_min)
+		return drop(DROP_DECAP_TRUNCATED);
 	struct pkt p = {};
 	if (parse_ip(skb, inner_proto, ETH_HLEN + sizeof(struct ipv6hdr), &p))
-		return drop(DROP_DECAP_PROTO);
+		return drop(DROP_DECAP_TRUNCATED);
 
 	struct ep_key ek = {.net_id = net_id, .family = p.family};
 	__builtin_memcpy(ek.addr, p.daddr, 16);
@@ -66,6 +101,45 @@ int from_underlay(struct __sk_buff *skb)
 		return drop(DROP_ADJUST);
 	count(FWD_DECAP);
 	return bpf_redirect_peer(ep->ifindex, 0);
+}
+
+SEC("tcx/ingress")
+int from_underlay(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end)
+		return TC_ACT_OK;
+	struct lace_config *cfg = config();
+	if (!cfg)
+		return TC_ACT_OK;
+	int guard = cfg->flags & LACE_CFG_UNDERLAY_GUARD;
+
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+		if ((void *)(ip + 1) > end)
+			return TC_ACT_OK; /* the host drops what it cannot parse */
+		/* Broadcast and multicast frames and addresses are the host's
+		 * (a kernel never forwards what was not sent to its MAC). */
+		if (!guard || (eth->h_dest[0] & 1) || (bpf_ntohl(ip->daddr) >> 28) == 0xe ||
+		    ip->daddr == 0xffffffff || host_addr(LACE_FAMILY_V4, &ip->daddr))
+			return TC_ACT_OK;
+		return drop(DROP_NOT_LOCAL);
+	}
+	if (eth->h_proto != bpf_htons(ETH_P_IPV6))
+		return TC_ACT_OK;
+	struct ipv6hdr *outer = (void *)(eth + 1);
+	if ((void *)(outer + 1) > end)
+		return TC_ACT_OK;
+	if (eq8(&outer->daddr, cfg->locator))
+		return decap(skb, outer);
+	__u8 *d = (__u8 *)&outer->daddr;
+	/* Multicast (ND, MLD) and link-local are the host's. */
+	if (!guard || (eth->h_dest[0] & 1) || d[0] == 0xff || (d[0] == 0xfe && (d[1] & 0xc0) == 0x80) ||
+	    host_addr(LACE_FAMILY_V6, &outer->daddr))
+		return TC_ACT_OK;
+	return drop(DROP_NOT_LOCAL);
 }
 
 char __license[] SEC("license") = "GPL";

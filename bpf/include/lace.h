@@ -36,30 +36,41 @@
 #define SID_NET_BYTE 12
 #define SID_L3_DECAP 1 /* End.DT46: decapsulate, look up in network N */
 
+/* Drop reasons and forwarding counters. The comment of each is its name
+ * and meaning as operators see them (metrics, lacectl): internal/datapath
+ * generates its tables from these lines (go generate), so C and Go cannot
+ * disagree. Keep the form NAME = N, / * name: meaning * /. */
 enum drop_reason {
-	DROP_NOT_IP = 0,      /* link-local only: not IP, ND, MLD, link-local sources */
-	DROP_SPOOF = 1,       /* source address is not the pod's */
-	DROP_ISOLATED = 2,    /* destination not in the source's network */
-	DROP_ANONYMOUS = 3,   /* anonymous network without a self policy */
-	DROP_NO_ENDPOINT = 4, /* inside a local block but no such pod */
-	DROP_TTL = 5,         /* TTL / hop limit exhausted */
-	DROP_FIB = 6,         /* no underlay route to the SID */
-	DROP_HOST = 7,        /* pod -> node that is not an answer */
-	DROP_DECAP_SOURCE = 8, /* SRv6 packet from an unknown node */
-	DROP_DECAP_SID = 9,   /* SID names no known network or behaviour */
-	DROP_DECAP_PROTO = 10, /* SID packet carrying neither IPv4 nor IPv6 */
-	DROP_ADJUST = 11,     /* header room change failed */
-	DROP_UNKNOWN_PORT = 12, /* pod port without endpoint state */
-	DROP_MAX = 13,
+	DROP_NOT_IP = 0, /* link-local: not IP, or ND, MLD or a link-local source from a pod */
+	DROP_SPOOF = 1, /* spoofed-source: the source address is not the pod's */
+	DROP_ISOLATED = 2, /* isolated: the destination is not in the source's network */
+	DROP_ANONYMOUS = 3, /* anonymous-network: an anonymous network without a self policy */
+	DROP_NO_ENDPOINT = 4, /* no-endpoint: inside a local block but no such pod */
+	DROP_TTL = 5, /* ttl-exceeded: TTL or hop limit exhausted */
+	DROP_FIB = 6, /* no-underlay-route: no underlay route to the SID */
+	DROP_HOST = 7, /* to-node-not-answer: pod to node traffic that is not an answer */
+	DROP_DECAP_SOURCE = 8, /* decap-unknown-source: SRv6 from an address that is no node's */
+	DROP_DECAP_SID = 9, /* decap-unknown-sid: the SID names no known network or behaviour */
+	DROP_DECAP_PROTO = 10, /* decap-bad-protocol: the SID packet carries neither IPv4 nor IPv6 */
+	DROP_ADJUST = 11, /* header-adjust-failed: changing header room failed */
+	DROP_UNKNOWN_PORT = 12, /* unknown-port: a pod port without endpoint state */
+	DROP_NOT_LOCAL = 13, /* not-for-this-node: plain IP from the underlay not addressed to this node */
+	DROP_DECAP_TRUNCATED = 14, /* decap-truncated: an SRv6 packet too short for its inner header */
+	DROP_DECAP_EXT_HEADER = 15, /* decap-extension-header: an SRv6 packet with an IPv6 extension header */
+	DROP_DECAP_FRAGMENT = 16, /* decap-fragment: a fragmented SRv6 packet */
+	DROP_MAX = 17,
 };
 
 enum fwd_counter {
-	FWD_LOCAL = 0,  /* delivered to a pod on this node */
-	FWD_ENCAP = 1,  /* encapsulated to another node */
-	FWD_DECAP = 2,  /* decapsulated and delivered */
-	FWD_HOST = 3,   /* reply handed to the host */
+	FWD_LOCAL = 0, /* local: delivered to a pod on this node */
+	FWD_ENCAP = 1, /* encapsulated: encapsulated to another node */
+	FWD_DECAP = 2, /* decapsulated: decapsulated and delivered */
+	FWD_HOST = 3, /* to-host: a reply handed to the host */
 	FWD_MAX = 4,
 };
+
+/* lace_config.flags */
+#define LACE_CFG_UNDERLAY_GUARD (1U << 0) /* lace_host_addrs is complete: drop plain IP to anything else */
 
 struct lace_config {
 	__u8 underlay_ip6[16]; /* outer source address */

@@ -141,12 +141,20 @@ func (a *Agent) apply(st model.NodeState) error {
 			break
 		}
 	}
-	if err := a.dp.SetConfig(datapath.Config{UnderlayIP: v6, Locator: st.Locator, UnderlayIfIndex: uint32(ethIndex)}); err != nil {
+	// The node's own addresses go first: the underlay guard drops plain IP
+	// to anything else, so it is armed only once they are all written.
+	curHost, err := a.dp.HostAddrs()
+	if err == nil {
+		err = syncSet(curHost, own, a.dp.UpsertHostAddr, a.dp.DeleteHostAddr)
+	}
+	if err != nil {
+		return fmt.Errorf("host addresses: %w", err)
+	}
+	if err := a.dp.SetConfig(datapath.Config{UnderlayIP: v6, Locator: st.Locator, UnderlayIfIndex: uint32(ethIndex),
+		GuardUnderlay: len(own) > 0}); err != nil {
 		return fmt.Errorf("set config: %w", err)
 	}
 	var errs []error
-	curHost, err := a.dp.HostAddrs()
-	errs = append(errs, err, syncSet(curHost, own, a.dp.UpsertHostAddr, a.dp.DeleteHostAddr))
 	curNodes, err := a.dp.Nodes()
 	errs = append(errs, err, syncSet(curNodes, st.Nodes, a.dp.UpsertNode, a.dp.DeleteNode))
 	curNets, err := a.dp.Networks()

@@ -105,8 +105,6 @@ func newWorld(t *testing.T, nodes int) *world {
 				must(t, netutil.EnsureRoute(netutil.Path(n.ns), o.locator, o.v6, "eth0"))
 			}
 		}
-		must(t, n.dp.UpsertHostAddr(n.v4))
-		must(t, n.dp.UpsertHostAddr(n.v6))
 	}
 	return w
 }
@@ -118,7 +116,9 @@ func (n *node) load() {
 	n.dp = dp
 	eth, err := netutil.GetLink(netutil.Path(n.ns), "eth0")
 	must(n.w.t, err)
-	must(n.w.t, dp.SetConfig(datapath.Config{UnderlayIP: n.v6, Locator: n.locator, UnderlayIfIndex: uint32(eth.Index)}))
+	must(n.w.t, dp.UpsertHostAddr(n.v4))
+	must(n.w.t, dp.UpsertHostAddr(n.v6))
+	must(n.w.t, dp.SetConfig(datapath.Config{UnderlayIP: n.v6, Locator: n.locator, UnderlayIfIndex: uint32(eth.Index), GuardUnderlay: true}))
 	must(n.w.t, dp.AttachUnderlay(netutil.Path(n.ns), "eth0"))
 }
 

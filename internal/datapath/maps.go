@@ -17,7 +17,14 @@ type Config struct {
 	Locator netip.Prefix
 	// UnderlayIfIndex is the underlay interface (for FIB lookups).
 	UnderlayIfIndex uint32
+	// GuardUnderlay drops plain IP from the underlay that is not addressed
+	// to one of the node's own addresses (the host address map): set it
+	// only once that map is complete, or the node cuts itself off.
+	GuardUnderlay bool
 }
+
+// configUnderlayGuard is LACE_CFG_UNDERLAY_GUARD.
+const configUnderlayGuard = 1 << 0
 
 // Endpoint is a pod address on this node.
 type Endpoint struct {
@@ -87,6 +94,9 @@ func mac6(m net.HardwareAddr) [6]uint8 {
 // SetConfig writes the node configuration.
 func (d *Datapath) SetConfig(c Config) error {
 	v := podLaceConfig{UnderlayIp6: c.UnderlayIP.As16(), UnderlayIfindex: c.UnderlayIfIndex}
+	if c.GuardUnderlay {
+		v.Flags |= configUnderlayGuard
+	}
 	loc := c.Locator.Masked().Addr().As16()
 	copy(v.Locator[:], loc[:8])
 	return d.pod.LaceCfg.Put(uint32(0), v)
@@ -283,16 +293,6 @@ func (d *Datapath) DeleteHostAddr(a netip.Addr) error {
 
 // HostAddrs lists this node's own addresses.
 func (d *Datapath) HostAddrs() ([]netip.Addr, error) { return listAddrs(d.pod.LaceHostAddrs) }
-
-// DropReasons name the drop counters, in the order of enum drop_reason.
-var DropReasons = []string{
-	"link-local", "spoofed-source", "isolated", "anonymous-network", "no-endpoint", "ttl-exceeded",
-	"no-underlay-route", "to-node-not-answer", "decap-unknown-source", "decap-unknown-sid",
-	"decap-bad-protocol", "header-adjust-failed", "unknown-port",
-}
-
-// ForwardCounters name the forwarding counters, in the order of enum fwd_counter.
-var ForwardCounters = []string{"local", "encapsulated", "decapsulated", "to-host"}
 
 func sumPerCPU(m *ebpf.Map, names []string) (map[string]uint64, error) {
 	out := map[string]uint64{}

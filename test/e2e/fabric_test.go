@@ -1,0 +1,166 @@
+package e2e
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"net"
+	"net/netip"
+	"os/exec"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/datapath"
+	"github.com/lace-cni/lace/internal/lab"
+	"github.com/lace-cni/lace/internal/netutil"
+)
+
+// TestNoWayInFromTheFabric: the lab's external host routes the pod
+// prefixes of two networks (the default one and an isolated one) via n1
+// and sends plain TCP SYNs, UDP and ICMP to pods there, and SRv6 forged to
+// n1's SID of the default network. Nothing arrives in the pods (captured
+// inside them), the TCP attempts time out rather than being refused, and
+// n1 counts each under its reason.
+func TestNoWayInFromTheFabric(t *testing.T) {
+	needLab(t)
+	c := laceClient(t)
+	ctx := context.Background()
+	network(t, c, "fenced", "10.91.0.0/16", "fd00:91::/48", false)
+	targets := []*corev1.Pod{netPod(t, "inj-default", "default", "n1", true), netPod(t, "inj-fenced", "fenced", "n1", true)}
+
+	cfg := labConfig()
+	ext := netutil.Path(cfg.NetNS("external"))
+	n1v4, n1v6 := lab.NodeUnderlay(1)
+	extV4, extV6 := lab.ExternalUnderlay()
+	for _, r := range []struct {
+		dst string
+		via netip.Addr
+	}{
+		{"10.244.0.0/16", n1v4}, {"10.91.0.0/16", n1v4}, {"fd00:244::/56", n1v6}, {"fd00:91::/48", n1v6},
+		{"fd1a:ce::/48", n1v6}, // the nodes' locators, to forge SRv6
+	} {
+		dst := netip.MustParsePrefix(r.dst)
+		if err := netutil.EnsureRoute(ext, dst, r.via, "eth0"); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = netutil.DeleteRoute(ext, dst, "eth0") }()
+	}
+
+	var uep lacev1.UnderlayEndpoint
+	if err := c.Get(ctx, crKey("n1"), &uep); err != nil {
+		t.Fatal(err)
+	}
+	var def lacev1.Network
+	if err := c.Get(ctx, crKey("default"), &def); err != nil {
+		t.Fatal(err)
+	}
+	sid := datapath.SID(netip.MustParsePrefix(string(uep.Spec.Locator)), datapath.BehaviourL3Decap, uint32(def.Status.ID))
+
+	before := nodeDrops(t, "n1")
+	sent := 0
+	for _, p := range targets {
+		v4, v6 := podAddrs(p)
+		frames, err := netutil.Capture(podNetNS(t, p), "eth0", func() {
+			for _, dst := range []netip.Addr{v4, v6} {
+				// TCP: a SYN that is dropped times out; a refused one would
+				// mean it arrived somewhere.
+				dctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+				conn, err := netutil.DialContext(dctx, ext, "tcp", net.JoinHostPort(dst.String(), "8080"))
+				cancel()
+				if err == nil {
+					conn.Close()
+					t.Errorf("TCP from the external host reached %s at %s", p.Name, dst)
+				} else if !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("TCP to %s at %s: %v, want a timeout (dropped, not refused)", p.Name, dst, err)
+				}
+				sent++ // at least the SYN
+				u, err := netutil.DialContext(ctx, ext, "udp", net.JoinHostPort(dst.String(), "8081"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				for range 3 {
+					if _, err := u.Write([]byte("hostname")); err != nil {
+						t.Fatal(err)
+					}
+					sent++
+				}
+				u.Close()
+				if out, err := exec.Command("ip", "netns", "exec", cfg.NetNS("external"), "ping", "-c", "2", "-i", "0.2", "-W", "1", dst.String()).CombinedOutput(); err == nil {
+					t.Errorf("ping from the external host answered by %s at %s:\n%s", p.Name, dst, out)
+				}
+				sent += 2
+			}
+			if p.Name == "inj-default" {
+				forgeSRv6(t, ext, sid, extV4, v4)
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range frames {
+			if fromHost(f, extV4, extV6) {
+				t.Errorf("a frame from the external host arrived in %s: % x", p.Name, f[:min(len(f), 64)])
+			}
+		}
+	}
+
+	// The counters are the node's pinned per-CPU maps, read at once.
+	after := nodeDrops(t, "n1")
+	if got := after["not-for-this-node"] - before["not-for-this-node"]; got < uint64(sent) {
+		t.Errorf("n1 counted %d packets not-for-this-node, want at least the %d sent", got, sent)
+	}
+	if got := after["decap-unknown-source"] - before["decap-unknown-source"]; got < 3 {
+		t.Errorf("n1 counted %d forged SRv6 packets as decap-unknown-source, want 3", got)
+	}
+}
+
+// forgeSRv6 sends three SRv6 packets (reduced encapsulation: IPv6 to the
+// SID, next header IPIP) from the external host, each carrying a UDP
+// datagram to the pod at dst.
+func forgeSRv6(t *testing.T, ext string, sid, src, dst netip.Addr) {
+	t.Helper()
+	var pc net.PacketConn
+	err := netutil.Do(ext, func() error {
+		var err error
+		pc, err = net.ListenPacket("ip6:4", "::") // IPPROTO_IPIP over IPv6
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	inner := make([]byte, 20+8+8)
+	inner[0], inner[8], inner[9] = 0x45, 64, 17
+	binary.BigEndian.PutUint16(inner[2:4], uint16(len(inner)))
+	s, d := src.As4(), dst.As4()
+	copy(inner[12:16], s[:])
+	copy(inner[16:20], d[:])
+	binary.BigEndian.PutUint16(inner[20:22], 4000)
+	binary.BigEndian.PutUint16(inner[22:24], 8081)
+	binary.BigEndian.PutUint16(inner[24:26], 16)
+	for range 3 {
+		if _, err := pc.WriteTo(inner, &net.IPAddr{IP: sid.AsSlice()}); err != nil {
+			t.Fatalf("forge SRv6 to %s: %v", sid, err)
+		}
+	}
+}
+
+// fromHost tells whether an Ethernet frame carries an IP packet from
+// either of the host's addresses (inner headers included would show the
+// same source at the same offsets only after decapsulation).
+func fromHost(f []byte, v4, v6 netip.Addr) bool {
+	if len(f) < 14 {
+		return false
+	}
+	switch binary.BigEndian.Uint16(f[12:14]) {
+	case 0x0800:
+		return len(f) >= 30 && netip.AddrFrom4([4]byte(f[26:30])) == v4
+	case 0x86dd:
+		return len(f) >= 38 && netip.AddrFrom16([16]byte(f[22:38])) == v6
+	}
+	return false
+}
+
