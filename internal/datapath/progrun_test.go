@@ -130,8 +130,6 @@ func icmpEcho(v6 bool) []byte {
 	return []byte{8, 0, 0, 0, 0, 1, 0, 1}
 }
 
-func sid(loc netip.Prefix, behaviour uint8, netID uint32) netip.Addr { return SID(loc, behaviour, netID) }
-
 // srv6 wraps an inner IP packet for network netID on this node, from src.
 func srv6(src, dst netip.Addr, inner []byte, v4inner bool) []byte {
 	next := byte(41)
@@ -154,7 +152,7 @@ func runProg(t *testing.T, p *ebpf.Program, pkt []byte) uint32 {
 func TestProgUnderlay(t *testing.T) {
 	d := progDatapath(t)
 	ext4, ext6 := netip.MustParseAddr("172.31.0.200"), netip.MustParseAddr("fd00:99::c8")
-	mySID := sid(progLocator, BehaviourL3Decap, progNet)
+	mySID := SID(progLocator, BehaviourL3Decap, progNet)
 	inner4 := ipv4(netip.MustParseAddr("10.70.2.2"), progPodV4, 17, udp(1000, 7))
 	inner6 := ipv6(netip.MustParseAddr("fd00:70:0:2::2"), progPodV6, 17, udp(1000, 7))
 	arp := ether(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, 0x0806, make([]byte, 28))
@@ -173,7 +171,7 @@ func TestProgUnderlay(t *testing.T) {
 		{"plain ICMP echo to a pod", ether(unicastMAC, 0x0800, ipv4(ext4, progPodV4, 1, icmpEcho(false))), actShot, "not-for-this-node"},
 		{"plain IPv6 UDP to a pod", ether(unicastMAC, 0x86dd, ipv6(ext6, progPodV6, 17, udp(999, 7))), actShot, "not-for-this-node"},
 		{"plain ICMPv6 echo to a pod", ether(unicastMAC, 0x86dd, ipv6(ext6, progPodV6, 58, icmpEcho(true))), actShot, "not-for-this-node"},
-		{"SRv6 to another node's SID", srv6(progPeerV6, sid(progOther, BehaviourL3Decap, progNet), inner4, true), actShot, "not-for-this-node"},
+		{"SRv6 to another node's SID", srv6(progPeerV6, SID(progOther, BehaviourL3Decap, progNet), inner4, true), actShot, "not-for-this-node"},
 		// The node's own traffic passes to its stack.
 		{"IPv4 to the node", ether(unicastMAC, 0x0800, ipv4(ext4, progNodeV4, 6, tcpSYN(999, 10250))), actOK, ""},
 		{"IPv6 to the node", ether(unicastMAC, 0x86dd, ipv6(ext6, progNodeV6, 6, tcpSYN(999, 10250))), actOK, ""},
@@ -187,8 +185,8 @@ func TestProgUnderlay(t *testing.T) {
 		{"SRv6 IPv4 from a node", srv6(progPeerV6, mySID, inner4, true), actRedirect, ""},
 		{"SRv6 IPv6 from a node", srv6(progPeerV6, mySID, inner6, false), actRedirect, ""},
 		{"SRv6 from the external host", srv6(ext6, mySID, inner4, true), actShot, "decap-unknown-source"},
-		{"SRv6 to an unknown network", srv6(progPeerV6, sid(progLocator, BehaviourL3Decap, 99), inner4, true), actShot, "decap-unknown-sid"},
-		{"SRv6 with an unknown behaviour", srv6(progPeerV6, sid(progLocator, 9, progNet), inner4, true), actShot, "decap-unknown-sid"},
+		{"SRv6 to an unknown network", srv6(progPeerV6, SID(progLocator, BehaviourL3Decap, 99), inner4, true), actShot, "decap-unknown-sid"},
+		{"SRv6 with an unknown behaviour", srv6(progPeerV6, SID(progLocator, 9, progNet), inner4, true), actShot, "decap-unknown-sid"},
 		{"SRv6 to a pod that is not here", srv6(progPeerV6, mySID,
 			ipv4(netip.MustParseAddr("10.70.2.2"), netip.MustParseAddr("10.70.1.99"), 17, udp(1, 7)), true), actShot, "no-endpoint"},
 		{"SRv6 carrying TCP", ether(unicastMAC, 0x86dd, ipv6(progPeerV6, mySID, 6, tcpSYN(1, 7))), actShot, "decap-bad-protocol"},

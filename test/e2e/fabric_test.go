@@ -163,4 +163,3 @@ func fromHost(f []byte, v4, v6 netip.Addr) bool {
 	}
 	return false
 }
-
