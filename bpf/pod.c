@@ -14,12 +14,70 @@
  * veth's egress: attaching a tcx program costs an RCU grace period, and
  * one per pod halves the time a pod waits for its network. */
 #include "lace.h"
+#include "icmp.h"
+
+/* l4_header_len is the length of a TCP or UDP header at p->l4_off, or 0. */
+static __always_inline __u32 l4_header_len(struct __sk_buff *skb, struct pkt *p)
+{
+	if (p->proto == IPPROTO_UDP)
+		return sizeof(struct udphdr);
+	if (p->proto != IPPROTO_TCP)
+		return 0;
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct tcphdr *th = data + p->l4_off;
+	if ((void *)(th + 1) > end)
+		return sizeof(struct tcphdr);
+	return th->doff * 4;
+}
+
+/* too_big tells whether the packet, encapsulated, would not fit the
+ * underlay's current MTU (read from the device, so a fabric whose MTU
+ * drops is noticed at the next packet), and sets *mtu to what the pod may
+ * send. A GSO packet is judged by the segments it will be cut into. */
+static __always_inline int too_big(struct __sk_buff *skb, struct pkt *p, __u32 ifindex, __u32 *mtu)
+{
+	__u32 dev_mtu = 0;
+	long rc = bpf_check_mtu(skb, ifindex, &dev_mtu, sizeof(struct ipv6hdr), 0);
+	if (rc < 0 || dev_mtu <= sizeof(struct ipv6hdr) + 68)
+		return 0; /* no such device: the FIB lookup will say so */
+	*mtu = dev_mtu - sizeof(struct ipv6hdr);
+	if (rc == BPF_MTU_CHK_RET_FRAG_NEEDED)
+		return 1;
+	if (skb->gso_size) {
+		__u32 seg = skb->gso_size + (p->l4_off - p->l3_off) + l4_header_len(skb, p);
+		return seg > *mtu;
+	}
+	return 0;
+}
+
+/* is_icmp_error tells whether the packet is itself an ICMP error, which
+ * never earns another (RFC 1122, RFC 4443). */
+static __always_inline int is_icmp_error(struct __sk_buff *skb, struct pkt *p)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	__u8 *type = data + p->l4_off;
+	if ((void *)(type + 1) > end)
+		return 0;
+	if (p->proto == IPPROTO_ICMP)
+		return *type == ICMP_DEST_UNREACH || *type == ICMP_TIME_EXCEEDED || *type == ICMP_PARAMETERPROB;
+	if (p->proto == IPPROTO_ICMPV6)
+		return *type < 128;
+	return 0;
+}
 
 static __always_inline int encap_and_send(struct __sk_buff *skb, struct pkt *p, const __u8 *sid)
 {
 	struct lace_config *cfg = config();
 	if (!cfg)
 		return drop(DROP_FIB);
+	__u32 mtu = 0;
+	if (too_big(skb, p, cfg->underlay_ifindex, &mtu)) {
+		if (is_icmp_error(skb, p))
+			return drop(DROP_MTU);
+		return icmp_error(skb, p, ICMP_KIND_TOO_BIG, mtu, DROP_MTU);
+	}
 	__u32 inner_len = skb->len - ETH_HLEN;
 	__u32 flow = bpf_get_hash_recalc(skb) & 0xfffff;
 
@@ -32,7 +90,11 @@ static __always_inline int encap_and_send(struct __sk_buff *skb, struct pkt *p, 
 
 	struct ipv6hdr outer = {};
 	outer.version = 6;
-	outer.flow_lbl[0] = (flow >> 16) & 0x0f;
+	/* The outer traffic class copies the inner DSCP and ECN (RFC 6040
+	 * normal mode), so the fabric queues and marks the flow as the pod
+	 * asked. */
+	outer.priority = p->tos >> 4;
+	outer.flow_lbl[0] = ((p->tos & 0x0f) << 4) | ((flow >> 16) & 0x0f);
 	outer.flow_lbl[1] = (flow >> 8) & 0xff;
 	outer.flow_lbl[2] = flow & 0xff;
 	outer.payload_len = bpf_htons(inner_len);
@@ -149,8 +211,13 @@ int from_pod(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	}
 
-	if (p.ttl <= 1)
-		return drop(DROP_TTL);
+	/* This node is a routed hop: an expiring packet earns time exceeded
+	 * from it, so traceroute shows it. */
+	if (p.ttl <= 1) {
+		if (is_icmp_error(skb, &p))
+			return drop(DROP_TTL);
+		return icmp_error(skb, &p, ICMP_KIND_TIME_EXCEEDED, 0, DROP_TTL);
+	}
 
 	/* Isolation by default: only the pod's own network is searched. */
 	struct route_key rk = {.prefixlen = 64 + 128, .net_id = port->net_id, .family = p.family};

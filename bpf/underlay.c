@@ -48,6 +48,29 @@ static __always_inline int host_addr(__u8 family, const void *addr)
 	return bpf_map_lookup_elem(&lace_host_addrs, &k) != NULL;
 }
 
+/* mark_ce sets ECN CE on the (decapsulated) IP header after Ethernet. */
+static __always_inline int mark_ce(struct __sk_buff *skb, struct pkt *p)
+{
+	if (p->family == LACE_FAMILY_V4) {
+		__u8 vihl;
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &vihl, 1))
+			return -1;
+		__u8 tos = p->tos | 3;
+		__u16 old = bpf_htons(((__u16)vihl << 8) | p->tos);
+		__u16 new = bpf_htons(((__u16)vihl << 8) | tos);
+		if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), old, new, 2))
+			return -1;
+		return bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct iphdr, tos), &tos, 1, 0);
+	}
+	/* IPv6: ECN is the low two bits of the traffic class, bits 5-4 of the
+	 * header's second byte. */
+	__u8 b1;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + 1, &b1, 1))
+		return -1;
+	b1 |= 0x30;
+	return bpf_skb_store_bytes(skb, ETH_HLEN + 1, &b1, 1, 0);
+}
+
 static __always_inline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 {
 	__u8 *sid = (__u8 *)&outer->daddr;
@@ -94,10 +117,18 @@ static __always_inline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 	if (!ep)
 		return drop(DROP_NO_ENDPOINT);
 
+	/* Congestion the fabric marked on the outer header survives
+	 * decapsulation (RFC 6040): CE on the outer sets CE on an ECN-capable
+	 * inner packet. */
+	__u8 outer_tc = (outer->priority << 4) | (outer->flow_lbl[0] >> 4);
+	int set_ce = (outer_tc & 3) == 3 && (p.tos & 3) != 0 && (p.tos & 3) != 3;
+
 	if (bpf_skb_adjust_room(skb, -(int)sizeof(struct ipv6hdr), BPF_ADJ_ROOM_MAC, flags))
 		return drop(DROP_ADJUST);
 	if (bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_proto), &inner_proto, 2, 0) ||
 	    set_macs(skb, ep->pod_mac, ep->host_mac))
+		return drop(DROP_ADJUST);
+	if (set_ce && mark_ce(skb, &p))
 		return drop(DROP_ADJUST);
 	count(FWD_DECAP);
 	return bpf_redirect_peer(ep->ifindex, 0);

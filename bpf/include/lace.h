@@ -58,7 +58,8 @@ enum drop_reason {
 	DROP_DECAP_TRUNCATED = 14, /* decap-truncated: an SRv6 packet too short for its inner header */
 	DROP_DECAP_EXT_HEADER = 15, /* decap-extension-header: an SRv6 packet with an IPv6 extension header */
 	DROP_DECAP_FRAGMENT = 16, /* decap-fragment: a fragmented SRv6 packet */
-	DROP_MAX = 17,
+	DROP_MTU = 17, /* too-big: larger than the underlay carries; the sender got ICMP fragmentation-needed or packet-too-big */
+	DROP_MAX = 18,
 };
 
 enum fwd_counter {
@@ -66,17 +67,20 @@ enum fwd_counter {
 	FWD_ENCAP = 1, /* encapsulated: encapsulated to another node */
 	FWD_DECAP = 2, /* decapsulated: decapsulated and delivered */
 	FWD_HOST = 3, /* to-host: a reply handed to the host */
-	FWD_MAX = 4,
+	FWD_ICMP_ERROR = 4, /* icmp-error: an ICMP error sent back to a pod (time exceeded, too big) */
+	FWD_MAX = 5,
 };
 
 /* lace_config.flags */
 #define LACE_CFG_UNDERLAY_GUARD (1U << 0) /* lace_host_addrs is complete: drop plain IP to anything else */
+#define LACE_CFG_HAS_V4 (1U << 1)         /* underlay_ip4 is set */
 
 struct lace_config {
-	__u8 underlay_ip6[16]; /* outer source address */
+	__u8 underlay_ip6[16]; /* outer source address; source of ICMPv6 errors */
 	__u8 locator[8];       /* this node's /64 locator */
 	__u32 underlay_ifindex;
 	__u32 flags;
+	__u8 underlay_ip4[4]; /* source of ICMP errors the node sends */
 };
 
 struct ep_key {
@@ -240,6 +244,7 @@ struct pkt {
 	__u8 family;
 	__u8 proto;
 	__u8 ttl;
+	__u8 tos; /* IPv4 TOS or IPv6 traffic class: DSCP and ECN */
 	__u16 sport;
 	__u16 dport;
 	__u8 saddr[16];
@@ -275,6 +280,7 @@ static __always_inline int parse_ip(struct __sk_buff *skb, __u16 eth_proto, __u3
 		p->family = LACE_FAMILY_V4;
 		p->proto = ip->protocol;
 		p->ttl = ip->ttl;
+		p->tos = ip->tos;
 		__builtin_memcpy(p->saddr, &ip->saddr, 4);
 		__builtin_memcpy(p->daddr, &ip->daddr, 4);
 		p->l4_off = l3_off + ip->ihl * 4;
@@ -287,6 +293,7 @@ static __always_inline int parse_ip(struct __sk_buff *skb, __u16 eth_proto, __u3
 		p->family = LACE_FAMILY_V6;
 		p->proto = ip6->nexthdr;
 		p->ttl = ip6->hop_limit;
+		p->tos = (ip6->priority << 4) | (ip6->flow_lbl[0] >> 4);
 		__builtin_memcpy(p->saddr, &ip6->saddr, 16);
 		__builtin_memcpy(p->daddr, &ip6->daddr, 16);
 		p->l4_off = l3_off + sizeof(*ip6);
@@ -328,6 +335,15 @@ static __always_inline int eq16(const void *a, const void *b)
 {
 	const __u32 *x = a, *y = b;
 	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3];
+}
+
+static __always_inline __u16 csum_fold(__s64 sum)
+{
+	__u64 s = (__u64)sum;
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return ~(__u16)s;
 }
 
 static __always_inline int set_macs(struct __sk_buff *skb, const __u8 *dst, const __u8 *src)

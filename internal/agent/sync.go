@@ -134,11 +134,13 @@ func (a *Agent) apply(st model.NodeState) error {
 	if err != nil {
 		return err
 	}
-	var v6 netip.Addr
+	var v4, v6 netip.Addr
 	for _, ad := range own {
-		if ad.Is6() {
+		if ad.Is6() && !v6.IsValid() {
 			v6 = ad
-			break
+		}
+		if ad.Is4() && !v4.IsValid() {
+			v4 = ad
 		}
 	}
 	// The node's own addresses go first: the underlay guard drops plain IP
@@ -150,7 +152,7 @@ func (a *Agent) apply(st model.NodeState) error {
 	if err != nil {
 		return fmt.Errorf("host addresses: %w", err)
 	}
-	if err := a.dp.SetConfig(datapath.Config{UnderlayIP: v6, Locator: st.Locator, UnderlayIfIndex: uint32(ethIndex),
+	if err := a.dp.SetConfig(datapath.Config{UnderlayIP: v6, UnderlayIPv4: v4, Locator: st.Locator, UnderlayIfIndex: uint32(ethIndex),
 		GuardUnderlay: len(own) > 0}); err != nil {
 		return fmt.Errorf("set config: %w", err)
 	}

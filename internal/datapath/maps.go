@@ -11,8 +11,12 @@ import (
 
 // Config is the node-wide configuration of the programs.
 type Config struct {
-	// UnderlayIP is the outer source of encapsulated packets.
+	// UnderlayIP is the outer source of encapsulated packets and of the
+	// ICMPv6 errors the node sends its pods.
 	UnderlayIP netip.Addr
+	// UnderlayIPv4 is the source of the ICMP errors the node sends its
+	// pods (none are sent to IPv4 pods without it).
+	UnderlayIPv4 netip.Addr
 	// Locator is this node's /64 SRv6 locator.
 	Locator netip.Prefix
 	// UnderlayIfIndex is the underlay interface (for FIB lookups).
@@ -23,8 +27,11 @@ type Config struct {
 	GuardUnderlay bool
 }
 
-// configUnderlayGuard is LACE_CFG_UNDERLAY_GUARD.
-const configUnderlayGuard = 1 << 0
+// lace_config.flags: LACE_CFG_UNDERLAY_GUARD, LACE_CFG_HAS_V4.
+const (
+	configUnderlayGuard = 1 << 0
+	configHasV4         = 1 << 1
+)
 
 // Endpoint is a pod address on this node.
 type Endpoint struct {
@@ -96,6 +103,10 @@ func (d *Datapath) SetConfig(c Config) error {
 	v := podLaceConfig{UnderlayIp6: c.UnderlayIP.As16(), UnderlayIfindex: c.UnderlayIfIndex}
 	if c.GuardUnderlay {
 		v.Flags |= configUnderlayGuard
+	}
+	if c.UnderlayIPv4.Is4() {
+		v.Flags |= configHasV4
+		v.UnderlayIp4 = c.UnderlayIPv4.As4()
 	}
 	loc := c.Locator.Masked().Addr().As16()
 	copy(v.Locator[:], loc[:8])

@@ -42,6 +42,7 @@ type podLaceConfig struct {
 	Locator         [8]uint8
 	UnderlayIfindex uint32
 	Flags           uint32
+	UnderlayIp4     [4]uint8
 }
 
 type podNetVal struct {

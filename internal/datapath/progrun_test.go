@@ -233,3 +233,250 @@ func TestProgUnderlayUnguarded(t *testing.T) {
 		t.Errorf("verdict %d without the guard, want %d", got, actOK)
 	}
 }
+
+// The pod program runs as if the packet arrived on the host side of pod
+// port progPort; the test world's pod is progPodV4/progPodV6 in network 7.
+const progPort = 4242
+
+// skbCtx is an __sk_buff for BPF_PROG_RUN with only ingress_ifindex set
+// (offset 36; the kernel takes a shorter context and zeroes the rest).
+func skbCtx(ingress uint32) []byte {
+	b := make([]byte, 40)
+	binary.LittleEndian.PutUint32(b[36:40], ingress)
+	return b
+}
+
+func progPodDatapath(t *testing.T) *Datapath {
+	t.Helper()
+	d := progDatapath(t)
+	for _, err := range []error{
+		d.SetConfig(Config{UnderlayIP: progNodeV6, UnderlayIPv4: progNodeV4, Locator: progLocator, UnderlayIfIndex: 1, GuardUnderlay: true}),
+		d.UpsertPort(Port{IfIndex: progPort, NetID: progNet, V4: progPodV4, V6: progPodV6}),
+		d.UpsertRoute(Route{NetID: progNet, Prefix: netip.MustParsePrefix("10.70.2.0/24"), SID: SID(progOther, BehaviourL3Decap, progNet)}),
+		d.UpsertRoute(Route{NetID: progNet, Prefix: netip.MustParsePrefix("fd00:70:0:2::/64"), SID: SID(progOther, BehaviourL3Decap, progNet)}),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return d
+}
+
+// runPod runs from_pod on pkt and returns the verdict and the packet as
+// the program left it.
+func runPod(t *testing.T, d *Datapath, pkt []byte) (uint32, []byte) {
+	t.Helper()
+	out := make([]byte, len(pkt)+256)
+	opts := &ebpf.RunOptions{Data: pkt, DataOut: out, Context: skbCtx(progPort)}
+	ret, err := d.pod.FromPod.Run(opts)
+	if err != nil {
+		t.Fatalf("BPF_PROG_RUN: %v", err)
+	}
+	return ret, opts.DataOut
+}
+
+func withTTL(pkt []byte, ttl byte) []byte {
+	switch binary.BigEndian.Uint16(pkt[12:14]) {
+	case 0x0800:
+		pkt[14+8] = ttl
+	case 0x86dd:
+		pkt[14+7] = ttl
+	}
+	return pkt
+}
+
+// onesSum is the Internet checksum of b (0 when b holds a valid checksum).
+func onesSum(b []byte) uint16 {
+	var s uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		s += uint32(binary.BigEndian.Uint16(b[i:]))
+	}
+	if len(b)%2 == 1 {
+		s += uint32(b[len(b)-1]) << 8
+	}
+	for s>>16 != 0 {
+		s = s&0xffff + s>>16
+	}
+	return ^uint16(s)
+}
+
+// TestProgPodTimeExceeded: a packet whose TTL runs out at this node is
+// answered with ICMP time exceeded from the node, sent back into the pod,
+// quoting the packet (so traceroute shows the hop).
+func TestProgPodTimeExceeded(t *testing.T) {
+	d := progPodDatapath(t)
+	remote4, remote6 := netip.MustParseAddr("10.70.2.2"), netip.MustParseAddr("fd00:70:0:2::2")
+	podMAC, hostMAC := net.HardwareAddr{2, 0, 0, 0, 0, 0xee}, unicastMAC
+	t.Run("IPv4", func(t *testing.T) {
+		in := withTTL(ether(hostMAC, 0x0800, ipv4(progPodV4, remote4, 17, udp(33434, 33434))), 1)
+		before, _ := d.Drops()
+		ret, out := runPod(t, d, in)
+		if ret != actRedirect {
+			t.Fatalf("verdict %d, want a redirect back into the pod", ret)
+		}
+		after, _ := d.Drops()
+		if after["ttl-exceeded"] != before["ttl-exceeded"]+1 {
+			t.Errorf("ttl-exceeded went %d -> %d", before["ttl-exceeded"], after["ttl-exceeded"])
+		}
+		if len(out) != 14+56 {
+			t.Fatalf("reply of %d bytes, want %d", len(out), 14+56)
+		}
+		if !bytesEqual(out[0:6], podMAC) || !bytesEqual(out[6:12], hostMAC) {
+			t.Errorf("reply MACs %s <- %s, want to the pod from the host side", net.HardwareAddr(out[0:6]), net.HardwareAddr(out[6:12]))
+		}
+		ip := out[14:]
+		if src, dst := netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20])); src != progNodeV4 || dst != progPodV4 || ip[9] != 1 {
+			t.Errorf("reply %s -> %s proto %d, want ICMP from the node to the pod", src, dst, ip[9])
+		}
+		if onesSum(ip[:20]) != 0 || onesSum(ip[20:]) != 0 {
+			t.Errorf("bad checksums: IP %#x, ICMP %#x", onesSum(ip[:20]), onesSum(ip[20:]))
+		}
+		if ip[20] != 11 || ip[21] != 0 {
+			t.Errorf("ICMP type %d code %d, want time exceeded (11/0)", ip[20], ip[21])
+		}
+		if quoted := ip[28:]; !bytesEqual(quoted, in[14:14+28]) {
+			t.Errorf("quote % x, want the packet's header and 8 bytes % x", quoted, in[14:14+28])
+		}
+	})
+	t.Run("IPv6", func(t *testing.T) {
+		in := withTTL(ether(hostMAC, 0x86dd, ipv6(progPodV6, remote6, 17, udp(33434, 33434))), 1)
+		ret, out := runPod(t, d, in)
+		if ret != actRedirect {
+			t.Fatalf("verdict %d, want a redirect back into the pod", ret)
+		}
+		if len(out) != 14+96 {
+			t.Fatalf("reply of %d bytes, want %d", len(out), 14+96)
+		}
+		ip := out[14:]
+		if src, dst := netip.AddrFrom16([16]byte(ip[8:24])), netip.AddrFrom16([16]byte(ip[24:40])); src != progNodeV6 || dst != progPodV6 || ip[6] != 58 {
+			t.Errorf("reply %s -> %s next %d, want ICMPv6 from the node to the pod", src, dst, ip[6])
+		}
+		if ip[40] != 3 || ip[41] != 0 {
+			t.Errorf("ICMPv6 type %d code %d, want time exceeded (3/0)", ip[40], ip[41])
+		}
+		if !icmp6ChecksumOK(ip) {
+			t.Error("bad ICMPv6 checksum")
+		}
+	})
+	t.Run("ICMP errors earn none", func(t *testing.T) {
+		in := withTTL(ether(hostMAC, 0x0800, ipv4(progPodV4, remote4, 1, []byte{3, 3, 0, 0, 0, 0, 0, 0})), 1)
+		if ret, _ := runPod(t, d, in); ret != actShot {
+			t.Errorf("verdict %d for an expiring ICMP error, want a plain drop", ret)
+		}
+	})
+}
+
+func bytesEqual(a, b []byte) bool { return string(a) == string(b) }
+
+// icmp6ChecksumOK checks the ICMPv6 checksum of an IPv6 packet ip.
+func icmp6ChecksumOK(ip []byte) bool {
+	payload := ip[40:]
+	ph := make([]byte, 0, 40+len(payload))
+	ph = append(ph, ip[8:40]...)
+	ph = binary.BigEndian.AppendUint32(ph, uint32(len(payload)))
+	ph = append(ph, 0, 0, 0, ip[6])
+	return onesSum(append(ph, payload...)) == 0
+}
+
+// TestProgPodTooBig: a packet that would not fit the underlay once
+// encapsulated is answered with fragmentation needed / packet too big
+// carrying the underlay MTU less the encapsulation, read from the device
+// at that moment. The program runs in a namespace whose "underlay" is a
+// veth of MTU 1400.
+func TestProgPodTooBig(t *testing.T) {
+	d := progPodDatapath(t)
+	suffix := make([]byte, 3)
+	_, _ = rand.Read(suffix)
+	ns := "lprog" + hex.EncodeToString(suffix)
+	if err := netutil.CreateNamed(ns); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = netutil.DeleteNamed(ns) })
+	if err := netutil.EnsureVeth(netutil.VethSpec{NSPath: netutil.Path(ns), Name: "ul0", PeerNSPath: netutil.Path(ns), PeerName: "ul1", MTU: 1400}); err != nil {
+		t.Fatal(err)
+	}
+	ul, err := netutil.GetLink(netutil.Path(ns), "ul0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetConfig(Config{UnderlayIP: progNodeV6, UnderlayIPv4: progNodeV4, Locator: progLocator, UnderlayIfIndex: uint32(ul.Index), GuardUnderlay: true}); err != nil {
+		t.Fatal(err)
+	}
+	remote4, remote6 := netip.MustParseAddr("10.70.2.2"), netip.MustParseAddr("fd00:70:0:2::2")
+	run := func(pkt []byte) (ret uint32, out []byte) {
+		t.Helper()
+		if err := netutil.Do(netutil.Path(ns), func() error {
+			ret, out = runPod(t, d, pkt)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return ret, out
+	}
+	big4 := ether(unicastMAC, 0x0800, ipv4(progPodV4, remote4, 6, append(tcpSYN(4000, 80), make([]byte, 1420-40)...)))
+	before, _ := d.Drops()
+	ret, out := run(big4)
+	if ret != actRedirect {
+		t.Fatalf("verdict %d for a 1420-byte IPv4 packet over a 1400 underlay, want the ICMP error redirected to the pod", ret)
+	}
+	ip := out[14:]
+	if ip[20] != 3 || ip[21] != 4 || binary.BigEndian.Uint16(ip[26:28]) != 1360 {
+		t.Errorf("ICMP %d/%d mtu %d, want fragmentation needed (3/4) with MTU 1360", ip[20], ip[21], binary.BigEndian.Uint16(ip[26:28]))
+	}
+	if after, _ := d.Drops(); after["too-big"] != before["too-big"]+1 {
+		t.Errorf("too-big went %d -> %d", before["too-big"], after["too-big"])
+	}
+	big6 := ether(unicastMAC, 0x86dd, ipv6(progPodV6, remote6, 6, append(tcpSYN(4000, 80), make([]byte, 1400-20)...)))
+	ret, out = run(big6)
+	ip = out[14:]
+	if ret != actRedirect || ip[40] != 2 || binary.BigEndian.Uint32(ip[44:48]) != 1360 || !icmp6ChecksumOK(ip) {
+		t.Errorf("verdict %d, ICMPv6 type %d mtu %d, want packet too big with MTU 1360", ret, ip[40], binary.BigEndian.Uint32(ip[44:48]))
+	}
+	// What fits goes on: 1360 bytes of IPv4 plus 40 is the MTU exactly.
+	fits := ether(unicastMAC, 0x0800, ipv4(progPodV4, remote4, 6, append(tcpSYN(4000, 80), make([]byte, 1360-40)...)))
+	if ret, _ := run(fits); ret == actRedirect {
+		t.Error("a packet that fits was answered with an ICMP error")
+	}
+}
+
+// TestProgEncapCopiesTrafficClass: the outer header carries the inner
+// DSCP and ECN. The FIB lookup fails in a bare test run (no route to the
+// SID), so the encapsulated packet is checked as the program left it.
+func TestProgEncapCopiesTrafficClass(t *testing.T) {
+	d := progPodDatapath(t)
+	in := ether(unicastMAC, 0x0800, ipv4(progPodV4, netip.MustParseAddr("10.70.2.2"), 17, udp(1, 2)))
+	in[15] = 0xb8 | 0x02 // DSCP EF, ECT(0)
+	_, out := runPod(t, d, in)
+	if binary.BigEndian.Uint16(out[12:14]) != 0x86dd {
+		t.Fatalf("not encapsulated: ethertype %#x", binary.BigEndian.Uint16(out[12:14]))
+	}
+	tc := out[14]<<4 | out[15]>>4
+	if tc != 0xba {
+		t.Errorf("outer traffic class %#x, want the inner TOS 0xba", tc)
+	}
+}
+
+// TestProgDecapKeepsCongestion: CE on the outer header sets CE on an
+// ECN-capable inner packet (RFC 6040), with a valid IPv4 checksum.
+func TestProgDecapKeepsCongestion(t *testing.T) {
+	d := progDatapath(t)
+	inner := ipv4(netip.MustParseAddr("10.70.2.2"), progPodV4, 17, udp(1000, 7))
+	inner[1] = 0x02 // ECT(0)
+	binary.BigEndian.PutUint16(inner[10:12], onesSum(inner[:20]))
+	pkt := srv6(progPeerV6, SID(progLocator, BehaviourL3Decap, progNet), inner, true)
+	pkt[14] |= 0x00
+	pkt[15] |= 0x30 // outer ECN CE (traffic class low bits)
+	out := make([]byte, len(pkt)+64)
+	opts := &ebpf.RunOptions{Data: pkt, DataOut: out}
+	ret, err := d.underlay.FromUnderlay.Run(opts)
+	if err != nil || ret != actRedirect {
+		t.Fatalf("verdict %d %v, want delivery", ret, err)
+	}
+	ip := opts.DataOut[14:]
+	if ip[1]&3 != 3 {
+		t.Errorf("inner ECN %d after decapsulation, want CE (3)", ip[1]&3)
+	}
+	if onesSum(ip[:20]) != 0 {
+		t.Error("inner IPv4 checksum broken by the CE mark")
+	}
+}

@@ -21,6 +21,7 @@ var DropReasons = []string{
 	"decap-truncated",
 	"decap-extension-header",
 	"decap-fragment",
+	"too-big",
 }
 
 // DropMeanings say what the drop reasons count, in the same order.
@@ -42,6 +43,7 @@ var DropMeanings = []string{
 	"an SRv6 packet too short for its inner header",
 	"an SRv6 packet with an IPv6 extension header",
 	"a fragmented SRv6 packet",
+	"larger than the underlay carries; the sender got ICMP fragmentation-needed or packet-too-big",
 }
 
 // ForwardCounters name the counters, in the order of the C enum.
@@ -50,6 +52,7 @@ var ForwardCounters = []string{
 	"encapsulated",
 	"decapsulated",
 	"to-host",
+	"icmp-error",
 }
 
 // ForwardMeanings say what the forwarding counters count, in the same order.
@@ -58,4 +61,5 @@ var ForwardMeanings = []string{
 	"encapsulated to another node",
 	"decapsulated and delivered",
 	"a reply handed to the host",
+	"an ICMP error sent back to a pod (time exceeded, too big)",
 }

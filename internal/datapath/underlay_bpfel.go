@@ -42,6 +42,7 @@ type underlayLaceConfig struct {
 	Locator         [8]uint8
 	UnderlayIfindex uint32
 	Flags           uint32
+	UnderlayIp4     [4]uint8
 }
 
 type underlayNetVal struct {
