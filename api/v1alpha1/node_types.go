@@ -85,22 +85,16 @@ type UnderlayEndpointSpec struct {
 	Locator CIDR `json:"locator,omitempty"`
 }
 
-// DatapathStatus summarises a node's eBPF data plane, as its agent last
-// read it.
+// DatapathStatus summarises a node's eBPF data plane: what changes only
+// when pods, networks or nodes do, so that an idle node writes nothing.
+// Counters that move with traffic (forwarded, dropped by reason) are
+// Prometheus metrics on the agent's metrics endpoint.
 type DatapathStatus struct {
 	// Endpoints is the number of pod attachments on the node.
 	Endpoints int32 `json:"endpoints"`
 	// Maps is the number of entries of each data plane map.
 	// +optional
 	Maps map[string]int64 `json:"maps,omitempty"`
-	// Drops counts dropped packets by reason since the maps were created.
-	// +optional
-	Drops map[string]int64 `json:"drops,omitempty"`
-	// Forwarded counts forwarded packets by path.
-	// +optional
-	Forwarded map[string]int64 `json:"forwarded,omitempty"`
-	// UpdatedAt is when the agent read the counters.
-	UpdatedAt metav1.Time `json:"updatedAt"`
 }
 
 // UnderlayEndpointStatus is written by the node's agent.

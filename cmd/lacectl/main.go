@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 
@@ -43,5 +44,9 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	return lacectl.Status(ctx, c, os.Stdout)
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	return lacectl.Status(ctx, c, lacectl.AgentMetrics(cs), os.Stdout)
 }

@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -36,6 +37,7 @@ import (
 	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/model"
 	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/internal/predicates"
 	"github.com/lace-cni/lace/pkg/cniapi"
 	"github.com/lace-cni/lace/pkg/scheme"
 )
@@ -147,18 +149,29 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		dp.Close()
 		return nil, fmt.Errorf("add readyz: %w", err)
 	}
+	// Data plane counters and map sizes, read from the pinned maps at
+	// scrape time, on --metrics-bind-address.
+	if err := registerCollector(metrics.Registry, newDPCollector(dp, func() int { return len(a.cp.all()) })); err != nil {
+		dp.Close()
+		return nil, fmt.Errorf("register data plane metrics: %w", err)
+	}
 	toNode := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{nodeKey}
 	})
+	// Each watch passes only what the node's desired state reads: a
+	// network's status (its ID) does matter; status writes of the other
+	// kinds (other agents' UnderlayEndpoint status, binding policy
+	// conditions), Node heartbeats and pod condition churn do not.
+	specOnly := builder.WithPredicates(predicates.SpecOrLifecycleChanged())
 	err = ctrl.NewControllerManagedBy(mgr).
 		Named("node-dataplane").
-		Watches(&lacev1.Network{}, toNode).
-		Watches(&lacev1.Allocation{}, toNode).
-		Watches(&lacev1.UnderlayEndpoint{}, toNode).
-		Watches(&lacev1.NetworkRoutingPolicy{}, toNode).
-		Watches(&lacev1.NetworkBindingPolicy{}, toNode).
-		Watches(&corev1.Pod{}, toNode).
-		Watches(&corev1.Node{}, toNode, builder.WithPredicates()).
+		Watches(&lacev1.Network{}, toNode, builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
+		Watches(&lacev1.Allocation{}, toNode, specOnly).
+		Watches(&lacev1.UnderlayEndpoint{}, toNode, specOnly).
+		Watches(&lacev1.NetworkRoutingPolicy{}, toNode, specOnly).
+		Watches(&lacev1.NetworkBindingPolicy{}, toNode, specOnly).
+		Watches(&corev1.Pod{}, toNode, builder.WithPredicates(predicates.PodChanged())).
+		Watches(&corev1.Node{}, toNode, builder.WithPredicates(predicates.NodeChanged())).
 		// Namespaces matter only to CNI ADD (namespaceSelector); watching
 		// them starts their cache with the agent, not at the first ADD.
 		Watches(&corev1.Namespace{}, toNode, builder.WithPredicates(predicate.Funcs{

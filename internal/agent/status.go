@@ -3,24 +3,26 @@ package agent
 import (
 	"context"
 	"fmt"
+	"maps"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 )
 
-// statusPeriod is how often the agent reports its data plane in its
-// UnderlayEndpoint's status (what lacectl status shows).
-const statusPeriod = 10 * time.Second
+// statusCheckPeriod is how often the agent compares its data plane summary
+// (endpoints, map sizes) with its UnderlayEndpoint's status. The check is
+// local (the maps and the cache); the API is written only when the summary
+// changed, so an idle node writes nothing.
+const statusCheckPeriod = 10 * time.Second
 
-// reportStatus publishes the data plane summary every statusPeriod, and
-// soon after each change of the node's endpoints (at most once a second),
-// until ctx ends.
+// reportStatus keeps the UnderlayEndpoint's status equal to the data plane
+// summary: checked every statusCheckPeriod and soon after each change of
+// the node's endpoints (at most once a second), until ctx ends.
 func (a *Agent) reportStatus(ctx context.Context) error {
-	t := time.NewTicker(statusPeriod)
+	t := time.NewTicker(statusCheckPeriod)
 	defer t.Stop()
 	for {
 		if err := a.publishStatus(ctx); err != nil && ctx.Err() == nil {
@@ -38,7 +40,7 @@ func (a *Agent) reportStatus(ctx context.Context) error {
 	}
 }
 
-// kickStatus asks for an early status report.
+// kickStatus asks for an early status check.
 func (a *Agent) kickStatus() {
 	select {
 	case a.statusKick <- struct{}{}:
@@ -55,35 +57,47 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
+// datapathStatus is the status the agent publishes: what an operator needs
+// to see in the API, and which changes only when pods, networks or nodes
+// do. Counters that move with traffic are metrics (metrics.go), not status.
+func datapathStatus(endpoints int, sizes map[string]int) *lacev1.DatapathStatus {
+	st := &lacev1.DatapathStatus{Endpoints: int32(endpoints), Maps: make(map[string]int64, len(sizes))}
+	for k, v := range sizes {
+		st.Maps[k] = int64(v)
+	}
+	return st
+}
+
+// statusChanged reports whether the published status differs from want.
+func statusChanged(cur, want *lacev1.DatapathStatus) bool {
+	if cur == nil || want == nil {
+		return cur != want
+	}
+	return cur.Endpoints != want.Endpoints || !maps.Equal(cur.Maps, want.Maps)
+}
+
+// publishStatus writes the data plane summary into the node's
+// UnderlayEndpoint status when it differs from what is there. It compares
+// against the cache: a write the cache has not seen yet can at worst be
+// repeated once, never lost.
 func (a *Agent) publishStatus(ctx context.Context) error {
 	sizes, err := a.dp.MapSizes()
 	if err != nil {
 		return err
 	}
-	drops, err := a.dp.Drops()
-	if err != nil {
-		return err
-	}
-	fwd, err := a.dp.Forwarded()
-	if err != nil {
-		return err
-	}
-	st := &lacev1.DatapathStatus{Endpoints: int32(len(a.cp.all())), UpdatedAt: metav1.Now(),
-		Maps: map[string]int64{}, Drops: map[string]int64{}, Forwarded: map[string]int64{}}
-	for k, v := range sizes {
-		st.Maps[k] = int64(v)
-	}
-	for k, v := range drops {
-		st.Drops[k] = int64(v)
-	}
-	for k, v := range fwd {
-		st.Forwarded[k] = int64(v)
-	}
+	want := datapathStatus(len(a.cp.all()), sizes)
 	var u lacev1.UnderlayEndpoint
 	if err := a.client.Get(ctx, types.NamespacedName{Name: a.opts.NodeName}, &u); err != nil {
 		return fmt.Errorf("get underlay endpoint: %w", err)
 	}
+	if !statusChanged(u.Status.Datapath, want) {
+		return nil
+	}
 	patch := client.MergeFrom(u.DeepCopy())
-	u.Status.Datapath = st
-	return a.client.Status().Patch(ctx, &u, patch)
+	u.Status.Datapath = want
+	if err := a.client.Status().Patch(ctx, &u, patch); err != nil {
+		return fmt.Errorf("patch underlay endpoint status: %w", err)
+	}
+	a.log.Debug("published data plane status", "endpoints", want.Endpoints, "maps", want.Maps)
+	return nil
 }

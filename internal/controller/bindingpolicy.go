@@ -12,11 +12,14 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/predicates"
 )
 
 // BindingPolicyReconciler reports on each NetworkBindingPolicy whether the
@@ -31,7 +34,9 @@ type BindingPolicyReconciler struct {
 func (r *BindingPolicyReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("bindingpolicy").
-		For(&lacev1.NetworkBindingPolicy{}).
+		// The policy's own status writes change nothing it reads.
+		For(&lacev1.NetworkBindingPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		// Only whether a network exists matters here, not its status.
 		Watches(&lacev1.Network{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			var list lacev1.NetworkBindingPolicyList
 			if err := r.Client.List(ctx, &list); err != nil {
@@ -44,7 +49,7 @@ func (r *BindingPolicyReconciler) SetupWithManager(mgr ctrl.Manager) error {
 				}
 			}
 			return out
-		})).
+		}), builder.WithPredicates(predicates.Existence())).
 		Complete(r)
 }
 

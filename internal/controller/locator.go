@@ -20,6 +20,7 @@ import (
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/model/ipam"
+	"github.com/lace-cni/lace/internal/predicates"
 )
 
 // locatorKey is the single work item of the locator reconciler: locators are
@@ -43,7 +44,8 @@ func (r *LocatorReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("locator").
 		Watches(&corev1.Node{}, toKey, builder.WithPredicates(nodeMembershipChanged())).
-		Watches(&lacev1.UnderlayEndpoint{}, toKey).
+		// Locators live in the spec; agents' status writes do not pass.
+		Watches(&lacev1.UnderlayEndpoint{}, toKey, builder.WithPredicates(predicates.SpecOrLifecycleChanged())).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Complete(r)
 }

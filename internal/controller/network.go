@@ -30,6 +30,7 @@ import (
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/model/ipam"
+	"github.com/lace-cni/lace/internal/predicates"
 )
 
 // MaxNetworkID is the largest network ID: IDs are carried in 16 bits of the
@@ -67,7 +68,7 @@ func (r *NetworkReconciler) SetupWithManager(mgr ctrl.Manager) error {
 				return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: n}}}
 			}
 			return nil
-		})).
+		}), builder.WithPredicates(predicates.SpecOrLifecycleChanged())).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Complete(r)
 }
@@ -368,15 +369,26 @@ func (r *NetworkReconciler) allocateBlocks(ctx context.Context, nw *lacev1.Netwo
 		}
 		cond.Status, cond.Reason = metav1.ConditionFalse, ReasonSubnetExhausted
 		cond.Message = fmt.Sprintf("no free block (%s) for node(s) %s", strings.Join(sizes, ", "), strings.Join(starved, ", "))
-		for _, n := range starved {
-			msg := fmt.Sprintf("network %s has no free block (%s) for node %s", nw.Name, strings.Join(sizes, ", "), n)
-			r.Recorder.Event(nw, corev1.EventTypeWarning, ReasonSubnetExhausted, msg)
-			r.Recorder.Event(nodeByName[n], corev1.EventTypeWarning, ReasonSubnetExhausted, msg)
+		// Warn when the problem appears or changes, not at every
+		// reconcile that finds it unchanged: the condition says it still is.
+		if !conditionUnchanged(nw.Status.Conditions, cond) {
+			for _, n := range starved {
+				msg := fmt.Sprintf("network %s has no free block (%s) for node %s", nw.Name, strings.Join(sizes, ", "), n)
+				r.Recorder.Event(nw, corev1.EventTypeWarning, ReasonSubnetExhausted, msg)
+				r.Recorder.Event(nodeByName[n], corev1.EventTypeWarning, ReasonSubnetExhausted, msg)
+			}
 		}
 		logger.Info("subnet exhausted", "nodes", starved)
 	}
 	meta.SetStatusCondition(&status.Conditions, cond)
 	return reconcile.Result{RequeueAfter: requeue}, nil
+}
+
+// conditionUnchanged reports whether conds already hold c with the same
+// status, reason and message.
+func conditionUnchanged(conds []metav1.Condition, c metav1.Condition) bool {
+	old := meta.FindStatusCondition(conds, c.Type)
+	return old != nil && old.Status == c.Status && old.Reason == c.Reason && old.Message == c.Message
 }
 
 func fitsPools(a *lacev1.Allocation, pls []ipam.Pool) bool {

@@ -142,6 +142,11 @@ func (c Config) ContainerdSocket(node string) string {
 	return filepath.Join(c.NodeRoot(node), nodeContainerdSock)
 }
 
+// AuditLog is the API server's audit log (JSON lines): one Metadata-level
+// event per write request (create, update, patch, delete), nothing for
+// reads, so that who writes what at rest can be checked.
+func (c Config) AuditLog() string { return filepath.Join(c.StateDir(), "audit.log") }
+
 // EgressSocket is where the lab's CONNECT proxy listens for the API
 // server's connections to kubelets.
 func (c Config) EgressSocket() string { return filepath.Join(c.StateDir(), "egress.sock") }

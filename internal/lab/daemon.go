@@ -128,6 +128,19 @@ func RunDaemon(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return upErr
 }
 
+// auditPolicyYAML logs every write request once (when it completes) at
+// Metadata level (who, what, which object; no bodies) and nothing else:
+// reads and watches are most of a cluster's requests and would cost the
+// lab for nothing.
+const auditPolicyYAML = `apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+  - level: Metadata
+    verbs: ["create", "update", "patch", "delete", "deletecollection"]
+  - level: None
+`
+
 func (d *daemon) up(ctx context.Context) error {
 	c := d.cfg
 	if err := setupNetwork(c); err != nil {
@@ -138,6 +151,10 @@ func (d *daemon) up(ctx context.Context) error {
 	}
 	egress := filepath.Join(c.StateDir(), "egress-selector.yaml")
 	if err := writeFile(egress, egressConfig(c.EgressSocket()), 0o644); err != nil {
+		return err
+	}
+	auditPolicy := filepath.Join(c.StateDir(), "audit-policy.yaml")
+	if err := writeFile(auditPolicy, auditPolicyYAML, 0o644); err != nil {
 		return err
 	}
 	apiV4, apiV6 := APIServerAddrs()
@@ -154,6 +171,11 @@ func (d *daemon) up(ctx context.Context) error {
 			"--kubelet-client-certificate=" + filepath.Join(pkiDir, "apiserver-kubelet-client.crt"),
 			"--kubelet-client-key=" + filepath.Join(pkiDir, "apiserver-kubelet-client.key"),
 			"--egress-selector-config-file=" + egress,
+			// Every write, at Metadata level, written as it happens
+			// (the log backend's default blocking mode).
+			"--audit-policy-file=" + auditPolicy,
+			"--audit-log-path=" + c.AuditLog(),
+			"--audit-log-format=json",
 		},
 		BeforeAPIServer: func(p *controlplane.PKI) error {
 			if err := p.Issue(filepath.Join(p.Dir, "apiserver-kubelet-client.crt"), filepath.Join(p.Dir, "apiserver-kubelet-client.key"),

@@ -1,6 +1,7 @@
-// Package lacectl holds the read-only views of lacectl. It reads the API
-// only (agents publish their data plane summaries there), so it works from
-// an operator's machine with nothing but a kubeconfig.
+// Package lacectl holds the read-only views of lacectl. It needs nothing
+// but a kubeconfig: agents publish their data plane summaries (endpoints,
+// map sizes) in the API, and their counters on their metrics endpoints,
+// which lacectl reads through the API server's pod proxy.
 package lacectl
 
 import (
@@ -10,16 +11,20 @@ import (
 	"sort"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/dpmetrics"
 )
 
+// CounterSource returns a node's data plane metrics (its agent's metrics
+// endpoint).
+type CounterSource func(ctx context.Context, node string) (dpmetrics.Snapshot, error)
+
 // Status prints, per node, its endpoints by network, map sizes, and
-// forwarding and drop counters by reason.
-func Status(ctx context.Context, c client.Client, out io.Writer) error {
+// forwarding and drop counters by reason (from counters).
+func Status(ctx context.Context, c client.Client, counters CounterSource, out io.Writer) error {
 	var nets lacev1.NetworkList
 	var ueps lacev1.UnderlayEndpointList
 	var neps lacev1.NetworkEndpointList
@@ -62,15 +67,19 @@ func Status(ctx context.Context, c client.Client, out io.Writer) error {
 	for _, u := range ueps.Items {
 		fmt.Fprintf(out, "\nnode %s  zone %s  locator %s  underlay %v\n", u.Name, u.Spec.Zone, u.Spec.Locator, u.Spec.Addresses)
 		fmt.Fprintf(out, "  endpoints by network: %s\n", counts(perNode[u.Name]))
-		d := u.Status.Datapath
-		if d == nil {
+		if d := u.Status.Datapath; d != nil {
+			fmt.Fprintf(out, "  data plane: %d endpoints\n", d.Endpoints)
+			fmt.Fprintf(out, "  maps: %s\n", counts64(d.Maps, false))
+		} else {
 			fmt.Fprintln(out, "  data plane: not reported (is lace-agent running?)")
+		}
+		snap, err := counters(ctx, u.Name)
+		if err != nil {
+			fmt.Fprintf(out, "  counters: unavailable: %v\n", err)
 			continue
 		}
-		fmt.Fprintf(out, "  data plane (%s ago): %d endpoints\n", time.Since(d.UpdatedAt.Time).Round(time.Second), d.Endpoints)
-		fmt.Fprintf(out, "  maps: %s\n", counts64(d.Maps, false))
-		fmt.Fprintf(out, "  forwarded: %s\n", counts64(d.Forwarded, false))
-		fmt.Fprintf(out, "  dropped: %s\n", counts64(d.Drops, true))
+		fmt.Fprintf(out, "  forwarded: %s\n", countsU64(snap.Forwarded, false))
+		fmt.Fprintf(out, "  dropped: %s\n", countsU64(snap.Dropped, true))
 	}
 	return nil
 }
@@ -81,6 +90,14 @@ func counts(m map[string]int) string {
 		m64[k] = int64(v)
 	}
 	return counts64(m64, false)
+}
+
+func countsU64(m map[string]uint64, skipZero bool) string {
+	m64 := make(map[string]int64, len(m))
+	for k, v := range m {
+		m64[k] = int64(v)
+	}
+	return counts64(m64, skipZero)
 }
 
 // counts64 renders k=v pairs sorted by key; skipZero hides zero counters.
