@@ -122,16 +122,17 @@ func (c *checkpoint) all() []Endpoint {
 	return out
 }
 
-// used returns the addresses in use in network.
-func (c *checkpoint) used(network string) map[netip.Addr]bool {
+// used returns the addresses held by the node's endpoints, whatever their
+// network. Networks may overlap, but the node itself has one route per pod
+// address (kubelet probes): an address is never given to a second pod on
+// the node, even in another network.
+func (c *checkpoint) used() map[netip.Addr]bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	out := map[netip.Addr]bool{}
 	for _, e := range c.eps {
-		if e.Network == network {
-			for _, a := range e.Addrs {
-				out[a] = true
-			}
+		for _, a := range e.Addrs {
+			out[a] = true
 		}
 	}
 	return out

@@ -178,8 +178,15 @@ func (a *Agent) cmdAdd(ctx context.Context, req cniapi.Request) (json.RawMessage
 	e := Endpoint{ContainerID: req.ContainerID, IfName: req.IfName, NetNS: req.NetNS, PodNS: ns, PodName: name,
 		PodUID: string(pod.UID), Network: nw.Name, NetID: blocks[0].NetID, HostIf: podnet.HostIfName(req.ContainerID)}
 	// Reserve the addresses in the checkpoint before touching the kernel.
+	// Addresses in use on the node by any network, and the node's own, are
+	// skipped: the node reaches each pod by its address alone.
 	a.addLock.Lock()
-	used := a.cp.used(nw.Name)
+	used := a.cp.used()
+	a.mu.Lock()
+	for _, ad := range a.ownAddrs {
+		used[ad] = true
+	}
+	a.mu.Unlock()
 	for _, bl := range blocks {
 		ad, ok := pickAddr(bl.Prefix, used)
 		if !ok {

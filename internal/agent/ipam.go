@@ -9,7 +9,8 @@ import (
 func gateway(block netip.Prefix) netip.Addr { return block.Masked().Addr().Next() }
 
 // pickAddr returns the lowest address of block that is not the network
-// address, the gateway, the IPv4 broadcast address or in used.
+// address, the gateway, the IPv4 broadcast address or in used (every address in use on the
+// node, whatever its network).
 func pickAddr(block netip.Prefix, used map[netip.Addr]bool) (netip.Addr, bool) {
 	block = block.Masked()
 	gw := gateway(block)

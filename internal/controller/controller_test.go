@@ -287,6 +287,58 @@ func snapshot(t *testing.T, c client.Client) map[string]string {
 	return out
 }
 
+// settled waits until the running controller has reconciled the current
+// state: every Network's status describes its generation and says that
+// nodes node(s) hold a block, and every node has a locator. The controller
+// writes a status only when it changes, so these are conditions it must
+// have observed, not timestamps.
+func settled(t *testing.T, c client.Client, nodes int, networks ...string) {
+	t.Helper()
+	ctx := context.Background()
+	want := fmt.Sprintf("%d node(s) hold a block", nodes)
+	for _, name := range networks {
+		eventually(t, 30*time.Second, fmt.Sprintf("network %s reconciled with %d nodes", name, nodes), func() error {
+			var nw lacev1.Network
+			if err := c.Get(ctx, client.ObjectKey{Name: name}, &nw); err != nil {
+				return err
+			}
+			cond := meta.FindStatusCondition(nw.Status.Conditions, controller.ConditionBlocksAllocated)
+			if nw.Status.ObservedGeneration != nw.Generation || cond == nil || cond.Status != metav1.ConditionTrue ||
+				cond.ObservedGeneration != nw.Generation || cond.Message != want {
+				return fmt.Errorf("generation %d, status %+v", nw.Generation, nw.Status)
+			}
+			for _, b := range nw.Status.Blocks {
+				if b.Allocated != int32(nodes) {
+					return fmt.Errorf("%s blocks allocated %d", b.Family, b.Allocated)
+				}
+			}
+			return nil
+		})
+	}
+	eventually(t, 30*time.Second, fmt.Sprintf("%d locators", nodes), func() error {
+		var ueps lacev1.UnderlayEndpointList
+		if err := c.List(ctx, &ueps); err != nil {
+			return err
+		}
+		n := 0
+		for _, u := range ueps.Items {
+			if u.Spec.Locator != "" {
+				n++
+			}
+		}
+		if n != nodes {
+			return fmt.Errorf("%d of %d endpoints have a locator", n, len(ueps.Items))
+		}
+		return nil
+	})
+}
+
+// TestControllerRestartChangesNothing: a new controller (a restart, or a
+// new leader) finds everything already decided and changes none of it. A
+// node joins while no controller runs, so that the new one's first
+// reconcile of every network and of the locators has something to do: once
+// the new node holds its blocks and locator, the new controller has
+// reconciled the whole state, and nothing else may have changed.
 func TestControllerRestartChangesNothing(t *testing.T) {
 	env := cptest.Start(t)
 	stop := startController(t, env, nil)
@@ -298,21 +350,13 @@ func TestControllerRestartChangesNothing(t *testing.T) {
 	create(t, c, l3Network("b", "10.2.0.0/16", "", 24, 0))
 	waitAllocated(t, c, "a", 3)
 	waitAllocated(t, c, "b", 3)
-	eventually(t, 30*time.Second, "locators", func() error {
-		var ueps lacev1.UnderlayEndpointList
-		if err := c.List(context.Background(), &ueps); err != nil || len(ueps.Items) != 3 {
-			return fmt.Errorf("%d endpoints, %v", len(ueps.Items), err)
-		}
-		return nil
-	})
-	time.Sleep(time.Second)
+	settled(t, c, 3, "a", "b")
 	before := snapshot(t, c)
 	stop()
 
-	// A new controller (a restart, or a new leader) must find everything
-	// already decided.
+	createNode(t, c, "n4")
 	startController(t, env, nil)
-	time.Sleep(5 * time.Second)
+	settled(t, c, 4, "a", "b")
 	after := snapshot(t, c)
 	for k, v := range before {
 		if after[k] != v {
@@ -320,8 +364,13 @@ func TestControllerRestartChangesNothing(t *testing.T) {
 		}
 	}
 	for k, v := range after {
-		if _, ok := before[k]; !ok {
+		if _, ok := before[k]; !ok && !strings.HasSuffix(k, "n4") {
 			t.Errorf("%s appeared after restart: %q", k, v)
+		}
+	}
+	for _, k := range []string{"alloc/a.n4", "alloc/b.n4", "uep/n4"} {
+		if _, ok := after[k]; !ok {
+			t.Errorf("%s missing after restart: the new controller did not reconcile the joined node", k)
 		}
 	}
 }

@@ -177,13 +177,72 @@ func TestCNIErrorsAreReported(t *testing.T) {
 			t.Errorf("restore the catch-all policy: %v", err)
 		}
 	}()
-	time.Sleep(time.Second) // the agents' caches see the deletion
-	q := netexecPod("unbound", "n2")
-	if _, err := client.CoreV1().Pods("default").Create(ctx, q, metav1.CreateOptions{}); err != nil {
+	// The agent binds from its cache, which sees the deletion a moment
+	// later: a pod it attached in that moment is deleted and created again,
+	// until one is refused.
+	defer client.CoreV1().Pods("default").Delete(ctx, "unbound", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	const unbound = "no NetworkBindingPolicy matches pod default/unbound"
+	deadline := time.Now().Add(time.Minute)
+	for attempt := 1; ; attempt++ {
+		if _, err := client.CoreV1().Pods("default").Create(ctx, netexecPod("unbound", "n2"), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		attached := ""
+		eventually(t, 45*time.Second, "pod unbound refused or attached", func() error {
+			if hasSandboxFailure(t, "unbound", unbound) {
+				return nil
+			}
+			p, err := client.CoreV1().Pods("default").Get(ctx, "unbound", metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if len(p.Status.PodIPs) > 0 {
+				attached = p.Status.PodIPs[0].IP
+				return nil
+			}
+			return fmt.Errorf("pod %s, no sandbox failure says %q", p.Status.Phase, unbound)
+		})
+		if attached == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a pod matching no policy is still attached (%s) a minute after the catch-all policy went", attached)
+		}
+		t.Logf("attempt %d: attached at %s before the agent saw the policy go; again", attempt, attached)
+		deletePodAndWait(t, "unbound")
+	}
+	waitEvent(t, "unbound", unbound)
+}
+
+// hasSandboxFailure says whether the kubelet reported that pod's sandbox
+// could not be created, with msg in the event.
+func hasSandboxFailure(t *testing.T, pod, msg string) bool {
+	t.Helper()
+	evs, err := client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod})
+	if err != nil {
 		t.Fatal(err)
 	}
-	defer client.CoreV1().Pods("default").Delete(ctx, "unbound", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
-	waitEvent(t, "unbound", "no NetworkBindingPolicy matches pod default/unbound")
+	for _, e := range evs.Items {
+		if e.Type == corev1.EventTypeWarning && e.Reason == "FailedCreatePodSandBox" && e.Source.Component == "kubelet" &&
+			strings.Contains(e.Message, msg) {
+			return true
+		}
+	}
+	return false
+}
+
+func deletePodAndWait(t *testing.T, name string) {
+	t.Helper()
+	ctx := context.Background()
+	if err := client.CoreV1().Pods("default").Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, "pod "+name+" gone", func() error {
+		if _, err := client.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{}); err == nil {
+			return fmt.Errorf("still there")
+		}
+		return nil
+	})
 }
 
 // waitEvent waits until the kubelet reports that the pod's sandbox could

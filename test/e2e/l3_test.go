@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -17,6 +18,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
@@ -170,41 +172,173 @@ func expectReach(t *testing.T, from, to *corev1.Pod) {
 	}
 }
 
-func expectNoReach(t *testing.T, from *corev1.Pod, dst netip.Addr) {
+// expectNoReach checks that pod from cannot reach dst: a TCP connect to
+// 8080 and a UDP datagram to 8081 both go unanswered until their deadline
+// (a refusal, an ICMP error or a failure to send proves nothing about
+// isolation), and the data plane of node dropNode counts them under
+// reason.
+func expectNoReach(t *testing.T, from *corev1.Pod, dst netip.Addr, dropNode, reason string) {
 	t.Helper()
-	got, err := dial(context.Background(), from, "http", dst)
+	before := nodeDrops(t, dropNode)
+	if _, ok := before[reason]; !ok {
+		t.Fatalf("node %s has no drop counter %q (it has %v)", dropNode, reason, before)
+	}
+	var wg sync.WaitGroup
+	for _, proto := range []string{"tcp", "udp"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := noAnswer(context.Background(), from, proto, dst); err != nil {
+				t.Errorf("%s %s -> %s: %v; want no answer (a timeout)", proto, from.Name, dst, err)
+			}
+		}()
+	}
+	wg.Wait()
+	after := nodeDrops(t, dropNode)
+	if after[reason] <= before[reason] {
+		t.Errorf("%s -> %s: drop counter %q on %s did not move (%d -> %d); drops before %v, after %v",
+			from.Name, dst, reason, dropNode, before[reason], after[reason], before, after)
+	}
+}
+
+// noAnswer sends one request from inside pod from's network namespace to
+// netexec at dst (a TCP connect to 8080, or a UDP datagram to 8081) and
+// returns nil only when nothing at all comes back before the deadline.
+func noAnswer(ctx context.Context, from *corev1.Pod, proto string, dst netip.Addr) error {
+	ns, err := lab.PodNetNS(ctx, labConfig(), from.Namespace, from.Name)
 	if err != nil {
-		t.Fatalf("dial from %s: %v", from.Name, err)
+		return fmt.Errorf("find the pod's network namespace: %w", err)
 	}
-	if len(got) > 0 && got[0] != "" {
-		t.Errorf("%s reached %s (answered by %v); want it isolated", from.Name, dst, got)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if proto == "tcp" {
+		conn, err := netutil.DialContext(ctx, ns, "tcp", net.JoinHostPort(dst.String(), "8080"))
+		if err == nil {
+			conn.Close()
+			return fmt.Errorf("connected")
+		}
+		if isTimeout(err) {
+			return nil
+		}
+		return fmt.Errorf("failed without a timeout: %w", err)
 	}
+	conn, err := netutil.DialContext(ctx, ns, "udp", net.JoinHostPort(dst.String(), "8081"))
+	if err != nil {
+		return fmt.Errorf("open a UDP socket: %w", err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(1500 * time.Millisecond))
+	if _, err := conn.Write([]byte("hostname")); err != nil {
+		return fmt.Errorf("send: %w", err)
+	}
+	buf := make([]byte, 256)
+	n, err := conn.Read(buf)
+	switch {
+	case err == nil:
+		return fmt.Errorf("answered by %q", strings.TrimSpace(string(buf[:n])))
+	case isTimeout(err):
+		return nil
+	}
+	return fmt.Errorf("failed without a timeout: %w", err)
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// nodeDrops reads node's drop counters from the data plane maps the agent
+// pinned on the node's bpffs.
+func nodeDrops(t *testing.T, node string) map[string]uint64 {
+	t.Helper()
+	dp, err := datapath.Load(filepath.Join(labConfig().NodeRoot(node), "sys/fs/bpf/lace"))
+	if err != nil {
+		t.Fatalf("open the data plane of %s: %v", node, err)
+	}
+	defer dp.Close()
+	drops, err := dp.Drops()
+	if err != nil {
+		t.Fatalf("drop counters of %s: %v", node, err)
+	}
+	return drops
+}
+
+// expectNodeReaches checks that the pod's node, dialling each of the pod's
+// addresses as the kubelet's probes do, is answered by that pod and no
+// other.
+func expectNodeReaches(t *testing.T, p *corev1.Pod) {
+	t.Helper()
+	v4, v6 := podAddrs(p)
+	node := netutil.Path(labConfig().NetNS(p.Spec.NodeName))
+	for _, dst := range []netip.Addr{v4, v6} {
+		eventually(t, 20*time.Second, fmt.Sprintf("node %s -> %s (%s)", p.Spec.NodeName, p.Name, dst), func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			conn, err := netutil.DialContext(ctx, node, "tcp", net.JoinHostPort(dst.String(), "8080"))
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+			fmt.Fprintf(conn, "GET /hostname HTTP/1.0\r\nHost: e2e\r\n\r\n")
+			b, err := io.ReadAll(conn)
+			if err != nil {
+				return err
+			}
+			if _, body, _ := strings.Cut(string(b), "\r\n\r\n"); strings.TrimSpace(body) != p.Name {
+				return fmt.Errorf("answered by %q", strings.TrimSpace(body))
+			}
+			return nil
+		})
+	}
+}
+
+// blockOn returns the IPv4 and IPv6 blocks network holds on node.
+func blockOn(t *testing.T, c crclient.Client, network, node string) []netip.Prefix {
+	t.Helper()
+	var a lacev1.Allocation
+	if err := c.Get(context.Background(), crKey(network+"."+node), &a); err != nil {
+		t.Fatal(err)
+	}
+	var out []netip.Prefix
+	for _, p := range a.Spec.Prefixes {
+		out = append(out, netip.MustParsePrefix(string(p)))
+	}
+	return out
 }
 
 // TestL3Networks: pods of one network reach each other on one node and
 // across nodes (TCP, UDP, ICMP; IPv4 and IPv6); other networks, networks
-// with the same subnet and anonymous networks are isolated.
+// with the same subnet and anonymous networks are isolated. Two networks
+// with the same subnets hold the same blocks on a node, yet their pods
+// there get different addresses: every pod passes its readiness probe and
+// the node reaches each pod, and only it, at its addresses.
 func TestL3Networks(t *testing.T) {
 	needLab(t)
 	c := laceClient(t)
 	network(t, c, "blue", "10.50.0.0/16", "fd00:50::/48", false)
 	network(t, c, "green", "10.50.0.0/16", "fd00:50::/48", false) // same subnets as blue
 	network(t, c, "anon", "10.70.0.0/16", "fd00:70::/48", true)
+	for _, node := range []string{"n1", "n2"} {
+		if b, g := blockOn(t, c, "blue", node), blockOn(t, c, "green", node); fmt.Sprint(b) != fmt.Sprint(g) {
+			t.Fatalf("blue holds %v and green %v on %s: the overlap check proves nothing", b, g, node)
+		}
+	}
 
 	var wg sync.WaitGroup
 	pods := map[string]*corev1.Pod{}
 	var mu sync.Mutex
 	for _, spec := range []struct{ name, net, node string }{
-		{"blue-a", "blue", "n1"}, {"blue-b", "blue", "n1"}, {"blue-c", "blue", "n2"},
-		{"green-a", "green", "n3"}, {"green-c", "green", "n2"},
+		// blue-a and green-a are the first pods of their networks on n1,
+		// blue-c and green-c on n2, created at once.
+		{"blue-a", "blue", "n1"}, {"green-a", "green", "n1"},
+		{"blue-c", "blue", "n2"}, {"green-c", "green", "n2"},
 		{"anon-a", "anon", "n1"}, {"anon-c", "anon", "n2"},
 	} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			// Pods of overlapping networks on one node share addresses; the
-			// node's probe route can point at only one of them.
-			p := netPod(t, spec.name, spec.net, spec.node, spec.net == "blue")
+			p := netPod(t, spec.name, spec.net, spec.node, true)
 			mu.Lock()
 			pods[spec.name] = p
 			mu.Unlock()
@@ -214,28 +348,54 @@ func TestL3Networks(t *testing.T) {
 	if t.Failed() {
 		return
 	}
+	pods["blue-b"] = netPod(t, "blue-b", "blue", "n1", true)
+
+	// No two pods on one node share an address, whatever their network.
+	for _, node := range []string{"n1", "n2"} {
+		seen := map[netip.Addr]string{}
+		for _, p := range pods {
+			if p.Spec.NodeName != node {
+				continue
+			}
+			v4, v6 := podAddrs(p)
+			for _, ad := range []netip.Addr{v4, v6} {
+				if other, dup := seen[ad]; dup {
+					t.Errorf("%s and %s share %s on %s", other, p.Name, ad, node)
+				}
+				seen[ad] = p.Name
+			}
+		}
+	}
+	// The node reaches every pod at its addresses, as its probes do.
+	for _, p := range pods {
+		expectNodeReaches(t, p)
+	}
+
 	expectReach(t, pods["blue-a"], pods["blue-b"]) // same node
 	expectReach(t, pods["blue-a"], pods["blue-c"]) // across nodes
 	expectReach(t, pods["blue-c"], pods["blue-a"])
 
 	// green has blue's subnets: its pods reach green pods, never blue ones.
-	gc4, _ := podAddrs(pods["green-c"])
-	bc4, _ := podAddrs(pods["blue-c"])
-	if gc4 != bc4 {
-		t.Logf("green-c %s and blue-c %s differ; the overlap check still holds", gc4, bc4)
-	}
 	expectReach(t, pods["green-a"], pods["green-c"])
+	expectReach(t, pods["green-c"], pods["green-a"])
+	// The other network's pod addresses are nobody in one's own network: on
+	// the same node the source node finds no such pod; across nodes the
+	// destination node does.
+	for _, tc := range []struct{ from, to, dropNode string }{
+		{"blue-a", "green-a", "n1"}, {"green-a", "blue-a", "n1"},
+		{"blue-a", "green-c", "n2"}, {"green-a", "blue-c", "n2"},
+	} {
+		v4, v6 := podAddrs(pods[tc.to])
+		expectNoReach(t, pods[tc.from], v4, tc.dropNode, "no-endpoint")
+		expectNoReach(t, pods[tc.from], v6, tc.dropNode, "no-endpoint")
+	}
 
 	// Isolation between networks and inside an anonymous network.
 	a4, a6 := podAddrs(pods["anon-c"])
-	expectNoReach(t, pods["blue-a"], a4)
-	expectNoReach(t, pods["blue-a"], a6)
-	expectNoReach(t, pods["anon-a"], a4)
-	expectNoReach(t, pods["anon-a"], a6)
-	ga4, _ := podAddrs(pods["green-a"])
-	if got, _ := dial(context.Background(), pods["blue-a"], "http", ga4); len(got) > 0 && got[0] == "green-a" {
-		t.Errorf("blue-a reached green-a at %s", ga4)
-	}
+	expectNoReach(t, pods["blue-a"], a4, "n1", "isolated")
+	expectNoReach(t, pods["blue-a"], a6, "n1", "isolated")
+	expectNoReach(t, pods["anon-a"], a4, "n1", "anonymous-network")
+	expectNoReach(t, pods["anon-a"], a6, "n1", "anonymous-network")
 }
 
 // TestUnderlayCarriesSRv6 captures node n1's underlay port while pods talk
@@ -330,13 +490,24 @@ func TestStreamSurvivesAgentRestart(t *testing.T) {
 	defer conn.Close()
 	ask := echoer(t, conn)
 	ask("before")
-	for _, target := range []string{"agent/n1", "agent/n2"} {
-		if out, err := labCmd("restart", target).CombinedOutput(); err != nil {
-			t.Fatalf("restart %s: %v %s", target, err, out)
+	old := map[string]types.UID{}
+	for _, node := range []string{"n1", "n2"} {
+		old[node] = agentPod(t, node).UID
+		if out, err := labCmd("restart", "agent/"+node).CombinedOutput(); err != nil {
+			t.Fatalf("restart agent/%s: %v %s", node, err, out)
 		}
-		ask("during-" + strings.ReplaceAll(target, "/", "-"))
+		ask("during-agent-" + node)
 	}
-	time.Sleep(2 * time.Second) // the new agents reconcile
+	// The new agents have reconciled: each is Ready (its readiness is the
+	// data plane applied) and its node's maps hold the stream's ends.
+	for node, p := range map[string]*corev1.Pod{"n1": a, "n2": b} {
+		eventually(t, time.Minute, "new agent on "+node+" ready with "+p.Name+"'s endpoint", func() error {
+			if ap := agentPod(t, node); ap.UID == old[node] || !podIsReady(ap) {
+				return fmt.Errorf("agent pod %s (%s) ready=%v", ap.Name, ap.UID, podIsReady(ap))
+			}
+			return nodeHolds(t, node, p)
+		})
+	}
 	ask("after")
 	// And the restarted agents still attach new pods.
 	netPod(t, "steady-c", "steady", "n1", true)
@@ -462,6 +633,58 @@ func nodeResidue(t *testing.T) map[string]residue {
 		out[node] = r
 	}
 	return out
+}
+
+// agentPod returns the agent pod on node that is not being deleted (an
+// empty pod when there is none).
+func agentPod(t *testing.T, node string) *corev1.Pod {
+	t.Helper()
+	pods, err := client.CoreV1().Pods(lab.ReleaseNamespace).List(context.Background(), metav1.ListOptions{
+		LabelSelector: "app.kubernetes.io/name=lace-agent", FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range pods.Items {
+		if pods.Items[i].DeletionTimestamp == nil {
+			return &pods.Items[i]
+		}
+	}
+	return &corev1.Pod{}
+}
+
+func podIsReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// nodeHolds says whether node's data plane maps hold every address of pod
+// p (nil), or what is missing.
+func nodeHolds(t *testing.T, node string, p *corev1.Pod) error {
+	t.Helper()
+	dp, err := datapath.Load(filepath.Join(labConfig().NodeRoot(node), "sys/fs/bpf/lace"))
+	if err != nil {
+		return fmt.Errorf("open the data plane of %s: %w", node, err)
+	}
+	defer dp.Close()
+	eps, err := dp.Endpoints()
+	if err != nil {
+		return err
+	}
+	have := map[netip.Addr]bool{}
+	for _, e := range eps {
+		have[e.Addr] = true
+	}
+	v4, v6 := podAddrs(p)
+	for _, ad := range []netip.Addr{v4, v6} {
+		if !have[ad] {
+			return fmt.Errorf("no endpoint %s of %s on %s", ad, p.Name, node)
+		}
+	}
+	return nil
 }
 
 type crObject = crclient.Object
