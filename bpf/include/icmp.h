@@ -3,10 +3,15 @@
  * fragmentation needed / packet too big when the packet cannot cross the
  * underlay, so that traceroute shows the node and path MTU discovery
  * works instead of a silent black hole. The error quotes the offending
- * packet's IP header and first 8 bytes of payload (RFC 792, RFC 4443; the
- * 8 bytes hold the ports and, for TCP, the sequence number a receiver
- * checks), comes from the node's underlay address, and goes back into
- * the pod through the veth it came from. */
+ * packet's IP header and first 24 bytes of payload (RFC 792 asks for 8,
+ * RFC 4443 for as much as fits: the ports and, for TCP, the sequence
+ * number a receiver checks; 24 because a packet whose checksum the pod
+ * left to offload cannot be cut shorter than its L4 checksum field),
+ * comes from the node's underlay address, and goes back into the pod
+ * through the veth it came from. */
+
+/* Bytes of payload quoted after the offending IP header. */
+#define ICMP_QUOTE_L4 24
 #ifndef LACE_ICMP_H
 #define LACE_ICMP_H
 
@@ -35,17 +40,18 @@ enum icmp_kind {
 struct icmp4_reply {
 	struct iphdr ip;
 	struct icmp4hdr icmp;
-	__u8 quote[sizeof(struct iphdr) + 8];
+	__u8 quote[sizeof(struct iphdr) + ICMP_QUOTE_L4];
 };
-/* Naturally packed: the reply is written to the packet as it is. */
-_Static_assert(sizeof(struct icmp4_reply) == 20 + 8 + 28, "icmp4_reply has padding");
+/* Naturally packed: the reply is written to the packet as it is, and its
+ * checksummed parts are whole 32-bit words for bpf_csum_diff. */
+_Static_assert(sizeof(struct icmp4_reply) == 20 + 8 + 20 + ICMP_QUOTE_L4, "icmp4_reply has padding");
 
 struct icmp6_reply {
 	struct ipv6hdr ip;
 	struct icmp6hdr icmp;
-	__u8 quote[sizeof(struct ipv6hdr) + 8];
+	__u8 quote[sizeof(struct ipv6hdr) + ICMP_QUOTE_L4];
 };
-_Static_assert(sizeof(struct icmp6_reply) == 40 + 8 + 48, "icmp6_reply has padding");
+_Static_assert(sizeof(struct icmp6_reply) == 40 + 8 + 40 + ICMP_QUOTE_L4, "icmp6_reply has padding");
 
 struct icmp6_pseudo {
 	__u8 src[16];
@@ -54,14 +60,23 @@ struct icmp6_pseudo {
 	__be32 next;
 };
 
-/* reshape truncates the packet to its Ethernet header and the quote, then
- * opens room for the new IP and ICMP headers before the quote. */
-static __always_inline int reshape(struct __sk_buff *skb, __u32 quote_len, __u32 room, __u8 *macs)
+/* take_quote copies the first quote_len bytes after the Ethernet header
+ * into quote and cuts the packet to them (a shorter packet is padded with
+ * zeroes first: its IP header still says how long it was). */
+static __always_inline int take_quote(struct __sk_buff *skb, void *quote, __u32 quote_len)
 {
-	if (bpf_skb_load_bytes(skb, 0, macs, 12))
+	__u32 want = ETH_HLEN + quote_len;
+	if (skb->len < want && bpf_skb_change_tail(skb, want, 0))
 		return -1;
-	if (bpf_skb_change_tail(skb, ETH_HLEN + quote_len, 0))
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, quote, quote_len))
 		return -1;
+	return bpf_skb_change_tail(skb, want, 0);
+}
+
+/* reshape opens room for the new IP and ICMP headers before the quote and
+ * addresses the packet back to the pod. */
+static __always_inline int reshape(struct __sk_buff *skb, __u32 room, __u8 *macs)
+{
 	if (bpf_skb_adjust_room(skb, room, BPF_ADJ_ROOM_MAC, 0))
 		return -1;
 	/* Back to where it came from: the pod's MAC becomes the destination. */
@@ -74,11 +89,11 @@ static __always_inline int icmp4_error(struct __sk_buff *skb, struct pkt *p, enu
 	if (!cfg || !(cfg->flags & LACE_CFG_HAS_V4))
 		return -1;
 	struct icmp4_reply r = {};
-	/* Options would shift the quoted payload; pods do not send them. */
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, r.quote, sizeof(r.quote)) || (r.quote[0] & 0x0f) != 5)
-		return -1;
 	__u8 macs[12];
-	if (reshape(skb, sizeof(r.quote), sizeof(r.ip) + sizeof(r.icmp), macs))
+	if (bpf_skb_load_bytes(skb, 0, macs, sizeof(macs)) || take_quote(skb, r.quote, sizeof(r.quote)))
+		return -1;
+	/* Options would shift the quoted payload; pods do not send them. */
+	if ((r.quote[0] & 0x0f) != 5 || reshape(skb, sizeof(r.ip) + sizeof(r.icmp), macs))
 		return -1;
 	r.ip.version = 4;
 	r.ip.ihl = 5;
@@ -107,10 +122,9 @@ static __always_inline int icmp6_error(struct __sk_buff *skb, struct pkt *p, enu
 	if (!cfg)
 		return -1;
 	struct icmp6_reply r = {};
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, r.quote, sizeof(r.quote)))
-		return -1;
 	__u8 macs[12];
-	if (reshape(skb, sizeof(r.quote), sizeof(r.ip) + sizeof(r.icmp), macs))
+	if (bpf_skb_load_bytes(skb, 0, macs, sizeof(macs)) || take_quote(skb, r.quote, sizeof(r.quote)) ||
+	    reshape(skb, sizeof(r.ip) + sizeof(r.icmp), macs))
 		return -1;
 	r.ip.version = 6;
 	r.ip.payload_len = bpf_htons(sizeof(r.icmp) + sizeof(r.quote));

@@ -318,8 +318,8 @@ func TestProgPodTimeExceeded(t *testing.T) {
 		if after["ttl-exceeded"] != before["ttl-exceeded"]+1 {
 			t.Errorf("ttl-exceeded went %d -> %d", before["ttl-exceeded"], after["ttl-exceeded"])
 		}
-		if len(out) != 14+56 {
-			t.Fatalf("reply of %d bytes, want %d", len(out), 14+56)
+		if len(out) != 14+20+8+20+24 {
+			t.Fatalf("reply of %d bytes, want %d", len(out), 14+20+8+20+24)
 		}
 		if !bytesEqual(out[0:6], podMAC) || !bytesEqual(out[6:12], hostMAC) {
 			t.Errorf("reply MACs %s <- %s, want to the pod from the host side", net.HardwareAddr(out[0:6]), net.HardwareAddr(out[6:12]))
@@ -334,8 +334,10 @@ func TestProgPodTimeExceeded(t *testing.T) {
 		if ip[20] != 11 || ip[21] != 0 {
 			t.Errorf("ICMP type %d code %d, want time exceeded (11/0)", ip[20], ip[21])
 		}
-		if quoted := ip[28:]; !bytesEqual(quoted, in[14:14+28]) {
-			t.Errorf("quote % x, want the packet's header and 8 bytes % x", quoted, in[14:14+28])
+		// The 32-byte probe is quoted whole, padded to the quote's size.
+		want := append(append([]byte(nil), in[14:]...), make([]byte, 44-len(in[14:]))...)
+		if quoted := ip[28:]; !bytesEqual(quoted, want) {
+			t.Errorf("quote % x, want the packet and padding % x", quoted, want)
 		}
 	})
 	t.Run("IPv6", func(t *testing.T) {
@@ -344,8 +346,8 @@ func TestProgPodTimeExceeded(t *testing.T) {
 		if ret != actRedirect {
 			t.Fatalf("verdict %d, want a redirect back into the pod", ret)
 		}
-		if len(out) != 14+96 {
-			t.Fatalf("reply of %d bytes, want %d", len(out), 14+96)
+		if len(out) != 14+40+8+40+24 {
+			t.Fatalf("reply of %d bytes, want %d", len(out), 14+40+8+40+24)
 		}
 		ip := out[14:]
 		if src, dst := netip.AddrFrom16([16]byte(ip[8:24])), netip.AddrFrom16([16]byte(ip[24:40])); src != progNodeV6 || dst != progPodV6 || ip[6] != 58 {

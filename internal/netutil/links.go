@@ -122,6 +122,16 @@ func EnsureRoute(nsPath string, dst netip.Prefix, gw netip.Addr, link string) er
 	return withLink(nsPath, link, func(n *NS, l netlink.Link) error { return n.ReplaceRoute(l, dst, gw) })
 }
 
+// SetMTU sets the MTU of link in the namespace at nsPath.
+func SetMTU(nsPath, link string, mtu int) error {
+	return withLink(nsPath, link, func(n *NS, l netlink.Link) error {
+		if err := n.h.LinkSetMTU(l, mtu); err != nil {
+			return fmt.Errorf("set MTU of %s to %d: %w", link, mtu, err)
+		}
+		return nil
+	})
+}
+
 // withLink runs f with a handle in the namespace at nsPath and the link.
 func withLink(nsPath, link string, f func(*NS, netlink.Link) error) error {
 	n, err := OpenNS(nsPath)
