@@ -19,24 +19,16 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/internal/tables"
 )
 
-// SID function layout (bpf/include/lace.h): byte 8 of the SID is the
-// behaviour, bytes 12-15 the network ID.
-const (
-	sidBehaviourByte = 8
-	sidNetByte       = 12
-	// BehaviourL3Decap decapsulates and looks the inner packet up in the
-	// network named by the SID (End.DT46 semantics).
-	BehaviourL3Decap = 1
-)
+// The table values and the SID layout are package tables' (pure, shared
+// with the model); these names keep the datapath's API in one place.
+const BehaviourL3Decap = tables.BehaviourL3Decap
 
 // SID returns the SID of behaviour for network netID inside locator (a /64).
 func SID(locator netip.Prefix, behaviour uint8, netID uint32) netip.Addr {
-	b := locator.Masked().Addr().As16()
-	b[sidBehaviourByte] = behaviour
-	b[sidNetByte], b[sidNetByte+1], b[sidNetByte+2], b[sidNetByte+3] = byte(netID>>24), byte(netID>>16), byte(netID>>8), byte(netID)
-	return netip.AddrFrom16(b)
+	return tables.SID(locator, behaviour, netID)
 }
 
 // Datapath is the loaded programs and pinned maps of one node.

@@ -7,6 +7,8 @@ import (
 	"net/netip"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/lace-cni/lace/internal/tables"
 )
 
 // Config is the node-wide configuration of the programs.
@@ -50,23 +52,13 @@ type Port struct {
 	V4, V6  netip.Addr
 }
 
-// Route sends a prefix of a network either to this node's pods (Local) or
-// encapsulated to SID.
-type Route struct {
-	NetID  uint32
-	Prefix netip.Prefix
-	SID    netip.Addr
-	Local  bool
-}
-
-// Network is what the programs know of a network.
-type Network struct {
-	ID        uint32
-	Anonymous bool
-}
-
-// Policy lets network Src initiate traffic to network Dst.
-type Policy struct{ Src, Dst uint32 }
+// Route, Network and Policy are the values of the routes, networks and
+// policies maps.
+type (
+	Route   = tables.Route
+	Network = tables.Network
+	Policy  = tables.Policy
+)
 
 func family(a netip.Addr) uint8 {
 	if a.Is4() {

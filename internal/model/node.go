@@ -8,7 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
-	"github.com/lace-cni/lace/internal/datapath"
+	"github.com/lace-cni/lace/internal/tables"
 )
 
 // NodeInput is everything a node's desired data plane depends on.
@@ -39,9 +39,9 @@ type Block struct {
 type NodeState struct {
 	// Locator is this node's own SRv6 locator (invalid until assigned).
 	Locator  netip.Prefix
-	Networks []datapath.Network
-	Routes   []datapath.Route
-	Policies []datapath.Policy
+	Networks []tables.Network
+	Routes   []tables.Route
+	Policies []tables.Policy
 	// Nodes are the underlay addresses of every node (decap sources).
 	Nodes         []netip.Addr
 	LocatorRoutes []LocatorRoute
@@ -70,7 +70,7 @@ func ComputeNode(in NodeInput) NodeState {
 		n := &in.Networks[i]
 		byName[n.Name] = n
 		if n.Status.ID > 0 {
-			st.Networks = append(st.Networks, datapath.Network{ID: uint32(n.Status.ID), Anonymous: n.Spec.Anonymous})
+			st.Networks = append(st.Networks, tables.Network{ID: uint32(n.Status.ID), Anonymous: n.Spec.Anonymous})
 		}
 	}
 	locators := map[string]netip.Prefix{}
@@ -113,7 +113,7 @@ func ComputeNode(in NodeInput) NodeState {
 				continue
 			}
 			if a.Spec.Node == in.Node {
-				st.Routes = append(st.Routes, datapath.Route{NetID: id, Prefix: p, Local: true})
+				st.Routes = append(st.Routes, tables.Route{NetID: id, Prefix: p, Local: true})
 				st.Blocks = append(st.Blocks, Block{Network: a.Spec.Network, NetID: id, Prefix: p})
 				continue
 			}
@@ -121,7 +121,7 @@ func ComputeNode(in NodeInput) NodeState {
 			if !ok {
 				continue // the owner has no locator yet: nothing to route to
 			}
-			st.Routes = append(st.Routes, datapath.Route{NetID: id, Prefix: p, SID: datapath.SID(loc, datapath.BehaviourL3Decap, id)})
+			st.Routes = append(st.Routes, tables.Route{NetID: id, Prefix: p, SID: tables.SID(loc, tables.BehaviourL3Decap, id)})
 		}
 	}
 	st.Policies = Policies(in.Networks, in.RoutingPolicies)
@@ -131,9 +131,9 @@ func ComputeNode(in NodeInput) NodeState {
 
 // Policies expands NetworkRoutingPolicies into (source, destination)
 // network ID pairs.
-func Policies(nets []lacev1.Network, policies []lacev1.NetworkRoutingPolicy) []datapath.Policy {
-	seen := map[datapath.Policy]bool{}
-	var out []datapath.Policy
+func Policies(nets []lacev1.Network, policies []lacev1.NetworkRoutingPolicy) []tables.Policy {
+	seen := map[tables.Policy]bool{}
+	var out []tables.Policy
 	for _, p := range policies {
 		src, err1 := metav1.LabelSelectorAsSelector(p.Spec.SrcSelector)
 		dst, err2 := metav1.LabelSelectorAsSelector(p.Spec.DestSelector)
@@ -148,7 +148,7 @@ func Policies(nets []lacev1.Network, policies []lacev1.NetworkRoutingPolicy) []d
 				if d.Status.ID == 0 || !dst.Matches(labels.Set(d.Labels)) {
 					continue
 				}
-				pol := datapath.Policy{Src: uint32(s.Status.ID), Dst: uint32(d.Status.ID)}
+				pol := tables.Policy{Src: uint32(s.Status.ID), Dst: uint32(d.Status.ID)}
 				if !seen[pol] {
 					seen[pol] = true
 					out = append(out, pol)

@@ -7,7 +7,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
-	"github.com/lace-cni/lace/internal/datapath"
+	"github.com/lace-cni/lace/internal/tables"
 )
 
 func TestComputeNode(t *testing.T) {
@@ -47,7 +47,7 @@ func TestComputeNode(t *testing.T) {
 	if st.Locator.String() != "fd1a:ce:0:1::/64" {
 		t.Errorf("locator %s", st.Locator)
 	}
-	wantRoutes := []datapath.Route{
+	wantRoutes := []tables.Route{
 		{NetID: 1, Prefix: netip.MustParsePrefix("10.1.1.0/24"), Local: true},
 		{NetID: 1, Prefix: netip.MustParsePrefix("10.1.2.0/24"), SID: netip.MustParseAddr("fd1a:ce:0:2:100:0:0:1")},
 	}
