@@ -88,7 +88,10 @@ static __always_inline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 		return drop(DROP_DECAP_SID);
 
 	__u16 inner_proto;
-	__u64 flags = BPF_F_ADJ_ROOM_NO_CSUM_RESET;
+	/* FIXED_GSO as at encapsulation: the segment size was kept then, so
+	 * it is kept now, and the kernel refuses to shrink a UDP GSO packet
+	 * without it (its gso_size delimits datagrams). */
+	__u64 flags = BPF_F_ADJ_ROOM_NO_CSUM_RESET | BPF_F_ADJ_ROOM_FIXED_GSO;
 	if (outer->nexthdr == IPPROTO_IPIP) {
 		inner_proto = bpf_htons(ETH_P_IP);
 		flags |= LACE_ADJ_ROOM_DECAP_L3_IPV4;
