@@ -482,3 +482,54 @@ func TestProgDecapKeepsCongestion(t *testing.T) {
 		t.Error("inner IPv4 checksum broken by the CE mark")
 	}
 }
+
+// TestProgPodRefuses: what a pod may not send is dropped, each under its
+// reason, before anything else looks at it.
+func TestProgPodRefuses(t *testing.T) {
+	d := progPodDatapath(t)
+	other4 := netip.MustParseAddr("10.70.2.2")
+	cases := []struct {
+		name   string
+		port   uint32
+		pkt    []byte
+		reason string
+	}{
+		{"spoofed IPv4 source", progPort, ether(unicastMAC, 0x0800, ipv4(netip.MustParseAddr("10.70.1.3"), other4, 17, udp(1, 7))), "spoofed-source"},
+		{"spoofed IPv6 source", progPort, ether(unicastMAC, 0x86dd, ipv6(netip.MustParseAddr("fd00:70:0:1::3"), netip.MustParseAddr("fd00:70:0:2::2"), 17, udp(1, 7))), "spoofed-source"},
+		{"another network's prefix", progPort, ether(unicastMAC, 0x0800, ipv4(progPodV4, netip.MustParseAddr("10.99.0.1"), 17, udp(1, 7))), "isolated"},
+		{"a new connection to the node", progPort, ether(unicastMAC, 0x0800, ipv4(progPodV4, progNodeV4, 6, tcpSYN(1, 22))), "to-node-not-answer"},
+		{"UDP to the node", progPort, ether(unicastMAC, 0x0800, ipv4(progPodV4, progNodeV4, 17, udp(1, 53))), "to-node-not-answer"},
+		{"router solicitation", progPort, ether(unicastMAC, 0x86dd, ipv6(progPodV6, netip.MustParseAddr("ff02::2"), 58, []byte{133, 0, 0, 0})), "link-local"},
+		{"not IP", progPort, ether(unicastMAC, 0x0806, make([]byte, 28)), "link-local"},
+		{"a port without state", 999, ether(unicastMAC, 0x0800, ipv4(progPodV4, other4, 17, udp(1, 7))), "unknown-port"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			before, _ := d.Drops()
+			opts := &ebpf.RunOptions{Data: c.pkt, Context: skbCtx(c.port)}
+			ret, err := d.pod.FromPod.Run(opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ret != actShot {
+				t.Errorf("verdict %d, want a drop", ret)
+			}
+			after, _ := d.Drops()
+			for _, r := range DropReasons {
+				want := before[r]
+				if r == c.reason {
+					want++
+				}
+				if after[r] != want {
+					t.Errorf("drop counter %s went %d -> %d, want %d", r, before[r], after[r], want)
+				}
+			}
+		})
+	}
+	// An answer to the node's own probe is let through to the node.
+	ack := tcpSYN(8080, 40000)
+	ack[13] = 0x12 // SYN-ACK
+	if ret, _ := runPod(t, d, ether(unicastMAC, 0x0800, ipv4(progPodV4, progNodeV4, 6, ack))); ret != actOK {
+		t.Errorf("verdict %d for the pod's answer to a node probe, want it passed to the node", ret)
+	}
+}
