@@ -149,6 +149,30 @@ func runProg(t *testing.T, p *ebpf.Program, pkt []byte) uint32 {
 	return ret
 }
 
+// onlyDrop runs f and checks that the drop counter reason (none when
+// empty) moved by exactly one and no other did.
+func onlyDrop(t *testing.T, d *Datapath, reason string, f func()) {
+	t.Helper()
+	before, err := d.Drops()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f()
+	after, err := d.Drops()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range DropReasons {
+		want := before[r]
+		if r == reason {
+			want++
+		}
+		if after[r] != want {
+			t.Errorf("drop counter %s went %d -> %d, want %d", r, before[r], after[r], want)
+		}
+	}
+}
+
 func TestProgUnderlay(t *testing.T) {
 	d := progDatapath(t)
 	ext4, ext6 := netip.MustParseAddr("172.31.0.200"), netip.MustParseAddr("fd00:99::c8")
@@ -196,26 +220,11 @@ func TestProgUnderlay(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			before, err := d.Drops()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := runProg(t, d.underlay.FromUnderlay, c.pkt); got != c.want {
-				t.Errorf("verdict %d, want %d", got, c.want)
-			}
-			after, err := d.Drops()
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, r := range DropReasons {
-				want := before[r]
-				if r == c.reason {
-					want++
+			onlyDrop(t, d, c.reason, func() {
+				if got := runProg(t, d.underlay.FromUnderlay, c.pkt); got != c.want {
+					t.Errorf("verdict %d, want %d", got, c.want)
 				}
-				if after[r] != want {
-					t.Errorf("drop counter %s went %d -> %d, want %d", r, before[r], after[r], want)
-				}
-			}
+			})
 		})
 	}
 }
@@ -505,25 +514,15 @@ func TestProgPodRefuses(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			before, _ := d.Drops()
-			opts := &ebpf.RunOptions{Data: c.pkt, Context: skbCtx(c.port)}
-			ret, err := d.pod.FromPod.Run(opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if ret != actShot {
-				t.Errorf("verdict %d, want a drop", ret)
-			}
-			after, _ := d.Drops()
-			for _, r := range DropReasons {
-				want := before[r]
-				if r == c.reason {
-					want++
+			onlyDrop(t, d, c.reason, func() {
+				ret, err := d.pod.FromPod.Run(&ebpf.RunOptions{Data: c.pkt, Context: skbCtx(c.port)})
+				if err != nil {
+					t.Fatal(err)
 				}
-				if after[r] != want {
-					t.Errorf("drop counter %s went %d -> %d, want %d", r, before[r], after[r], want)
+				if ret != actShot {
+					t.Errorf("verdict %d, want a drop", ret)
 				}
-			}
+			})
 		})
 	}
 	// An answer to the node's own probe is let through to the node.
