@@ -97,10 +97,30 @@ type DatapathStatus struct {
 	Maps map[string]int64 `json:"maps,omitempty"`
 }
 
+// Condition types and reasons of an UnderlayEndpoint.
+const (
+	// UnderlayReady is True when the node can carry pod traffic: it has an
+	// IPv6 underlay address, routes to every other node's locator, and its
+	// data plane is attached. False names the first problem as the reason
+	// and every problem in the message.
+	UnderlayReady = "Ready"
+
+	ReasonUnderlayReady        = "UnderlayReady"
+	ReasonNoIPv6Underlay       = "NoIPv6Underlay"
+	ReasonLocatorUnreachable   = "LocatorUnreachable"
+	ReasonKernelFeatureMissing = "KernelFeatureMissing"
+	ReasonDatapathAttachFailed = "DatapathAttachFailed"
+)
+
 // UnderlayEndpointStatus is written by the node's agent.
 type UnderlayEndpointStatus struct {
 	// +optional
 	Datapath *DatapathStatus `json:"datapath,omitempty"`
+	// Conditions: Ready says whether the node can carry pod traffic.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
 // UnderlayEndpoint is a node's underlay addresses, zone and SRv6 locator.
@@ -113,6 +133,8 @@ type UnderlayEndpointStatus struct {
 // +kubebuilder:printcolumn:name="Zone",type=string,JSONPath=`.spec.zone`
 // +kubebuilder:printcolumn:name="Locator",type=string,JSONPath=`.spec.locator`
 // +kubebuilder:printcolumn:name="Endpoints",type=integer,JSONPath=`.status.datapath.endpoints`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 type UnderlayEndpoint struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

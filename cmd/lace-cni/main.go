@@ -1,6 +1,8 @@
 // Command lace-cni is Lace's CNI plugin: a thin client that forwards each
 // CNI invocation to lace-agent over its unix socket and returns the agent's
-// result or error. It keeps no state and touches nothing itself.
+// result or error. It keeps no state and touches nothing itself, except
+// that a DEL the agent cannot be reached for is queued on the node
+// (cniapi.QueueDel) for the agent to replay.
 package main
 
 import (
@@ -51,8 +53,19 @@ func call(cmd string, a *skel.CmdArgs, printResult bool) error {
 	resp, err := client.Post("http://lace-agent/cni", "application/json", bytes.NewReader(body))
 	if err != nil {
 		if cmd == "DEL" {
-			// Nothing can be removed without the agent; it collects what
-			// is left when it comes back, so DEL must not block deletion.
+			// Nothing can be removed without the agent, and a DEL that
+			// fails blocks the pod's deletion for as long as the agent is
+			// down. It is queued durably on the node instead and the agent
+			// replays it when it is back; only a DEL that cannot even be
+			// queued fails (the runtime retries it).
+			dir := conf.DelQueueDir
+			if dir == "" {
+				dir = cniapi.DefaultDelQueueDir
+			}
+			if qerr := cniapi.QueueDel(dir, req); qerr != nil {
+				return types.NewError(types.ErrTryAgainLater, "lace-agent is not reachable at "+sock+" and the DEL cannot be queued",
+					fmt.Sprintf("%v; queue %s: %v", err, dir, qerr))
+			}
 			return nil
 		}
 		return types.NewError(types.ErrTryAgainLater, "lace-agent is not reachable at "+sock, err.Error())

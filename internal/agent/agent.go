@@ -16,7 +16,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -55,7 +57,11 @@ type Options struct {
 	BPFFS string
 	// StateDir keeps the endpoint checkpoint.
 	StateDir string
-	// MTU of pod interfaces: the underlay's less the 40-byte outer header.
+	// DelQueueDir is where lace-cni queues DELs the agent could not be
+	// reached for (the same directory as lace-cni's, on the node).
+	DelQueueDir string
+	// MTU of pod interfaces; 0 derives it at each ADD from the underlay
+	// interface's MTU less the 40-byte outer header.
 	MTU         int
 	MetricsAddr string
 	HealthAddr  string
@@ -73,7 +79,7 @@ func DefaultOptions() Options {
 		CNISocket:         cniapi.DefaultSocket,
 		BPFFS:             "/sys/fs/bpf/lace",
 		StateDir:          "/var/lib/lace",
-		MTU:               1460,
+		DelQueueDir:       cniapi.DefaultDelQueueDir,
 		MetricsAddr:       "0",
 		HealthAddr:        "0",
 		ResyncPeriod:      30 * time.Second,
@@ -96,8 +102,16 @@ type Agent struct {
 	state    model.NodeState
 	applied  bool
 	ownAddrs []netip.Addr
-	// addLock serialises address allocation.
+	// attachErr is why the data plane could not be attached to the
+	// underlay (nil once it is).
+	attachErr error
+	// reported is the Ready condition last published, so an Event is
+	// emitted once per transition even while the cache lags.
+	reported *metav1.Condition
+	// addLock serialises address allocation, and adoption of what the
+	// kernel holds (adopted, once per start) with it.
 	addLock sync.Mutex
+	adopted bool
 	// statusKick asks reportStatus for an early report.
 	statusKick chan struct{}
 }
@@ -128,6 +142,8 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		HealthProbeBindAddress: o.HealthAddr,
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}: {Field: fields.OneTermEqualSelector("spec.nodeName", o.NodeName)},
+			// Only this node's records (ensureNetworkEndpoints, teardown).
+			&lacev1.NetworkEndpoint{}: {Label: labels.SelectorFromSet(labels.Set{labelNode: o.NodeName})},
 		}},
 		Controller: ctrlConfig(o),
 	})
@@ -145,7 +161,7 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		dp.Close()
 		return nil, fmt.Errorf("add healthz: %w", err)
 	}
-	if err := mgr.AddReadyzCheck("dataplane", func(*http.Request) error { return a.cmdStatus() }); err != nil {
+	if err := mgr.AddReadyzCheck("dataplane", func(*http.Request) error { return a.readyz() }); err != nil {
 		dp.Close()
 		return nil, fmt.Errorf("add readyz: %w", err)
 	}
@@ -172,6 +188,15 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		Watches(&lacev1.NetworkBindingPolicy{}, toNode, specOnly).
 		Watches(&corev1.Pod{}, toNode, builder.WithPredicates(predicates.PodChanged())).
 		Watches(&corev1.Node{}, toNode, builder.WithPredicates(predicates.NodeChanged())).
+		// A NetworkEndpoint deleted or changed behind the agent's back is
+		// written again (its own creations need no reconcile).
+		Watches(&lacev1.NetworkEndpoint{}, toNode, builder.WithPredicates(predicate.Funcs{
+			CreateFunc: func(event.CreateEvent) bool { return false },
+			UpdateFunc: func(e event.UpdateEvent) bool {
+				return e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration()
+			},
+			DeleteFunc: func(event.DeleteEvent) bool { return true },
+		})).
 		// Namespaces matter only to CNI ADD (namespaceSelector); watching
 		// them starts their cache with the agent, not at the first ADD.
 		Watches(&corev1.Namespace{}, toNode, builder.WithPredicates(predicate.Funcs{
@@ -202,13 +227,19 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 // keep forwarding while no agent runs.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.dp.Close()
-	a.log.Info("lace-agent starting", "netns", a.opts.NetNS, "bpffs", a.opts.BPFFS, "endpoints", len(a.cp.all()))
+	a.log.Info("lace-agent starting", "netns", a.opts.NetNS, "bpffs", a.opts.BPFFS, "endpoints", len(a.cp.all()),
+		"checkpointLost", a.cp.lost)
 	return a.mgr.Start(ctx)
 }
 
-// resync triggers a full reconcile periodically, so a missed event never
-// leaves the node stale for long.
+// resync replays the DELs queued while the agent was unreachable (at
+// start, and periodically for one queued while it restarted) and triggers
+// a full reconcile periodically, so a missed event never leaves the node
+// stale for long.
 func (a *Agent) resync(ctx context.Context) error {
+	if err := a.replayQueuedDels(ctx); err != nil {
+		a.log.Info("replay queued DELs", "err", err)
+	}
 	t := time.NewTicker(a.opts.ResyncPeriod)
 	defer t.Stop()
 	for {
@@ -216,6 +247,9 @@ func (a *Agent) resync(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+			if err := a.replayQueuedDels(ctx); err != nil {
+				a.log.Info("replay queued DELs", "err", err)
+			}
 			if _, err := a.reconcile(ctx, nodeKey); err != nil {
 				a.log.Info("periodic resync failed", "err", err)
 			}

@@ -28,7 +28,12 @@ import (
 	"github.com/lace-cni/lace/pkg/cniapi"
 )
 
-const labelPodUID = "lace-cni.io/pod-uid"
+const (
+	labelPodUID = "lace-cni.io/pod-uid"
+	// labelNode is on every NetworkEndpoint: the agent caches only its
+	// node's.
+	labelNode = "lace-cni.io/node"
+)
 
 // CNI error codes (the spec's well-known ones and Lace's own >= 100).
 const (
@@ -115,12 +120,33 @@ func (a *Agent) handle(ctx context.Context, req cniapi.Request) (json.RawMessage
 	return nil, cniErr(4, "unsupported CNI command %q", req.Command)
 }
 
+// CNI STATUS error codes (CNI 1.1): 50, the plugin cannot serve ADD; 51,
+// existing pods may also have limited connectivity.
+const (
+	errUnavailable         = 50
+	errLimitedConnectivity = 51
+)
+
+// cmdStatus answers CNI STATUS: the data plane is programmed and the node
+// can carry pod traffic (health.go). A runtime that calls STATUS (CNI 1.1,
+// containerd 2.x) then reports the node's network as not ready instead of
+// starting pods that cannot talk.
 func (a *Agent) cmdStatus() error {
+	if h := a.checkHealth(); !h.ok() {
+		return cniErr(errLimitedConnectivity, "node %s cannot carry pod traffic: %s: %s", a.opts.NodeName, h.reason, h.message)
+	}
+	return a.readyz()
+}
+
+// readyz says whether the data plane has been programmed (the agent's
+// readiness probe: a rolling update moves on once forwarding is back,
+// whatever the node's underlay).
+func (a *Agent) readyz() error {
 	a.mu.Lock()
 	applied := a.applied
 	a.mu.Unlock()
 	if !applied {
-		return cniErr(50, "lace-agent on %s has not programmed its data plane yet", a.opts.NodeName)
+		return cniErr(errUnavailable, "lace-agent on %s has not programmed its data plane yet", a.opts.NodeName)
 	}
 	return nil
 }
@@ -131,6 +157,14 @@ func (a *Agent) cmdAdd(ctx context.Context, req cniapi.Request) (json.RawMessage
 		return nil, cniErr(errInvalidConfig, "parse network config: %v", err)
 	}
 	if e, ok := a.cp.get(req.ContainerID); ok && e.Ready {
+		if e.ContainerID == "" {
+			// Rebuilt from the kernel after the checkpoint was lost: the
+			// runtime's retry names the container again.
+			e.ContainerID, e.NetNS = req.ContainerID, req.NetNS
+			if err := a.cp.put(e); err != nil {
+				return nil, err
+			}
+		}
 		return a.result(conf.CNIVersion, e)
 	}
 	t0 := time.Now()
@@ -205,8 +239,12 @@ func (a *Agent) cmdAdd(ctx context.Context, req cniapi.Request) (json.RawMessage
 
 	t1 := time.Now()
 	t2 := t1
-	res, err := a.node.SetupPod(podnet.Spec{NodeNS: a.opts.NetNS, PodNS: netnsPath(&req), HostIf: e.HostIf, PodIf: req.IfName,
-		MTU: a.opts.MTU, Addrs: e.Addrs, Gateways: e.Gateways})
+	mtu, err := a.podMTU()
+	var res podnet.Result
+	if err == nil {
+		res, err = a.node.SetupPod(podnet.Spec{NodeNS: a.opts.NetNS, PodNS: netnsPath(&req), HostIf: e.HostIf, PodIf: req.IfName,
+			MTU: mtu, Addrs: e.Addrs, Gateways: e.Gateways})
+	}
 	if err == nil {
 		e.HostIfIndex, e.HostMAC, e.PodMAC = res.HostIfIndex, res.HostMAC.String(), res.PodMAC.String()
 		// Record the interface before programming it, so that a reconcile
@@ -238,6 +276,29 @@ func (a *Agent) cmdAdd(ctx context.Context, req cniapi.Request) (json.RawMessage
 	a.log.Info("pod attached", "pod", ns+"/"+name, "network", nw.Name, "addrs", e.Addrs,
 		"api", t1.Sub(t0).String(), "interface", t2.Sub(t1).String(), "datapath", t3.Sub(t2).String(), "total", time.Since(t0).String())
 	return a.result(conf.CNIVersion, e)
+}
+
+// encapOverhead is what SRv6 reduced encapsulation adds to a pod's packet:
+// the outer IPv6 header.
+const encapOverhead = 40
+
+// podMTU is the MTU of a new pod interface: --mtu when set, otherwise the
+// underlay interface's MTU now less the encapsulation, so a pod's
+// full-sized packet still fits the underlay once encapsulated (read at each
+// ADD: a node whose fabric MTU changed gives new pods the new value).
+func (a *Agent) podMTU() (int, error) {
+	if a.opts.MTU > 0 {
+		return a.opts.MTU, nil
+	}
+	m, err := a.node.UnderlayMTU()
+	if err != nil {
+		return 0, fmt.Errorf("underlay MTU: %w", err)
+	}
+	if m-encapOverhead < 1280 {
+		return 0, cniErr(errInvalidConfig, "underlay interface %s has MTU %d: pods would get %d, below IPv6's minimum of 1280",
+			a.opts.UnderlayInterface, m, m-encapOverhead)
+	}
+	return m - encapOverhead, nil
 }
 
 // waitBlocks returns this node's blocks of network, waiting briefly for the
@@ -289,18 +350,23 @@ func (a *Agent) program(e Endpoint, res podnet.Result) error {
 	return a.dp.AttachPod(a.opts.NetNS, e.HostIf)
 }
 
-func (a *Agent) writeNetworkEndpoint(ctx context.Context, pod *corev1.Pod, e Endpoint) error {
-	ne := &lacev1.NetworkEndpoint{}
-	ne.Namespace, ne.Name = pod.Namespace, pod.Name
+// networkEndpointSpec is what the NetworkEndpoint of e says.
+func (a *Agent) networkEndpointSpec(e Endpoint) lacev1.NetworkEndpointSpec {
 	addrs := make([]lacev1.IPAddress, 0, len(e.Addrs))
 	for _, ad := range e.Addrs {
 		addrs = append(addrs, lacev1.IPAddress(ad.String()))
 	}
-	spec := lacev1.NetworkEndpointSpec{Network: e.Network, Node: a.opts.NodeName, Addresses: addrs,
+	return lacev1.NetworkEndpointSpec{Network: e.Network, Node: a.opts.NodeName, Addresses: addrs,
 		MAC: lacev1.MACAddress(e.PodMAC), Interface: e.IfName}
+}
+
+func (a *Agent) writeNetworkEndpoint(ctx context.Context, pod *corev1.Pod, e Endpoint) error {
+	ne := &lacev1.NetworkEndpoint{}
+	ne.Namespace, ne.Name = pod.Namespace, pod.Name
+	spec := a.networkEndpointSpec(e)
 	err := a.client.Get(ctx, client.ObjectKeyFromObject(ne), ne)
 	if apierrors.IsNotFound(err) {
-		ne.Labels = map[string]string{labelPodUID: string(pod.UID), "lace-cni.io/network": e.Network, "lace-cni.io/node": a.opts.NodeName}
+		ne.Labels = map[string]string{labelPodUID: string(pod.UID), "lace-cni.io/network": e.Network, labelNode: a.opts.NodeName}
 		ne.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID,
 			Controller: ptr.To(true)}}
 		ne.Spec = spec
@@ -309,7 +375,11 @@ func (a *Agent) writeNetworkEndpoint(ctx context.Context, pod *corev1.Pod, e End
 	if err != nil {
 		return err
 	}
+	if ne.Labels == nil {
+		ne.Labels = map[string]string{}
+	}
 	ne.Labels[labelPodUID] = string(pod.UID)
+	ne.Labels["lace-cni.io/network"], ne.Labels[labelNode] = e.Network, a.opts.NodeName
 	ne.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID, Controller: ptr.To(true)}}
 	ne.Spec = spec
 	return a.client.Update(ctx, ne)
@@ -396,13 +466,15 @@ func (a *Agent) cmdGC(ctx context.Context, req cniapi.Request) error {
 	if err := json.Unmarshal(req.Config, &conf); err != nil {
 		return cniErr(errInvalidConfig, "parse GC config: %v", err)
 	}
+	// By host interface, the hash of the container ID: an endpoint rebuilt
+	// without its container ID is matched too.
 	valid := map[string]bool{}
 	for _, v := range conf.Valid {
-		valid[v.ContainerID] = true
+		valid[podnet.HostIfName(v.ContainerID)] = true
 	}
 	var errs []error
 	for _, e := range a.cp.all() {
-		if !valid[e.ContainerID] {
+		if !valid[e.HostIf] {
 			a.log.Info("GC removes stale endpoint", "container", e.ContainerID, "pod", e.PodNS+"/"+e.PodName)
 			errs = append(errs, a.teardown(ctx, e))
 		}

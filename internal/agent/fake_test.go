@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"sync"
 	"testing"
 
@@ -112,14 +113,44 @@ func keys[K comparable](mu *sync.Mutex, m map[K]bool) []K {
 type fakeNode struct {
 	mu     sync.Mutex
 	addrs  []netip.Addr
+	mtu    int
 	routes map[netip.Prefix]netip.Addr
 	pods   map[string]podnet.Spec
-	next   int
+	links  map[string]podnet.Link
+	// unreachable are underlay addresses the node has no route to.
+	unreachable map[netip.Addr]bool
+	next        int
 }
 
-func (n *fakeNode) UnderlayAddrs() ([]netip.Addr, error) { return n.addrs, nil }
-func (n *fakeNode) UnderlayIndex() (int, error)          { return 2, nil }
-func (n *fakeNode) EnableForwarding() error              { return nil }
+func (n *fakeNode) UnderlayAddrs() ([]netip.Addr, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]netip.Addr(nil), n.addrs...), nil
+}
+func (n *fakeNode) UnderlayIndex() (int, error) { return 2, nil }
+func (n *fakeNode) UnderlayMTU() (int, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.mtu, nil
+}
+func (n *fakeNode) Reachable(dst netip.Addr) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.unreachable[dst] {
+		return fmt.Errorf("no route to %s", dst)
+	}
+	return nil
+}
+func (n *fakeNode) HostLinks() (map[string]podnet.Link, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := map[string]podnet.Link{}
+	for k, v := range n.links {
+		out[k] = v
+	}
+	return out, nil
+}
+func (n *fakeNode) EnableForwarding() error { return nil }
 func (n *fakeNode) OwnedRoutes() ([]netip.Prefix, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -145,7 +176,11 @@ func (n *fakeNode) SetupPod(s podnet.Spec) (podnet.Result, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.pods[s.HostIf] = s
+	if l, ok := n.links[s.HostIf]; ok {
+		return podnet.Result{HostIfIndex: l.Index, HostMAC: l.MAC, PodMAC: net.HardwareAddr{2, 0, 0, 0, 1, byte(l.Index - 100)}}, nil
+	}
 	n.next++
+	n.links[s.HostIf] = podnet.Link{Name: s.HostIf, Index: 100 + n.next, MAC: net.HardwareAddr{2, 0, 0, 0, 0, byte(n.next)}}
 	return podnet.Result{HostIfIndex: 100 + n.next, HostMAC: net.HardwareAddr{2, 0, 0, 0, 0, byte(n.next)},
 		PodMAC: net.HardwareAddr{2, 0, 0, 0, 1, byte(n.next)}}, nil
 }
@@ -153,6 +188,7 @@ func (n *fakeNode) TeardownPod(hostIf string, _ []netip.Addr) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	delete(n.pods, hostIf)
+	delete(n.links, hostIf)
 	return nil
 }
 
@@ -182,16 +218,18 @@ func newTestAgent(t *testing.T, blockBits int32, objs ...client.Object) *testAge
 		&lacev1.NetworkBindingPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"},
 			Spec: lacev1.NetworkBindingPolicySpec{Network: "default", Priority: model.CatchAllPriority}},
 	}
-	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(append(base, objs...)...).Build()
+	// The API server selects pods by node; the fake needs an index for it.
+	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(append(base, objs...)...).WithStatusSubresource(&corev1.Pod{}).
+		WithIndex(&corev1.Pod{}, "spec.nodeName", func(o client.Object) []string { return []string{o.(*corev1.Pod).Spec.NodeName} }).Build()
 	cp, err := loadCheckpoint(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := record.NewFakeRecorder(100)
 	dp := newFakeDP()
-	node := &fakeNode{routes: map[netip.Prefix]netip.Addr{}, pods: map[string]podnet.Spec{},
-		addrs: []netip.Addr{netip.MustParseAddr("fd00:30::11")}}
-	a := &Agent{opts: Options{NodeName: "n1", NetNS: "/fake", UnderlayInterface: "eth0", MTU: 1460},
+	node := &fakeNode{routes: map[netip.Prefix]netip.Addr{}, pods: map[string]podnet.Spec{}, links: map[string]podnet.Link{},
+		unreachable: map[netip.Addr]bool{}, addrs: []netip.Addr{netip.MustParseAddr("fd00:30::11")}, mtu: 1500}
+	a := &Agent{opts: Options{NodeName: "n1", NetNS: "/fake", UnderlayInterface: "eth0", DelQueueDir: filepath.Join(t.TempDir(), "del-queue")},
 		log: slog.New(slog.NewTextHandler(io.Discard, nil)), client: c, reader: c, recorder: rec, dp: dp, node: node, cp: cp,
 		statusKick: make(chan struct{}, 1)}
 	a.state = model.ComputeNode(model.NodeInput{Node: "n1", Networks: []lacev1.Network{*nw}, Allocations: []lacev1.Allocation{*alloc}})

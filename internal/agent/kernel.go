@@ -49,12 +49,19 @@ type nodeKernel interface {
 	// UnderlayAddrs are the global addresses of the underlay interface.
 	UnderlayAddrs() ([]netip.Addr, error)
 	UnderlayIndex() (int, error)
+	// UnderlayMTU is the MTU of the underlay interface now.
+	UnderlayMTU() (int, error)
+	// Reachable says whether the node routes to dst out of the underlay
+	// interface (nil) or why not.
+	Reachable(dst netip.Addr) error
 	EnableForwarding() error
 	OwnedRoutes() ([]netip.Prefix, error)
 	ReplaceOwnedRoute(dst netip.Prefix, via netip.Addr) error
 	DeleteRoute(dst netip.Prefix) error
 	SetupPod(podnet.Spec) (podnet.Result, error)
 	TeardownPod(hostIf string, addrs []netip.Addr) error
+	// HostLinks are the pod host-side interfaces on the node, by name.
+	HostLinks() (map[string]podnet.Link, error)
 }
 
 // linuxNode is nodeKernel on a real namespace.
@@ -71,6 +78,17 @@ func (n linuxNode) UnderlayIndex() (int, error) {
 	l, err := netutil.GetLink(n.ns, n.underlay)
 	return l.Index, err
 }
+
+func (n linuxNode) UnderlayMTU() (int, error) {
+	l, err := netutil.GetLink(n.ns, n.underlay)
+	return l.MTU, err
+}
+
+// Reachable asks the node's routing table for dst: a route must exist
+// and leave through the underlay interface with a source address of
+// dst's family (an IPv6 route without any IPv6 address on the node has
+// none).
+func (n linuxNode) Reachable(dst netip.Addr) error { return netutil.RouteOut(n.ns, dst, n.underlay) }
 
 // EnableForwarding turns forwarding on: fib lookups answer FWD_DISABLED
 // without it.
@@ -95,4 +113,8 @@ func (n linuxNode) SetupPod(s podnet.Spec) (podnet.Result, error) { return podne
 
 func (n linuxNode) TeardownPod(hostIf string, addrs []netip.Addr) error {
 	return podnet.Teardown(n.ns, hostIf, addrs)
+}
+
+func (n linuxNode) HostLinks() (map[string]podnet.Link, error) {
+	return podnet.HostLinks(n.ns, datapath.PodIfPrefix)
 }

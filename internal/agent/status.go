@@ -6,6 +6,9 @@ import (
 	"maps"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -76,8 +79,24 @@ func statusChanged(cur, want *lacev1.DatapathStatus) bool {
 	return cur.Endpoints != want.Endpoints || !maps.Equal(cur.Maps, want.Maps)
 }
 
-// publishStatus writes the data plane summary into the node's
-// UnderlayEndpoint status when it differs from what is there. It compares
+// readyCondition is the Ready condition for health h.
+func readyCondition(h nodeHealth) metav1.Condition {
+	if h.ok() {
+		return metav1.Condition{Type: lacev1.UnderlayReady, Status: metav1.ConditionTrue, Reason: lacev1.ReasonUnderlayReady,
+			Message: "the node carries pod traffic"}
+	}
+	return metav1.Condition{Type: lacev1.UnderlayReady, Status: metav1.ConditionFalse, Reason: h.reason, Message: h.message}
+}
+
+// conditionChanged reports whether cur (nil: never published) differs
+// from want in anything but its timestamps.
+func conditionChanged(cur *metav1.Condition, want metav1.Condition) bool {
+	return cur == nil || cur.Status != want.Status || cur.Reason != want.Reason || cur.Message != want.Message
+}
+
+// publishStatus writes the data plane summary and the node's Ready
+// condition into its UnderlayEndpoint status when they differ from what is
+// there, and emits an Event on the Node when Ready changes. It compares
 // against the cache: a write the cache has not seen yet can at worst be
 // repeated once, never lost.
 func (a *Agent) publishStatus(ctx context.Context) error {
@@ -86,18 +105,53 @@ func (a *Agent) publishStatus(ctx context.Context) error {
 		return err
 	}
 	want := datapathStatus(len(a.cp.all()), sizes)
+	cond := readyCondition(a.checkHealth())
 	var u lacev1.UnderlayEndpoint
 	if err := a.client.Get(ctx, types.NamespacedName{Name: a.opts.NodeName}, &u); err != nil {
 		return fmt.Errorf("get underlay endpoint: %w", err)
 	}
-	if !statusChanged(u.Status.Datapath, want) {
+	cur := meta.FindStatusCondition(u.Status.Conditions, lacev1.UnderlayReady)
+	condChanged := conditionChanged(cur, cond)
+	if !statusChanged(u.Status.Datapath, want) && !condChanged {
 		return nil
 	}
 	patch := client.MergeFrom(u.DeepCopy())
 	u.Status.Datapath = want
+	meta.SetStatusCondition(&u.Status.Conditions, cond)
 	if err := a.client.Status().Patch(ctx, &u, patch); err != nil {
 		return fmt.Errorf("patch underlay endpoint status: %w", err)
 	}
 	a.log.Debug("published data plane status", "endpoints", want.Endpoints, "maps", want.Maps)
+	if condChanged {
+		a.announce(ctx, cond)
+	}
 	return nil
+}
+
+// announce emits an Event on the Node when its Ready condition changed
+// from what this agent last announced: a Warning with the problem's reason
+// when the node cannot carry pod traffic, a Normal one when it can again.
+// The first report of a healthy node is not news.
+func (a *Agent) announce(ctx context.Context, cond metav1.Condition) {
+	a.mu.Lock()
+	last := a.reported
+	a.reported = &cond
+	a.mu.Unlock()
+	if last != nil && !conditionChanged(last, cond) {
+		return
+	}
+	a.log.Info("node readiness changed", "ready", cond.Status, "reason", cond.Reason, "message", cond.Message)
+	if cond.Status == metav1.ConditionTrue && (last == nil || last.Status == metav1.ConditionTrue) {
+		return
+	}
+	var node corev1.Node
+	if err := a.client.Get(ctx, types.NamespacedName{Name: a.opts.NodeName}, &node); err != nil {
+		a.log.Info("cannot emit node event", "err", err)
+		return
+	}
+	typ := corev1.EventTypeWarning
+	if cond.Status == metav1.ConditionTrue {
+		typ = corev1.EventTypeNormal
+	}
+	a.recorder.Event(&node, typ, cond.Reason, cond.Message)
 }

@@ -43,6 +43,15 @@ func (a *Agent) reconcile(ctx context.Context, _ reconcile.Request) (reconcile.R
 		return reconcile.Result{}, err
 	}
 	st := model.ComputeNode(in)
+	// The checkpoint is made true to the kernel before the data plane is
+	// written from it: stale endpoints go, and (once per start) what the
+	// kernel holds and the checkpoint lost is adopted.
+	if err := a.dropStaleEndpoints(ctx); err != nil {
+		return reconcile.Result{}, err
+	}
+	if err := a.adoptOnce(ctx, st, nets.Items); err != nil {
+		return reconcile.Result{}, fmt.Errorf("adopt pod attachments: %w", err)
+	}
 	if err := a.apply(st); err != nil {
 		return reconcile.Result{}, err
 	}
@@ -52,7 +61,24 @@ func (a *Agent) reconcile(ctx context.Context, _ reconcile.Request) (reconcile.R
 	if err := a.collectEndpoints(ctx); err != nil {
 		return reconcile.Result{}, err
 	}
+	if err := a.ensureNetworkEndpoints(ctx); err != nil {
+		return reconcile.Result{}, err
+	}
 	return reconcile.Result{}, nil
+}
+
+// adoptOnce runs adoptKernelEndpoints at the agent's first reconcile.
+func (a *Agent) adoptOnce(ctx context.Context, st model.NodeState, nets []lacev1.Network) error {
+	a.addLock.Lock()
+	defer a.addLock.Unlock()
+	if a.adopted {
+		return nil
+	}
+	if err := a.adoptKernelEndpoints(ctx, st, nets); err != nil {
+		return err
+	}
+	a.adopted = true
+	return nil
 }
 
 func (a *Agent) nodeState() model.NodeState {
@@ -126,7 +152,12 @@ func (a *Agent) apply(st model.NodeState) error {
 		if err := a.node.EnableForwarding(); err != nil {
 			return err
 		}
-		if err := a.dp.AttachUnderlay(a.opts.NetNS, a.opts.UnderlayInterface); err != nil {
+		err := a.dp.AttachUnderlay(a.opts.NetNS, a.opts.UnderlayInterface)
+		a.mu.Lock()
+		a.attachErr = err
+		a.mu.Unlock()
+		if err != nil {
+			a.kickStatus()
 			return err
 		}
 	}
@@ -275,6 +306,14 @@ func syncList[T any, K comparable](cur, want []T, key func(T) K, upsert, del fun
 // with the API server: a cold or lagging cache never removes a live pod.
 func (a *Agent) collectEndpoints(ctx context.Context) error {
 	for _, e := range a.cp.all() {
+		if e.PodName == "" {
+			// Adopted from the kernel, and no pod has its addresses.
+			a.log.Info("removing endpoint no pod claims", "interface", e.HostIf, "addrs", e.Addrs)
+			if err := a.teardown(ctx, e); err != nil {
+				return err
+			}
+			continue
+		}
 		var pod corev1.Pod
 		err := a.client.Get(ctx, types.NamespacedName{Namespace: e.PodNS, Name: e.PodName}, &pod)
 		if err == nil && string(pod.UID) == e.PodUID {
@@ -309,19 +348,35 @@ func (a *Agent) teardown(ctx context.Context, e Endpoint) error {
 	for _, ad := range e.Addrs {
 		errs = append(errs, a.dp.DeleteEndpoint(e.NetID, ad))
 	}
-	if e.HostIfIndex > 0 {
+	// The port is keyed by interface index, which the kernel reuses: it is
+	// left alone when another endpoint holds that index now.
+	if e.HostIfIndex > 0 && !a.indexInUse(e) {
 		errs = append(errs, a.dp.DeletePort(uint32(e.HostIfIndex)))
 	}
 	errs = append(errs, a.dp.DetachPod(e.HostIf), a.node.TeardownPod(e.HostIf, e.Addrs))
 	ne := &lacev1.NetworkEndpoint{}
 	ne.Namespace, ne.Name = e.PodNS, e.PodName
-	if err := a.client.Get(ctx, client.ObjectKeyFromObject(ne), ne); err == nil && ne.Labels[labelPodUID] == e.PodUID {
-		if err := a.client.Delete(ctx, ne); client.IgnoreNotFound(err) != nil {
-			errs = append(errs, err)
+	// An endpoint adopted without a pod has no record to remove.
+	if e.PodName != "" {
+		if err := a.client.Get(ctx, client.ObjectKeyFromObject(ne), ne); err == nil && ne.Labels[labelPodUID] == e.PodUID {
+			if err := a.client.Delete(ctx, ne); client.IgnoreNotFound(err) != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("tear down endpoint %s: %w", e.ContainerID, err)
+		return fmt.Errorf("tear down endpoint %s (container %q): %w", e.HostIf, e.ContainerID, err)
 	}
-	return a.cp.remove(e.ContainerID)
+	return a.cp.remove(e.HostIf)
+}
+
+// indexInUse says whether an endpoint other than e holds e's interface
+// index.
+func (a *Agent) indexInUse(e Endpoint) bool {
+	for _, o := range a.cp.all() {
+		if o.HostIf != e.HostIf && o.HostIfIndex == e.HostIfIndex {
+			return true
+		}
+	}
+	return false
 }

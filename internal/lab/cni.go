@@ -180,6 +180,16 @@ func (n *NodeCNI) Del(ctx context.Context, rt *libcni.RuntimeConf) error {
 	return n.cni.DelNetworkList(ctx, list, rt)
 }
 
+// Status runs CNI STATUS, as a CNI 1.1 runtime asks before it starts
+// pods: nil when the plugin can set up pods now, else its reason.
+func (n *NodeCNI) Status(ctx context.Context) error {
+	list, err := n.confList()
+	if err != nil {
+		return err
+	}
+	return n.cni.GetStatusNetworkList(ctx, list)
+}
+
 // GC runs CNI GC: every attachment not in valid (container IDs, eth0) is
 // removed.
 func (n *NodeCNI) GC(ctx context.Context, valid []string) error {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -148,11 +149,19 @@ func withLink(nsPath, link string, f func(*NS, netlink.Link) error) error {
 
 // LinkInfo is what callers need to know of a link.
 type LinkInfo struct {
+	Name  string
 	Index int
 	MAC   net.HardwareAddr
+	MTU   int
 }
 
-// GetLink returns the index and MAC of link name in the namespace at nsPath.
+func linkInfo(l netlink.Link) LinkInfo {
+	at := l.Attrs()
+	return LinkInfo{Name: at.Name, Index: at.Index, MAC: at.HardwareAddr, MTU: at.MTU}
+}
+
+// GetLink returns the index, MAC and MTU of link name in the namespace at
+// nsPath.
 func GetLink(nsPath, name string) (LinkInfo, error) {
 	n, err := OpenNS(nsPath)
 	if err != nil {
@@ -280,6 +289,47 @@ func OwnedRoutes(nsPath string) ([]netip.Prefix, error) {
 		out = append(out, netip.PrefixFrom(a.Unmap(), ones))
 	}
 	return out, nil
+}
+
+// LinksWithPrefix returns the links of the namespace at nsPath whose names
+// start with prefix, by name.
+func LinksWithPrefix(nsPath, prefix string) (map[string]LinkInfo, error) {
+	h, err := Handle(nsPath)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	links, err := h.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list links: %w", err)
+	}
+	out := map[string]LinkInfo{}
+	for _, l := range links {
+		if strings.HasPrefix(l.Attrs().Name, prefix) {
+			out[l.Attrs().Name] = linkInfo(l)
+		}
+	}
+	return out, nil
+}
+
+// RouteOut tells whether the namespace at nsPath routes dst out of link
+// with a global source address of dst's family (nil), or why not.
+func RouteOut(nsPath string, dst netip.Addr, link string) error {
+	return withLink(nsPath, link, func(n *NS, l netlink.Link) error {
+		routes, err := n.h.RouteGet(dst.AsSlice())
+		if err != nil {
+			return fmt.Errorf("no route to %s: %w", dst, err)
+		}
+		for _, r := range routes {
+			if r.LinkIndex != l.Attrs().Index {
+				continue
+			}
+			if src, ok := netip.AddrFromSlice(r.Src); ok && src.Unmap().Is4() == dst.Is4() && src.IsGlobalUnicast() {
+				return nil
+			}
+		}
+		return fmt.Errorf("no route to %s out of %s with a source address", dst, link)
+	})
 }
 
 // ListLinks returns the names of the links in the namespace at nsPath.

@@ -35,7 +35,7 @@ func (n *NS) Link(name string) (LinkInfo, netlink.Link, error) {
 	if err != nil {
 		return LinkInfo{}, nil, fmt.Errorf("find %s: %w", name, err)
 	}
-	return LinkInfo{Index: l.Attrs().Index, MAC: l.Attrs().HardwareAddr}, l, nil
+	return linkInfo(l), l, nil
 }
 
 // ReplaceAddr sets prefix on l (IPv6 without duplicate address detection).

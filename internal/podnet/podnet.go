@@ -117,3 +117,15 @@ func Teardown(nodeNS, hostIf string, addrs []netip.Addr) error {
 	}
 	return errors.Join(errs...)
 }
+
+// Link identifies a host-side interface: a name alone is not enough, an
+// interface index is reused by the kernel once its interface is gone (after
+// a reboot, the first new veth may get the index a dead pod's had), so an
+// entry is trusted only when name, index and MAC all match.
+type Link = netutil.LinkInfo
+
+// HostLinks lists the pod host-side interfaces (names starting with
+// prefix) in the node's namespace, by name.
+func HostLinks(nodeNS, prefix string) (map[string]Link, error) {
+	return netutil.LinksWithPrefix(nodeNS, prefix)
+}

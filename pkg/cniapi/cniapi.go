@@ -42,4 +42,7 @@ type NetConf struct {
 	Name        string `json:"name"`
 	Type        string `json:"type"`
 	AgentSocket string `json:"agentSocket,omitempty"`
+	// DelQueueDir is where lace-cni queues a DEL it cannot deliver
+	// (DefaultDelQueueDir when empty).
+	DelQueueDir string `json:"delQueueDir,omitempty"`
 }

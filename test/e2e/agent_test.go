@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -49,9 +51,9 @@ func residueMatchesPods(t *testing.T, what string) {
 }
 
 // TestAgentCleansUpAfterDowntime deletes a pod while its node's agent is
-// stopped (CNI DEL cannot reach it and succeeds anyway, so deletion is not
-// blocked); the agent, once back, removes the pod's interface, map entries
-// and addresses.
+// stopped: CNI DEL cannot reach it, so lace-cni queues the DEL on the node
+// (and succeeds, so deletion is not blocked); the agent, once back,
+// replays it and removes the pod's interface, map entries and addresses.
 func TestAgentCleansUpAfterDowntime(t *testing.T) {
 	needLab(t)
 	ctx := context.Background()
@@ -74,15 +76,35 @@ func TestAgentCleansUpAfterDowntime(t *testing.T) {
 		}
 		return nil
 	})
-	// The agent is down: the pod's veth is still on the node.
+	// The agent is down: the pod's veth is still on the node, and its DEL
+	// waits in the queue.
 	if r := nodeResidue(t)["n2"]; r.Checkpointed == 0 {
 		t.Fatalf("nothing left on n2 while its agent was down (%+v); the test proves nothing", r)
+	}
+	queue := filepath.Join(labConfig().NodeRoot("n2"), "var/lib/lace/del-queue")
+	queued, _ := os.ReadDir(queue)
+	if len(queued) == 0 {
+		t.Fatalf("no DEL queued in %s while the agent was down", queue)
 	}
 	if out, err := labCmd("start", "agent/n2").CombinedOutput(); err != nil {
 		t.Fatalf("start agent: %v %s", err, out)
 	}
 	started = true
 	residueMatchesPods(t, "restarted agent removed the deleted pod's endpoint")
+	eventually(t, 30*time.Second, "the DEL queue drained and the agent says it replayed it", func() error {
+		if left, _ := os.ReadDir(queue); len(left) > 0 {
+			return fmt.Errorf("%d DELs still queued", len(left))
+		}
+		ap := agentPod(t, "n2")
+		logs, err := client.CoreV1().Pods(ap.Namespace).GetLogs(ap.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(string(logs), "replayed a DEL queued while the agent was unreachable") {
+			return fmt.Errorf("the agent's log does not mention the replay")
+		}
+		return nil
+	})
 }
 
 // TestCNIGarbageCollection attaches a container behind the kubelet's back

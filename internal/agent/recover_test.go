@@ -1,0 +1,388 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/model"
+	"github.com/lace-cni/lace/internal/podnet"
+	"github.com/lace-cni/lace/pkg/cniapi"
+	"github.com/lace-cni/lace/pkg/scheme"
+)
+
+func delReq(container, podName string) cniapi.Request {
+	r := addReq(container, podName)
+	r.Command = "DEL"
+	return r
+}
+
+// TestQueuedDelIsReplayed: a DEL lace-cni queued while the agent was
+// unreachable removes the endpoint when the agent replays the queue, and
+// leaves the queue empty.
+func TestQueuedDelIsReplayed(t *testing.T) {
+	a := newTestAgent(t, 29, pod("p1"), pod("p2"))
+	ctx := context.Background()
+	for _, c := range [][2]string{{"c1", "p1"}, {"c2", "p2"}} {
+		if _, err := a.handle(ctx, addReq(c[0], c[1])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cniapi.QueueDel(a.opts.DelQueueDir, delReq("c1", "p1")); err != nil {
+		t.Fatal(err)
+	}
+	// The pod still exists in the API: only the queued DEL can remove it.
+	if err := a.collectEndpoints(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := a.cp.get("c1"); !ok {
+		t.Fatal("endpoint gone before the replay: the test proves nothing")
+	}
+	if err := a.replayQueuedDels(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := a.cp.get("c1"); ok || len(a.dp.eps) != 1 || len(a.dp.ports) != 1 || len(a.node.pods) != 1 {
+		t.Errorf("after replay: c1 recorded %v, %d map entries, %d ports, %d interfaces", ok, len(a.dp.eps), len(a.dp.ports), len(a.node.pods))
+	}
+	if q, _ := cniapi.QueuedDels(a.opts.DelQueueDir); len(q) != 0 {
+		t.Errorf("%d DELs still queued", len(q))
+	}
+}
+
+// TestReusedIfIndexNeverInheritsStaleEntry: after a "reboot" (no veths,
+// empty maps) a new interface gets the index a checkpointed pod had; the
+// stale endpoint is dropped before the data plane is written from the
+// checkpoint, so nothing of the dead pod points at the new interface.
+func TestReusedIfIndexNeverInheritsStaleEntry(t *testing.T) {
+	a := newTestAgent(t, 29, pod("p1"), pod("p2"))
+	ctx := context.Background()
+	if _, err := a.handle(ctx, addReq("c1", "p1")); err != nil {
+		t.Fatal(err)
+	}
+	old, _ := a.cp.get("c1")
+	// Reboot: interfaces and pinned maps are gone; the checkpoint is on disk.
+	a.node.links = map[string]podnet.Link{}
+	a.node.pods = map[string]podnet.Spec{}
+	a.dp = newFakeDP()
+	a.Agent.dp = a.dp
+	// Something else now has c1's interface index.
+	a.node.links["other0"] = podnet.Link{Name: "lacefeedfeed0", Index: old.HostIfIndex, MAC: []byte{2, 9, 9, 9, 9, 9}}
+	if err := a.dropStaleEndpoints(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.apply(a.state); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := a.cp.get("c1"); ok {
+		t.Error("the dead pod's endpoint survived the reboot")
+	}
+	if len(a.dp.eps) != 0 || len(a.dp.ports) != 0 {
+		t.Errorf("the data plane holds a dead pod's entries: eps %v ports %v", a.dp.eps, a.dp.ports)
+	}
+
+	// Same name, another index (the interface was made again): not trusted.
+	if _, err := a.handle(ctx, addReq("c2", "p2")); err != nil {
+		t.Fatal(err)
+	}
+	e, _ := a.cp.get("c2")
+	l := a.node.links[e.HostIf]
+	l.Index += 50
+	a.node.links[e.HostIf] = l
+	if err := a.dropStaleEndpoints(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := a.cp.get("c2"); ok {
+		t.Error("an endpoint whose interface has another index is still trusted")
+	}
+}
+
+// TestLostCheckpointIsRebuilt: with the state file gone, the agent adopts
+// the running pods from the pinned maps, the host interfaces and the API
+// (a NetworkEndpoint for one, only the Pod's IPs for the other), keeps
+// their data plane entries, and hands a new pod a free address.
+func TestLostCheckpointIsRebuilt(t *testing.T) {
+	p2 := pod("p2")
+	a := newTestAgent(t, 29, pod("p1"), p2, pod("p3"))
+	ctx := context.Background()
+	for _, c := range [][2]string{{"c1", "p1"}, {"c2", "p2"}} {
+		if _, err := a.handle(ctx, addReq(c[0], c[1])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := a.cp.all()
+	e1, _ := a.cp.get("c1")
+	e2, _ := a.cp.get("c2")
+	// p1's record exists; p2 has none, but the kubelet reported its IP.
+	if err := a.writeNetworkEndpoint(ctx, pod("p1"), e1); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	var ne lacev1.NetworkEndpoint
+	if err := a.c.Get(ctx, types.NamespacedName{Namespace: "default", Name: "p2"}, &ne); err == nil {
+		if err := a.c.Delete(ctx, &ne); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p2.Status.PodIPs = []corev1.PodIP{{IP: e2.Addrs[0].String()}}
+	if err := a.c.Status().Update(ctx, p2); err != nil {
+		t.Fatal(err)
+	}
+
+	// The state file is lost.
+	dir := filepath.Dir(a.cp.path)
+	if err := os.Remove(a.cp.path); err != nil {
+		t.Fatal(err)
+	}
+	cp, err := loadCheckpoint(dir)
+	if err != nil || !cp.lost {
+		t.Fatalf("load without a file: %v, lost %v", err, cp.lost)
+	}
+	a.cp = cp
+	var nets lacev1.NetworkList
+	if err := a.c.List(ctx, &nets); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.adoptOnce(ctx, a.state, nets.Items); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.apply(a.state); err != nil {
+		t.Fatal(err)
+	}
+	after := a.cp.all()
+	if len(after) != 2 {
+		t.Fatalf("rebuilt %d endpoints, want 2: %+v", len(after), after)
+	}
+	for i, e := range after {
+		b := before[i]
+		if e.PodName != b.PodName || e.PodUID != b.PodUID || e.Network != b.Network || e.HostIfIndex != b.HostIfIndex ||
+			e.PodMAC != b.PodMAC || fmt.Sprint(e.Addrs) != fmt.Sprint(b.Addrs) || fmt.Sprint(e.Gateways) != fmt.Sprint(b.Gateways) || !e.Ready {
+			t.Errorf("rebuilt %+v, was %+v", e, b)
+		}
+	}
+	if len(a.dp.eps) != 2 || len(a.dp.ports) != 2 {
+		t.Errorf("the running pods lost their data plane entries: eps %v ports %v", a.dp.eps, a.dp.ports)
+	}
+	if err := a.collectEndpoints(ctx); err != nil || len(a.cp.all()) != 2 {
+		t.Errorf("collect after rebuild: %v, %d endpoints", err, len(a.cp.all()))
+	}
+	raw, err := a.handle(ctx, addReq("c3", "p3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ip := resultIP(t, raw); ip != "10.244.0.4/32" {
+		t.Errorf("new pod got %s, want 10.244.0.4/32 (.2 and .3 are in use)", ip)
+	}
+	// The runtime's DEL names the container: the rebuilt endpoint is found
+	// by its interface.
+	if _, err := a.handle(ctx, delReq("c2", "p2")); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := a.node.pods[e2.HostIf]; ok || len(a.cp.all()) != 2 {
+		t.Errorf("DEL of a rebuilt endpoint: interface left %v, %d endpoints", ok, len(a.cp.all()))
+	}
+}
+
+// TestMissingNetworkEndpointIsRecreated: a deleted NetworkEndpoint is
+// written again from the checkpoint, and a present one is not rewritten.
+func TestMissingNetworkEndpointIsRecreated(t *testing.T) {
+	a := newTestAgent(t, 29, pod("p1"))
+	ctx := context.Background()
+	if _, err := a.handle(ctx, addReq("c1", "p1")); err != nil {
+		t.Fatal(err)
+	}
+	key := types.NamespacedName{Namespace: "default", Name: "p1"}
+	var ne lacev1.NetworkEndpoint
+	if err := a.c.Get(ctx, key, &ne); err == nil {
+		if err := a.c.Delete(ctx, &ne); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.ensureNetworkEndpoints(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.c.Get(ctx, key, &ne); err != nil {
+		t.Fatalf("NetworkEndpoint not recreated: %v", err)
+	}
+	e, _ := a.cp.get("c1")
+	if ne.Spec.Network != "default" || ne.Spec.Node != "n1" || len(ne.Spec.Addresses) != 1 || string(ne.Spec.Addresses[0]) != e.Addrs[0].String() ||
+		string(ne.Spec.MAC) != e.PodMAC || ne.Labels[labelPodUID] != "uid-p1" || len(ne.OwnerReferences) != 1 {
+		t.Errorf("recreated %+v", ne)
+	}
+	rv := ne.ResourceVersion
+	if err := a.ensureNetworkEndpoints(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.c.Get(ctx, key, &ne); err != nil || ne.ResourceVersion != rv {
+		t.Errorf("an unchanged NetworkEndpoint was rewritten (%v)", err)
+	}
+}
+
+// TestCheckpointIsWrittenAtomically: every save leaves one complete file
+// and no temporary one; an unreadable file is moved aside, not fatal.
+func TestCheckpointIsWrittenAtomically(t *testing.T) {
+	dir := t.TempDir()
+	cp, err := loadCheckpoint(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if err := cp.put(Endpoint{ContainerID: fmt.Sprint("c", i), Ready: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != 1 || ents[0].Name() != checkpointFile {
+		t.Errorf("state dir holds %v, want only %s", ents, checkpointFile)
+	}
+	again, err := loadCheckpoint(dir)
+	if err != nil || len(again.all()) != 5 || again.lost {
+		t.Fatalf("reload: %v, %d endpoints", err, len(again.all()))
+	}
+	if err := os.WriteFile(filepath.Join(dir, checkpointFile), []byte(`[{"containerID":`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	torn, err := loadCheckpoint(dir)
+	if err != nil || !torn.lost || len(torn.all()) != 0 {
+		t.Fatalf("torn file: %v, lost %v", err, torn != nil && torn.lost)
+	}
+	if _, err := os.Stat(filepath.Join(dir, checkpointFile+".corrupt")); err != nil {
+		t.Errorf("torn file not kept aside: %v", err)
+	}
+}
+
+// TestPodMTUFollowsTheUnderlay: a pod's MTU is the underlay's at ADD less
+// 40, unless --mtu says otherwise.
+func TestPodMTUFollowsTheUnderlay(t *testing.T) {
+	a := newTestAgent(t, 29, pod("p1"), pod("p2"), pod("p3"))
+	ctx := context.Background()
+	a.node.mtu = 9000
+	if _, err := a.handle(ctx, addReq("c1", "p1")); err != nil {
+		t.Fatal(err)
+	}
+	e, _ := a.cp.get("c1")
+	if got := a.node.pods[e.HostIf].MTU; got != 8960 {
+		t.Errorf("underlay 9000: pod MTU %d, want 8960", got)
+	}
+	a.node.mtu = 1300
+	if _, err := a.handle(ctx, addReq("c2", "p2")); err == nil || !strings.Contains(err.Error(), "below IPv6's minimum") {
+		t.Errorf("underlay 1300: %v", err)
+	}
+	a.opts.MTU = 1280
+	if _, err := a.handle(ctx, addReq("c3", "p3")); err != nil {
+		t.Fatal(err)
+	}
+	e, _ = a.cp.get("c3")
+	if got := a.node.pods[e.HostIf].MTU; got != 1280 {
+		t.Errorf("--mtu 1280: pod MTU %d", got)
+	}
+}
+
+// attachFailDP is a data plane on a kernel without tcx.
+type attachFailDP struct{ *fakeDP }
+
+func (attachFailDP) AttachUnderlay(string, string) error {
+	return fmt.Errorf("attach tcx ingress eth0: %w", ebpf.ErrNotSupported)
+}
+
+// TestNodeThatCannotWorkSaysSo: no IPv6 underlay address, an unreachable
+// locator, a missing kernel feature each make the Ready condition False
+// with its reason, a Warning Event on the Node and CNI STATUS fail; the
+// condition is written once per change and recovery is reported.
+func TestNodeThatCannotWorkSaysSo(t *testing.T) {
+	ta := newTestAgent(t, 29)
+	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithStatusSubresource(&lacev1.UnderlayEndpoint{}).
+		WithObjects(&lacev1.UnderlayEndpoint{ObjectMeta: metav1.ObjectMeta{Name: "n1"}},
+			&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: "node-uid"}}).Build()
+	ta.client = c
+	ctx := context.Background()
+	if err := ta.apply(ta.state); err != nil {
+		t.Fatal(err)
+	}
+	ready := func() (*metav1.Condition, string) {
+		t.Helper()
+		var u lacev1.UnderlayEndpoint
+		if err := c.Get(ctx, types.NamespacedName{Name: "n1"}, &u); err != nil {
+			t.Fatal(err)
+		}
+		return meta.FindStatusCondition(u.Status.Conditions, lacev1.UnderlayReady), u.ResourceVersion
+	}
+	event := func() string {
+		select {
+		case ev := <-ta.rec.Events:
+			return ev
+		default:
+			return ""
+		}
+	}
+	expect := func(status metav1.ConditionStatus, reason, eventPrefix string) {
+		t.Helper()
+		if err := ta.publishStatus(ctx); err != nil {
+			t.Fatal(err)
+		}
+		cond, rv := ready()
+		if cond == nil || cond.Status != status || cond.Reason != reason {
+			t.Fatalf("Ready %+v, want %s/%s", cond, status, reason)
+		}
+		if ev := event(); !strings.HasPrefix(ev, eventPrefix) || (eventPrefix == "" && ev != "") {
+			t.Errorf("event %q, want %q...", ev, eventPrefix)
+		}
+		err := ta.cmdStatus()
+		var ce *cniError
+		if status == metav1.ConditionTrue && err != nil {
+			t.Errorf("STATUS of a working node: %v", err)
+		}
+		if status == metav1.ConditionFalse && (!errors.As(err, &ce) || ce.code != errLimitedConnectivity || !strings.Contains(err.Error(), reason)) {
+			t.Errorf("STATUS: %v, want code %d naming %s", err, errLimitedConnectivity, reason)
+		}
+		// Nothing changed: nothing is written, no event.
+		if err := ta.publishStatus(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, rv2 := ready(); rv2 != rv {
+			t.Errorf("%s: an unchanged condition was written again", reason)
+		}
+		if ev := event(); ev != "" {
+			t.Errorf("%s: repeated event %q", reason, ev)
+		}
+	}
+	expect(metav1.ConditionTrue, lacev1.ReasonUnderlayReady, "")
+
+	v6 := ta.node.addrs
+	ta.node.addrs = []netip.Addr{netip.MustParseAddr("172.30.0.11")}
+	expect(metav1.ConditionFalse, lacev1.ReasonNoIPv6Underlay, "Warning NoIPv6Underlay")
+	ta.node.addrs = v6
+	expect(metav1.ConditionTrue, lacev1.ReasonUnderlayReady, "Normal UnderlayReady")
+
+	via := netip.MustParseAddr("fd00:30::12")
+	ta.mu.Lock()
+	ta.state.LocatorRoutes = []model.LocatorRoute{{Node: "n2", Locator: netip.MustParsePrefix("fd1a:ce:0:1::/64"), Via: via}}
+	ta.mu.Unlock()
+	ta.node.unreachable[via] = true
+	expect(metav1.ConditionFalse, lacev1.ReasonLocatorUnreachable, "Warning LocatorUnreachable")
+	delete(ta.node.unreachable, via)
+	expect(metav1.ConditionTrue, lacev1.ReasonUnderlayReady, "Normal UnderlayReady")
+
+	// A kernel without tcx: the first apply fails and says why.
+	tb := newTestAgent(t, 29)
+	tb.client = c
+	tb.reported = ta.reported
+	tb.Agent.dp = attachFailDP{tb.dp}
+	if err := tb.apply(tb.state); err == nil {
+		t.Fatal("apply without tcx succeeded")
+	}
+	ta = tb
+	expect(metav1.ConditionFalse, lacev1.ReasonKernelFeatureMissing, "Warning KernelFeatureMissing")
+}
