@@ -50,6 +50,11 @@ func (f *fakeDP) w(fn func()) error { f.mu.Lock(); defer f.mu.Unlock(); f.writes
 
 func epKey(n uint32, a netip.Addr) string           { return fmt.Sprint(n, a) }
 func (f *fakeDP) SetConfig(c datapath.Config) error { return f.w(func() { f.cfg = c }) }
+func (f *fakeDP) Config() (datapath.Config, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cfg, nil
+}
 func (f *fakeDP) AttachUnderlay(string, string) error {
 	return f.w(func() { f.attached["underlay"] = true })
 }
@@ -115,8 +120,10 @@ type fakeNode struct {
 	addrs  []netip.Addr
 	mtu    int
 	routes map[netip.Prefix]netip.Addr
-	pods   map[string]podnet.Spec
-	links  map[string]podnet.Link
+	// routeWrites counts route replacements, to check they are diffed.
+	routeWrites int
+	pods        map[string]podnet.Spec
+	links       map[string]podnet.Link
 	// unreachable are underlay addresses the node has no route to.
 	unreachable map[netip.Addr]bool
 	next        int
@@ -151,18 +158,19 @@ func (n *fakeNode) HostLinks() (map[string]podnet.Link, error) {
 	return out, nil
 }
 func (n *fakeNode) EnableForwarding() error { return nil }
-func (n *fakeNode) OwnedRoutes() ([]netip.Prefix, error) {
+func (n *fakeNode) OwnedRoutes() (map[netip.Prefix]netip.Addr, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	var out []netip.Prefix
-	for p := range n.routes {
-		out = append(out, p)
+	out := map[netip.Prefix]netip.Addr{}
+	for p, via := range n.routes {
+		out[p] = via
 	}
 	return out, nil
 }
 func (n *fakeNode) ReplaceOwnedRoute(dst netip.Prefix, via netip.Addr) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	n.routeWrites++
 	n.routes[dst] = via
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 // *datapath.Datapath implements it; tests use a fake.
 type dataplane interface {
 	SetConfig(datapath.Config) error
+	Config() (datapath.Config, error)
 	AttachUnderlay(nsPath, ifName string) error
 	AttachPod(nsPath, hostIf string) error
 	DetachPod(hostIf string) error
@@ -55,7 +56,7 @@ type nodeKernel interface {
 	// interface (nil) or why not.
 	Reachable(dst netip.Addr) error
 	EnableForwarding() error
-	OwnedRoutes() ([]netip.Prefix, error)
+	OwnedRoutes() (map[netip.Prefix]netip.Addr, error)
 	ReplaceOwnedRoute(dst netip.Prefix, via netip.Addr) error
 	DeleteRoute(dst netip.Prefix) error
 	SetupPod(podnet.Spec) (podnet.Result, error)
@@ -101,7 +102,9 @@ func (n linuxNode) EnableForwarding() error {
 	return nil
 }
 
-func (n linuxNode) OwnedRoutes() ([]netip.Prefix, error) { return netutil.OwnedRoutes(n.ns) }
+func (n linuxNode) OwnedRoutes() (map[netip.Prefix]netip.Addr, error) {
+	return netutil.OwnedRoutes(n.ns)
+}
 
 func (n linuxNode) ReplaceOwnedRoute(dst netip.Prefix, via netip.Addr) error {
 	return netutil.ReplaceOwnedRoute(n.ns, dst, via, n.underlay)

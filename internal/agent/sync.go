@@ -183,9 +183,12 @@ func (a *Agent) apply(st model.NodeState) error {
 	if err != nil {
 		return fmt.Errorf("host addresses: %w", err)
 	}
-	if err := a.dp.SetConfig(datapath.Config{UnderlayIP: v6, UnderlayIPv4: v4, Locator: st.Locator, UnderlayIfIndex: uint32(ethIndex),
-		GuardUnderlay: len(own) > 0}); err != nil {
-		return fmt.Errorf("set config: %w", err)
+	wantCfg := datapath.Config{UnderlayIP: v6, UnderlayIPv4: v4, Locator: st.Locator, UnderlayIfIndex: uint32(ethIndex),
+		GuardUnderlay: len(own) > 0}
+	if cur, err := a.dp.Config(); err != nil || cur != wantCfg {
+		if err := a.dp.SetConfig(wantCfg); err != nil {
+			return fmt.Errorf("set config: %w", err)
+		}
 	}
 	var errs []error
 	curNodes, err := a.dp.Nodes()
@@ -205,9 +208,11 @@ func (a *Agent) apply(st model.NodeState) error {
 	want := map[netip.Prefix]bool{}
 	for _, lr := range st.LocatorRoutes {
 		want[lr.Locator] = true
-		errs = append(errs, a.node.ReplaceOwnedRoute(lr.Locator, lr.Via))
+		if via, ok := owned[lr.Locator]; !ok || via != lr.Via {
+			errs = append(errs, a.node.ReplaceOwnedRoute(lr.Locator, lr.Via))
+		}
 	}
-	for _, p := range owned {
+	for p := range owned {
 		if !want[p] {
 			errs = append(errs, a.node.DeleteRoute(p))
 		}

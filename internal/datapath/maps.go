@@ -105,6 +105,28 @@ func (d *Datapath) SetConfig(c Config) error {
 	return d.pod.LaceCfg.Put(uint32(0), v)
 }
 
+// Config reads the node configuration back (the zero Config when none was
+// written).
+func (d *Datapath) Config() (Config, error) {
+	var v podLaceConfig
+	if err := d.pod.LaceCfg.Lookup(uint32(0), &v); err != nil {
+		return Config{}, fmt.Errorf("read config: %w", err)
+	}
+	c := Config{UnderlayIfIndex: v.UnderlayIfindex, GuardUnderlay: v.Flags&configUnderlayGuard != 0}
+	if ip := netip.AddrFrom16(v.UnderlayIp6); !ip.IsUnspecified() {
+		c.UnderlayIP = ip
+	}
+	if v.Flags&configHasV4 != 0 {
+		c.UnderlayIPv4 = netip.AddrFrom4(v.UnderlayIp4)
+	}
+	var loc [16]byte
+	copy(loc[:8], v.Locator[:])
+	if l := netip.AddrFrom16(loc); !l.IsUnspecified() {
+		c.Locator = netip.PrefixFrom(l, 64)
+	}
+	return c, nil
+}
+
 // UpsertEndpoint adds or replaces a local pod address.
 func (d *Datapath) UpsertEndpoint(e Endpoint) error {
 	k := podEpKey{NetId: e.NetID, Family: family(e.Addr), Addr: addr16(e.Addr)}

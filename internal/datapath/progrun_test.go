@@ -532,3 +532,17 @@ func TestProgPodRefuses(t *testing.T) {
 		t.Errorf("verdict %d for the pod's answer to a node probe, want it passed to the node", ret)
 	}
 }
+
+// TestConfigRoundTrip: what SetConfig writes, Config reads back, so the
+// agent can leave an unchanged configuration alone.
+func TestConfigRoundTrip(t *testing.T) {
+	d := progDatapath(t)
+	want := Config{UnderlayIP: progNodeV6, UnderlayIPv4: progNodeV4, Locator: progLocator, UnderlayIfIndex: 7, GuardUnderlay: true}
+	if err := d.SetConfig(want); err != nil {
+		t.Fatal(err)
+	}
+	got, err := d.Config()
+	if err != nil || got != want {
+		t.Errorf("Config() = %+v, %v; want %+v", got, err, want)
+	}
+}

@@ -268,8 +268,8 @@ func ReplaceOwnedRoute(nsPath string, dst netip.Prefix, gw netip.Addr, link stri
 	return nil
 }
 
-// OwnedRoutes lists the destinations of the routes marked as Lace's.
-func OwnedRoutes(nsPath string) ([]netip.Prefix, error) {
+// OwnedRoutes lists the routes marked as Lace's: destination -> gateway.
+func OwnedRoutes(nsPath string) (map[netip.Prefix]netip.Addr, error) {
 	h, err := Handle(nsPath)
 	if err != nil {
 		return nil, err
@@ -279,14 +279,15 @@ func OwnedRoutes(nsPath string) ([]netip.Prefix, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list routes: %w", err)
 	}
-	var out []netip.Prefix
+	out := map[netip.Prefix]netip.Addr{}
 	for _, r := range routes {
 		if r.Dst == nil {
 			continue
 		}
 		a, _ := netip.AddrFromSlice(r.Dst.IP)
 		ones, _ := r.Dst.Mask.Size()
-		out = append(out, netip.PrefixFrom(a.Unmap(), ones))
+		gw, _ := netip.AddrFromSlice(r.Gw)
+		out[netip.PrefixFrom(a.Unmap(), ones)] = gw.Unmap()
 	}
 	return out, nil
 }
