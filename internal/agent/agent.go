@@ -98,10 +98,15 @@ type Agent struct {
 	node     nodeKernel
 	cp       *checkpoint
 
-	mu       sync.Mutex
-	state    model.NodeState
-	applied  bool
-	ownAddrs []netip.Addr
+	// applier is the one writer of the data plane.
+	applier *applier
+
+	mu sync.Mutex
+	// state is the node's desired state; haveState once computed.
+	state     model.NodeState
+	haveState bool
+	applied   bool
+	ownAddrs  []netip.Addr
 	// attachErr is why the data plane could not be attached to the
 	// underlay (nil once it is).
 	attachErr error
@@ -214,7 +219,8 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		dp.Close()
 		return nil, err
 	}
-	for _, r := range []manager.RunnableFunc{a.resync, a.reportStatus} {
+	a.applier = newApplier(a.syncDataplane, 0)
+	for _, r := range []manager.RunnableFunc{a.applier.Run, a.resync, a.reportStatus} {
 		if err := mgr.Add(r); err != nil {
 			dp.Close()
 			return nil, err

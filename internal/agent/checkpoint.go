@@ -37,8 +37,13 @@ type Endpoint struct {
 	HostIfIndex int          `json:"hostIfIndex"`
 	HostMAC     string       `json:"hostMAC"`
 	PodMAC      string       `json:"podMAC"`
-	// Ready is set once the interface and data plane are programmed.
+	// Ready is set once the interface exists: from then on the applier
+	// keeps the data plane's entries for it. An endpoint neither Ready nor
+	// Deleting is an ADD in progress, which owns its entries.
 	Ready bool `json:"ready"`
+	// Deleting is set by a DEL: the applier removes the entries, then the
+	// DEL removes the interface and the record.
+	Deleting bool `json:"deleting,omitempty"`
 }
 
 // checkpoint is the set of endpoints, persisted as JSON after each change.

@@ -22,7 +22,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
-	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/model"
 	"github.com/lace-cni/lace/internal/podnet"
 	"github.com/lace-cni/lace/pkg/cniapi"
@@ -246,12 +245,13 @@ func (a *Agent) cmdAdd(ctx context.Context, req cniapi.Request) (json.RawMessage
 			MTU: mtu, Addrs: e.Addrs, Gateways: e.Gateways})
 	}
 	if err == nil {
+		// The interface exists: recorded Ready, it is the applier's to
+		// program, and ADD returns once it has.
 		e.HostIfIndex, e.HostMAC, e.PodMAC = res.HostIfIndex, res.HostMAC.String(), res.PodMAC.String()
-		// Record the interface before programming it, so that a reconcile
-		// running meanwhile knows the port is this ADD's.
+		e.Ready = true
 		if err = a.cp.put(e); err == nil {
 			t2 = time.Now()
-			err = a.program(e, res)
+			err = a.applier.Sync(ctx)
 		}
 	}
 	if err != nil {
@@ -260,10 +260,6 @@ func (a *Agent) cmdAdd(ctx context.Context, req cniapi.Request) (json.RawMessage
 		return nil, fmt.Errorf("attach pod %s/%s: %w", ns, name, err)
 	}
 	t3 := time.Now()
-	e.Ready = true
-	if err := a.cp.put(e); err != nil {
-		return nil, err
-	}
 	// The record is written off the runtime's critical path; a failure is
 	// repaired by the next reconcile.
 	go func() {
@@ -327,27 +323,6 @@ func (a *Agent) waitBlocks(ctx context.Context, network string) ([]model.Block, 
 			a.log.Info("reconcile while waiting for blocks", "err", err)
 		}
 	}
-}
-
-// program writes the endpoint into the data plane and attaches the pod
-// programs to its host interface.
-func (a *Agent) program(e Endpoint, res podnet.Result) error {
-	p := datapath.Port{IfIndex: uint32(res.HostIfIndex), NetID: e.NetID}
-	for _, ad := range e.Addrs {
-		if err := a.dp.UpsertEndpoint(datapath.Endpoint{NetID: e.NetID, Addr: ad, IfIndex: uint32(res.HostIfIndex),
-			PodMAC: res.PodMAC, HostMAC: res.HostMAC}); err != nil {
-			return err
-		}
-		if ad.Is4() {
-			p.V4 = ad
-		} else {
-			p.V6 = ad
-		}
-	}
-	if err := a.dp.UpsertPort(p); err != nil {
-		return err
-	}
-	return a.dp.AttachPod(a.opts.NetNS, e.HostIf)
 }
 
 // networkEndpointSpec is what the NetworkEndpoint of e says.

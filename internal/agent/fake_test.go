@@ -60,6 +60,17 @@ func (f *fakeDP) AttachUnderlay(string, string) error {
 }
 func (f *fakeDP) AttachPod(_ string, h string) error { return f.w(func() { f.attached[h] = true }) }
 func (f *fakeDP) DetachPod(h string) error           { return f.w(func() { delete(f.attached, h) }) }
+func (f *fakeDP) PinnedPodLinks() ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for h := range f.attached {
+		if h != "underlay" {
+			out = append(out, h)
+		}
+	}
+	return out, nil
+}
 func (f *fakeDP) UpsertEndpoint(e datapath.Endpoint) error {
 	return f.w(func() { f.eps[epKey(e.NetID, e.Addr)] = e })
 }
@@ -241,6 +252,9 @@ func newTestAgent(t *testing.T, blockBits int32, objs ...client.Object) *testAge
 		log: slog.New(slog.NewTextHandler(io.Discard, nil)), client: c, reader: c, recorder: rec, dp: dp, node: node, cp: cp,
 		statusKick: make(chan struct{}, 1)}
 	a.state = model.ComputeNode(model.NodeInput{Node: "n1", Networks: []lacev1.Network{*nw}, Allocations: []lacev1.Allocation{*alloc}})
+	a.haveState = true
+	a.applier = newApplier(a.syncDataplane, 0)
+	go func() { _ = a.applier.Run(t.Context()) }()
 	return &testAgent{Agent: a, dp: dp, node: node, c: c, rec: rec}
 }
 

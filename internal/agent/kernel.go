@@ -16,6 +16,7 @@ type dataplane interface {
 	AttachUnderlay(nsPath, ifName string) error
 	AttachPod(nsPath, hostIf string) error
 	DetachPod(hostIf string) error
+	PinnedPodLinks() ([]string, error)
 	UpsertEndpoint(datapath.Endpoint) error
 	DeleteEndpoint(netID uint32, a netip.Addr) error
 	Endpoints() ([]datapath.Endpoint, error)

@@ -52,12 +52,12 @@ func (a *Agent) reconcile(ctx context.Context, _ reconcile.Request) (reconcile.R
 	if err := a.adoptOnce(ctx, st, nets.Items); err != nil {
 		return reconcile.Result{}, fmt.Errorf("adopt pod attachments: %w", err)
 	}
-	if err := a.apply(st); err != nil {
+	a.mu.Lock()
+	a.state, a.haveState = st, true
+	a.mu.Unlock()
+	if err := a.applier.Sync(ctx); err != nil {
 		return reconcile.Result{}, err
 	}
-	a.mu.Lock()
-	a.state = st
-	a.mu.Unlock()
 	if err := a.collectEndpoints(ctx); err != nil {
 		return reconcile.Result{}, err
 	}
@@ -218,15 +218,48 @@ func (a *Agent) apply(st model.NodeState) error {
 		}
 	}
 
-	// Endpoints and ports follow the checkpoint (they survive restarts in
-	// the pinned maps; this repairs them if the maps were lost). Entries an
-	// ADD or DEL is working on (not Ready) are neither written nor removed
-	// here: that ADD or DEL owns them.
+	errs = append(errs, a.applyEndpoints())
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("apply data plane: %w", err)
+	}
+	a.mu.Lock()
+	first = !a.applied
+	a.applied = true
+	a.mu.Unlock()
+	if first {
+		a.kickStatus()
+	}
+	return nil
+}
+
+// syncDataplane is the applier's sync: the whole node once its state is
+// known, the pods' entries alone before.
+func (a *Agent) syncDataplane() error {
+	a.mu.Lock()
+	st, have := a.state, a.haveState
+	a.mu.Unlock()
+	if !have {
+		return a.applyEndpoints()
+	}
+	return a.apply(st)
+}
+
+// applyEndpoints makes the pods' entries (endpoints, ports and their
+// programs) follow the checkpoint: Ready endpoints are written and
+// attached, Deleting ones and entries no endpoint claims removed. They
+// survive restarts in the pinned maps; this also repairs them if the maps
+// were lost. An ADD in progress (neither Ready nor Deleting) owns its
+// entries: they are neither written nor removed here.
+func (a *Agent) applyEndpoints() error {
+	var errs []error
 	var wantEps []datapath.Endpoint
 	var wantPorts []datapath.Port
 	busyEps := map[string]bool{}
 	busyPorts := map[uint32]bool{}
 	for _, e := range a.cp.all() {
+		if e.Deleting {
+			continue
+		}
 		if !e.Ready {
 			for _, ad := range e.Addrs {
 				busyEps[fmt.Sprint(e.NetID, ad)] = true
@@ -263,17 +296,32 @@ func (a *Agent) apply(st model.NodeState) error {
 			}
 			return a.dp.DeletePort(p.IfIndex)
 		}))
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("apply data plane: %w", err)
+	// Programs: attached to every Ready endpoint's interface, detached from
+	// the others (a DEL's, or a leftover no endpoint claims).
+	pinned, err := a.dp.PinnedPodLinks()
+	errs = append(errs, err)
+	isPinned := map[string]bool{}
+	for _, h := range pinned {
+		isPinned[h] = true
 	}
-	a.mu.Lock()
-	first = !a.applied
-	a.applied = true
-	a.mu.Unlock()
-	if first {
-		a.kickStatus()
+	claimed := map[string]bool{}
+	for _, e := range a.cp.all() {
+		switch {
+		case e.Ready:
+			claimed[e.HostIf] = true
+			if !isPinned[e.HostIf] {
+				errs = append(errs, a.dp.AttachPod(a.opts.NetNS, e.HostIf))
+			}
+		case !e.Deleting:
+			claimed[e.HostIf] = true // an ADD in progress
+		}
 	}
-	return nil
+	for _, h := range pinned {
+		if !claimed[h] {
+			errs = append(errs, a.dp.DetachPod(h))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // syncSet upserts what is wanted and missing and deletes what is extra.
@@ -341,24 +389,15 @@ func (a *Agent) collectEndpoints(ctx context.Context) error {
 
 // teardown removes everything of one endpoint; what is gone already is fine.
 func (a *Agent) teardown(ctx context.Context, e Endpoint) error {
-	// Not Ready from here on: a concurrent reconcile neither restores nor
-	// races the removal.
-	if e.Ready {
-		e.Ready = false
-		if err := a.cp.put(e); err != nil {
-			return err
-		}
+	// Recorded as Deleting, the applier removes its entries and program
+	// (a port whose index another endpoint holds now stays: that one
+	// claims it); then the interface goes, and the record last.
+	e.Ready, e.Deleting = false, true
+	if err := a.cp.put(e); err != nil {
+		return err
 	}
 	var errs []error
-	for _, ad := range e.Addrs {
-		errs = append(errs, a.dp.DeleteEndpoint(e.NetID, ad))
-	}
-	// The port is keyed by interface index, which the kernel reuses: it is
-	// left alone when another endpoint holds that index now.
-	if e.HostIfIndex > 0 && !a.indexInUse(e) {
-		errs = append(errs, a.dp.DeletePort(uint32(e.HostIfIndex)))
-	}
-	errs = append(errs, a.dp.DetachPod(e.HostIf), a.node.TeardownPod(e.HostIf, e.Addrs))
+	errs = append(errs, a.applier.Sync(ctx), a.node.TeardownPod(e.HostIf, e.Addrs))
 	ne := &lacev1.NetworkEndpoint{}
 	ne.Namespace, ne.Name = e.PodNS, e.PodName
 	// An endpoint adopted without a pod has no record to remove.
