@@ -11,6 +11,7 @@ import (
 	"sort"
 	"sync"
 
+	"github.com/lace-cni/lace/internal/fsutil"
 	"github.com/lace-cni/lace/internal/podnet"
 )
 
@@ -114,7 +115,7 @@ func (c *checkpoint) save() error {
 	if err != nil {
 		return err
 	}
-	if err := writeAtomic(c.path, 0o600, func(w io.Writer) error {
+	if err := fsutil.WriteAtomic(c.path, 0o600, func(w io.Writer) error {
 		_, err := w.Write(b)
 		return err
 	}); err != nil {

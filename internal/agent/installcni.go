@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/lace-cni/lace/internal/fsutil"
 	"github.com/lace-cni/lace/pkg/cniapi"
 )
 
@@ -61,7 +62,7 @@ func InstallCNI(o InstallCNIOptions) error {
 	if err := os.MkdirAll(o.BinDir, 0o755); err != nil {
 		return fmt.Errorf("create cni bin dir: %w", err)
 	}
-	if err := writeAtomic(filepath.Join(o.BinDir, CNIPluginName), 0o755, func(w io.Writer) error {
+	if err := fsutil.WriteAtomic(filepath.Join(o.BinDir, CNIPluginName), 0o755, func(w io.Writer) error {
 		_, err := io.Copy(w, src)
 		return err
 	}); err != nil {
@@ -74,7 +75,7 @@ func InstallCNI(o InstallCNIOptions) error {
 	if err := os.MkdirAll(o.ConfDir, 0o755); err != nil {
 		return fmt.Errorf("create cni conf dir: %w", err)
 	}
-	if err := writeAtomic(filepath.Join(o.ConfDir, CNIConfName), 0o644, func(w io.Writer) error {
+	if err := fsutil.WriteAtomic(filepath.Join(o.ConfDir, CNIConfName), 0o644, func(w io.Writer) error {
 		_, err := w.Write(conf)
 		return err
 	}); err != nil {
@@ -112,45 +113,4 @@ func CNIConfList(socket string) ([]byte, error) {
 		return nil, fmt.Errorf("encode cni config: %w", err)
 	}
 	return append(b, '\n'), nil
-}
-
-// writeAtomic replaces path with what fill writes. A reader sees the old
-// file or the complete new one, never a partial one: the temp file lives in
-// the same directory (rename does not cross filesystems) and is synced
-// before the rename. On error the temp file is removed and path is left as
-// it was.
-func writeAtomic(path string, mode os.FileMode, fill func(io.Writer) error) (err error) {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
-		}
-	}()
-	if err := fill(f); err != nil {
-		return err
-	}
-	// CreateTemp makes the file 0600; chmod explicitly so the umask does
-	// not decide the plugin's mode.
-	if err := f.Chmod(mode); err != nil {
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		return err
-	}
-	// Persist the rename itself.
-	if d, derr := os.Open(filepath.Dir(path)); derr == nil {
-		_ = d.Sync()
-		d.Close()
-	}
-	return nil
 }

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/lace-cni/lace/internal/fsutil"
 )
 
 func TestInstallCNIWritesPluginAndConfig(t *testing.T) {
@@ -92,7 +94,7 @@ func TestWriteAtomicFailureKeepsOldFile(t *testing.T) {
 	if err := os.WriteFile(p, []byte("old"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	err := writeAtomic(p, 0o644, func(w io.Writer) error {
+	err := fsutil.WriteAtomic(p, 0o644, func(w io.Writer) error {
 		_, _ = w.Write([]byte("partial"))
 		return os.ErrClosed
 	})

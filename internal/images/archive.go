@@ -14,6 +14,8 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+
+	"github.com/lace-cni/lace/internal/fsutil"
 )
 
 // The annotations that name an image in an OCI layout's index.json.
@@ -39,7 +41,7 @@ const (
 //
 // The file is written beside path and renamed over it, so a reader never
 // sees half a tarball and an interrupted build leaves the old one.
-func WriteTarball(path, ref string, img v1.Image) (err error) {
+func WriteTarball(path, ref string, img v1.Image) error {
 	desc := v1.Descriptor{
 		Annotations: map[string]string{AnnotationImageName: ref, AnnotationRefName: ref},
 	}
@@ -106,78 +108,61 @@ func WriteTarball(path, ref string, img v1.Image) (err error) {
 		return err
 	}
 
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
+	return fsutil.WriteAtomic(path, 0o644, func(f io.Writer) error {
+		tw := tar.NewWriter(f)
+		header := func(name string, size int64, dir bool) error {
+			h := &tar.Header{Name: name, Size: size, Mode: 0o644, ModTime: Epoch, Typeflag: tar.TypeReg, Format: tar.FormatPAX}
+			if dir {
+				h.Mode, h.Typeflag = 0o755, tar.TypeDir
+			}
+			return tw.WriteHeader(h)
 		}
-	}()
-	tw := tar.NewWriter(f)
-	header := func(name string, size int64, dir bool) error {
-		h := &tar.Header{Name: name, Size: size, Mode: 0o644, ModTime: Epoch, Typeflag: tar.TypeReg, Format: tar.FormatPAX}
-		if dir {
-			h.Mode, h.Typeflag = 0o755, tar.TypeDir
-		}
-		return tw.WriteHeader(h)
-	}
-	small := func(name string, b []byte) error {
-		if err := header(name, int64(len(b)), false); err != nil {
+		small := func(name string, b []byte) error {
+			if err := header(name, int64(len(b)), false); err != nil {
+				return err
+			}
+			_, err := tw.Write(b)
 			return err
 		}
-		_, err := tw.Write(b)
-		return err
-	}
-	if err := header("blobs/", 0, true); err != nil {
-		return err
-	}
-	if err := header("blobs/sha256/", 0, true); err != nil {
-		return err
-	}
-	written := map[v1.Hash]bool{}
-	for _, b := range blobs {
-		if written[b.digest] {
-			continue
-		}
-		written[b.digest] = true
-		if err := header(blobPath(b.digest), b.size, false); err != nil {
+		if err := header("blobs/", 0, true); err != nil {
 			return err
 		}
-		rc, err := b.open()
-		if err != nil {
-			return fmt.Errorf("blob %s: %w", b.digest, err)
+		if err := header("blobs/sha256/", 0, true); err != nil {
+			return err
 		}
-		n, err := io.Copy(tw, rc)
-		rc.Close()
-		if err != nil {
-			return fmt.Errorf("blob %s: %w", b.digest, err)
+		written := map[v1.Hash]bool{}
+		for _, b := range blobs {
+			if written[b.digest] {
+				continue
+			}
+			written[b.digest] = true
+			if err := header(blobPath(b.digest), b.size, false); err != nil {
+				return err
+			}
+			rc, err := b.open()
+			if err != nil {
+				return fmt.Errorf("blob %s: %w", b.digest, err)
+			}
+			n, err := io.Copy(tw, rc)
+			rc.Close()
+			if err != nil {
+				return fmt.Errorf("blob %s: %w", b.digest, err)
+			}
+			if n != b.size {
+				return fmt.Errorf("blob %s: wrote %d bytes, want %d", b.digest, n, b.size)
+			}
 		}
-		if n != b.size {
-			return fmt.Errorf("blob %s: wrote %d bytes, want %d", b.digest, n, b.size)
+		if err := small("index.json", index); err != nil {
+			return err
 		}
-	}
-	if err := small("index.json", index); err != nil {
-		return err
-	}
-	if err := small("manifest.json", dockerManifest); err != nil {
-		return err
-	}
-	if err := small("oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`)); err != nil {
-		return err
-	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	if err := f.Chmod(0o644); err != nil {
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), path)
+		if err := small("manifest.json", dockerManifest); err != nil {
+			return err
+		}
+		if err := small("oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`)); err != nil {
+			return err
+		}
+		return tw.Close()
+	})
 }
 
 func blobPath(h v1.Hash) string { return "blobs/" + h.Algorithm + "/" + h.Hex }

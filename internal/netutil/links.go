@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sort"
 	"strings"
 
 	"github.com/vishvananda/netlink"
@@ -335,18 +336,14 @@ func RouteOut(nsPath string, dst netip.Addr, link string) error {
 
 // ListLinks returns the names of the links in the namespace at nsPath.
 func ListLinks(nsPath string) ([]string, error) {
-	h, err := Handle(nsPath)
+	links, err := LinksWithPrefix(nsPath, "")
 	if err != nil {
 		return nil, err
 	}
-	defer h.Close()
-	links, err := h.LinkList()
-	if err != nil {
-		return nil, fmt.Errorf("list links: %w", err)
-	}
 	out := make([]string, 0, len(links))
-	for _, l := range links {
-		out = append(out, l.Attrs().Name)
+	for name := range links {
+		out = append(out, name)
 	}
+	sort.Strings(out)
 	return out, nil
 }
