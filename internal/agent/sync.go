@@ -413,14 +413,3 @@ func (a *Agent) teardown(ctx context.Context, e Endpoint) error {
 	}
 	return a.cp.remove(e.HostIf)
 }
-
-// indexInUse says whether an endpoint other than e holds e's interface
-// index.
-func (a *Agent) indexInUse(e Endpoint) bool {
-	for _, o := range a.cp.all() {
-		if o.HostIf != e.HostIf && o.HostIfIndex == e.HostIfIndex {
-			return true
-		}
-	}
-	return false
-}
