@@ -1,0 +1,522 @@
+package model
+
+// The reachability oracle. It is written from the rules of ARCHITECTURE.md
+// section 5 and spec/topology.txt, deliberately apart from ComputeNode and
+// Policies (node.go), which build the data plane's tables: the end-to-end
+// tests compare real packets with Reach, and a bug shared by both would
+// hide. Do not call node.go from here, nor the other way around.
+
+import (
+	"fmt"
+	"net/netip"
+	"sort"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+)
+
+// Topology is what Reach reads. Networks without a status.id are not in the
+// data plane yet and are treated as absent.
+//
+// ServiceRoutingPolicies are carried but not read yet: services will enter as
+// an Endpoint of kind Service (namespace, name, VIP, port), the Services
+// themselves (with their bound network and namespace labels) as a new field
+// here, and their VIPs as ViewEntry values with Service set, so that the same
+// longest-prefix view answers for them (section 5, third bullet of "What a
+// network sees").
+type Topology struct {
+	Networks               []lacev1.Network
+	RoutingPolicies        []lacev1.NetworkRoutingPolicy
+	ServiceRoutingPolicies []lacev1.ServiceRoutingPolicy
+}
+
+// EndpointKind says what one side of a reachability question is.
+type EndpointKind string
+
+// Endpoint kinds.
+const (
+	// EndpointPod is a pod: Network and Addr are its own, NodeName the node
+	// it runs on.
+	EndpointPod EndpointKind = "Pod"
+	// EndpointOutside is an address outside the cluster; as a source it is
+	// classified into an external network by longest prefix.
+	EndpointOutside EndpointKind = "Outside"
+	// EndpointNode is a node's host stack, by its underlay address Addr and
+	// NodeName. It reaches the pods of its own node whatever the policies;
+	// otherwise it is an outside address like any other.
+	EndpointNode EndpointKind = "Node"
+)
+
+// Endpoint is one side of a reachability question.
+type Endpoint struct {
+	Kind EndpointKind
+	// Network is the pod's network (pods only; outside addresses and nodes
+	// are classified).
+	Network  string
+	Addr     netip.Addr
+	NodeName string
+}
+
+func (e Endpoint) String() string {
+	switch e.Kind {
+	case EndpointPod:
+		return fmt.Sprintf("pod %s in %s", e.Addr, e.Network)
+	case EndpointNode:
+		return fmt.Sprintf("node %s (%s)", e.NodeName, e.Addr)
+	}
+	return fmt.Sprintf("outside address %s", e.Addr)
+}
+
+// DropReason is the name of the data plane drop counter a denied packet is
+// counted under (internal/datapath.DropReasons; not imported: the model
+// stays free of the data plane).
+type DropReason string
+
+// Drop reasons the oracle predicts.
+const (
+	// DropIsolated: the destination is in no network of the source's view.
+	DropIsolated DropReason = "isolated"
+	// DropAnonymous: a pod of an anonymous network without a self policy
+	// addressed its own network.
+	DropAnonymous DropReason = "anonymous-network"
+	// DropUnclassified: a plain-IP source (outside or a node's host stack)
+	// that no external network's prefix covers. Not a data plane counter
+	// yet: issue 9 item 3 adds it.
+	DropUnclassified DropReason = "unclassified-source"
+)
+
+// Verdict is the oracle's answer, with what decided it.
+type Verdict struct {
+	Allowed bool
+	// Rule says which rule decided, for people: "own network default",
+	// "NetworkRoutingPolicy frontend-to-backend (frontend -> backend)",
+	// "no view: ...", "conflict: ...".
+	Rule string
+	// Reason is the drop counter a denied packet is counted under; empty
+	// when allowed, and when the question itself is impossible (a pod in a
+	// network that does not exist).
+	Reason DropReason
+	// SrcNetwork is the network the source belongs to (a pod's own, or the
+	// external network an outside address or node was classified into).
+	SrcNetwork string
+	// SrcPrefix is the external prefix that classified the source (outside
+	// and node sources only).
+	SrcPrefix netip.Prefix
+	// DstNetwork and DstPrefix are the view entry the destination resolved
+	// to, when it resolved to one.
+	DstNetwork string
+	DstPrefix  netip.Prefix
+	// Policy is the NetworkRoutingPolicy that granted the destination
+	// network ("" for the own network and the node's local exception).
+	Policy string
+	// SNAT is set for a pod reaching an external network: the packet leaves
+	// through its node's underlay with the node's address as source, and
+	// conntrack reverses it for the replies.
+	SNAT bool
+}
+
+// ViewEntry is one prefix of a network's view.
+type ViewEntry struct {
+	Network string
+	Type    lacev1.NetworkType
+	Prefix  netip.Prefix
+	// Policy granted the entry; "" for the network's own subnets.
+	Policy string
+}
+
+// Conflict is a peering refused because it would put two overlapping pod
+// networks into one view (the condition PeeringConflict).
+type Conflict struct {
+	// Policy would have put Dst into Src's view.
+	Policy   string
+	Src, Dst string
+	// Prefix of Dst overlaps WithPrefix of With, which the view holds.
+	Prefix     netip.Prefix
+	With       string
+	WithPrefix netip.Prefix
+}
+
+func (c Conflict) String() string {
+	return fmt.Sprintf("NetworkRoutingPolicy %s refused for %s -> %s: %s %s overlaps %s %s",
+		c.Policy, c.Src, c.Dst, c.Dst, c.Prefix, c.With, c.WithPrefix)
+}
+
+// View is what one source network reaches: a longest-prefix table of the
+// networks directly granted to it, nothing transitive.
+type View struct {
+	Network string
+	Entries []ViewEntry
+	// SelfPolicy is the policy selecting an anonymous network on both
+	// sides, which opens it to itself.
+	SelfPolicy string
+	// Closed is set for an anonymous network without a self policy: its own
+	// subnets are not in Entries.
+	Closed  bool
+	Refused []Conflict
+}
+
+func (v View) has(network string) (ViewEntry, bool) {
+	for _, e := range v.Entries {
+		if e.Network == network {
+			return e, true
+		}
+	}
+	return ViewEntry{}, false
+}
+
+func (v View) refused(network string) (Conflict, bool) {
+	for _, c := range v.Refused {
+		if c.Dst == network {
+			return c, true
+		}
+	}
+	return Conflict{}, false
+}
+
+type netInfo struct {
+	name      string
+	typ       lacev1.NetworkType
+	anonymous bool
+	labels    labels.Set
+	// prefixes are the subnets of a pod network, the externalPrefixes of an
+	// external one.
+	prefixes []netip.Prefix
+}
+
+func (n *netInfo) pod() bool { return n.typ != lacev1.NetworkTypeExternal }
+
+type grant struct {
+	policy   string
+	src, dst []string // network names, sorted
+}
+
+// topo is a Topology read once: ready networks by name and every policy's
+// selected pairs, policies in name order (the order that settles conflicts).
+type topo struct {
+	nets   map[string]*netInfo
+	grants []grant
+}
+
+func readTopology(t Topology) topo {
+	tp := topo{nets: map[string]*netInfo{}}
+	for _, n := range t.Networks {
+		if n.Status.ID <= 0 {
+			continue
+		}
+		ni := &netInfo{name: n.Name, typ: n.Spec.Type, anonymous: n.Spec.Anonymous, labels: labels.Set(n.Labels)}
+		var cidrs []lacev1.CIDR
+		if n.Spec.Type == lacev1.NetworkTypeExternal {
+			cidrs = n.Spec.ExternalPrefixes
+		} else {
+			for _, s := range []*lacev1.Subnet{n.Spec.IPv4Subnet, n.Spec.IPv6Subnet} {
+				if s != nil {
+					cidrs = append(cidrs, s.Prefix)
+				}
+			}
+		}
+		for _, c := range cidrs {
+			if p, err := netip.ParsePrefix(string(c)); err == nil {
+				ni.prefixes = append(ni.prefixes, p.Masked())
+			}
+		}
+		tp.nets[n.Name] = ni
+	}
+	names := make([]string, 0, len(tp.nets))
+	for name := range tp.nets {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	pols := append([]lacev1.NetworkRoutingPolicy(nil), t.RoutingPolicies...)
+	sort.Slice(pols, func(i, j int) bool { return pols[i].Name < pols[j].Name })
+	for _, p := range pols {
+		// A nil selector selects nothing (the field is required); an
+		// invalid one makes the policy select nothing.
+		src, err1 := metav1.LabelSelectorAsSelector(p.Spec.SrcSelector)
+		dst, err2 := metav1.LabelSelectorAsSelector(p.Spec.DestSelector)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		g := grant{policy: p.Name}
+		for _, name := range names {
+			if src.Matches(tp.nets[name].labels) {
+				g.src = append(g.src, name)
+			}
+			if dst.Matches(tp.nets[name].labels) {
+				g.dst = append(g.dst, name)
+			}
+		}
+		tp.grants = append(tp.grants, g)
+	}
+	return tp
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// ViewOf returns the view of a network, and the peerings refused for it.
+func ViewOf(t Topology, network string) View {
+	return readTopology(t).view(network)
+}
+
+func (tp topo) view(network string) View {
+	v := View{Network: network}
+	own := tp.nets[network]
+	if own == nil {
+		return v
+	}
+	// An anonymous network reaches itself only through a policy selecting
+	// it on both sides (networks.txt, anonymous; section 5).
+	for _, g := range tp.grants {
+		if contains(g.src, network) && contains(g.dst, network) {
+			v.SelfPolicy = g.policy
+			break
+		}
+	}
+	v.Closed = own.anonymous && v.SelfPolicy == ""
+	// The source's own network always wins an overlap, even while closed:
+	// its pods hold addresses there, and opening it later with a self
+	// policy must not flip which peers are refused.
+	ownPolicy := ""
+	if own.anonymous {
+		ownPolicy = v.SelfPolicy
+	}
+	reserved := []ViewEntry{}
+	for _, p := range own.prefixes {
+		e := ViewEntry{Network: network, Type: own.typ, Prefix: p, Policy: ownPolicy}
+		reserved = append(reserved, e)
+		if !v.Closed {
+			v.Entries = append(v.Entries, e)
+		}
+	}
+	seen := map[string]bool{network: true}
+	// Peers in policy name order, then network name order: the first one
+	// in keeps its place when two overlap.
+	for _, g := range tp.grants {
+		if !contains(g.src, network) {
+			continue
+		}
+		for _, d := range g.dst {
+			if seen[d] {
+				continue
+			}
+			dn := tp.nets[d]
+			if c, bad := overlap(dn, reserved); bad {
+				c.Policy, c.Src = g.policy, network
+				v.Refused = append(v.Refused, c)
+				seen[d] = true
+				continue
+			}
+			seen[d] = true
+			for _, p := range dn.prefixes {
+				e := ViewEntry{Network: d, Type: dn.typ, Prefix: p, Policy: g.policy}
+				v.Entries = append(v.Entries, e)
+				reserved = append(reserved, e)
+			}
+		}
+	}
+	return v
+}
+
+// overlap reports the first pod subnet of d overlapping a pod subnet
+// already held. External prefixes overlap anything freely.
+func overlap(d *netInfo, held []ViewEntry) (Conflict, bool) {
+	if !d.pod() {
+		return Conflict{}, false
+	}
+	for _, p := range d.prefixes {
+		for _, e := range held {
+			if e.Type != lacev1.NetworkTypeExternal && e.Prefix.Overlaps(p) {
+				return Conflict{Dst: d.name, Prefix: p, With: e.Network, WithPrefix: e.Prefix}, true
+			}
+		}
+	}
+	return Conflict{}, false
+}
+
+// classify returns the external network whose prefix is the longest to
+// cover addr; equal prefixes in two external networks go to the earlier
+// name.
+func (tp topo) classify(addr netip.Addr) (string, netip.Prefix, bool) {
+	var best string
+	var bestP netip.Prefix
+	for name, n := range tp.nets {
+		if n.pod() {
+			continue
+		}
+		for _, p := range n.prefixes {
+			if !p.Contains(addr) {
+				continue
+			}
+			if best == "" || p.Bits() > bestP.Bits() || (p.Bits() == bestP.Bits() && name < best) {
+				best, bestP = name, p
+			}
+		}
+	}
+	return best, bestP, best != ""
+}
+
+// resolve finds the view entry addr goes to. Pod subnets are private
+// address spaces and count only when in the view; an outside address
+// belongs to the external network that classifies it (networks.txt: longest
+// prefix across all external networks), so a broader external network in
+// the view does not reach into a more specific one outside it. A pod subnet
+// beats an external prefix of equal or shorter length.
+func (tp topo) resolve(v View, addr netip.Addr) (ViewEntry, bool) {
+	var best ViewEntry
+	found := false
+	for _, e := range v.Entries {
+		if e.Type == lacev1.NetworkTypeExternal || !e.Prefix.Contains(addr) {
+			continue
+		}
+		if !found || e.Prefix.Bits() > best.Prefix.Bits() {
+			best, found = e, true
+		}
+	}
+	ext, extP, ok := tp.classify(addr)
+	if !ok {
+		return best, found
+	}
+	if e, in := v.has(ext); in && (!found || extP.Bits() > best.Prefix.Bits()) {
+		e.Prefix = extP
+		return e, true
+	}
+	return best, found
+}
+
+func grantRule(e ViewEntry, src string) string {
+	switch {
+	case e.Policy == "":
+		return "own network " + e.Network
+	case e.Network == src:
+		return fmt.Sprintf("NetworkRoutingPolicy %s opens anonymous network %s to itself", e.Policy, src)
+	}
+	return fmt.Sprintf("NetworkRoutingPolicy %s (%s -> %s)", e.Policy, src, e.Network)
+}
+
+// Reach answers whether a new flow from src to dst is admitted, and by
+// which rule (ARCHITECTURE.md section 5). NetworkRoutingPolicies are not
+// port-scoped, so proto and port do not change a verdict today; they are
+// part of the question for services (a VIP and port) and for lacectl trace.
+// Replies of an admitted flow are answered by ReachReply.
+func Reach(t Topology, src, dst Endpoint, proto string, port uint16) Verdict {
+	tp := readTopology(t)
+	var v Verdict
+	if !src.Addr.IsValid() || !dst.Addr.IsValid() {
+		v.Rule = "invalid question: an endpoint has no address"
+		return v
+	}
+	src.Addr, dst.Addr = src.Addr.Unmap(), dst.Addr.Unmap()
+	if src.Addr.Is4() != dst.Addr.Is4() {
+		v.Rule = "invalid question: the endpoints are of different address families"
+		return v
+	}
+
+	// The node reaches the pods on it whatever the policies; the one
+	// exception to isolation, and only local (section 5, the node itself).
+	if src.Kind == EndpointNode && dst.Kind == EndpointPod && src.NodeName != "" && src.NodeName == dst.NodeName {
+		v.Allowed, v.Rule = true, "node reaches its own pods"
+		v.DstNetwork = dst.Network
+		return v
+	}
+
+	// Where the packet comes from (section 5): a pod's own network, else
+	// the external network classifying the source address.
+	switch src.Kind {
+	case EndpointPod:
+		n := tp.nets[src.Network]
+		if n == nil || !n.pod() {
+			v.Rule = fmt.Sprintf("invalid question: %s is not a pod network with an ID", src.Network)
+			return v
+		}
+		v.SrcNetwork = src.Network
+	case EndpointOutside, EndpointNode:
+		name, p, ok := tp.classify(src.Addr)
+		if !ok {
+			v.Rule = fmt.Sprintf("unclassified: no external network's prefix covers source %s", src.Addr)
+			v.Reason = DropUnclassified
+			return v
+		}
+		v.SrcNetwork, v.SrcPrefix = name, p
+	default:
+		v.Rule = fmt.Sprintf("invalid question: source kind %q", src.Kind)
+		return v
+	}
+	s := v.SrcNetwork
+	view := tp.view(s)
+
+	if dst.Kind == EndpointPod {
+		n := tp.nets[dst.Network]
+		if n == nil || !n.pod() {
+			v.Rule = fmt.Sprintf("invalid question: %s is not a pod network with an ID", dst.Network)
+			return v
+		}
+		// The data plane looks in the own network first and then finds
+		// it closed: anonymous-network, not isolated.
+		if dst.Network == s && view.Closed {
+			v.Rule = fmt.Sprintf("anonymous network %s without self policy", s)
+			v.Reason = DropAnonymous
+			return v
+		}
+		if c, ok := view.refused(dst.Network); ok {
+			v.Rule, v.Reason = "conflict: "+c.String(), DropIsolated
+			return v
+		}
+		if _, ok := view.has(dst.Network); !ok {
+			v.Rule = fmt.Sprintf("no view: no NetworkRoutingPolicy %s -> %s (nothing transits)", s, dst.Network)
+			v.Reason = DropIsolated
+			return v
+		}
+	}
+
+	// Destinations resolve by longest prefix in the source's view.
+	e, ok := tp.resolve(view, dst.Addr)
+	if !ok {
+		v.Reason = DropIsolated
+		if ext, p, in := tp.classify(dst.Addr); in {
+			v.Rule = fmt.Sprintf("no view: %s belongs to external network %s (%s), which %s does not reach", dst.Addr, ext, p, s)
+		} else {
+			v.Rule = fmt.Sprintf("no view: %s is in no network %s reaches", dst.Addr, s)
+		}
+		return v
+	}
+	v.DstNetwork, v.DstPrefix, v.Policy = e.Network, e.Prefix, e.Policy
+	switch {
+	case dst.Kind == EndpointPod && e.Network != dst.Network:
+		v.Rule = fmt.Sprintf("no view: %s resolves to %s (%s) in the view of %s, not to %s", dst.Addr, e.Network, e.Prefix, s, dst.Network)
+		v.Reason = DropIsolated
+		return v
+	case dst.Kind != EndpointPod && e.Type != lacev1.NetworkTypeExternal:
+		v.Rule = fmt.Sprintf("no view: %s resolves to pod network %s (%s) in the view of %s, which shadows the outside address", dst.Addr, e.Network, e.Prefix, s)
+		v.Reason = DropIsolated
+		return v
+	}
+	v.Allowed, v.Rule = true, grantRule(e, s)
+	if src.Kind == EndpointPod && e.Type == lacev1.NetworkTypeExternal {
+		v.SNAT = true
+		v.Rule += "; leaves through the node's underlay with SNAT to the node address"
+	}
+	return v
+}
+
+// ReachReply answers whether the replies of a flow src opened to dst come
+// back: always when the flow was admitted (conntrack, section 5 direction
+// and return), whatever the policies from dst to src. When the flow was not
+// admitted there is nothing to reply to, and the verdict carries the
+// forward denial.
+func ReachReply(t Topology, src, dst Endpoint, proto string, port uint16) Verdict {
+	v := Reach(t, src, dst, proto, port)
+	if v.Allowed {
+		v.Rule = "reply of a flow admitted by " + v.Rule + " (conntrack)"
+	} else {
+		v.Rule = "no admitted flow to reply to: " + v.Rule
+	}
+	return v
+}
