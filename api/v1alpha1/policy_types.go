@@ -94,6 +94,35 @@ type NetworkRoutingPolicySpec struct {
 	DestSelector *metav1.LabelSelector `json:"destSelector"`
 }
 
+// NetworkRoutingPolicyStatus reports which networks the policy selects
+// and whether every pair it selects is in effect.
+type NetworkRoutingPolicyStatus struct {
+	// ObservedGeneration is the generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// MatchedSources are the names of the networks (with a network ID) the
+	// source selector matches, sorted.
+	// +optional
+	// +listType=atomic
+	MatchedSources []string `json:"matchedSources,omitempty"`
+	// MatchedDestinations are the names of the networks (with a network ID)
+	// the destination selector matches, sorted.
+	// +optional
+	// +listType=atomic
+	MatchedDestinations []string `json:"matchedDestinations,omitempty"`
+	// Conditions: Ready is False with reason NoSourceNetworks or
+	// NoDestinationNetworks while a selector matches no network,
+	// InvalidSelector when a selector cannot be parsed, and PeeringConflict
+	// when a pair it selects is refused because two overlapping pod
+	// networks would share a view (the message names both networks and the
+	// prefixes; the other pairs stay in effect); True with reason Accepted
+	// otherwise.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
 // RoutingPolicyStatus reports what a routing policy currently selects.
 type RoutingPolicyStatus struct {
 	// SourceNetworks are the names of the networks the source selector matches.
@@ -113,14 +142,18 @@ type RoutingPolicyStatus struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Cluster,shortName=nrp,categories=lace
+// +kubebuilder:printcolumn:name="Sources",type=string,JSONPath=`.status.matchedSources`
+// +kubebuilder:printcolumn:name="Destinations",type=string,JSONPath=`.status.matchedDestinations`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type NetworkRoutingPolicy struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
 	// +required
-	Spec   NetworkRoutingPolicySpec `json:"spec"`
-	Status RoutingPolicyStatus      `json:"status,omitempty"`
+	Spec   NetworkRoutingPolicySpec   `json:"spec"`
+	Status NetworkRoutingPolicyStatus `json:"status,omitempty"`
 }
 
 // NetworkRoutingPolicyList is a list of NetworkRoutingPolicies.

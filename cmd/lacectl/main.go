@@ -1,4 +1,5 @@
-// Command lacectl shows what Lace is doing: lacectl status.
+// Command lacectl shows what Lace is doing: lacectl status, lacectl
+// topology.
 package main
 
 import (
@@ -18,7 +19,10 @@ import (
 const usage = `usage: lacectl [--kubeconfig PATH] COMMAND
 
 commands:
-  status   networks, and per node: endpoints, map sizes, forwarding and drop counters
+  status             networks, and per node: endpoints, map sizes, forwarding and drop counters
+  topology [--svg FILE]
+                     networks and who may reach whom (refused peerings marked);
+                     --svg also draws it to FILE
 `
 
 func main() {
@@ -32,7 +36,19 @@ func main() {
 }
 
 func run(ctx context.Context, args []string) error {
-	if len(args) != 1 || args[0] != "status" {
+	if len(args) == 0 {
+		flag.Usage()
+		return fmt.Errorf("no command")
+	}
+	switch args[0] {
+	case "status":
+		if len(args) != 1 {
+			flag.Usage()
+			return fmt.Errorf("status takes no arguments: %v", args[1:])
+		}
+	case "topology":
+		return topology(ctx, args[1:])
+	default:
 		flag.Usage()
 		return fmt.Errorf("unknown command %v", args)
 	}
@@ -49,4 +65,40 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	return lacectl.Status(ctx, c, lacectl.AgentMetrics(cs), os.Stdout)
+}
+
+// topology: lacectl topology [--svg FILE].
+func topology(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("topology", flag.ContinueOnError)
+	svgPath := fs.String("svg", "", "also draw the topology as SVG to `FILE`")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return fmt.Errorf("topology: unexpected arguments %v", fs.Args())
+	}
+	c, err := apiClient()
+	if err != nil {
+		return err
+	}
+	if *svgPath == "" {
+		return lacectl.Topology(ctx, c, os.Stdout, nil)
+	}
+	f, err := os.Create(*svgPath)
+	if err != nil {
+		return err
+	}
+	if err := lacectl.Topology(ctx, c, os.Stdout, f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func apiClient() (client.Client, error) {
+	cfg, err := config.GetConfig()
+	if err != nil {
+		return nil, fmt.Errorf("load kubeconfig: %w", err)
+	}
+	return client.New(cfg, client.Options{Scheme: scheme.Scheme})
 }

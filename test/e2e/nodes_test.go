@@ -81,6 +81,17 @@ func TestLaceInstalledByChart(t *testing.T) {
 	if dep.Status.ReadyReplicas < 1 {
 		t.Errorf("controller %d ready replicas", dep.Status.ReadyReplicas)
 	}
+	// Least privilege must still be enough: no component was refused by
+	// RBAC (a missing rule shows only as "forbidden" in its log).
+	for _, sel := range []string{"app.kubernetes.io/name=lace-controller", "app.kubernetes.io/name=lace-agent"} {
+		out, err := kubectl(ctx, "logs", "-n", lab.ReleaseNamespace, "-l", sel, "--tail=-1", "--all-containers")
+		if err != nil {
+			t.Fatalf("logs of %s: %v\n%s", sel, err, out)
+		}
+		if strings.Contains(out, "forbidden") {
+			t.Errorf("%s was refused by RBAC:\n%s", sel, grepLines(out, "forbidden"))
+		}
+	}
 	// The agent's init container installed the plugin and its config into
 	// each node's CNI directories.
 	for _, node := range []string{"n1", "n2", "n3"} {
@@ -285,4 +296,15 @@ func echoer(t *testing.T, conn net.Conn) func(string) {
 			t.Fatalf("echo %q: got %q, %v", msg, body, err)
 		}
 	}
+}
+
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
