@@ -105,8 +105,11 @@ type Agent struct {
 	// state is the node's desired state; haveState once computed.
 	state     model.NodeState
 	haveState bool
-	applied   bool
-	ownAddrs  []netip.Addr
+	// applyErr is why the last sync could not apply the node's state
+	// (nil when it could); the reconciler retries on it.
+	applyErr error
+	applied  bool
+	ownAddrs []netip.Addr
 	// attachErr is why the data plane could not be attached to the
 	// underlay (nil once it is).
 	attachErr error

@@ -3,12 +3,15 @@ package agent
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/lace-cni/lace/internal/model"
 )
 
 // TestApplierCoalesces: requests that arrive while a sync runs are served
@@ -135,5 +138,27 @@ func TestConcurrentAddsShareSyncs(t *testing.T) {
 	}
 	if pods, _ := a.dp.PinnedPodLinks(); len(a.dp.eps) != 8 || len(a.dp.ports) != 8 || len(pods) != 8 {
 		t.Errorf("after the ADDs: %d endpoints, %d ports, %d programs; want 8 each", len(a.dp.eps), len(a.dp.ports), len(pods))
+	}
+}
+
+// TestAddSurvivesNodeApplyFailure: a pod's ADD does not fail because
+// another part of the node could not be applied (here the route to another
+// node's locator); the failure stays the reconciler's to retry.
+func TestAddSurvivesNodeApplyFailure(t *testing.T) {
+	a := newTestAgent(t, 29, pod("p1"))
+	a.state.LocatorRoutes = []model.LocatorRoute{{Node: "n2", Locator: netip.MustParsePrefix("fd1a:ce:0:1::/64"),
+		Via: netip.MustParseAddr("fd00:30::12")}}
+	a.node.failRoutes = true
+	if _, err := a.handle(context.Background(), addReq("c1", "p1")); err != nil {
+		t.Fatalf("ADD failed on an unrelated route: %v", err)
+	}
+	if pods, _ := a.dp.PinnedPodLinks(); len(a.dp.eps) != 1 || len(a.dp.ports) != 1 || len(pods) != 1 {
+		t.Errorf("pod not programmed: %d endpoints, %d ports, %d programs", len(a.dp.eps), len(a.dp.ports), len(pods))
+	}
+	a.mu.Lock()
+	err := a.applyErr
+	a.mu.Unlock()
+	if err == nil {
+		t.Error("the route failure was not kept for the reconciler")
 	}
 }

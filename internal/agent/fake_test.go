@@ -133,8 +133,10 @@ type fakeNode struct {
 	routes map[netip.Prefix]netip.Addr
 	// routeWrites counts route replacements, to check they are diffed.
 	routeWrites int
-	pods        map[string]podnet.Spec
-	links       map[string]podnet.Link
+	// failRoutes makes every route replacement fail.
+	failRoutes bool
+	pods       map[string]podnet.Spec
+	links      map[string]podnet.Link
 	// unreachable are underlay addresses the node has no route to.
 	unreachable map[netip.Addr]bool
 	next        int
@@ -181,6 +183,9 @@ func (n *fakeNode) OwnedRoutes() (map[netip.Prefix]netip.Addr, error) {
 func (n *fakeNode) ReplaceOwnedRoute(dst netip.Prefix, via netip.Addr) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.failRoutes {
+		return fmt.Errorf("no route to %s", via)
+	}
 	n.routeWrites++
 	n.routes[dst] = via
 	return nil

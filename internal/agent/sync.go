@@ -58,6 +58,12 @@ func (a *Agent) reconcile(ctx context.Context, _ reconcile.Request) (reconcile.R
 	if err := a.applier.Sync(ctx); err != nil {
 		return reconcile.Result{}, err
 	}
+	a.mu.Lock()
+	applyErr := a.applyErr
+	a.mu.Unlock()
+	if applyErr != nil {
+		return reconcile.Result{}, applyErr
+	}
 	if err := a.collectEndpoints(ctx); err != nil {
 		return reconcile.Result{}, err
 	}
@@ -234,6 +240,11 @@ func (a *Agent) apply(st model.NodeState) error {
 
 // syncDataplane is the applier's sync: the whole node once its state is
 // known, the pods' entries alone before.
+//
+// Its result is the pods' part: a pod's ADD or DEL must not fail because
+// something else of the node could not be applied (a route to a node that
+// is unreachable, say). The node part's error is kept for the reconciler,
+// which retries and reports it.
 func (a *Agent) syncDataplane() error {
 	a.mu.Lock()
 	st, have := a.state, a.haveState
@@ -241,7 +252,16 @@ func (a *Agent) syncDataplane() error {
 	if !have {
 		return a.applyEndpoints()
 	}
-	return a.apply(st)
+	err := a.apply(st)
+	a.mu.Lock()
+	a.applyErr = err
+	a.mu.Unlock()
+	if err != nil {
+		// apply may have stopped before the pods' entries: apply them on
+		// their own, for the waiting ADDs and DELs.
+		return a.applyEndpoints()
+	}
+	return nil
 }
 
 // applyEndpoints makes the pods' entries (endpoints, ports and their
