@@ -72,7 +72,6 @@ func run(ctx context.Context, args []string, out io.Writer) (int, error) {
 		fs.IntVar(&cfg.Zones, "zones", cfg.Zones, "number of zones")
 		fs.StringVar(&cfg.K8sBinDir, "k8s-bin", cfg.K8sBinDir, "directory of etcd, the Kubernetes binaries and agnhost")
 		fs.StringVar(&cfg.CNIBinDir, "cni-bin", cfg.CNIBinDir, "directory of the reference CNI plugins (bridge fallback)")
-		fs.StringVar(&cfg.LaceBinDir, "lace-bin", cfg.LaceBinDir, "directory of the Lace binaries")
 		fs.StringVar(&cfg.CNI, "cni", cfg.CNI, "pod network: lace, or bridge (the reference plugins)")
 		fs.StringVar(&cfg.ImageDir, "images", cfg.ImageDir, "directory of the image tarballs every node imports (make images)")
 		fs.StringVar(&cfg.Helm, "helm", cfg.Helm, "helm binary that installs Lace's chart")

@@ -83,7 +83,7 @@ func Up(ctx context.Context, c Config, out io.Writer) (*Status, error) {
 	cmd := exec.Command(self, "daemon",
 		"--name", c.Name, "--nodes", strconv.Itoa(c.Nodes), "--zones", strconv.Itoa(c.Zones),
 		"--state-root", c.StateRoot, "--k8s-bin", c.K8sBinDir, "--cni-bin", c.CNIBinDir,
-		"--lace-bin", c.LaceBinDir, "--cni", c.CNI, "--images", c.ImageDir, "--helm", c.Helm,
+		"--cni", c.CNI, "--images", c.ImageDir, "--helm", c.Helm,
 		"--lace-tag", c.LaceTag)
 	cmd.Env = append(os.Environ(), EnvLab+"="+c.Name)
 	cmd.Stdout, cmd.Stderr = logf, logf

@@ -34,9 +34,6 @@ type Config struct {
 	K8sBinDir string
 	// CNIBinDir holds the reference CNI plugins (the bridge fallback).
 	CNIBinDir string
-	// LaceBinDir holds the Lace binaries (lace-controller, lace-agent,
-	// lace-cni installed as the CNI plugin "lace").
-	LaceBinDir string
 	// CNI is the lab's pod network: lace (default) or bridge.
 	CNI string
 	// ImageDir holds the image tarballs every node imports (`make images`).
@@ -77,17 +74,16 @@ func DefaultConfig() Config {
 		helm = filepath.Join(home, ".cache", "lace", "tools", "helm")
 	}
 	return Config{
-		CNI:        CNILace,
-		ImageDir:   images,
-		Helm:       helm,
-		LaceTag:    "dev",
-		LaceBinDir: filepath.Dir(self),
-		Name:       "lace",
-		Nodes:      3,
-		Zones:      2,
-		StateRoot:  DefaultStateRoot,
-		K8sBinDir:  controlplane.DefaultBinDir(),
-		CNIBinDir:  cni,
+		CNI:       CNILace,
+		ImageDir:  images,
+		Helm:      helm,
+		LaceTag:   "dev",
+		Name:      "lace",
+		Nodes:     3,
+		Zones:     2,
+		StateRoot: DefaultStateRoot,
+		K8sBinDir: controlplane.DefaultBinDir(),
+		CNIBinDir: cni,
 	}
 }
 

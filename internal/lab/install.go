@@ -36,10 +36,6 @@ const (
 	AgentStoppedLabel = "lace-cni.io/agent"
 )
 
-// DefaultNetwork is the network the chart's catch-all binding policy binds
-// every pod and service to.
-const DefaultNetwork = "default"
-
 // HelmInstall runs `helm upgrade --install` of the chart with values (NAME=VALUE, as --set).
 func HelmInstall(ctx context.Context, c Config, values ...string) error {
 	dir := filepath.Join(c.StateDir(), "chart")
