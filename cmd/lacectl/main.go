@@ -1,5 +1,5 @@
 // Command lacectl shows what Lace is doing: lacectl status, lacectl
-// topology.
+// topology, lacectl trace.
 package main
 
 import (
@@ -23,6 +23,12 @@ commands:
   topology [--svg FILE]
                      networks and who may reach whom (refused peerings marked);
                      --svg also draws it to FILE
+  trace [-n NAMESPACE] [--ipv6] SRC DST [PROTO/PORT]
+                     what happens to a new flow from SRC to DST and to its replies:
+                     verdict and rule, networks, path, drop counter; SRC and DST
+                     are NAMESPACE/POD, POD (in -n, default "default") or an IP
+                     address; PROTO/PORT: tcp/80 (default), udp/53, sctp/N, icmp;
+                     --ipv6 picks the pods' IPv6 addresses when both are pods
 `
 
 func main() {
@@ -48,6 +54,8 @@ func run(ctx context.Context, args []string) error {
 		}
 	case "topology":
 		return topology(ctx, args[1:])
+	case "trace":
+		return trace(ctx, args[1:])
 	default:
 		flag.Usage()
 		return fmt.Errorf("unknown command %v", args)
@@ -93,6 +101,40 @@ func topology(ctx context.Context, args []string) error {
 		return err
 	}
 	return f.Close()
+}
+
+// trace: lacectl trace [-n NAMESPACE] [--ipv6] SRC DST [PROTO/PORT]; flags
+// may come before, between or after the arguments.
+func trace(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("trace", flag.ContinueOnError)
+	var in lacectl.TraceInput
+	fs.StringVar(&in.Namespace, "namespace", "default", "namespace of pods named without one")
+	fs.StringVar(&in.Namespace, "n", "default", "shorthand for --namespace")
+	fs.BoolVar(&in.IPv6, "ipv6", false, "use the pods' IPv6 addresses when both endpoints are pods")
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	if len(pos) < 2 || len(pos) > 3 {
+		flag.Usage()
+		return fmt.Errorf("trace: want SRC DST [PROTO/PORT], got %v", pos)
+	}
+	in.Src, in.Dst = pos[0], pos[1]
+	if len(pos) == 3 {
+		in.Proto = pos[2]
+	}
+	c, err := apiClient()
+	if err != nil {
+		return err
+	}
+	return lacectl.TraceCommand(ctx, c, in, os.Stdout)
 }
 
 func apiClient() (client.Client, error) {

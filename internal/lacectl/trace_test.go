@@ -1,0 +1,351 @@
+package lacectl
+
+import (
+	"bytes"
+	"context"
+	"math"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/pkg/scheme"
+)
+
+// The traced cluster: two nodes; the chart's defaults (default <-> world);
+// frontend -> backend one way; an anonymous network left closed; two
+// networks red and blue whose subnets overlap, with a pod each on the same
+// address.
+
+func tpod(ns, name, node string, labels map[string]string, ips ...string) corev1.Pod {
+	p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels, UID: types.UID("uid-" + ns + "-" + name)},
+		Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	for _, ip := range ips {
+		p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: ip})
+	}
+	if len(ips) > 0 {
+		p.Status.PodIP = ips[0]
+	}
+	return p
+}
+
+func tnep(p corev1.Pod, network string) lacev1.NetworkEndpoint {
+	ne := lacev1.NetworkEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name,
+		Labels: map[string]string{podUIDLabel: string(p.UID), netLabel: network}},
+		Spec: lacev1.NetworkEndpointSpec{Network: network, Node: p.Spec.NodeName}}
+	for _, ip := range p.Status.PodIPs {
+		ne.Spec.Addresses = append(ne.Spec.Addresses, lacev1.IPAddress(ip.IP))
+	}
+	return ne
+}
+
+func tuep(node, locator string, addrs ...string) lacev1.UnderlayEndpoint {
+	u := lacev1.UnderlayEndpoint{ObjectMeta: metav1.ObjectMeta{Name: node},
+		Spec: lacev1.UnderlayEndpointSpec{Node: node, Locator: lacev1.CIDR(locator)}}
+	for _, a := range addrs {
+		u.Spec.Addresses = append(u.Spec.Addresses, lacev1.IPAddress(a))
+	}
+	return u
+}
+
+func tnbp(name, network string, priority int32, sel map[string]string) lacev1.NetworkBindingPolicy {
+	p := lacev1.NetworkBindingPolicy{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: lacev1.NetworkBindingPolicySpec{Network: network, Priority: priority, MatchKind: lacev1.MatchKindPod}}
+	if sel != nil {
+		p.Spec.Selector = &metav1.LabelSelector{MatchLabels: sel}
+	}
+	return p
+}
+
+func traceCluster() TraceInput {
+	secret := tnet("secret", 6, lacev1.NetworkTypeL3, nil, "10.40.0.0/16")
+	secret.Spec.Anonymous = true
+	client := tpod("default", "client", "node-a", nil, "10.244.1.5", "fd00:244:0:1::5")
+	neighbour := tpod("default", "neighbour", "node-a", nil, "10.244.1.6", "fd00:244:0:1::6")
+	server := tpod("default", "server", "node-b", nil, "10.244.2.7", "fd00:244:0:2::7")
+	web := tpod("shop", "web", "node-a", map[string]string{"tier": "frontend"}, "10.10.1.4")
+	// db has no NetworkEndpoint yet: its network comes from the binding
+	// policies.
+	db := tpod("shop", "db", "node-b", map[string]string{"tier": "backend"}, "10.20.2.4")
+	s1 := tpod("vault", "s1", "node-a", map[string]string{"vault": "yes"}, "10.40.1.2")
+	s2 := tpod("vault", "s2", "node-b", map[string]string{"vault": "yes"}, "10.40.2.2")
+	x := tpod("a", "x", "node-a", map[string]string{"colour": "red"}, "10.50.1.3")
+	y := tpod("b", "y", "node-b", map[string]string{"colour": "blue"}, "10.50.1.3")
+	proxy := tpod("kube-system", "proxy", "node-a", nil, "192.168.10.1", "fd00:10::1")
+	proxy.Spec.HostNetwork = true
+	pending := tpod("default", "pending", "", nil)
+	pending.Status.Phase = corev1.PodPending
+	var nss []corev1.Namespace
+	for _, n := range []string{"default", "kube-system", "shop", "vault", "a", "b"} {
+		nss = append(nss, corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n, Labels: map[string]string{"kubernetes.io/metadata.name": n}}})
+	}
+	return TraceInput{
+		Networks: []lacev1.Network{
+			*tnet("default", 1, lacev1.NetworkTypeL3, nil, "10.244.0.0/16", "fd00:244::/56"),
+			*tnet("world", 2, lacev1.NetworkTypeExternal, nil, "0.0.0.0/0", "::/0"),
+			*tnet("frontend", 3, lacev1.NetworkTypeL3, map[string]string{"tier": "frontend"}, "10.10.0.0/16"),
+			*tnet("backend", 4, lacev1.NetworkTypeL3, map[string]string{"tier": "backend"}, "10.20.0.0/16"),
+			*secret,
+			*tnet("red", 7, lacev1.NetworkTypeL3, nil, "10.50.0.0/16"),
+			*tnet("blue", 8, lacev1.NetworkTypeL3, nil, "10.50.0.0/16"),
+		},
+		RoutingPolicies: []lacev1.NetworkRoutingPolicy{
+			*tnrp("default-to-world", map[string]string{netLabel: "default"}, map[string]string{netLabel: "world"}),
+			*tnrp("world-to-default", map[string]string{netLabel: "world"}, map[string]string{netLabel: "default"}),
+			*tnrp("frontend-to-backend", map[string]string{"tier": "frontend"}, map[string]string{"tier": "backend"}),
+		},
+		BindingPolicies: []lacev1.NetworkBindingPolicy{
+			tnbp("catch-all", "default", math.MaxInt32, nil),
+			tnbp("shop-frontend", "frontend", 10, map[string]string{"tier": "frontend"}),
+			tnbp("shop-backend", "backend", 10, map[string]string{"tier": "backend"}),
+			tnbp("vault", "secret", 10, map[string]string{"vault": "yes"}),
+			tnbp("red", "red", 10, map[string]string{"colour": "red"}),
+			tnbp("blue", "blue", 10, map[string]string{"colour": "blue"}),
+		},
+		Namespaces: nss,
+		Pods:       []corev1.Pod{client, neighbour, server, web, db, s1, s2, x, y, proxy, pending},
+		NetworkEndpoints: []lacev1.NetworkEndpoint{
+			tnep(client, "default"), tnep(neighbour, "default"), tnep(server, "default"),
+			tnep(web, "frontend"), tnep(s1, "secret"), tnep(s2, "secret"), tnep(x, "red"), tnep(y, "blue"),
+		},
+		UnderlayEndpoints: []lacev1.UnderlayEndpoint{
+			tuep("node-a", "fc00:0:a::/64", "192.168.10.1", "fd00:10::1"),
+			tuep("node-b", "fc00:0:b::/64", "192.168.10.2", "fd00:10::2"),
+		},
+	}
+}
+
+func runTrace(t *testing.T, in TraceInput) []byte {
+	t.Helper()
+	r, err := Trace(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := r.Print(&out); err != nil {
+		t.Fatal(err)
+	}
+	return out.Bytes()
+}
+
+// TestTraceGolden: one golden file per question (testdata/trace-NAME.txt;
+// -update rewrites them), and the lines an operator reads first.
+func TestTraceGolden(t *testing.T) {
+	noWorld := func(in *TraceInput) {
+		var nets []lacev1.Network
+		for _, n := range in.Networks {
+			if n.Name != "world" {
+				nets = append(nets, n)
+			}
+		}
+		in.Networks = nets
+	}
+	for _, tc := range []struct {
+		name, src, dst, proto, ns string
+		ipv6                      bool
+		change                    func(*TraceInput)
+		want                      []string
+	}{
+		{name: "same-network-other-node", src: "client", dst: "default/server",
+			want: []string{"ALLOWED  own network default",
+				"SID fc00:0:b:0:100:1:0:1 (locator of node node-b, source network default id 1, destination network default id 1), node node-b decapsulates and delivers",
+				"replies:      return through conntrack",
+				"reverse:      a new flow default/server -> default/client is ALLOWED"}},
+		{name: "same-network-other-node-ipv6", src: "client", dst: "server", proto: "udp/53", ipv6: true,
+			want: []string{"ALLOWED", "fd00:244:0:1::5", "fd00:244:0:2::7", "view entry fd00:244::/56 of network default"}},
+		{name: "same-node", src: "client", dst: "neighbour", proto: "icmp",
+			want: []string{"ALLOWED", "path:         delivered on node node-a"}},
+		{name: "other-network-isolated", src: "default/client", dst: "shop/web",
+			want: []string{"DENIED  no view: no NetworkRoutingPolicy default -> frontend",
+				`dropped:      on node node-a, counted as lace_datapath_dropped_packets_total{reason="isolated"}`,
+				"replies:      none",
+				"reverse:      a new flow shop/web -> default/client is DENIED  no view: no NetworkRoutingPolicy frontend -> default"}},
+		{name: "frontend-to-backend", src: "web", dst: "db", ns: "shop", proto: "tcp/5432",
+			want: []string{"ALLOWED  NetworkRoutingPolicy frontend-to-backend (frontend -> backend)",
+				"network backend (NetworkBindingPolicy shop-backend, no NetworkEndpoint yet)",
+				"source network frontend id 3, destination network backend id 4",
+				"reverse:      a new flow shop/db -> shop/web is DENIED"}},
+		{name: "backend-to-frontend", src: "shop/db", dst: "shop/web", proto: "tcp/5432",
+			want: []string{"DENIED  no view: no NetworkRoutingPolicy backend -> frontend",
+				`dropped:      on node node-b, counted as lace_datapath_dropped_packets_total{reason="isolated"}`,
+				"reverse:      a new flow shop/web -> shop/db is ALLOWED  NetworkRoutingPolicy frontend-to-backend"}},
+		{name: "anonymous-closed", src: "vault/s1", dst: "vault/s2",
+			want: []string{"DENIED  anonymous network secret without self policy",
+				`reason="anonymous-network"`}},
+		{name: "pod-to-outside-snat", src: "client", dst: "8.8.8.8", proto: "udp/53",
+			want: []string{"ALLOWED  NetworkRoutingPolicy default-to-world (default -> world)",
+				"view entry 0.0.0.0/0 of network world (granted by NetworkRoutingPolicy default-to-world)",
+				"leaves node node-a's underlay with source translated to node-a's address 192.168.10.1 (SNAT, reversed by conntrack)",
+				"reverse:      a new flow 8.8.8.8 -> default/client is ALLOWED  NetworkRoutingPolicy world-to-default"}},
+		{name: "pod-to-outside-snat-ipv6", src: "client", dst: "2001:db8::53", proto: "udp/53",
+			want: []string{"ALLOWED", "fd00:244:0:1::5", "source translated to node-a's address fd00:10::1"}},
+		{name: "outside-to-pod-ipv6", src: "2001:db8::53", dst: "client", proto: "udp/53",
+			want: []string{"ALLOWED", "classified into world by ::/0", "fd00:244:0:1::5"}},
+		{name: "pod-to-unused-pod-address", src: "client", dst: "10.244.3.3",
+			want: []string{"DENIED", "address 10.244.3.3, held by no pod (in the subnet of default)"}},
+		{name: "host-network-pod-to-pod", src: "kube-system/proxy", dst: "default/server",
+			want: []string{"ALLOWED", "host-network pod kube-system/proxy: node node-a's host stack (192.168.10.1)"}},
+		{name: "pod-to-own-node", src: "client", dst: "192.168.10.1", proto: "tcp/10250",
+			want: []string{"ALLOWED", "handed to node node-a's host stack, source preserved (pod addresses are unique per node)"}},
+		{name: "outside-to-pod-via-world", src: "203.0.113.9", dst: "default/server", proto: "tcp/443",
+			want: []string{"ALLOWED  NetworkRoutingPolicy world-to-default (world -> default)",
+				"source:       outside address 203.0.113.9, classified into world by 0.0.0.0/0",
+				"enters the cluster at any node as plain IP, classified into world by 0.0.0.0/0, delivered (encapsulated to node node-b, SID fc00:0:b:0:100:2:0:1, if it enters at another node) with its source preserved"}},
+		{name: "outside-unclassified", src: "203.0.113.9", dst: "default/server", change: noWorld,
+			want: []string{"DENIED  unclassified: no external network's prefix covers source 203.0.113.9",
+				"in no network",
+				`dropped:      on the node where it enters, counted as lace_datapath_dropped_packets_total{reason="unclassified-source"}`}},
+		{name: "outside-to-isolated-pod", src: "203.0.113.9", dst: "shop/web",
+			want: []string{"DENIED", `dropped:      on the node where it enters, counted as lace_datapath_dropped_packets_total{reason="isolated"}`}},
+		{name: "node-to-own-pod", src: "192.168.10.2", dst: "server", proto: "tcp/8080",
+			want: []string{"ALLOWED  node reaches its own pods",
+				"source:       node node-b's host stack (192.168.10.2), not classified",
+				"path:         the node reaches its own pods (kubelet probes)"}},
+		{name: "node-to-own-pod-no-policy", src: "192.168.10.1", dst: "shop/web", proto: "tcp/8080",
+			want: []string{"ALLOWED  node reaches its own pods", "reverse:      a new flow shop/web -> node node-a (192.168.10.1) is DENIED"}},
+		{name: "node-to-other-pod", src: "192.168.10.1", dst: "server", proto: "tcp/8080",
+			want: []string{"ALLOWED  NetworkRoutingPolicy world-to-default",
+				"sent by node node-a's host stack as plain IP, classified into world by 0.0.0.0/0, encapsulated in SRv6 to SID fc00:0:b:0:100:2:0:1"}},
+		{name: "address-of-a-pod", src: "10.244.1.5", dst: "10.244.2.7",
+			want: []string{"ALLOWED  own network default", "flow:         tcp/80 default/client -> default/server"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := traceCluster()
+			if tc.change != nil {
+				tc.change(&in)
+			}
+			in.Src, in.Dst, in.Proto, in.Namespace, in.IPv6 = tc.src, tc.dst, tc.proto, tc.ns, tc.ipv6
+			out := runTrace(t, in)
+			golden(t, "trace-"+tc.name+".txt", out)
+			for _, w := range tc.want {
+				if !strings.Contains(string(out), w) {
+					t.Errorf("no %q in\n%s", w, out)
+				}
+			}
+		})
+	}
+}
+
+// TestTraceErrors: questions Trace cannot answer say why, naming what the
+// user should change.
+func TestTraceErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name, src, dst, proto string
+		ipv6                  bool
+		want                  string
+	}{
+		{"ambiguous-address", "10.50.1.3", "default/client", "",
+			false, "address 10.50.1.3 is held by pods a/x (net red) and b/y (net blue): name the pod"},
+		{"unknown-pod", "default/client", "x", "", false, "pod default/x not found"},
+		{"unknown-pod-namespaced", "nowhere/x", "default/client", "", false, "pod nowhere/x not found"},
+		{"no-ipv6", "shop/web", "shop/db", "", true, "pod shop/web has no IPv6 address (its addresses: 10.10.1.4)"},
+		{"family-mismatch", "client", "fd00:244:0:2::7", "", false, "pod default/client"}, // takes the IPv6 address: no error
+		{"two-families", "10.244.1.5", "fd00:244:0:2::7", "", false, "10.244.1.5 and fd00:244:0:2::7 are of different address families"},
+		{"no-pod", "8.8.8.8", "192.168.10.1", "", false, "neither 8.8.8.8 nor 192.168.10.1 is a pod"},
+		{"no-ip-yet", "pending", "client", "", false, "pod default/pending has no IP address yet (phase Pending)"},
+		{"bad-port", "client", "server", "tcp/0", false, `protocol "tcp/0": port must be 1-65535`},
+		{"no-port", "client", "server", "udp", false, `protocol "udp": give a port, as in udp/80`},
+		{"bad-proto", "client", "server", "gre", false, `protocol "gre": give tcp/PORT, udp/PORT, sctp/PORT or icmp`},
+		{"bad-endpoint", "default/", "server", "", false, `endpoint "default/": give NAMESPACE/POD, POD or an IP address`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := traceCluster()
+			in.Src, in.Dst, in.Proto, in.IPv6 = tc.src, tc.dst, tc.proto, tc.ipv6
+			r, err := Trace(in)
+			if tc.name == "family-mismatch" {
+				if err != nil || r.Dst.Addr.String() != "fd00:244:0:2::7" || r.Src.Addr.String() != "fd00:244:0:1::5" {
+					t.Fatalf("a pod facing an IPv6 address should use its IPv6 address: %+v, %v", r, err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("no error; result %+v", r)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestTraceNetworkEndpointWins: the NetworkEndpoint says what the data
+// plane did, even when the binding policies now say otherwise; a record
+// left from an earlier pod of the same name does not count.
+func TestTraceNetworkEndpointWins(t *testing.T) {
+	in := traceCluster()
+	in.Src, in.Dst = "default/client", "default/server"
+	in.BindingPolicies = append(in.BindingPolicies, tnbp("all-frontend", "frontend", 0, nil))
+	r, err := Trace(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Src.Network != "default" || r.Src.NetworkFrom != "NetworkEndpoint" {
+		t.Errorf("source network %s from %s, want default from its NetworkEndpoint", r.Src.Network, r.Src.NetworkFrom)
+	}
+	for i := range in.NetworkEndpoints {
+		if in.NetworkEndpoints[i].Name == "client" {
+			in.NetworkEndpoints[i].Labels[podUIDLabel] = "an-earlier-pod"
+		}
+	}
+	if r, err = Trace(in); err != nil {
+		t.Fatal(err)
+	}
+	if r.Src.Network != "frontend" || !strings.Contains(r.Src.NetworkFrom, "all-frontend") {
+		t.Errorf("stale NetworkEndpoint: source network %s from %s, want frontend from the binding policy", r.Src.Network, r.Src.NetworkFrom)
+	}
+}
+
+// TestTraceCommand: the command reads what Trace needs through the client,
+// for named pods and for addresses alike.
+func TestTraceCommand(t *testing.T) {
+	in := traceCluster()
+	var objs []client.Object
+	for i := range in.Networks {
+		objs = append(objs, &in.Networks[i])
+	}
+	for i := range in.RoutingPolicies {
+		objs = append(objs, &in.RoutingPolicies[i])
+	}
+	for i := range in.BindingPolicies {
+		objs = append(objs, &in.BindingPolicies[i])
+	}
+	for i := range in.Namespaces {
+		objs = append(objs, &in.Namespaces[i])
+	}
+	for i := range in.Pods {
+		objs = append(objs, &in.Pods[i])
+	}
+	for i := range in.NetworkEndpoints {
+		objs = append(objs, &in.NetworkEndpoints[i])
+	}
+	for i := range in.UnderlayEndpoints {
+		objs = append(objs, &in.UnderlayEndpoints[i])
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(objs...).Build()
+	for _, q := range []TraceInput{
+		{Src: "client", Dst: "default/server"},
+		{Src: "web", Dst: "db", Namespace: "shop", Proto: "tcp/5432"},
+		{Src: "10.244.1.5", Dst: "10.244.2.7"},
+		{Src: "203.0.113.9", Dst: "shop/web", IPv6: true},
+		{Src: "192.168.10.1", Dst: "vault/s1"},
+	} {
+		var out bytes.Buffer
+		if err := TraceCommand(context.Background(), c, q, &out); err != nil {
+			t.Fatalf("%s -> %s: %v", q.Src, q.Dst, err)
+		}
+		pure := traceCluster()
+		pure.Src, pure.Dst, pure.Namespace, pure.Proto, pure.IPv6 = q.Src, q.Dst, q.Namespace, q.Proto, q.IPv6
+		if want := runTrace(t, pure); !bytes.Equal(out.Bytes(), want) {
+			t.Errorf("%s -> %s through the client:\n%s\nwant, from the objects themselves:\n%s", q.Src, q.Dst, out.Bytes(), want)
+		}
+	}
+	err := TraceCommand(context.Background(), c, TraceInput{Src: "client", Dst: "ghost"}, &bytes.Buffer{})
+	if err == nil || err.Error() != "pod default/ghost not found" {
+		t.Errorf("unknown pod through the client: %v", err)
+	}
+}
