@@ -33,7 +33,8 @@ commands:
                                           it back); stop keeps the agent off NODE, or scales the
                                           controller to 0; each waits for the change to take effect
   load [--name N] [--as REF] IMAGE.tar    import an image into every node's containerd (like kind load)
-  demo [--name N]                         two networks, pods on every node, a reachability matrix
+  demo [--name N]                         a demo topology (one-way, shared, anonymous and external
+                                          networks), and its reachability measured against the oracle
 `
 
 func main() {

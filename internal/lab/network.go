@@ -3,8 +3,11 @@ package lab
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"strings"
+
+	"github.com/vishvananda/netlink"
 
 	"github.com/lace-cni/lace/internal/netutil"
 )
@@ -66,6 +69,107 @@ func setupNetwork(c Config) error {
 	v4, v6 := ExternalUnderlay()
 	if err := attach(c.NetNS("external"), "ext", v4, v6); err != nil {
 		return fmt.Errorf("external host: %w", err)
+	}
+	return setupExternalRouting(c)
+}
+
+// setupExternalRouting makes the external host a site beyond the fabric
+// and a router toward the cluster (ARCHITECTURE.md section 5, "pods to
+// outside"). It is idempotent: every address and route is replaced.
+//
+//   - The external host holds ExternalServedAddrs as host addresses (/32,
+//     /128) on its fabric interface: it answers for them and may send from
+//     them, and nothing else of the served prefixes becomes on-link there.
+//   - Every node routes ExternalServedV4/V6 via the external host's fabric
+//     address, as a node routes a site behind a router: the node's host
+//     stack and the data plane's FIB lookups (bpf_fib_lookup in the node
+//     namespace) resolve the served prefixes to the external host, which is
+//     also where replies to a served address must go.
+//   - The external host routes PodRoutesViaNodes over every node with equal
+//     cost, as a fabric router with routes to the cluster would: outside
+//     traffic to a pod network may enter at any node, which must deliver it
+//     (encapsulating it to the pod's node if needed), so the lab exercises
+//     that path rather than only the owner node's.
+func setupExternalRouting(c Config) error {
+	ext := netutil.Path(c.NetNS("external"))
+	extV4, extV6 := ExternalUnderlay()
+	servedV4, servedV6 := ExternalServedAddrs()
+	for _, a := range []netip.Addr{servedV4, servedV6} {
+		if err := netutil.EnsureAddr(ext, "eth0", netip.PrefixFrom(a, a.BitLen())); err != nil {
+			return fmt.Errorf("external host: served address: %w", err)
+		}
+	}
+	var gwV4, gwV6 []netip.Addr
+	for i := 1; i <= c.Nodes; i++ {
+		v4, v6 := NodeUnderlay(i)
+		gwV4, gwV6 = append(gwV4, v4), append(gwV6, v6)
+		ns := netutil.Path(c.NetNS(c.NodeName(i)))
+		for _, r := range []struct {
+			dst netip.Prefix
+			gw  netip.Addr
+		}{{ExternalServedV4, extV4}, {ExternalServedV6, extV6}} {
+			if err := netutil.EnsureRoute(ns, r.dst, r.gw, "eth0"); err != nil {
+				return fmt.Errorf("node %s: route to the external host's served prefix: %w", c.NodeName(i), err)
+			}
+		}
+	}
+	// Hash flows over the next hops by ports too (L4), as fabric routers
+	// commonly do: with the kernel's default (addresses only) every
+	// connection between two addresses would enter at the same node, and
+	// the path through a node that does not host the pod would go unused.
+	for _, key := range []string{"net.ipv4.fib_multipath_hash_policy", "net.ipv6.fib_multipath_hash_policy"} {
+		if err := netutil.Sysctl(ext, key, "1"); err != nil {
+			return fmt.Errorf("external host: %w", err)
+		}
+	}
+	for _, p := range PodRoutesViaNodes {
+		// The fabric address is the preferred source: a plain connection
+		// from the external host comes from its fabric address (world),
+		// and only a socket bound to a served address speaks for the
+		// served site.
+		gws, src := gwV4, extV4
+		if p.Addr().Is6() {
+			gws, src = gwV6, extV6
+		}
+		if err := replaceMultipathRoute(ext, "eth0", p, src, gws); err != nil {
+			return fmt.Errorf("external host: %w", err)
+		}
+	}
+	return nil
+}
+
+// replaceMultipathRoute installs dst out of link in the namespace at nsPath
+// with one equal-cost next hop per gateway and src as the preferred source,
+// replacing any route to dst. netutil has no multipath helper, and only the
+// lab needs one.
+func replaceMultipathRoute(nsPath, link string, dst netip.Prefix, src netip.Addr, gws []netip.Addr) error {
+	if len(gws) == 0 {
+		return fmt.Errorf("route %s: no next hop", dst)
+	}
+	h, err := netutil.Handle(nsPath)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	l, err := h.LinkByName(link)
+	if err != nil {
+		return fmt.Errorf("route %s: find %s: %w", dst, link, err)
+	}
+	r := &netlink.Route{
+		Dst:       &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(dst.Bits(), dst.Addr().BitLen())},
+		Src:       src.AsSlice(),
+		LinkIndex: l.Attrs().Index,
+	}
+	if len(gws) == 1 {
+		r.Gw = gws[0].AsSlice()
+	} else {
+		r.LinkIndex = 0
+		for _, gw := range gws {
+			r.MultiPath = append(r.MultiPath, &netlink.NexthopInfo{LinkIndex: l.Attrs().Index, Gw: gw.AsSlice()})
+		}
+	}
+	if err := h.RouteReplace(r); err != nil {
+		return fmt.Errorf("route %s via %v out of %s: %w", dst, gws, link, err)
 	}
 	return nil
 }
