@@ -164,6 +164,33 @@ func APIServerAddrs() (netip.Addr, netip.Addr) { return hostAddr(1) }
 // ExternalUnderlay returns the external host's addresses (IPv4, IPv6).
 func ExternalUnderlay() (netip.Addr, netip.Addr) { return hostAddr(200) }
 
+// ExternalServed are prefixes beyond the fabric that the external host
+// serves (documentation ranges, RFC 5737 / RFC 3849), as a site behind a
+// router would: the external host holds ExternalServedAddrs on its fabric
+// interface and every node routes these prefixes via the external host's
+// fabric address. Tests and the demo name them in external networks (a
+// "partner" site) distinct from world.
+var (
+	ExternalServedV4 = netip.MustParsePrefix("198.51.100.0/24")
+	ExternalServedV6 = netip.MustParsePrefix("2001:db8:51::/48")
+)
+
+// ExternalServedAddrs are the external host's addresses inside
+// ExternalServedV4 and ExternalServedV6.
+func ExternalServedAddrs() (netip.Addr, netip.Addr) {
+	return netip.MustParseAddr("198.51.100.10"), netip.MustParseAddr("2001:db8:51::10")
+}
+
+// PodRoutesViaNodes are the prefixes the external host routes via the
+// nodes (equal-cost, every node), so that outside traffic to pod networks
+// enters the cluster at any node, as a fabric router with routes to the
+// cluster would. They cover every pod subnet the chart, the demo and the
+// tests use, and nothing on the fabric (more specific on-link routes win).
+var PodRoutesViaNodes = []netip.Prefix{
+	netip.MustParsePrefix("10.0.0.0/8"),
+	netip.MustParsePrefix("fd00::/16"),
+}
+
 func hostAddr(n int) (netip.Addr, netip.Addr) {
 	v4 := UnderlayV4.Addr().As4()
 	v4[3] = byte(n)
