@@ -3,21 +3,26 @@
 /* from_underlay (tcx ingress of the node's underlay interface) decides what
  * may enter the node from the fabric:
  *
- * - SRv6 to a SID inside this node's locator, from a known node, naming a
- *   known network, with nothing between the outer header and the inner
- *   packet (no extension header, no fragment): decapsulated and delivered
- *   to the pod by bpf_redirect_peer;
- * - plain IP addressed to the node itself (one of its own addresses,
- *   link-local, multicast or broadcast), ARP and other non-IP frames: to
- *   the host stack;
- * - anything else is plain IP the node would forward (to a pod prefix
- *   routed via this node, to another node's SID): a node is not a router,
- *   so it is dropped. Section 5 of ARCHITECTURE.md classifies such sources
- *   into external networks; until a policy admits one, nothing gets in.
+ * - SRv6 to a SID inside this node's locator, from a known node, naming
+ *   known source and destination networks, with nothing between the outer
+ *   header and the inner packet (no extension header, no fragment):
+ *   decapsulated, recorded in conntrack with the source network the SID
+ *   carries, and delivered to the pod by bpf_redirect_peer;
+ * - plain IP addressed to the node itself: a reply to a pod's SNAT flow is
+ *   translated back and delivered to the pod; anything else (and link-local,
+ *   multicast, broadcast, ARP and other non-IP frames) goes to the host
+ *   stack;
+ * - any other plain IP comes from outside the cluster (ARCHITECTURE.md
+ *   section 5): its source is classified into an external network by the
+ *   longest external prefix (none: dropped, unclassified-source) and its
+ *   destination looked up in that network's view: a pod is delivered here
+ *   or encapsulated to its node with the source preserved; anything else
+ *   is dropped (a node is not a router).
  *
  * Until the agent has written the node's own addresses it does not set
  * LACE_CFG_UNDERLAY_GUARD, and plain IP passes (no pod is attached before). */
 #include "lace.h"
+#include "fwd.h"
 
 #define IPV6_FRAGMENT 44
 
@@ -78,13 +83,14 @@ static __always_inline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 		return drop(DROP_DECAP_SID);
 	__u32 net_id = ((__u32)sid[SID_NET_BYTE] << 24) | ((__u32)sid[SID_NET_BYTE + 1] << 16) |
 		       ((__u32)sid[SID_NET_BYTE + 2] << 8) | sid[SID_NET_BYTE + 3];
+	__u32 src_net = ((__u32)sid[SID_SRC_NET_BYTE] << 8) | sid[SID_SRC_NET_BYTE + 1];
 
 	/* Only nodes of the cluster may inject into pods. */
 	struct host_key src = {.family = LACE_FAMILY_V6};
 	__builtin_memcpy(src.addr, &outer->saddr, 16);
 	if (!bpf_map_lookup_elem(&lace_nodes, &src))
 		return drop(DROP_DECAP_SOURCE);
-	if (!bpf_map_lookup_elem(&lace_networks, &net_id))
+	if (!bpf_map_lookup_elem(&lace_networks, &net_id) || !bpf_map_lookup_elem(&lace_networks, &src_net))
 		return drop(DROP_DECAP_SID);
 
 	__u16 inner_proto;
@@ -119,6 +125,11 @@ static __always_inline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 	struct ep_val *ep = bpf_map_lookup_elem(&lace_endpoints, &ek);
 	if (!ep)
 		return drop(DROP_NO_ENDPOINT);
+	__u32 ifindex = ep->ifindex;
+	__u8 macs[12];
+	__builtin_memcpy(macs, ep->pod_mac, 6);
+	__builtin_memcpy(macs + 6, ep->host_mac, 6);
+	ct_track_in(net_id, src_net, &p, is_icmp_error(&p));
 
 	/* Congestion the fabric marked on the outer header survives
 	 * decapsulation (RFC 6040): CE on the outer sets CE on an ECN-capable
@@ -129,12 +140,99 @@ static __always_inline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 	if (bpf_skb_adjust_room(skb, -(int)sizeof(struct ipv6hdr), BPF_ADJ_ROOM_MAC, flags))
 		return drop(DROP_ADJUST);
 	if (bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_proto), &inner_proto, 2, 0) ||
-	    set_macs(skb, ep->pod_mac, ep->host_mac))
+	    set_macs(skb, macs, macs + 6))
 		return drop(DROP_ADJUST);
 	if (set_ce && mark_ce(skb, &p))
 		return drop(DROP_ADJUST);
 	count(FWD_DECAP);
-	return bpf_redirect_peer(ep->ifindex, 0);
+	return bpf_redirect_peer(ifindex, 0);
+}
+
+/* snat_in turns a reply to a node port SNAT handed out back into the
+ * pod's packet and delivers it; anything else addressed to the node is
+ * the host's (TC_ACT_OK). */
+static __noinline int snat_in(struct __sk_buff *skb, struct pkt *p)
+{
+	int icmp = p->proto == IPPROTO_ICMP || p->proto == IPPROTO_ICMPV6;
+	if (!(p->proto == IPPROTO_TCP || p->proto == IPPROTO_UDP ||
+	      (icmp && (p->icmp_type == 0 || p->icmp_type == 129))))
+		return TC_ACT_OK;
+	struct snat_key sk = {.family = p->family, .proto = p->proto, .port = p->dport, .rport = icmp ? 0 : p->sport};
+	__builtin_memcpy(sk.raddr, p->saddr, 16);
+	struct snat_val *svp = bpf_map_lookup_elem(&lace_snat, &sk);
+	if (!svp)
+		return TC_ACT_OK;
+	struct snat_val sv = *svp;
+	struct ep_key ek = {.net_id = sv.net_id, .family = p->family};
+	__builtin_memcpy(ek.addr, sv.laddr, 16);
+	struct ep_val *ep = bpf_map_lookup_elem(&lace_endpoints, &ek);
+	if (!ep)
+		return drop(DROP_NO_ENDPOINT);
+	__u32 ifindex = ep->ifindex;
+	__u8 macs[12];
+	__builtin_memcpy(macs, ep->pod_mac, 6);
+	__builtin_memcpy(macs + 6, ep->host_mac, 6);
+	if (p->ttl <= 1)
+		return drop(DROP_TTL);
+
+	struct ct_key k = {.net_id = sv.net_id, .family = p->family, .proto = p->proto,
+			   .lport = sv.lport, .rport = icmp ? sv.lport : p->sport};
+	__builtin_memcpy(k.laddr, sv.laddr, 16);
+	__builtin_memcpy(k.raddr, p->saddr, 16);
+	struct ct_val *ct = ct_lookup(&k);
+	if (ct)
+		ct_refresh(ct, p, 0);
+	if (dec_ttl(skb, p) || nat_rewrite(skb, p, 0, sv.laddr, sv.lport) || set_macs(skb, macs, macs + 6))
+		return drop(DROP_ADJUST);
+	count(FWD_FROM_EXTERNAL);
+	return bpf_redirect_peer(ifindex, 0);
+}
+
+/* from_outside handles plain IP that is not the node's: the source is
+ * classified into an external network, whose view decides. */
+static __noinline int from_outside(struct __sk_buff *skb, struct pkt *p)
+{
+	__u32 ext = classify(p);
+	if (!ext)
+		return drop(DROP_UNCLASSIFIED);
+	struct route_val *rv = view_lookup(ext, p);
+	if (!rv || (rv->flags & ROUTE_DENY))
+		return drop(DROP_ISOLATED);
+	if (rv->flags & ROUTE_EXTERNAL)
+		return drop(DROP_NOT_LOCAL);
+	if (rv->flags & ROUTE_CLOSED)
+		return drop(DROP_ANONYMOUS);
+	if (rv->flags & ROUTE_SUBNET)
+		return drop(DROP_NO_ENDPOINT);
+	if (p->ttl <= 1)
+		return drop(DROP_TTL);
+	__u32 flags = rv->flags, dst_net = rv->dst_net;
+	__u8 sid[16];
+	__builtin_memcpy(sid, rv->sid, 16);
+	if (flags & ROUTE_LOCAL)
+		return deliver_local(skb, p, dst_net, ext, FWD_FROM_EXTERNAL);
+	if (dec_ttl(skb, p))
+		return drop(DROP_ADJUST);
+	count(FWD_FROM_EXTERNAL);
+	return encap_and_send(skb, p, sid, 0);
+}
+
+/* to_host handles plain IP addressed to the node: SNAT replies go back to
+ * their pods, the rest to the host stack. */
+static __always_inline int to_host(struct __sk_buff *skb, __u16 proto)
+{
+	struct pkt p = {};
+	if (parse_ip(skb, proto, ETH_HLEN, &p))
+		return TC_ACT_OK; /* the host drops what it cannot parse */
+	return snat_in(skb, &p);
+}
+
+static __always_inline int outside(struct __sk_buff *skb, __u16 proto)
+{
+	struct pkt p = {};
+	if (parse_ip(skb, proto, ETH_HLEN, &p))
+		return drop(DROP_NOT_IP);
+	return from_outside(skb, &p);
 }
 
 SEC("tcx/ingress")
@@ -157,9 +255,11 @@ int from_underlay(struct __sk_buff *skb)
 		/* Broadcast and multicast frames and addresses are the host's
 		 * (a kernel never forwards what was not sent to its MAC). */
 		if (!guard || (eth->h_dest[0] & 1) || (bpf_ntohl(ip->daddr) >> 28) == 0xe ||
-		    ip->daddr == 0xffffffff || host_addr(LACE_FAMILY_V4, &ip->daddr))
+		    ip->daddr == 0xffffffff)
 			return TC_ACT_OK;
-		return drop(DROP_NOT_LOCAL);
+		if (host_addr(LACE_FAMILY_V4, &ip->daddr))
+			return to_host(skb, bpf_htons(ETH_P_IP));
+		return outside(skb, bpf_htons(ETH_P_IP));
 	}
 	if (eth->h_proto != bpf_htons(ETH_P_IPV6))
 		return TC_ACT_OK;
@@ -170,10 +270,11 @@ int from_underlay(struct __sk_buff *skb)
 		return decap(skb, outer);
 	__u8 *d = (__u8 *)&outer->daddr;
 	/* Multicast (ND, MLD) and link-local are the host's. */
-	if (!guard || (eth->h_dest[0] & 1) || d[0] == 0xff || (d[0] == 0xfe && (d[1] & 0xc0) == 0x80) ||
-	    host_addr(LACE_FAMILY_V6, &outer->daddr))
+	if (!guard || (eth->h_dest[0] & 1) || d[0] == 0xff || (d[0] == 0xfe && (d[1] & 0xc0) == 0x80))
 		return TC_ACT_OK;
-	return drop(DROP_NOT_LOCAL);
+	if (host_addr(LACE_FAMILY_V6, &outer->daddr))
+		return to_host(skb, bpf_htons(ETH_P_IPV6));
+	return outside(skb, bpf_htons(ETH_P_IPV6));
 }
 
 char __license[] SEC("license") = "GPL";

@@ -152,7 +152,7 @@ static __always_inline int icmp6_error(struct __sk_buff *skb, struct pkt *p, enu
 /* icmp_error turns the packet from a pod (which arrived on the host side
  * of its veth) into an ICMP error and sends it back into the pod; when
  * it cannot, the packet is dropped, counted under reason either way. */
-static __always_inline int icmp_error(struct __sk_buff *skb, struct pkt *p, enum icmp_kind kind, __u32 mtu, __u32 reason)
+static __noinline __attribute__((unused)) int icmp_error(struct __sk_buff *skb, struct pkt *p, enum icmp_kind kind, __u32 mtu, __u32 reason)
 {
 	int err = p->family == LACE_FAMILY_V4 ? icmp4_error(skb, p, kind, mtu) : icmp6_error(skb, p, kind, mtu);
 	drop(reason);

@@ -31,8 +31,12 @@
 #define LACE_FAMILY_V6 6
 
 /* SID function layout, in the 64 bits after a node's /64 locator:
- * byte 8 is the behaviour, bytes 12-15 the network ID (big endian). */
+ * byte 8 is the behaviour, bytes 10-11 the source network ID (the context
+ * the flow comes from: the receiving node records it in conntrack and
+ * sends replies back in it), bytes 12-15 the destination network ID (big
+ * endian). */
 #define SID_BEHAVIOUR_BYTE 8
+#define SID_SRC_NET_BYTE 10
 #define SID_NET_BYTE 12
 #define SID_L3_DECAP 1 /* End.DT46: decapsulate, look up in network N */
 
@@ -43,7 +47,7 @@
 enum drop_reason {
 	DROP_NOT_IP = 0, /* link-local: not IP, or ND, MLD or a link-local source from a pod */
 	DROP_SPOOF = 1, /* spoofed-source: the source address is not the pod's */
-	DROP_ISOLATED = 2, /* isolated: the destination is not in the source's network */
+	DROP_ISOLATED = 2, /* isolated: the destination is in no network the source's view holds */
 	DROP_ANONYMOUS = 3, /* anonymous-network: an anonymous network without a self policy */
 	DROP_NO_ENDPOINT = 4, /* no-endpoint: inside a local block but no such pod */
 	DROP_TTL = 5, /* ttl-exceeded: TTL or hop limit exhausted */
@@ -54,12 +58,14 @@ enum drop_reason {
 	DROP_DECAP_PROTO = 10, /* decap-bad-protocol: the SID packet carries neither IPv4 nor IPv6 */
 	DROP_ADJUST = 11, /* header-adjust-failed: changing header room failed */
 	DROP_UNKNOWN_PORT = 12, /* unknown-port: a pod port without endpoint state */
-	DROP_NOT_LOCAL = 13, /* not-for-this-node: plain IP from the underlay not addressed to this node */
+	DROP_NOT_LOCAL = 13, /* not-for-this-node: plain IP from the underlay to an outside address: a node is no router */
 	DROP_DECAP_TRUNCATED = 14, /* decap-truncated: an SRv6 packet too short for its inner header */
 	DROP_DECAP_EXT_HEADER = 15, /* decap-extension-header: an SRv6 packet with an IPv6 extension header */
 	DROP_DECAP_FRAGMENT = 16, /* decap-fragment: a fragmented SRv6 packet */
 	DROP_MTU = 17, /* too-big: larger than the underlay carries; the sender got ICMP fragmentation-needed or packet-too-big */
-	DROP_MAX = 18,
+	DROP_UNCLASSIFIED = 18, /* unclassified-source: plain IP from a source no external network's prefix covers */
+	DROP_SNAT = 19, /* snat-failed: no free SNAT port on the node toward this destination */
+	DROP_MAX = 20,
 };
 
 enum fwd_counter {
@@ -68,7 +74,10 @@ enum fwd_counter {
 	FWD_DECAP = 2, /* decapsulated: decapsulated and delivered */
 	FWD_HOST = 3, /* to-host: a reply handed to the host */
 	FWD_ICMP_ERROR = 4, /* icmp-error: an ICMP error sent back to a pod (time exceeded, too big) */
-	FWD_MAX = 5,
+	FWD_SNAT = 5, /* to-external: a pod's flow sent to an external network with the node's address */
+	FWD_FROM_EXTERNAL = 6, /* from-external: outside traffic (or an SNAT reply) delivered or forwarded to a pod */
+	FWD_REPLY_OUT = 7, /* reply-out: a pod's reply to an outside source, sent from the pod's address */
+	FWD_MAX = 8,
 };
 
 /* lace_config.flags */
@@ -117,18 +126,27 @@ struct route_key {
 struct route_val {
 	__u8 sid[16];
 	__u32 flags;
+	__u32 dst_net; /* the network the prefix belongs to */
 };
-#define ROUTE_LOCAL 1 /* a block of this node: deliver, never encapsulate */
+/* route_val.flags; no kind flag: a block on another node, encapsulate */
+#define ROUTE_LOCAL 1    /* a block of this node: deliver, never encapsulate */
+#define ROUTE_SUBNET 2   /* a pod subnet outside any block: no such pod */
+#define ROUTE_EXTERNAL 4 /* an external network: SNAT out from a pod, transit from the underlay */
+#define ROUTE_DENY 8     /* an external network's prefix outside the view */
+#define ROUTE_CLOSED 16  /* an anonymous network's own entry without self policy: replies only */
+
+/* lace_classify: external prefixes, for plain-IP sources. */
+struct class_key {
+	__u32 prefixlen; /* 32 + prefix length */
+	__u8 family;
+	__u8 pad[3];
+	__u8 addr[16];
+};
 
 struct net_val {
 	__u32 flags;
 };
 #define NET_ANONYMOUS 1
-
-struct policy_key {
-	__u32 src_net;
-	__u32 dst_net;
-};
 
 struct host_key {
 	__u8 family;
@@ -178,12 +196,13 @@ struct {
 } lace_networks SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
-	__type(key, struct policy_key);
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 16384);
+	__type(key, struct class_key);
 	__type(value, __u32);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} lace_policies SEC(".maps");
+} lace_classify SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -245,13 +264,31 @@ struct pkt {
 	__u8 proto;
 	__u8 ttl;
 	__u8 tos; /* IPv4 TOS or IPv6 traffic class: DSCP and ECN */
-	__u16 sport;
+	__u16 sport; /* ICMP echo: the identifier, in both */
 	__u16 dport;
+	__u8 tcp_flags;
+	__u8 icmp_type; /* ICMP and ICMPv6 */
+	__u8 pad[2];
 	__u8 saddr[16];
 	__u8 daddr[16];
 	__u32 l3_off;
 	__u32 l4_off;
+	__u32 mtu; /* with RET_TOO_BIG: what the sender may send */
 };
+
+/* A forwarding function's answer that the packet needs an ICMP error
+ * (too big), sent by the program itself so that the error's large stack
+ * frame never adds to the deepest call chain. Not a TC action. */
+#define RET_TOO_BIG 0x7000
+
+/* is_echo tells whether an ICMP or ICMPv6 type is an echo request or
+ * reply, whose identifier conntrack and SNAT treat as a port. */
+static __always_inline int is_echo(__u8 proto, __u8 type)
+{
+	if (proto == IPPROTO_ICMP)
+		return type == 8 || type == 0;
+	return type == 128 || type == 129;
+}
 
 static __always_inline int parse_l4(struct __sk_buff *skb, struct pkt *p, __u32 l4_off)
 {
@@ -263,6 +300,20 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct pkt *p, __u32 
 			return -1;
 		p->sport = ports[0];
 		p->dport = ports[1];
+		if (p->proto == IPPROTO_TCP) {
+			__u8 *fl = data + l4_off + 13;
+			if ((void *)(fl + 1) <= end)
+				p->tcp_flags = *fl;
+		}
+	} else if (p->proto == IPPROTO_ICMP || p->proto == IPPROTO_ICMPV6) {
+		__u8 *icmp = data + l4_off;
+		if ((void *)(icmp + 8) > end)
+			return -1;
+		p->icmp_type = icmp[0];
+		if (is_echo(p->proto, icmp[0])) {
+			p->sport = *(__u16 *)(icmp + 4);
+			p->dport = p->sport;
+		}
 	}
 	return 0;
 }

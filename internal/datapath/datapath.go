@@ -26,9 +26,10 @@ import (
 // with the model); these names keep the datapath's API in one place.
 const BehaviourL3Decap = tables.BehaviourL3Decap
 
-// SID returns the SID of behaviour for network netID inside locator (a /64).
-func SID(locator netip.Prefix, behaviour uint8, netID uint32) netip.Addr {
-	return tables.SID(locator, behaviour, netID)
+// SID returns the SID of behaviour inside locator (a /64) for a packet of
+// network srcNet to network dstNet.
+func SID(locator netip.Prefix, behaviour uint8, srcNet, dstNet uint32) netip.Addr {
+	return tables.SID(locator, behaviour, srcNet, dstNet)
 }
 
 // Datapath is the loaded programs and pinned maps of one node.

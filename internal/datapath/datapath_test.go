@@ -50,8 +50,8 @@ func TestAdjustRoomFlagsMatchKernel(t *testing.T) {
 }
 
 func TestSIDLayout(t *testing.T) {
-	got := datapath.SID(netip.MustParsePrefix("fd1a:ce:0:2::/64"), datapath.BehaviourL3Decap, 0x10203)
-	if got.String() != "fd1a:ce:0:2:100:0:1:203" {
+	got := datapath.SID(netip.MustParsePrefix("fd1a:ce:0:2::/64"), datapath.BehaviourL3Decap, 0x0405, 0x10203)
+	if got.String() != "fd1a:ce:0:2:100:405:1:203" {
 		t.Fatalf("SID = %s", got)
 	}
 }
@@ -134,9 +134,7 @@ func TestL3Forwarding(t *testing.T) {
 	})
 
 	// A self policy opens an anonymous network to itself.
-	for _, n := range w.nodes {
-		must(t, n.dp.UpsertPolicy(datapath.Policy{Src: 3, Dst: 3}))
-	}
+	w.open(3)
 	if got, err := f.dialTCP(g.v4); err != nil || got != "g" {
 		t.Errorf("anonymous network with a self policy: got %q, %v", got, err)
 	}
@@ -203,7 +201,7 @@ func TestUnderlayCarriesOnlySRv6(t *testing.T) {
 				t.Errorf("SRv6 packet from %s, not a node", src)
 				continue
 			}
-			if !want.Contains(dst) || dst != datapath.SID(want, datapath.BehaviourL3Decap, 7) {
+			if !want.Contains(dst) || dst != datapath.SID(want, datapath.BehaviourL3Decap, 7, 7) {
 				t.Errorf("SRv6 packet %s -> %s: want the SID of network 7 in %s", src, dst, want)
 			}
 		}

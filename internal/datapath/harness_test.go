@@ -19,6 +19,7 @@ import (
 	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/netutil"
 	"github.com/lace-cni/lace/internal/podnet"
+	"github.com/lace-cni/lace/internal/tables"
 )
 
 // world is a small cluster made of namespaces: a fabric bridge, nodes with
@@ -118,7 +119,7 @@ func (n *node) load() {
 	must(n.w.t, err)
 	must(n.w.t, dp.UpsertHostAddr(n.v4))
 	must(n.w.t, dp.UpsertHostAddr(n.v6))
-	must(n.w.t, dp.SetConfig(datapath.Config{UnderlayIP: n.v6, Locator: n.locator, UnderlayIfIndex: uint32(eth.Index), GuardUnderlay: true}))
+	must(n.w.t, dp.SetConfig(datapath.Config{UnderlayIP: n.v6, UnderlayIPv4: n.v4, Locator: n.locator, UnderlayIfIndex: uint32(eth.Index), GuardUnderlay: true}))
 	must(n.w.t, dp.AttachUnderlay(netutil.Path(n.ns), "eth0"))
 }
 
@@ -161,24 +162,82 @@ func nth(p netip.Prefix, i int) netip.Addr {
 	return a
 }
 
-// addNetwork programs network id with its blocks on every node.
+// addNetwork programs network id with its blocks on every node, in its
+// own view (closed while anonymous, until open).
 func (w *world) addNetwork(id uint32, v4, v6 string, anonymous bool) {
 	nw := net4{id: id, v4: netip.MustParsePrefix(v4), v6: netip.MustParsePrefix(v6), anonymous: anonymous}
 	w.nets[id] = nw
 	for _, n := range w.nodes {
 		must(w.t, n.dp.UpsertNetwork(datapath.Network{ID: id, Anonymous: anonymous}))
-		for _, o := range w.nodes {
-			for _, sub := range []netip.Prefix{nw.v4, nw.v6} {
-				r := datapath.Route{NetID: id, Prefix: block(sub, o.index)}
-				if o == n {
-					r.Local = true
-				} else {
-					r.SID = datapath.SID(o.locator, datapath.BehaviourL3Decap, id)
+	}
+	w.grantClosed(id, id, anonymous)
+}
+
+// grant puts network dst's blocks and subnets into the view of src, as a
+// NetworkRoutingPolicy src -> dst does.
+func (w *world) grant(src, dst uint32) { w.grantClosed(src, dst, false) }
+
+func (w *world) grantClosed(src, dst uint32, closed bool) {
+	nw := w.nets[dst]
+	for _, n := range w.nodes {
+		for _, sub := range []netip.Prefix{nw.v4, nw.v6} {
+			must(w.t, n.dp.UpsertRoute(datapath.Route{NetID: src, Prefix: sub, Kind: tables.RouteSubnet, DstNet: dst, Closed: closed}))
+			for _, o := range w.nodes {
+				r := datapath.Route{NetID: src, Prefix: block(sub, o.index), DstNet: dst, Closed: closed, Kind: tables.RouteLocal}
+				if o != n {
+					r.Kind = tables.RouteRemote
+					r.SID = datapath.SID(o.locator, datapath.BehaviourL3Decap, src, dst)
 				}
 				must(w.t, n.dp.UpsertRoute(r))
 			}
 		}
 	}
+}
+
+// open opens an anonymous network to itself (a self policy).
+func (w *world) open(id uint32) { w.grantClosed(id, id, false) }
+
+// addExternal creates external network id on every node: the external
+// host (a namespace on the fabric at ext4/ext6) is classified into it and
+// it sees nothing until granted.
+func (w *world) addExternal(id uint32, prefixes ...netip.Prefix) {
+	for _, n := range w.nodes {
+		must(w.t, n.dp.UpsertNetwork(datapath.Network{ID: id}))
+		for _, p := range prefixes {
+			must(w.t, n.dp.UpsertClassifier(datapath.Classifier{NetID: id, Prefix: p}))
+			must(w.t, n.dp.UpsertRoute(datapath.Route{NetID: id, Prefix: p, Kind: tables.RouteExternal, DstNet: id}))
+		}
+	}
+}
+
+// grantExternal puts external network ext (prefixes) into the view of src.
+func (w *world) grantExternal(src, ext uint32, prefixes ...netip.Prefix) {
+	for _, n := range w.nodes {
+		for _, p := range prefixes {
+			must(w.t, n.dp.UpsertRoute(datapath.Route{NetID: src, Prefix: p, Kind: tables.RouteExternal, DstNet: ext}))
+		}
+	}
+}
+
+// addExternalHost creates a host on the fabric at 172.31.0.200 /
+// fd00:99::c8 serving TCP and UDP on port 7 like a pod, with routes to the
+// pod subnets via node via.
+func (w *world) addExternalHost(via *node, podPrefixes ...netip.Prefix) *pod {
+	p := &pod{name: "ext", ns: w.prefix + "-ext", v4: netip.MustParseAddr("172.31.0.200"), v6: netip.MustParseAddr("fd00:99::c8")}
+	must(w.t, netutil.CreateNamed(p.ns))
+	must(w.t, netutil.EnsureVeth(netutil.VethSpec{NSPath: netutil.Path(w.fabric), Name: "ext", Master: "br0",
+		PeerNSPath: netutil.Path(p.ns), PeerName: "eth0"}))
+	must(w.t, netutil.EnsureAddr(netutil.Path(p.ns), "eth0", netip.PrefixFrom(p.v6, 64)))
+	must(w.t, netutil.EnsureAddr(netutil.Path(p.ns), "eth0", netip.PrefixFrom(p.v4, 24)))
+	for _, pp := range podPrefixes {
+		gw := via.v6
+		if pp.Addr().Is4() {
+			gw = via.v4
+		}
+		must(w.t, netutil.EnsureRoute(netutil.Path(p.ns), pp, gw, "eth0"))
+	}
+	p.serve(w.t)
+	return p
 }
 
 // addPod creates pod number i of network id on node n, listening on TCP

@@ -52,13 +52,30 @@ type Port struct {
 	V4, V6  netip.Addr
 }
 
-// Route, Network and Policy are the values of the routes, networks and
-// policies maps.
+// Route, Network and Classifier are the values of the routes (views),
+// networks and classify maps.
 type (
-	Route   = tables.Route
-	Network = tables.Network
-	Policy  = tables.Policy
+	Route      = tables.Route
+	Network    = tables.Network
+	Classifier = tables.Classifier
 )
+
+// route_val.flags (lace.h): the kind of a view entry.
+const (
+	routeLocal    = 1
+	routeSubnet   = 2
+	routeExternal = 4
+	routeDeny     = 8
+	routeClosed   = 16
+)
+
+var routeKindFlags = map[tables.RouteKind]uint32{
+	tables.RouteRemote:   0,
+	tables.RouteLocal:    routeLocal,
+	tables.RouteSubnet:   routeSubnet,
+	tables.RouteExternal: routeExternal,
+	tables.RouteDeny:     routeDeny,
+}
 
 func family(a netip.Addr) uint8 {
 	if a.Is4() {
@@ -197,12 +214,17 @@ func routeKey(netID uint32, p netip.Prefix) podRouteKey {
 	return podRouteKey{Prefixlen: uint32(64 + p.Bits()), NetId: netID, Family: family(p.Addr()), Addr: addr16(p.Masked().Addr())}
 }
 
-// UpsertRoute adds or replaces a route.
+// UpsertRoute adds or replaces a view entry.
 func (d *Datapath) UpsertRoute(r Route) error {
-	v := podRouteVal{}
-	if r.Local {
-		v.Flags = 1
-	} else {
+	flags, ok := routeKindFlags[r.Kind]
+	if !ok {
+		return fmt.Errorf("put route %s/%d: unknown kind %d", r.Prefix, r.NetID, r.Kind)
+	}
+	v := podRouteVal{Flags: flags, DstNet: r.DstNet}
+	if r.Closed {
+		v.Flags |= routeClosed
+	}
+	if r.Kind == tables.RouteRemote {
 		v.Sid = r.SID.As16()
 	}
 	if err := d.pod.LaceRoutes.Put(routeKey(r.NetID, r.Prefix), v); err != nil {
@@ -211,12 +233,12 @@ func (d *Datapath) UpsertRoute(r Route) error {
 	return nil
 }
 
-// DeleteRoute removes a route; a missing one is fine.
+// DeleteRoute removes a view entry; a missing one is fine.
 func (d *Datapath) DeleteRoute(netID uint32, p netip.Prefix) error {
 	return ignoreMissing(d.pod.LaceRoutes.Delete(routeKey(netID, p)))
 }
 
-// Routes lists the routes.
+// Routes lists the view entries of every network.
 func (d *Datapath) Routes() ([]Route, error) {
 	var out []Route
 	var k podRouteKey
@@ -224,11 +246,46 @@ func (d *Datapath) Routes() ([]Route, error) {
 	it := d.pod.LaceRoutes.Iterate()
 	for it.Next(&k, &v) {
 		bits := int(k.Prefixlen) - 64
-		r := Route{NetID: k.NetId, Prefix: netip.PrefixFrom(fromAddr16(k.Family, k.Addr), bits), Local: v.Flags&1 != 0}
-		if !r.Local {
+		r := Route{NetID: k.NetId, Prefix: netip.PrefixFrom(fromAddr16(k.Family, k.Addr), bits), DstNet: v.DstNet,
+			Closed: v.Flags&routeClosed != 0}
+		for kind, f := range routeKindFlags {
+			if f != 0 && v.Flags&f != 0 {
+				r.Kind = kind
+			}
+		}
+		if r.Kind == tables.RouteRemote {
 			r.SID = netip.AddrFrom16(v.Sid)
 		}
 		out = append(out, r)
+	}
+	return out, it.Err()
+}
+
+func classKey(p netip.Prefix) podClassKey {
+	return podClassKey{Prefixlen: uint32(32 + p.Bits()), Family: family(p.Addr()), Addr: addr16(p.Masked().Addr())}
+}
+
+// UpsertClassifier classifies plain-IP sources in c.Prefix into c.NetID.
+func (d *Datapath) UpsertClassifier(c Classifier) error {
+	if err := d.pod.LaceClassify.Put(classKey(c.Prefix), c.NetID); err != nil {
+		return fmt.Errorf("put classifier %s: %w", c.Prefix, err)
+	}
+	return nil
+}
+
+// DeleteClassifier removes the classifier of p; a missing one is fine.
+func (d *Datapath) DeleteClassifier(p netip.Prefix) error {
+	return ignoreMissing(d.pod.LaceClassify.Delete(classKey(p)))
+}
+
+// Classifiers lists the external prefixes that classify sources.
+func (d *Datapath) Classifiers() ([]Classifier, error) {
+	var out []Classifier
+	var k podClassKey
+	var v uint32
+	it := d.pod.LaceClassify.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, Classifier{NetID: v, Prefix: netip.PrefixFrom(fromAddr16(k.Family, k.Addr), int(k.Prefixlen)-32)})
 	}
 	return out, it.Err()
 }
@@ -255,28 +312,6 @@ func (d *Datapath) Networks() ([]Network, error) {
 	it := d.pod.LaceNetworks.Iterate()
 	for it.Next(&k, &v) {
 		out = append(out, Network{ID: k, Anonymous: v.Flags&1 != 0})
-	}
-	return out, it.Err()
-}
-
-// UpsertPolicy allows p.Src to initiate to p.Dst.
-func (d *Datapath) UpsertPolicy(p Policy) error {
-	return d.pod.LacePolicies.Put(podPolicyKey{SrcNet: p.Src, DstNet: p.Dst}, uint32(1))
-}
-
-// DeletePolicy removes a policy; a missing one is fine.
-func (d *Datapath) DeletePolicy(p Policy) error {
-	return ignoreMissing(d.pod.LacePolicies.Delete(podPolicyKey{SrcNet: p.Src, DstNet: p.Dst}))
-}
-
-// Policies lists the policies.
-func (d *Datapath) Policies() ([]Policy, error) {
-	var out []Policy
-	var k podPolicyKey
-	var v uint32
-	it := d.pod.LacePolicies.Iterate()
-	for it.Next(&k, &v) {
-		out = append(out, Policy{Src: k.SrcNet, Dst: k.DstNet})
 	}
 	return out, it.Err()
 }
@@ -348,7 +383,8 @@ func (d *Datapath) MapSizes() (map[string]int, error) {
 	out := map[string]int{}
 	for name, m := range map[string]*ebpf.Map{
 		"endpoints": d.pod.LaceEndpoints, "ports": d.pod.LacePorts, "routes": d.pod.LaceRoutes,
-		"networks": d.pod.LaceNetworks, "policies": d.pod.LacePolicies, "nodes": d.pod.LaceNodes,
+		"networks": d.pod.LaceNetworks, "classify": d.pod.LaceClassify, "nodes": d.pod.LaceNodes,
+		"conntrack": d.pod.LaceCt, "snat": d.pod.LaceSnat,
 	} {
 		n := 0
 		var k, v []byte
@@ -369,4 +405,62 @@ func ignoreMissing(err error) error {
 		return nil
 	}
 	return err
+}
+
+// Flow is one conntrack entry: a flow of a local pod (Local, LocalPort, in
+// network NetID) with a remote address, seen from the pod's side.
+type Flow struct {
+	NetID                 uint32
+	Proto                 uint8
+	Local, Remote         netip.AddrPort
+	PeerNet               uint32
+	OpenedLocally         bool
+	SeenReply             bool
+	FinLocal, FinRemote   bool // FIN seen from the opener / the other side
+	Reset                 bool
+	SNATPort              uint16 // 0 unless the flow leaves with the node's address
+	ExpiresMonotonicNanos uint64 // CLOCK_MONOTONIC deadline
+}
+
+// ct_val.flags (ct.h).
+const (
+	ctOriginLocal = 1 << iota
+	ctSeenReply
+	ctFinOrig
+	ctFinReply
+	ctRST
+	ctSNAT
+)
+
+func ntohs(v uint16) uint16 { return v<<8 | v>>8 }
+
+// Conntrack lists the tracked flows, expired ones included (the LRU
+// reclaims them; the programs ignore them).
+func (d *Datapath) Conntrack() ([]Flow, error) {
+	var out []Flow
+	var k podCtKey
+	var v podCtVal
+	it := d.pod.LaceCt.Iterate()
+	for it.Next(&k, &v) {
+		f := Flow{NetID: k.NetId, Proto: k.Proto, PeerNet: v.PeerNet,
+			Local:                 netip.AddrPortFrom(fromAddr16(k.Family, k.Laddr), ntohs(k.Lport)),
+			Remote:                netip.AddrPortFrom(fromAddr16(k.Family, k.Raddr), ntohs(k.Rport)),
+			OpenedLocally:         v.Flags&ctOriginLocal != 0,
+			SeenReply:             v.Flags&ctSeenReply != 0,
+			Reset:                 v.Flags&ctRST != 0,
+			ExpiresMonotonicNanos: v.Expires,
+		}
+		// FIN flags are recorded by direction of the flow's opener.
+		fo, fr := v.Flags&ctFinOrig != 0, v.Flags&ctFinReply != 0
+		if f.OpenedLocally {
+			f.FinLocal, f.FinRemote = fo, fr
+		} else {
+			f.FinLocal, f.FinRemote = fr, fo
+		}
+		if v.Flags&ctSNAT != 0 {
+			f.SNATPort = ntohs(v.SnatPort)
+		}
+		out = append(out, f)
+	}
+	return out, it.Err()
 }

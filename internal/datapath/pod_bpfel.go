@@ -13,6 +13,34 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type podClassKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Family    uint8
+	Pad       [3]uint8
+	Addr      [16]uint8
+}
+
+type podCtKey struct {
+	_      structs.HostLayout
+	NetId  uint32
+	Family uint8
+	Proto  uint8
+	Pad    uint16
+	Lport  uint16
+	Rport  uint16
+	Laddr  [16]uint8
+	Raddr  [16]uint8
+}
+
+type podCtVal struct {
+	_        structs.HostLayout
+	Expires  uint64
+	PeerNet  uint32
+	Flags    uint16
+	SnatPort uint16
+}
+
 type podEpKey struct {
 	_      structs.HostLayout
 	NetId  uint32
@@ -50,12 +78,6 @@ type podNetVal struct {
 	Flags uint32
 }
 
-type podPolicyKey struct {
-	_      structs.HostLayout
-	SrcNet uint32
-	DstNet uint32
-}
-
 type podPortVal struct {
 	_     structs.HostLayout
 	NetId uint32
@@ -74,9 +96,28 @@ type podRouteKey struct {
 }
 
 type podRouteVal struct {
+	_      structs.HostLayout
+	Sid    [16]uint8
+	Flags  uint32
+	DstNet uint32
+}
+
+type podSnatKey struct {
+	_      structs.HostLayout
+	Family uint8
+	Proto  uint8
+	Port   uint16
+	Rport  uint16
+	Pad    uint16
+	Raddr  [16]uint8
+}
+
+type podSnatVal struct {
 	_     structs.HostLayout
-	Sid   [16]uint8
-	Flags uint32
+	NetId uint32
+	Lport uint16
+	Pad   uint16
+	Laddr [16]uint8
 }
 
 // Names of all BPF objects in the ELF.
@@ -84,15 +125,17 @@ type podRouteVal struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	podMapLaceCfg       = "lace_cfg"
+	podMapLaceClassify  = "lace_classify"
+	podMapLaceCt        = "lace_ct"
 	podMapLaceDrops     = "lace_drops"
 	podMapLaceEndpoints = "lace_endpoints"
 	podMapLaceForwarded = "lace_forwarded"
 	podMapLaceHostAddrs = "lace_host_addrs"
 	podMapLaceNetworks  = "lace_networks"
 	podMapLaceNodes     = "lace_nodes"
-	podMapLacePolicies  = "lace_policies"
 	podMapLacePorts     = "lace_ports"
 	podMapLaceRoutes    = "lace_routes"
+	podMapLaceSnat      = "lace_snat"
 	podProgFromPod      = "from_pod"
 )
 
@@ -146,15 +189,17 @@ type podProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type podMapSpecs struct {
 	LaceCfg       *ebpf.MapSpec `ebpf:"lace_cfg"`
+	LaceClassify  *ebpf.MapSpec `ebpf:"lace_classify"`
+	LaceCt        *ebpf.MapSpec `ebpf:"lace_ct"`
 	LaceDrops     *ebpf.MapSpec `ebpf:"lace_drops"`
 	LaceEndpoints *ebpf.MapSpec `ebpf:"lace_endpoints"`
 	LaceForwarded *ebpf.MapSpec `ebpf:"lace_forwarded"`
 	LaceHostAddrs *ebpf.MapSpec `ebpf:"lace_host_addrs"`
 	LaceNetworks  *ebpf.MapSpec `ebpf:"lace_networks"`
 	LaceNodes     *ebpf.MapSpec `ebpf:"lace_nodes"`
-	LacePolicies  *ebpf.MapSpec `ebpf:"lace_policies"`
 	LacePorts     *ebpf.MapSpec `ebpf:"lace_ports"`
 	LaceRoutes    *ebpf.MapSpec `ebpf:"lace_routes"`
+	LaceSnat      *ebpf.MapSpec `ebpf:"lace_snat"`
 }
 
 // podVariableSpecs contains global variables before they are loaded into the kernel.
@@ -184,29 +229,33 @@ func (o *podObjects) Close() error {
 // It can be passed to loadPodObjects or ebpf.CollectionSpec.LoadAndAssign.
 type podMaps struct {
 	LaceCfg       *ebpf.Map `ebpf:"lace_cfg"`
+	LaceClassify  *ebpf.Map `ebpf:"lace_classify"`
+	LaceCt        *ebpf.Map `ebpf:"lace_ct"`
 	LaceDrops     *ebpf.Map `ebpf:"lace_drops"`
 	LaceEndpoints *ebpf.Map `ebpf:"lace_endpoints"`
 	LaceForwarded *ebpf.Map `ebpf:"lace_forwarded"`
 	LaceHostAddrs *ebpf.Map `ebpf:"lace_host_addrs"`
 	LaceNetworks  *ebpf.Map `ebpf:"lace_networks"`
 	LaceNodes     *ebpf.Map `ebpf:"lace_nodes"`
-	LacePolicies  *ebpf.Map `ebpf:"lace_policies"`
 	LacePorts     *ebpf.Map `ebpf:"lace_ports"`
 	LaceRoutes    *ebpf.Map `ebpf:"lace_routes"`
+	LaceSnat      *ebpf.Map `ebpf:"lace_snat"`
 }
 
 func (m *podMaps) Close() error {
 	return _PodClose(
 		m.LaceCfg,
+		m.LaceClassify,
+		m.LaceCt,
 		m.LaceDrops,
 		m.LaceEndpoints,
 		m.LaceForwarded,
 		m.LaceHostAddrs,
 		m.LaceNetworks,
 		m.LaceNodes,
-		m.LacePolicies,
 		m.LacePorts,
 		m.LaceRoutes,
+		m.LaceSnat,
 	)
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/internal/tables"
 )
 
 // The BPF_PROG_RUN tier: the programs run on crafted packets, without
@@ -176,7 +177,7 @@ func onlyDrop(t *testing.T, d *Datapath, reason string, f func()) {
 func TestProgUnderlay(t *testing.T) {
 	d := progDatapath(t)
 	ext4, ext6 := netip.MustParseAddr("172.31.0.200"), netip.MustParseAddr("fd00:99::c8")
-	mySID := SID(progLocator, BehaviourL3Decap, progNet)
+	mySID := SID(progLocator, BehaviourL3Decap, progNet, progNet)
 	inner4 := ipv4(netip.MustParseAddr("10.70.2.2"), progPodV4, 17, udp(1000, 7))
 	inner6 := ipv6(netip.MustParseAddr("fd00:70:0:2::2"), progPodV6, 17, udp(1000, 7))
 	arp := ether(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, 0x0806, make([]byte, 28))
@@ -189,13 +190,14 @@ func TestProgUnderlay(t *testing.T) {
 		want   uint32
 		reason string // drop counter that must move by one, or "" for none
 	}{
-		// Plain IP that the node would forward: nothing enters a pod so.
-		{"plain UDP to a pod", ether(unicastMAC, 0x0800, ipv4(ext4, progPodV4, 17, udp(999, 7))), actShot, "not-for-this-node"},
-		{"plain TCP SYN to a pod", ether(unicastMAC, 0x0800, ipv4(ext4, progPodV4, 6, tcpSYN(999, 7))), actShot, "not-for-this-node"},
-		{"plain ICMP echo to a pod", ether(unicastMAC, 0x0800, ipv4(ext4, progPodV4, 1, icmpEcho(false))), actShot, "not-for-this-node"},
-		{"plain IPv6 UDP to a pod", ether(unicastMAC, 0x86dd, ipv6(ext6, progPodV6, 17, udp(999, 7))), actShot, "not-for-this-node"},
-		{"plain ICMPv6 echo to a pod", ether(unicastMAC, 0x86dd, ipv6(ext6, progPodV6, 58, icmpEcho(true))), actShot, "not-for-this-node"},
-		{"SRv6 to another node's SID", srv6(progPeerV6, SID(progOther, BehaviourL3Decap, progNet), inner4, true), actShot, "not-for-this-node"},
+		// Plain IP from a source no external network covers: nothing
+		// enters a pod so, and the node forwards nothing.
+		{"plain UDP to a pod", ether(unicastMAC, 0x0800, ipv4(ext4, progPodV4, 17, udp(999, 7))), actShot, "unclassified-source"},
+		{"plain TCP SYN to a pod", ether(unicastMAC, 0x0800, ipv4(ext4, progPodV4, 6, tcpSYN(999, 7))), actShot, "unclassified-source"},
+		{"plain ICMP echo to a pod", ether(unicastMAC, 0x0800, ipv4(ext4, progPodV4, 1, icmpEcho(false))), actShot, "unclassified-source"},
+		{"plain IPv6 UDP to a pod", ether(unicastMAC, 0x86dd, ipv6(ext6, progPodV6, 17, udp(999, 7))), actShot, "unclassified-source"},
+		{"plain ICMPv6 echo to a pod", ether(unicastMAC, 0x86dd, ipv6(ext6, progPodV6, 58, icmpEcho(true))), actShot, "unclassified-source"},
+		{"SRv6 to another node's SID", srv6(progPeerV6, SID(progOther, BehaviourL3Decap, progNet, progNet), inner4, true), actShot, "unclassified-source"},
 		// The node's own traffic passes to its stack.
 		{"IPv4 to the node", ether(unicastMAC, 0x0800, ipv4(ext4, progNodeV4, 6, tcpSYN(999, 10250))), actOK, ""},
 		{"IPv6 to the node", ether(unicastMAC, 0x86dd, ipv6(ext6, progNodeV6, 6, tcpSYN(999, 10250))), actOK, ""},
@@ -209,8 +211,8 @@ func TestProgUnderlay(t *testing.T) {
 		{"SRv6 IPv4 from a node", srv6(progPeerV6, mySID, inner4, true), actRedirect, ""},
 		{"SRv6 IPv6 from a node", srv6(progPeerV6, mySID, inner6, false), actRedirect, ""},
 		{"SRv6 from the external host", srv6(ext6, mySID, inner4, true), actShot, "decap-unknown-source"},
-		{"SRv6 to an unknown network", srv6(progPeerV6, SID(progLocator, BehaviourL3Decap, 99), inner4, true), actShot, "decap-unknown-sid"},
-		{"SRv6 with an unknown behaviour", srv6(progPeerV6, SID(progLocator, 9, progNet), inner4, true), actShot, "decap-unknown-sid"},
+		{"SRv6 to an unknown network", srv6(progPeerV6, SID(progLocator, BehaviourL3Decap, progNet, 99), inner4, true), actShot, "decap-unknown-sid"},
+		{"SRv6 with an unknown behaviour", srv6(progPeerV6, SID(progLocator, 9, progNet, progNet), inner4, true), actShot, "decap-unknown-sid"},
 		{"SRv6 to a pod that is not here", srv6(progPeerV6, mySID,
 			ipv4(netip.MustParseAddr("10.70.2.2"), netip.MustParseAddr("10.70.1.99"), 17, udp(1, 7)), true), actShot, "no-endpoint"},
 		{"SRv6 carrying TCP", ether(unicastMAC, 0x86dd, ipv6(progPeerV6, mySID, 6, tcpSYN(1, 7))), actShot, "decap-bad-protocol"},
@@ -243,6 +245,49 @@ func TestProgUnderlayUnguarded(t *testing.T) {
 	}
 }
 
+// TestProgUnderlayClassified: plain IP from a source an external network
+// covers is judged by that network's view: a pod of a network in it is
+// delivered, a pod of another network is isolated, and an outside
+// destination is transit, which a node never does.
+func TestProgUnderlayClassified(t *testing.T) {
+	d := progDatapath(t)
+	ext4, ext6 := netip.MustParseAddr("172.31.0.200"), netip.MustParseAddr("fd00:99::c8")
+	const world = 100
+	for _, err := range []error{
+		d.UpsertNetwork(Network{ID: world}),
+		d.UpsertClassifier(Classifier{NetID: world, Prefix: netip.MustParsePrefix("0.0.0.0/0")}),
+		d.UpsertClassifier(Classifier{NetID: world, Prefix: netip.MustParsePrefix("::/0")}),
+		d.UpsertRoute(Route{NetID: world, Prefix: netip.MustParsePrefix("0.0.0.0/0"), Kind: tables.RouteExternal, DstNet: world}),
+		d.UpsertRoute(Route{NetID: world, Prefix: netip.MustParsePrefix("10.70.1.0/24"), Kind: tables.RouteLocal, DstNet: progNet}),
+		d.UpsertRoute(Route{NetID: world, Prefix: netip.MustParsePrefix("fd00:70:0:1::/64"), Kind: tables.RouteLocal, DstNet: progNet}),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	cases := []struct {
+		name   string
+		pkt    []byte
+		want   uint32
+		reason string
+	}{
+		{"IPv4 to a pod of a granted network", ether(unicastMAC, 0x0800, ipv4(ext4, progPodV4, 6, tcpSYN(999, 7))), actRedirect, ""},
+		{"IPv6 to a pod of a granted network", ether(unicastMAC, 0x86dd, ipv6(ext6, progPodV6, 17, udp(999, 7))), actRedirect, ""},
+		{"IPv6 to an address outside the view", ether(unicastMAC, 0x86dd, ipv6(ext6, netip.MustParseAddr("fd00:80::2"), 17, udp(999, 7))), actShot, "isolated"},
+		{"IPv4 transit to another outside address", ether(unicastMAC, 0x0800, ipv4(ext4, netip.MustParseAddr("192.0.2.1"), 17, udp(999, 7))), actShot, "not-for-this-node"},
+		{"IPv4 to an absent pod of a granted block", ether(unicastMAC, 0x0800, ipv4(ext4, netip.MustParseAddr("10.70.1.77"), 17, udp(999, 7))), actShot, "no-endpoint"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			onlyDrop(t, d, c.reason, func() {
+				if got := runProg(t, d.underlay.FromUnderlay, c.pkt); got != c.want {
+					t.Errorf("verdict %d, want %d", got, c.want)
+				}
+			})
+		})
+	}
+}
+
 // The pod program runs as if the packet arrived on the host side of pod
 // port progPort; the test world's pod is progPodV4/progPodV6 in network 7.
 const progPort = 4242
@@ -261,8 +306,8 @@ func progPodDatapath(t *testing.T) *Datapath {
 	for _, err := range []error{
 		d.SetConfig(Config{UnderlayIP: progNodeV6, UnderlayIPv4: progNodeV4, Locator: progLocator, UnderlayIfIndex: 1, GuardUnderlay: true}),
 		d.UpsertPort(Port{IfIndex: progPort, NetID: progNet, V4: progPodV4, V6: progPodV6}),
-		d.UpsertRoute(Route{NetID: progNet, Prefix: netip.MustParsePrefix("10.70.2.0/24"), SID: SID(progOther, BehaviourL3Decap, progNet)}),
-		d.UpsertRoute(Route{NetID: progNet, Prefix: netip.MustParsePrefix("fd00:70:0:2::/64"), SID: SID(progOther, BehaviourL3Decap, progNet)}),
+		d.UpsertRoute(Route{NetID: progNet, DstNet: progNet, Prefix: netip.MustParsePrefix("10.70.2.0/24"), SID: SID(progOther, BehaviourL3Decap, progNet, progNet)}),
+		d.UpsertRoute(Route{NetID: progNet, DstNet: progNet, Prefix: netip.MustParsePrefix("fd00:70:0:2::/64"), SID: SID(progOther, BehaviourL3Decap, progNet, progNet)}),
 	} {
 		if err != nil {
 			t.Fatal(err)
@@ -474,7 +519,7 @@ func TestProgDecapKeepsCongestion(t *testing.T) {
 	inner := ipv4(netip.MustParseAddr("10.70.2.2"), progPodV4, 17, udp(1000, 7))
 	inner[1] = 0x02 // ECT(0)
 	binary.BigEndian.PutUint16(inner[10:12], onesSum(inner[:20]))
-	pkt := srv6(progPeerV6, SID(progLocator, BehaviourL3Decap, progNet), inner, true)
+	pkt := srv6(progPeerV6, SID(progLocator, BehaviourL3Decap, progNet, progNet), inner, true)
 	pkt[14] |= 0x00
 	pkt[15] |= 0x30 // outer ECN CE (traffic class low bits)
 	out := make([]byte, len(pkt)+64)

@@ -22,13 +22,15 @@ var DropReasons = []string{
 	"decap-extension-header",
 	"decap-fragment",
 	"too-big",
+	"unclassified-source",
+	"snat-failed",
 }
 
 // DropMeanings say what the drop reasons count, in the same order.
 var DropMeanings = []string{
 	"not IP, or ND, MLD or a link-local source from a pod",
 	"the source address is not the pod's",
-	"the destination is not in the source's network",
+	"the destination is in no network the source's view holds",
 	"an anonymous network without a self policy",
 	"inside a local block but no such pod",
 	"TTL or hop limit exhausted",
@@ -39,11 +41,13 @@ var DropMeanings = []string{
 	"the SID packet carries neither IPv4 nor IPv6",
 	"changing header room failed",
 	"a pod port without endpoint state",
-	"plain IP from the underlay not addressed to this node",
+	"plain IP from the underlay to an outside address: a node is no router",
 	"an SRv6 packet too short for its inner header",
 	"an SRv6 packet with an IPv6 extension header",
 	"a fragmented SRv6 packet",
 	"larger than the underlay carries; the sender got ICMP fragmentation-needed or packet-too-big",
+	"plain IP from a source no external network's prefix covers",
+	"no free SNAT port on the node toward this destination",
 }
 
 // ForwardCounters name the counters, in the order of the C enum.
@@ -53,6 +57,9 @@ var ForwardCounters = []string{
 	"decapsulated",
 	"to-host",
 	"icmp-error",
+	"to-external",
+	"from-external",
+	"reply-out",
 }
 
 // ForwardMeanings say what the forwarding counters count, in the same order.
@@ -62,4 +69,7 @@ var ForwardMeanings = []string{
 	"decapsulated and delivered",
 	"a reply handed to the host",
 	"an ICMP error sent back to a pod (time exceeded, too big)",
+	"a pod's flow sent to an external network with the node's address",
+	"outside traffic (or an SNAT reply) delivered or forwarded to a pod",
+	"a pod's reply to an outside source, sent from the pod's address",
 }

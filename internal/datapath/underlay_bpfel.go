@@ -13,6 +13,34 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type underlayClassKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Family    uint8
+	Pad       [3]uint8
+	Addr      [16]uint8
+}
+
+type underlayCtKey struct {
+	_      structs.HostLayout
+	NetId  uint32
+	Family uint8
+	Proto  uint8
+	Pad    uint16
+	Lport  uint16
+	Rport  uint16
+	Laddr  [16]uint8
+	Raddr  [16]uint8
+}
+
+type underlayCtVal struct {
+	_        structs.HostLayout
+	Expires  uint64
+	PeerNet  uint32
+	Flags    uint16
+	SnatPort uint16
+}
+
 type underlayEpKey struct {
 	_      structs.HostLayout
 	NetId  uint32
@@ -50,12 +78,6 @@ type underlayNetVal struct {
 	Flags uint32
 }
 
-type underlayPolicyKey struct {
-	_      structs.HostLayout
-	SrcNet uint32
-	DstNet uint32
-}
-
 type underlayPortVal struct {
 	_     structs.HostLayout
 	NetId uint32
@@ -74,9 +96,28 @@ type underlayRouteKey struct {
 }
 
 type underlayRouteVal struct {
+	_      structs.HostLayout
+	Sid    [16]uint8
+	Flags  uint32
+	DstNet uint32
+}
+
+type underlaySnatKey struct {
+	_      structs.HostLayout
+	Family uint8
+	Proto  uint8
+	Port   uint16
+	Rport  uint16
+	Pad    uint16
+	Raddr  [16]uint8
+}
+
+type underlaySnatVal struct {
 	_     structs.HostLayout
-	Sid   [16]uint8
-	Flags uint32
+	NetId uint32
+	Lport uint16
+	Pad   uint16
+	Laddr [16]uint8
 }
 
 // Names of all BPF objects in the ELF.
@@ -84,15 +125,17 @@ type underlayRouteVal struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	underlayMapLaceCfg       = "lace_cfg"
+	underlayMapLaceClassify  = "lace_classify"
+	underlayMapLaceCt        = "lace_ct"
 	underlayMapLaceDrops     = "lace_drops"
 	underlayMapLaceEndpoints = "lace_endpoints"
 	underlayMapLaceForwarded = "lace_forwarded"
 	underlayMapLaceHostAddrs = "lace_host_addrs"
 	underlayMapLaceNetworks  = "lace_networks"
 	underlayMapLaceNodes     = "lace_nodes"
-	underlayMapLacePolicies  = "lace_policies"
 	underlayMapLacePorts     = "lace_ports"
 	underlayMapLaceRoutes    = "lace_routes"
+	underlayMapLaceSnat      = "lace_snat"
 	underlayProgFromUnderlay = "from_underlay"
 )
 
@@ -146,15 +189,17 @@ type underlayProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type underlayMapSpecs struct {
 	LaceCfg       *ebpf.MapSpec `ebpf:"lace_cfg"`
+	LaceClassify  *ebpf.MapSpec `ebpf:"lace_classify"`
+	LaceCt        *ebpf.MapSpec `ebpf:"lace_ct"`
 	LaceDrops     *ebpf.MapSpec `ebpf:"lace_drops"`
 	LaceEndpoints *ebpf.MapSpec `ebpf:"lace_endpoints"`
 	LaceForwarded *ebpf.MapSpec `ebpf:"lace_forwarded"`
 	LaceHostAddrs *ebpf.MapSpec `ebpf:"lace_host_addrs"`
 	LaceNetworks  *ebpf.MapSpec `ebpf:"lace_networks"`
 	LaceNodes     *ebpf.MapSpec `ebpf:"lace_nodes"`
-	LacePolicies  *ebpf.MapSpec `ebpf:"lace_policies"`
 	LacePorts     *ebpf.MapSpec `ebpf:"lace_ports"`
 	LaceRoutes    *ebpf.MapSpec `ebpf:"lace_routes"`
+	LaceSnat      *ebpf.MapSpec `ebpf:"lace_snat"`
 }
 
 // underlayVariableSpecs contains global variables before they are loaded into the kernel.
@@ -184,29 +229,33 @@ func (o *underlayObjects) Close() error {
 // It can be passed to loadUnderlayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type underlayMaps struct {
 	LaceCfg       *ebpf.Map `ebpf:"lace_cfg"`
+	LaceClassify  *ebpf.Map `ebpf:"lace_classify"`
+	LaceCt        *ebpf.Map `ebpf:"lace_ct"`
 	LaceDrops     *ebpf.Map `ebpf:"lace_drops"`
 	LaceEndpoints *ebpf.Map `ebpf:"lace_endpoints"`
 	LaceForwarded *ebpf.Map `ebpf:"lace_forwarded"`
 	LaceHostAddrs *ebpf.Map `ebpf:"lace_host_addrs"`
 	LaceNetworks  *ebpf.Map `ebpf:"lace_networks"`
 	LaceNodes     *ebpf.Map `ebpf:"lace_nodes"`
-	LacePolicies  *ebpf.Map `ebpf:"lace_policies"`
 	LacePorts     *ebpf.Map `ebpf:"lace_ports"`
 	LaceRoutes    *ebpf.Map `ebpf:"lace_routes"`
+	LaceSnat      *ebpf.Map `ebpf:"lace_snat"`
 }
 
 func (m *underlayMaps) Close() error {
 	return _UnderlayClose(
 		m.LaceCfg,
+		m.LaceClassify,
+		m.LaceCt,
 		m.LaceDrops,
 		m.LaceEndpoints,
 		m.LaceForwarded,
 		m.LaceHostAddrs,
 		m.LaceNetworks,
 		m.LaceNodes,
-		m.LacePolicies,
 		m.LacePorts,
 		m.LaceRoutes,
+		m.LaceSnat,
 	)
 }
 

@@ -1,45 +1,85 @@
 // Package tables holds the values of a node's data plane tables as plain
-// Go data: the networks it knows, the routes of each network, the policies
-// between networks, and the layout of an SRv6 SID. The model computes them
-// from API objects and the datapath package writes them into eBPF maps;
-// this package does neither, so the model stays pure (no cilium/ebpf, no
-// netlink) and the datapath knows nothing of Kubernetes.
+// Go data: the networks it knows, each source network's view (a
+// longest-prefix table), the external prefixes that classify plain-IP
+// sources, and the layout of an SRv6 SID. The model computes them from API
+// objects and the datapath package writes them into eBPF maps; this package
+// does neither, so the model stays pure (no cilium/ebpf, no netlink) and the
+// datapath knows nothing of Kubernetes.
 package tables
 
 import "net/netip"
 
 // SID function layout (bpf/include/lace.h): byte 8 of the SID is the
-// behaviour, bytes 12-15 the network ID.
+// behaviour, bytes 10-11 the source network ID (the context the flow comes
+// from, so the receiving node records it in conntrack and sends replies
+// back in it), bytes 12-15 the destination network ID.
 const (
 	sidBehaviourByte = 8
+	sidSrcNetByte    = 10
 	sidNetByte       = 12
 	// BehaviourL3Decap decapsulates and looks the inner packet up in the
-	// network named by the SID (End.DT46 semantics).
+	// destination network named by the SID (End.DT46 semantics).
 	BehaviourL3Decap = 1
 )
 
-// SID returns the SID of behaviour for network netID inside locator (a /64).
-func SID(locator netip.Prefix, behaviour uint8, netID uint32) netip.Addr {
+// SID returns the SID of behaviour inside locator (a /64) for a packet of
+// source network srcNet to destination network dstNet. Network IDs are 16
+// bits (the controller's MaxNetworkID).
+func SID(locator netip.Prefix, behaviour uint8, srcNet, dstNet uint32) netip.Addr {
 	b := locator.Masked().Addr().As16()
 	b[sidBehaviourByte] = behaviour
-	b[sidNetByte], b[sidNetByte+1], b[sidNetByte+2], b[sidNetByte+3] = byte(netID>>24), byte(netID>>16), byte(netID>>8), byte(netID)
+	b[sidSrcNetByte], b[sidSrcNetByte+1] = byte(srcNet>>8), byte(srcNet)
+	b[sidNetByte], b[sidNetByte+1], b[sidNetByte+2], b[sidNetByte+3] = byte(dstNet>>24), byte(dstNet>>16), byte(dstNet>>8), byte(dstNet)
 	return netip.AddrFrom16(b)
 }
 
-// Route sends a prefix of a network either to this node's pods (Local) or
-// encapsulated to SID.
+// RouteKind says what a view entry does with a new flow.
+type RouteKind uint8
+
+// Route kinds (route_val.flags in lace.h).
+const (
+	// RouteRemote: a block of a pod network on another node: encapsulate
+	// to SID.
+	RouteRemote RouteKind = iota
+	// RouteLocal: a block of a pod network on this node: deliver.
+	RouteLocal
+	// RouteSubnet: a pod network's subnet outside any block: there is no
+	// pod there (no-endpoint), and the subnet shadows external prefixes.
+	RouteSubnet
+	// RouteExternal: prefixes of an external network in the view. From a
+	// pod: leave through the underlay with SNAT to the node address. From
+	// the underlay: transit, which a node never does.
+	RouteExternal
+	// RouteDeny: an external network's prefix that is not in the view
+	// (the outside address belongs to it, not to a broader network that
+	// is): isolated.
+	RouteDeny
+)
+
+// Route is one entry of a source network's view: NetID is the source
+// network whose view it belongs to, DstNet the network the prefix belongs
+// to. Closed marks the own entries of an anonymous network that no policy
+// opens to itself: new flows are refused (anonymous-network) but replies of
+// its pods' flows still route through them.
 type Route struct {
 	NetID  uint32
 	Prefix netip.Prefix
-	SID    netip.Addr
-	Local  bool
+	Kind   RouteKind
+	DstNet uint32
+	SID    netip.Addr // RouteRemote only
+	Closed bool
 }
 
-// Network is what the data plane knows of a network.
+// Classifier assigns plain-IP sources (outside hosts, node host stacks) in
+// Prefix to the external network NetID, by longest prefix.
+type Classifier struct {
+	NetID  uint32
+	Prefix netip.Prefix
+}
+
+// Network is what the data plane knows of a network: that it exists (a SID
+// naming another is refused at decapsulation).
 type Network struct {
 	ID        uint32
 	Anonymous bool
 }
-
-// Policy lets network Src initiate traffic to network Dst.
-type Policy struct{ Src, Dst uint32 }

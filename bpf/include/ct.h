@@ -1,0 +1,200 @@
+/* Connection tracking and SNAT.
+ *
+ * Every node tracks the flows of its own pods, one entry per flow, keyed
+ * from the pod's side: (the pod's network, protocol, pod address and port,
+ * remote address and port). The value says who opened the flow and the
+ * network of the other side, so a reply is routed in that network's
+ * context even when subnets overlap, and so a packet that is neither a
+ * flow the pod opened nor a reply of one is judged by the pod's view. The
+ * node that sends a flow records it when the pod sends (from_pod); the
+ * node that receives it records it at delivery, with the source network
+ * the SID carried. Both ends therefore see both directions and keep TCP
+ * state for timeouts.
+ *
+ * The maps are LRU hashes pinned by name: bounded memory, and an agent
+ * restart keeps every established flow. */
+#ifndef LACE_CT_H
+#define LACE_CT_H
+
+#include "lace.h"
+
+struct ct_key {
+	__u32 net_id; /* the local pod's network */
+	__u8 family;
+	__u8 proto;
+	__u16 pad;
+	__u16 lport; /* network order; ICMP echo: the identifier */
+	__u16 rport;
+	__u8 laddr[16]; /* the local pod */
+	__u8 raddr[16];
+};
+
+struct ct_val {
+	__u64 expires; /* bpf_ktime_get_ns() deadline */
+	__u32 peer_net; /* the other side's network (pod or external) */
+	__u16 flags;
+	__u16 snat_port; /* network order, with CT_SNAT */
+};
+
+/* ct_val.flags */
+#define CT_ORIGIN_LOCAL 1 /* the local pod opened the flow */
+#define CT_SEEN_REPLY 2
+#define CT_FIN_ORIG 4
+#define CT_FIN_REPLY 8
+#define CT_RST 16
+#define CT_SNAT 32 /* leaves with the node's address and snat_port */
+
+#define NSEC 1000000000ULL
+/* Timeouts: TCP as the kernel's conntrack orders them (an unanswered
+ * SYN short, established long, closing short); UDP longer once answered
+ * (a stream, DNS retries stay on one entry); ICMP echo short. */
+#define CT_TCP_SYN (60 * NSEC)
+#define CT_TCP_EST (21600 * NSEC)
+#define CT_TCP_CLOSE (10 * NSEC)
+#define CT_UDP (30 * NSEC)
+#define CT_UDP_REPLIED (120 * NSEC)
+#define CT_OTHER (30 * NSEC)
+
+#define TCP_FIN 0x01
+#define TCP_SYN 0x02
+#define TCP_RST 0x04
+#define TCP_ACK 0x10
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 131072);
+	__type(key, struct ct_key);
+	__type(value, struct ct_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_ct SEC(".maps");
+
+/* SNAT: the node's address and a port of its own stand for a pod toward
+ * an outside address. Keyed by what the replies carry. */
+struct snat_key {
+	__u8 family;
+	__u8 proto;
+	__u16 port; /* the node's port (network order); ICMP: the echo id */
+	__u16 rport; /* the remote port; 0 for ICMP */
+	__u16 pad;
+	__u8 raddr[16];
+};
+
+struct snat_val {
+	__u32 net_id;
+	__u16 lport; /* the pod's port or echo id (network order) */
+	__u16 pad;
+	__u8 laddr[16];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct snat_key);
+	__type(value, struct snat_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_snat SEC(".maps");
+
+/* SNAT ports lie above Linux's default ephemeral range (32768-60999), so
+ * the node's own connections never collide with them. */
+#define SNAT_PORT_MIN 61000
+#define SNAT_PORT_RANGE 4536
+#define SNAT_TRIES 16
+
+static __always_inline int is_tcp_syn(struct pkt *p)
+{
+	return p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
+}
+
+/* ct_key_of builds the key of packet p seen from the pod at its source
+ * (local_is_src) or at its destination. */
+static __always_inline void ct_key_of(struct ct_key *k, __u32 net_id, struct pkt *p, int local_is_src)
+{
+	k->net_id = net_id;
+	k->family = p->family;
+	k->proto = p->proto;
+	k->pad = 0;
+	if (local_is_src) {
+		k->lport = p->sport;
+		k->rport = p->dport;
+		__builtin_memcpy(k->laddr, p->saddr, 16);
+		__builtin_memcpy(k->raddr, p->daddr, 16);
+	} else {
+		k->lport = p->dport;
+		k->rport = p->sport;
+		__builtin_memcpy(k->laddr, p->daddr, 16);
+		__builtin_memcpy(k->raddr, p->saddr, 16);
+	}
+}
+
+/* ct_lookup returns the live entry of k, or NULL (an expired one counts as
+ * none: the next packet of that tuple is a new flow). */
+static __always_inline struct ct_val *ct_lookup(struct ct_key *k)
+{
+	struct ct_val *v = bpf_map_lookup_elem(&lace_ct, k);
+	if (v && v->expires < bpf_ktime_get_ns())
+		return NULL;
+	return v;
+}
+
+/* ct_refresh moves a flow's state on for packet p, sent by the side that
+ * opened it (from_origin) or by the other. */
+static __always_inline void ct_refresh(struct ct_val *v, struct pkt *p, int from_origin)
+{
+	__u16 f = v->flags;
+	__u64 timeout = CT_OTHER;
+	if (!from_origin)
+		f |= CT_SEEN_REPLY;
+	if (p->proto == IPPROTO_TCP) {
+		if (p->tcp_flags & TCP_RST)
+			f |= CT_RST;
+		if (p->tcp_flags & TCP_FIN)
+			f |= from_origin ? CT_FIN_ORIG : CT_FIN_REPLY;
+		if ((f & CT_RST) || ((f & CT_FIN_ORIG) && (f & CT_FIN_REPLY)))
+			timeout = CT_TCP_CLOSE;
+		else if (f & CT_SEEN_REPLY)
+			timeout = CT_TCP_EST;
+		else
+			timeout = CT_TCP_SYN;
+	} else if (p->proto == IPPROTO_UDP) {
+		timeout = (f & CT_SEEN_REPLY) ? CT_UDP_REPLIED : CT_UDP;
+	}
+	v->flags = f;
+	v->expires = bpf_ktime_get_ns() + timeout;
+}
+
+/* ct_create records a new flow of k. A TCP flow that is closing and sees a
+ * new SYN starts over (port reuse). */
+static __always_inline struct ct_val *ct_create(struct ct_key *k, __u32 peer_net, __u16 flags, __u16 snat_port,
+						struct pkt *p, int from_origin)
+{
+	struct ct_val v = {.peer_net = peer_net, .flags = flags, .snat_port = snat_port};
+	ct_refresh(&v, p, from_origin);
+	bpf_map_update_elem(&lace_ct, k, &v, BPF_ANY);
+	return bpf_map_lookup_elem(&lace_ct, k);
+}
+
+/* ct_closing tells whether a TCP entry is done, so that a SYN reusing
+ * the tuple opens a new flow. */
+static __always_inline int ct_closing(struct ct_val *v)
+{
+	return (v->flags & CT_RST) || ((v->flags & CT_FIN_ORIG) && (v->flags & CT_FIN_REPLY));
+}
+
+/* ct_track_in records packet p arriving for a local pod in network
+ * net_id from network src_net (a pod network, or the external network a
+ * plain-IP source was classified into). ICMP errors update nothing. */
+static __always_inline void ct_track_in(__u32 net_id, __u32 src_net, struct pkt *p, int icmp_err)
+{
+	if (icmp_err)
+		return;
+	struct ct_key k;
+	ct_key_of(&k, net_id, p, 0);
+	struct ct_val *v = ct_lookup(&k);
+	if (v && !(is_tcp_syn(p) && ct_closing(v))) {
+		ct_refresh(v, p, !(v->flags & CT_ORIGIN_LOCAL));
+		return;
+	}
+	ct_create(&k, src_net, 0, 0, p, 1);
+}
+
+#endif

@@ -1,0 +1,290 @@
+/* Forwarding shared by the pod and underlay programs: the view lookup,
+ * delivery to a local pod, SRv6 encapsulation, sending plain IP out of the
+ * underlay, and SNAT toward external networks. */
+#ifndef LACE_FWD_H
+#define LACE_FWD_H
+
+#include "lace.h"
+#include "ct.h"
+
+/* view_lookup resolves p's destination in the view of network view_net. */
+static __always_inline struct route_val *view_lookup(__u32 view_net, struct pkt *p)
+{
+	struct route_key rk = {.prefixlen = 64 + 128, .net_id = view_net, .family = p->family};
+	__builtin_memcpy(rk.addr, p->daddr, 16);
+	return bpf_map_lookup_elem(&lace_routes, &rk);
+}
+
+/* classify returns the external network a plain-IP source belongs to (the
+ * longest external prefix covering it), or 0. */
+static __always_inline __u32 classify(struct pkt *p)
+{
+	struct class_key ck = {.prefixlen = 32 + 128, .family = p->family};
+	__builtin_memcpy(ck.addr, p->saddr, 16);
+	__u32 *net = bpf_map_lookup_elem(&lace_classify, &ck);
+	return net ? *net : 0;
+}
+
+/* l4_header_len is the length of a TCP or UDP header at p->l4_off, or 0. */
+static __always_inline __u32 l4_header_len(struct __sk_buff *skb, struct pkt *p)
+{
+	if (p->proto == IPPROTO_UDP)
+		return sizeof(struct udphdr);
+	if (p->proto != IPPROTO_TCP)
+		return 0;
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct tcphdr *th = data + p->l4_off;
+	if ((void *)(th + 1) > end)
+		return sizeof(struct tcphdr);
+	return th->doff * 4;
+}
+
+/* too_big tells whether the packet, encapsulated, would not fit the
+ * underlay's current MTU (read from the device, so a fabric whose MTU
+ * drops is noticed at the next packet), and sets *mtu to what the pod may
+ * send. A GSO packet is judged by the segments it will be cut into. */
+static __always_inline int too_big(struct __sk_buff *skb, struct pkt *p, __u32 ifindex, __u32 *mtu)
+{
+	__u32 dev_mtu = 0;
+	long rc = bpf_check_mtu(skb, ifindex, &dev_mtu, sizeof(struct ipv6hdr), 0);
+	if (rc < 0 || dev_mtu <= sizeof(struct ipv6hdr) + 68)
+		return 0; /* no such device: the FIB lookup will say so */
+	*mtu = dev_mtu - sizeof(struct ipv6hdr);
+	if (rc == BPF_MTU_CHK_RET_FRAG_NEEDED)
+		return 1;
+	if (skb->gso_size) {
+		__u32 seg = skb->gso_size + (p->l4_off - p->l3_off) + l4_header_len(skb, p);
+		return seg > *mtu;
+	}
+	return 0;
+}
+
+/* is_icmp_error tells whether the packet is itself an ICMP error, which
+ * never earns another (RFC 1122, RFC 4443) and never opens a flow. */
+static __always_inline int is_icmp_error(struct pkt *p)
+{
+	if (p->proto == IPPROTO_ICMP)
+		return p->icmp_type == 3 || p->icmp_type == 11 || p->icmp_type == 12;
+	if (p->proto == IPPROTO_ICMPV6)
+		return p->icmp_type < 128;
+	return 0;
+}
+
+/* send_fib sends the packet out of the underlay to dst, resolved by the
+ * node's FIB (its underlay routes), counting what under fwd. */
+static __always_inline int send_fib(struct __sk_buff *skb, __u8 family, const __u8 *src, const __u8 *dst, __u32 what)
+{
+	struct lace_config *cfg = config();
+	if (!cfg)
+		return drop(DROP_FIB);
+	struct bpf_fib_lookup fib = {};
+	fib.ifindex = cfg->underlay_ifindex;
+	/* tot_len stays 0: the kernel then checks the MTU against the skb
+	 * itself, which understands GSO; a tot_len of a 64 KB GSO packet would
+	 * answer FRAG_NEEDED. */
+	if (family == LACE_FAMILY_V4) {
+		fib.family = AF_INET;
+		__builtin_memcpy(&fib.ipv4_src, src, 4);
+		__builtin_memcpy(&fib.ipv4_dst, dst, 4);
+	} else {
+		fib.family = AF_INET6;
+		__builtin_memcpy(fib.ipv6_src, src, 16);
+		__builtin_memcpy(fib.ipv6_dst, dst, 16);
+	}
+	long rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		if (set_macs(skb, fib.dmac, fib.smac))
+			return drop(DROP_ADJUST);
+		count(what);
+		return bpf_redirect(fib.ifindex, 0);
+	}
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		/* The kernel resolves the neighbour and queues the packet. */
+		count(what);
+		return bpf_redirect_neigh(fib.ifindex, 0, 0, 0);
+	}
+	return drop(DROP_FIB);
+}
+
+/* encap_and_send encapsulates the packet in SRv6 to sid. A packet from a
+ * pod that cannot cross the underlay earns the pod an ICMP error
+ * (icmp_back: RET_TOO_BIG with p->mtu set, the program sends it); one from
+ * the underlay is dropped and counted. */
+static __noinline __attribute__((unused)) int encap_and_send(struct __sk_buff *skb, struct pkt *p, const __u8 *sid, int icmp_back)
+{
+	struct lace_config *cfg = config();
+	if (!cfg)
+		return drop(DROP_FIB);
+	__u32 mtu = 0;
+	if (too_big(skb, p, cfg->underlay_ifindex, &mtu)) {
+		if (!icmp_back || is_icmp_error(p))
+			return drop(DROP_MTU);
+		p->mtu = mtu;
+		return RET_TOO_BIG;
+	}
+	__u32 inner_len = skb->len - ETH_HLEN;
+	__u32 flow = bpf_get_hash_recalc(skb) & 0xfffff;
+
+	/* ENCAP_L3_IPV6 keeps GSO metadata consistent; FIXED_GSO keeps the
+	 * segment size, which the pod MTU already leaves room for. Without
+	 * them TSO packets are dropped and TCP stalls. */
+	if (bpf_skb_adjust_room(skb, sizeof(struct ipv6hdr), BPF_ADJ_ROOM_MAC,
+				BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 | BPF_F_ADJ_ROOM_FIXED_GSO))
+		return drop(DROP_ADJUST);
+
+	struct ipv6hdr outer = {};
+	outer.version = 6;
+	/* The outer traffic class copies the inner DSCP and ECN (RFC 6040
+	 * normal mode), so the fabric queues and marks the flow as the pod
+	 * asked. */
+	outer.priority = p->tos >> 4;
+	outer.flow_lbl[0] = ((p->tos & 0x0f) << 4) | ((flow >> 16) & 0x0f);
+	outer.flow_lbl[1] = (flow >> 8) & 0xff;
+	outer.flow_lbl[2] = flow & 0xff;
+	outer.payload_len = bpf_htons(inner_len);
+	outer.nexthdr = p->family == LACE_FAMILY_V4 ? IPPROTO_IPIP : IPPROTO_IPV6;
+	outer.hop_limit = 64;
+	__builtin_memcpy(&outer.saddr, cfg->underlay_ip6, 16);
+	__builtin_memcpy(&outer.daddr, sid, 16);
+	if (bpf_skb_store_bytes(skb, ETH_HLEN, &outer, sizeof(outer), 0))
+		return drop(DROP_ADJUST);
+	__u16 proto = bpf_htons(ETH_P_IPV6);
+	if (bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_proto), &proto, 2, 0))
+		return drop(DROP_ADJUST);
+	return send_fib(skb, LACE_FAMILY_V6, cfg->underlay_ip6, sid, FWD_ENCAP);
+}
+
+/* deliver_local hands the packet to the pod holding its destination in
+ * network dst_net on this node, recording the flow (from src_net) so the
+ * pod's replies go back in that context. */
+static __noinline __attribute__((unused)) int deliver_local(struct __sk_buff *skb, struct pkt *p, __u32 dst_net, __u32 src_net, __u32 what)
+{
+	struct ep_key ek = {.net_id = dst_net, .family = p->family};
+	__builtin_memcpy(ek.addr, p->daddr, 16);
+	struct ep_val *ep = bpf_map_lookup_elem(&lace_endpoints, &ek);
+	if (!ep)
+		return drop(DROP_NO_ENDPOINT);
+	__u32 ifindex = ep->ifindex;
+	__u8 macs[12];
+	__builtin_memcpy(macs, ep->pod_mac, 6);
+	__builtin_memcpy(macs + 6, ep->host_mac, 6);
+	ct_track_in(dst_net, src_net, p, is_icmp_error(p));
+	if (dec_ttl(skb, p) || set_macs(skb, macs, macs + 6))
+		return drop(DROP_ADJUST);
+	count(what);
+	return bpf_redirect_peer(ifindex, 0);
+}
+
+/* L4 checksum offsets: TCP, UDP, ICMP and ICMPv6. */
+static __always_inline __u32 l4_csum_off(struct pkt *p)
+{
+	if (p->proto == IPPROTO_TCP)
+		return p->l4_off + 16;
+	if (p->proto == IPPROTO_UDP)
+		return p->l4_off + 6;
+	return p->l4_off + 2;
+}
+
+/* nat_rewrite replaces the source (is_src) or destination address and
+ * port (ICMP echo: identifier) of p with addr and port, keeping the IP
+ * and L4 checksums right (incremental, so checksum offload still works). */
+static __noinline __attribute__((unused)) int nat_rewrite(struct __sk_buff *skb, struct pkt *p, int is_src, const __u8 *addr, __u16 port)
+{
+	__u32 csum = l4_csum_off(p);
+	__u64 mangled = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	int l4_pseudo = p->proto != IPPROTO_ICMP; /* ICMPv4 has no pseudo header */
+	__u8 *old = is_src ? p->saddr : p->daddr;
+	if (p->family == LACE_FAMILY_V4) {
+		__u32 off = p->l3_off + (is_src ? offsetof(struct iphdr, saddr) : offsetof(struct iphdr, daddr));
+		__u32 o = *(__u32 *)old, n = *(__u32 *)addr;
+		if (bpf_l3_csum_replace(skb, p->l3_off + offsetof(struct iphdr, check), o, n, 4))
+			return -1;
+		if (l4_pseudo && bpf_l4_csum_replace(skb, csum, o, n, BPF_F_PSEUDO_HDR | mangled | 4))
+			return -1;
+		if (bpf_skb_store_bytes(skb, off, &n, 4, 0))
+			return -1;
+	} else {
+		__u32 off = p->l3_off + (is_src ? offsetof(struct ipv6hdr, saddr) : offsetof(struct ipv6hdr, daddr));
+		/* old and addr live in the callers' frames: no copies here, the
+		 * call chain's stack is tight. */
+		__s64 diff = bpf_csum_diff((__be32 *)old, 16, (__be32 *)addr, 16, 0);
+		if (bpf_l4_csum_replace(skb, csum, 0, diff, BPF_F_PSEUDO_HDR | mangled))
+			return -1;
+		if (bpf_skb_store_bytes(skb, off, addr, 16, 0))
+			return -1;
+	}
+	__u16 oldport;
+	__u32 poff;
+	if (p->proto == IPPROTO_TCP || p->proto == IPPROTO_UDP) {
+		oldport = is_src ? p->sport : p->dport;
+		poff = p->l4_off + (is_src ? 0 : 2);
+	} else {
+		oldport = p->sport; /* the echo identifier */
+		poff = p->l4_off + 4;
+	}
+	if (oldport == port)
+		return 0;
+	if (bpf_l4_csum_replace(skb, csum, oldport, port, mangled | 2))
+		return -1;
+	return bpf_skb_store_bytes(skb, poff, &port, 2, 0);
+}
+
+/* snat_out sends a pod's packet to an external network from the node's
+ * underlay address and a port of the node (kept per flow in conntrack and
+ * reversed by snat_in): raw, possibly overlapping pod addresses never
+ * reach the fabric. */
+static __noinline __attribute__((unused)) int snat_out(struct __sk_buff *skb, struct pkt *p, struct ct_key *k, __u32 ext_net)
+{
+	__u32 net_id = k->net_id;
+	struct lace_config *cfg = config();
+	if (!cfg)
+		return drop(DROP_FIB);
+	__u8 node[16] = {};
+	if (p->family == LACE_FAMILY_V4) {
+		if (!(cfg->flags & LACE_CFG_HAS_V4))
+			return drop(DROP_FIB);
+		__builtin_memcpy(node, cfg->underlay_ip4, 4);
+	} else {
+		__builtin_memcpy(node, cfg->underlay_ip6, 16);
+	}
+	int icmp = p->proto == IPPROTO_ICMP || p->proto == IPPROTO_ICMPV6;
+	if (!(p->proto == IPPROTO_TCP || p->proto == IPPROTO_UDP ||
+	      (icmp && (p->icmp_type == 8 || p->icmp_type == 128))))
+		return drop(DROP_SNAT); /* nothing to tell its replies apart by */
+
+	struct ct_val *ct = ct_lookup(k);
+	__u16 port = 0;
+	if (ct && (ct->flags & CT_SNAT) && !(is_tcp_syn(p) && ct_closing(ct))) {
+		port = ct->snat_port;
+		ct_refresh(ct, p, 1);
+	} else {
+		struct snat_key sk = {.family = p->family, .proto = p->proto, .rport = icmp ? 0 : p->dport};
+		__builtin_memcpy(sk.raddr, p->daddr, 16);
+		struct snat_val sv = {.net_id = net_id, .lport = p->sport};
+		__builtin_memcpy(sv.laddr, p->saddr, 16);
+		__u32 h = bpf_get_prandom_u32();
+		int found = 0;
+		for (int i = 0; i < SNAT_TRIES; i++) {
+			port = bpf_htons(SNAT_PORT_MIN + (h + i) % SNAT_PORT_RANGE);
+			sk.port = port;
+			if (!bpf_map_update_elem(&lace_snat, &sk, &sv, BPF_NOEXIST)) {
+				found = 1;
+				break;
+			}
+			struct snat_val *cur = bpf_map_lookup_elem(&lace_snat, &sk);
+			if (cur && cur->net_id == net_id && cur->lport == sv.lport && eq16(cur->laddr, sv.laddr)) {
+				found = 1;
+				break;
+			}
+		}
+		if (!found)
+			return drop(DROP_SNAT);
+		ct_create(k, ext_net, CT_ORIGIN_LOCAL | CT_SNAT, port, p, 1);
+	}
+	if (dec_ttl(skb, p) || nat_rewrite(skb, p, 1, node, port))
+		return drop(DROP_ADJUST);
+	return send_fib(skb, p->family, node, p->daddr, FWD_SNAT);
+}
+
+#endif
