@@ -40,8 +40,11 @@ type NodeState struct {
 	// Locator is this node's own SRv6 locator (invalid until assigned).
 	Locator  netip.Prefix
 	Networks []tables.Network
-	Routes   []tables.Route
-	Policies []tables.Policy
+	// Routes are the views of every network with an ID, pod and external
+	// networks alike: one longest-prefix table per source network.
+	Routes []tables.Route
+	// Classifiers assign plain-IP sources to external networks.
+	Classifiers []tables.Classifier
 	// Nodes are the underlay addresses of every node (decap sources).
 	Nodes         []netip.Addr
 	LocatorRoutes []LocatorRoute
@@ -99,7 +102,7 @@ func ComputeNode(in NodeInput) NodeState {
 	}
 	for _, a := range in.Allocations {
 		// A block being released is withdrawn first (two-phase release).
-		if a.DeletionTimestamp != nil {
+		if a.DeletionTimestamp != nil || a.Spec.Node != in.Node {
 			continue
 		}
 		nw := byName[a.Spec.Network]
@@ -108,74 +111,423 @@ func ComputeNode(in NodeInput) NodeState {
 			continue
 		}
 		for _, s := range a.Spec.Prefixes {
-			p, err := netip.ParsePrefix(string(s))
-			if err != nil {
-				continue
-			}
-			if a.Spec.Node == in.Node {
-				st.Routes = append(st.Routes, tables.Route{NetID: id, Prefix: p, Local: true})
+			if p, err := netip.ParsePrefix(string(s)); err == nil {
 				st.Blocks = append(st.Blocks, Block{Network: a.Spec.Network, NetID: id, Prefix: p})
-				continue
 			}
-			loc, ok := locators[a.Spec.Node]
-			if !ok {
-				continue // the owner has no locator yet: nothing to route to
-			}
-			st.Routes = append(st.Routes, tables.Route{NetID: id, Prefix: p, SID: tables.SID(loc, tables.BehaviourL3Decap, id)})
 		}
 	}
-	st.Policies = Policies(in.Networks, in.RoutingPolicies)
+	vt := readViewTopology(in, locators)
+	st.Classifiers = vt.classifiers()
+	for _, v := range vt.nets {
+		st.Routes = append(st.Routes, vt.view(v)...)
+	}
 	sortState(&st)
 	return st
 }
 
-// Policies expands NetworkRoutingPolicies into (source, destination)
-// network ID pairs.
-func Policies(nets []lacev1.Network, policies []lacev1.NetworkRoutingPolicy) []tables.Policy {
-	seen := map[tables.Policy]bool{}
-	var out []tables.Policy
-	for _, p := range policies {
-		src, err1 := metav1.LabelSelectorAsSelector(p.Spec.SrcSelector)
-		dst, err2 := metav1.LabelSelectorAsSelector(p.Spec.DestSelector)
-		if err1 != nil || err2 != nil || p.Spec.SrcSelector == nil || p.Spec.DestSelector == nil {
-			continue
-		}
-		for _, s := range nets {
-			if s.Status.ID == 0 || !src.Matches(labels.Set(s.Labels)) {
-				continue
-			}
-			for _, d := range nets {
-				if d.Status.ID == 0 || !dst.Matches(labels.Set(d.Labels)) {
-					continue
-				}
-				pol := tables.Policy{Src: uint32(s.Status.ID), Dst: uint32(d.Status.ID)}
-				if !seen[pol] {
-					seen[pol] = true
-					out = append(out, pol)
-				}
-			}
-		}
-	}
-	return out
-}
-
 func sortState(st *NodeState) {
 	sort.Slice(st.Networks, func(i, j int) bool { return st.Networks[i].ID < st.Networks[j].ID })
-	sort.Slice(st.Routes, func(i, j int) bool {
-		a, b := st.Routes[i], st.Routes[j]
-		if a.NetID != b.NetID {
-			return a.NetID < b.NetID
+	// Prefix strings computed once: views hold many entries.
+	type keyed struct {
+		r tables.Route
+		p string
+	}
+	rs := make([]keyed, len(st.Routes))
+	for i, r := range st.Routes {
+		rs[i] = keyed{r, r.Prefix.String()}
+	}
+	sort.Slice(rs, func(i, j int) bool {
+		a, b := rs[i], rs[j]
+		if a.r.NetID != b.r.NetID {
+			return a.r.NetID < b.r.NetID
 		}
-		return a.Prefix.String() < b.Prefix.String()
+		if a.p != b.p {
+			return a.p < b.p
+		}
+		return a.r.Kind < b.r.Kind
 	})
-	sort.Slice(st.Policies, func(i, j int) bool {
-		a, b := st.Policies[i], st.Policies[j]
-		return a.Src < b.Src || (a.Src == b.Src && a.Dst < b.Dst)
-	})
+	for i := range rs {
+		st.Routes[i] = rs[i].r
+	}
+	sort.Slice(st.Classifiers, func(i, j int) bool { return st.Classifiers[i].Prefix.String() < st.Classifiers[j].Prefix.String() })
 	sort.Slice(st.Nodes, func(i, j int) bool { return st.Nodes[i].Less(st.Nodes[j]) })
 	sort.Slice(st.LocatorRoutes, func(i, j int) bool { return st.LocatorRoutes[i].Node < st.LocatorRoutes[j].Node })
 	sort.Slice(st.Blocks, func(i, j int) bool {
 		a, b := st.Blocks[i], st.Blocks[j]
 		return a.Network < b.Network || (a.Network == b.Network && a.Prefix.Addr().Less(b.Prefix.Addr()))
 	})
+}
+
+// The views below are computed apart from the oracle (reach.go) on purpose:
+// the end-to-end tests compare packets with Reach, and view_test.go compares
+// these tables with it, so a misreading of section 5 shared by both would
+// hide. Do not call reach.go from here.
+
+// viewNet is a network with an ID, as the views see it.
+type viewNet struct {
+	name      string
+	id        uint32
+	external  bool
+	l3        bool
+	anonymous bool
+	labels    labels.Set
+	// prefixes are a pod network's subnets or an external network's
+	// externalPrefixes.
+	prefixes []netip.Prefix
+	// blocks are an l3 network's routable blocks: on this node, or on a
+	// node with a locator.
+	blocks []viewBlock
+}
+
+type viewBlock struct {
+	prefix  netip.Prefix
+	local   bool
+	locator netip.Prefix // remote blocks only
+}
+
+// viewGrant is one NetworkRoutingPolicy's selection.
+type viewGrant struct {
+	src map[string]bool
+	dst []*viewNet // network name order
+}
+
+type viewTopology struct {
+	nets   []*viewNet // name order
+	grants []viewGrant
+	// extOwner is the external network each external prefix classifies
+	// into: the earliest name among those holding exactly that prefix.
+	extOwner map[netip.Prefix]*viewNet
+	// extOf memoizes the longest external prefix containing a prefix
+	// (classification does not depend on the view).
+	extOf map[netip.Prefix]netip.Prefix
+}
+
+func readViewTopology(in NodeInput, locators map[string]netip.Prefix) *viewTopology {
+	vt := &viewTopology{extOwner: map[netip.Prefix]*viewNet{}, extOf: map[netip.Prefix]netip.Prefix{}}
+	byName := map[string]*viewNet{}
+	for _, n := range in.Networks {
+		if n.Status.ID <= 0 || byName[n.Name] != nil {
+			continue
+		}
+		vn := &viewNet{name: n.Name, id: uint32(n.Status.ID), external: n.Spec.Type == lacev1.NetworkTypeExternal,
+			l3: n.Spec.Type == lacev1.NetworkTypeL3, anonymous: n.Spec.Anonymous, labels: labels.Set(n.Labels)}
+		var cidrs []lacev1.CIDR
+		if vn.external {
+			cidrs = n.Spec.ExternalPrefixes
+		} else {
+			for _, s := range []*lacev1.Subnet{n.Spec.IPv4Subnet, n.Spec.IPv6Subnet} {
+				if s != nil {
+					cidrs = append(cidrs, s.Prefix)
+				}
+			}
+		}
+		for _, c := range cidrs {
+			if p, err := netip.ParsePrefix(string(c)); err == nil {
+				vn.prefixes = append(vn.prefixes, p.Masked())
+			}
+		}
+		byName[n.Name] = vn
+		vt.nets = append(vt.nets, vn)
+	}
+	sort.Slice(vt.nets, func(i, j int) bool { return vt.nets[i].name < vt.nets[j].name })
+	for _, vn := range vt.nets {
+		if !vn.external {
+			continue
+		}
+		for _, p := range vn.prefixes {
+			if vt.extOwner[p] == nil {
+				vt.extOwner[p] = vn
+			}
+		}
+	}
+
+	// Allocations in a fixed order, so that a duplicated block (which the
+	// controller never makes) resolves the same way on every computation.
+	allocs := append([]lacev1.Allocation(nil), in.Allocations...)
+	sort.SliceStable(allocs, func(i, j int) bool { return allocs[i].Spec.Node < allocs[j].Spec.Node })
+	for _, a := range allocs {
+		// A block being released is withdrawn first (two-phase release).
+		if a.DeletionTimestamp != nil {
+			continue
+		}
+		vn := byName[a.Spec.Network]
+		if vn == nil || !vn.l3 {
+			continue
+		}
+		loc, hasLoc := locators[a.Spec.Node]
+		local := a.Spec.Node == in.Node
+		if !local && !hasLoc {
+			continue // the owner has no locator yet: nothing to route to
+		}
+		for _, s := range a.Spec.Prefixes {
+			p, err := netip.ParsePrefix(string(s))
+			if err != nil {
+				continue
+			}
+			p = p.Masked()
+			// A block outside the network's subnets would escape the
+			// overlap check that keeps one view's pod networks apart.
+			if !coveredBy(vn.prefixes, p) {
+				continue
+			}
+			b := viewBlock{prefix: p, local: local}
+			if !local {
+				b.locator = loc
+			}
+			vn.blocks = append(vn.blocks, b)
+		}
+	}
+
+	pols := append([]lacev1.NetworkRoutingPolicy(nil), in.RoutingPolicies...)
+	sort.Slice(pols, func(i, j int) bool { return pols[i].Name < pols[j].Name })
+	for _, p := range pols {
+		// The selectors are required: a missing one selects nothing, and
+		// so does an invalid one.
+		if p.Spec.SrcSelector == nil || p.Spec.DestSelector == nil {
+			continue
+		}
+		src, err1 := metav1.LabelSelectorAsSelector(p.Spec.SrcSelector)
+		dst, err2 := metav1.LabelSelectorAsSelector(p.Spec.DestSelector)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		g := viewGrant{src: map[string]bool{}}
+		for _, vn := range vt.nets {
+			if src.Matches(vn.labels) {
+				g.src[vn.name] = true
+			}
+			if dst.Matches(vn.labels) {
+				g.dst = append(g.dst, vn)
+			}
+		}
+		vt.grants = append(vt.grants, g)
+	}
+	return vt
+}
+
+func coveredBy(outer []netip.Prefix, p netip.Prefix) bool {
+	for _, o := range outer {
+		if o.Bits() <= p.Bits() && o.Contains(p.Addr()) {
+			return true
+		}
+	}
+	return false
+}
+
+func (vt *viewTopology) classifiers() []tables.Classifier {
+	out := make([]tables.Classifier, 0, len(vt.extOwner))
+	for p, vn := range vt.extOwner {
+		out = append(out, tables.Classifier{NetID: vn.id, Prefix: p})
+	}
+	return out
+}
+
+// longestAt finds the longest prefix of m containing p, no shorter than
+// minBits.
+func longestAt[T any](m map[netip.Prefix]T, p netip.Prefix, minBits int) (netip.Prefix, T, bool) {
+	if len(m) <= p.Bits()-minBits {
+		// Fewer entries than lengths to try (a view's subnets, mostly).
+		var best netip.Prefix
+		for q := range m {
+			if q.Bits() >= minBits && q.Bits() <= p.Bits() && q.Contains(p.Addr()) && (!best.IsValid() || q.Bits() > best.Bits()) {
+				best = q
+			}
+		}
+		return best, m[best], best.IsValid()
+	}
+	if len(m) > 0 {
+		for b := p.Bits(); b >= minBits; b-- {
+			q, _ := p.Addr().Prefix(b)
+			if v, ok := m[q]; ok {
+				return q, v, true
+			}
+		}
+	}
+	var zero T
+	return netip.Prefix{}, zero, false
+}
+
+// classifyPrefix returns the longest external prefix containing p: an outside
+// address belongs to the external network owning it, whichever external
+// networks the view holds.
+func (vt *viewTopology) classifyPrefix(p netip.Prefix) (netip.Prefix, bool) {
+	if e, ok := vt.extOf[p]; ok {
+		return e, e.IsValid()
+	}
+	e, _, _ := longestAt(vt.extOwner, p, 0)
+	vt.extOf[p] = e
+	return e, e.IsValid()
+}
+
+// view computes the longest-prefix table of source network v.
+//
+// Every prefix that matters to the view (its pod networks' blocks and
+// subnets, every external prefix of the cluster) gets the entry the rules
+// give an address whose longest such prefix it is; that is exactly what a
+// longest-prefix lookup then returns for every address. The rules are
+// those of section 5: pod entries resolve to their network unless an
+// external network of the view classifies the address with a strictly
+// longer prefix than the pod subnet (blocks refine a subnet, they never
+// change which network an address belongs to); an outside address whose
+// external network is not in the view is denied unless a pod subnet of
+// the view holds it.
+func (vt *viewTopology) view(v *viewNet) []tables.Route {
+	// An anonymous network reaches itself only through a policy selecting
+	// it on both sides.
+	open := !v.anonymous
+	for _, g := range vt.grants {
+		if open {
+			break
+		}
+		if g.src[v.name] {
+			for _, d := range g.dst {
+				if d == v {
+					open = true
+					break
+				}
+			}
+		}
+	}
+	closed := !open
+
+	in := map[string]bool{v.name: true}
+	subnets := map[netip.Prefix]*viewNet{}
+	var pods []*viewNet
+	// The own subnets are reserved even while closed: opening the network
+	// later with a self policy must not change which peers are refused.
+	if !v.external {
+		pods = append(pods, v)
+		for _, p := range v.prefixes {
+			subnets[p] = v
+		}
+	}
+	seen := map[string]bool{v.name: true}
+	for _, g := range vt.grants {
+		if !g.src[v.name] {
+			continue
+		}
+		for _, d := range g.dst {
+			if seen[d.name] {
+				continue
+			}
+			seen[d.name] = true
+			// Two overlapping pod networks never share a view: the one
+			// already in keeps its place (the controller reports the
+			// refused pair as a PeeringConflict).
+			if !d.external && overlapsAny(d.prefixes, subnets) {
+				continue
+			}
+			in[d.name] = true
+			if !d.external {
+				pods = append(pods, d)
+				for _, p := range d.prefixes {
+					subnets[p] = d
+				}
+			}
+		}
+	}
+
+	isClosed := func(n *viewNet) bool { return closed && n == v }
+	size := len(vt.extOwner)
+	for _, d := range pods {
+		size += len(d.blocks) + len(d.prefixes)
+	}
+	blocks := make(map[netip.Prefix]tables.Route, size)
+	keys := make([]netip.Prefix, 0, size)
+	podKey := make(map[netip.Prefix]bool, size)
+	for _, d := range pods {
+		for _, b := range d.blocks {
+			r := tables.Route{Kind: tables.RouteLocal, DstNet: d.id, Closed: isClosed(d)}
+			if !b.local {
+				r.Kind, r.SID = tables.RouteRemote, tables.SID(b.locator, tables.BehaviourL3Decap, v.id, d.id)
+			}
+			if _, dup := blocks[b.prefix]; !dup {
+				blocks[b.prefix] = r
+			}
+			keys, podKey[b.prefix] = append(keys, b.prefix), true
+		}
+		for _, p := range d.prefixes {
+			keys, podKey[p] = append(keys, p), true
+		}
+	}
+	for p := range vt.extOwner {
+		keys = append(keys, p)
+	}
+	// Shorter prefixes first: an entry is placed knowing what its
+	// enclosing entries already give.
+	sort.Slice(keys, func(i, j int) bool {
+		a, b := keys[i], keys[j]
+		if a.Bits() != b.Bits() {
+			return a.Bits() < b.Bits()
+		}
+		return a.Addr().Less(b.Addr())
+	})
+
+	placed := make(map[netip.Prefix]tables.Route, len(keys))
+	out := make([]tables.Route, 0, len(keys))
+	for _, k := range keys {
+		if _, done := placed[k]; done {
+			continue
+		}
+		r, ok := vt.entry(k, subnets, blocks, in, isClosed)
+		if !ok {
+			continue
+		}
+		// An entry of another kind than its prefix is (a pod entry on an
+		// external prefix, an external one on a block) only restates what
+		// the enclosing entry gives, unless something in between differs.
+		podKind := r.Kind <= tables.RouteSubnet
+		_, extKey := vt.extOwner[k]
+		natural := podKey[k] && podKind || extKey && !podKind
+		if !natural {
+			if _, up, ok := longestAt(placed, k, 0); ok && sameEntry(up, r) {
+				continue
+			}
+		}
+		r.NetID, r.Prefix = v.id, k
+		placed[k] = r
+		out = append(out, r)
+	}
+	return out
+}
+
+// entry is what the view gives an address whose longest prefix of
+// interest is k.
+func (vt *viewTopology) entry(k netip.Prefix, subnets map[netip.Prefix]*viewNet, blocks map[netip.Prefix]tables.Route,
+	in map[string]bool, isClosed func(*viewNet) bool) (tables.Route, bool) {
+	sub, d, hasSub := longestAt(subnets, k, 0)
+	ext, hasExt := vt.classifyPrefix(k)
+	var owner *viewNet
+	if hasExt {
+		owner = vt.extOwner[ext]
+	}
+	// A pod subnet wins a tie with an external prefix.
+	if hasExt && in[owner.name] && (!hasSub || ext.Bits() > sub.Bits()) {
+		return tables.Route{Kind: tables.RouteExternal, DstNet: owner.id, Closed: isClosed(owner)}, true
+	}
+	if hasSub {
+		if _, b, ok := longestAt(blocks, k, sub.Bits()); ok {
+			return b, true
+		}
+		return tables.Route{Kind: tables.RouteSubnet, DstNet: d.id, Closed: isClosed(d)}, true
+	}
+	if hasExt {
+		return tables.Route{Kind: tables.RouteDeny, DstNet: owner.id}, true
+	}
+	return tables.Route{}, false
+}
+
+func sameEntry(a, b tables.Route) bool {
+	return a.Kind == b.Kind && a.DstNet == b.DstNet && a.SID == b.SID && a.Closed == b.Closed
+}
+
+func overlapsAny(ps []netip.Prefix, held map[netip.Prefix]*viewNet) bool {
+	for _, p := range ps {
+		for h := range held {
+			if h.Overlaps(p) {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -1,7 +1,11 @@
 package model
 
 import (
+	"fmt"
 	"net/netip"
+	"reflect"
+	"sort"
+	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -10,60 +14,63 @@ import (
 	"github.com/lace-cni/lace/internal/tables"
 )
 
+// The two nodes of the view tests: n1 is the node computed, n2 another.
+var testUnderlays = []lacev1.UnderlayEndpoint{
+	{Spec: lacev1.UnderlayEndpointSpec{Node: "n1", Addresses: []lacev1.IPAddress{"172.30.0.11", "fd00:30::11"}, Locator: "fd1a:ce:0:1::/64"}},
+	{Spec: lacev1.UnderlayEndpointSpec{Node: "n2", Addresses: []lacev1.IPAddress{"172.30.0.12", "fd00:30::12"}, Locator: "fd1a:ce:0:2::/64"}},
+}
+
+func alloc(network, node string, prefixes ...string) lacev1.Allocation {
+	a := lacev1.Allocation{ObjectMeta: metav1.ObjectMeta{Name: network + "." + node},
+		Spec: lacev1.AllocationSpec{Network: network, Node: node}}
+	for _, p := range prefixes {
+		a.Spec.Prefixes = append(a.Spec.Prefixes, lacev1.CIDR(p))
+	}
+	return a
+}
+
 func TestComputeNode(t *testing.T) {
 	now := metav1.Now()
+	deleting := alloc("red", "n3", "10.1.3.0/24")
+	deleting.DeletionTimestamp = &now
 	nets := []lacev1.Network{
-		{ObjectMeta: metav1.ObjectMeta{Name: "red", Labels: map[string]string{"vrf": "prod"}}, Spec: lacev1.NetworkSpec{Type: lacev1.NetworkTypeL3}, Status: lacev1.NetworkStatus{ID: 1}},
-		{ObjectMeta: metav1.ObjectMeta{Name: "anon", Labels: map[string]string{"vrf": "prod"}}, Spec: lacev1.NetworkSpec{Type: lacev1.NetworkTypeL3, Anonymous: true}, Status: lacev1.NetworkStatus{ID: 2}},
-		{ObjectMeta: metav1.ObjectMeta{Name: "new"}, Spec: lacev1.NetworkSpec{Type: lacev1.NetworkTypeL3}},
+		l3("red", map[string]string{"vrf": "prod"}, "10.1.0.0/16"),
+		anon(l3("anon", map[string]string{"vrf": "prod"}, "10.5.0.0/16")),
+		l3("new", nil, "10.9.0.0/16"),
 	}
-	alloc := func(network, node, prefix string, deleting bool) lacev1.Allocation {
-		a := lacev1.Allocation{Spec: lacev1.AllocationSpec{Network: network, Node: node, Prefixes: []lacev1.CIDR{lacev1.CIDR(prefix)}}}
-		if deleting {
-			a.DeletionTimestamp = &now
-		}
-		return a
-	}
+	nets[0].Status.ID, nets[1].Status.ID = 1, 2
 	in := NodeInput{
 		Node:     "n1",
 		Networks: nets,
 		Allocations: []lacev1.Allocation{
-			alloc("red", "n1", "10.1.1.0/24", false),
-			alloc("red", "n2", "10.1.2.0/24", false),
-			alloc("red", "n3", "10.1.3.0/24", true),  // being released: withdrawn
-			alloc("new", "n2", "10.9.2.0/24", false), // no ID yet: not routed
-			alloc("red", "n4", "10.1.4.0/24", false), // n4 has no locator yet
+			alloc("red", "n1", "10.1.1.0/24"),
+			alloc("red", "n2", "10.1.2.0/24"),
+			deleting,                          // being released: withdrawn
+			alloc("new", "n2", "10.9.2.0/24"), // no ID yet: not routed
+			alloc("red", "n4", "10.1.4.0/24"), // n4 has no locator yet
 		},
-		Underlays: []lacev1.UnderlayEndpoint{
-			{Spec: lacev1.UnderlayEndpointSpec{Node: "n1", Addresses: []lacev1.IPAddress{"172.30.0.11", "fd00:30::11"}, Locator: "fd1a:ce:0:1::/64"}},
-			{Spec: lacev1.UnderlayEndpointSpec{Node: "n2", Addresses: []lacev1.IPAddress{"172.30.0.12", "fd00:30::12"}, Locator: "fd1a:ce:0:2::/64"}},
-		},
-		RoutingPolicies: []lacev1.NetworkRoutingPolicy{{Spec: lacev1.NetworkRoutingPolicySpec{
-			SrcSelector:  &metav1.LabelSelector{MatchLabels: map[string]string{"vrf": "prod"}},
-			DestSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"vrf": "prod"}},
-		}}},
+		Underlays: testUnderlays,
 	}
 	st := ComputeNode(in)
 	if st.Locator.String() != "fd1a:ce:0:1::/64" {
 		t.Errorf("locator %s", st.Locator)
 	}
+	p := netip.MustParsePrefix
 	wantRoutes := []tables.Route{
-		{NetID: 1, Prefix: netip.MustParsePrefix("10.1.1.0/24"), Local: true},
-		{NetID: 1, Prefix: netip.MustParsePrefix("10.1.2.0/24"), SID: netip.MustParseAddr("fd1a:ce:0:2:100:0:0:1")},
+		{NetID: 1, Prefix: p("10.1.0.0/16"), Kind: tables.RouteSubnet, DstNet: 1},
+		{NetID: 1, Prefix: p("10.1.1.0/24"), Kind: tables.RouteLocal, DstNet: 1},
+		{NetID: 1, Prefix: p("10.1.2.0/24"), Kind: tables.RouteRemote, DstNet: 1, SID: netip.MustParseAddr("fd1a:ce:0:2:100:1:0:1")},
+		// Anonymous, and no policy at all: its own subnet stays, closed.
+		{NetID: 2, Prefix: p("10.5.0.0/16"), Kind: tables.RouteSubnet, DstNet: 2, Closed: true},
 	}
-	if len(st.Routes) != len(wantRoutes) {
-		t.Fatalf("routes %+v, want %+v", st.Routes, wantRoutes)
-	}
-	for i := range wantRoutes {
-		if st.Routes[i] != wantRoutes[i] {
-			t.Errorf("route %d: %+v, want %+v", i, st.Routes[i], wantRoutes[i])
-		}
+	if !reflect.DeepEqual(st.Routes, wantRoutes) {
+		t.Errorf("routes\n%+v, want\n%+v", st.Routes, wantRoutes)
 	}
 	if len(st.Networks) != 2 || !st.Networks[1].Anonymous {
 		t.Errorf("networks %+v", st.Networks)
 	}
-	if len(st.Policies) != 4 {
-		t.Errorf("policies %+v, want the 4 pairs of the prod group", st.Policies)
+	if len(st.Classifiers) != 0 {
+		t.Errorf("classifiers %+v without external networks", st.Classifiers)
 	}
 	if len(st.LocatorRoutes) != 1 || st.LocatorRoutes[0].Via.String() != "fd00:30::12" {
 		t.Errorf("locator routes %+v", st.LocatorRoutes)
@@ -73,5 +80,230 @@ func TestComputeNode(t *testing.T) {
 	}
 	if len(st.Blocks) != 1 || st.Blocks[0].Prefix.String() != "10.1.1.0/24" {
 		t.Errorf("blocks %+v", st.Blocks)
+	}
+}
+
+var kindNames = map[tables.RouteKind]string{tables.RouteRemote: "remote", tables.RouteLocal: "local",
+	tables.RouteSubnet: "subnet", tables.RouteExternal: "external", tables.RouteDeny: "deny"}
+
+// views renders the routes of a state as "prefix kind network[ closed]",
+// per source network name.
+func views(nets []lacev1.Network, st NodeState) map[string][]string {
+	names := map[uint32]string{}
+	for _, n := range nets {
+		names[uint32(n.Status.ID)] = n.Name
+	}
+	out := map[string][]string{}
+	for _, r := range st.Routes {
+		s := fmt.Sprintf("%s %s %s", r.Prefix, kindNames[r.Kind], names[r.DstNet])
+		if r.Closed {
+			s += " closed"
+		}
+		out[names[r.NetID]] = append(out[names[r.NetID]], s)
+	}
+	for _, v := range out {
+		sort.Strings(v)
+	}
+	return out
+}
+
+// blocks12 gives every l3 network with an IPv4 subnet a.b.0.0/16 the blocks
+// a.b.1.0/24 on n1 and a.b.2.0/24 on n2.
+func blocks12(nets []lacev1.Network) []lacev1.Allocation {
+	var out []lacev1.Allocation
+	for _, n := range nets {
+		if n.Spec.Type != lacev1.NetworkTypeL3 || n.Spec.IPv4Subnet == nil {
+			continue
+		}
+		b := netip.MustParsePrefix(string(n.Spec.IPv4Subnet.Prefix)).Addr().As4()
+		out = append(out, alloc(n.Name, "n1", fmt.Sprintf("%d.%d.1.0/24", b[0], b[1])),
+			alloc(n.Name, "n2", fmt.Sprintf("%d.%d.2.0/24", b[0], b[1])))
+	}
+	return out
+}
+
+func own(prefix16 string, name string, closed bool) []string {
+	c := ""
+	if closed {
+		c = " closed"
+	}
+	base := strings.TrimSuffix(prefix16, "0.0/16")
+	return []string{prefix16 + " subnet " + name + c, base + "1.0/24 local " + name + c, base + "2.0/24 remote " + name + c}
+}
+
+func cat(parts ...[]string) []string {
+	var out []string
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func TestViews(t *testing.T) {
+	prod := map[string]string{"vrf": "prod"}
+	red, blue, green := own("10.1.0.0/16", "red", false), own("10.2.0.0/16", "blue", false), own("10.3.0.0/16", "green", false)
+	for _, c := range []struct {
+		name string
+		nets []lacev1.Network
+		pols []lacev1.NetworkRoutingPolicy
+		// want are the views checked (others are not).
+		want map[string][]string
+	}{
+		{name: "isolation: each network sees its own only",
+			nets: []lacev1.Network{l3("red", nil, "10.1.0.0/16"), l3("blue", nil, "10.2.0.0/16")},
+			want: map[string][]string{"red": red, "blue": blue}},
+		{name: "one-way policy",
+			nets: []lacev1.Network{l3("red", nil, "10.1.0.0/16"), l3("blue", nil, "10.2.0.0/16")},
+			pols: []lacev1.NetworkRoutingPolicy{byName("red", "blue")},
+			want: map[string][]string{"red": cat(red, blue), "blue": blue}},
+		{name: "mesh: one label on both sides, l2 networks included",
+			nets: []lacev1.Network{l3("red", prod, "10.1.0.0/16"), l3("blue", prod, "10.2.0.0/16"),
+				l3("green", nil, "10.3.0.0/16"), l2("flat", prod, "10.4.0.0/16")},
+			pols: []lacev1.NetworkRoutingPolicy{nrp("mesh", prod, prod)},
+			want: map[string][]string{"red": cat(red, blue, []string{"10.4.0.0/16 subnet flat"}),
+				"blue": cat(red, blue, []string{"10.4.0.0/16 subnet flat"}), "green": green,
+				"flat": cat(red, blue, []string{"10.4.0.0/16 subnet flat"})}},
+		{name: "anonymous without self policy: own entries closed, peers open",
+			nets: []lacev1.Network{anon(l3("red", prod, "10.1.0.0/16")), l3("blue", nil, "10.2.0.0/16")},
+			// Selected as source by one policy and destination by another,
+			// on both sides by none.
+			pols: []lacev1.NetworkRoutingPolicy{byName("red", "blue"), nrp("into-prod", map[string]string{netLabel: "blue"}, prod)},
+			want: map[string][]string{"red": cat(own("10.1.0.0/16", "red", true), blue), "blue": cat(blue, red)}},
+		{name: "anonymous opened by a self policy",
+			nets: []lacev1.Network{anon(l3("red", nil, "10.1.0.0/16"))},
+			pols: []lacev1.NetworkRoutingPolicy{byName("red", "red")},
+			want: map[string][]string{"red": red}},
+		{name: "overlapping peers: the later is refused, the other stays",
+			nets: []lacev1.Network{l3("red", nil, "10.1.0.0/16"), l3("blue", nil, "10.2.0.0/16"),
+				l3("cyan", nil, "10.2.0.0/16"), l3("shadow", nil, "10.1.128.0/17"), l3("green", nil, "10.3.0.0/16")},
+			// blue comes before cyan by network name in one policy; shadow
+			// overlaps red's own subnet; green is granted by a later policy.
+			pols: []lacev1.NetworkRoutingPolicy{nrp("a-peers", map[string]string{netLabel: "red"}, nil), byName("red", "green")},
+			want: map[string][]string{"red": cat(red, blue, green)}},
+		{name: "world does not reach into a more specific external network outside the view",
+			nets: []lacev1.Network{l3("red", nil, "10.1.0.0/16"), external("world", "0.0.0.0/0", "::/0"), external("corp", "192.168.0.0/16")},
+			pols: []lacev1.NetworkRoutingPolicy{byName("red", "world")},
+			want: map[string][]string{
+				"red":  cat(red, []string{"0.0.0.0/0 external world", "::/0 external world", "192.168.0.0/16 deny corp"}),
+				"corp": {"0.0.0.0/0 deny world", "192.168.0.0/16 external corp", "::/0 deny world"},
+			}},
+		{name: "a pod subnet of the view holds an out-of-view external prefix: no deny",
+			nets: []lacev1.Network{l3("red", nil, "10.1.0.0/16"), external("world", "0.0.0.0/0"), external("corp", "10.1.5.0/24")},
+			pols: []lacev1.NetworkRoutingPolicy{byName("red", "world")},
+			want: map[string][]string{"red": cat(red, []string{"0.0.0.0/0 external world"})}},
+		{name: "the external network's own view: its prefixes and the pod networks it may reach",
+			nets: []lacev1.Network{l3("red", nil, "10.1.0.0/16"), l3("blue", nil, "10.2.0.0/16"),
+				external("world", "0.0.0.0/0", "::/0"), external("corp", "192.168.0.0/16")},
+			pols: []lacev1.NetworkRoutingPolicy{byName("world", "red")},
+			want: map[string][]string{
+				"world": cat(red, []string{"0.0.0.0/0 external world", "::/0 external world", "192.168.0.0/16 deny corp"}),
+				"corp":  {"0.0.0.0/0 deny world", "192.168.0.0/16 external corp", "::/0 deny world"},
+			}},
+		{name: "two external networks with the same prefix: the earlier name owns it",
+			nets: []lacev1.Network{l3("red", nil, "10.1.0.0/16"), external("corp", "192.168.0.0/16"), external("alt", "192.168.0.0/16")},
+			pols: []lacev1.NetworkRoutingPolicy{byName("red", "corp")},
+			want: map[string][]string{"red": cat(red, []string{"192.168.0.0/16 deny alt"})}},
+		{name: "a nil selector selects nothing",
+			nets: []lacev1.Network{l3("red", nil, "10.1.0.0/16"), l3("blue", nil, "10.2.0.0/16")},
+			pols: []lacev1.NetworkRoutingPolicy{{ObjectMeta: metav1.ObjectMeta{Name: "nil-dst"},
+				Spec: lacev1.NetworkRoutingPolicySpec{SrcSelector: &metav1.LabelSelector{}}}},
+			want: map[string][]string{"red": red}},
+		{name: "an external prefix of the view more specific than a pod subnet takes the blocks inside it",
+			// lab (10.1.0.0/23) holds red's block on n1; an outside
+			// address in corp (inside lab, not in the view) still
+			// resolves to red's block, which therefore reappears there.
+			nets: []lacev1.Network{l3("red", nil, "10.1.0.0/16"), external("lab", "10.1.0.0/23"), external("corp", "10.1.1.128/25")},
+			pols: []lacev1.NetworkRoutingPolicy{byName("red", "lab")},
+			want: map[string][]string{"red": {"10.1.0.0/16 subnet red", "10.1.0.0/23 external lab", "10.1.1.128/25 local red", "10.1.2.0/24 remote red"}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			nets := topology(c.nets, c.pols...).Networks
+			st := ComputeNode(NodeInput{Node: "n1", Networks: nets, Allocations: blocks12(nets), Underlays: testUnderlays,
+				RoutingPolicies: c.pols})
+			got := views(nets, st)
+			for name, want := range c.want {
+				if !reflect.DeepEqual(got[name], want) {
+					t.Errorf("view of %s:\n  %s\nwant\n  %s", name, strings.Join(got[name], "\n  "), strings.Join(want, "\n  "))
+				}
+			}
+		})
+	}
+}
+
+func l2(name string, kv map[string]string, prefix string) lacev1.Network {
+	n := l3(name, kv)
+	n.Spec.Type = lacev1.NetworkTypeL2
+	n.Spec.IPv4Subnet = &lacev1.Subnet{Prefix: lacev1.CIDR(prefix)}
+	return n
+}
+
+// TestViewSIDs: a remote block's SID names the node's locator, the source
+// network (the view) and the destination network, 16 bits each.
+func TestViewSIDs(t *testing.T) {
+	nets := []lacev1.Network{l3("red", nil, "10.1.0.0/16"), l3("blue", nil, "10.2.0.0/16")}
+	nets[0].Status.ID, nets[1].Status.ID = 0x1234, 0xfffe
+	pols := []lacev1.NetworkRoutingPolicy{byName("red", "blue")}
+	st := ComputeNode(NodeInput{Node: "n1", Networks: nets, Allocations: blocks12(nets), Underlays: testUnderlays, RoutingPolicies: pols})
+	want := map[string]string{
+		"4660 10.1.2.0/24":  "fd1a:ce:0:2:100:1234:0:1234", // red's own block: red -> red
+		"4660 10.2.2.0/24":  "fd1a:ce:0:2:100:1234:0:fffe", // red -> blue
+		"65534 10.2.2.0/24": "fd1a:ce:0:2:100:fffe:0:fffe", // blue's own
+	}
+	got := map[string]string{}
+	for _, r := range st.Routes {
+		if r.Kind == tables.RouteRemote {
+			got[fmt.Sprint(r.NetID, " ", r.Prefix)] = r.SID.String()
+		}
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("SIDs %v, want %v", got, want)
+	}
+}
+
+func TestClassifiers(t *testing.T) {
+	nets := topology([]lacev1.Network{l3("red", nil, "10.1.0.0/16"), external("world", "0.0.0.0/0", "::/0"),
+		external("corp", "192.168.0.0/16", "10.0.0.0/8"), external("alt", "192.168.0.0/16")}).Networks
+	st := ComputeNode(NodeInput{Node: "n1", Networks: nets})
+	var got []string
+	for _, c := range st.Classifiers {
+		got = append(got, fmt.Sprint(c.Prefix, " ", c.NetID))
+	}
+	// IDs in order: red 1, world 2, corp 3, alt 4.
+	want := []string{"0.0.0.0/0 2", "10.0.0.0/8 3", "192.168.0.0/16 4", "::/0 2"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("classifiers %v, want %v", got, want)
+	}
+}
+
+// BenchmarkComputeNode: a mesh of 20 dual-stack networks with a block on
+// each of 200 nodes, and a few external networks.
+func BenchmarkComputeNode(b *testing.B) {
+	in := NodeInput{Node: "n0"}
+	mesh := map[string]string{"mesh": "yes"}
+	for i := range 20 {
+		n := l3(fmt.Sprintf("net%02d", i), mesh, fmt.Sprintf("10.%d.0.0/16", i), fmt.Sprintf("fd00:%x::/48", i))
+		n.Status.ID = int32(i + 1)
+		in.Networks = append(in.Networks, n)
+		for j := range 200 {
+			in.Allocations = append(in.Allocations, alloc(n.Name, fmt.Sprintf("n%d", j),
+				fmt.Sprintf("10.%d.%d.0/24", i, j), fmt.Sprintf("fd00:%x:0:%x::/64", i, j)))
+		}
+	}
+	for j := range 200 {
+		in.Underlays = append(in.Underlays, lacev1.UnderlayEndpoint{Spec: lacev1.UnderlayEndpointSpec{Node: fmt.Sprintf("n%d", j),
+			Addresses: []lacev1.IPAddress{lacev1.IPAddress(fmt.Sprintf("fd00:30::%x", j+1))}, Locator: lacev1.CIDR(fmt.Sprintf("fd1a:ce:0:%x::/64", j+1))}})
+	}
+	w, c := external("world", "0.0.0.0/0", "::/0"), external("corp", "192.168.0.0/16", "10.5.3.0/24", "172.16.0.0/12")
+	w.Status.ID, c.Status.ID = 100, 101
+	w.Labels["mesh"] = "yes"
+	in.Networks = append(in.Networks, w, c)
+	in.RoutingPolicies = []lacev1.NetworkRoutingPolicy{nrp("mesh", mesh, mesh)}
+	b.ResetTimer()
+	for range b.N {
+		st := ComputeNode(in)
+		if len(st.Routes) < 20*20*400 {
+			b.Fatalf("%d routes", len(st.Routes))
+		}
 	}
 }
