@@ -33,7 +33,7 @@ type fakeDP struct {
 	ports    map[uint32]datapath.Port
 	routes   map[string]datapath.Route
 	nets     map[uint32]datapath.Network
-	pols     map[datapath.Policy]bool
+	cls      map[netip.Prefix]datapath.Classifier
 	nodes    map[netip.Addr]bool
 	host     map[netip.Addr]bool
 	attached map[string]bool
@@ -42,7 +42,7 @@ type fakeDP struct {
 
 func newFakeDP() *fakeDP {
 	return &fakeDP{eps: map[string]datapath.Endpoint{}, ports: map[uint32]datapath.Port{}, routes: map[string]datapath.Route{},
-		nets: map[uint32]datapath.Network{}, pols: map[datapath.Policy]bool{}, nodes: map[netip.Addr]bool{},
+		nets: map[uint32]datapath.Network{}, cls: map[netip.Prefix]datapath.Classifier{}, nodes: map[netip.Addr]bool{},
 		host: map[netip.Addr]bool{}, attached: map[string]bool{}}
 }
 
@@ -91,19 +91,21 @@ func (f *fakeDP) Routes() ([]datapath.Route, error)      { return values(&f.mu, 
 func (f *fakeDP) UpsertNetwork(n datapath.Network) error { return f.w(func() { f.nets[n.ID] = n }) }
 func (f *fakeDP) DeleteNetwork(id uint32) error          { return f.w(func() { delete(f.nets, id) }) }
 func (f *fakeDP) Networks() ([]datapath.Network, error)  { return values(&f.mu, f.nets), nil }
-func (f *fakeDP) UpsertPolicy(p datapath.Policy) error   { return f.w(func() { f.pols[p] = true }) }
-func (f *fakeDP) DeletePolicy(p datapath.Policy) error   { return f.w(func() { delete(f.pols, p) }) }
-func (f *fakeDP) Policies() ([]datapath.Policy, error)   { return keys(&f.mu, f.pols), nil }
-func (f *fakeDP) UpsertNode(a netip.Addr) error          { return f.w(func() { f.nodes[a] = true }) }
-func (f *fakeDP) DeleteNode(a netip.Addr) error          { return f.w(func() { delete(f.nodes, a) }) }
-func (f *fakeDP) Nodes() ([]netip.Addr, error)           { return keys(&f.mu, f.nodes), nil }
-func (f *fakeDP) UpsertHostAddr(a netip.Addr) error      { return f.w(func() { f.host[a] = true }) }
-func (f *fakeDP) DeleteHostAddr(a netip.Addr) error      { return f.w(func() { delete(f.host, a) }) }
-func (f *fakeDP) HostAddrs() ([]netip.Addr, error)       { return keys(&f.mu, f.host), nil }
-func (f *fakeDP) MapSizes() (map[string]int, error)      { return map[string]int{}, nil }
-func (f *fakeDP) Drops() (map[string]uint64, error)      { return map[string]uint64{}, nil }
-func (f *fakeDP) Forwarded() (map[string]uint64, error)  { return map[string]uint64{}, nil }
-func (f *fakeDP) Close() error                           { return nil }
+func (f *fakeDP) UpsertClassifier(c datapath.Classifier) error {
+	return f.w(func() { f.cls[c.Prefix] = c })
+}
+func (f *fakeDP) DeleteClassifier(p netip.Prefix) error       { return f.w(func() { delete(f.cls, p) }) }
+func (f *fakeDP) Classifiers() ([]datapath.Classifier, error) { return values(&f.mu, f.cls), nil }
+func (f *fakeDP) UpsertNode(a netip.Addr) error               { return f.w(func() { f.nodes[a] = true }) }
+func (f *fakeDP) DeleteNode(a netip.Addr) error               { return f.w(func() { delete(f.nodes, a) }) }
+func (f *fakeDP) Nodes() ([]netip.Addr, error)                { return keys(&f.mu, f.nodes), nil }
+func (f *fakeDP) UpsertHostAddr(a netip.Addr) error           { return f.w(func() { f.host[a] = true }) }
+func (f *fakeDP) DeleteHostAddr(a netip.Addr) error           { return f.w(func() { delete(f.host, a) }) }
+func (f *fakeDP) HostAddrs() ([]netip.Addr, error)            { return keys(&f.mu, f.host), nil }
+func (f *fakeDP) MapSizes() (map[string]int, error)           { return map[string]int{}, nil }
+func (f *fakeDP) Drops() (map[string]uint64, error)           { return map[string]uint64{}, nil }
+func (f *fakeDP) Forwarded() (map[string]uint64, error)       { return map[string]uint64{}, nil }
+func (f *fakeDP) Close() error                                { return nil }
 
 func values[K comparable, V any](mu *sync.Mutex, m map[K]V) []V {
 	mu.Lock()

@@ -29,9 +29,9 @@ type dataplane interface {
 	UpsertNetwork(datapath.Network) error
 	DeleteNetwork(id uint32) error
 	Networks() ([]datapath.Network, error)
-	UpsertPolicy(datapath.Policy) error
-	DeletePolicy(datapath.Policy) error
-	Policies() ([]datapath.Policy, error)
+	UpsertClassifier(datapath.Classifier) error
+	DeleteClassifier(p netip.Prefix) error
+	Classifiers() ([]datapath.Classifier, error)
 	UpsertNode(netip.Addr) error
 	DeleteNode(netip.Addr) error
 	Nodes() ([]netip.Addr, error)

@@ -205,8 +205,9 @@ func (a *Agent) apply(st model.NodeState) error {
 	curRoutes, err := a.dp.Routes()
 	errs = append(errs, err, syncList(curRoutes, st.Routes, func(r datapath.Route) string { return fmt.Sprint(r.NetID, r.Prefix) },
 		a.dp.UpsertRoute, func(r datapath.Route) error { return a.dp.DeleteRoute(r.NetID, r.Prefix) }))
-	curPol, err := a.dp.Policies()
-	errs = append(errs, err, syncSet(curPol, st.Policies, a.dp.UpsertPolicy, a.dp.DeletePolicy))
+	curCls, err := a.dp.Classifiers()
+	errs = append(errs, err, syncList(curCls, st.Classifiers, func(c datapath.Classifier) netip.Prefix { return c.Prefix },
+		a.dp.UpsertClassifier, func(c datapath.Classifier) error { return a.dp.DeleteClassifier(c.Prefix) }))
 
 	// Underlay routes to the other nodes' locators.
 	owned, err := a.node.OwnedRoutes()
