@@ -82,9 +82,14 @@ const (
 	// addressed its own network.
 	DropAnonymous DropReason = "anonymous-network"
 	// DropUnclassified: a plain-IP source (outside or a node's host stack)
-	// that no external network's prefix covers. Not a data plane counter
-	// yet: issue 9 item 3 adds it.
+	// that no external network's prefix covers.
 	DropUnclassified DropReason = "unclassified-source"
+	// DropToNode: a pod opening a flow to its own node's address, which
+	// its view does not hold.
+	DropToNode DropReason = "to-node-not-answer"
+	// DropTransit: plain IP entering a node for an outside address: a
+	// node is not a router.
+	DropTransit DropReason = "not-for-this-node"
 )
 
 // Verdict is the oracle's answer, with what decided it.
@@ -476,10 +481,14 @@ func Reach(t Topology, src, dst Endpoint, proto string, port uint16) Verdict {
 		}
 	}
 
+	ownNode := src.Kind == EndpointPod && dst.Kind == EndpointNode && dst.NodeName != "" && dst.NodeName == src.NodeName
 	// Destinations resolve by longest prefix in the source's view.
 	e, ok := tp.resolve(view, dst.Addr)
 	if !ok {
 		v.Reason = DropIsolated
+		if ownNode {
+			v.Reason = DropToNode
+		}
 		if ext, p, in := tp.classify(dst.Addr); in {
 			v.Rule = fmt.Sprintf("no view: %s belongs to external network %s (%s), which %s does not reach", dst.Addr, ext, p, s)
 		} else {
@@ -488,6 +497,21 @@ func Reach(t Topology, src, dst Endpoint, proto string, port uint16) Verdict {
 		return v
 	}
 	v.DstNetwork, v.DstPrefix, v.Policy = e.Network, e.Prefix, e.Policy
+	// A pod's own node is an outside host classified by its address like
+	// any other, but it is local: the packet is handed to the node's stack
+	// with the pod's address, which is unique on the node (section 5, the
+	// node itself), and the data plane counts a refusal as
+	// to-node-not-answer.
+	if ownNode && e.Type != lacev1.NetworkTypeExternal {
+		v.Rule = fmt.Sprintf("no view: the address of node %s resolves to pod network %s (%s) in the view of %s", dst.NodeName, e.Network, e.Prefix, s)
+		v.Reason = DropToNode
+		return v
+	}
+	if src.Kind != EndpointPod && dst.Kind != EndpointPod && e.Type == lacev1.NetworkTypeExternal {
+		v.Rule = fmt.Sprintf("transit: %s is outside the cluster and a node is not a router", dst.Addr)
+		v.Reason = DropTransit
+		return v
+	}
 	switch {
 	case dst.Kind == EndpointPod && e.Network != dst.Network:
 		v.Rule = fmt.Sprintf("no view: %s resolves to %s (%s) in the view of %s, not to %s", dst.Addr, e.Network, e.Prefix, s, dst.Network)
@@ -499,6 +523,10 @@ func Reach(t Topology, src, dst Endpoint, proto string, port uint16) Verdict {
 		return v
 	}
 	v.Allowed, v.Rule = true, grantRule(e, s)
+	if ownNode {
+		v.Rule += "; handed to the node's host stack with the pod's address (unique on the node)"
+		return v
+	}
 	if src.Kind == EndpointPod && e.Type == lacev1.NetworkTypeExternal {
 		v.SNAT = true
 		v.Rule += "; leaves through the node's underlay with SNAT to the node address"
