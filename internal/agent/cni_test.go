@@ -163,7 +163,7 @@ func TestApplyTouchesOnlyTheDifference(t *testing.T) {
 	if err := a.apply(st); err != nil {
 		t.Fatal(err)
 	}
-	if len(a.dp.nets) != 2 || len(a.dp.nodes) != 2 || len(a.dp.routes) != 1 || len(a.node.routes) != 1 || !a.dp.attached["underlay"] {
+	if len(a.dp.nets) != 2 || len(a.dp.nodes) != 2 || len(a.dp.routes) != len(st.Routes) || len(a.node.routes) != 1 || !a.dp.attached["underlay"] {
 		t.Fatalf("first apply: nets %v nodes %v routes %v locator routes %v", a.dp.nets, a.dp.nodes, a.dp.routes, a.node.routes)
 	}
 	writes, routeWrites := a.dp.writes, a.node.routeWrites

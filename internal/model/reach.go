@@ -2,7 +2,7 @@ package model
 
 // The reachability oracle. It is written from the rules of ARCHITECTURE.md
 // section 5 and spec/topology.txt, deliberately apart from ComputeNode and
-// Policies (node.go), which build the data plane's tables: the end-to-end
+// its views (node.go), which build the data plane's tables: the end-to-end
 // tests compare real packets with Reach, and a bug shared by both would
 // hide. Do not call node.go from here, nor the other way around.
 
@@ -484,6 +484,19 @@ func Reach(t Topology, src, dst Endpoint, proto string, port uint16) Verdict {
 	ownNode := src.Kind == EndpointPod && dst.Kind == EndpointNode && dst.NodeName != "" && dst.NodeName == src.NodeName
 	// Destinations resolve by longest prefix in the source's view.
 	e, ok := tp.resolve(view, dst.Addr)
+	// A closed anonymous network keeps its own subnets reserved: an
+	// address there is its own, whatever kind the question names it as,
+	// unless a more specific external prefix of the view covers it (as it
+	// would were the network open).
+	if src.Kind == EndpointPod && dst.Kind != EndpointPod && view.Closed {
+		for _, p := range tp.nets[s].prefixes {
+			if p.Contains(dst.Addr) && !(ok && e.Type == lacev1.NetworkTypeExternal && e.Prefix.Bits() > p.Bits()) {
+				v.Rule = fmt.Sprintf("anonymous network %s without self policy (%s is in its subnet %s)", s, dst.Addr, p)
+				v.Reason = DropAnonymous
+				return v
+			}
+		}
+	}
 	if !ok {
 		v.Reason = DropIsolated
 		if ownNode {

@@ -4,13 +4,14 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
-
-	corev1 "k8s.io/api/core/v1"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/datapath"
@@ -18,23 +19,28 @@ import (
 	"github.com/lace-cni/lace/internal/netutil"
 )
 
-// TestNoWayInFromTheFabric: the lab's external host routes the pod
-// prefixes of two networks (the default one and an isolated one) via n1
-// and sends plain TCP SYNs, UDP and ICMP to pods there, and SRv6 forged to
-// n1's SID of the default network. Nothing arrives in the pods (captured
-// inside them), the TCP attempts time out rather than being refused, and
-// n1 counts each under its reason.
-func TestNoWayInFromTheFabric(t *testing.T) {
+// TestFabricEntersOnlyWherePolicyAllows: the lab's external host (on the
+// fabric, classified into the shipped world network) routes the pod
+// prefixes of the default network and of an isolated one via n1. It
+// reaches the default pod (world -> default) with its own address as
+// source; toward the isolated network its TCP SYNs, UDP and ICMP never
+// arrive in the pod (captured inside it), TCP times out rather than being
+// refused, and n1 counts each as isolated. SRv6 forged to n1's SID of the
+// default network is refused as coming from no node.
+func TestFabricEntersOnlyWherePolicyAllows(t *testing.T) {
 	needLab(t)
 	c := laceClient(t)
 	ctx := context.Background()
 	network(t, c, "fenced", "10.91.0.0/16", "fd00:91::/48", false)
-	targets := []*corev1.Pod{netPod(t, "inj-default", "default", "n1", true), netPod(t, "inj-fenced", "fenced", "n1", true)}
+	open := netPod(t, "inj-default", "default", "n1", true)
+	fenced := netPod(t, "inj-fenced", "fenced", "n1", true)
 
 	cfg := labConfig()
 	ext := netutil.Path(cfg.NetNS("external"))
 	n1v4, n1v6 := lab.NodeUnderlay(1)
 	extV4, extV6 := lab.ExternalUnderlay()
+	// More specific than the lab's routes over every node: everything
+	// enters at n1, whose counters are read.
 	for _, r := range []struct {
 		dst string
 		via netip.Addr
@@ -49,6 +55,29 @@ func TestNoWayInFromTheFabric(t *testing.T) {
 		defer func() { _ = netutil.DeleteRoute(ext, dst, "eth0") }()
 	}
 
+	// world -> default: the external host reaches the default pod, which
+	// sees the external host's own address.
+	ov4, ov6 := podAddrs(open)
+	for _, dst := range []netip.Addr{ov4, ov6} {
+		eventually(t, 20*time.Second, fmt.Sprintf("external host -> %s (%s)", open.Name, dst), func() error {
+			body, err := httpFrom(ctx, ext, dst, "/clientip")
+			if err != nil {
+				return err
+			}
+			host, _, err := net.SplitHostPort(body)
+			if err != nil {
+				return fmt.Errorf("clientip %q: %w", body, err)
+			}
+			if want := map[bool]netip.Addr{true: extV4, false: extV6}[dst.Is4()]; host != want.String() {
+				return fmt.Errorf("the pod saw %s, want the external host's %s", host, want)
+			}
+			return nil
+		})
+		if out, err := exec.Command("ip", "netns", "exec", cfg.NetNS("external"), "ping", "-c", "1", "-W", "2", dst.String()).CombinedOutput(); err != nil {
+			t.Errorf("ping from the external host to %s: %v\n%s", dst, err, out)
+		}
+	}
+
 	var uep lacev1.UnderlayEndpoint
 	if err := c.Get(ctx, crKey("n1"), &uep); err != nil {
 		t.Fatal(err)
@@ -57,64 +86,90 @@ func TestNoWayInFromTheFabric(t *testing.T) {
 	if err := c.Get(ctx, crKey("default"), &def); err != nil {
 		t.Fatal(err)
 	}
-	sid := datapath.SID(netip.MustParsePrefix(string(uep.Spec.Locator)), datapath.BehaviourL3Decap, uint32(def.Status.ID))
+	id := uint32(def.Status.ID)
+	sid := datapath.SID(netip.MustParsePrefix(string(uep.Spec.Locator)), datapath.BehaviourL3Decap, id, id)
 
 	before := nodeDrops(t, "n1")
 	sent := 0
-	for _, p := range targets {
-		v4, v6 := podAddrs(p)
-		frames, err := netutil.Capture(podNetNS(t, p), "eth0", func() {
-			for _, dst := range []netip.Addr{v4, v6} {
-				// TCP: a SYN that is dropped times out; a refused one would
-				// mean it arrived somewhere.
-				dctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
-				conn, err := netutil.DialContext(dctx, ext, "tcp", net.JoinHostPort(dst.String(), "8080"))
-				cancel()
-				if err == nil {
-					conn.Close()
-					t.Errorf("TCP from the external host reached %s at %s", p.Name, dst)
-				} else if !errors.Is(err, context.DeadlineExceeded) {
-					t.Errorf("TCP to %s at %s: %v, want a timeout (dropped, not refused)", p.Name, dst, err)
-				}
-				sent++ // at least the SYN
-				u, err := netutil.DialContext(ctx, ext, "udp", net.JoinHostPort(dst.String(), "8081"))
-				if err != nil {
+	fv4, fv6 := podAddrs(fenced)
+	frames, err := netutil.Capture(podNetNS(t, fenced), "eth0", func() {
+		for _, dst := range []netip.Addr{fv4, fv6} {
+			// TCP: a SYN that is dropped times out; a refused one would
+			// mean it arrived somewhere.
+			dctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+			conn, err := netutil.DialContext(dctx, ext, "tcp", net.JoinHostPort(dst.String(), "8080"))
+			cancel()
+			if err == nil {
+				conn.Close()
+				t.Errorf("TCP from the external host reached %s at %s", fenced.Name, dst)
+			} else if !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("TCP to %s at %s: %v, want a timeout (dropped, not refused)", fenced.Name, dst, err)
+			}
+			sent++ // at least the SYN
+			u, err := netutil.DialContext(ctx, ext, "udp", net.JoinHostPort(dst.String(), "8081"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range 3 {
+				if _, err := u.Write([]byte("hostname")); err != nil {
 					t.Fatal(err)
 				}
-				for range 3 {
-					if _, err := u.Write([]byte("hostname")); err != nil {
-						t.Fatal(err)
-					}
-					sent++
-				}
-				u.Close()
-				if out, err := exec.Command("ip", "netns", "exec", cfg.NetNS("external"), "ping", "-c", "2", "-i", "0.2", "-W", "1", dst.String()).CombinedOutput(); err == nil {
-					t.Errorf("ping from the external host answered by %s at %s:\n%s", p.Name, dst, out)
-				}
-				sent += 2
+				sent++
 			}
-			if p.Name == "inj-default" {
-				forgeSRv6(t, ext, sid, extV4, v4)
+			u.Close()
+			if out, err := exec.Command("ip", "netns", "exec", cfg.NetNS("external"), "ping", "-c", "2", "-i", "0.2", "-W", "1", dst.String()).CombinedOutput(); err == nil {
+				t.Errorf("ping from the external host answered by %s at %s:\n%s", fenced.Name, dst, out)
 			}
-		})
-		if err != nil {
-			t.Fatal(err)
+			sent += 2
 		}
-		for _, f := range frames {
-			if fromHost(f, extV4, extV6) {
-				t.Errorf("a frame from the external host arrived in %s: % x", p.Name, f[:min(len(f), 64)])
-			}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range frames {
+		if fromHost(f, extV4, extV6) {
+			t.Errorf("a frame from the external host arrived in %s: % x", fenced.Name, f[:min(len(f), 64)])
+		}
+	}
+	// Forged SRv6 toward the default pod never arrives.
+	frames, err = netutil.Capture(podNetNS(t, open), "eth0", func() { forgeSRv6(t, ext, sid, extV4, ov4) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range frames {
+		if fromHost(f, extV4, extV6) {
+			t.Errorf("a forged SRv6 packet was delivered to %s: % x", open.Name, f[:min(len(f), 64)])
 		}
 	}
 
 	// The counters are the node's pinned per-CPU maps, read at once.
 	after := nodeDrops(t, "n1")
-	if got := after["not-for-this-node"] - before["not-for-this-node"]; got < uint64(sent) {
-		t.Errorf("n1 counted %d packets not-for-this-node, want at least the %d sent", got, sent)
+	if got := after["isolated"] - before["isolated"]; got < uint64(sent) {
+		t.Errorf("n1 counted %d packets isolated, want at least the %d sent", got, sent)
 	}
 	if got := after["decap-unknown-source"] - before["decap-unknown-source"]; got < 3 {
 		t.Errorf("n1 counted %d forged SRv6 packets as decap-unknown-source, want 3", got)
 	}
+}
+
+// httpFrom sends GET path to netexec at dst:8080 from the namespace at
+// nsPath and returns the body.
+func httpFrom(ctx context.Context, nsPath string, dst netip.Addr, path string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	conn, err := netutil.DialContext(ctx, nsPath, "tcp", net.JoinHostPort(dst.String(), "8080"))
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+	fmt.Fprintf(conn, "GET %s HTTP/1.0\r\nHost: e2e\r\n\r\n", path)
+	b, err := io.ReadAll(conn)
+	if err != nil {
+		return "", err
+	}
+	_, body, _ := strings.Cut(string(b), "\r\n\r\n")
+	return strings.TrimSpace(body), nil
 }
 
 // forgeSRv6 sends three SRv6 packets (reduced encapsulation: IPv6 to the
