@@ -427,8 +427,24 @@ func (vt *viewTopology) view(v *viewNet) []tables.Route {
 		}
 	}
 
+	// Pod subnets of networks outside the view are no outside addresses:
+	// they are denied, never reached by leaving through an external
+	// network (nothing transits, and SNAT must not hairpin into the
+	// cluster), unless a pod subnet of the view holds the address.
+	others := map[netip.Prefix]*viewNet{}
+	for _, n := range vt.nets {
+		if n.external || in[n.name] {
+			continue
+		}
+		for _, p := range n.prefixes {
+			if _, dup := others[p]; !dup {
+				others[p] = n
+			}
+		}
+	}
+
 	isClosed := func(n *viewNet) bool { return closed && n == v }
-	size := len(vt.extOwner)
+	size := len(vt.extOwner) + len(others)
 	for _, d := range pods {
 		size += len(d.blocks) + len(d.prefixes)
 	}
@@ -453,6 +469,9 @@ func (vt *viewTopology) view(v *viewNet) []tables.Route {
 	for p := range vt.extOwner {
 		keys = append(keys, p)
 	}
+	for p := range others {
+		keys = append(keys, p)
+	}
 	// Shorter prefixes first: an entry is placed knowing what its
 	// enclosing entries already give.
 	sort.Slice(keys, func(i, j int) bool {
@@ -469,7 +488,7 @@ func (vt *viewTopology) view(v *viewNet) []tables.Route {
 		if _, done := placed[k]; done {
 			continue
 		}
-		r, ok := vt.entry(k, subnets, blocks, in, isClosed)
+		r, ok := vt.entry(k, subnets, others, blocks, in, isClosed)
 		if !ok {
 			continue
 		}
@@ -478,7 +497,8 @@ func (vt *viewTopology) view(v *viewNet) []tables.Route {
 		// the enclosing entry gives, unless something in between differs.
 		podKind := r.Kind <= tables.RouteSubnet
 		_, extKey := vt.extOwner[k]
-		natural := podKey[k] && podKind || extKey && !podKind
+		_, otherKey := others[k]
+		natural := podKey[k] && podKind || extKey && !podKind || otherKey && r.Kind == tables.RouteDeny
 		if !natural {
 			if _, up, ok := longestAt(placed, k, 0); ok && sameEntry(up, r) {
 				continue
@@ -493,16 +513,18 @@ func (vt *viewTopology) view(v *viewNet) []tables.Route {
 
 // entry is what the view gives an address whose longest prefix of
 // interest is k.
-func (vt *viewTopology) entry(k netip.Prefix, subnets map[netip.Prefix]*viewNet, blocks map[netip.Prefix]tables.Route,
+func (vt *viewTopology) entry(k netip.Prefix, subnets, others map[netip.Prefix]*viewNet, blocks map[netip.Prefix]tables.Route,
 	in map[string]bool, isClosed func(*viewNet) bool) (tables.Route, bool) {
 	sub, d, hasSub := longestAt(subnets, k, 0)
+	osub, od, hasOther := longestAt(others, k, 0)
 	ext, hasExt := vt.classifyPrefix(k)
 	var owner *viewNet
 	if hasExt {
 		owner = vt.extOwner[ext]
 	}
-	// A pod subnet wins a tie with an external prefix.
-	if hasExt && in[owner.name] && (!hasSub || ext.Bits() > sub.Bits()) {
+	// A pod subnet (of the view, or outside it and then denied) wins a
+	// tie with an external prefix.
+	if hasExt && in[owner.name] && (!hasSub || ext.Bits() > sub.Bits()) && (hasSub || !hasOther || ext.Bits() > osub.Bits()) {
 		return tables.Route{Kind: tables.RouteExternal, DstNet: owner.id, Closed: isClosed(owner)}, true
 	}
 	if hasSub {
@@ -510,6 +532,9 @@ func (vt *viewTopology) entry(k netip.Prefix, subnets map[netip.Prefix]*viewNet,
 			return b, true
 		}
 		return tables.Route{Kind: tables.RouteSubnet, DstNet: d.id, Closed: isClosed(d)}, true
+	}
+	if hasOther && (!hasExt || osub.Bits() >= ext.Bits()) {
+		return tables.Route{Kind: tables.RouteDeny, DstNet: od.id}, true
 	}
 	if hasExt {
 		return tables.Route{Kind: tables.RouteDeny, DstNet: owner.id}, true

@@ -60,6 +60,9 @@ func TestComputeNode(t *testing.T) {
 		{NetID: 1, Prefix: p("10.1.0.0/16"), Kind: tables.RouteSubnet, DstNet: 1},
 		{NetID: 1, Prefix: p("10.1.1.0/24"), Kind: tables.RouteLocal, DstNet: 1},
 		{NetID: 1, Prefix: p("10.1.2.0/24"), Kind: tables.RouteRemote, DstNet: 1, SID: netip.MustParseAddr("fd1a:ce:0:2:100:1:0:1")},
+		// Other pod networks' subnets are denied, never outside addresses.
+		{NetID: 1, Prefix: p("10.5.0.0/16"), Kind: tables.RouteDeny, DstNet: 2},
+		{NetID: 2, Prefix: p("10.1.0.0/16"), Kind: tables.RouteDeny, DstNet: 1},
 		// Anonymous, and no policy at all: its own subnet stays, closed.
 		{NetID: 2, Prefix: p("10.5.0.0/16"), Kind: tables.RouteSubnet, DstNet: 2, Closed: true},
 	}
@@ -152,18 +155,19 @@ func TestViews(t *testing.T) {
 	}{
 		{name: "isolation: each network sees its own only",
 			nets: []lacev1.Network{l3("red", nil, "10.1.0.0/16"), l3("blue", nil, "10.2.0.0/16")},
-			want: map[string][]string{"red": red, "blue": blue}},
+			want: map[string][]string{"red": cat(red, []string{"10.2.0.0/16 deny blue"}), "blue": cat([]string{"10.1.0.0/16 deny red"}, blue)}},
 		{name: "one-way policy",
 			nets: []lacev1.Network{l3("red", nil, "10.1.0.0/16"), l3("blue", nil, "10.2.0.0/16")},
 			pols: []lacev1.NetworkRoutingPolicy{byName("red", "blue")},
-			want: map[string][]string{"red": cat(red, blue), "blue": blue}},
+			want: map[string][]string{"red": cat(red, blue), "blue": cat([]string{"10.1.0.0/16 deny red"}, blue)}},
 		{name: "mesh: one label on both sides, l2 networks included",
 			nets: []lacev1.Network{l3("red", prod, "10.1.0.0/16"), l3("blue", prod, "10.2.0.0/16"),
 				l3("green", nil, "10.3.0.0/16"), l2("flat", prod, "10.4.0.0/16")},
 			pols: []lacev1.NetworkRoutingPolicy{nrp("mesh", prod, prod)},
-			want: map[string][]string{"red": cat(red, blue, []string{"10.4.0.0/16 subnet flat"}),
-				"blue": cat(red, blue, []string{"10.4.0.0/16 subnet flat"}), "green": green,
-				"flat": cat(red, blue, []string{"10.4.0.0/16 subnet flat"})}},
+			want: map[string][]string{"red": cat(red, blue, []string{"10.3.0.0/16 deny green", "10.4.0.0/16 subnet flat"}),
+				"blue":  cat(red, blue, []string{"10.3.0.0/16 deny green", "10.4.0.0/16 subnet flat"}),
+				"green": cat([]string{"10.1.0.0/16 deny red", "10.2.0.0/16 deny blue"}, green, []string{"10.4.0.0/16 deny flat"}),
+				"flat":  cat(red, blue, []string{"10.3.0.0/16 deny green", "10.4.0.0/16 subnet flat"})}},
 		{name: "anonymous without self policy: own entries closed, peers open",
 			nets: []lacev1.Network{anon(l3("red", prod, "10.1.0.0/16")), l3("blue", nil, "10.2.0.0/16")},
 			// Selected as source by one policy and destination by another,
@@ -186,7 +190,7 @@ func TestViews(t *testing.T) {
 			pols: []lacev1.NetworkRoutingPolicy{byName("red", "world")},
 			want: map[string][]string{
 				"red":  cat(red, []string{"0.0.0.0/0 external world", "::/0 external world", "192.168.0.0/16 deny corp"}),
-				"corp": {"0.0.0.0/0 deny world", "192.168.0.0/16 external corp", "::/0 deny world"},
+				"corp": {"0.0.0.0/0 deny world", "10.1.0.0/16 deny red", "192.168.0.0/16 external corp", "::/0 deny world"},
 			}},
 		{name: "a pod subnet of the view holds an out-of-view external prefix: no deny",
 			nets: []lacev1.Network{l3("red", nil, "10.1.0.0/16"), external("world", "0.0.0.0/0"), external("corp", "10.1.5.0/24")},
@@ -197,8 +201,8 @@ func TestViews(t *testing.T) {
 				external("world", "0.0.0.0/0", "::/0"), external("corp", "192.168.0.0/16")},
 			pols: []lacev1.NetworkRoutingPolicy{byName("world", "red")},
 			want: map[string][]string{
-				"world": cat(red, []string{"0.0.0.0/0 external world", "::/0 external world", "192.168.0.0/16 deny corp"}),
-				"corp":  {"0.0.0.0/0 deny world", "192.168.0.0/16 external corp", "::/0 deny world"},
+				"world": cat(red, []string{"0.0.0.0/0 external world", "10.2.0.0/16 deny blue", "::/0 external world", "192.168.0.0/16 deny corp"}),
+				"corp":  {"0.0.0.0/0 deny world", "10.1.0.0/16 deny red", "10.2.0.0/16 deny blue", "192.168.0.0/16 external corp", "::/0 deny world"},
 			}},
 		{name: "two external networks with the same prefix: the earlier name owns it",
 			nets: []lacev1.Network{l3("red", nil, "10.1.0.0/16"), external("corp", "192.168.0.0/16"), external("alt", "192.168.0.0/16")},
@@ -208,7 +212,7 @@ func TestViews(t *testing.T) {
 			nets: []lacev1.Network{l3("red", nil, "10.1.0.0/16"), l3("blue", nil, "10.2.0.0/16")},
 			pols: []lacev1.NetworkRoutingPolicy{{ObjectMeta: metav1.ObjectMeta{Name: "nil-dst"},
 				Spec: lacev1.NetworkRoutingPolicySpec{SrcSelector: &metav1.LabelSelector{}}}},
-			want: map[string][]string{"red": red}},
+			want: map[string][]string{"red": cat(red, []string{"10.2.0.0/16 deny blue"})}},
 		{name: "an external prefix of the view more specific than a pod subnet takes the blocks inside it",
 			// lab (10.1.0.0/23) holds red's block on n1; an outside
 			// address in corp (inside lab, not in the view) still

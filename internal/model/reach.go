@@ -373,8 +373,13 @@ func (tp topo) classify(addr netip.Addr) (string, netip.Prefix, bool) {
 // belongs to the external network that classifies it (networks.txt: longest
 // prefix across all external networks), so a broader external network in
 // the view does not reach into a more specific one outside it. A pod subnet
-// beats an external prefix of equal or shorter length.
-func (tp topo) resolve(v View, addr netip.Addr) (ViewEntry, bool) {
+// beats an external prefix of equal or shorter length. A pod subnet of a
+// network outside the view is no outside address either: unless a pod
+// subnet of the view (the own ones, even closed) holds the address, it is
+// denied like the pod network it belongs to, however broad an external
+// network of the view (nothing transits, not even via world; shadow names
+// that network).
+func (tp topo) resolve(v View, addr netip.Addr) (e ViewEntry, ok bool, shadow string) {
 	var best ViewEntry
 	found := false
 	for _, e := range v.Entries {
@@ -385,15 +390,40 @@ func (tp topo) resolve(v View, addr netip.Addr) (ViewEntry, bool) {
 			best, found = e, true
 		}
 	}
-	ext, extP, ok := tp.classify(addr)
-	if !ok {
-		return best, found
+	held := found
+	if own := tp.nets[v.Network]; own != nil && own.pod() {
+		for _, p := range own.prefixes {
+			held = held || p.Contains(addr)
+		}
 	}
-	if e, in := v.has(ext); in && (!found || extP.Bits() > best.Prefix.Bits()) {
-		e.Prefix = extP
-		return e, true
+	var other string
+	var otherP netip.Prefix
+	if !held {
+		for name, n := range tp.nets {
+			if !n.pod() || name == v.Network {
+				continue
+			}
+			if _, in := v.has(name); in {
+				continue
+			}
+			for _, p := range n.prefixes {
+				if p.Contains(addr) && (other == "" || p.Bits() > otherP.Bits()) {
+					other, otherP = name, p
+				}
+			}
+		}
 	}
-	return best, found
+	ext, extP, classified := tp.classify(addr)
+	if classified {
+		if e, in := v.has(ext); in && (!found || extP.Bits() > best.Prefix.Bits()) && (other == "" || extP.Bits() > otherP.Bits()) {
+			e.Prefix = extP
+			return e, true, ""
+		}
+	}
+	if found {
+		return best, true, ""
+	}
+	return ViewEntry{}, false, other
 }
 
 func grantRule(e ViewEntry, src string) string {
@@ -483,7 +513,7 @@ func Reach(t Topology, src, dst Endpoint, proto string, port uint16) Verdict {
 
 	ownNode := src.Kind == EndpointPod && dst.Kind == EndpointNode && dst.NodeName != "" && dst.NodeName == src.NodeName
 	// Destinations resolve by longest prefix in the source's view.
-	e, ok := tp.resolve(view, dst.Addr)
+	e, ok, shadow := tp.resolve(view, dst.Addr)
 	// A closed anonymous network keeps its own subnets reserved: an
 	// address there is its own, whatever kind the question names it as,
 	// unless a more specific external prefix of the view covers it (as it
@@ -502,7 +532,9 @@ func Reach(t Topology, src, dst Endpoint, proto string, port uint16) Verdict {
 		if ownNode {
 			v.Reason = DropToNode
 		}
-		if ext, p, in := tp.classify(dst.Addr); in {
+		if shadow != "" {
+			v.Rule = fmt.Sprintf("no view: %s is in a subnet of pod network %s, which %s does not reach (nothing transits)", dst.Addr, shadow, s)
+		} else if ext, p, in := tp.classify(dst.Addr); in {
 			v.Rule = fmt.Sprintf("no view: %s belongs to external network %s (%s), which %s does not reach", dst.Addr, ext, p, s)
 		} else {
 			v.Rule = fmt.Sprintf("no view: %s is in no network %s reaches", dst.Addr, s)
