@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"net"
