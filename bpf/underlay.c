@@ -188,6 +188,105 @@ static __noinline int snat_in(struct __sk_buff *skb, struct pkt *p)
 	return bpf_redirect_peer(ifindex, 0);
 }
 
+/* snat_icmp_in turns an ICMP error about a SNAT flow (the outside host
+ * quotes the packet as it left: from the node's address and port) back
+ * into one about the pod's packet, and delivers it to the pod: its socket
+ * learns at once that the port is unreachable or the path MTU smaller.
+ * Rewritten: the outer destination, the quoted source address and port,
+ * the quoted IPv4 header checksum, and the ICMP checksum for all of them.
+ * The quoted L4 checksum is left alone (receivers do not check it). */
+static __noinline int snat_icmp_in(struct __sk_buff *skb, struct pkt *p)
+{
+	__u32 inner = p->l4_off + 8;
+	__u32 icsum = p->l4_off + 2;
+	struct snat_key sk = {.family = p->family};
+	__u32 saddr_off, inner_l4;
+	__u16 old_ihc = 0;
+	if (p->family == LACE_FAMILY_V4) {
+		struct iphdr ip;
+		if (bpf_skb_load_bytes(skb, inner, &ip, sizeof(ip)))
+			return TC_ACT_OK;
+		sk.proto = ip.protocol;
+		__builtin_memcpy(sk.raddr, &ip.daddr, 4);
+		inner_l4 = inner + ip.ihl * 4;
+		saddr_off = inner + offsetof(struct iphdr, saddr);
+		old_ihc = ip.check;
+	} else {
+		struct ipv6hdr ip6;
+		if (bpf_skb_load_bytes(skb, inner, &ip6, sizeof(ip6)))
+			return TC_ACT_OK;
+		sk.proto = ip6.nexthdr;
+		__builtin_memcpy(sk.raddr, &ip6.daddr, 16);
+		inner_l4 = inner + sizeof(ip6);
+		saddr_off = inner + offsetof(struct ipv6hdr, saddr);
+	}
+	__u16 ports[3];
+	if (bpf_skb_load_bytes(skb, inner_l4, ports, sizeof(ports)))
+		return TC_ACT_OK;
+	__u32 port_off = inner_l4;
+	if (sk.proto == IPPROTO_TCP || sk.proto == IPPROTO_UDP) {
+		sk.port = ports[0];
+		sk.rport = ports[1];
+	} else if (sk.proto == IPPROTO_ICMP || sk.proto == IPPROTO_ICMPV6) {
+		sk.port = ports[2];
+		port_off = inner_l4 + 4;
+	} else {
+		return TC_ACT_OK;
+	}
+	struct snat_val *svp = bpf_map_lookup_elem(&lace_snat, &sk);
+	if (!svp)
+		return TC_ACT_OK;
+	struct snat_val sv = *svp;
+	struct ep_key ek = {.net_id = sv.net_id, .family = p->family};
+	__builtin_memcpy(ek.addr, sv.laddr, 16);
+	struct ep_val *ep = bpf_map_lookup_elem(&lace_endpoints, &ek);
+	if (!ep)
+		return drop(DROP_NO_ENDPOINT);
+	__u32 ifindex = ep->ifindex;
+	__u8 macs[12];
+	__builtin_memcpy(macs, ep->pod_mac, 6);
+	__builtin_memcpy(macs + 6, ep->host_mac, 6);
+	if (p->ttl <= 1)
+		return drop(DROP_TTL);
+	if (dec_ttl(skb, p))
+		return drop(DROP_ADJUST);
+
+	__u16 old_port = sk.port, new_port = sv.lport;
+	if (p->family == LACE_FAMILY_V4) {
+		__u32 node = *(__u32 *)p->daddr, pod = *(__u32 *)sv.laddr;
+		/* Outer destination: the IP header checksum only (ICMPv4 has no
+		 * pseudo header). */
+		if (bpf_l3_csum_replace(skb, p->l3_off + offsetof(struct iphdr, check), node, pod, 4) ||
+		    bpf_skb_store_bytes(skb, p->l3_off + offsetof(struct iphdr, daddr), &pod, 4, 0))
+			return drop(DROP_ADJUST);
+		/* Quoted source and its header checksum (RFC 1624), both in the
+		 * ICMP payload. */
+		__u16 new_ihc = csum_fold(bpf_csum_diff(&node, 4, &pod, 4, (__u16)~old_ihc));
+		if (bpf_l4_csum_replace(skb, icsum, node, pod, 4) ||
+		    bpf_l4_csum_replace(skb, icsum, old_ihc, new_ihc, 2) ||
+		    bpf_skb_store_bytes(skb, saddr_off, &pod, 4, 0) ||
+		    bpf_skb_store_bytes(skb, inner + offsetof(struct iphdr, check), &new_ihc, 2, 0))
+			return drop(DROP_ADJUST);
+	} else {
+		__s64 diff = bpf_csum_diff((__be32 *)p->daddr, 16, (__be32 *)sv.laddr, 16, 0);
+		/* ICMPv6 sums the outer addresses (pseudo header) and the quoted
+		 * source (payload): the same change, counted twice. */
+		if (bpf_l4_csum_replace(skb, icsum, 0, diff, BPF_F_PSEUDO_HDR) ||
+		    bpf_l4_csum_replace(skb, icsum, 0, diff, 0) ||
+		    bpf_skb_store_bytes(skb, p->l3_off + offsetof(struct ipv6hdr, daddr), sv.laddr, 16, 0) ||
+		    bpf_skb_store_bytes(skb, saddr_off, sv.laddr, 16, 0))
+			return drop(DROP_ADJUST);
+	}
+	if (old_port != new_port &&
+	    (bpf_l4_csum_replace(skb, icsum, old_port, new_port, 2) ||
+	     bpf_skb_store_bytes(skb, port_off, &new_port, 2, 0)))
+		return drop(DROP_ADJUST);
+	if (set_macs(skb, macs, macs + 6))
+		return drop(DROP_ADJUST);
+	count(FWD_FROM_EXTERNAL);
+	return bpf_redirect_peer(ifindex, 0);
+}
+
 /* from_outside handles plain IP that is not the node's: the source is
  * classified into an external network, whose view decides. */
 static __noinline int from_outside(struct __sk_buff *skb, struct pkt *p)
@@ -224,6 +323,8 @@ static __always_inline int to_host(struct __sk_buff *skb, __u16 proto)
 	struct pkt p = {};
 	if (parse_ip(skb, proto, ETH_HLEN, &p))
 		return TC_ACT_OK; /* the host drops what it cannot parse */
+	if (is_icmp_error(&p))
+		return snat_icmp_in(skb, &p);
 	return snat_in(skb, &p);
 }
 

@@ -3,6 +3,7 @@ package datapath_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -181,6 +182,13 @@ func TestExternalNetworks(t *testing.T) {
 	expectFlow(t, n1, func(f datapath.Flow) bool {
 		return f.Local.Addr() == a.v4 && f.Remote.Addr() == ext.v4 && f.SNATPort >= 61000 && f.PeerNet == 100
 	}, "a's SNAT flow")
+	// The host's port unreachable about a translated datagram reaches the
+	// pod's socket, translated back: connection refused at once.
+	for _, dst := range []netip.Addr{ext.v4, ext.v6} {
+		if err := udpRefused(a, netip.AddrPortFrom(dst, 9)); err != nil {
+			t.Errorf("UDP a -> external %s:9 (closed): %v, want connection refused", dst, err)
+		}
+	}
 	// Network 8 does not reach the external network.
 	expectDropped(t, n2, "isolated", "TCP c -> external", func() error {
 		got, err := c.dialTCP(ext.v4)
@@ -225,6 +233,36 @@ func TestExternalNetworks(t *testing.T) {
 		}
 		return err
 	})
+}
+
+// udpRefused sends a datagram from p to a closed port and expects the
+// ICMP port unreachable to surface as connection refused.
+func udpRefused(p *pod, dst netip.AddrPort) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	c, err := netutil.DialContext(ctx, netutil.Path(p.ns), "udp", dst.String())
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	buf := make([]byte, 64)
+	for range 3 {
+		_ = c.SetDeadline(time.Now().Add(500 * time.Millisecond))
+		if _, err := c.Write([]byte("hi")); err != nil {
+			if errors.Is(err, unix.ECONNREFUSED) {
+				return nil
+			}
+			return err
+		}
+		_, err := c.Read(buf)
+		if errors.Is(err, unix.ECONNREFUSED) {
+			return nil
+		}
+		if err == nil {
+			return fmt.Errorf("answered")
+		}
+	}
+	return fmt.Errorf("no ICMP error reached the socket")
 }
 
 // dialPort connects from p to dst:port and returns the first line.
