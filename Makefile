@@ -88,6 +88,14 @@ test: deps k8s-bins cni-bins build images check-generated lint $(HELM) ## All te
 bench: deps k8s-bins cni-bins build images $(HELM) ## Benchmarks on a lab, beside peers measured in the same run (root).
 	$(GO) run ./bench --bin $(BIN_DIR)
 
+# The oracle soak draws N topologies from SEED on (default: a new seed each
+# run; every disagreement prints its seed, for make soak SEED=<seed> N=1).
+.PHONY: soak
+soak: SEED ?= $(shell date +%s)
+soak: N ?= 50
+soak: deps k8s-bins cni-bins build images $(HELM) ## Compare N random topologies from SEED with the reachability oracle on a lab (root).
+	LACE_BIN_DIR=$(BIN_DIR) LACE_SOAK_SEED=$(SEED) LACE_SOAK_N=$(N) $(GO) test -count=1 -v -run 'TestOracleAgreesWithPackets' -timeout 0 ./test/e2e/
+
 ##@ Lab
 
 .PHONY: lab
