@@ -102,6 +102,9 @@ soak: deps k8s-bins cni-bins build images $(HELM) ## Compare N random topologies
 lab: deps k8s-bins cni-bins build images $(HELM) ## Bring up a 3-node lab (LAB_NAME=lace) and run a short demo.
 	$(BIN_DIR)/lace-lab up --name $(LAB_NAME)
 	$(BIN_DIR)/lace-lab demo --name $(LAB_NAME)
+	KUBECONFIG=$$($(BIN_DIR)/lace-lab kubeconfig --name $(LAB_NAME)) $(BIN_DIR)/lacectl trace frontend-n2 backend-n3 tcp/8080
+	KUBECONFIG=$$($(BIN_DIR)/lace-lab kubeconfig --name $(LAB_NAME)) $(BIN_DIR)/lacectl trace backend-n3 frontend-n2 tcp/8080
+	KUBECONFIG=$$($(BIN_DIR)/lace-lab kubeconfig --name $(LAB_NAME)) $(BIN_DIR)/lacectl topology --svg $(BIN_DIR)/topology.svg
 	KUBECONFIG=$$($(BIN_DIR)/lace-lab kubeconfig --name $(LAB_NAME)) $(BIN_DIR)/lacectl status
 
 .PHONY: lab-down

@@ -90,6 +90,9 @@ const (
 	// DropTransit: plain IP entering a node for an outside address: a
 	// node is not a router.
 	DropTransit DropReason = "not-for-this-node"
+	// DropNoEndpoint: the address resolves to a network of the view where
+	// no pod holds it.
+	DropNoEndpoint DropReason = "no-endpoint"
 )
 
 // Verdict is the oracle's answer, with what decided it.
@@ -120,6 +123,11 @@ type Verdict struct {
 	// through its node's underlay with the node's address as source, and
 	// conntrack reverses it for the replies.
 	SNAT bool
+	// DropAtBlockOwner is set when a denied packet is counted where the
+	// address's block lives (no-endpoint: the source's view sends it to
+	// the node owning the block of another network holding that address,
+	// which has no such pod), not necessarily on the source's node.
+	DropAtBlockOwner bool
 }
 
 // ViewEntry is one prefix of a network's view.
@@ -499,6 +507,28 @@ func Reach(t Topology, src, dst Endpoint, proto string, port uint16) Verdict {
 			v.Rule = fmt.Sprintf("anonymous network %s without self policy", s)
 			v.Reason = DropAnonymous
 			return v
+		}
+		// An address is a destination only through the source's view: a
+		// pod of another network holding an address that the view gives
+		// to a network it does hold (overlapping subnets) is out of reach,
+		// and the packet goes where the view says, to no pod.
+		if e, ok, _ := tp.resolve(view, dst.Addr); ok && e.Type != lacev1.NetworkTypeExternal && e.Network != dst.Network {
+			v.Rule = fmt.Sprintf("no view: %s resolves to network %s (%s) in the view of %s, where no pod holds it; the pod of %s is out of reach", dst.Addr, e.Network, e.Prefix, s, dst.Network)
+			v.DstNetwork, v.DstPrefix, v.Policy = e.Network, e.Prefix, e.Policy
+			v.Reason, v.DropAtBlockOwner = DropNoEndpoint, true
+			if c, refused := view.refused(dst.Network); refused {
+				v.Rule += " (conflict: " + c.String() + ")"
+			}
+			return v
+		}
+		if view.Closed {
+			for _, p := range tp.nets[s].prefixes {
+				if p.Contains(dst.Addr) {
+					v.Rule = fmt.Sprintf("anonymous network %s without self policy (%s is in its subnet %s)", s, dst.Addr, p)
+					v.Reason = DropAnonymous
+					return v
+				}
+			}
 		}
 		if c, ok := view.refused(dst.Network); ok {
 			v.Rule, v.Reason = "conflict: "+c.String(), DropIsolated

@@ -441,6 +441,10 @@ func (p *oraclePool) plan(t *testing.T, topo model.Topology) []*oProbe {
 							s.desc(v6), len(allowed), a, allowed[0].name, allowed[1].name)
 						continue
 					}
+					if pr.verdict.DropAtBlockOwner {
+						// Counted where the address's block lives.
+						pr.dropNode = ""
+					}
 					pr.dstDesc = fmt.Sprintf("pod %s (%s on %s, %s)", intended.name, intended.network, intended.node, a)
 					pr.dstNet = intended.network
 					out = append(out, pr)
