@@ -120,15 +120,10 @@ static __always_inline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 	if (parse_ip(skb, inner_proto, ETH_HLEN + sizeof(struct ipv6hdr), &p))
 		return drop(DROP_DECAP_TRUNCATED);
 
-	struct ep_key ek = {.net_id = net_id, .family = p.family};
-	__builtin_memcpy(ek.addr, p.daddr, 16);
-	struct ep_val *ep = bpf_map_lookup_elem(&lace_endpoints, &ek);
-	if (!ep)
-		return drop(DROP_NO_ENDPOINT);
-	__u32 ifindex = ep->ifindex;
+	__u32 ifindex;
 	__u8 macs[12];
-	__builtin_memcpy(macs, ep->pod_mac, 6);
-	__builtin_memcpy(macs + 6, ep->host_mac, 6);
+	if (local_pod(net_id, p.family, p.daddr, &ifindex, macs))
+		return drop(DROP_NO_ENDPOINT);
 	ct_track_in(net_id, src_net, &p, is_icmp_error(&p));
 
 	/* Congestion the fabric marked on the outer header survives
@@ -163,15 +158,10 @@ static __noinline int snat_in(struct __sk_buff *skb, struct pkt *p)
 	if (!svp)
 		return TC_ACT_OK;
 	struct snat_val sv = *svp;
-	struct ep_key ek = {.net_id = sv.net_id, .family = p->family};
-	__builtin_memcpy(ek.addr, sv.laddr, 16);
-	struct ep_val *ep = bpf_map_lookup_elem(&lace_endpoints, &ek);
-	if (!ep)
-		return drop(DROP_NO_ENDPOINT);
-	__u32 ifindex = ep->ifindex;
+	__u32 ifindex;
 	__u8 macs[12];
-	__builtin_memcpy(macs, ep->pod_mac, 6);
-	__builtin_memcpy(macs + 6, ep->host_mac, 6);
+	if (local_pod(sv.net_id, p->family, sv.laddr, &ifindex, macs))
+		return drop(DROP_NO_ENDPOINT);
 	if (p->ttl <= 1)
 		return drop(DROP_TTL);
 
@@ -237,15 +227,10 @@ static __noinline int snat_icmp_in(struct __sk_buff *skb, struct pkt *p)
 	if (!svp)
 		return TC_ACT_OK;
 	struct snat_val sv = *svp;
-	struct ep_key ek = {.net_id = sv.net_id, .family = p->family};
-	__builtin_memcpy(ek.addr, sv.laddr, 16);
-	struct ep_val *ep = bpf_map_lookup_elem(&lace_endpoints, &ek);
-	if (!ep)
-		return drop(DROP_NO_ENDPOINT);
-	__u32 ifindex = ep->ifindex;
+	__u32 ifindex;
 	__u8 macs[12];
-	__builtin_memcpy(macs, ep->pod_mac, 6);
-	__builtin_memcpy(macs + 6, ep->host_mac, 6);
+	if (local_pod(sv.net_id, p->family, sv.laddr, &ifindex, macs))
+		return drop(DROP_NO_ENDPOINT);
 	if (p->ttl <= 1)
 		return drop(DROP_TTL);
 	if (dec_ttl(skb, p))

@@ -155,20 +155,31 @@ static __noinline __attribute__((unused)) int encap_and_send(struct __sk_buff *s
 	return send_fib(skb, LACE_FAMILY_V6, cfg->underlay_ip6, sid, FWD_ENCAP);
 }
 
+/* local_pod finds the pod holding addr in network net_id on this node:
+ * its host-side veth and the MACs a frame to it carries (pod, host).
+ * Copied out of the map value, which a concurrent update may change. */
+static __always_inline int local_pod(__u32 net_id, __u8 family, const __u8 *addr, __u32 *ifindex, __u8 *macs)
+{
+	struct ep_key ek = {.net_id = net_id, .family = family};
+	__builtin_memcpy(ek.addr, addr, 16);
+	struct ep_val *ep = bpf_map_lookup_elem(&lace_endpoints, &ek);
+	if (!ep)
+		return -1;
+	*ifindex = ep->ifindex;
+	__builtin_memcpy(macs, ep->pod_mac, 6);
+	__builtin_memcpy(macs + 6, ep->host_mac, 6);
+	return 0;
+}
+
 /* deliver_local hands the packet to the pod holding its destination in
  * network dst_net on this node, recording the flow (from src_net) so the
  * pod's replies go back in that context. */
 static __noinline __attribute__((unused)) int deliver_local(struct __sk_buff *skb, struct pkt *p, __u32 dst_net, __u32 src_net, __u32 what)
 {
-	struct ep_key ek = {.net_id = dst_net, .family = p->family};
-	__builtin_memcpy(ek.addr, p->daddr, 16);
-	struct ep_val *ep = bpf_map_lookup_elem(&lace_endpoints, &ek);
-	if (!ep)
-		return drop(DROP_NO_ENDPOINT);
-	__u32 ifindex = ep->ifindex;
+	__u32 ifindex;
 	__u8 macs[12];
-	__builtin_memcpy(macs, ep->pod_mac, 6);
-	__builtin_memcpy(macs + 6, ep->host_mac, 6);
+	if (local_pod(dst_net, p->family, p->daddr, &ifindex, macs))
+		return drop(DROP_NO_ENDPOINT);
 	ct_track_in(dst_net, src_net, p, is_icmp_error(p));
 	if (dec_ttl(skb, p) || set_macs(skb, macs, macs + 6))
 		return drop(DROP_ADJUST);

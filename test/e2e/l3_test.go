@@ -490,27 +490,34 @@ func TestStreamSurvivesAgentRestart(t *testing.T) {
 	defer conn.Close()
 	ask := echoer(t, conn)
 	ask("before")
+	pods := map[string]*corev1.Pod{"n1": a, "n2": b}
+	restartAgentsAsking(t, ask, func(node string) error { return nodeHolds(t, node, pods[node]) }, "n1", "n2")
+	ask("after")
+	// And the restarted agents still attach new pods.
+	netPod(t, "steady-c", "steady", "n1", true)
+}
+
+// restartAgentsAsking restarts the agent of each node in turn, asking on a
+// held connection after each restart, then waits for every new agent to
+// be Ready (its readiness is the data plane applied) and for ready(node).
+func restartAgentsAsking(t *testing.T, ask func(string), ready func(node string) error, nodes ...string) {
+	t.Helper()
 	old := map[string]types.UID{}
-	for _, node := range []string{"n1", "n2"} {
+	for _, node := range nodes {
 		old[node] = agentPod(t, node).UID
 		if out, err := labCmd("restart", "agent/"+node).CombinedOutput(); err != nil {
 			t.Fatalf("restart agent/%s: %v %s", node, err, out)
 		}
 		ask("during-agent-" + node)
 	}
-	// The new agents have reconciled: each is Ready (its readiness is the
-	// data plane applied) and its node's maps hold the stream's ends.
-	for node, p := range map[string]*corev1.Pod{"n1": a, "n2": b} {
-		eventually(t, time.Minute, "new agent on "+node+" ready with "+p.Name+"'s endpoint", func() error {
+	for _, node := range nodes {
+		eventually(t, time.Minute, "new agent on "+node+" ready", func() error {
 			if ap := agentPod(t, node); ap.UID == old[node] || !podIsReady(ap) {
 				return fmt.Errorf("agent pod %s (%s) ready=%v", ap.Name, ap.UID, podIsReady(ap))
 			}
-			return nodeHolds(t, node, p)
+			return ready(node)
 		})
 	}
-	ask("after")
-	// And the restarted agents still attach new pods.
-	netPod(t, "steady-c", "steady", "n1", true)
 }
 
 // TestHundredPodsLeaveNothing creates and deletes 100 pods and checks that

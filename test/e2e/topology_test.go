@@ -11,7 +11,6 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
@@ -219,22 +218,7 @@ func TestCrossNetworkStreamSurvivesAgentRestart(t *testing.T) {
 	defer conn.Close()
 	ask := echoer(t, conn)
 	ask("before")
-	old := map[string]types.UID{}
-	for _, node := range []string{"n1", "n2"} {
-		old[node] = agentPod(t, node).UID
-		if out, err := labCmd("restart", "agent/"+node).CombinedOutput(); err != nil {
-			t.Fatalf("restart agent/%s: %v %s", node, err, out)
-		}
-		ask("during-agent-" + node)
-	}
-	for _, node := range []string{"n1", "n2"} {
-		eventually(t, time.Minute, "new agent on "+node+" ready", func() error {
-			if ap := agentPod(t, node); ap.UID == old[node] || !podIsReady(ap) {
-				return fmt.Errorf("agent pod %s (%s) ready=%v", ap.Name, ap.UID, podIsReady(ap))
-			}
-			return nil
-		})
-	}
+	restartAgentsAsking(t, ask, func(string) error { return nil }, "n1", "n2")
 	ask("after")
 	// The reverse direction still opens nothing.
 	expectNoReach(t, b, a4, "n2", "isolated")
