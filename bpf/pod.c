@@ -82,19 +82,21 @@ static __noinline int quoted_key(struct __sk_buff *skb, struct pkt *p, __u32 net
 	return 0;
 }
 
-/* reply routes a packet of a flow the other side opened back in that
- * side's network: its own entries in its own view (where its subnets
- * always win), with this pod's network as the SID's source. */
-static __noinline int reply(struct __sk_buff *skb, struct pkt *p, __u32 net_id, __u32 peer_net)
+/* route_in routes a reply of a flow the other side opened in that side's
+ * network ctx_net, in its own view (where its subnets always win), with
+ * this pod's network as the SID's source. An outside address there is the
+ * reply to an outside source, sent as it is. */
+static __noinline int route_in(struct __sk_buff *skb, struct pkt *p, __u32 net_id, __u32 ctx_net)
 {
-	struct route_val *rv = view_lookup(peer_net, p);
-	if (!rv || rv->dst_net != peer_net || (rv->flags & (ROUTE_SUBNET | ROUTE_DENY)))
+	struct route_val *rv = view_lookup(ctx_net, p);
+	if (!rv || (rv->flags & (ROUTE_SUBNET | ROUTE_DENY | ROUTE_SERVICE)) ||
+	    (!(rv->flags & ROUTE_EXTERNAL) && rv->dst_net != ctx_net))
 		return drop(DROP_ISOLATED);
 	__u32 flags = rv->flags;
 	__u8 sid[16];
 	__builtin_memcpy(sid, rv->sid, 16);
 	if (flags & ROUTE_LOCAL)
-		return deliver_local(skb, p, peer_net, net_id, FWD_LOCAL);
+		return deliver_local(skb, p, ctx_net, net_id, FWD_LOCAL);
 	if (dec_ttl(skb, p))
 		return drop(DROP_ADJUST);
 	if (flags & ROUTE_EXTERNAL)
@@ -104,11 +106,81 @@ static __noinline int reply(struct __sk_buff *skb, struct pkt *p, __u32 net_id, 
 	return encap_and_send(skb, p, sid, 1);
 }
 
+/* to_service translates a packet to a service VIP (k is its conntrack key
+ * as sent) to one of the service's endpoints, in place (p follows), and
+ * records both sides of it: the client's tuple to the VIP keeps its
+ * endpoint for the flow's life, and the translated flow keeps the VIP for
+ * the replies. Returns 0 when translated; a drop verdict or
+ * RET_PORT_UNREACH otherwise. */
+static __noinline int to_service(struct __sk_buff *skb, struct pkt *p, struct ct_key *k, __u32 *svc_net)
+{
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+		return drop(DROP_NO_SERVICE_PORT);
+	struct svc_key sk = {.family = p->family, .proto = p->proto, .port = p->dport};
+	__builtin_memcpy(sk.vip, p->daddr, 16);
+	struct svc_val *sv = bpf_map_lookup_elem(&lace_services, &sk);
+	if (!sv) {
+		drop(DROP_NO_SERVICE_PORT);
+		return RET_PORT_UNREACH;
+	}
+	__u32 id = sv->id, net = sv->net_id, n = sv->count;
+	if (n == 0) {
+		if (sv->flags & SVC_DROP)
+			return drop(DROP_NO_LOCAL_BACKEND);
+		drop(DROP_NO_BACKEND);
+		return RET_PORT_UNREACH;
+	}
+	*svc_net = net;
+	__u8 be_addr[16];
+	__u16 be_port;
+	struct ct_val *ct = ct_lookup(k);
+	if (ct && (ct->flags & CT_SERVICE) && !(is_tcp_syn(p) && ct_closing(ct))) {
+		__builtin_memcpy(be_addr, ct->nat_addr, 16);
+		be_port = ct->nat_port;
+		ct_refresh(ct, p, 1);
+	} else {
+		struct backend_key bk = {.id = id, .index = bpf_get_prandom_u32() % n};
+		struct backend_val *be = bpf_map_lookup_elem(&lace_backends, &bk);
+		if (!be)
+			return drop(DROP_NO_BACKEND);
+		__builtin_memcpy(be_addr, be->addr, 16);
+		be_port = be->port;
+		struct ct_val v = {.peer_net = net, .flags = CT_ORIGIN_LOCAL | CT_SERVICE, .nat_port = be_port};
+		__builtin_memcpy(v.nat_addr, be_addr, 16);
+		ct_refresh(&v, p, 1);
+		bpf_map_update_elem(&lace_ct, k, &v, BPF_ANY);
+		count(FWD_SERVICE);
+	}
+	__u8 vip[16];
+	__builtin_memcpy(vip, p->daddr, 16);
+	__u16 vport = p->dport;
+	if (nat_rewrite(skb, p, 0, be_addr, be_port))
+		return drop(DROP_ADJUST);
+	__builtin_memcpy(p->daddr, be_addr, 16);
+	p->dport = be_port;
+
+	/* The translated flow, for the replies (and the endpoint's side); k
+	 * becomes its key, which SNAT to an outside endpoint extends. */
+	ct_key_of(k, k->net_id, p, 1);
+	struct ct_val *fl = ct_lookup(k);
+	if (fl && (fl->flags & CT_DNAT) && !(is_tcp_syn(p) && ct_closing(fl))) {
+		ct_refresh(fl, p, 1);
+	} else {
+		struct ct_val v = {.peer_net = net, .flags = CT_ORIGIN_LOCAL | CT_DNAT, .nat_port = vport};
+		__builtin_memcpy(v.nat_addr, vip, 16);
+		ct_refresh(&v, p, 1);
+		bpf_map_update_elem(&lace_ct, k, &v, BPF_ANY);
+	}
+	return 0;
+}
+
 /* too_big_back sends the ICMP error a forwarding function asked for. */
 static __always_inline int too_big_back(struct __sk_buff *skb, struct pkt *p, int rc)
 {
 	if (rc == RET_TOO_BIG)
 		return icmp_error(skb, p, ICMP_KIND_TOO_BIG, p->mtu, DROP_MTU);
+	if (rc == RET_PORT_UNREACH)
+		return icmp_error(skb, p, ICMP_KIND_PORT_UNREACH, 0, DROP_NO_BACKEND);
 	return rc;
 }
 
@@ -188,19 +260,47 @@ int from_pod(struct __sk_buff *skb)
 	if (ct && !(ct->flags & CT_ORIGIN_LOCAL) && !(is_tcp_syn(&p) && ct_closing(ct))) {
 		if (!icmp_err)
 			ct_refresh(ct, &p, 0);
-		return too_big_back(skb, &p, reply(skb, &p, net_id, ct->peer_net));
+		return too_big_back(skb, &p, route_in(skb, &p, net_id, ct->peer_net));
 	}
 
 	/* A new flow, or more of one this pod opened: the view decides. */
+	__u8 sid[16];
 	struct route_val *rv = view_lookup(net_id, &p);
 	if (!rv || (rv->flags & ROUTE_DENY))
 		return drop(DROP_ISOLATED);
+	if (rv->flags & ROUTE_SERVICE) {
+		/* A service the view reaches: its endpoint is reached in the
+		 * service's network, whatever the view holds of it. */
+		if (icmp_err)
+			return drop(DROP_ISOLATED);
+		__u32 svc_net = 0;
+		int rc = to_service(skb, &p, &k, &svc_net);
+		if (rc)
+			return too_big_back(skb, &p, rc);
+		/* Routed here, not in a function: the SNAT to an outside
+		 * endpoint (the kubernetes Service's API server) would be one
+		 * call too deep for the stack. */
+		struct route_val *sr = view_lookup(svc_net, &p);
+		if (!sr || (sr->flags & (ROUTE_DENY | ROUTE_SERVICE | ROUTE_SUBNET)) ||
+		    (!(sr->flags & ROUTE_EXTERNAL) && sr->dst_net != svc_net))
+			return drop(sr && (sr->flags & ROUTE_SUBNET) ? DROP_NO_ENDPOINT : DROP_ISOLATED);
+		__u32 sflags = sr->flags, sdst = sr->dst_net;
+		__builtin_memcpy(sid, sr->sid, 16);
+		if (sflags & ROUTE_LOCAL)
+			return deliver_local(skb, &p, svc_net, net_id, FWD_LOCAL);
+		if (sflags & ROUTE_EXTERNAL)
+			return snat_out(skb, &p, &k, sdst);
+		sid[SID_SRC_NET_BYTE] = net_id >> 8;
+		sid[SID_SRC_NET_BYTE + 1] = net_id;
+		if (dec_ttl(skb, &p))
+			return drop(DROP_ADJUST);
+		return too_big_back(skb, &p, encap_and_send(skb, &p, sid, 1));
+	}
 	if (rv->flags & ROUTE_CLOSED)
 		return drop(DROP_ANONYMOUS);
 	if (rv->flags & ROUTE_SUBNET)
 		return drop(DROP_NO_ENDPOINT);
 	__u32 flags = rv->flags, dst_net = rv->dst_net;
-	__u8 sid[16];
 	__builtin_memcpy(sid, rv->sid, 16);
 	if (flags & ROUTE_EXTERNAL) {
 		if (icmp_err)

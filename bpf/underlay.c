@@ -124,7 +124,15 @@ static __always_inline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 	__u8 macs[12];
 	if (local_pod(net_id, p.family, p.daddr, &ifindex, macs))
 		return drop(DROP_NO_ENDPOINT);
-	ct_track_in(net_id, src_net, &p, is_icmp_error(&p));
+	struct ct_val *ct = ct_track_in(net_id, src_net, &p, is_icmp_error(&p));
+	/* A reply from a service endpoint to its client comes from the VIP. */
+	int unnat = ct && (ct->flags & (CT_DNAT | CT_ORIGIN_LOCAL)) == (CT_DNAT | CT_ORIGIN_LOCAL);
+	__u8 vip[16];
+	__u16 vport = 0;
+	if (unnat) {
+		__builtin_memcpy(vip, ct->nat_addr, 16);
+		vport = ct->nat_port;
+	}
 
 	/* Congestion the fabric marked on the outer header survives
 	 * decapsulation (RFC 6040): CE on the outer sets CE on an ECN-capable
@@ -139,6 +147,13 @@ static __always_inline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 		return drop(DROP_ADJUST);
 	if (set_ce && mark_ce(skb, &p))
 		return drop(DROP_ADJUST);
+	if (unnat) {
+		/* The inner header now follows Ethernet. */
+		p.l3_off = ETH_HLEN;
+		p.l4_off -= sizeof(struct ipv6hdr);
+		if (nat_rewrite(skb, &p, 1, vip, vport))
+			return drop(DROP_ADJUST);
+	}
 	count(FWD_DECAP);
 	return bpf_redirect_peer(ifindex, 0);
 }
@@ -172,7 +187,10 @@ static __noinline int snat_in(struct __sk_buff *skb, struct pkt *p)
 	struct ct_val *ct = ct_lookup(&k);
 	if (ct)
 		ct_refresh(ct, p, 0);
-	if (dec_ttl(skb, p) || nat_rewrite(skb, p, 0, sv.laddr, sv.lport) || set_macs(skb, macs, macs + 6))
+	/* An outside service endpoint (the API server behind the kubernetes
+	 * Service) answers from the VIP the client addressed. */
+	if (dec_ttl(skb, p) || nat_rewrite(skb, p, 0, sv.laddr, sv.lport) || unnat_reply(skb, p, ct) ||
+	    set_macs(skb, macs, macs + 6))
 		return drop(DROP_ADJUST);
 	count(FWD_FROM_EXTERNAL);
 	return bpf_redirect_peer(ifindex, 0);

@@ -34,6 +34,11 @@ struct ct_val {
 	__u32 peer_net; /* the other side's network (pod or external) */
 	__u16 flags;
 	__u16 snat_port; /* network order, with CT_SNAT */
+	/* CT_SERVICE: the endpoint the flow was sent to; CT_DNAT: the VIP and
+	 * port the client addressed, restored on the replies. */
+	__u8 nat_addr[16];
+	__u16 nat_port;
+	__u16 pad;
 };
 
 /* ct_val.flags */
@@ -43,6 +48,8 @@ struct ct_val {
 #define CT_FIN_REPLY 8
 #define CT_RST 16
 #define CT_SNAT 32 /* leaves with the node's address and snat_port */
+#define CT_SERVICE 64 /* keyed by the client's tuple to a VIP: nat_addr/port is its endpoint */
+#define CT_DNAT 128 /* a client's flow to an endpoint: replies come from nat_addr/port */
 
 #define NSEC 1000000000ULL
 /* Timeouts: TCP as the kernel's conntrack orders them (an unanswered
@@ -183,18 +190,19 @@ static __always_inline int ct_closing(struct ct_val *v)
 /* ct_track_in records packet p arriving for a local pod in network
  * net_id from network src_net (a pod network, or the external network a
  * plain-IP source was classified into). ICMP errors update nothing. */
-static __always_inline void ct_track_in(__u32 net_id, __u32 src_net, struct pkt *p, int icmp_err)
+static __always_inline struct ct_val *ct_track_in(__u32 net_id, __u32 src_net, struct pkt *p, int icmp_err)
 {
 	if (icmp_err)
-		return;
+		return NULL;
 	struct ct_key k;
 	ct_key_of(&k, net_id, p, 0);
 	struct ct_val *v = ct_lookup(&k);
 	if (v && !(is_tcp_syn(p) && ct_closing(v))) {
 		ct_refresh(v, p, !(v->flags & CT_ORIGIN_LOCAL));
-		return;
+		return v;
 	}
 	ct_create(&k, src_net, 0, 0, p, 1);
+	return NULL;
 }
 
 #endif

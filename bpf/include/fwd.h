@@ -155,38 +155,6 @@ static __noinline __attribute__((unused)) int encap_and_send(struct __sk_buff *s
 	return send_fib(skb, LACE_FAMILY_V6, cfg->underlay_ip6, sid, FWD_ENCAP);
 }
 
-/* local_pod finds the pod holding addr in network net_id on this node:
- * its host-side veth and the MACs a frame to it carries (pod, host).
- * Copied out of the map value, which a concurrent update may change. */
-static __always_inline int local_pod(__u32 net_id, __u8 family, const __u8 *addr, __u32 *ifindex, __u8 *macs)
-{
-	struct ep_key ek = {.net_id = net_id, .family = family};
-	__builtin_memcpy(ek.addr, addr, 16);
-	struct ep_val *ep = bpf_map_lookup_elem(&lace_endpoints, &ek);
-	if (!ep)
-		return -1;
-	*ifindex = ep->ifindex;
-	__builtin_memcpy(macs, ep->pod_mac, 6);
-	__builtin_memcpy(macs + 6, ep->host_mac, 6);
-	return 0;
-}
-
-/* deliver_local hands the packet to the pod holding its destination in
- * network dst_net on this node, recording the flow (from src_net) so the
- * pod's replies go back in that context. */
-static __noinline __attribute__((unused)) int deliver_local(struct __sk_buff *skb, struct pkt *p, __u32 dst_net, __u32 src_net, __u32 what)
-{
-	__u32 ifindex;
-	__u8 macs[12];
-	if (local_pod(dst_net, p->family, p->daddr, &ifindex, macs))
-		return drop(DROP_NO_ENDPOINT);
-	ct_track_in(dst_net, src_net, p, is_icmp_error(p));
-	if (dec_ttl(skb, p) || set_macs(skb, macs, macs + 6))
-		return drop(DROP_ADJUST);
-	count(what);
-	return bpf_redirect_peer(ifindex, 0);
-}
-
 /* L4 checksum offsets: TCP, UDP, ICMP and ICMPv6. */
 static __always_inline __u32 l4_csum_off(struct pkt *p)
 {
@@ -200,7 +168,7 @@ static __always_inline __u32 l4_csum_off(struct pkt *p)
 /* nat_rewrite replaces the source (is_src) or destination address and
  * port (ICMP echo: identifier) of p with addr and port, keeping the IP
  * and L4 checksums right (incremental, so checksum offload still works). */
-static __noinline __attribute__((unused)) int nat_rewrite(struct __sk_buff *skb, struct pkt *p, int is_src, const __u8 *addr, __u16 port)
+static __always_inline int nat_rewrite(struct __sk_buff *skb, struct pkt *p, int is_src, const __u8 *addr, __u16 port)
 {
 	__u32 csum = l4_csum_off(p);
 	__u64 mangled = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
@@ -239,6 +207,51 @@ static __noinline __attribute__((unused)) int nat_rewrite(struct __sk_buff *skb,
 	if (bpf_l4_csum_replace(skb, csum, oldport, port, mangled | 2))
 		return -1;
 	return bpf_skb_store_bytes(skb, poff, &port, 2, 0);
+}
+
+/* unnat_reply restores the VIP and port a client addressed on a reply
+ * from the service endpoint its flow was translated to (ct is the
+ * client's entry, found at delivery). */
+static __always_inline int unnat_reply(struct __sk_buff *skb, struct pkt *p, struct ct_val *ct)
+{
+	if (!ct || (ct->flags & (CT_DNAT | CT_ORIGIN_LOCAL)) != (CT_DNAT | CT_ORIGIN_LOCAL))
+		return 0;
+	__u8 vip[16];
+	__builtin_memcpy(vip, ct->nat_addr, 16);
+	__u16 port = ct->nat_port;
+	return nat_rewrite(skb, p, 1, vip, port);
+}
+
+/* local_pod finds the pod holding addr in network net_id on this node:
+ * its host-side veth and the MACs a frame to it carries (pod, host).
+ * Copied out of the map value, which a concurrent update may change. */
+static __always_inline int local_pod(__u32 net_id, __u8 family, const __u8 *addr, __u32 *ifindex, __u8 *macs)
+{
+	struct ep_key ek = {.net_id = net_id, .family = family};
+	__builtin_memcpy(ek.addr, addr, 16);
+	struct ep_val *ep = bpf_map_lookup_elem(&lace_endpoints, &ek);
+	if (!ep)
+		return -1;
+	*ifindex = ep->ifindex;
+	__builtin_memcpy(macs, ep->pod_mac, 6);
+	__builtin_memcpy(macs + 6, ep->host_mac, 6);
+	return 0;
+}
+
+/* deliver_local hands the packet to the pod holding its destination in
+ * network dst_net on this node, recording the flow (from src_net) so the
+ * pod's replies go back in that context. */
+static __noinline __attribute__((unused)) int deliver_local(struct __sk_buff *skb, struct pkt *p, __u32 dst_net, __u32 src_net, __u32 what)
+{
+	__u32 ifindex;
+	__u8 macs[12];
+	if (local_pod(dst_net, p->family, p->daddr, &ifindex, macs))
+		return drop(DROP_NO_ENDPOINT);
+	struct ct_val *ct = ct_track_in(dst_net, src_net, p, is_icmp_error(p));
+	if (dec_ttl(skb, p) || unnat_reply(skb, p, ct) || set_macs(skb, macs, macs + 6))
+		return drop(DROP_ADJUST);
+	count(what);
+	return bpf_redirect_peer(ifindex, 0);
 }
 
 /* snat_out sends a pod's packet to an external network from the node's
@@ -291,7 +304,15 @@ static __noinline __attribute__((unused)) int snat_out(struct __sk_buff *skb, st
 		}
 		if (!found)
 			return drop(DROP_SNAT);
-		ct_create(k, ext_net, CT_ORIGIN_LOCAL | CT_SNAT, port, p, 1);
+		if (ct && !(is_tcp_syn(p) && ct_closing(ct))) {
+			/* A service flow to an outside endpoint: its DNAT stays. */
+			ct->flags |= CT_SNAT;
+			ct->snat_port = port;
+			ct->peer_net = ext_net;
+			ct_refresh(ct, p, 1);
+		} else {
+			ct_create(k, ext_net, CT_ORIGIN_LOCAL | CT_SNAT, port, p, 1);
+		}
 	}
 	if (dec_ttl(skb, p) || nat_rewrite(skb, p, 1, node, port))
 		return drop(DROP_ADJUST);

@@ -23,6 +23,8 @@
 #define ICMP_TIME_EXCEEDED 11
 #define ICMP_EXC_TTL 0
 #define ICMP_PARAMETERPROB 12
+#define ICMP_PORT_UNREACH 3
+#define LACE_ICMPV6_PORT_UNREACH 4
 
 struct icmp4hdr {
 	__u8 type;
@@ -35,6 +37,7 @@ struct icmp4hdr {
 enum icmp_kind {
 	ICMP_KIND_TIME_EXCEEDED,
 	ICMP_KIND_TOO_BIG,
+	ICMP_KIND_PORT_UNREACH, /* from the packet's destination (a VIP without endpoints) */
 };
 
 struct icmp4_reply {
@@ -101,13 +104,22 @@ static __always_inline int icmp4_error(struct __sk_buff *skb, struct pkt *p, enu
 	r.ip.tot_len = bpf_htons(sizeof(r));
 	r.ip.ttl = 64;
 	r.ip.protocol = IPPROTO_ICMP;
-	__builtin_memcpy(&r.ip.saddr, cfg->underlay_ip4, 4);
+	/* A rejected service port answers from the VIP the client asked, as
+	 * a host without the port would; routed-hop errors come from the
+	 * node. */
+	if (kind == ICMP_KIND_PORT_UNREACH)
+		__builtin_memcpy(&r.ip.saddr, p->daddr, 4);
+	else
+		__builtin_memcpy(&r.ip.saddr, cfg->underlay_ip4, 4);
 	__builtin_memcpy(&r.ip.daddr, p->saddr, 4);
 	r.ip.check = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&r.ip, sizeof(r.ip), 0));
 	if (kind == ICMP_KIND_TOO_BIG) {
 		r.icmp.type = ICMP_DEST_UNREACH;
 		r.icmp.code = ICMP_FRAG_NEEDED;
 		r.icmp.mtu = bpf_htons(mtu);
+	} else if (kind == ICMP_KIND_PORT_UNREACH) {
+		r.icmp.type = ICMP_DEST_UNREACH;
+		r.icmp.code = ICMP_PORT_UNREACH;
 	} else {
 		r.icmp.type = ICMP_TIME_EXCEEDED;
 		r.icmp.code = ICMP_EXC_TTL;
@@ -130,18 +142,22 @@ static __always_inline int icmp6_error(struct __sk_buff *skb, struct pkt *p, enu
 	r.ip.payload_len = bpf_htons(sizeof(r.icmp) + sizeof(r.quote));
 	r.ip.nexthdr = IPPROTO_ICMPV6;
 	r.ip.hop_limit = 64;
-	__builtin_memcpy(&r.ip.saddr, cfg->underlay_ip6, 16);
+	const __u8 *from = kind == ICMP_KIND_PORT_UNREACH ? p->daddr : cfg->underlay_ip6;
+	__builtin_memcpy(&r.ip.saddr, from, 16);
 	__builtin_memcpy(&r.ip.daddr, p->saddr, 16);
 	if (kind == ICMP_KIND_TOO_BIG) {
 		r.icmp.icmp6_type = ICMPV6_PKT_TOOBIG;
 		/* IPv6 links carry at least 1280 bytes (RFC 8200). */
 		r.icmp.icmp6_mtu = bpf_htonl(mtu < 1280 ? 1280 : mtu);
+	} else if (kind == ICMP_KIND_PORT_UNREACH) {
+		r.icmp.icmp6_type = ICMPV6_DEST_UNREACH;
+		r.icmp.icmp6_code = LACE_ICMPV6_PORT_UNREACH;
 	} else {
 		r.icmp.icmp6_type = ICMPV6_TIME_EXCEED;
 		r.icmp.icmp6_code = ICMPV6_EXC_HOPLIMIT;
 	}
 	struct icmp6_pseudo ph = {.len = bpf_htonl(sizeof(r.icmp) + sizeof(r.quote)), .next = bpf_htonl(IPPROTO_ICMPV6)};
-	__builtin_memcpy(ph.src, cfg->underlay_ip6, 16);
+	__builtin_memcpy(ph.src, from, 16);
 	__builtin_memcpy(ph.dst, p->saddr, 16);
 	__s64 sum = bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), 0);
 	sum = bpf_csum_diff(NULL, 0, (__be32 *)&r.icmp, sizeof(r.icmp) + sizeof(r.quote), sum);

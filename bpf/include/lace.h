@@ -65,7 +65,10 @@ enum drop_reason {
 	DROP_MTU = 17, /* too-big: larger than the underlay carries; the sender got ICMP fragmentation-needed or packet-too-big */
 	DROP_UNCLASSIFIED = 18, /* unclassified-source: plain IP from a source no external network's prefix covers */
 	DROP_SNAT = 19, /* snat-failed: no free SNAT port on the node toward this destination */
-	DROP_MAX = 20,
+	DROP_NO_SERVICE_PORT = 20, /* no-service-port: a VIP on a port no service serves (rejected: ICMP port unreachable) */
+	DROP_NO_BACKEND = 21, /* no-endpoints: a service without endpoints (rejected: ICMP port unreachable) */
+	DROP_NO_LOCAL_BACKEND = 22, /* no-local-endpoints: internalTrafficPolicy Local and no endpoint on this node */
+	DROP_MAX = 23,
 };
 
 enum fwd_counter {
@@ -77,7 +80,8 @@ enum fwd_counter {
 	FWD_SNAT = 5, /* to-external: a pod's flow sent to an external network with the node's address */
 	FWD_FROM_EXTERNAL = 6, /* from-external: outside traffic (or an SNAT reply) delivered or forwarded to a pod */
 	FWD_REPLY_OUT = 7, /* reply-out: a pod's reply to an outside source, sent from the pod's address */
-	FWD_MAX = 8,
+	FWD_SERVICE = 8, /* to-service: a new flow to a service VIP translated to an endpoint */
+	FWD_MAX = 9,
 };
 
 /* lace_config.flags */
@@ -134,6 +138,7 @@ struct route_val {
 #define ROUTE_EXTERNAL 4 /* an external network: SNAT out from a pod, transit from the underlay */
 #define ROUTE_DENY 8     /* an external network's prefix outside the view */
 #define ROUTE_CLOSED 16  /* an anonymous network's own entry without self policy: replies only */
+#define ROUTE_SERVICE 32 /* a service VIP (/32, /128) the view reaches; dst_net is the service's network */
 
 /* lace_classify: external prefixes, for plain-IP sources. */
 struct class_key {
@@ -180,7 +185,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, 65536);
+	__uint(max_entries, 262144);
 	__type(key, struct route_key);
 	__type(value, struct route_val);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -203,6 +208,55 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lace_classify SEC(".maps");
+
+/* Services: a VIP, protocol and port -> its endpoints eligible on this
+ * node, in lace_backends at (id, 0..count-1). The agent writes a changed
+ * service's backends before its count, so a reader never sees an index
+ * without a backend. */
+struct svc_key {
+	__u8 family;
+	__u8 proto;
+	__u16 port; /* network order */
+	__u8 vip[16];
+};
+
+struct svc_val {
+	__u32 id;
+	__u32 net_id; /* the service's network: endpoints are reached in it */
+	__u16 count;
+	__u16 flags;
+	__u32 affinity; /* ClientIP affinity timeout in seconds; 0 for none */
+};
+#define SVC_DROP 1 /* no eligible backend here: drop, do not reject */
+
+struct backend_key {
+	__u32 id;
+	__u32 index;
+};
+
+struct backend_val {
+	__u8 addr[16];
+	__u16 port; /* network order */
+	__u16 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct svc_key);
+	__type(value, struct svc_val);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_services SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144);
+	__type(key, struct backend_key);
+	__type(value, struct backend_val);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_backends SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -280,6 +334,9 @@ struct pkt {
  * (too big), sent by the program itself so that the error's large stack
  * frame never adds to the deepest call chain. Not a TC action. */
 #define RET_TOO_BIG 0x7000
+/* The packet's destination answers ICMP port unreachable (a service port
+ * without endpoints), sent by the program as RET_TOO_BIG is. */
+#define RET_PORT_UNREACH 0x7001
 
 /* is_echo tells whether an ICMP or ICMPv6 type is an echo request or
  * reply, whose identifier conntrack and SNAT treat as a port. */

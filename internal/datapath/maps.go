@@ -67,6 +67,7 @@ const (
 	routeExternal = 4
 	routeDeny     = 8
 	routeClosed   = 16
+	routeService  = 32
 )
 
 var routeKindFlags = map[tables.RouteKind]uint32{
@@ -75,6 +76,7 @@ var routeKindFlags = map[tables.RouteKind]uint32{
 	tables.RouteSubnet:   routeSubnet,
 	tables.RouteExternal: routeExternal,
 	tables.RouteDeny:     routeDeny,
+	tables.RouteService:  routeService,
 }
 
 func family(a netip.Addr) uint8 {
@@ -384,7 +386,7 @@ func (d *Datapath) MapSizes() (map[string]int, error) {
 	for name, m := range map[string]*ebpf.Map{
 		"endpoints": d.pod.LaceEndpoints, "ports": d.pod.LacePorts, "routes": d.pod.LaceRoutes,
 		"networks": d.pod.LaceNetworks, "classify": d.pod.LaceClassify, "nodes": d.pod.LaceNodes,
-		"conntrack": d.pod.LaceCt, "snat": d.pod.LaceSnat,
+		"conntrack": d.pod.LaceCt, "snat": d.pod.LaceSnat, "services": d.pod.LaceServices, "backends": d.pod.LaceBackends,
 	} {
 		n := 0
 		var k, v []byte
@@ -420,6 +422,11 @@ type Flow struct {
 	Reset                 bool
 	SNATPort              uint16 // 0 unless the flow leaves with the node's address
 	ExpiresMonotonicNanos uint64 // CLOCK_MONOTONIC deadline
+	// Service is set on a client's entry toward a VIP (Remote): NAT is
+	// the endpoint chosen. DNAT is set on the translated flow (Remote is
+	// the endpoint): NAT is the VIP and port the replies come from.
+	Service, DNAT bool
+	NAT           netip.AddrPort
 }
 
 // ct_val.flags (ct.h).
@@ -430,6 +437,8 @@ const (
 	ctFinReply
 	ctRST
 	ctSNAT
+	ctService
+	ctDNAT
 )
 
 func ntohs(v uint16) uint16 { return v<<8 | v>>8 }
@@ -459,6 +468,10 @@ func (d *Datapath) Conntrack() ([]Flow, error) {
 		}
 		if v.Flags&ctSNAT != 0 {
 			f.SNATPort = ntohs(v.SnatPort)
+		}
+		f.Service, f.DNAT = v.Flags&ctService != 0, v.Flags&ctDNAT != 0
+		if f.Service || f.DNAT {
+			f.NAT = netip.AddrPortFrom(fromAddr16(k.Family, v.NatAddr), ntohs(v.NatPort))
 		}
 		out = append(out, f)
 	}

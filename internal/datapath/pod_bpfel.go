@@ -13,6 +13,19 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type podBackendKey struct {
+	_     structs.HostLayout
+	Id    uint32
+	Index uint32
+}
+
+type podBackendVal struct {
+	_    structs.HostLayout
+	Addr [16]uint8
+	Port uint16
+	Pad  uint16
+}
+
 type podClassKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -39,6 +52,10 @@ type podCtVal struct {
 	PeerNet  uint32
 	Flags    uint16
 	SnatPort uint16
+	NatAddr  [16]uint8
+	NatPort  uint16
+	Pad      uint16
+	_        [4]byte
 }
 
 type podEpKey struct {
@@ -120,10 +137,28 @@ type podSnatVal struct {
 	Laddr [16]uint8
 }
 
+type podSvcKey struct {
+	_      structs.HostLayout
+	Family uint8
+	Proto  uint8
+	Port   uint16
+	Vip    [16]uint8
+}
+
+type podSvcVal struct {
+	_        structs.HostLayout
+	Id       uint32
+	NetId    uint32
+	Count    uint16
+	Flags    uint16
+	Affinity uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	podMapLaceBackends  = "lace_backends"
 	podMapLaceCfg       = "lace_cfg"
 	podMapLaceClassify  = "lace_classify"
 	podMapLaceCt        = "lace_ct"
@@ -135,6 +170,7 @@ const (
 	podMapLaceNodes     = "lace_nodes"
 	podMapLacePorts     = "lace_ports"
 	podMapLaceRoutes    = "lace_routes"
+	podMapLaceServices  = "lace_services"
 	podMapLaceSnat      = "lace_snat"
 	podProgFromPod      = "from_pod"
 )
@@ -188,6 +224,7 @@ type podProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type podMapSpecs struct {
+	LaceBackends  *ebpf.MapSpec `ebpf:"lace_backends"`
 	LaceCfg       *ebpf.MapSpec `ebpf:"lace_cfg"`
 	LaceClassify  *ebpf.MapSpec `ebpf:"lace_classify"`
 	LaceCt        *ebpf.MapSpec `ebpf:"lace_ct"`
@@ -199,6 +236,7 @@ type podMapSpecs struct {
 	LaceNodes     *ebpf.MapSpec `ebpf:"lace_nodes"`
 	LacePorts     *ebpf.MapSpec `ebpf:"lace_ports"`
 	LaceRoutes    *ebpf.MapSpec `ebpf:"lace_routes"`
+	LaceServices  *ebpf.MapSpec `ebpf:"lace_services"`
 	LaceSnat      *ebpf.MapSpec `ebpf:"lace_snat"`
 }
 
@@ -228,6 +266,7 @@ func (o *podObjects) Close() error {
 //
 // It can be passed to loadPodObjects or ebpf.CollectionSpec.LoadAndAssign.
 type podMaps struct {
+	LaceBackends  *ebpf.Map `ebpf:"lace_backends"`
 	LaceCfg       *ebpf.Map `ebpf:"lace_cfg"`
 	LaceClassify  *ebpf.Map `ebpf:"lace_classify"`
 	LaceCt        *ebpf.Map `ebpf:"lace_ct"`
@@ -239,11 +278,13 @@ type podMaps struct {
 	LaceNodes     *ebpf.Map `ebpf:"lace_nodes"`
 	LacePorts     *ebpf.Map `ebpf:"lace_ports"`
 	LaceRoutes    *ebpf.Map `ebpf:"lace_routes"`
+	LaceServices  *ebpf.Map `ebpf:"lace_services"`
 	LaceSnat      *ebpf.Map `ebpf:"lace_snat"`
 }
 
 func (m *podMaps) Close() error {
 	return _PodClose(
+		m.LaceBackends,
 		m.LaceCfg,
 		m.LaceClassify,
 		m.LaceCt,
@@ -255,6 +296,7 @@ func (m *podMaps) Close() error {
 		m.LaceNodes,
 		m.LacePorts,
 		m.LaceRoutes,
+		m.LaceServices,
 		m.LaceSnat,
 	)
 }

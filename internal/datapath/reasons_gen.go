@@ -24,6 +24,9 @@ var DropReasons = []string{
 	"too-big",
 	"unclassified-source",
 	"snat-failed",
+	"no-service-port",
+	"no-endpoints",
+	"no-local-endpoints",
 }
 
 // DropMeanings say what the drop reasons count, in the same order.
@@ -48,6 +51,9 @@ var DropMeanings = []string{
 	"larger than the underlay carries; the sender got ICMP fragmentation-needed or packet-too-big",
 	"plain IP from a source no external network's prefix covers",
 	"no free SNAT port on the node toward this destination",
+	"a VIP on a port no service serves (rejected: ICMP port unreachable)",
+	"a service without endpoints (rejected: ICMP port unreachable)",
+	"internalTrafficPolicy Local and no endpoint on this node",
 }
 
 // ForwardCounters name the counters, in the order of the C enum.
@@ -60,6 +66,7 @@ var ForwardCounters = []string{
 	"to-external",
 	"from-external",
 	"reply-out",
+	"to-service",
 }
 
 // ForwardMeanings say what the forwarding counters count, in the same order.
@@ -72,4 +79,5 @@ var ForwardMeanings = []string{
 	"a pod's flow sent to an external network with the node's address",
 	"outside traffic (or an SNAT reply) delivered or forwarded to a pod",
 	"a pod's reply to an outside source, sent from the pod's address",
+	"a new flow to a service VIP translated to an endpoint",
 }

@@ -83,3 +83,33 @@ type Network struct {
 	ID        uint32
 	Anonymous bool
 }
+
+// RouteService is a view entry for a service VIP (a /32 or /128) the view
+// may reach: DstNet is the service's network, in whose context its
+// endpoints are resolved and reached.
+const RouteService RouteKind = RouteDeny + 1
+
+// Service is one service port as this node's data plane serves it: a VIP,
+// protocol and port, and the endpoints eligible on this node (after
+// readiness, terminating fallback, traffic policies and distribution).
+type Service struct {
+	VIP   netip.Addr
+	Proto uint8 // IPPROTO_TCP, IPPROTO_UDP or IPPROTO_SCTP
+	Port  uint16
+	// NetID is the service's network.
+	NetID    uint32
+	Backends []Backend
+	// Drop says what happens without backends: false answers ICMP port
+	// unreachable (no endpoints at all), true drops silently (endpoints
+	// exist but none is eligible here: internalTrafficPolicy Local), as
+	// kube-proxy does.
+	Drop bool
+	// AffinitySeconds is the ClientIP session affinity timeout; 0 for none.
+	AffinitySeconds uint32
+}
+
+// Backend is one endpoint of a service port.
+type Backend struct {
+	Addr netip.Addr
+	Port uint16
+}

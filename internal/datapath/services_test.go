@@ -1,0 +1,218 @@
+package datapath_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lace-cni/lace/internal/datapath"
+	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/internal/tables"
+)
+
+// serveVIP puts a service VIP into the view of network view (as the model
+// does for the service's own network, its peers and ServiceRoutingPolicy
+// sources) on every node, and the service on every node.
+func (w *world) serve(view uint32, svcs ...datapath.Service) {
+	for _, n := range w.nodes {
+		for _, s := range svcs {
+			bits := 32
+			if s.VIP.Is6() {
+				bits = 128
+			}
+			must(w.t, n.dp.UpsertRoute(datapath.Route{NetID: view, Prefix: netip.PrefixFrom(s.VIP, bits), Kind: tables.RouteService, DstNet: s.NetID}))
+		}
+		gone, err := n.dp.ApplyServices(svcs)
+		must(w.t, err)
+		_, err = n.dp.FlushServiceFlows(gone)
+		must(w.t, err)
+	}
+}
+
+func tcpSvc(vip string, port uint16, net uint32, backends ...datapath.Backend) datapath.Service {
+	return datapath.Service{VIP: netip.MustParseAddr(vip), Proto: 6, Port: port, NetID: net, Backends: backends}
+}
+
+func udpSvc(vip string, port uint16, net uint32, backends ...datapath.Backend) datapath.Service {
+	s := tcpSvc(vip, port, net, backends...)
+	s.Proto = 17
+	return s
+}
+
+func be(a netip.Addr) datapath.Backend { return datapath.Backend{Addr: a, Port: 7} }
+
+// TestClusterIP: a VIP per family, TCP and UDP, translated per packet to a
+// random endpoint on this node or another, replies coming back from the
+// VIP (a connected UDP socket accepts nothing else); a service without
+// endpoints refuses at once; one whose endpoints are not eligible here
+// drops; an endpoint that goes away takes its flows with it, so the same
+// UDP socket reaches the remaining one; another network reaches the VIP
+// only when its view holds it, and never the endpoints directly; an
+// outside endpoint is reached with SNAT.
+func TestClusterIP(t *testing.T) {
+	w := newWorld(t, 2)
+	n1, n2 := w.nodes[0], w.nodes[1]
+	for _, n := range w.nodes {
+		must(t, netutil.Sysctl(netutil.Path(n.ns), "net.ipv4.ip_forward", "1"))
+	}
+	w.addNetwork(7, "10.70.0.0/16", "fd00:70::/48", false)
+	w.addNetwork(8, "10.80.0.0/16", "fd00:80::/48", false)
+	a := w.addPod("a", n1, 7, 2)
+	b := w.addPod("b", n2, 7, 2)
+	c := w.addPod("c", n1, 7, 3)
+	x := w.addPod("x", n2, 8, 2)
+	ext := w.addExternalHost(n1, netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/16"))
+	world4 := netip.MustParsePrefix("172.31.0.0/24")
+	w.addExternal(100, world4)
+	w.grantExternal(7, 100, world4)
+
+	web4 := tcpSvc("10.96.0.10", 80, 7, be(b.v4), be(c.v4))
+	web6 := tcpSvc("fd00:96::10", 80, 7, be(b.v6), be(c.v6))
+	dns4 := udpSvc("10.96.0.10", 53, 7, be(b.v4))
+	dns6 := udpSvc("fd00:96::10", 53, 7, be(b.v6))
+	empty := tcpSvc("10.96.0.11", 80, 7)
+	emptyU := udpSvc("fd00:96::11", 53, 7)
+	local := tcpSvc("10.96.0.12", 80, 7)
+	local.Drop = true
+	outside := tcpSvc("10.96.0.13", 443, 7, be(ext.v4))
+	all := []datapath.Service{web4, web6, dns4, dns6, empty, emptyU, local, outside}
+	w.serve(7, all...)
+
+	for _, vip := range []netip.Addr{web4.VIP, web6.VIP} {
+		seen := map[string]int{}
+		for range 24 {
+			got, err := dialPort(a, vip, 80)
+			if err != nil {
+				d1, _ := n1.dp.Drops(); d2, _ := n2.dp.Drops(); f1, _ := n1.dp.Forwarded(); f2, _ := n2.dp.Forwarded()
+				t.Fatalf("TCP a -> %s:80: %v\n%v\n%v\n%v\n%v", vip, err, nz(d1), nz(d2), nz(f1), nz(f2))
+			}
+			seen[got]++
+		}
+		if seen["b"] == 0 || seen["c"] == 0 || len(seen) != 2 {
+			t.Errorf("TCP a -> %s:80 over 24 connections answered by %v, want both b and c", vip, seen)
+		}
+	}
+	for _, vip := range []netip.Addr{dns4.VIP, dns6.VIP} {
+		if got, err := dialUDPPort(a, netip.AddrPortFrom(vip, 53)); err != nil || got != "b" {
+			t.Errorf("UDP a -> %s:53: %q %v, want b answering from the VIP", vip, got, err)
+		}
+	}
+	expectFlow(t, n1, func(f datapath.Flow) bool {
+		return f.Service && f.Remote == netip.AddrPortFrom(dns4.VIP, 53) && f.NAT == netip.AddrPortFrom(b.v4, 7)
+	}, "a's flow to the DNS VIP")
+
+	// No endpoints: refused at once, TCP and UDP.
+	if _, err := dialPort(a, empty.VIP, 80); !errors.Is(err, unix.ECONNREFUSED) {
+		t.Errorf("TCP to a service without endpoints: %v, want connection refused", err)
+	}
+	if err := udpRefused(a, netip.AddrPortFrom(emptyU.VIP, 53)); err != nil {
+		t.Errorf("UDP to a service without endpoints: %v", err)
+	}
+	// Endpoints exist but none is eligible here: dropped.
+	expectDropped(t, n1, "no-local-endpoints", "TCP to a service without local endpoints", func() error {
+		_, err := dialPort(a, local.VIP, 80)
+		return err
+	})
+
+	// The endpoint behind a UDP flow goes away: the same socket reaches
+	// the one that remains.
+	conn := udpConn(t, a, netip.AddrPortFrom(dns4.VIP, 53))
+	if got := askUDP(t, conn); got != "b" {
+		t.Fatalf("UDP flow answered by %q, want b", got)
+	}
+	dns4.Backends = []datapath.Backend{be(c.v4)}
+	all[2] = dns4
+	w.serve(7, all...)
+	if got := askUDP(t, conn); got != "c" {
+		t.Errorf("after b left the service, the same UDP socket was answered by %q, want c", got)
+	}
+
+	// Network 8 does not reach the VIP until its view holds it (as a
+	// ServiceRoutingPolicy grants), and never the endpoints themselves.
+	expectDropped(t, n2, "isolated", "TCP x -> VIP without a grant", func() error {
+		_, err := dialPort(x, web4.VIP, 80)
+		return err
+	})
+	w.serve(8, all...)
+	if got, err := dialPort(x, web4.VIP, 80); err != nil || (got != "b" && got != "c") {
+		t.Errorf("TCP x -> VIP with a grant: %q %v", got, err)
+	}
+	expectDropped(t, n2, "isolated", "TCP x -> b directly", func() error {
+		_, err := dialPort(x, b.v4, 7)
+		return err
+	})
+
+	// An outside endpoint (as the kubernetes Service's API server).
+	if got, err := dialPort(a, outside.VIP, 443); err != nil || got != "ext" {
+		t.Errorf("TCP a -> VIP of an outside endpoint: %q %v", got, err)
+	}
+}
+
+func dialUDPPort(p *pod, dst netip.AddrPort) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	c, err := netutil.DialContext(ctx, netutil.Path(p.ns), "udp", dst.String())
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	buf := make([]byte, 256)
+	for range 3 {
+		_ = c.SetDeadline(time.Now().Add(700 * time.Millisecond))
+		if _, err := c.Write([]byte("hi")); err != nil {
+			return "", err
+		}
+		if n, err := c.Read(buf); err == nil {
+			return string(buf[:n]), nil
+		}
+	}
+	return "", fmt.Errorf("no UDP answer from %s", dst)
+}
+
+type udpClient struct {
+	c interface {
+		Write([]byte) (int, error)
+		Read([]byte) (int, error)
+		SetDeadline(time.Time) error
+		Close() error
+	}
+}
+
+func udpConn(t *testing.T, p *pod, dst netip.AddrPort) udpClient {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	c, err := netutil.DialContext(ctx, netutil.Path(p.ns), "udp", dst.String())
+	must(t, err)
+	t.Cleanup(func() { c.Close() })
+	return udpClient{c}
+}
+
+func askUDP(t *testing.T, u udpClient) string {
+	t.Helper()
+	buf := make([]byte, 256)
+	for range 3 {
+		_ = u.c.SetDeadline(time.Now().Add(700 * time.Millisecond))
+		if _, err := u.c.Write([]byte("hi")); err != nil {
+			t.Fatalf("send: %v", err)
+		}
+		if n, err := u.c.Read(buf); err == nil {
+			return string(buf[:n])
+		}
+	}
+	return ""
+}
+
+func nz(m map[string]uint64) map[string]uint64 {
+	out := map[string]uint64{}
+	for k, v := range m {
+		if v != 0 {
+			out[k] = v
+		}
+	}
+	return out
+}
