@@ -298,7 +298,9 @@ static __noinline int from_outside(struct __sk_buff *skb, struct pkt *p)
 	if (!ext)
 		return drop(DROP_UNCLASSIFIED);
 	struct route_val *rv = view_lookup(ext, p);
-	if (!rv || (rv->flags & ROUTE_DENY))
+	/* Service VIPs are reached from pods here; from outside they come
+	 * with NodePort and LoadBalancer. */
+	if (!rv || (rv->flags & (ROUTE_DENY | ROUTE_SERVICE)))
 		return drop(DROP_ISOLATED);
 	if (rv->flags & ROUTE_EXTERNAL)
 		return drop(DROP_NOT_LOCAL);

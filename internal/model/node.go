@@ -18,6 +18,19 @@ type NodeInput struct {
 	Allocations     []lacev1.Allocation
 	Underlays       []lacev1.UnderlayEndpoint
 	RoutingPolicies []lacev1.NetworkRoutingPolicy
+	// Services are the VIPs of the services bound to a network, and the
+	// ServiceRoutingPolicies and namespace labels that open them to other
+	// networks (section 5, third bullet of "What a network sees").
+	Services               []ServiceVIPs
+	ServiceRoutingPolicies []lacev1.ServiceRoutingPolicy
+	Namespaces             map[string]map[string]string
+}
+
+// ServiceVIPs are the cluster IPs of a service bound to Network.
+type ServiceVIPs struct {
+	Namespace, Name string
+	Network         string
+	VIPs            []netip.Addr
 }
 
 // LocatorRoute sends a node's locator over the underlay to its address.
@@ -200,6 +213,19 @@ type viewTopology struct {
 	// extOf memoizes the longest external prefix containing a prefix
 	// (classification does not depend on the view).
 	extOf map[netip.Prefix]netip.Prefix
+
+	byName     map[string]*viewNet
+	services   []ServiceVIPs
+	srps       []viewSRP
+	namespaces map[string]map[string]string
+}
+
+// viewSRP is one ServiceRoutingPolicy's selectors; nil dst and ns select
+// everything, and name (when set) names the destination network.
+type viewSRP struct {
+	src     labels.Selector
+	name    string
+	dst, ns labels.Selector
 }
 
 func readViewTopology(in NodeInput, locators map[string]netip.Prefix) *viewTopology {
@@ -228,6 +254,31 @@ func readViewTopology(in NodeInput, locators map[string]netip.Prefix) *viewTopol
 		}
 		byName[n.Name] = vn
 		vt.nets = append(vt.nets, vn)
+	}
+	vt.byName, vt.services, vt.namespaces = byName, in.Services, in.Namespaces
+	for _, p := range in.ServiceRoutingPolicies {
+		if p.Spec.SrcSelector == nil {
+			continue
+		}
+		src, err := metav1.LabelSelectorAsSelector(p.Spec.SrcSelector)
+		if err != nil {
+			continue
+		}
+		g := viewSRP{src: src, name: p.Spec.DestSelector.Name}
+		if len(p.Spec.DestSelector.MatchLabels) > 0 || len(p.Spec.DestSelector.MatchExpressions) > 0 {
+			if g.dst, err = metav1.LabelSelectorAsSelector(&metav1.LabelSelector{MatchLabels: p.Spec.DestSelector.MatchLabels,
+				MatchExpressions: p.Spec.DestSelector.MatchExpressions}); err != nil {
+				continue
+			}
+		} else if g.name == "" {
+			continue // selects no network
+		}
+		if p.Spec.NamespaceSelector != nil {
+			if g.ns, err = metav1.LabelSelectorAsSelector(p.Spec.NamespaceSelector); err != nil {
+				continue
+			}
+		}
+		vt.srps = append(vt.srps, g)
 	}
 	sort.Slice(vt.nets, func(i, j int) bool { return vt.nets[i].name < vt.nets[j].name })
 	for _, vn := range vt.nets {
@@ -507,6 +558,44 @@ func (vt *viewTopology) view(v *viewNet) []tables.Route {
 		r.NetID, r.Prefix = v.id, k
 		placed[k] = r
 		out = append(out, r)
+	}
+	return append(out, vt.serviceRoutes(v, in, closed, placed)...)
+}
+
+// serviceRoutes are the VIP entries of view v: the services bound to a
+// network of the view (its own unless closed, and every peer a policy
+// grants it), and those a ServiceRoutingPolicy from v selects (by
+// destination network name or labels, scoped by namespace). A
+// ServiceRoutingPolicy grants the VIP only: the backends' addresses stay
+// out of the view, and the data plane reaches them in the service's own
+// network.
+func (vt *viewTopology) serviceRoutes(v *viewNet, in map[string]bool, closed bool, placed map[netip.Prefix]tables.Route) []tables.Route {
+	var out []tables.Route
+	for _, svc := range vt.services {
+		n := vt.byName[svc.Network]
+		if n == nil || n.external {
+			continue
+		}
+		ok := in[n.name] && !(n == v && closed)
+		for _, g := range vt.srps {
+			if ok {
+				break
+			}
+			ok = g.src.Matches(v.labels) && (g.name == "" || g.name == n.name) && (g.dst == nil || g.dst.Matches(n.labels)) &&
+				(g.ns == nil || g.ns.Matches(labels.Set(vt.namespaces[svc.Namespace])))
+		}
+		if !ok {
+			continue
+		}
+		for _, vip := range svc.VIPs {
+			p := netip.PrefixFrom(vip, vip.BitLen())
+			if _, taken := placed[p]; taken {
+				continue
+			}
+			r := tables.Route{NetID: v.id, Prefix: p, Kind: tables.RouteService, DstNet: n.id}
+			placed[p] = r
+			out = append(out, r)
+		}
 	}
 	return out
 }

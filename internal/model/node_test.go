@@ -311,3 +311,69 @@ func BenchmarkComputeNode(b *testing.B) {
 		}
 	}
 }
+
+// TestServiceRoutes: a VIP is in the view of its service's network (unless
+// that network is anonymous and closed), of every network a policy grants
+// the service's network, and of the sources of a ServiceRoutingPolicy
+// selecting the network (by name or labels) in a matching namespace.
+func TestServiceRoutes(t *testing.T) {
+	nets := topology([]lacev1.Network{l3("red", map[string]string{"tier": "db"}, "10.1.0.0/16"), l3("blue", nil, "10.2.0.0/16"),
+		l3("green", nil, "10.3.0.0/16"), l3("pink", nil, "10.4.0.0/16"), anon(l3("shy", nil, "10.5.0.0/16"))}).Networks
+	vip := netip.MustParseAddr("10.96.0.10")
+	vip6 := netip.MustParseAddr("fd00:96::10")
+	srp := func(name string, src string, dst lacev1.ServiceSelector, ns map[string]string) lacev1.ServiceRoutingPolicy {
+		p := lacev1.ServiceRoutingPolicy{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: lacev1.ServiceRoutingPolicySpec{
+			SrcSelector: &metav1.LabelSelector{MatchLabels: map[string]string{netLabel: src}}, DestSelector: dst}}
+		if ns != nil {
+			p.Spec.NamespaceSelector = &metav1.LabelSelector{MatchLabels: ns}
+		}
+		return p
+	}
+	in := NodeInput{Node: "n1", Networks: nets, Allocations: blocks12(nets), Underlays: testUnderlays,
+		RoutingPolicies: []lacev1.NetworkRoutingPolicy{byName("blue", "red")},
+		Services: []ServiceVIPs{
+			{Namespace: "prod", Name: "db", Network: "red", VIPs: []netip.Addr{vip, vip6}},
+			{Namespace: "dev", Name: "db", Network: "red", VIPs: []netip.Addr{netip.MustParseAddr("10.96.0.11")}},
+			{Namespace: "prod", Name: "quiet", Network: "shy", VIPs: []netip.Addr{netip.MustParseAddr("10.96.0.12")}},
+		},
+		ServiceRoutingPolicies: []lacev1.ServiceRoutingPolicy{
+			srp("green-to-db", "green", lacev1.ServiceSelector{MatchLabels: map[string]string{"tier": "db"}}, map[string]string{"env": "prod"}),
+			srp("pink-to-red", "pink", lacev1.ServiceSelector{Name: "red"}, nil),
+		},
+		Namespaces: map[string]map[string]string{"prod": {"env": "prod"}, "dev": {"env": "dev"}},
+	}
+	st := ComputeNode(in)
+	ids := NetworkIDs(nets)
+	got := map[string][]string{}
+	for _, r := range st.Routes {
+		if r.Kind != tables.RouteService {
+			continue
+		}
+		for name, id := range ids {
+			if id == r.NetID {
+				got[name] = append(got[name], r.Prefix.String())
+				if r.DstNet != ids["red"] && r.DstNet != ids["shy"] {
+					t.Errorf("VIP %s in %s's view names network %d", r.Prefix, name, r.DstNet)
+				}
+			}
+		}
+	}
+	want := map[string][]string{
+		"red":   {"10.96.0.10/32", "10.96.0.11/32", "fd00:96::10/128"}, // own services
+		"blue":  {"10.96.0.10/32", "10.96.0.11/32", "fd00:96::10/128"}, // blue -> red
+		"green": {"10.96.0.10/32", "fd00:96::10/128"},                  // SRP by label, prod only
+		"pink":  {"10.96.0.10/32", "10.96.0.11/32", "fd00:96::10/128"}, // SRP by name
+	}
+	for _, name := range []string{"red", "blue", "green", "pink", "shy"} {
+		sort.Strings(got[name])
+		if !reflect.DeepEqual(got[name], want[name]) {
+			t.Errorf("VIPs in the view of %s: %v, want %v", name, got[name], want[name])
+		}
+	}
+	// An SRP grants the VIP, not the network.
+	for _, r := range st.Routes {
+		if r.NetID == ids["green"] && r.DstNet == ids["red"] && r.Kind != tables.RouteService && r.Kind != tables.RouteDeny {
+			t.Errorf("green's view holds %s of red (%v): an SRP grants VIPs only", r.Prefix, r.Kind)
+		}
+	}
+}
