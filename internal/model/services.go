@@ -1,0 +1,536 @@
+package model
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	netutils "k8s.io/utils/net"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/tables"
+)
+
+// Service-related labels and annotations.
+const (
+	// LabelServiceProxyName hands a Service to another proxy: kube-proxy
+	// watches only Services and EndpointSlices without it (its informers'
+	// label selector), and so does Lace, whatever its value.
+	LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+	// AnnotationTrafficDistribution is Lace's own distribution preference;
+	// TrafficDistributionPreferClosest is its one value.
+	AnnotationTrafficDistribution    = "lace-cni.io/traffic-distribution"
+	TrafficDistributionPreferClosest = "PreferClosest"
+)
+
+// ServiceInput is everything a node's service tables depend on.
+type ServiceInput struct {
+	Node, Zone       string // this node and its zone (topology.kubernetes.io/zone)
+	Networks         []lacev1.Network
+	BindingPolicies  []lacev1.NetworkBindingPolicy
+	Services         []corev1.Service
+	EndpointSlices   []discoveryv1.EndpointSlice
+	NetworkEndpoints []lacev1.NetworkEndpoint     // which network each pod address belongs to
+	Namespaces       map[string]map[string]string // namespace -> labels (for binding namespaceSelectors)
+}
+
+// ServiceState is what the node serves and what it left out, with why.
+type ServiceState struct {
+	// Services is sorted by (VIP, Proto, Port); each one's backends by
+	// (Addr, Port).
+	Services []tables.Service
+	// Bound has every service considered (not skipped), sorted by
+	// namespace and name, with its network or the reason it has none.
+	Bound []ServiceBinding
+	// Excluded lists the endpoints left out because their pod is in
+	// another network, once per (service, address), sorted.
+	Excluded []ExcludedEndpoint
+}
+
+// ServiceBinding is the network a service is bound to, or Err saying why it
+// has none (then it is not served).
+type ServiceBinding struct {
+	Namespace, Name, Network, Policy string
+	NetID                            uint32
+	Err                              string
+}
+
+// ExcludedEndpoint is an endpoint address of a service that belongs to a pod
+// of Network, not of the service's network ServiceNetwork. Network names
+// every other network holding the address, comma-separated, when it is
+// known only by address.
+type ExcludedEndpoint struct {
+	Namespace, Service string
+	Addr               netip.Addr
+	Network            string
+	ServiceNetwork     string
+}
+
+// ComputeServices decides which service ports this node serves, in which
+// network, with which backends.
+func ComputeServices(in ServiceInput) ServiceState {
+	ids := NetworkIDs(in.Networks)
+	exists := map[string]bool{}
+	for _, n := range in.Networks {
+		exists[n.Name] = true
+	}
+	pods := indexNetworkEndpoints(in.NetworkEndpoints)
+	bySvc := slicesByService(in.EndpointSlices)
+
+	// Visit services in (namespace, name) order so that everything
+	// appended below comes out the same whatever the input order.
+	svcs := make([]*corev1.Service, 0, len(in.Services))
+	for i := range in.Services {
+		svcs = append(svcs, &in.Services[i])
+	}
+	slices.SortStableFunc(svcs, func(a, b *corev1.Service) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
+
+	var st ServiceState
+	excluded := map[excludedEndpointKey]ExcludedEndpoint{}
+	for _, svc := range svcs {
+		vips, ok := serviceVIPs(svc)
+		if !ok {
+			continue
+		}
+		b := ServiceBinding{Namespace: svc.Namespace, Name: svc.Name}
+		bind, err := Bind(in.BindingPolicies, lacev1.MatchKindService, svc.Namespace, svc.Name, svc.Labels, in.Namespaces[svc.Namespace])
+		if err != nil {
+			b.Err = err.Error()
+			st.Bound = append(st.Bound, b)
+			continue
+		}
+		b.Network, b.Policy = bind.Network, bind.Policy
+		id, ok := ids[bind.Network]
+		if !ok {
+			if exists[bind.Network] {
+				b.Err = fmt.Sprintf("network %s has no ID yet", bind.Network)
+			} else {
+				b.Err = fmt.Sprintf("network %s does not exist", bind.Network)
+			}
+			st.Bound = append(st.Bound, b)
+			continue
+		}
+		b.NetID = id
+		st.Bound = append(st.Bound, b)
+
+		sc := serviceCtx{in: &in, svc: svc, network: bind.Network, netID: id, pods: pods,
+			slices: bySvc[svc.Namespace+"/"+svc.Name], excluded: excluded}
+		for _, vip := range vips {
+			st.Services = append(st.Services, sc.servePorts(vip)...)
+		}
+	}
+
+	slices.SortStableFunc(st.Services, func(a, b tables.Service) int {
+		return cmp.Or(a.VIP.Compare(b.VIP), cmp.Compare(a.Proto, b.Proto), cmp.Compare(a.Port, b.Port))
+	})
+	for _, e := range excluded {
+		st.Excluded = append(st.Excluded, e)
+	}
+	slices.SortFunc(st.Excluded, func(a, b ExcludedEndpoint) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Service, b.Service), a.Addr.Compare(b.Addr))
+	})
+	return st
+}
+
+// serviceVIPs returns the service's ClusterIPs, or false when Lace leaves
+// the service alone: kube-proxy's ShouldSkipService (headless: clusterIP
+// None or empty; type ExternalName), the service-proxy-name label (which
+// kube-proxy's informers filter out), and ClusterIPs that don't parse.
+func serviceVIPs(svc *corev1.Service) ([]netip.Addr, bool) {
+	if svc.Spec.Type == corev1.ServiceTypeExternalName ||
+		svc.Spec.ClusterIP == corev1.ClusterIPNone || svc.Spec.ClusterIP == "" {
+		return nil, false
+	}
+	if _, ok := svc.Labels[LabelServiceProxyName]; ok {
+		return nil, false
+	}
+	ips := svc.Spec.ClusterIPs
+	if len(ips) == 0 {
+		// An object from before dual-stack has clusterIP only; kube-proxy
+		// (GetClusterIPByFamily) falls back to it the same way.
+		ips = []string{svc.Spec.ClusterIP}
+	}
+	out := make([]netip.Addr, 0, len(ips))
+	for _, s := range ips {
+		a, ok := parseSloppyIP(s)
+		if !ok {
+			return nil, false
+		}
+		out = append(out, a)
+	}
+	return out, true
+}
+
+// parseSloppyIP parses an address as kube-proxy does (ParseIPSloppy: IPv4 octets
+// with leading zeros, which old objects may hold, read as decimal).
+func parseSloppyIP(s string) (netip.Addr, bool) {
+	if a, err := netip.ParseAddr(s); err == nil {
+		if a.Zone() != "" {
+			return netip.Addr{}, false
+		}
+		return a.Unmap(), true
+	}
+	ip := netutils.ParseIPSloppy(s)
+	if ip == nil {
+		return netip.Addr{}, false
+	}
+	if v4 := ip.To4(); v4 != nil && !strings.Contains(s, ":") {
+		return netip.AddrFrom4([4]byte(v4)), true
+	}
+	a, ok := netip.AddrFromSlice(ip.To16())
+	return a.Unmap(), ok
+}
+
+func protoNum(p corev1.Protocol) (uint8, bool) {
+	switch p {
+	case corev1.ProtocolTCP, "": // "" is the API default, TCP
+		return 6, true
+	case corev1.ProtocolUDP:
+		return 17, true
+	case corev1.ProtocolSCTP:
+		return 132, true
+	}
+	return 0, false
+}
+
+// slicesByService groups EndpointSlices by the service they belong to
+// (namespace/kubernetes.io/service-name), each group sorted by slice name.
+// Slices without the label are nobody's (kube-proxy's endpointSliceCacheKeys
+// rejects them); slices with the service-proxy-name or headless labels are
+// ignored as kube-proxy's informers do.
+func slicesByService(all []discoveryv1.EndpointSlice) map[string][]*discoveryv1.EndpointSlice {
+	out := map[string][]*discoveryv1.EndpointSlice{}
+	for i := range all {
+		s := &all[i]
+		name := s.Labels[discoveryv1.LabelServiceName]
+		if name == "" {
+			continue
+		}
+		if _, ok := s.Labels[LabelServiceProxyName]; ok {
+			continue
+		}
+		if _, ok := s.Labels[corev1.IsHeadlessService]; ok {
+			continue
+		}
+		k := s.Namespace + "/" + name
+		out[k] = append(out[k], s)
+	}
+	for _, ss := range out {
+		slices.SortStableFunc(ss, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
+	}
+	return out
+}
+
+// podAddrIndex says which networks hold a pod address, from NetworkEndpoints.
+type podAddrIndex struct {
+	byAddr map[netip.Addr][]*lacev1.NetworkEndpoint
+	byPod  map[string]*lacev1.NetworkEndpoint // namespace/name (a NetworkEndpoint is named after its pod)
+}
+
+func indexNetworkEndpoints(all []lacev1.NetworkEndpoint) podAddrIndex {
+	ix := podAddrIndex{byAddr: map[netip.Addr][]*lacev1.NetworkEndpoint{}, byPod: map[string]*lacev1.NetworkEndpoint{}}
+	for i := range all {
+		ne := &all[i]
+		ix.byPod[ne.Namespace+"/"+ne.Name] = ne
+		for _, s := range ne.Spec.Addresses {
+			if a, ok := parseSloppyIP(string(s)); ok {
+				ix.byAddr[a] = append(ix.byAddr[a], ne)
+			}
+		}
+	}
+	return ix
+}
+
+func neHolds(ne *lacev1.NetworkEndpoint, a netip.Addr) bool {
+	for _, s := range ne.Spec.Addresses {
+		if b, ok := parseSloppyIP(string(s)); ok && b == a {
+			return true
+		}
+	}
+	return false
+}
+
+// labelNEPodUID is the label the agent puts on a NetworkEndpoint naming its
+// pod's UID.
+const labelNEPodUID = "lace-cni.io/pod-uid"
+
+// otherNetwork returns "" when addr may be an endpoint of a service in
+// network, or the network(s) whose pod holds it instead.
+//
+// The pod the EndpointSlice names (targetRef) decides when its
+// NetworkEndpoint holds the address: with overlapping networks an address
+// can be a pod's in the service's network and another pod's elsewhere, and
+// the targetRef tells which pod the endpoint controller meant, so a service
+// never picks the namesake in its own network for a pod of another.
+// Otherwise the address decides: it is in the network when a NetworkEndpoint
+// of that network holds it, whatever others do; when no pod holds it, it is
+// an outside address (the kubernetes Service's API server address) reached
+// from the service's network like any outside address.
+func (ix podAddrIndex) otherNetwork(sliceNS string, ep *discoveryv1.Endpoint, addr netip.Addr, network string) string {
+	if r := ep.TargetRef; r != nil && (r.Kind == "" || r.Kind == "Pod") && r.Name != "" {
+		ns := cmp.Or(r.Namespace, sliceNS)
+		if ne, ok := ix.byPod[ns+"/"+r.Name]; ok && neHolds(ne, addr) &&
+			(r.UID == "" || ne.Labels[labelNEPodUID] == "" || string(r.UID) == ne.Labels[labelNEPodUID]) {
+			if ne.Spec.Network == network {
+				return ""
+			}
+			return ne.Spec.Network
+		}
+	}
+	var others []string
+	for _, ne := range ix.byAddr[addr] {
+		if ne.Spec.Network == network {
+			return ""
+		}
+		if !slices.Contains(others, ne.Spec.Network) {
+			others = append(others, ne.Spec.Network)
+		}
+	}
+	slices.Sort(others)
+	return strings.Join(others, ",")
+}
+
+type excludedEndpointKey struct {
+	ns, svc string
+	addr    netip.Addr
+}
+
+// serviceCtx is one bound service being turned into table entries.
+type serviceCtx struct {
+	in       *ServiceInput
+	svc      *corev1.Service
+	network  string
+	netID    uint32
+	pods     podAddrIndex
+	slices   []*discoveryv1.EndpointSlice
+	excluded map[excludedEndpointKey]ExcludedEndpoint
+}
+
+// svcEndpoint is one (address, port) of a service port with what eligibility
+// needs to know of it.
+type svcEndpoint struct {
+	addr                      netip.Addr
+	port                      uint16
+	node, zone                string
+	ready, serving, terminate bool
+	forZones, forNodes        []string
+}
+
+// servePorts returns the table entries of every port of the service on vip.
+func (c *serviceCtx) servePorts(vip netip.Addr) []tables.Service {
+	var out []tables.Service
+	seen := map[[2]int32]bool{} // (port, proto): the API forbids duplicates; be deterministic anyway
+	for _, sp := range c.svc.Spec.Ports {
+		proto, ok := protoNum(sp.Protocol)
+		if !ok || sp.Port <= 0 || sp.Port > 65535 || seen[[2]int32{sp.Port, int32(proto)}] {
+			continue
+		}
+		seen[[2]int32{sp.Port, int32(proto)}] = true
+		backends, drop := eligibleEndpoints(c.endpoints(vip, sp), c.svc, c.in.Node, c.in.Zone)
+		s := tables.Service{VIP: vip, Proto: proto, Port: uint16(sp.Port), NetID: c.netID, Drop: drop,
+			AffinitySeconds: affinitySeconds(c.svc)}
+		for _, e := range backends {
+			s.Backends = append(s.Backends, tables.Backend{Addr: e.addr, Port: e.port})
+		}
+		slices.SortFunc(s.Backends, func(a, b tables.Backend) int {
+			return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port))
+		})
+		out = append(out, s)
+	}
+	return out
+}
+
+// affinitySeconds: ClientIP affinity with its timeout, 10800 s when unset
+// (the API default, which kube-proxy relies on the apiserver to fill in).
+func affinitySeconds(svc *corev1.Service) uint32 {
+	if svc.Spec.SessionAffinity != corev1.ServiceAffinityClientIP {
+		return 0
+	}
+	if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil &&
+		*c.ClientIP.TimeoutSeconds > 0 {
+		return uint32(*c.ClientIP.TimeoutSeconds)
+	}
+	return uint32(corev1.DefaultClientIPServiceAffinitySeconds)
+}
+
+// endpoints collects the endpoints of service port sp on vip from the
+// service's slices, as kube-proxy's EndpointSliceCache does: slices of the
+// VIP's address type only, the slice port with the service port's name
+// (nil names and nil or zero ports ignored) and protocol, the first address
+// of each endpoint, deduplicated by (address, port) with an endpoint on this
+// node winning over a copy elsewhere. Endpoints of pods of other networks
+// are left out and recorded.
+func (c *serviceCtx) endpoints(vip netip.Addr, sp corev1.ServicePort) []svcEndpoint {
+	addrType := discoveryv1.AddressTypeIPv4
+	if vip.Is6() {
+		addrType = discoveryv1.AddressTypeIPv6
+	}
+	spProto := cmp.Or(sp.Protocol, corev1.ProtocolTCP)
+	var out []svcEndpoint
+	at := map[netip.AddrPort]int{}
+	for _, sl := range c.slices {
+		if sl.AddressType != addrType {
+			continue
+		}
+		for _, p := range sl.Ports {
+			if p.Name == nil || *p.Name != sp.Name || p.Port == nil || *p.Port <= 0 || *p.Port > 65535 {
+				continue
+			}
+			proto := corev1.ProtocolTCP // the API default
+			if p.Protocol != nil && *p.Protocol != "" {
+				proto = *p.Protocol
+			}
+			if proto != spProto {
+				continue
+			}
+			for i := range sl.Endpoints {
+				ep := &sl.Endpoints[i]
+				if len(ep.Addresses) == 0 {
+					continue
+				}
+				addr, ok := parseSloppyIP(ep.Addresses[0])
+				if !ok || addr.Is6() != vip.Is6() {
+					continue
+				}
+				if other := c.pods.otherNetwork(sl.Namespace, ep, addr, c.network); other != "" {
+					k := excludedEndpointKey{c.svc.Namespace, c.svc.Name, addr}
+					if _, ok := c.excluded[k]; !ok {
+						c.excluded[k] = ExcludedEndpoint{Namespace: c.svc.Namespace, Service: c.svc.Name, Addr: addr,
+							Network: other, ServiceNetwork: c.network}
+					}
+					continue
+				}
+				e := svcEndpoint{addr: addr, port: uint16(*p.Port), zone: derefString(ep.Zone), node: derefString(ep.NodeName),
+					ready:     ep.Conditions.Ready == nil || *ep.Conditions.Ready,
+					serving:   ep.Conditions.Serving == nil || *ep.Conditions.Serving,
+					terminate: ep.Conditions.Terminating != nil && *ep.Conditions.Terminating}
+				if h := ep.Hints; h != nil {
+					for _, z := range h.ForZones {
+						e.forZones = append(e.forZones, z.Name)
+					}
+					for _, n := range h.ForNodes {
+						e.forNodes = append(e.forNodes, n.Name)
+					}
+				}
+				k := netip.AddrPortFrom(addr, e.port)
+				if j, dup := at[k]; dup {
+					if c.local(e) {
+						out[j] = e
+					}
+					continue
+				}
+				at[k] = len(out)
+				out = append(out, e)
+			}
+		}
+	}
+	return out
+}
+
+func (c *serviceCtx) local(e svcEndpoint) bool { return c.in.Node != "" && e.node == c.in.Node }
+
+func derefString(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// eligibleEndpoints picks the endpoints this node sends ClusterIP traffic to, and
+// whether traffic is dropped (rather than rejected) when there are none. It
+// follows kube-proxy's CategorizeEndpoints and the nftables proxier:
+//
+//   - "usable" means ready (ready unset counts as ready); when no endpoint
+//     is ready, serving and terminating ones are used instead; an endpoint
+//     neither ready nor serving-terminating is never used;
+//   - a service with no usable endpoint anywhere has no backends and is
+//     rejected (ICMP unreachable), whatever its traffic policy;
+//   - internalTrafficPolicy Local: the ready endpoints on this node, else
+//     the serving-terminating ones on this node; none here while some exist
+//     elsewhere drops (topology plays no part: every candidate is here);
+//   - Cluster: the ready endpoints filtered by topology (hints, or Lace's
+//     PreferClosest annotation); the terminating fallback ignores topology,
+//     as there is no ready endpoint anywhere to prefer.
+func eligibleEndpoints(eps []svcEndpoint, svc *corev1.Service, node, zone string) ([]svcEndpoint, bool) {
+	usable := func(e svcEndpoint) bool { return e.ready || (e.serving && e.terminate) }
+	if !slices.ContainsFunc(eps, usable) {
+		return nil, false
+	}
+	isLocal := func(e svcEndpoint) bool { return node != "" && e.node == node }
+	if p := svc.Spec.InternalTrafficPolicy; p != nil && *p == corev1.ServiceInternalTrafficPolicyLocal {
+		local := filterEndpoints(eps, func(e svcEndpoint) bool { return isLocal(e) && e.ready })
+		if len(local) == 0 {
+			local = filterEndpoints(eps, func(e svcEndpoint) bool { return isLocal(e) && e.serving && e.terminate })
+		}
+		return local, len(local) == 0
+	}
+	ready := filterEndpoints(eps, func(e svcEndpoint) bool { return e.ready })
+	if len(ready) == 0 {
+		return filterEndpoints(eps, func(e svcEndpoint) bool { return e.serving && e.terminate }), false
+	}
+	if svc.Annotations[AnnotationTrafficDistribution] == TrafficDistributionPreferClosest {
+		// Lace's tiers: the first non-empty one of ready endpoints wins;
+		// hints play no part.
+		if t := filterEndpoints(ready, isLocal); len(t) > 0 {
+			return t, false
+		}
+		if t := filterEndpoints(ready, func(e svcEndpoint) bool { return zone != "" && e.zone == zone }); len(t) > 0 {
+			return t, false
+		}
+		return ready, false
+	}
+	switch topologyModeFromHints(ready, node, zone) {
+	case corev1.ServiceTrafficDistributionPreferSameNode:
+		return filterEndpoints(ready, func(e svcEndpoint) bool { return slices.Contains(e.forNodes, node) }), false
+	case corev1.ServiceTrafficDistributionPreferSameZone:
+		return filterEndpoints(ready, func(e svcEndpoint) bool { return slices.Contains(e.forZones, zone) }), false
+	}
+	return ready, false
+}
+
+// topologyModeFromHints is kube-proxy's topologyModeFromHints (with the
+// PreferSameTrafficDistribution gate on, its default in v1.34): node hints
+// are used when every ready endpoint has one and one names this node, else
+// zone hints when every ready endpoint has one and one names this zone,
+// else none (all ready endpoints). Like kube-proxy v1.34 it reads hints
+// only: the service.kubernetes.io/topology-mode (and older
+// topology-aware-hints) annotation and spec.trafficDistribution matter to
+// the EndpointSlice controller, which writes the hints, not to the proxy.
+func topologyModeFromHints(ready []svcEndpoint, node, zone string) string {
+	allNode, forNode, allZone, forZone := true, false, true, false
+	for _, e := range ready {
+		if len(e.forNodes) == 0 {
+			allNode = false
+		} else if slices.Contains(e.forNodes, node) {
+			forNode = true
+		}
+		if len(e.forZones) == 0 {
+			allZone = false
+		} else if slices.Contains(e.forZones, zone) {
+			forZone = true
+		}
+	}
+	switch {
+	case allNode && forNode:
+		return corev1.ServiceTrafficDistributionPreferSameNode
+	case allZone && forZone:
+		return corev1.ServiceTrafficDistributionPreferSameZone
+	}
+	return ""
+}
+
+func filterEndpoints(eps []svcEndpoint, keep func(svcEndpoint) bool) []svcEndpoint {
+	var out []svcEndpoint
+	for _, e := range eps {
+		if keep(e) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
