@@ -527,7 +527,7 @@ func svcCases() []svcCase {
 					s.Spec.TrafficDistribution = ptr.To(corev1.ServiceTrafficDistributionPreferClose)
 				}),
 			slices: three(nil, nil, nil), want: all3},
-		{name: "hints without topology-mode annotation are used",
+		{name: "hints used even with topology-mode Disabled",
 			svcs:   web(svAnnotation(corev1.AnnotationTopologyMode, "Disabled")),
 			slices: three(ops(forZones("z1")), ops(forZones("z1")), ops(forZones("z2"))),
 			want:   []string{"10.96.0.10 tcp/80 net1 10.1.1.5:8080 10.1.2.5:8080"}},
