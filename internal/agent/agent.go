@@ -16,9 +16,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -150,8 +150,9 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		HealthProbeBindAddress: o.HealthAddr,
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}: {Field: fields.OneTermEqualSelector("spec.nodeName", o.NodeName)},
-			// Only this node's records (ensureNetworkEndpoints, teardown).
-			&lacev1.NetworkEndpoint{}: {Label: labels.SelectorFromSet(labels.Set{labelNode: o.NodeName})},
+			// Every NetworkEndpoint: services resolve their endpoints'
+			// networks from them (this node's own records are read by
+			// name, or listed by label from the API).
 		}},
 		Controller: ctrlConfig(o),
 	})
@@ -194,6 +195,10 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		Watches(&lacev1.UnderlayEndpoint{}, toNode, specOnly).
 		Watches(&lacev1.NetworkRoutingPolicy{}, toNode, specOnly).
 		Watches(&lacev1.NetworkBindingPolicy{}, toNode, specOnly).
+		Watches(&lacev1.ServiceRoutingPolicy{}, toNode, specOnly).
+		// Services and their endpoints, as kube-proxy watches them.
+		Watches(&corev1.Service{}, toNode, specOnly).
+		Watches(&discoveryv1.EndpointSlice{}, toNode, builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
 		Watches(&corev1.Pod{}, toNode, builder.WithPredicates(predicates.PodChanged())).
 		Watches(&corev1.Node{}, toNode, builder.WithPredicates(predicates.NodeChanged())).
 		// A NetworkEndpoint deleted or changed behind the agent's back is
@@ -205,13 +210,9 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 			},
 			DeleteFunc: func(event.DeleteEvent) bool { return true },
 		})).
-		// Namespaces matter only to CNI ADD (namespaceSelector); watching
-		// them starts their cache with the agent, not at the first ADD.
-		Watches(&corev1.Namespace{}, toNode, builder.WithPredicates(predicate.Funcs{
-			CreateFunc: func(event.CreateEvent) bool { return false },
-			UpdateFunc: func(event.UpdateEvent) bool { return false },
-			DeleteFunc: func(event.DeleteEvent) bool { return false },
-		})).
+		// Namespace labels bind services (namespaceSelector) and scope
+		// ServiceRoutingPolicies; for pods they matter at CNI ADD only.
+		Watches(&corev1.Namespace{}, toNode, builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Complete(reconcile.Func(a.reconcile))
 	if err != nil {

@@ -38,6 +38,7 @@ type fakeDP struct {
 	host     map[netip.Addr]bool
 	attached map[string]bool
 	cfg      datapath.Config
+	services []datapath.Service
 }
 
 func newFakeDP() *fakeDP {
@@ -96,16 +97,27 @@ func (f *fakeDP) UpsertClassifier(c datapath.Classifier) error {
 }
 func (f *fakeDP) DeleteClassifier(p netip.Prefix) error       { return f.w(func() { delete(f.cls, p) }) }
 func (f *fakeDP) Classifiers() ([]datapath.Classifier, error) { return values(&f.mu, f.cls), nil }
-func (f *fakeDP) UpsertNode(a netip.Addr) error               { return f.w(func() { f.nodes[a] = true }) }
-func (f *fakeDP) DeleteNode(a netip.Addr) error               { return f.w(func() { delete(f.nodes, a) }) }
-func (f *fakeDP) Nodes() ([]netip.Addr, error)                { return keys(&f.mu, f.nodes), nil }
-func (f *fakeDP) UpsertHostAddr(a netip.Addr) error           { return f.w(func() { f.host[a] = true }) }
-func (f *fakeDP) DeleteHostAddr(a netip.Addr) error           { return f.w(func() { delete(f.host, a) }) }
-func (f *fakeDP) HostAddrs() ([]netip.Addr, error)            { return keys(&f.mu, f.host), nil }
-func (f *fakeDP) MapSizes() (map[string]int, error)           { return map[string]int{}, nil }
-func (f *fakeDP) Drops() (map[string]uint64, error)           { return map[string]uint64{}, nil }
-func (f *fakeDP) Forwarded() (map[string]uint64, error)       { return map[string]uint64{}, nil }
-func (f *fakeDP) Close() error                                { return nil }
+
+func (f *fakeDP) ApplyServices(s []datapath.Service) (map[datapath.ServiceKey][]datapath.Backend, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.services = s
+	return nil, nil
+}
+
+func (f *fakeDP) FlushServiceFlows(map[datapath.ServiceKey][]datapath.Backend) (int, error) {
+	return 0, nil
+}
+func (f *fakeDP) UpsertNode(a netip.Addr) error         { return f.w(func() { f.nodes[a] = true }) }
+func (f *fakeDP) DeleteNode(a netip.Addr) error         { return f.w(func() { delete(f.nodes, a) }) }
+func (f *fakeDP) Nodes() ([]netip.Addr, error)          { return keys(&f.mu, f.nodes), nil }
+func (f *fakeDP) UpsertHostAddr(a netip.Addr) error     { return f.w(func() { f.host[a] = true }) }
+func (f *fakeDP) DeleteHostAddr(a netip.Addr) error     { return f.w(func() { delete(f.host, a) }) }
+func (f *fakeDP) HostAddrs() ([]netip.Addr, error)      { return keys(&f.mu, f.host), nil }
+func (f *fakeDP) MapSizes() (map[string]int, error)     { return map[string]int{}, nil }
+func (f *fakeDP) Drops() (map[string]uint64, error)     { return map[string]uint64{}, nil }
+func (f *fakeDP) Forwarded() (map[string]uint64, error) { return map[string]uint64{}, nil }
+func (f *fakeDP) Close() error                          { return nil }
 
 func values[K comparable, V any](mu *sync.Mutex, m map[K]V) []V {
 	mu.Lock()

@@ -32,6 +32,8 @@ type dataplane interface {
 	UpsertClassifier(datapath.Classifier) error
 	DeleteClassifier(p netip.Prefix) error
 	Classifiers() ([]datapath.Classifier, error)
+	ApplyServices([]datapath.Service) (map[datapath.ServiceKey][]datapath.Backend, error)
+	FlushServiceFlows(map[datapath.ServiceKey][]datapath.Backend) (int, error)
 	UpsertNode(netip.Addr) error
 	DeleteNode(netip.Addr) error
 	Nodes() ([]netip.Addr, error)

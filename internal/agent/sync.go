@@ -8,6 +8,7 @@ import (
 	"net/netip"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -32,17 +33,32 @@ func (a *Agent) reconcile(ctx context.Context, _ reconcile.Request) (reconcile.R
 	var allocs lacev1.AllocationList
 	var ueps lacev1.UnderlayEndpointList
 	var nrps lacev1.NetworkRoutingPolicyList
-	for _, l := range []client.ObjectList{&nets, &allocs, &ueps, &nrps} {
+	var srps lacev1.ServiceRoutingPolicyList
+	var nbps lacev1.NetworkBindingPolicyList
+	var neps lacev1.NetworkEndpointList
+	var svcs corev1.ServiceList
+	var slices discoveryv1.EndpointSliceList
+	var nss corev1.NamespaceList
+	for _, l := range []client.ObjectList{&nets, &allocs, &ueps, &nrps, &srps, &nbps, &neps, &svcs, &slices, &nss} {
 		if err := a.client.List(ctx, l); err != nil {
 			return reconcile.Result{}, fmt.Errorf("list %T: %w", l, err)
 		}
 	}
 	in.Networks, in.Allocations, in.Underlays, in.RoutingPolicies = nets.Items, allocs.Items, ueps.Items, nrps.Items
+	nsLabels := make(map[string]map[string]string, len(nss.Items))
+	for _, ns := range nss.Items {
+		nsLabels[ns.Name] = ns.Labels
+	}
+	svcState := model.ComputeServices(model.ServiceInput{Node: a.opts.NodeName, Zone: a.nodeZone(ctx),
+		Networks: nets.Items, BindingPolicies: nbps.Items, Services: svcs.Items, EndpointSlices: slices.Items,
+		NetworkEndpoints: neps.Items, Namespaces: nsLabels})
+	in.Services, in.ServiceRoutingPolicies, in.Namespaces = serviceVIPs(svcs.Items, svcState.Bound), srps.Items, nsLabels
 
 	if err := a.publishUnderlay(ctx, ueps.Items); err != nil {
 		return reconcile.Result{}, err
 	}
 	st := model.ComputeNode(in)
+	st.Services = svcState.Services
 	// The checkpoint is made true to the kernel before the data plane is
 	// written from it: stale endpoints go, and (once per start) what the
 	// kernel holds and the checkpoint lost is adopted.
@@ -202,6 +218,18 @@ func (a *Agent) apply(st model.NodeState) error {
 	curNets, err := a.dp.Networks()
 	errs = append(errs, err, syncList(curNets, st.Networks, func(n datapath.Network) uint32 { return n.ID },
 		a.dp.UpsertNetwork, func(n datapath.Network) error { return a.dp.DeleteNetwork(n.ID) }))
+	// Services before the views that reach their VIPs, so a new VIP is
+	// never looked up before it is served. Flows to endpoints that left a
+	// service are forgotten (a UDP client is never black-holed).
+	gone, err := a.dp.ApplyServices(st.Services)
+	errs = append(errs, err)
+	if err == nil {
+		if n, err := a.dp.FlushServiceFlows(gone); err != nil {
+			errs = append(errs, err)
+		} else if n > 0 {
+			a.log.Info("forgot flows to endpoints that left their service", "flows", n)
+		}
+	}
 	curRoutes, err := a.dp.Routes()
 	errs = append(errs, err, syncList(curRoutes, st.Routes, func(r datapath.Route) string { return fmt.Sprint(r.NetID, r.Prefix) },
 		a.dp.UpsertRoute, func(r datapath.Route) error { return a.dp.DeleteRoute(r.NetID, r.Prefix) }))
@@ -433,4 +461,40 @@ func (a *Agent) teardown(ctx context.Context, e Endpoint) error {
 		return fmt.Errorf("tear down endpoint %s (container %q): %w", e.HostIf, e.ContainerID, err)
 	}
 	return a.cp.remove(e.HostIf)
+}
+
+// serviceVIPs are the ClusterIPs of the services bound to a network, for
+// the views.
+func serviceVIPs(svcs []corev1.Service, bound []model.ServiceBinding) []model.ServiceVIPs {
+	network := map[types.NamespacedName]string{}
+	for _, b := range bound {
+		if b.Err == "" {
+			network[types.NamespacedName{Namespace: b.Namespace, Name: b.Name}] = b.Network
+		}
+	}
+	var out []model.ServiceVIPs
+	for _, svc := range svcs {
+		n, ok := network[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}]
+		if !ok {
+			continue
+		}
+		v := model.ServiceVIPs{Namespace: svc.Namespace, Name: svc.Name, Network: n}
+		for _, ip := range svc.Spec.ClusterIPs {
+			if a, err := netip.ParseAddr(ip); err == nil {
+				v.VIPs = append(v.VIPs, a.Unmap())
+			}
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// nodeZone is this node's topology.kubernetes.io/zone label ("" when it has
+// none, or the Node cannot be read).
+func (a *Agent) nodeZone(ctx context.Context) string {
+	var n corev1.Node
+	if err := a.client.Get(ctx, types.NamespacedName{Name: a.opts.NodeName}, &n); err != nil {
+		return ""
+	}
+	return n.Labels[corev1.LabelTopologyZone]
 }

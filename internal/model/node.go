@@ -63,6 +63,9 @@ type NodeState struct {
 	LocatorRoutes []LocatorRoute
 	// Blocks are this node's blocks, for pod IPAM.
 	Blocks []Block
+	// Services are the service ports this node serves (ComputeServices;
+	// the agent fills them in).
+	Services []tables.Service
 }
 
 // NetworkIDs maps network names to their IDs (networks without an ID yet
