@@ -95,6 +95,9 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 	if err := (&BindingPolicyReconciler{Client: mgr.GetClient(), Recorder: recorder}).SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("setup binding policy controller: %w", err)
 	}
+	if err := (&ServiceReconciler{Client: mgr.GetClient(), Recorder: recorder}).SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("setup service controller: %w", err)
+	}
 	if err := (&RoutingPolicyReconciler{Client: mgr.GetClient(), Recorder: recorder}).SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("setup routing policy controller: %w", err)
 	}

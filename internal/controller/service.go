@@ -1,0 +1,164 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/model"
+)
+
+// Annotations the controller writes on Services it binds.
+const (
+	// AnnotationServiceNetwork names the network a Service is bound to
+	// (its endpoints are resolved and reached in it).
+	AnnotationServiceNetwork = "lace-cni.io/network"
+	// AnnotationExcludedEndpoints lists the endpoint addresses left out
+	// because their pod is in another network (comma-separated).
+	AnnotationExcludedEndpoints = "lace-cni.io/excluded-endpoints"
+	// AnnotationBindingError says why a Service is bound to no network
+	// (and so not served).
+	AnnotationBindingError = "lace-cni.io/binding-error"
+)
+
+// Event reasons on Services.
+const (
+	ReasonServiceBound           = "NetworkBound"
+	ReasonServiceUnbound         = "NoNetwork"
+	ReasonEndpointInOtherNetwork = "EndpointInOtherNetwork"
+)
+
+// ServiceReconciler makes each Service's binding visible: the network it
+// is bound to as an annotation, and Events when the binding changes or
+// fails and when endpoints are left out because their pods are in another
+// network. It decides nothing the agents do not decide the same way: both
+// read model.ComputeServices. It writes only on change, and emits Events
+// only on transitions (the annotations are the memory), so an idle cluster
+// stays quiet.
+type ServiceReconciler struct {
+	Client   client.Client
+	Recorder record.EventRecorder
+}
+
+// SetupWithManager registers the reconciler.
+func (r *ServiceReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	all := handler.EnqueueRequestsFromMapFunc(r.allServices)
+	sliceOwner := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		name := o.GetLabels()[discoveryv1.LabelServiceName]
+		if name == "" {
+			return nil
+		}
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
+	})
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("service").
+		For(&corev1.Service{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}))).
+		Watches(&discoveryv1.EndpointSlice{}, sliceOwner).
+		Watches(&lacev1.NetworkBindingPolicy{}, all, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&lacev1.Network{}, all).
+		Complete(r)
+}
+
+func (r *ServiceReconciler) allServices(ctx context.Context, _ client.Object) []reconcile.Request {
+	var l corev1.ServiceList
+	if err := r.Client.List(ctx, &l); err != nil {
+		return nil
+	}
+	out := make([]reconcile.Request, 0, len(l.Items))
+	for _, s := range l.Items {
+		out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: s.Namespace, Name: s.Name}})
+	}
+	return out
+}
+
+// Reconcile binds one Service.
+func (r *ServiceReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	var svc corev1.Service
+	if err := r.Client.Get(ctx, req.NamespacedName, &svc); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	var nets lacev1.NetworkList
+	var nbps lacev1.NetworkBindingPolicyList
+	var slices discoveryv1.EndpointSliceList
+	var neps lacev1.NetworkEndpointList
+	var ns corev1.Namespace
+	for _, l := range []client.ObjectList{&nets, &nbps} {
+		if err := r.Client.List(ctx, l); err != nil {
+			return reconcile.Result{}, fmt.Errorf("list %T: %w", l, err)
+		}
+	}
+	if err := r.Client.List(ctx, &slices, client.InNamespace(svc.Namespace), client.MatchingLabels{discoveryv1.LabelServiceName: svc.Name}); err != nil {
+		return reconcile.Result{}, fmt.Errorf("list endpoint slices of %s: %w", req, err)
+	}
+	if err := r.Client.List(ctx, &neps); err != nil {
+		return reconcile.Result{}, fmt.Errorf("list network endpoints: %w", err)
+	}
+	if err := r.Client.Get(ctx, types.NamespacedName{Name: svc.Namespace}, &ns); err != nil && !apierrors.IsNotFound(err) {
+		return reconcile.Result{}, fmt.Errorf("get namespace %s: %w", svc.Namespace, err)
+	}
+	st := model.ComputeServices(model.ServiceInput{Networks: nets.Items, BindingPolicies: nbps.Items,
+		Services: []corev1.Service{svc}, EndpointSlices: slices.Items, NetworkEndpoints: neps.Items,
+		Namespaces: map[string]map[string]string{svc.Namespace: ns.Labels}})
+	if len(st.Bound) == 0 {
+		return reconcile.Result{}, nil // not Lace's: headless, ExternalName, another proxy's
+	}
+	b := st.Bound[0]
+	var excluded, excludedFrom []string
+	for _, e := range st.Excluded {
+		excluded = append(excluded, e.Addr.String())
+		excludedFrom = append(excludedFrom, fmt.Sprintf("%s (network %s)", e.Addr, e.Network))
+	}
+	want := map[string]string{AnnotationServiceNetwork: b.Network, AnnotationBindingError: b.Err,
+		AnnotationExcludedEndpoints: strings.Join(excluded, ",")}
+	old := map[string]string{}
+	changed := false
+	for k, v := range want {
+		old[k] = svc.Annotations[k]
+		changed = changed || old[k] != v
+	}
+	if !changed {
+		return reconcile.Result{}, nil
+	}
+	patch := client.MergeFrom(svc.DeepCopy())
+	if svc.Annotations == nil {
+		svc.Annotations = map[string]string{}
+	}
+	for k, v := range want {
+		setOrDelete(svc.Annotations, k, v)
+	}
+	if err := r.Client.Patch(ctx, &svc, patch); err != nil {
+		return reconcile.Result{}, fmt.Errorf("annotate service %s: %w", req, err)
+	}
+	if b.Err != "" && b.Err != old[AnnotationBindingError] {
+		r.Recorder.Eventf(&svc, corev1.EventTypeWarning, ReasonServiceUnbound, "not served: %s", b.Err)
+	}
+	if b.Network != "" && b.Network != old[AnnotationServiceNetwork] {
+		r.Recorder.Eventf(&svc, corev1.EventTypeNormal, ReasonServiceBound, "bound to network %s by NetworkBindingPolicy %s", b.Network, b.Policy)
+	}
+	if ex := want[AnnotationExcludedEndpoints]; ex != "" && ex != old[AnnotationExcludedEndpoints] {
+		r.Recorder.Eventf(&svc, corev1.EventTypeWarning, ReasonEndpointInOtherNetwork,
+			"endpoints left out, their pods are not in the service's network %s: %s", b.Network, strings.Join(excludedFrom, ", "))
+	}
+	return reconcile.Result{}, nil
+}
+
+func setOrDelete(m map[string]string, k, v string) {
+	if v == "" {
+		delete(m, k)
+		return
+	}
+	m[k] = v
+}
