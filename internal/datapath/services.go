@@ -20,8 +20,6 @@ type (
 // svc_val.flags (lace.h).
 const svcDrop = 1
 
-
-
 func svcKey(s Service) podSvcKey {
 	return podSvcKey{Family: family(s.VIP), Proto: s.Proto, Port: ntohs(s.Port), Vip: addr16(s.VIP)}
 }

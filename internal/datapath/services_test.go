@@ -88,7 +88,10 @@ func TestClusterIP(t *testing.T) {
 		for range 24 {
 			got, err := dialPort(a, vip, 80)
 			if err != nil {
-				d1, _ := n1.dp.Drops(); d2, _ := n2.dp.Drops(); f1, _ := n1.dp.Forwarded(); f2, _ := n2.dp.Forwarded()
+				d1, _ := n1.dp.Drops()
+				d2, _ := n2.dp.Drops()
+				f1, _ := n1.dp.Forwarded()
+				f2, _ := n2.dp.Forwarded()
 				t.Fatalf("TCP a -> %s:80: %v\n%v\n%v\n%v\n%v", vip, err, nz(d1), nz(d2), nz(f1), nz(f2))
 			}
 			seen[got]++

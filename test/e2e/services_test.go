@@ -55,7 +55,9 @@ func dualStackService(t *testing.T, name, app string, labels map[string]string) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = client.CoreV1().Services("default").Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = client.CoreV1().Services("default").Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
 	if len(created.Spec.ClusterIPs) != 2 {
 		t.Fatalf("service %s got ClusterIPs %v, want one per family", name, created.Spec.ClusterIPs)
 	}
