@@ -159,6 +159,23 @@ static __noinline int to_service(struct __sk_buff *skb, struct pkt *p, struct ct
 	__builtin_memcpy(p->daddr, be_addr, 16);
 	p->dport = be_port;
 
+	/* Hairpin: a pod reaching itself through its service. Its answers to
+	 * its own address would never leave it (local delivery), so the
+	 * packet comes to it from the VIP, and from_pod turns the answers
+	 * back (CT_HAIRPIN). */
+	if (eq16(p->saddr, be_addr)) {
+		if (nat_rewrite(skb, p, 1, vip, p->sport))
+			return drop(DROP_ADJUST);
+		__builtin_memcpy(p->saddr, vip, 16);
+		struct ct_key hk;
+		ct_key_of(&hk, k->net_id, p, 0);
+		struct ct_val hv = {.peer_net = net, .flags = CT_HAIRPIN, .nat_port = vport};
+		__builtin_memcpy(hv.nat_addr, vip, 16);
+		ct_refresh(&hv, p, 1);
+		bpf_map_update_elem(&lace_ct, &hk, &hv, BPF_ANY);
+		return 0;
+	}
+
 	/* The translated flow, for the replies (and the endpoint's side); k
 	 * becomes its key, which SNAT to an outside endpoint extends. */
 	ct_key_of(k, k->net_id, p, 1);
@@ -182,6 +199,27 @@ static __always_inline int too_big_back(struct __sk_buff *skb, struct pkt *p, in
 	if (rc == RET_PORT_UNREACH)
 		return icmp_error(skb, p, ICMP_KIND_PORT_UNREACH, 0, DROP_NO_BACKEND);
 	return rc;
+}
+
+/* hairpin_back turns an endpoint's answer on its own flow through its
+ * service (to the VIP, from its endpoint port) into the answer its client
+ * side expects (from the VIP and service port, to itself), and delivers
+ * it. */
+static __noinline int hairpin_back(struct __sk_buff *skb, struct pkt *p, __u32 net_id, struct ct_val *ct)
+{
+	__u8 vip[16], self[16];
+	__builtin_memcpy(vip, ct->nat_addr, 16);
+	__builtin_memcpy(self, p->saddr, 16);
+	__u16 vport = ct->nat_port;
+	ct_refresh(ct, p, 0);
+	if (nat_rewrite(skb, p, 0, self, p->dport))
+		return drop(DROP_ADJUST);
+	__builtin_memcpy(p->daddr, self, 16);
+	if (nat_rewrite(skb, p, 1, vip, vport))
+		return drop(DROP_ADJUST);
+	__builtin_memcpy(p->saddr, vip, 16);
+	p->sport = vport;
+	return deliver_local(skb, p, net_id, net_id, FWD_LOCAL);
 }
 
 SEC("tcx/ingress")
@@ -257,6 +295,8 @@ int from_pod(struct __sk_buff *skb)
 		ct_key_of(&k, net_id, &p, 1);
 	}
 	struct ct_val *ct = ct_lookup(&k);
+	if (ct && (ct->flags & CT_HAIRPIN) && !icmp_err)
+		return hairpin_back(skb, &p, net_id, ct);
 	if (ct && !(ct->flags & CT_ORIGIN_LOCAL) && !(is_tcp_syn(&p) && ct_closing(ct))) {
 		if (!icmp_err)
 			ct_refresh(ct, &p, 0);

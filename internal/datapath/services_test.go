@@ -80,7 +80,9 @@ func TestClusterIP(t *testing.T) {
 	local := tcpSvc("10.96.0.12", 80, 7)
 	local.Drop = true
 	outside := tcpSvc("10.96.0.13", 443, 7, be(ext.v4))
-	all := []datapath.Service{web4, web6, dns4, dns6, empty, emptyU, local, outside}
+	self4 := tcpSvc("10.96.0.14", 80, 7, be(a.v4))
+	self6 := tcpSvc("fd00:96::14", 80, 7, be(a.v6))
+	all := []datapath.Service{web4, web6, dns4, dns6, empty, emptyU, local, outside, self4, self6}
 	w.serve(7, all...)
 
 	for _, vip := range []netip.Addr{web4.VIP, web6.VIP} {
@@ -149,6 +151,13 @@ func TestClusterIP(t *testing.T) {
 		_, err := dialPort(x, b.v4, 7)
 		return err
 	})
+
+	// Hairpin: a pod reaching itself through its service.
+	for _, vip := range []netip.Addr{self4.VIP, self6.VIP} {
+		if got, err := dialPort(a, vip, 80); err != nil || got != "a" {
+			t.Errorf("hairpin a -> %s -> a: %q %v", vip, got, err)
+		}
+	}
 
 	// An outside endpoint (as the kubernetes Service's API server).
 	if got, err := dialPort(a, outside.VIP, 443); err != nil || got != "ext" {
