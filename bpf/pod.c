@@ -123,7 +123,7 @@ static __noinline int to_service(struct __sk_buff *skb, struct pkt *p, struct ct
 		drop(DROP_NO_SERVICE_PORT);
 		return RET_PORT_UNREACH;
 	}
-	__u32 id = sv->id, net = sv->net_id, n = sv->count;
+	__u32 id = sv->id, net = sv->net_id, n = sv->count, affinity = sv->affinity;
 	if (n == 0) {
 		if (sv->flags & SVC_DROP)
 			return drop(DROP_NO_LOCAL_BACKEND);
@@ -139,12 +139,29 @@ static __noinline int to_service(struct __sk_buff *skb, struct pkt *p, struct ct
 		be_port = ct->nat_port;
 		ct_refresh(ct, p, 1);
 	} else {
-		struct backend_key bk = {.id = id, .index = bpf_get_prandom_u32() % n};
-		struct backend_val *be = bpf_map_lookup_elem(&lace_backends, &bk);
-		if (!be)
-			return drop(DROP_NO_BACKEND);
-		__builtin_memcpy(be_addr, be->addr, 16);
-		be_port = be->port;
+		/* ClientIP affinity: the client's endpoint while it lasts (the
+		 * agent forgets entries of endpoints that leave). */
+		struct affinity_key ak = {.id = id, .family = p->family};
+		__builtin_memcpy(ak.client, p->saddr, 16);
+		struct affinity_val *af = affinity ? bpf_map_lookup_elem(&lace_affinity, &ak) : NULL;
+		__u64 now = bpf_ktime_get_ns();
+		if (af && af->expires > now) {
+			__builtin_memcpy(be_addr, af->addr, 16);
+			be_port = af->port;
+			af->expires = now + (__u64)affinity * NSEC;
+		} else {
+			struct backend_key bk = {.id = id, .index = bpf_get_prandom_u32() % n};
+			struct backend_val *be = bpf_map_lookup_elem(&lace_backends, &bk);
+			if (!be)
+				return drop(DROP_NO_BACKEND);
+			__builtin_memcpy(be_addr, be->addr, 16);
+			be_port = be->port;
+			if (affinity) {
+				struct affinity_val nv = {.expires = now + (__u64)affinity * NSEC, .port = be_port};
+				__builtin_memcpy(nv.addr, be_addr, 16);
+				bpf_map_update_elem(&lace_affinity, &ak, &nv, BPF_ANY);
+			}
+		}
 		struct ct_val v = {.peer_net = net, .flags = CT_ORIGIN_LOCAL | CT_SERVICE, .nat_port = be_port};
 		__builtin_memcpy(v.nat_addr, be_addr, 16);
 		ct_refresh(&v, p, 1);

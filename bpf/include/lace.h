@@ -249,6 +249,30 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lace_services SEC(".maps");
 
+/* ClientIP session affinity: a client's endpoint per service, until
+ * expires (bpf_ktime_get_ns), renewed by each new flow. */
+struct affinity_key {
+	__u32 id;
+	__u8 family;
+	__u8 pad[3];
+	__u8 client[16];
+};
+
+struct affinity_val {
+	__u64 expires;
+	__u8 addr[16];
+	__u16 port;
+	__u16 pad[3];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct affinity_key);
+	__type(value, struct affinity_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_affinity SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 262144);

@@ -13,6 +13,22 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type podAffinityKey struct {
+	_      structs.HostLayout
+	Id     uint32
+	Family uint8
+	Pad    [3]uint8
+	Client [16]uint8
+}
+
+type podAffinityVal struct {
+	_       structs.HostLayout
+	Expires uint64
+	Addr    [16]uint8
+	Port    uint16
+	Pad     [3]uint16
+}
+
 type podBackendKey struct {
 	_     structs.HostLayout
 	Id    uint32
@@ -158,6 +174,7 @@ type podSvcVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	podMapLaceAffinity  = "lace_affinity"
 	podMapLaceBackends  = "lace_backends"
 	podMapLaceCfg       = "lace_cfg"
 	podMapLaceClassify  = "lace_classify"
@@ -224,6 +241,7 @@ type podProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type podMapSpecs struct {
+	LaceAffinity  *ebpf.MapSpec `ebpf:"lace_affinity"`
 	LaceBackends  *ebpf.MapSpec `ebpf:"lace_backends"`
 	LaceCfg       *ebpf.MapSpec `ebpf:"lace_cfg"`
 	LaceClassify  *ebpf.MapSpec `ebpf:"lace_classify"`
@@ -266,6 +284,7 @@ func (o *podObjects) Close() error {
 //
 // It can be passed to loadPodObjects or ebpf.CollectionSpec.LoadAndAssign.
 type podMaps struct {
+	LaceAffinity  *ebpf.Map `ebpf:"lace_affinity"`
 	LaceBackends  *ebpf.Map `ebpf:"lace_backends"`
 	LaceCfg       *ebpf.Map `ebpf:"lace_cfg"`
 	LaceClassify  *ebpf.Map `ebpf:"lace_classify"`
@@ -284,6 +303,7 @@ type podMaps struct {
 
 func (m *podMaps) Close() error {
 	return _PodClose(
+		m.LaceAffinity,
 		m.LaceBackends,
 		m.LaceCfg,
 		m.LaceClassify,

@@ -101,6 +101,10 @@ func (d *Datapath) ApplyServices(want []Service) (gone map[ServiceKey][]Backend,
 	}
 	gone = map[ServiceKey][]Backend{}
 	seen := map[ServiceKey]bool{}
+	// Affinity entries to forget: every one of a removed service (its ID
+	// may be reused), those of endpoints that left, and all of a service
+	// whose affinity was turned off or changed.
+	deadAff := map[uint32]map[Backend]bool{}
 	for _, s := range want {
 		k := ServiceKey{s.VIP, s.Proto, s.Port}
 		seen[k] = true
@@ -138,6 +142,13 @@ func (d *Datapath) ApplyServices(want []Service) (gone map[ServiceKey][]Backend,
 		if exists {
 			if lost := missing(old.Backends, s.Backends); len(lost) > 0 {
 				gone[k] = lost
+				deadAff[id] = map[Backend]bool{}
+				for _, b := range lost {
+					deadAff[id][b] = true
+				}
+			}
+			if old.AffinitySeconds != s.AffinitySeconds {
+				deadAff[id] = nil
 			}
 		}
 	}
@@ -154,8 +165,42 @@ func (d *Datapath) ApplyServices(want []Service) (gone map[ServiceKey][]Backend,
 			}
 		}
 		gone[k] = haveBy[k].Backends
+		deadAff[e.val.Id] = nil
+	}
+	if err := d.forgetAffinity(deadAff); err != nil {
+		return nil, err
 	}
 	return gone, nil
+}
+
+// forgetAffinity removes the affinity entries of the given service IDs:
+// all of them for a nil set, else those pointing to one of its backends.
+func (d *Datapath) forgetAffinity(dead map[uint32]map[Backend]bool) error {
+	if len(dead) == 0 {
+		return nil
+	}
+	var doomed []podAffinityKey
+	var k podAffinityKey
+	var v podAffinityVal
+	it := d.pod.LaceAffinity.Iterate()
+	for it.Next(&k, &v) {
+		set, ok := dead[k.Id]
+		if !ok {
+			continue
+		}
+		if set == nil || set[Backend{Addr: fromAddr16(k.Family, v.Addr), Port: ntohs(v.Port)}] {
+			doomed = append(doomed, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("walk affinity: %w", err)
+	}
+	for _, k := range doomed {
+		if err := d.pod.LaceAffinity.Delete(k); err != nil && !isMissing(err) {
+			return fmt.Errorf("forget affinity: %w", err)
+		}
+	}
+	return nil
 }
 
 func missing(old, now []Backend) []Backend {

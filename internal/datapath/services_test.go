@@ -80,9 +80,11 @@ func TestClusterIP(t *testing.T) {
 	local := tcpSvc("10.96.0.12", 80, 7)
 	local.Drop = true
 	outside := tcpSvc("10.96.0.13", 443, 7, be(ext.v4))
+	sticky := tcpSvc("10.96.0.15", 80, 7, be(b.v4), be(c.v4))
+	sticky.AffinitySeconds = 60
 	self4 := tcpSvc("10.96.0.14", 80, 7, be(a.v4))
 	self6 := tcpSvc("fd00:96::14", 80, 7, be(a.v6))
-	all := []datapath.Service{web4, web6, dns4, dns6, empty, emptyU, local, outside, self4, self6}
+	all := []datapath.Service{web4, web6, dns4, dns6, empty, emptyU, local, outside, self4, self6, sticky}
 	w.serve(7, all...)
 
 	for _, vip := range []netip.Addr{web4.VIP, web6.VIP} {
@@ -151,6 +153,25 @@ func TestClusterIP(t *testing.T) {
 		_, err := dialPort(x, b.v4, 7)
 		return err
 	})
+
+	// ClientIP affinity: every connection of a client goes to one
+	// endpoint; when it leaves the service, the client moves.
+	first, err := dialPort(a, sticky.VIP, 80)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		if got, err := dialPort(a, sticky.VIP, 80); err != nil || got != first {
+			t.Fatalf("affinity: answered by %q (%v), want %s every time", got, err, first)
+		}
+	}
+	stay := map[string]datapath.Backend{"b": be(c.v4), "c": be(b.v4)}[first]
+	sticky.Backends = []datapath.Backend{stay}
+	all[len(all)-1] = sticky
+	w.serve(7, all...)
+	if got, err := dialPort(a, sticky.VIP, 80); err != nil || got == first {
+		t.Errorf("affinity after %s left: answered by %q (%v), want the other endpoint", first, got, err)
+	}
 
 	// Hairpin: a pod reaching itself through its service.
 	for _, vip := range []netip.Addr{self4.VIP, self6.VIP} {

@@ -13,6 +13,22 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type underlayAffinityKey struct {
+	_      structs.HostLayout
+	Id     uint32
+	Family uint8
+	Pad    [3]uint8
+	Client [16]uint8
+}
+
+type underlayAffinityVal struct {
+	_       structs.HostLayout
+	Expires uint64
+	Addr    [16]uint8
+	Port    uint16
+	Pad     [3]uint16
+}
+
 type underlayBackendKey struct {
 	_     structs.HostLayout
 	Id    uint32
@@ -158,6 +174,7 @@ type underlaySvcVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	underlayMapLaceAffinity  = "lace_affinity"
 	underlayMapLaceBackends  = "lace_backends"
 	underlayMapLaceCfg       = "lace_cfg"
 	underlayMapLaceClassify  = "lace_classify"
@@ -224,6 +241,7 @@ type underlayProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type underlayMapSpecs struct {
+	LaceAffinity  *ebpf.MapSpec `ebpf:"lace_affinity"`
 	LaceBackends  *ebpf.MapSpec `ebpf:"lace_backends"`
 	LaceCfg       *ebpf.MapSpec `ebpf:"lace_cfg"`
 	LaceClassify  *ebpf.MapSpec `ebpf:"lace_classify"`
@@ -266,6 +284,7 @@ func (o *underlayObjects) Close() error {
 //
 // It can be passed to loadUnderlayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type underlayMaps struct {
+	LaceAffinity  *ebpf.Map `ebpf:"lace_affinity"`
 	LaceBackends  *ebpf.Map `ebpf:"lace_backends"`
 	LaceCfg       *ebpf.Map `ebpf:"lace_cfg"`
 	LaceClassify  *ebpf.Map `ebpf:"lace_classify"`
@@ -284,6 +303,7 @@ type underlayMaps struct {
 
 func (m *underlayMaps) Close() error {
 	return _UnderlayClose(
+		m.LaceAffinity,
 		m.LaceBackends,
 		m.LaceCfg,
 		m.LaceClassify,
