@@ -9,7 +9,9 @@ package model
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
+	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -19,17 +21,31 @@ import (
 
 // Topology is what Reach reads. Networks without a status.id are not in the
 // data plane yet and are treated as absent.
-//
-// ServiceRoutingPolicies are carried but not read yet: services will enter as
-// an Endpoint of kind Service (namespace, name, VIP, port), the Services
-// themselves (with their bound network and namespace labels) as a new field
-// here, and their VIPs as ViewEntry values with Service set, so that the same
-// longest-prefix view answers for them (section 5, third bullet of "What a
-// network sees").
 type Topology struct {
 	Networks               []lacev1.Network
 	RoutingPolicies        []lacev1.NetworkRoutingPolicy
 	ServiceRoutingPolicies []lacev1.ServiceRoutingPolicy
+	// Services are the services Lace serves, each with the network it is
+	// bound to (section 6: the binding policies decide; ComputeServices'
+	// Bound, or the controller's lace-cni.io/network annotation) and its
+	// cluster IPs. A service bound to no network is not served: leave it
+	// out, and Reach calls a question about it invalid.
+	Services []BoundService
+	// Namespaces are the labels of each namespace, which
+	// ServiceRoutingPolicy namespaceSelectors match; a namespace missing
+	// here has no labels.
+	Namespaces map[string]map[string]string
+}
+
+// BoundService is a service as the oracle sees it: where it is bound and
+// its VIPs. Its ports and endpoints are the service tables' business
+// (ComputeServices), not the oracle's.
+type BoundService struct {
+	Namespace, Name string
+	// Network is the network the service is bound to.
+	Network string
+	// VIPs are its cluster IPs (one per family).
+	VIPs []netip.Addr
 }
 
 // EndpointKind says what one side of a reachability question is.
@@ -47,6 +63,12 @@ const (
 	// NodeName. It reaches the pods of its own node whatever the policies;
 	// otherwise it is an outside address like any other.
 	EndpointNode EndpointKind = "Node"
+	// EndpointService is a service's VIP: Namespace and Name name the
+	// service (or, Name empty, Addr alone finds it among the VIPs of
+	// Topology.Services), Addr is the VIP asked for. Destinations only;
+	// its network is the one Topology.Services binds it to, whatever
+	// Network says.
+	EndpointService EndpointKind = "Service"
 )
 
 // Endpoint is one side of a reachability question.
@@ -57,6 +79,8 @@ type Endpoint struct {
 	Network  string
 	Addr     netip.Addr
 	NodeName string
+	// Namespace and Name name a service (services only).
+	Namespace, Name string
 }
 
 func (e Endpoint) String() string {
@@ -65,6 +89,11 @@ func (e Endpoint) String() string {
 		return fmt.Sprintf("pod %s in %s", e.Addr, e.Network)
 	case EndpointNode:
 		return fmt.Sprintf("node %s (%s)", e.NodeName, e.Addr)
+	case EndpointService:
+		if e.Name == "" {
+			return fmt.Sprintf("service VIP %s", e.Addr)
+		}
+		return fmt.Sprintf("service %s/%s VIP %s", e.Namespace, e.Name, e.Addr)
 	}
 	return fmt.Sprintf("outside address %s", e.Addr)
 }
@@ -119,6 +148,11 @@ type Verdict struct {
 	// Policy is the NetworkRoutingPolicy that granted the destination
 	// network ("" for the own network and the node's local exception).
 	Policy string
+	// ServicePolicy is the ServiceRoutingPolicy that granted a service's
+	// VIP (services only; then DstNetwork is the service's network and
+	// DstPrefix the VIP's host prefix, the view entry the data plane
+	// holds for it).
+	ServicePolicy string
 	// SNAT is set for a pod reaching an external network: the packet leaves
 	// through its node's underlay with the node's address as source, and
 	// conntrack reverses it for the replies.
@@ -205,11 +239,26 @@ type grant struct {
 	src, dst []string // network names, sorted
 }
 
+// srpGrant is one ServiceRoutingPolicy's selectors. dst nil with name set
+// selects the network of that name; ns nil admits every namespace.
+type srpGrant struct {
+	policy  string
+	src     labels.Selector
+	name    string
+	dst, ns labels.Selector
+	// nsText is the namespaceSelector as written, for people.
+	nsText string
+}
+
 // topo is a Topology read once: ready networks by name and every policy's
 // selected pairs, policies in name order (the order that settles conflicts).
 type topo struct {
 	nets   map[string]*netInfo
 	grants []grant
+	// srps in name order (the first one granting a VIP is named).
+	srps       []srpGrant
+	services   []BoundService
+	namespaces map[string]map[string]string
 }
 
 func readTopology(t Topology) topo {
@@ -262,7 +311,47 @@ func readTopology(t Topology) topo {
 		}
 		tp.grants = append(tp.grants, g)
 	}
+	tp.services, tp.namespaces = t.Services, t.Namespaces
+	tp.srps = readServiceRoutingPolicies(t.ServiceRoutingPolicies)
 	return tp
+}
+
+// readServiceRoutingPolicies reads the selectors of ServiceRoutingPolicies
+// (policy_types.go): srcSelector is required, and a missing or invalid one
+// selects nothing; destSelector selects by name or by labels (the API
+// admits exactly one; both given, both must match), and with neither it
+// selects nothing; an unset or empty namespaceSelector admits every
+// namespace, an invalid one none.
+func readServiceRoutingPolicies(list []lacev1.ServiceRoutingPolicy) []srpGrant {
+	pols := append([]lacev1.ServiceRoutingPolicy(nil), list...)
+	sort.Slice(pols, func(i, j int) bool { return pols[i].Name < pols[j].Name })
+	var out []srpGrant
+	for _, p := range pols {
+		if p.Spec.SrcSelector == nil {
+			continue
+		}
+		src, err := metav1.LabelSelectorAsSelector(p.Spec.SrcSelector)
+		if err != nil {
+			continue
+		}
+		g := srpGrant{policy: p.Name, src: src, name: p.Spec.DestSelector.Name}
+		d := p.Spec.DestSelector
+		if len(d.MatchLabels) > 0 || len(d.MatchExpressions) > 0 {
+			if g.dst, err = metav1.LabelSelectorAsSelector(&metav1.LabelSelector{MatchLabels: d.MatchLabels, MatchExpressions: d.MatchExpressions}); err != nil {
+				continue
+			}
+		} else if g.name == "" {
+			continue
+		}
+		if p.Spec.NamespaceSelector != nil {
+			if g.ns, err = metav1.LabelSelectorAsSelector(p.Spec.NamespaceSelector); err != nil {
+				continue
+			}
+			g.nsText = metav1.FormatLabelSelector(p.Spec.NamespaceSelector)
+		}
+		out = append(out, g)
+	}
+	return out
 }
 
 func contains(list []string, s string) bool {
@@ -449,6 +538,19 @@ func grantRule(e ViewEntry, src string) string {
 // port-scoped, so proto and port do not change a verdict today; they are
 // part of the question for services (a VIP and port) and for lacectl trace.
 // Replies of an admitted flow are answered by ReachReply.
+//
+// For a service (dst of kind EndpointService) the verdict says whether the
+// source's view holds the VIP (section 5, third bullet of "what a network
+// sees"): a pod reaches the VIPs of the services bound to its own network
+// (unless it is anonymous and closed), to every network a
+// NetworkRoutingPolicy grants it (not refused by a conflict), and to the
+// networks a ServiceRoutingPolicy from its network selects, scoped by
+// namespace; the rule names which. Otherwise it is denied as isolated.
+// Outside addresses and nodes do not reach VIPs yet (isolated): NodePort
+// and LoadBalancer are their way in. Whether the service serves that port,
+// and whether it has endpoints eligible on the source's node, is not the
+// oracle's business: ComputeServices decides it (a port without endpoints
+// is rejected or dropped after the view admitted the flow).
 func Reach(t Topology, src, dst Endpoint, proto string, port uint16) Verdict {
 	tp := readTopology(t)
 	var v Verdict
@@ -495,6 +597,9 @@ func Reach(t Topology, src, dst Endpoint, proto string, port uint16) Verdict {
 	s := v.SrcNetwork
 	view := tp.view(s)
 
+	if dst.Kind == EndpointService {
+		return tp.reachService(v, src, dst, view)
+	}
 	if dst.Kind == EndpointPod {
 		n := tp.nets[dst.Network]
 		if n == nil || !n.pod() {
@@ -607,6 +712,114 @@ func Reach(t Topology, src, dst Endpoint, proto string, port uint16) Verdict {
 		v.Rule += "; leaves through the node's underlay with SNAT to the node address"
 	}
 	return v
+}
+
+// reachService answers for a service VIP, v holding the source's
+// classification and view its view.
+func (tp topo) reachService(v Verdict, src, dst Endpoint, view View) Verdict {
+	svc, problem := tp.service(dst)
+	if problem != "" {
+		v.Rule = "invalid question: " + problem
+		return v
+	}
+	n, s := svc.Network, v.SrcNetwork
+	name := svc.Namespace + "/" + svc.Name
+	v.DstNetwork, v.DstPrefix = n, netip.PrefixFrom(dst.Addr, dst.Addr.BitLen())
+	if src.Kind != EndpointPod {
+		v.Rule = fmt.Sprintf("no view: service VIPs are reached from pods only, not from outside the cluster yet (service %s; the source is in external network %s)", name, s)
+		v.Reason = DropIsolated
+		return v
+	}
+	// The own network's services, unless closed (the same anonymous rule
+	// as its subnets).
+	if n == s && !view.Closed {
+		v.Allowed = true
+		v.Rule = "own network " + s
+		if tp.nets[s].anonymous {
+			v.Policy = view.SelfPolicy
+			v.Rule = fmt.Sprintf("NetworkRoutingPolicy %s opens anonymous network %s to itself", view.SelfPolicy, s)
+		}
+		return v
+	}
+	// A peer's services, when the peering is not refused.
+	var why []string
+	if n == s {
+		why = append(why, fmt.Sprintf("anonymous network %s without self policy: its own services are out of its view too", s))
+	} else if pol, ok := tp.firstGrant(s, n); ok {
+		if c, refused := view.refused(n); refused {
+			why = append(why, "conflict: "+c.String())
+		} else {
+			v.Allowed, v.Policy = true, pol
+			v.Rule = fmt.Sprintf("NetworkRoutingPolicy %s (%s -> %s)", pol, s, n)
+			return v
+		}
+	} else {
+		why = append(why, fmt.Sprintf("no view: no NetworkRoutingPolicy %s -> %s", s, n))
+	}
+	// The VIP alone, by a ServiceRoutingPolicy.
+	srcLabels, dstLabels := tp.nets[s].labels, tp.nets[n].labels
+	nsLabels := labels.Set(tp.namespaces[svc.Namespace])
+	var nsMiss []string
+	for _, g := range tp.srps {
+		if !g.src.Matches(srcLabels) || (g.name != "" && g.name != n) || (g.dst != nil && !g.dst.Matches(dstLabels)) {
+			continue
+		}
+		if g.ns != nil && !g.ns.Matches(nsLabels) {
+			nsMiss = append(nsMiss, fmt.Sprintf("ServiceRoutingPolicy %s selects the services of %s only in namespaces matching %s, not %s", g.policy, n, g.nsText, svc.Namespace))
+			continue
+		}
+		v.Allowed, v.ServicePolicy = true, g.policy
+		v.Rule = fmt.Sprintf("ServiceRoutingPolicy %s (%s -> the services of %s: VIPs only, not the pods)", g.policy, s, n)
+		return v
+	}
+	if len(nsMiss) > 0 {
+		why = append(why, nsMiss...)
+	} else {
+		why = append(why, fmt.Sprintf("no ServiceRoutingPolicy from %s selects the services of %s", s, n))
+	}
+	v.Rule = strings.Join(why, "; ") + fmt.Sprintf(" (service %s)", name)
+	v.Reason = DropIsolated
+	return v
+}
+
+// service finds the service dst names, and checks its VIP; problem says
+// why the question cannot be asked.
+func (tp topo) service(dst Endpoint) (svc BoundService, problem string) {
+	found := false
+	for _, s := range tp.services {
+		if dst.Name != "" && s.Namespace == dst.Namespace && s.Name == dst.Name {
+			svc, found = s, true
+			break
+		}
+		if dst.Name == "" && slices.ContainsFunc(s.VIPs, func(a netip.Addr) bool { return a.Unmap() == dst.Addr }) {
+			svc, found = s, true
+			break
+		}
+	}
+	switch {
+	case !found && dst.Name != "":
+		return svc, fmt.Sprintf("service %s/%s is not in the topology (bound to no network: not served)", dst.Namespace, dst.Name)
+	case !found:
+		return svc, fmt.Sprintf("%s is the VIP of no service in the topology", dst.Addr)
+	case !slices.ContainsFunc(svc.VIPs, func(a netip.Addr) bool { return a.Unmap() == dst.Addr }):
+		return svc, fmt.Sprintf("%s is not a VIP of service %s/%s", dst.Addr, svc.Namespace, svc.Name)
+	}
+	if n := tp.nets[svc.Network]; n == nil || !n.pod() {
+		return svc, fmt.Sprintf("service %s/%s is bound to %s, which is not a pod network with an ID (not served)", svc.Namespace, svc.Name, svc.Network)
+	}
+	return svc, ""
+}
+
+// firstGrant is the first NetworkRoutingPolicy (in name order) selecting
+// src -> dst: the one that puts dst into src's view, or whose peering is
+// refused.
+func (tp topo) firstGrant(src, dst string) (string, bool) {
+	for _, g := range tp.grants {
+		if contains(g.src, src) && contains(g.dst, dst) {
+			return g.policy, true
+		}
+	}
+	return "", false
 }
 
 // ReachReply answers whether the replies of a flow src opened to dst come

@@ -351,3 +351,133 @@ func TestReachNotReady(t *testing.T) {
 		t.Errorf("view %+v holds a network without an ID", w.Entries)
 	}
 }
+
+// srp is a ServiceRoutingPolicy from the networks labelled src to dst,
+// scoped to the namespaces matching ns (nil: every namespace).
+func srp(name string, src map[string]string, dst lacev1.ServiceSelector, ns *metav1.LabelSelector) lacev1.ServiceRoutingPolicy {
+	return lacev1.ServiceRoutingPolicy{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: lacev1.ServiceRoutingPolicySpec{
+		SrcSelector: &metav1.LabelSelector{MatchLabels: src}, DestSelector: dst, NamespaceSelector: ns}}
+}
+
+func service(ns, name, network string, vips ...string) BoundService {
+	s := BoundService{Namespace: ns, Name: name, Network: network}
+	for _, v := range vips {
+		s.VIPs = append(s.VIPs, netip.MustParseAddr(v))
+	}
+	return s
+}
+
+func vip(ns, name, addr string) Endpoint {
+	return Endpoint{Kind: EndpointService, Namespace: ns, Name: name, Addr: netip.MustParseAddr(addr)}
+}
+
+// TestReachServices: section 5, third bullet of "what a network sees"
+// (the VIPs of services bound to S, to every D with S -> D, and to the
+// networks a ServiceRoutingPolicy from S selects), and spec/topology.txt
+// "Service peering".
+func TestReachServices(t *testing.T) {
+	tp := chart([]lacev1.Network{
+		l3("frontend", map[string]string{"tier": "frontend"}, "10.10.0.0/16"),
+		l3("backend", map[string]string{"tier": "backend"}, "10.20.0.0/16"),
+		l3("payments", map[string]string{"pci": "yes"}, "10.30.0.0/16"),
+		l3("green", map[string]string{"colour": "green"}, "10.31.0.0/16"),
+		anon(l3("vault", nil, "10.40.0.0/16")),
+		anon(l3("sandbox", nil, "10.41.0.0/16")),
+		// twin overlaps frontend: frontend's peering to it is refused.
+		l3("twin", map[string]string{"tier": "backend"}, "10.10.0.0/16"),
+		l3("lonely", nil, "10.50.0.0/16"),
+		l3("unready", nil, "10.60.0.0/16"),
+	}, nrp("frontend-to-backend", map[string]string{"tier": "frontend"}, map[string]string{"tier": "backend"}),
+		byName("sandbox", "sandbox"))
+	tp.Networks[len(tp.Networks)-1].Status.ID = 0
+	tp.ServiceRoutingPolicies = []lacev1.ServiceRoutingPolicy{
+		// The spec's example: by name, every namespace.
+		srp("frontend-to-payments", map[string]string{"tier": "frontend"}, lacev1.ServiceSelector{Name: "payments"}, nil),
+		// By labels, prod namespaces only.
+		srp("green-to-pci-prod", map[string]string{"colour": "green"}, lacev1.ServiceSelector{MatchLabels: map[string]string{"pci": "yes"}},
+			&metav1.LabelSelector{MatchLabels: map[string]string{"env": "prod"}}),
+		// An empty namespaceSelector admits every namespace.
+		srp("lonely-to-twin", map[string]string{netLabel: "lonely"}, lacev1.ServiceSelector{Name: "twin"}, &metav1.LabelSelector{}),
+		// Grants the VIP despite the refused peering: VIPs overlap nothing.
+		srp("frontend-to-twin", map[string]string{"tier": "frontend"}, lacev1.ServiceSelector{Name: "twin"},
+			&metav1.LabelSelector{MatchLabels: map[string]string{"env": "prod"}}),
+		// Selects nothing: neither a name nor labels.
+		srp("empty-dest", map[string]string{netLabel: "lonely"}, lacev1.ServiceSelector{}, nil),
+	}
+	tp.Services = []BoundService{
+		service("default", "kubernetes", "default", "10.96.0.1", "fd00:96::1"),
+		service("shop", "api", "backend", "10.96.0.20"),
+		service("prod", "charge", "payments", "10.96.0.30", "fd00:96::30"),
+		service("dev", "charge", "payments", "10.96.0.31"),
+		service("vault", "kms", "vault", "10.96.0.40"),
+		service("sandbox", "play", "sandbox", "10.96.0.41"),
+		service("prod", "mirror", "twin", "10.96.0.50"),
+		service("dev", "mirror", "twin", "10.96.0.51"),
+		service("default", "new", "unready", "10.96.0.60"),
+	}
+	tp.Namespaces = map[string]map[string]string{"prod": {"env": "prod"}, "dev": {"env": "dev"}}
+	def, fe, be := pod("default", "10.244.1.5", "n1"), pod("frontend", "10.10.1.5", "n1"), pod("backend", "10.20.1.5", "n2")
+	green, vault, sandbox, lonely := pod("green", "10.31.1.5", "n1"), pod("vault", "10.40.1.5", "n1"), pod("sandbox", "10.41.1.5", "n1"), pod("lonely", "10.50.1.5", "n2")
+	runReach(t, []reachCase{
+		{name: "own network", rule: "section 5: the VIPs of services bound to S",
+			topo: tp, src: def, dst: vip("default", "kubernetes", "10.96.0.1"), allowed: true, ruleHas: []string{"own network default"}},
+		{name: "own network over IPv6", rule: "section 6: a VIP per family",
+			topo: tp, src: pod("default", "fd00:244::5", "n1"), dst: vip("default", "kubernetes", "fd00:96::1"), allowed: true, ruleHas: []string{"own network default"}},
+		{name: "found by its VIP alone", rule: "section 5: the VIPs of services bound to S",
+			topo: tp, src: def, dst: Endpoint{Kind: EndpointService, Addr: netip.MustParseAddr("10.96.0.1")}, allowed: true, ruleHas: []string{"own network default"}},
+		{name: "peer by NetworkRoutingPolicy", rule: "topology.txt: peering to a network implicitly makes that network's services reachable",
+			topo: tp, src: fe, dst: vip("shop", "api", "10.96.0.20"), allowed: true, ruleHas: []string{"NetworkRoutingPolicy frontend-to-backend (frontend -> backend)"}},
+		{name: "not the other way", rule: "topology.txt: a NetworkRoutingPolicy is directional",
+			topo: tp, src: be, dst: vip("default", "kubernetes", "10.96.0.1"), reason: DropIsolated,
+			ruleHas: []string{"no view: no NetworkRoutingPolicy backend -> default", "no ServiceRoutingPolicy from backend selects the services of default", "(service default/kubernetes)"}},
+		{name: "ServiceRoutingPolicy by name", rule: "topology.txt: destSelector name: payments",
+			topo: tp, src: fe, dst: vip("dev", "charge", "10.96.0.31"), allowed: true,
+			ruleHas: []string{"ServiceRoutingPolicy frontend-to-payments (frontend -> the services of payments: VIPs only, not the pods)"}},
+		{name: "ServiceRoutingPolicy grants the VIP, not the pods", rule: "topology.txt: the source can use the VIPs but cannot route to the network's pods",
+			topo: tp, src: fe, dst: pod("payments", "10.30.1.5", "n2"), reason: DropIsolated, ruleHas: []string{"no NetworkRoutingPolicy frontend -> payments"}},
+		{name: "ServiceRoutingPolicy by labels, namespace matching", rule: "topology.txt: a namespaceSelector scopes the destination to services in namespaces whose labels match",
+			topo: tp, src: pod("green", "fd00:31::5", "n1"), dst: vip("prod", "charge", "fd00:96::30"), allowed: true, ruleHas: []string{"ServiceRoutingPolicy green-to-pci-prod (green -> the services of payments"}},
+		{name: "ServiceRoutingPolicy by labels, namespace not matching", rule: "topology.txt: ... in namespaces whose labels match",
+			topo: tp, src: green, dst: vip("dev", "charge", "10.96.0.31"), reason: DropIsolated,
+			ruleHas: []string{"ServiceRoutingPolicy green-to-pci-prod selects the services of payments only in namespaces matching env=prod, not dev"}},
+		{name: "empty namespaceSelector admits every namespace", rule: "topology.txt: an empty selector (the default) admits services from every namespace",
+			topo: tp, src: lonely, dst: vip("dev", "mirror", "10.96.0.51"), allowed: true, ruleHas: []string{"ServiceRoutingPolicy lonely-to-twin"}},
+		{name: "a destSelector without name or labels selects nothing", rule: "policy_types.go: destSelector needs a name or labels",
+			topo: tp, src: lonely, dst: vip("prod", "charge", "10.96.0.30"), reason: DropIsolated},
+		{name: "closed anonymous network does not reach its own services", rule: "section 5: the VIPs of services bound to S (same anonymous rule)",
+			topo: tp, src: vault, dst: vip("vault", "kms", "10.96.0.40"), reason: DropIsolated,
+			ruleHas: []string{"anonymous network vault without self policy: its own services are out of its view too"}},
+		{name: "a self policy opens them", rule: "section 5: unless a NetworkRoutingPolicy selects S on both sides",
+			topo: tp, src: sandbox, dst: vip("sandbox", "play", "10.96.0.41"), allowed: true, ruleHas: []string{"NetworkRoutingPolicy sandbox-to-sandbox opens anonymous network sandbox to itself"}},
+		{name: "conflict-refused peer's services", rule: "section 5: a refused peering puts nothing of the peer in the view",
+			topo: tp, src: fe, dst: vip("dev", "mirror", "10.96.0.51"), reason: DropIsolated,
+			ruleHas: []string{"conflict: NetworkRoutingPolicy frontend-to-backend refused for frontend -> twin", "ServiceRoutingPolicy frontend-to-twin selects the services of twin only in namespaces matching env=prod, not dev"}},
+		{name: "a ServiceRoutingPolicy still grants a refused peer's VIP", rule: "section 5: an SRP grants the VIP only (which overlaps nothing)",
+			topo: tp, src: fe, dst: vip("prod", "mirror", "10.96.0.50"), allowed: true, ruleHas: []string{"ServiceRoutingPolicy frontend-to-twin"}},
+		{name: "outside source", rule: "VIPs are not reachable from outside the cluster yet (NodePort and LoadBalancer are)",
+			topo: tp, src: outside("203.0.113.9"), dst: vip("default", "kubernetes", "10.96.0.1"), srcNet: "world", reason: DropIsolated,
+			ruleHas: []string{"reached from pods only"}},
+		{name: "node source", rule: "section 5: node processes are sources like any outside host",
+			topo: tp, src: hostOf("n1", "172.30.0.11"), dst: vip("default", "kubernetes", "10.96.0.1"), srcNet: "world", reason: DropIsolated},
+		{name: "reply", rule: "section 5 direction and return",
+			topo: tp, src: fe, dst: vip("shop", "api", "10.96.0.20"), reply: true, allowed: true, ruleHas: []string{"reply of a flow admitted by NetworkRoutingPolicy frontend-to-backend"}},
+		{name: "unknown service", rule: "a service bound to no network is not served",
+			topo: tp, src: def, dst: vip("default", "ghost", "10.96.0.99"), ruleHas: []string{"invalid question: service default/ghost is not in the topology"}},
+		{name: "not its VIP", rule: "the question names a VIP of the service",
+			topo: tp, src: def, dst: vip("default", "kubernetes", "10.96.0.20"), ruleHas: []string{"invalid question: 10.96.0.20 is not a VIP of service default/kubernetes"}},
+		{name: "no service's VIP", rule: "the question names a VIP of the service",
+			topo: tp, src: def, dst: Endpoint{Kind: EndpointService, Addr: netip.MustParseAddr("10.96.9.9")}, ruleHas: []string{"invalid question: 10.96.9.9 is the VIP of no service"}},
+		{name: "bound to a network without an ID", rule: "section 6: a service whose network is not in the data plane is not served",
+			topo: tp, src: def, dst: vip("default", "new", "10.96.0.60"), ruleHas: []string{"invalid question: service default/new is bound to unready"}},
+		{name: "a service is no source", rule: "services are destinations only",
+			topo: tp, src: vip("default", "kubernetes", "10.96.0.1"), dst: def, ruleHas: []string{"invalid question: source kind"}},
+	})
+	v := Reach(tp, green, vip("prod", "charge", "10.96.0.30"), "tcp", 443)
+	if v.ServicePolicy != "green-to-pci-prod" || v.Policy != "" || v.DstNetwork != "payments" || v.DstPrefix != netip.MustParsePrefix("10.96.0.30/32") {
+		t.Errorf("verdict %+v: want the SRP named, network payments, view entry 10.96.0.30/32", v)
+	}
+	v = Reach(tp, fe, vip("shop", "api", "10.96.0.20"), "tcp", 443)
+	if v.Policy != "frontend-to-backend" || v.ServicePolicy != "" || v.DstNetwork != "backend" {
+		t.Errorf("verdict %+v: want the NRP named, network backend", v)
+	}
+}
