@@ -94,6 +94,13 @@ struct lace_config {
 	__u32 underlay_ifindex;
 	__u32 flags;
 	__u8 underlay_ip4[4]; /* source of ICMP errors the node sends */
+	/* The node's own sockets (connect-time service translation): the
+	 * host network namespace, and the networks its addresses classify
+	 * into (whose views say which VIPs the node reaches). */
+	__u32 host_net4;
+	__u32 host_net6;
+	__u32 pad;
+	__u64 host_netns;
 };
 
 struct ep_key {

@@ -27,6 +27,7 @@ func main() {
 	flag.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node")
 	flag.StringVar(&o.NetNS, "netns", o.NetNS, "network namespace of the node (the lab points this at a node namespace)")
 	flag.StringVar(&o.UnderlayInterface, "underlay-interface", o.UnderlayInterface, "interface towards the other nodes")
+	flag.StringVar(&o.HostCgroup, "host-cgroup", o.HostCgroup, "cgroup v2 directory of the node's processes, where node sockets get ClusterIP translation (empty disables)")
 	flag.StringVar(&o.CNISocket, "cni-socket", o.CNISocket, "unix socket lace-cni connects to")
 	flag.StringVar(&o.BPFFS, "bpffs", o.BPFFS, "bpffs directory for pinned maps and links")
 	flag.StringVar(&o.StateDir, "state-dir", o.StateDir, "directory of the endpoint checkpoint")

@@ -52,6 +52,11 @@ type Options struct {
 	NetNS string
 	// UnderlayInterface carries SRv6 traffic to the other nodes.
 	UnderlayInterface string
+	// HostCgroup is the cgroup v2 directory holding the node's processes
+	// (and its pods): connect-time service translation for the node's own
+	// sockets is attached there. Empty: node processes do not reach
+	// ClusterIPs.
+	HostCgroup string
 	CNISocket         string
 	// BPFFS is the directory (on bpffs) where maps and links are pinned.
 	BPFFS string
@@ -88,6 +93,9 @@ func DefaultOptions() Options {
 
 // Agent is a running lace-agent.
 type Agent struct {
+	// hostNetNS is the cookie of the node's network namespace (0 until
+	// host sockets are attached).
+	hostNetNS uint64
 	opts     Options
 	log      *slog.Logger
 	mgr      manager.Manager

@@ -105,6 +105,8 @@ func (f *fakeDP) ApplyServices(s []datapath.Service) (map[datapath.ServiceKey][]
 	return nil, nil
 }
 
+func (f *fakeDP) AttachHostSockets(string) error { return nil }
+
 func (f *fakeDP) FlushServiceFlows(map[datapath.ServiceKey][]datapath.Backend) (int, error) {
 	return 0, nil
 }
@@ -185,6 +187,8 @@ func (n *fakeNode) HostLinks() (map[string]podnet.Link, error) {
 	return out, nil
 }
 func (n *fakeNode) EnableForwarding() error { return nil }
+
+func (n *fakeNode) NetNSCookie() (uint64, error) { return 1, nil }
 func (n *fakeNode) OwnedRoutes() (map[netip.Prefix]netip.Addr, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()

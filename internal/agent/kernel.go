@@ -32,6 +32,7 @@ type dataplane interface {
 	UpsertClassifier(datapath.Classifier) error
 	DeleteClassifier(p netip.Prefix) error
 	Classifiers() ([]datapath.Classifier, error)
+	AttachHostSockets(cgroupPath string) error
 	ApplyServices([]datapath.Service) (map[datapath.ServiceKey][]datapath.Backend, error)
 	FlushServiceFlows(map[datapath.ServiceKey][]datapath.Backend) (int, error)
 	UpsertNode(netip.Addr) error
@@ -59,6 +60,8 @@ type nodeKernel interface {
 	// interface (nil) or why not.
 	Reachable(dst netip.Addr) error
 	EnableForwarding() error
+	// NetNSCookie is the node network namespace's cookie.
+	NetNSCookie() (uint64, error)
 	OwnedRoutes() (map[netip.Prefix]netip.Addr, error)
 	ReplaceOwnedRoute(dst netip.Prefix, via netip.Addr) error
 	DeleteRoute(dst netip.Prefix) error
@@ -96,6 +99,8 @@ func (n linuxNode) Reachable(dst netip.Addr) error { return netutil.RouteOut(n.n
 
 // EnableForwarding turns forwarding on: fib lookups answer FWD_DISABLED
 // without it.
+func (n linuxNode) NetNSCookie() (uint64, error) { return datapath.NetNSCookie(n.ns) }
+
 func (n linuxNode) EnableForwarding() error {
 	for _, kv := range [][2]string{{"net.ipv4.ip_forward", "1"}, {"net.ipv6.conf.all.forwarding", "1"}} {
 		if err := netutil.Sysctl(n.ns, kv[0], kv[1]); err != nil {

@@ -175,6 +175,11 @@ func (a *Agent) apply(st model.NodeState) error {
 			return err
 		}
 		err := a.dp.AttachUnderlay(a.opts.NetNS, a.opts.UnderlayInterface)
+		if err == nil && a.opts.HostCgroup != "" {
+			if a.hostNetNS, err = a.node.NetNSCookie(); err == nil {
+				err = a.dp.AttachHostSockets(a.opts.HostCgroup)
+			}
+		}
 		a.mu.Lock()
 		a.attachErr = err
 		a.mu.Unlock()
@@ -206,7 +211,8 @@ func (a *Agent) apply(st model.NodeState) error {
 		return fmt.Errorf("host addresses: %w", err)
 	}
 	wantCfg := datapath.Config{UnderlayIP: v6, UnderlayIPv4: v4, Locator: st.Locator, UnderlayIfIndex: uint32(ethIndex),
-		GuardUnderlay: len(own) > 0}
+		GuardUnderlay: len(own) > 0, HostNetNS: a.hostNetNS,
+		HostNet4: classifyAddr(st.Classifiers, v4), HostNet6: classifyAddr(st.Classifiers, v6)}
 	if cur, err := a.dp.Config(); err != nil || cur != wantCfg {
 		if err := a.dp.SetConfig(wantCfg); err != nil {
 			return fmt.Errorf("set config: %w", err)
@@ -237,10 +243,18 @@ func (a *Agent) apply(st model.NodeState) error {
 	errs = append(errs, err, syncList(curCls, st.Classifiers, func(c datapath.Classifier) netip.Prefix { return c.Prefix },
 		a.dp.UpsertClassifier, func(c datapath.Classifier) error { return a.dp.DeleteClassifier(c.Prefix) }))
 
-	// Underlay routes to the other nodes' locators.
+	// Underlay routes to the other nodes' locators, and to their pod
+	// blocks for the node's own sockets (plain IP from the node address,
+	// judged by the owner node like any outside host's).
 	owned, err := a.node.OwnedRoutes()
 	errs = append(errs, err)
 	want := map[netip.Prefix]bool{}
+	for _, hr := range st.HostRoutes {
+		want[hr.Prefix] = true
+		if via, ok := owned[hr.Prefix]; !ok || via != hr.Via {
+			errs = append(errs, a.node.ReplaceOwnedRoute(hr.Prefix, hr.Via))
+		}
+	}
 	for _, lr := range st.LocatorRoutes {
 		want[lr.Locator] = true
 		if via, ok := owned[lr.Locator]; !ok || via != lr.Via {
@@ -497,4 +511,20 @@ func (a *Agent) nodeZone(ctx context.Context) string {
 		return ""
 	}
 	return n.Labels[corev1.LabelTopologyZone]
+}
+
+// classifyAddr is the external network the node's address a classifies
+// into (longest external prefix), 0 for none: its view says which VIPs the
+// node's own sockets reach.
+func classifyAddr(cls []datapath.Classifier, a netip.Addr) uint32 {
+	if !a.IsValid() {
+		return 0
+	}
+	best, id := -1, uint32(0)
+	for _, c := range cls {
+		if c.Prefix.Contains(a) && c.Prefix.Bits() > best {
+			best, id = c.Prefix.Bits(), c.NetID
+		}
+	}
+	return id
 }

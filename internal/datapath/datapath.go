@@ -17,6 +17,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
 	"github.com/lace-cni/lace/internal/netutil"
 	"github.com/lace-cni/lace/internal/tables"
@@ -37,6 +38,7 @@ type Datapath struct {
 	pinDir   string
 	pod      podObjects
 	underlay underlayObjects
+	sock     sockObjects
 }
 
 // Load loads the programs and opens (or creates) the maps pinned in pinDir,
@@ -54,6 +56,11 @@ func Load(pinDir string) (*Datapath, error) {
 		d.pod.Close()
 		return nil, fmt.Errorf("load underlay programs: %w", verifierDetail(err))
 	}
+	if err := loadSockObjects(&d.sock, opts); err != nil {
+		d.pod.Close()
+		d.underlay.Close()
+		return nil, fmt.Errorf("load socket programs: %w", verifierDetail(err))
+	}
 	return d, nil
 }
 
@@ -68,7 +75,7 @@ func verifierDetail(err error) error {
 // Close releases this process's handles. Pinned maps and links stay, so
 // forwarding continues without the agent.
 func (d *Datapath) Close() error {
-	return errors.Join(d.pod.Close(), d.underlay.Close())
+	return errors.Join(d.pod.Close(), d.underlay.Close(), d.sock.Close())
 }
 
 // Remove unpins every map and link (the node leaves Lace); programs detach
@@ -159,6 +166,66 @@ func (d *Datapath) DetachPod(hostIf string) error {
 // AttachUnderlay attaches from_underlay to the node's underlay interface.
 func (d *Datapath) AttachUnderlay(nsPath, ifName string) error {
 	return d.attach(nsPath, ifName, Ingress, d.underlay.FromUnderlay)
+}
+
+// AttachHostSockets attaches the connect-time service translation to the
+// cgroup v2 directory cgroupPath (the node's processes and pods below it;
+// the programs act only on sockets of the host network namespace, whose
+// cookie SetConfig records). Links are pinned and updated in place, like
+// the tcx ones.
+func (d *Datapath) AttachHostSockets(cgroupPath string) error {
+	for _, a := range []struct {
+		name string
+		prog *ebpf.Program
+		typ  ebpf.AttachType
+	}{
+		{"connect4", d.sock.SockConnect4, ebpf.AttachCGroupInet4Connect},
+		{"connect6", d.sock.SockConnect6, ebpf.AttachCGroupInet6Connect},
+		{"sendmsg4", d.sock.SockSendmsg4, ebpf.AttachCGroupUDP4Sendmsg},
+		{"sendmsg6", d.sock.SockSendmsg6, ebpf.AttachCGroupUDP6Sendmsg},
+		{"recvmsg4", d.sock.SockRecvmsg4, ebpf.AttachCGroupUDP4Recvmsg},
+		{"recvmsg6", d.sock.SockRecvmsg6, ebpf.AttachCGroupUDP6Recvmsg},
+	} {
+		pin := filepath.Join(d.pinDir, "links", "cgroup-"+a.name)
+		if l, err := link.LoadPinnedLink(pin, nil); err == nil {
+			err = l.Update(a.prog)
+			l.Close()
+			if err == nil {
+				continue
+			}
+			_ = os.Remove(pin)
+		}
+		l, err := link.AttachCgroup(link.CgroupOptions{Path: cgroupPath, Attach: a.typ, Program: a.prog})
+		if err != nil {
+			return fmt.Errorf("attach %s to cgroup %s: %w", a.name, cgroupPath, err)
+		}
+		err = l.Pin(pin)
+		l.Close()
+		if err != nil {
+			return fmt.Errorf("pin %s link: %w", a.name, err)
+		}
+	}
+	return nil
+}
+
+// NetNSCookie is the cookie of the network namespace at nsPath (what
+// bpf_get_netns_cookie answers for its sockets).
+func NetNSCookie(nsPath string) (uint64, error) {
+	var cookie uint64
+	err := netutil.Do(nsPath, func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		v, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+		cookie = v
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("network namespace cookie of %s: %w", nsPath, err)
+	}
+	return cookie, nil
 }
 
 // PinnedPodLinks lists the host interfaces with pinned pod programs.

@@ -6,3 +6,4 @@ package datapath
 //go:generate go run ./reasongen ../../bpf/include/lace.h reasons_gen.go
 //go:generate go tool bpf2go -go-package datapath -cc clang -cflags "-O2 -g -Wall -Werror" -target bpfel -type ep_key -type ep_val -type port_val -type route_key -type route_val -type net_val -type class_key -type ct_key -type ct_val -type snat_key -type snat_val -type svc_key -type svc_val -type backend_key -type backend_val -type affinity_key -type affinity_val -type host_key -type lace_config pod ../../bpf/pod.c -- -I../../bpf/include -I/usr/include/x86_64-linux-gnu
 //go:generate go tool bpf2go -go-package datapath -cc clang -cflags "-O2 -g -Wall -Werror" -target bpfel underlay ../../bpf/underlay.c -- -I../../bpf/include -I/usr/include/x86_64-linux-gnu
+//go:generate go tool bpf2go -go-package datapath -cc clang -cflags "-O2 -g -Wall -Werror" -target bpfel -type sock_rnat_key -type sock_rnat_val sock ../../bpf/sock.c -- -I../../bpf/include -I/usr/include/x86_64-linux-gnu

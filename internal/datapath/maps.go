@@ -27,6 +27,12 @@ type Config struct {
 	// to one of the node's own addresses (the host address map): set it
 	// only once that map is complete, or the node cuts itself off.
 	GuardUnderlay bool
+	// HostNetNS is the cookie of the node's host network namespace, whose
+	// sockets get connect-time service translation (0: none do).
+	HostNetNS uint64
+	// HostNet4 and HostNet6 are the networks the node's own addresses
+	// classify into: their views say which VIPs node processes reach.
+	HostNet4, HostNet6 uint32
 }
 
 // lace_config.flags: LACE_CFG_UNDERLAY_GUARD, LACE_CFG_HAS_V4.
@@ -119,6 +125,7 @@ func (d *Datapath) SetConfig(c Config) error {
 		v.Flags |= configHasV4
 		v.UnderlayIp4 = c.UnderlayIPv4.As4()
 	}
+	v.HostNetns, v.HostNet4, v.HostNet6 = c.HostNetNS, c.HostNet4, c.HostNet6
 	loc := c.Locator.Masked().Addr().As16()
 	copy(v.Locator[:], loc[:8])
 	return d.pod.LaceCfg.Put(uint32(0), v)
@@ -131,7 +138,8 @@ func (d *Datapath) Config() (Config, error) {
 	if err := d.pod.LaceCfg.Lookup(uint32(0), &v); err != nil {
 		return Config{}, fmt.Errorf("read config: %w", err)
 	}
-	c := Config{UnderlayIfIndex: v.UnderlayIfindex, GuardUnderlay: v.Flags&configUnderlayGuard != 0}
+	c := Config{UnderlayIfIndex: v.UnderlayIfindex, GuardUnderlay: v.Flags&configUnderlayGuard != 0,
+		HostNetNS: v.HostNetns, HostNet4: v.HostNet4, HostNet6: v.HostNet6}
 	if ip := netip.AddrFrom16(v.UnderlayIp6); !ip.IsUnspecified() {
 		c.UnderlayIP = ip
 	}

@@ -104,6 +104,10 @@ type podLaceConfig struct {
 	UnderlayIfindex uint32
 	Flags           uint32
 	UnderlayIp4     [4]uint8
+	HostNet4        uint32
+	HostNet6        uint32
+	Pad             uint32
+	HostNetns       uint64
 }
 
 type podNetVal struct {

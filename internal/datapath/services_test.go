@@ -4,7 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -248,4 +253,96 @@ func nz(m map[string]uint64) map[string]uint64 {
 		}
 	}
 	return out
+}
+
+// TestHostSocketsReachServices: a process of the node itself (in the
+// node's cgroup and network namespace) reaches a ClusterIP over TCP and
+// UDP through connect-time translation, to an endpoint on its own node or
+// on another (its packets then cross the fabric as plain IP from the node
+// address, admitted by the endpoint's node through the view of the
+// network the node address classifies into). A process in the same cgroup
+// but another network namespace (a pod) is left alone by the hooks.
+func TestHostSocketsReachServices(t *testing.T) {
+	w := newWorld(t, 2)
+	n1, n2 := w.nodes[0], w.nodes[1]
+	for _, n := range w.nodes {
+		must(t, netutil.Sysctl(netutil.Path(n.ns), "net.ipv4.ip_forward", "1"))
+	}
+	w.addNetwork(7, "10.70.0.0/16", "fd00:70::/48", false)
+	b := w.addPod("b", n2, 7, 2)
+	world4, world6 := netip.MustParsePrefix("172.31.0.0/24"), netip.MustParsePrefix("fd00:99::/64")
+	w.addExternal(100, world4, world6)
+	w.grant(100, 7) // the nodes' addresses reach network 7's pods
+	svc := tcpSvc("10.96.0.20", 80, 7, be(b.v4))
+	svcU := udpSvc("10.96.0.20", 53, 7, be(b.v4))
+	svc6 := tcpSvc("fd00:96::20", 80, 7, be(b.v6))
+	w.serve(100, svc, svcU, svc6)
+	cg := filepath.Join("/sys/fs/cgroup/unified", w.prefix+"-"+n1.name)
+	must(t, os.Mkdir(cg, 0o755))
+	t.Cleanup(func() { _ = os.Remove(cg) })
+	cookie, err := datapath.NetNSCookie(netutil.Path(n1.ns))
+	must(t, err)
+	cfg, err := n1.dp.Config()
+	must(t, err)
+	cfg.HostNetNS, cfg.HostNet4, cfg.HostNet6 = cookie, 100, 100
+	must(t, n1.dp.SetConfig(cfg))
+	must(t, n1.dp.AttachHostSockets(cg))
+	// n1's host stack routes network 7's blocks on n2 over the fabric.
+	for _, p := range []netip.Prefix{block(netip.MustParsePrefix("10.70.0.0/16"), 2), block(netip.MustParsePrefix("fd00:70::/48"), 2)} {
+		via := n2.v6
+		if p.Addr().Is4() {
+			via = n2.v4
+		}
+		must(t, netutil.EnsureRoute(netutil.Path(n1.ns), p, via, "eth0"))
+	}
+	run := func(ns string, args ...string) (string, error) {
+		script := fmt.Sprintf("echo $$ > %s/cgroup.procs && exec ip netns exec %s busybox nc %s", cg, ns, strings.Join(args, " "))
+		out, err := exec.Command("sh", "-c", script).CombinedOutput()
+		return strings.TrimSpace(string(out)), err
+	}
+	for _, vip := range []string{"10.96.0.20", "fd00:96::20"} {
+		if out, err := run(n1.ns, "-w", "2", vip, "80"); err != nil || !strings.HasPrefix(out, "b") {
+			t.Errorf("node process -> %s:80: %q %v, want b", vip, out, err)
+		}
+	}
+	// UDP through an unconnected socket (sendmsg and recvmsg hooks): the
+	// answer comes from the VIP.
+	udp := exec.Command("sh", "-c", fmt.Sprintf("echo $$ > %s/cgroup.procs && exec ip netns exec %s %s -test.run='^TestUDPClientHelper$'", cg, n1.ns, os.Args[0]))
+	udp.Env = append(os.Environ(), "LACE_UDP_HELPER=10.96.0.20:53")
+	if out, _ := udp.CombinedOutput(); !strings.Contains(string(out), "answer b from 10.96.0.20:53") {
+		dump, _ := exec.Command("bpftool", "map", "dump", "pinned", filepath.Join(n1.pinDir, "lace_sock_rnat")).CombinedOutput()
+		t.Errorf("node process -> 10.96.0.20:53/UDP: %s, want answer b from the VIP\n%s", out, dump)
+	}
+	// A pod's socket in the same cgroup is not translated by the hooks.
+	p := w.addPod("p", n1, 7, 5)
+	if out, err := run(p.ns, "-w", "1", "10.96.0.20", "80"); err == nil && strings.HasPrefix(out, "b") {
+		t.Errorf("a pod socket in the node's cgroup was translated by the host hooks (its view does not hold the VIP): %q", out)
+	}
+}
+
+// TestUDPClientHelper is run by TestHostSocketsReachServices in another
+// process (inside a cgroup and a network namespace): it sends one datagram
+// with an unconnected socket to $LACE_UDP_HELPER and prints the answer and
+// where it came from.
+func TestUDPClientHelper(t *testing.T) {
+	dst := os.Getenv("LACE_UDP_HELPER")
+	if dst == "" {
+		t.Skip("run by TestHostSocketsReachServices")
+	}
+	pc, err := net.ListenPacket("udp", ":0")
+	must(t, err)
+	defer pc.Close()
+	to, err := net.ResolveUDPAddr("udp", dst)
+	must(t, err)
+	buf := make([]byte, 256)
+	for range 3 {
+		_, _ = pc.WriteTo([]byte("hi"), to)
+		_ = pc.SetDeadline(time.Now().Add(700 * time.Millisecond))
+		n, from, err := pc.ReadFrom(buf)
+		if err == nil {
+			fmt.Printf("answer %s from %s\n", buf[:n], from)
+			return
+		}
+	}
+	t.Fatal("no answer")
 }

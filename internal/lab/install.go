@@ -71,6 +71,9 @@ func installLace(ctx context.Context, c Config, apiPort int) error {
 		"apiServer.host="+v4.String(),
 		"apiServer.port="+strconv.Itoa(apiPort),
 		"controller.blockReleaseGrace=5s",
+		// The machine is cgroup v1 with a cgroup2 hierarchy beside it; each
+		// node's processes and pods live below its own cgroup root there.
+		"agent.hostCgroup=/sys/fs/cgroup/unified/"+cgroupPrefix(c.Name)+"$(NODE_NAME)",
 	)
 }
 

@@ -3,11 +3,13 @@ package e2e
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
+	"net/url"
 	"strings"
 	"syscall"
 	"testing"
@@ -295,4 +297,54 @@ func TestServiceReachFollowsTopology(t *testing.T) {
 		}
 		return fmt.Errorf("%d events, none names ov-b", len(evs.Items))
 	})
+}
+
+// TestNodeProcessesReachClusterIP: a host-network pod (the node's own
+// network namespace) reaches a ClusterIP in both families, with endpoints
+// on its own node and on others, through connect-time translation; the
+// HTTP answer names every backend over several requests.
+func TestNodeProcessesReachClusterIP(t *testing.T) {
+	needLab(t)
+	ctx := context.Background()
+	appPod(t, "svc-host-a", "default", "svc-host", "n1")
+	appPod(t, "svc-host-b", "default", "svc-host", "n2")
+	svc := dualStackService(t, "svc-host", "svc-host", nil)
+	waitEndpoints(t, svc, 2)
+	p := netexecPod("svc-hostnet", "n1")
+	p.Spec.HostNetwork = true
+	p.Spec.Containers[0].Args = []string{"netexec", "--http-port=18090", "--udp-port=18091"}
+	p.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 18090}}
+	if _, err := client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = client.CoreV1().Pods("default").Delete(context.Background(), p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	})
+	waitPodReady(t, "default", p.Name)
+	for _, vip := range clusterIPs(svc) {
+		eventually(t, 30*time.Second, "host-network pod -> "+vip.String(), func() error {
+			seen := map[string]bool{}
+			for range 8 {
+				// netexec's /dial makes the request from the pod's process:
+				// the node's network namespace and cgroup.
+				q := url.Values{"host": {vip.String()}, "port": {"80"}, "request": {"hostname"}, "protocol": {"http"}, "tries": {"1"}}
+				body, err := getFromNode(ctx, "n2", "http://172.30.0.11:18090/dial?"+q.Encode())
+				if err != nil {
+					return err
+				}
+				var r struct {
+					Responses []string `json:"responses"`
+					Errors    []string `json:"errors"`
+				}
+				if err := json.Unmarshal(body, &r); err != nil || len(r.Responses) != 1 {
+					return fmt.Errorf("dial answered %s (%v)", body, err)
+				}
+				seen[r.Responses[0]] = true
+			}
+			if !seen["svc-host-a"] || !seen["svc-host-b"] || len(seen) != 2 {
+				return fmt.Errorf("answered by %v, want svc-host-a and svc-host-b", seen)
+			}
+			return nil
+		})
+	}
 }
