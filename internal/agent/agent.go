@@ -57,7 +57,7 @@ type Options struct {
 	// sockets is attached there. Empty: node processes do not reach
 	// ClusterIPs.
 	HostCgroup string
-	CNISocket         string
+	CNISocket  string
 	// BPFFS is the directory (on bpffs) where maps and links are pinned.
 	BPFFS string
 	// StateDir keeps the endpoint checkpoint.
@@ -96,15 +96,15 @@ type Agent struct {
 	// hostNetNS is the cookie of the node's network namespace (0 until
 	// host sockets are attached).
 	hostNetNS uint64
-	opts     Options
-	log      *slog.Logger
-	mgr      manager.Manager
-	client   client.Client
-	reader   client.Reader
-	recorder record.EventRecorder
-	dp       dataplane
-	node     nodeKernel
-	cp       *checkpoint
+	opts      Options
+	log       *slog.Logger
+	mgr       manager.Manager
+	client    client.Client
+	reader    client.Reader
+	recorder  record.EventRecorder
+	dp        dataplane
+	node      nodeKernel
+	cp        *checkpoint
 
 	// applier is the one writer of the data plane.
 	applier *applier
