@@ -96,6 +96,8 @@ type Agent struct {
 	// hostNetNS is the cookie of the node's network namespace (0 until
 	// host sockets are attached).
 	hostNetNS uint64
+	// slices tracks EndpointSlice versions for the programming latency.
+	slices sliceTracker
 	opts      Options
 	log       *slog.Logger
 	mgr       manager.Manager

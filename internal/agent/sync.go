@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -59,6 +60,9 @@ func (a *Agent) reconcile(ctx context.Context, _ reconcile.Request) (reconcile.R
 	}
 	st := model.ComputeNode(in)
 	st.Services = svcState.Services
+	a.mu.Lock()
+	triggers := a.slices.changed(slices.Items)
+	a.mu.Unlock()
 	// The checkpoint is made true to the kernel before the data plane is
 	// written from it: stale endpoints go, and (once per start) what the
 	// kernel holds and the checkpoint lost is adopted.
@@ -73,6 +77,9 @@ func (a *Agent) reconcile(ctx context.Context, _ reconcile.Request) (reconcile.R
 	a.mu.Unlock()
 	if err := a.applier.Sync(ctx); err != nil {
 		return reconcile.Result{}, err
+	}
+	for _, at := range triggers {
+		programmingDuration.Observe(time.Since(at).Seconds())
 	}
 	a.mu.Lock()
 	applyErr := a.applyErr
@@ -166,6 +173,8 @@ func equalAddrs(a, b []lacev1.IPAddress) bool {
 
 // apply makes the data plane equal to st, touching only the difference.
 func (a *Agent) apply(st model.NodeState) error {
+	start := time.Now()
+	defer func() { syncDuration.Observe(time.Since(start).Seconds()) }()
 	a.mu.Lock()
 	own := append([]netip.Addr(nil), a.ownAddrs...)
 	first := !a.applied
