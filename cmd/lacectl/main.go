@@ -1,5 +1,5 @@
 // Command lacectl shows what Lace is doing: lacectl status, lacectl
-// topology, lacectl trace.
+// topology, lacectl services, lacectl trace.
 package main
 
 import (
@@ -23,12 +23,19 @@ commands:
   topology [--svg FILE]
                      networks and who may reach whom (refused peerings marked);
                      --svg also draws it to FILE
+  services [-n NAMESPACE] [--node NODE] [--all]
+                     per service port Lace serves: its network, VIPs, and per node
+                     the endpoints a new flow may go to, and why the others not;
+                     --all also lists the services Lace leaves alone
   trace [-n NAMESPACE] [--ipv6] SRC DST [PROTO/PORT]
                      what happens to a new flow from SRC to DST and to its replies:
                      verdict and rule, networks, path, drop counter; SRC and DST
                      are NAMESPACE/POD, POD (in -n, default "default") or an IP
-                     address; PROTO/PORT: tcp/80 (default), udp/53, sctp/N, icmp;
-                     --ipv6 picks the pods' IPv6 addresses when both are pods
+                     address; DST may be a Service (NAMESPACE/NAME, NAME, or a
+                     ClusterIP): the path is then the DNAT to the endpoints
+                     eligible on SRC's node (pod:NAME, svc:NAME when both exist);
+                     PROTO/PORT: tcp/80 (default; a service's first port), udp/53,
+                     sctp/N, icmp; --ipv6 picks IPv6 addresses when no address is given
 `
 
 func main() {
@@ -54,6 +61,8 @@ func run(ctx context.Context, args []string) error {
 		}
 	case "topology":
 		return topology(ctx, args[1:])
+	case "services":
+		return services(ctx, args[1:])
 	case "trace":
 		return trace(ctx, args[1:])
 	default:
@@ -101,6 +110,27 @@ func topology(ctx context.Context, args []string) error {
 		return err
 	}
 	return f.Close()
+}
+
+// services: lacectl services [-n NAMESPACE] [--node NODE] [--all].
+func services(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("services", flag.ContinueOnError)
+	var in lacectl.ServicesInput
+	fs.StringVar(&in.Namespace, "namespace", "", "show the services of `NAMESPACE` only (default: every namespace)")
+	fs.StringVar(&in.Namespace, "n", "", "shorthand for --namespace")
+	fs.StringVar(&in.Node, "node", "", "show the choices of `NODE` only (default: every node)")
+	fs.BoolVar(&in.All, "all", false, "also list the services Lace leaves alone (headless, ExternalName, another proxy's)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return fmt.Errorf("services: unexpected arguments %v", fs.Args())
+	}
+	c, err := apiClient()
+	if err != nil {
+		return err
+	}
+	return lacectl.ServicesCommand(ctx, c, in, os.Stdout)
 }
 
 // trace: lacectl trace [-n NAMESPACE] [--ipv6] SRC DST [PROTO/PORT]; flags

@@ -4,17 +4,21 @@ package lacectl
 // and to its replies. The verdict is the reachability oracle's
 // (model.Reach, ARCHITECTURE.md section 5); this file only resolves the
 // endpoints from API objects and describes the path the verdict implies.
+// Through a service VIP, the endpoints a flow may be translated to are
+// model.ComputeServices' answer for the source's node (section 6).
 
 import (
 	"context"
 	"fmt"
 	"io"
 	"net/netip"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -40,10 +44,19 @@ type TraceInput struct {
 	Pods                   []corev1.Pod
 	NetworkEndpoints       []lacev1.NetworkEndpoint
 	UnderlayEndpoints      []lacev1.UnderlayEndpoint
+	// Services, their EndpointSlices and the Nodes (for their zones) are
+	// read when Dst is a service.
+	Services       []corev1.Service
+	EndpointSlices []discoveryv1.EndpointSlice
+	Nodes          []corev1.Node
 
-	// Src and Dst are NAMESPACE/POD, POD (in Namespace) or an IP address.
+	// Src and Dst are NAMESPACE/NAME, NAME (in Namespace) or an IP address.
+	// A name is a pod's; Dst may also name a Service (or give one of its
+	// ClusterIPs). When a pod and a Service share the name, pod:NAME or
+	// svc:NAME says which.
 	Src, Dst string
-	// Proto is tcp/PORT, udp/PORT, sctp/PORT or icmp; empty means tcp/80.
+	// Proto is tcp/PORT, udp/PORT, sctp/PORT or icmp; empty means tcp/80,
+	// or the first port of a service.
 	Proto string
 	// Namespace is the namespace of pods named without one; empty means
 	// "default".
@@ -66,6 +79,9 @@ type TraceEndpoint struct {
 	// InSubnetOf names the pod networks whose subnets hold an address no
 	// pod holds.
 	InSubnetOf []string
+	// Service is NAMESPACE/NAME for a service (then Addr is its VIP and
+	// Network the network it is bound to).
+	Service string
 }
 
 // TraceResult is Trace's answer.
@@ -80,6 +96,45 @@ type TraceResult struct {
 	// allowed; Dropped where and under which counter when it is not.
 	Path    string
 	Dropped string
+	// Service is set when Dst is a service.
+	Service *TraceService
+}
+
+// TraceService is what a flow to a service VIP meets on the source's node,
+// where it is translated (section 6): model.ComputeServices for that node.
+type TraceService struct {
+	Namespace, Name string
+	// Network is the network the service is bound to, in which its
+	// endpoints are reached; NetworkFrom the binding policy that bound it.
+	Network, NetworkFrom string
+	// Port is the service port asked for (proto/port (name)); Served says
+	// whether the service serves it on the VIP, Ports lists those it does.
+	Port   string
+	Served bool
+	Ports  []string
+	// Node is where the flow is translated: the source's node.
+	Node string
+	// Translated: an admitted flow reaches an endpoint (else it is
+	// rejected or dropped on Node, and Path says how).
+	Translated bool
+	// Endpoints are the ones eligible on Node; a new flow picks one
+	// uniformly at random. NotEligible counts the others.
+	Endpoints   []TraceBackend
+	NotEligible int
+	// Drop: no endpoint is eligible on Node while some exist elsewhere
+	// (internalTrafficPolicy Local): dropped, not rejected.
+	Drop            bool
+	AffinitySeconds uint32
+}
+
+// TraceBackend is one endpoint a flow may be translated to.
+type TraceBackend struct {
+	Addr netip.AddrPort
+	// Pod is NAMESPACE/NAME when known (the EndpointSlice's targetRef or
+	// a NetworkEndpoint), Node where the endpoint is.
+	Pod, Node string
+	// Path says how the translated packet reaches it.
+	Path string
 }
 
 // Trace resolves the two endpoints of in and asks the oracle about the flow
@@ -95,13 +150,16 @@ func Trace(in TraceInput) (TraceResult, error) {
 	if ns == "" {
 		ns = "default"
 	}
-	src, err := parseEndpoint(in, in.Src, ns)
+	src, err := parseEndpoint(in, in.Src, ns, false)
 	if err != nil {
 		return r, err
 	}
-	dst, err := parseEndpoint(in, in.Dst, ns)
+	dst, err := parseEndpoint(in, in.Dst, ns, true)
 	if err != nil {
 		return r, err
+	}
+	if dst.Kind == model.EndpointService {
+		return traceService(in, r, src, dst)
 	}
 	if src.Kind != model.EndpointPod && dst.Kind != model.EndpointPod {
 		return r, fmt.Errorf("neither %s nor %s is a pod: lacectl trace answers for flows from or to pods (a node never carries traffic between outside addresses)", in.Src, in.Dst)
@@ -145,36 +203,86 @@ func Trace(in TraceInput) (TraceResult, error) {
 	return r, nil
 }
 
-// endpointRef is an endpoint being resolved: the pod behind it, and
-// whether the user gave its address.
+// endpointRef is an endpoint being resolved: the pod or service behind
+// it, and whether the user gave its address.
 type endpointRef struct {
 	TraceEndpoint
 	pod       *corev1.Pod
+	svc       *corev1.Service
 	addrGiven bool
 }
 
-func parseEndpoint(in TraceInput, s, ns string) (endpointRef, error) {
-	e := endpointRef{TraceEndpoint: TraceEndpoint{Input: s}}
-	if a, err := netip.ParseAddr(s); err == nil {
-		return resolveAddr(in, e, a.Unmap())
-	}
-	if s == "" {
-		return e, fmt.Errorf("empty endpoint: give NAMESPACE/POD, POD or an IP address")
+// endpointName splits NAMESPACE/NAME, NAME, pod:... and svc:... into a
+// kind ("pod", "svc" or "" for either) and a key.
+func endpointName(s, ns string) (kind string, k client.ObjectKey, ok bool) {
+	for _, p := range []string{"pod:", "svc:"} {
+		if rest, found := strings.CutPrefix(s, p); found {
+			kind, s = p[:3], rest
+		}
 	}
 	name := s
 	if i := strings.IndexByte(s, '/'); i >= 0 {
 		ns, name = s[:i], s[i+1:]
-		if ns == "" || name == "" || strings.Contains(name, "/") {
-			return e, fmt.Errorf("endpoint %q: give NAMESPACE/POD, POD or an IP address", s)
+	}
+	if ns == "" || name == "" || strings.Contains(name, "/") {
+		return kind, k, false
+	}
+	return kind, client.ObjectKey{Namespace: ns, Name: name}, true
+}
+
+// parseEndpoint resolves one side; services are destinations only
+// (svcOK).
+func parseEndpoint(in TraceInput, s, ns string, svcOK bool) (endpointRef, error) {
+	e := endpointRef{TraceEndpoint: TraceEndpoint{Input: s}}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return resolveAddr(in, e, a.Unmap(), svcOK)
+	}
+	if s == "" {
+		return e, fmt.Errorf("empty endpoint: give NAMESPACE/POD, POD or an IP address")
+	}
+	kind, k, ok := endpointName(s, ns)
+	if !ok {
+		return e, fmt.Errorf("endpoint %q: give NAMESPACE/NAME, NAME or an IP address", s)
+	}
+	var pod *corev1.Pod
+	var svc *corev1.Service
+	if kind != "svc" {
+		for i := range in.Pods {
+			if p := &in.Pods[i]; p.Namespace == k.Namespace && p.Name == k.Name {
+				pod = p
+			}
 		}
 	}
-	for i := range in.Pods {
-		p := &in.Pods[i]
-		if p.Namespace == ns && p.Name == name {
-			return resolvePod(in, e, p)
+	if kind != "pod" {
+		for i := range in.Services {
+			if v := &in.Services[i]; v.Namespace == k.Namespace && v.Name == k.Name {
+				svc = v
+			}
 		}
 	}
-	return e, fmt.Errorf("pod %s/%s not found", ns, name)
+	switch {
+	case pod != nil && svc != nil && svcOK:
+		return e, fmt.Errorf("%s names both a pod and a service: write pod:%s or svc:%s", k, k, k)
+	case pod != nil:
+		return resolvePod(in, e, pod)
+	case svc != nil && !svcOK:
+		return e, fmt.Errorf("%s is a service: a service is a destination only", k)
+	case svc != nil:
+		return resolveService(e, svc), nil
+	case kind == "svc":
+		return e, fmt.Errorf("service %s not found", k)
+	case svcOK && kind == "":
+		return e, fmt.Errorf("pod or service %s not found", k)
+	}
+	return e, fmt.Errorf("pod %s not found", k)
+}
+
+func resolveService(e endpointRef, svc *corev1.Service) endpointRef {
+	e.svc = svc
+	e.Kind = model.EndpointService
+	e.Namespace, e.Name = svc.Namespace, svc.Name
+	e.Service = svc.Namespace + "/" + svc.Name
+	return e
 }
 
 // resolvePod makes a pod an endpoint: its node, and its network from its
@@ -260,7 +368,7 @@ func podIPs(p *corev1.Pod) []netip.Addr {
 // resolveAddr: a node's underlay address is that node; an address a pod
 // holds is that pod (the user names it when several do); anything else is
 // outside.
-func resolveAddr(in TraceInput, e endpointRef, a netip.Addr) (endpointRef, error) {
+func resolveAddr(in TraceInput, e endpointRef, a netip.Addr, svcOK bool) (endpointRef, error) {
 	e.Addr, e.addrGiven = a, true
 	for _, u := range in.UnderlayEndpoints {
 		for _, ua := range u.Spec.Addresses {
@@ -269,6 +377,16 @@ func resolveAddr(in TraceInput, e endpointRef, a netip.Addr) (endpointRef, error
 				return e, nil
 			}
 		}
+	}
+	for i := range in.Services {
+		svc := &in.Services[i]
+		if !slices.Contains(serviceVIPs(svc), a) {
+			continue
+		}
+		if !svcOK {
+			return e, fmt.Errorf("%s is the VIP of service %s/%s: a service is a destination only", a, svc.Namespace, svc.Name)
+		}
+		return resolveService(e, svc), nil
 	}
 	type holder struct {
 		pod *corev1.Pod
@@ -458,6 +576,8 @@ func verdictWord(v model.Verdict) string {
 
 func (e TraceEndpoint) describe() string {
 	switch {
+	case e.Kind == model.EndpointService:
+		return fmt.Sprintf("service %s VIP %s", e.Service, e.Addr)
 	case e.Kind == model.EndpointPod:
 		return fmt.Sprintf("pod %s %s on node %s", e.Pod, e.Addr, e.NodeName)
 	case e.Kind == model.EndpointNode && e.Pod != "":
@@ -472,6 +592,8 @@ func (e TraceEndpoint) describe() string {
 
 func (e TraceEndpoint) short() string {
 	switch {
+	case e.Kind == model.EndpointService:
+		return fmt.Sprintf("service %s %s", e.Service, e.Addr)
 	case e.Pod != "":
 		return e.Pod
 	case e.Kind == model.EndpointNode:
@@ -512,14 +634,26 @@ func (r TraceResult) Print(out io.Writer) error {
 
 	// Destination: its network and the view entry it resolved to.
 	dst := "destination:  " + r.Dst.describe()
-	if r.Dst.Kind == model.EndpointPod {
+	switch r.Dst.Kind {
+	case model.EndpointPod:
 		dst += fmt.Sprintf(", network %s (%s)", r.Dst.Network, r.Dst.NetworkFrom)
+	case model.EndpointService:
+		port := "port " + r.Service.Port
+		if r.Port == 0 {
+			port = r.Proto + " (no port)"
+		}
+		dst += fmt.Sprintf(" %s, network %s (%s)", port, r.Dst.Network, r.Dst.NetworkFrom)
 	}
 	switch {
+	case v.DstPrefix.IsValid() && r.Dst.Kind == model.EndpointService && !v.Allowed:
+		dst += fmt.Sprintf("; not in the view of %s", v.SrcNetwork)
 	case v.DstPrefix.IsValid():
 		dst += fmt.Sprintf("; view entry %s of network %s", v.DstPrefix, v.DstNetwork)
 		if v.Policy != "" {
 			dst += " (granted by NetworkRoutingPolicy " + v.Policy + ")"
+		}
+		if v.ServicePolicy != "" {
+			dst += " (granted by ServiceRoutingPolicy " + v.ServicePolicy + ": the VIP only)"
 		}
 	case v.Allowed:
 		dst += "; no view entry needed"
@@ -535,12 +669,21 @@ func (r TraceResult) Print(out io.Writer) error {
 	} else {
 		fmt.Fprintf(&b, "dropped:      %s\n", r.Dropped)
 	}
-	if r.Reply.Allowed {
+	switch {
+	case r.Reply.Allowed && r.Service != nil && !r.Service.Translated:
+		b.WriteString("replies:      none: no endpoint is reached\n")
+	case r.Reply.Allowed && r.Dst.Kind == model.EndpointService:
+		fmt.Fprintf(&b, "replies:      return through conntrack, from the VIP: %s\n", strings.TrimSuffix(r.Reply.Rule, " (conntrack)"))
+	case r.Reply.Allowed:
 		fmt.Fprintf(&b, "replies:      return through conntrack: %s\n", strings.TrimSuffix(r.Reply.Rule, " (conntrack)"))
-	} else {
+	default:
 		b.WriteString("replies:      none: no admitted flow to reply to\n")
 	}
-	fmt.Fprintf(&b, "reverse:      a new flow %s -> %s is %s  %s\n", r.Dst.short(), r.Src.short(), verdictWord(r.Reverse), r.Reverse.Rule)
+	if r.Dst.Kind == model.EndpointService {
+		b.WriteString("reverse:      none: a service opens no flows (its endpoints open theirs from their own addresses)\n")
+	} else {
+		fmt.Fprintf(&b, "reverse:      a new flow %s -> %s is %s  %s\n", r.Dst.short(), r.Src.short(), verdictWord(r.Reverse), r.Reverse.Rule)
+	}
 	_, err := io.WriteString(out, b.String())
 	return err
 }
@@ -550,6 +693,10 @@ func (r TraceResult) Print(out io.Writer) error {
 // ReadTraceInput fills in the API objects Trace reads. Pods and their
 // NetworkEndpoints are listed in every namespace only when an endpoint is
 // an address (to find who holds it); named pods are read one by one.
+// Services are listed in every namespace (a name or an address may be
+// one's); when the destination is a service, so are the NetworkEndpoints
+// (which network each endpoint's pod is in), the Nodes (their zones) and
+// the service's EndpointSlices.
 func ReadTraceInput(ctx context.Context, c client.Client, in *TraceInput) error {
 	var nets lacev1.NetworkList
 	var nrps lacev1.NetworkRoutingPolicyList
@@ -557,13 +704,14 @@ func ReadTraceInput(ctx context.Context, c client.Client, in *TraceInput) error 
 	var nbps lacev1.NetworkBindingPolicyList
 	var nss corev1.NamespaceList
 	var ueps lacev1.UnderlayEndpointList
-	for _, l := range []client.ObjectList{&nets, &nrps, &srps, &nbps, &nss, &ueps} {
+	var svcs corev1.ServiceList
+	for _, l := range []client.ObjectList{&nets, &nrps, &srps, &nbps, &nss, &ueps, &svcs} {
 		if err := c.List(ctx, l); err != nil {
 			return fmt.Errorf("list %T: %w", l, err)
 		}
 	}
 	in.Networks, in.RoutingPolicies, in.ServiceRoutingPolicies = nets.Items, nrps.Items, srps.Items
-	in.BindingPolicies, in.Namespaces, in.UnderlayEndpoints = nbps.Items, nss.Items, ueps.Items
+	in.BindingPolicies, in.Namespaces, in.UnderlayEndpoints, in.Services = nbps.Items, nss.Items, ueps.Items, svcs.Items
 
 	ns := in.Namespace
 	if ns == "" {
@@ -576,35 +724,67 @@ func ReadTraceInput(ctx context.Context, c client.Client, in *TraceInput) error 
 			all = true
 			continue
 		}
-		k := client.ObjectKey{Namespace: ns, Name: s}
-		if i := strings.IndexByte(s, '/'); i >= 0 {
-			k = client.ObjectKey{Namespace: s[:i], Name: s[i+1:]}
+		kind, k, ok := endpointName(s, ns)
+		if !ok || kind == "svc" {
+			continue // Trace says what is wrong with it, or it is no pod
 		}
 		names = append(names, k)
 	}
-	if all {
-		var pods corev1.PodList
-		var neps lacev1.NetworkEndpointList
-		for _, l := range []client.ObjectList{&pods, &neps} {
-			if err := c.List(ctx, l); err != nil {
-				return fmt.Errorf("list %T: %w", l, err)
+	// Is the destination a service? (Trace decides between a pod and a
+	// service of the same name.)
+	var svc *corev1.Service
+	if a, err := netip.ParseAddr(in.Dst); err == nil {
+		for i := range in.Services {
+			if slices.Contains(serviceVIPs(&in.Services[i]), a.Unmap()) {
+				svc = &in.Services[i]
 			}
 		}
-		in.Pods, in.NetworkEndpoints = pods.Items, neps.Items
+	} else if kind, k, ok := endpointName(in.Dst, ns); ok && kind != "pod" {
+		for i := range in.Services {
+			if in.Services[i].Namespace == k.Namespace && in.Services[i].Name == k.Name {
+				svc = &in.Services[i]
+			}
+		}
+	}
+	allNEs := all || svc != nil
+	if svc != nil {
+		var nodes corev1.NodeList
+		var eps discoveryv1.EndpointSliceList
+		if err := c.List(ctx, &nodes); err != nil {
+			return fmt.Errorf("list nodes: %w", err)
+		}
+		if err := c.List(ctx, &eps, client.InNamespace(svc.Namespace), client.MatchingLabels{discoveryv1.LabelServiceName: svc.Name}); err != nil {
+			return fmt.Errorf("list endpoint slices of %s/%s: %w", svc.Namespace, svc.Name, err)
+		}
+		in.Nodes, in.EndpointSlices = nodes.Items, eps.Items
+	}
+	if allNEs {
+		var neps lacev1.NetworkEndpointList
+		if err := c.List(ctx, &neps); err != nil {
+			return fmt.Errorf("list %T: %w", &neps, err)
+		}
+		in.NetworkEndpoints = neps.Items
+	}
+	if all {
+		var pods corev1.PodList
+		if err := c.List(ctx, &pods); err != nil {
+			return fmt.Errorf("list %T: %w", &pods, err)
+		}
+		in.Pods = pods.Items
 		return nil
 	}
 	for _, k := range names {
-		if k.Namespace == "" || k.Name == "" {
-			continue // Trace says what is wrong with it
-		}
 		var p corev1.Pod
 		if err := c.Get(ctx, k, &p); err != nil {
 			if apierrors.IsNotFound(err) {
-				continue // Trace: pod not found
+				continue // Trace: pod not found, or a service
 			}
 			return fmt.Errorf("get pod %s: %w", k, err)
 		}
 		in.Pods = append(in.Pods, p)
+		if allNEs {
+			continue
+		}
 		var ne lacev1.NetworkEndpoint
 		if err := c.Get(ctx, k, &ne); err == nil {
 			in.NetworkEndpoints = append(in.NetworkEndpoints, ne)

@@ -84,7 +84,7 @@ func traceCluster() TraceInput {
 	for _, n := range []string{"default", "kube-system", "shop", "vault", "a", "b"} {
 		nss = append(nss, corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n, Labels: map[string]string{"kubernetes.io/metadata.name": n}}})
 	}
-	return TraceInput{
+	in := TraceInput{
 		Networks: []lacev1.Network{
 			*tnet("default", 1, lacev1.NetworkTypeL3, nil, "10.244.0.0/16", "fd00:244::/56"),
 			*tnet("world", 2, lacev1.NetworkTypeExternal, nil, "0.0.0.0/0", "::/0"),
@@ -118,6 +118,8 @@ func traceCluster() TraceInput {
 			tuep("node-b", "fc00:0:b::/64", "192.168.10.2", "fd00:10::2"),
 		},
 	}
+	addServices(&in)
+	return in
 }
 
 func runTrace(t *testing.T, in TraceInput) []byte {
@@ -211,6 +213,72 @@ func TestTraceGolden(t *testing.T) {
 		{name: "node-to-other-pod", src: "192.168.10.1", dst: "server", proto: "tcp/8080",
 			want: []string{"ALLOWED  NetworkRoutingPolicy world-to-default",
 				"sent by node node-a's host stack as plain IP, classified into world by 0.0.0.0/0, encapsulated in SRv6 to SID fc00:0:b:0:100:2:0:1"}},
+		{name: "svc-own-network", src: "client", dst: "web",
+			want: []string{"ALLOWED  own network default",
+				"flow:         tcp/80 default/client -> service default/web 10.96.0.10",
+				"destination:  service default/web VIP 10.96.0.10 port tcp/80 (http), network default (NetworkBindingPolicy services); view entry 10.96.0.10/32 of network default",
+				"path:         DNAT on node node-a to one of 2 endpoints eligible there, picked uniformly at random (1/2 each), reached in network default:",
+				"  10.244.1.6:8080 (pod default/neighbour on node node-a): delivered on node node-a",
+				"  10.244.2.7:8080 (pod default/server on node node-b): node node-a encapsulates in SRv6 to SID fc00:0:b:0:100:1:0:1 (locator of node node-b, source network default id 1, destination network default id 1), node node-b decapsulates and delivers",
+				"replies are translated back from the VIP (they come from 10.96.0.10:80)",
+				"sessionAffinity ClientIP: a client keeps its endpoint for 10800s",
+				"3 more not eligible on node node-a (lacectl services -n default --node node-a says why)",
+				"replies:      return through conntrack, from the VIP: reply of a flow admitted by own network default",
+				"reverse:      none: a service opens no flows"}},
+		{name: "svc-by-vip", src: "client", dst: "10.96.0.10", proto: "tcp/80",
+			want: []string{"ALLOWED  own network default", "service default/web VIP 10.96.0.10"}},
+		{name: "svc-ipv6", src: "client", dst: "default/web", ipv6: true,
+			want: []string{"ALLOWED", "service default/web fd00:96::10", "[fd00:244:0:2::7]:8080 (pod default/server on node node-b)", "they come from [fd00:96::10]:80"}},
+		{name: "svc-nrp", src: "web", dst: "api", ns: "shop",
+			want: []string{"ALLOWED  NetworkRoutingPolicy frontend-to-backend (frontend -> backend)",
+				"port tcp/5432 (pg), network backend (NetworkBindingPolicy shop-services)",
+				"view entry 10.96.1.20/32 of network backend (granted by NetworkRoutingPolicy frontend-to-backend)",
+				"10.20.2.4:5432 (pod shop/db on node node-b): node node-a encapsulates in SRv6 to SID fc00:0:b:0:100:3:0:4 (locator of node node-b, source network frontend id 3, destination network backend id 4)"}},
+		{name: "svc-srp", src: "client", dst: "shop/api",
+			want: []string{"ALLOWED  ServiceRoutingPolicy default-to-shop-services (default -> the services of backend: VIPs only, not the pods)",
+				"(granted by ServiceRoutingPolicy default-to-shop-services: the VIP only)",
+				"SID fc00:0:b:0:100:1:0:4 (locator of node node-b, source network default id 1, destination network backend id 4)"}},
+		{name: "svc-srp-not-the-pods", src: "client", dst: "shop/db", proto: "tcp/5432",
+			want: []string{"DENIED  no view: no NetworkRoutingPolicy default -> backend"}},
+		{name: "svc-srp-other-namespace", src: "client", dst: "reports",
+			want: []string{"DENIED  no view: no NetworkRoutingPolicy default -> backend; ServiceRoutingPolicy default-to-shop-services selects the services of backend only in namespaces matching kubernetes.io/metadata.name=shop, not default (service default/reports)",
+				"not in the view of default",
+				`dropped:      on node node-a, counted as lace_datapath_dropped_packets_total{reason="isolated"}`}},
+		{name: "svc-anonymous-closed", src: "vault/s1", dst: "vault/kms",
+			want: []string{"DENIED  anonymous network secret without self policy: its own services are out of its view too", `reason="isolated"`}},
+		{name: "svc-other-network", src: "shop/web", dst: "default/web",
+			want: []string{"DENIED  no view: no NetworkRoutingPolicy frontend -> default"}},
+		{name: "svc-no-endpoints", src: "client", dst: "empty",
+			want: []string{"ALLOWED", `path:         rejected on node node-a: ICMP port unreachable, counted as lace_datapath_dropped_packets_total{reason="no-endpoints"}`}},
+		{name: "svc-no-local-endpoints", src: "client", dst: "local",
+			want: []string{"ALLOWED", `path:         dropped on node node-a, counted as lace_datapath_dropped_packets_total{reason="no-local-endpoints"}: internalTrafficPolicy Local`}},
+		{name: "svc-local-endpoint", src: "server", dst: "local",
+			want: []string{"10.244.2.7:8080 (pod default/server on node node-b): the client itself: hairpin, delivered back to it from the VIP 10.96.0.11:80"}},
+		{name: "svc-outside-endpoint", src: "client", dst: "kubernetes",
+			want: []string{"ALLOWED  own network default", "flow:         tcp/443",
+				"192.168.10.100:6443 (no pod): outside the cluster: leaves node node-a's underlay with source translated to node-a's address 192.168.10.1 (SNAT to the node address, reversed by conntrack); default reaches it by NetworkRoutingPolicy default-to-world (default -> world)"}},
+		{name: "svc-outside-endpoint-unreached", src: "client", dst: "kubernetes", change: noWorld,
+			want: []string{"192.168.10.100:6443 (no pod): outside the cluster: dropped, counted as lace_datapath_dropped_packets_total{reason=\"isolated\"}: the view of default does not reach it"}},
+		{name: "svc-hairpin", src: "client", dst: "self",
+			want: []string{"10.244.1.5:8080 (pod default/client on node node-a): the client itself: hairpin, delivered back to it from the VIP 10.96.0.16:80"}},
+		{name: "svc-prefer-closest-zone", src: "server", dst: "closest",
+			want: []string{"DNAT on node node-b to the one endpoint eligible there, reached in network default:", "10.244.1.6:8080 (pod default/neighbour on node node-a): node node-b encapsulates", "1 more not eligible on node node-b"}},
+		{name: "svc-hinted", src: "server", dst: "hinted",
+			want: []string{"10.244.1.6:8080 (pod default/neighbour on node node-a)", "1 more not eligible"}},
+		{name: "svc-draining", src: "client", dst: "draining",
+			want: []string{"DNAT on node node-a to the one endpoint eligible there", "10.244.2.7:8080 (pod default/server on node node-b)"}},
+		{name: "svc-port-not-served", src: "client", dst: "web", proto: "tcp/81",
+			want: []string{"ALLOWED", `rejected on node node-a: ICMP port unreachable, counted as lace_datapath_dropped_packets_total{reason="no-service-port"}: service default/web has no port tcp/81 (its ports: tcp/80)`}},
+		{name: "svc-icmp", src: "client", dst: "web", proto: "icmp",
+			want: []string{"ALLOWED", `dropped on node node-a, counted as lace_datapath_dropped_packets_total{reason="no-service-port"}: the data plane translates TCP and UDP to a VIP, not icmp`}},
+		{name: "svc-from-outside", src: "203.0.113.9", dst: "10.96.0.10", proto: "tcp/80",
+			want: []string{"DENIED  no view: service VIPs are reached from pods only, not from outside the cluster yet",
+				"classified into world by 0.0.0.0/0",
+				`dropped:      on the node where it enters, counted as lace_datapath_dropped_packets_total{reason="isolated"}`}},
+		{name: "svc-from-node", src: "192.168.10.1", dst: "default/web",
+			want: []string{"DENIED  no view: service VIPs are reached from pods only"}},
+		{name: "svc-explicit", src: "pod:default/cache", dst: "svc:cache",
+			want: []string{"flow:         tcp/6379 default/cache -> service default/cache 10.96.0.18", "the client itself: hairpin"}},
 		{name: "address-of-a-pod", src: "10.244.1.5", dst: "10.244.2.7",
 			want: []string{"ALLOWED  own network default", "flow:         tcp/80 default/client -> default/server"}},
 	} {
@@ -241,7 +309,8 @@ func TestTraceErrors(t *testing.T) {
 	}{
 		{"ambiguous-address", "10.50.1.3", "default/client", "",
 			false, "address 10.50.1.3 is held by pods a/x (net red) and b/y (net blue): name the pod"},
-		{"unknown-pod", "default/client", "x", "", false, "pod default/x not found"},
+		{"unknown-pod", "default/client", "x", "", false, "pod or service default/x not found"},
+		{"unknown-source-pod", "x", "default/client", "", false, "pod default/x not found"},
 		{"unknown-pod-namespaced", "nowhere/x", "default/client", "", false, "pod nowhere/x not found"},
 		{"no-ipv6", "shop/web", "shop/db", "", true, "pod shop/web has no IPv6 address (its addresses: 10.10.1.4)"},
 		{"family-mismatch", "client", "fd00:244:0:2::7", "", false, "pod default/client"}, // takes the IPv6 address: no error
@@ -251,7 +320,16 @@ func TestTraceErrors(t *testing.T) {
 		{"bad-port", "client", "server", "tcp/0", false, `protocol "tcp/0": port must be 1-65535`},
 		{"no-port", "client", "server", "udp", false, `protocol "udp": give a port, as in udp/80`},
 		{"bad-proto", "client", "server", "gre", false, `protocol "gre": give tcp/PORT, udp/PORT, sctp/PORT or icmp`},
-		{"bad-endpoint", "default/", "server", "", false, `endpoint "default/": give NAMESPACE/POD, POD or an IP address`},
+		{"bad-endpoint", "default/", "server", "", false, `endpoint "default/": give NAMESPACE/NAME, NAME or an IP address`},
+		{"pod-and-service", "client", "cache", "", false, "default/cache names both a pod and a service: write pod:default/cache or svc:default/cache"},
+		{"service-source", "default/web", "client", "", false, "default/web is a service: a service is a destination only"},
+		{"vip-source", "10.96.0.10", "client", "", false, "10.96.0.10 is the VIP of service default/web: a service is a destination only"},
+		{"unknown-service", "client", "svc:ghost", "", false, "service default/ghost not found"},
+		{"unbound-service", "client", "broken", "", false, "service default/broken is not served: bound to no network: network ghost does not exist"},
+		{"headless-service", "client", "headless", "", false, "service default/headless is not served by Lace (headless: clusterIP None)"},
+		{"other-proxy", "client", "10.96.0.30", "", false, "service default/other is not served by Lace (service.kubernetes.io/service-proxy-name=someone-else: another proxy's)"},
+		{"no-ipv6-vip", "client", "kubernetes", "", true, "service default/kubernetes has no IPv6 VIP (its VIPs: 10.96.0.1)"},
+		{"vip-family", "fd00:244:0:1::5", "10.96.0.10", "", false, "fd00:244:0:1::5 and 10.96.0.10 are of different address families"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			in := traceCluster()
@@ -326,6 +404,18 @@ func TestTraceCommand(t *testing.T) {
 	for i := range in.UnderlayEndpoints {
 		objs = append(objs, &in.UnderlayEndpoints[i])
 	}
+	for i := range in.ServiceRoutingPolicies {
+		objs = append(objs, &in.ServiceRoutingPolicies[i])
+	}
+	for i := range in.Services {
+		objs = append(objs, &in.Services[i])
+	}
+	for i := range in.EndpointSlices {
+		objs = append(objs, &in.EndpointSlices[i])
+	}
+	for i := range in.Nodes {
+		objs = append(objs, &in.Nodes[i])
+	}
 	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(objs...).Build()
 	for _, q := range []TraceInput{
 		{Src: "client", Dst: "default/server"},
@@ -333,6 +423,14 @@ func TestTraceCommand(t *testing.T) {
 		{Src: "10.244.1.5", Dst: "10.244.2.7"},
 		{Src: "203.0.113.9", Dst: "shop/web", IPv6: true},
 		{Src: "192.168.10.1", Dst: "vault/s1"},
+		{Src: "client", Dst: "web"},
+		{Src: "client", Dst: "10.96.0.10", Proto: "tcp/80"},
+		{Src: "fd00:244:0:1::5", Dst: "fd00:96::10"},
+		{Src: "web", Dst: "api", Namespace: "shop"},
+		{Src: "client", Dst: "shop/api"},
+		{Src: "client", Dst: "kubernetes"},
+		{Src: "pod:default/cache", Dst: "svc:cache"},
+		{Src: "203.0.113.9", Dst: "default/web"},
 	} {
 		var out bytes.Buffer
 		if err := TraceCommand(context.Background(), c, q, &out); err != nil {
@@ -345,7 +443,7 @@ func TestTraceCommand(t *testing.T) {
 		}
 	}
 	err := TraceCommand(context.Background(), c, TraceInput{Src: "client", Dst: "ghost"}, &bytes.Buffer{})
-	if err == nil || err.Error() != "pod default/ghost not found" {
+	if err == nil || err.Error() != "pod or service default/ghost not found" {
 		t.Errorf("unknown pod through the client: %v", err)
 	}
 }
