@@ -10,6 +10,8 @@ BIN_DIR   ?= $(CURDIR)/bin
 TOOLS_BIN := $(CACHE_DIR)/tools
 K8S_BIN   := $(CACHE_DIR)/k8s-v1.34.4
 CNI_BIN   := $(CACHE_DIR)/cni-v1.9.1
+# The upstream e2e suite (make conformance).
+E2E_TEST  := $(K8S_BIN)/e2e.test
 GO        ?= go
 GOFLAGS_TEST ?=
 
@@ -88,6 +90,20 @@ test: deps k8s-bins cni-bins build images check-generated lint $(HELM) ## All te
 bench: deps k8s-bins cni-bins build images $(HELM) ## Benchmarks on a lab, beside peers measured in the same run (root).
 	$(GO) run ./bench --bin $(BIN_DIR)
 
+# Upstream's e2e suite of the pinned release, run on a lab by
+# hack/conformance (docs/conformance.md): the [sig-network] Services specs
+# minus hack/conformance/skip.txt. It uses LAB_NAME when given and up (and
+# leaves it up), else brings up CONFORMANCE_LAB and takes it down after
+# (KEEP=1 keeps it). Reports go to $(BIN_DIR)/conformance.
+CONFORMANCE_LAB ?= $(if $(filter command line environment,$(origin LAB_NAME)),$(LAB_NAME),conf)
+CONFORMANCE_FLAGS ?=
+.PHONY: conformance
+conformance: deps k8s-bins cni-bins build images $(HELM) $(E2E_TEST) ## Upstream e2e [sig-network] Services specs on a lab (root; KEEP=1 keeps the lab).
+	bash hack/conformance/deps.sh
+	$(GO) run ./hack/mkimages --e2e --out $(LACE_IMAGES) --agnhost $(K8S_BIN)/agnhost
+	LACE_BIN_DIR=$(BIN_DIR) $(GO) run ./hack/conformance --lab $(CONFORMANCE_LAB) --report-dir $(BIN_DIR)/conformance \
+		--e2e-test $(E2E_TEST) --kubectl $(K8S_BIN)/kubectl $(if $(KEEP),--keep) $(CONFORMANCE_FLAGS)
+
 # The oracle soak draws N topologies from SEED on (default: a new seed each
 # run; every disagreement prints its seed, for make soak SEED=<seed> N=1).
 .PHONY: soak
@@ -136,6 +152,17 @@ $(CNI_BIN)/.stamp: hack/tools/go.mod hack/tools/go.sum
 	cd hack/tools && $(GO) build -o $(CNI_BIN)/ github.com/containernetworking/plugins/plugins/main/bridge \
 		github.com/containernetworking/plugins/plugins/ipam/host-local github.com/containernetworking/plugins/plugins/main/loopback
 	touch $@
+
+# e2e.test of the pinned release, as upstream builds it (go test -c,
+# version-stamped); hack/tools/k8s/e2e.go keeps its test-only imports in
+# the tools module.
+$(E2E_TEST): hack/tools/k8s/go.mod hack/tools/k8s/go.sum hack/tools/k8s/e2e.go
+	mkdir -p $(K8S_BIN)
+	cd hack/tools/k8s && $(GO) test -c -trimpath -ldflags '$(K8S_LDFLAGS)' -o $@ k8s.io/kubernetes/test/e2e
+	touch $@
+
+.PHONY: e2e-test
+e2e-test: $(E2E_TEST) ## Build the upstream e2e.test of the pinned Kubernetes into $(CACHE_DIR).
 
 .PHONY: k8s-bins
 k8s-bins: $(K8S_BIN)/.stamp ## Build etcd and the pinned Kubernetes binaries into $(CACHE_DIR).

@@ -1,6 +1,9 @@
 // Command mkimages builds the lab's container images (agnhost, pause, Lace)
 // as image tarballs that `ctr images import` loads under their full names.
-// `make images` runs it; see package internal/images.
+// `make images` runs it; see package internal/images. With --e2e it builds
+// instead the images the upstream e2e.test asks for beyond those
+// (`make conformance`: agnhost under e2e.test's tag, with curl, nc, ss and
+// bash from the machine).
 package main
 
 import (
@@ -22,22 +25,30 @@ func main() {
 	flag.StringVar(&o.PauseSrc, "pause-src", "", "directory holding upstream pause.c (k8s.io/kubernetes build/pause/linux)")
 	flag.StringVar(&o.LaceBin, "lace-bin", "", "directory holding static lace-agent, lace-controller, lace-cni and lacectl")
 	flag.StringVar(&o.LaceTag, "lace-tag", "dev", "tag of "+images.LaceRepo)
+	e2e := flag.Bool("e2e", false, "build only "+images.E2EAgnhostTar+" ("+images.E2EAgnhostRef+"; needs --agnhost)")
 	flag.Parse()
-	if o.Agnhost == "" || o.PauseSrc == "" || o.LaceBin == "" {
+	build := images.Build
+	if *e2e {
+		build = images.BuildE2E
+		if o.Agnhost == "" {
+			fmt.Fprintln(os.Stderr, "mkimages: --e2e needs --agnhost")
+			os.Exit(2)
+		}
+	} else if o.Agnhost == "" || o.PauseSrc == "" || o.LaceBin == "" {
 		fmt.Fprintln(os.Stderr, "mkimages: --agnhost, --pause-src and --lace-bin are required")
 		flag.Usage()
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, o); err != nil {
+	if err := run(ctx, build, o); err != nil {
 		fmt.Fprintln(os.Stderr, "mkimages:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, o images.Options) error {
-	built, err := images.Build(ctx, o)
+func run(ctx context.Context, build func(context.Context, images.Options) ([]images.Built, error), o images.Options) error {
+	built, err := build(ctx, o)
 	if err != nil {
 		return err
 	}

@@ -50,6 +50,15 @@ var Arch = runtime.GOARCH
 // usr/bin/wget, ...): each becomes a symlink to /bin/busybox, as busybox
 // --install -s makes them.
 func AgnhostImage(agnhost, busybox []byte, applets []string) (v1.Image, error) {
+	return NewImage(agnhostFiles(agnhost, busybox, applets), v1.Config{
+		Entrypoint: []string{"/agnhost"},
+		Cmd:        []string{"pause"},
+		Env:        []string{defaultPath},
+	}, Arch)
+}
+
+// agnhostFiles are the files of AgnhostImage.
+func agnhostFiles(agnhost, busybox []byte, applets []string) []File {
 	files := []File{
 		{Path: "agnhost", Mode: 0o755, Data: agnhost},
 		// Upstream links agnhost-2 for specs that need a second binary name.
@@ -85,11 +94,7 @@ func AgnhostImage(agnhost, busybox []byte, applets []string) (v1.Image, error) {
 		seen[a] = true
 		files = append(files, File{Path: a, Link: "/bin/busybox"})
 	}
-	return NewImage(files, v1.Config{
-		Entrypoint: []string{"/agnhost"},
-		Cmd:        []string{"pause"},
-		Env:        []string{defaultPath},
-	}, Arch)
+	return files
 }
 
 // PauseImage is the upstream pause image: the static pause binary at /pause,

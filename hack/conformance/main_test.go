@@ -1,0 +1,87 @@
+package main
+
+import (
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseSkipList(t *testing.T) {
+	in := "# comment\n\nNodePort service  # NodePort: next issue\n  ExternalIP # ExternalIPs \n"
+	got, err := ParseSkipList(strings.NewReader(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].Re.String() != "NodePort service" || got[0].Reason != "NodePort: next issue" ||
+		got[1].Re.String() != "ExternalIP" || got[1].Reason != "ExternalIPs" || got[1].Line != 4 {
+		t.Fatalf("got %+v", got)
+	}
+	if re := SkipRegexp(got); re != "(?:NodePort service)|(?:ExternalIP)" {
+		t.Errorf("skip regexp %q", re)
+	}
+	for _, bad := range []string{"no reason\n", "x  # \n", "([  # unbalanced\n"} {
+		if _, err := ParseSkipList(strings.NewReader(bad)); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+}
+
+// The checked-in list parses and joins into one regexp (`--dry-run` shows
+// what each entry matches).
+func TestSkipFile(t *testing.T) {
+	f, err := os.Open("skip.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	skips, err := ParseSkipList(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(skips) == 0 {
+		t.Fatal("empty skip list")
+	}
+	if _, err := regexp.Compile(SkipRegexp(skips)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestClassify(t *testing.T) {
+	spec := func(leaf, state, msg string) specReport {
+		s := specReport{ContainerHierarchyTexts: []string{"[sig-network] Services"}, LeafNodeText: leaf, LeafNodeType: "It", State: state, RunTime: time.Second}
+		s.Failure.Message = msg
+		s.Failure.Location.FileName = "/root/go/pkg/mod/k8s.io/kubernetes@v1.34.4/test/e2e/network/service.go"
+		s.Failure.Location.LineNumber = 10
+		return s
+	}
+	other := spec("x", "passed", "")
+	other.ContainerHierarchyTexts = []string{"[sig-apps] Deployment"}
+	suite := specReport{LeafNodeType: "SynchronizedBeforeSuite", State: "failed"}
+	suite.Failure.Message = "nodes not ready\nmore"
+	rep := report{SpecReports: []specReport{
+		spec("should serve", "passed", ""),
+		spec("should curl", "failed", "curl: exit 7\ndetails"),
+		spec("should use a NodePort service", "skipped", ""),
+		spec("should restart kube-proxy", "skipped", "no kube-proxy pods"),
+		other, suite,
+	}}
+	skips, _ := ParseSkipList(strings.NewReader("NodePort service  # next issue\n"))
+	got := Classify(rep, regexp.MustCompile(DefaultFocus), skips)
+	want := []Result{
+		{Name: "[SynchronizedBeforeSuite]", Outcome: "failed", Detail: "nodes not ready"},
+		{Name: "[sig-network] Services should curl", Outcome: "failed", Detail: "curl: exit 7 (test/e2e/network/service.go:10)", RunTime: time.Second},
+		{Name: "[sig-network] Services should serve", Outcome: "passed", RunTime: time.Second},
+		{Name: "[sig-network] Services should restart kube-proxy", Outcome: "skipped", Detail: "no kube-proxy pods", RunTime: time.Second},
+		{Name: "[sig-network] Services should use a NodePort service", Outcome: "skipped", Detail: "skip list: next issue", RunTime: time.Second},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d results %+v, want %d", len(got), got, len(want))
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("result %d:\n got %+v\nwant %+v", i, got[i], want[i])
+		}
+	}
+}
