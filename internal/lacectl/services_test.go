@@ -23,8 +23,9 @@ import (
 // The services of the traced cluster (traceCluster): nodes node-a and
 // node-b in zone z1, node-c in z2; the default network's services bound by
 // a catch-all Service policy, shop's tier=backend services to backend,
-// vault's to the closed anonymous network secret; one ServiceRoutingPolicy
-// opening backend's services in namespace shop to default.
+// vault's to the closed anonymous network secret; ServiceRoutingPolicies
+// opening backend's services in namespace shop to default and to the
+// nodes (world).
 
 type svcOpt func(*corev1.Service)
 
@@ -135,6 +136,12 @@ func addServices(in *TraceInput) {
 	in.ServiceRoutingPolicies = append(in.ServiceRoutingPolicies, lacev1.ServiceRoutingPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "default-to-shop-services"}, Spec: lacev1.ServiceRoutingPolicySpec{
 			SrcSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{netLabel: "default"}},
+			DestSelector:      lacev1.ServiceSelector{Name: "backend"},
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "shop"}}}},
+		// The nodes' sockets reach the VIP, not its endpoints (on
+		// other nodes).
+		lacev1.ServiceRoutingPolicy{ObjectMeta: metav1.ObjectMeta{Name: "world-to-shop-services"}, Spec: lacev1.ServiceRoutingPolicySpec{
+			SrcSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{netLabel: "world"}},
 			DestSelector:      lacev1.ServiceSelector{Name: "backend"},
 			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "shop"}}}})
 	cache := tpod("default", "cache", "node-b", nil, "10.244.2.9")

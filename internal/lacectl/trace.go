@@ -114,8 +114,8 @@ type TraceService struct {
 	Ports  []string
 	// Node is where the flow is translated: the source's node.
 	Node string
-	// Translated: an admitted flow reaches an endpoint (else it is
-	// rejected or dropped on Node, and Path says how).
+	// Translated: an admitted flow is translated to an endpoint it can
+	// reach (else it is rejected or dropped, and Path says where).
 	Translated bool
 	// Endpoints are the ones eligible on Node; a new flow picks one
 	// uniformly at random. NotEligible counts the others.
@@ -133,8 +133,10 @@ type TraceBackend struct {
 	// Pod is NAMESPACE/NAME when known (the EndpointSlice's targetRef or
 	// a NetworkEndpoint), Node where the endpoint is.
 	Pod, Node string
-	// Path says how the translated packet reaches it.
-	Path string
+	// Path says how the translated packet reaches it, or where it is
+	// dropped (Dropped).
+	Path    string
+	Dropped bool
 }
 
 // Trace resolves the two endpoints of in and asks the oracle about the flow
@@ -672,6 +674,8 @@ func (r TraceResult) Print(out io.Writer) error {
 	switch {
 	case r.Reply.Allowed && r.Service != nil && !r.Service.Translated:
 		b.WriteString("replies:      none: no endpoint is reached\n")
+	case r.Reply.Allowed && r.Dst.Kind == model.EndpointService && r.Src.Kind == model.EndpointNode:
+		fmt.Fprintf(&b, "replies:      return through conntrack to the socket, which sees them from the VIP: %s\n", strings.TrimSuffix(r.Reply.Rule, " (conntrack)"))
 	case r.Reply.Allowed && r.Dst.Kind == model.EndpointService:
 		fmt.Fprintf(&b, "replies:      return through conntrack, from the VIP: %s\n", strings.TrimSuffix(r.Reply.Rule, " (conntrack)"))
 	case r.Reply.Allowed:

@@ -116,10 +116,14 @@ func traceService(in TraceInput, r TraceResult, src, dst endpointRef) (TraceResu
 				}
 			}
 		}
-		ts.Translated = (r.Proto == "tcp" || r.Proto == "udp") && len(ts.Endpoints) > 0
+		ts.Translated = ts.Served && (r.Proto == "tcp" || r.Proto == "udp") &&
+			slices.ContainsFunc(ts.Endpoints, func(e TraceBackend) bool { return !e.Dropped })
 		r.Path = servicePath(r)
 	} else {
 		r.Dropped = dropped(r)
+		if r.Src.Kind == model.EndpointNode {
+			r.Dropped += "; the connect fails with EPERM (a socket hook's only refusal)"
+		}
 	}
 	return r, nil
 }
@@ -142,6 +146,9 @@ func backend(in TraceInput, t model.Topology, r TraceResult, be tables.Backend, 
 		}
 	}
 	svcNet, srcNode := r.Service.Network, r.Src.NodeName
+	if r.Src.Kind == model.EndpointNode {
+		return nodeBackend(in, t, r, tb, cands)
+	}
 	// A pod of the service's network holding the address says which pod
 	// and node it is, whatever the slice says.
 	for _, ne := range in.NetworkEndpoints {
@@ -174,6 +181,7 @@ func backend(in TraceInput, t model.Topology, r TraceResult, be tables.Backend, 
 	case slices.Contains(inSubnet, svcNet):
 		tb.Path = fmt.Sprintf("node %s encapsulates in %s, node %s decapsulates and delivers", srcNode, encap(in, tb.Node, r.Src.Network, svcNet), tb.Node)
 	case len(inSubnet) > 0:
+		tb.Dropped = true
 		tb.Path = fmt.Sprintf("dropped, counted as %s{%s=%q}: in the subnet of %s, not of the service's network %s",
 			dpmetrics.Dropped, dpmetrics.LabelReason, model.DropIsolated, strings.Join(inSubnet, ", "), svcNet)
 	default:
@@ -193,6 +201,7 @@ func backend(in TraceInput, t model.Topology, r TraceResult, be tables.Backend, 
 			tb.Path = fmt.Sprintf("outside the cluster: leaves node %s's underlay with source translated to %s's address %s (SNAT to the node address, reversed by conntrack); %s reaches it by %s",
 				srcNode, srcNode, nodeAddr(in, srcNode, be.Addr), svcNet, strings.TrimSuffix(v.Rule, "; leaves through the node's underlay with SNAT to the node address"))
 		} else {
+			tb.Dropped = true
 			tb.Path = fmt.Sprintf("outside the cluster: dropped, counted as %s{%s=%q}: the view of %s does not reach it: %s",
 				dpmetrics.Dropped, dpmetrics.LabelReason, v.Reason, svcNet, v.Rule)
 		}
@@ -200,9 +209,74 @@ func backend(in TraceInput, t model.Topology, r TraceResult, be tables.Backend, 
 	return tb
 }
 
+// nodeBackend: a node's socket is pointed at the endpoint before any
+// packet exists (bpf/sock.c), so the packets leave the node's host stack
+// for the endpoint itself, as plain IP from the node's address, and are
+// judged like any outside host's (section 5, the node itself).
+func nodeBackend(in TraceInput, t model.Topology, r TraceResult, tb TraceBackend, cands []svcCandidate) TraceBackend {
+	svcNet, srcNode := r.Service.Network, r.Src.NodeName
+	for _, ne := range in.NetworkEndpoints {
+		if ne.Spec.Network == svcNet && slices.ContainsFunc(ne.Spec.Addresses, func(a lacev1.IPAddress) bool {
+			x, err := netip.ParseAddr(string(a))
+			return err == nil && x.Unmap() == tb.Addr.Addr()
+		}) {
+			tb.Pod, tb.Node = ne.Namespace+"/"+ne.Name, ne.Spec.Node
+		}
+	}
+	for _, u := range in.UnderlayEndpoints {
+		if slices.ContainsFunc(u.Spec.Addresses, func(a lacev1.IPAddress) bool {
+			x, err := netip.ParseAddr(string(a))
+			return err == nil && x.Unmap() == tb.Addr.Addr()
+		}) {
+			tb.Node = uepNode(u)
+			if tb.Node == srcNode {
+				tb.Path = "the node itself: handled by its own host stack"
+			} else {
+				tb.Path = fmt.Sprintf("node %s's address: sent over the underlay by node %s's host stack, not through Lace", tb.Node, srcNode)
+			}
+			return tb
+		}
+	}
+	inSvcNet := false
+	for _, n := range in.Networks {
+		for _, sn := range []*lacev1.Subnet{n.Spec.IPv4Subnet, n.Spec.IPv6Subnet} {
+			if n.Name != svcNet || sn == nil {
+				continue
+			}
+			if p, err := netip.ParsePrefix(string(sn.Prefix)); err == nil && p.Contains(tb.Addr.Addr()) {
+				inSvcNet = true
+			}
+		}
+	}
+	if !inSvcNet {
+		tb.Path = fmt.Sprintf("outside the cluster: sent by node %s's host stack from its own address, not through Lace", srcNode)
+		return tb
+	}
+	v := model.Reach(t, r.Src.Endpoint, model.Endpoint{Kind: model.EndpointPod, Network: svcNet, Addr: tb.Addr.Addr(), NodeName: tb.Node}, r.Proto, tb.Addr.Port())
+	switch {
+	case v.Allowed && tb.Node == srcNode:
+		tb.Path = "the node reaches its own pods"
+	case v.Allowed:
+		tb.Path = fmt.Sprintf("sent by node %s's host stack as plain IP, classified into %s by %s, encapsulated in %s, node %s decapsulates and delivers (%s)",
+			srcNode, v.SrcNetwork, v.SrcPrefix, encap(in, tb.Node, v.SrcNetwork, svcNet), tb.Node, v.Rule)
+	default:
+		tb.Dropped = true
+		where := "where it enters"
+		if tb.Node != "" {
+			where = "node " + tb.Node
+		}
+		tb.Path = fmt.Sprintf("sent by node %s's host stack as plain IP and dropped on %s, counted as %s{%s=%q}: judged like any outside host's: %s",
+			srcNode, where, dpmetrics.Dropped, dpmetrics.LabelReason, v.Reason, v.Rule)
+	}
+	return tb
+}
+
 // servicePath says what the source's node does with an admitted flow to
 // the VIP, one line after another.
 func servicePath(r TraceResult) string {
+	if r.Src.Kind == model.EndpointNode {
+		return nodeServicePath(r)
+	}
 	ts := r.Service
 	counted := func(reason string) string {
 		return fmt.Sprintf("counted as %s{%s=%q}", dpmetrics.Dropped, dpmetrics.LabelReason, reason)
@@ -237,9 +311,59 @@ func servicePath(r TraceResult) string {
 		}
 		lines = append(lines, fmt.Sprintf("  %s (%s): %s", e.Addr, where, e.Path))
 	}
-	lines = append(lines, fmt.Sprintf("replies are translated back from the VIP (they come from %s)", netip.AddrPortFrom(r.Dst.Addr, r.Port)))
+	if ts.Translated {
+		lines = append(lines, fmt.Sprintf("replies are translated back from the VIP (they come from %s)", netip.AddrPortFrom(r.Dst.Addr, r.Port)))
+	}
 	if ts.AffinitySeconds > 0 {
 		lines = append(lines, fmt.Sprintf("sessionAffinity ClientIP: a client keeps its endpoint for %ds", ts.AffinitySeconds))
+	}
+	if ts.NotEligible > 0 {
+		lines = append(lines, fmt.Sprintf("%d more not eligible on node %s (lacectl services -n %s --node %s says why)", ts.NotEligible, node, ts.Namespace, node))
+	}
+	return strings.Join(lines, "\n              ")
+}
+
+// nodeServicePath: what a node's socket meets at connect (or sendmsg) to
+// a VIP its view holds (bpf/sock.c).
+func nodeServicePath(r TraceResult) string {
+	ts := r.Service
+	counted := func(reason string) string {
+		return fmt.Sprintf("counted as %s{%s=%q}", dpmetrics.Dropped, dpmetrics.LabelReason, reason)
+	}
+	node := ts.Node
+	switch {
+	case r.Proto != "tcp" && r.Proto != "udp":
+		return fmt.Sprintf("not translated: the node's sockets are translated for TCP and UDP only; the packet goes to the VIP through node %s's routes", node)
+	case !ts.Served:
+		return fmt.Sprintf("not translated: service %s/%s has no port %s (its ports: %s); the connection goes to the VIP through node %s's routes",
+			ts.Namespace, ts.Name, r.ProtoString(), strings.Join(ts.Ports, ", "), node)
+	case len(ts.Endpoints) == 0 && ts.Drop:
+		return fmt.Sprintf("refused at connect on node %s (EPERM), %s: internalTrafficPolicy Local, and no endpoint is eligible on node %s", node, counted("no-local-endpoints"), node)
+	case len(ts.Endpoints) == 0:
+		return fmt.Sprintf("refused at connect on node %s (EPERM), %s: the service has no ready or serving endpoint", node, counted("no-endpoints"))
+	}
+	lines := []string{fmt.Sprintf("connect-time translation on node %s: the socket is pointed at one of %d endpoints eligible there, picked uniformly at random (1/%d each):",
+		node, len(ts.Endpoints), len(ts.Endpoints))}
+	if len(ts.Endpoints) == 1 {
+		lines[0] = fmt.Sprintf("connect-time translation on node %s: the socket is pointed at the one endpoint eligible there:", node)
+	}
+	for _, e := range ts.Endpoints {
+		where := "pod " + e.Pod
+		switch {
+		case e.Pod == "" && e.Node == "":
+			where = "no pod"
+		case e.Pod == "":
+			where = "on node " + e.Node
+		case e.Node != "":
+			where += " on node " + e.Node
+		}
+		lines = append(lines, fmt.Sprintf("  %s (%s): %s", e.Addr, where, e.Path))
+	}
+	if ts.Translated {
+		lines = append(lines, fmt.Sprintf("the socket sees the VIP as its peer (%s; datagrams are translated back)", netip.AddrPortFrom(r.Dst.Addr, r.Port)))
+	}
+	if ts.AffinitySeconds > 0 {
+		lines = append(lines, fmt.Sprintf("sessionAffinity ClientIP: the node keeps its endpoint for %ds", ts.AffinitySeconds))
 	}
 	if ts.NotEligible > 0 {
 		lines = append(lines, fmt.Sprintf("%d more not eligible on node %s (lacectl services -n %s --node %s says why)", ts.NotEligible, node, ts.Namespace, node))

@@ -546,8 +546,13 @@ func grantRule(e ViewEntry, src string) string {
 // NetworkRoutingPolicy grants it (not refused by a conflict), and to the
 // networks a ServiceRoutingPolicy from its network selects, scoped by
 // namespace; the rule names which. Otherwise it is denied as isolated.
-// Outside addresses and nodes do not reach VIPs yet (isolated): NodePort
-// and LoadBalancer are their way in. Whether the service serves that port,
+// A node (its processes and host-network pods: connect-time translation)
+// is an outside host classified by its address, and reaches the VIPs its
+// network's view holds: those a NetworkRoutingPolicy or a
+// ServiceRoutingPolicy from that external network grants (world -> default
+// opens the default network's services). Outside addresses do not reach
+// VIPs yet (isolated): NodePort and LoadBalancer will be their way in.
+// Whether the service serves that port,
 // and whether it has endpoints eligible on the source's node, is not the
 // oracle's business: ComputeServices decides it (a port without endpoints
 // is rejected or dropped after the view admitted the flow).
@@ -584,6 +589,13 @@ func Reach(t Topology, src, dst Endpoint, proto string, port uint16) Verdict {
 		v.SrcNetwork = src.Network
 	case EndpointOutside, EndpointNode:
 		name, p, ok := tp.classify(src.Addr)
+		if !ok && src.Kind == EndpointNode && dst.Kind == EndpointService {
+			// The node's sockets look the VIP up in the view of no
+			// network: refused as isolated (bpf/sock.c).
+			v.Rule = fmt.Sprintf("unclassified: no external network's prefix covers node address %s, so its sockets reach no VIP", src.Addr)
+			v.Reason = DropIsolated
+			return v
+		}
 		if !ok {
 			v.Rule = fmt.Sprintf("unclassified: no external network's prefix covers source %s", src.Addr)
 			v.Reason = DropUnclassified
@@ -725,8 +737,8 @@ func (tp topo) reachService(v Verdict, src, dst Endpoint, view View) Verdict {
 	n, s := svc.Network, v.SrcNetwork
 	name := svc.Namespace + "/" + svc.Name
 	v.DstNetwork, v.DstPrefix = n, netip.PrefixFrom(dst.Addr, dst.Addr.BitLen())
-	if src.Kind != EndpointPod {
-		v.Rule = fmt.Sprintf("no view: service VIPs are reached from pods only, not from outside the cluster yet (service %s; the source is in external network %s)", name, s)
+	if src.Kind == EndpointOutside {
+		v.Rule = fmt.Sprintf("no view: service VIPs are reached from pods and nodes only, not from outside the cluster yet (service %s; the source is in external network %s)", name, s)
 		v.Reason = DropIsolated
 		return v
 	}

@@ -2,6 +2,7 @@ package model
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -401,6 +402,8 @@ func TestReachServices(t *testing.T) {
 		// Grants the VIP despite the refused peering: VIPs overlap nothing.
 		srp("frontend-to-twin", map[string]string{"tier": "frontend"}, lacev1.ServiceSelector{Name: "twin"},
 			&metav1.LabelSelector{MatchLabels: map[string]string{"env": "prod"}}),
+		// Opens a network's services to the nodes (their sockets).
+		srp("world-to-payments", map[string]string{netLabel: "world"}, lacev1.ServiceSelector{Name: "payments"}, nil),
 		// Selects nothing: neither a name nor labels.
 		srp("empty-dest", map[string]string{netLabel: "lonely"}, lacev1.ServiceSelector{}, nil),
 	}
@@ -454,11 +457,26 @@ func TestReachServices(t *testing.T) {
 			ruleHas: []string{"conflict: NetworkRoutingPolicy frontend-to-backend refused for frontend -> twin", "ServiceRoutingPolicy frontend-to-twin selects the services of twin only in namespaces matching env=prod, not dev"}},
 		{name: "a ServiceRoutingPolicy still grants a refused peer's VIP", rule: "section 5: an SRP grants the VIP only (which overlaps nothing)",
 			topo: tp, src: fe, dst: vip("prod", "mirror", "10.96.0.50"), allowed: true, ruleHas: []string{"ServiceRoutingPolicy frontend-to-twin"}},
-		{name: "outside source", rule: "VIPs are not reachable from outside the cluster yet (NodePort and LoadBalancer are)",
+		{name: "outside source", rule: "VIPs are not reachable from outside the cluster yet (NodePort and LoadBalancer will be)",
 			topo: tp, src: outside("203.0.113.9"), dst: vip("default", "kubernetes", "10.96.0.1"), srcNet: "world", reason: DropIsolated,
-			ruleHas: []string{"reached from pods only"}},
-		{name: "node source", rule: "section 5: node processes are sources like any outside host",
-			topo: tp, src: hostOf("n1", "172.30.0.11"), dst: vip("default", "kubernetes", "10.96.0.1"), srcNet: "world", reason: DropIsolated},
+			ruleHas: []string{"reached from pods and nodes only, not from outside the cluster yet"}},
+		{name: "node source by NetworkRoutingPolicy", rule: "section 5: node processes are sources like any outside host, classified by their address (world -> default)",
+			topo: tp, src: hostOf("n1", "172.30.0.11"), dst: vip("default", "kubernetes", "10.96.0.1"), srcNet: "world", allowed: true,
+			ruleHas: []string{"NetworkRoutingPolicy world-to-default (world -> default)"}},
+		{name: "node source by ServiceRoutingPolicy", rule: "section 5: node processes are sources like any outside host",
+			topo: tp, src: hostOf("n1", "172.30.0.11"), dst: vip("prod", "charge", "10.96.0.30"), srcNet: "world", allowed: true,
+			ruleHas: []string{"ServiceRoutingPolicy world-to-payments (world -> the services of payments"}},
+		{name: "node source, not granted", rule: "section 5: every network an operator adds is isolated",
+			topo: tp, src: hostOf("n1", "172.30.0.11"), dst: vip("shop", "api", "10.96.0.20"), srcNet: "world", reason: DropIsolated,
+			ruleHas: []string{"no NetworkRoutingPolicy world -> backend"}},
+		{name: "node source, unclassified", rule: "bpf/sock.c: the view of no network holds no VIP (counted isolated)",
+			topo: func() Topology {
+				u := tp
+				u.Networks = slices.DeleteFunc(slices.Clone(tp.Networks), func(n lacev1.Network) bool { return n.Name == "world" })
+				return u
+			}(),
+			src: hostOf("n1", "172.30.0.11"), dst: vip("default", "kubernetes", "10.96.0.1"), reason: DropIsolated,
+			ruleHas: []string{"unclassified: no external network's prefix covers node address 172.30.0.11, so its sockets reach no VIP"}},
 		{name: "reply", rule: "section 5 direction and return",
 			topo: tp, src: fe, dst: vip("shop", "api", "10.96.0.20"), reply: true, allowed: true, ruleHas: []string{"reply of a flow admitted by NetworkRoutingPolicy frontend-to-backend"}},
 		{name: "unknown service", rule: "a service bound to no network is not served",

@@ -18,7 +18,9 @@ import (
 // random topologies with services and ServiceRoutingPolicies: for every
 // pod network with an ID and every VIP of every service, the network's
 // view holds a RouteService entry for the VIP, naming the service's
-// network, exactly when Reach allows a pod of that network to reach it.
+// network, exactly when Reach allows a pod of that network to reach it;
+// and the same for a node, by the external network its address
+// classifies into.
 func TestServiceViewsAgreeWithReach(t *testing.T) {
 	var stats svcCheckStats
 	seeds := uint64(400)
@@ -33,7 +35,7 @@ func TestServiceViewsAgreeWithReach(t *testing.T) {
 		}
 	}
 	t.Logf("%+v", stats)
-	if stats.own == 0 || stats.nrp == 0 || stats.srp == 0 || stats.closed == 0 || stats.refused == 0 || stats.nsMiss == 0 || stats.denied == 0 {
+	if stats.own == 0 || stats.nrp == 0 || stats.srp == 0 || stats.closed == 0 || stats.refused == 0 || stats.nsMiss == 0 || stats.denied == 0 || stats.node == 0 {
 		t.Errorf("the random topologies exercise too little: %+v", stats)
 	}
 }
@@ -42,6 +44,8 @@ type svcCheckStats struct {
 	// allowed by rule; denied, among them closed anonymous own networks,
 	// refused peerings and SRPs whose namespaceSelector did not match.
 	own, nrp, srp, denied, closed, refused, nsMiss int
+	// node counts VIPs a node's sockets reach.
+	node int
 	// fallThrough counts denied VIPs whose address the view still resolves
 	// to an external network (the packet would leave with SNAT rather than
 	// be counted as isolated): not a disagreement about the VIP entries,
@@ -207,8 +211,8 @@ func (g genServiceTopology) check(t *testing.T, stats *svcCheckStats) {
 		}
 	}
 	// Nothing else: every service entry of a pod network's view is one of
-	// the pairs above. (External networks' views hold VIPs too, which the
-	// data plane drops from outside as isolated, and Reach denies.)
+	// the pairs above. (External networks' views hold VIPs too: for the
+	// nodes, below.)
 	podNet := map[uint32]bool{}
 	for _, n := range g.nets {
 		if n.Status.ID > 0 && n.Spec.Type != lacev1.NetworkTypeExternal {
@@ -224,15 +228,42 @@ func (g genServiceTopology) check(t *testing.T, stats *svcCheckStats) {
 	if pods != matched {
 		t.Errorf("seed %d: pod networks' views hold %d service entries, the (network, VIP) pairs match %d", g.seed, pods, matched)
 	}
+	// From outside the cluster no VIP is reached (the underlay drops
+	// service entries as isolated); a node's sockets reach the VIPs the
+	// view of the network its address classifies into holds (bpf/sock.c:
+	// a service entry naming the service's network), and none when no
+	// classifier covers it.
 	for _, svc := range g.services {
 		for _, a := range svc.VIPs {
+			dst := Endpoint{Kind: EndpointService, Namespace: svc.Namespace, Name: svc.Name, Addr: a}
 			for _, s := range g.outside {
 				if s.Is4() != a.Is4() {
 					continue
 				}
-				v := Reach(topo, Endpoint{Kind: EndpointOutside, Addr: s}, Endpoint{Kind: EndpointService, Namespace: svc.Namespace, Name: svc.Name, Addr: a}, "tcp", 80)
-				if v.Allowed {
+				if v := Reach(topo, Endpoint{Kind: EndpointOutside, Addr: s}, dst, "tcp", 80); v.Allowed {
 					t.Errorf("seed %d: outside %s reaches VIP %s (%s)", g.seed, s, a, v.Rule)
+				}
+				var cls *tables.Classifier
+				for i, c := range st.Classifiers {
+					if c.Prefix.Contains(s) && (cls == nil || c.Prefix.Bits() > cls.Prefix.Bits()) {
+						cls = &st.Classifiers[i]
+					}
+				}
+				held := false
+				if cls != nil {
+					r, ok := svcRoutes[fmt.Sprint(cls.NetID, " ", netip.PrefixFrom(a, a.BitLen()))]
+					held = ok && r.DstNet == ids[svc.Network]
+				}
+				v := Reach(topo, Endpoint{Kind: EndpointNode, NodeName: "n1", Addr: s}, dst, "tcp", 80)
+				if v.Allowed != held {
+					t.Errorf("seed %d: node at %s (classified by %v) -> service %s/%s (network %s) VIP %s: Reach allowed=%v (%s), its view holds it: %v",
+						g.seed, s, cls, svc.Namespace, svc.Name, svc.Network, a, v.Allowed, v.Rule, held)
+				}
+				if !v.Allowed && v.Reason != "" && v.Reason != DropIsolated {
+					t.Errorf("seed %d: node at %s -> %s denied as %q (%s), want isolated", g.seed, s, a, v.Reason, v.Rule)
+				}
+				if v.Allowed {
+					stats.node++
 				}
 			}
 		}
