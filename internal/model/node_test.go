@@ -377,3 +377,28 @@ func TestServiceRoutes(t *testing.T) {
 		}
 	}
 }
+
+// TestUngrantedVIPIsDenied: a VIP the view does not reach is denied where
+// an external prefix of the view (world) would otherwise take it out with
+// SNAT.
+func TestUngrantedVIPIsDenied(t *testing.T) {
+	nets := topology([]lacev1.Network{l3("red", nil, "10.1.0.0/16"), l3("blue", nil, "10.2.0.0/16"),
+		external("world", "0.0.0.0/0")}).Networks
+	vip := netip.MustParseAddr("10.96.0.10")
+	st := ComputeNode(NodeInput{Node: "n1", Networks: nets, Allocations: blocks12(nets), Underlays: testUnderlays,
+		RoutingPolicies: []lacev1.NetworkRoutingPolicy{byName("red", "world")},
+		Services:        []ServiceVIPs{{Namespace: "x", Name: "db", Network: "blue", VIPs: []netip.Addr{vip}}}})
+	ids := NetworkIDs(nets)
+	kinds := map[uint32]tables.RouteKind{}
+	for _, r := range st.Routes {
+		if r.Prefix == netip.PrefixFrom(vip, 32) {
+			kinds[r.NetID] = r.Kind
+		}
+	}
+	if k, ok := kinds[ids["red"]]; !ok || k != tables.RouteDeny {
+		t.Errorf("red (world in its view) has %v for blue's VIP, want a deny entry", kinds)
+	}
+	if k := kinds[ids["blue"]]; k != tables.RouteService {
+		t.Errorf("blue's own VIP: %v, want a service entry", k)
+	}
+}
