@@ -97,16 +97,16 @@ type Agent struct {
 	// host sockets are attached).
 	hostNetNS uint64
 	// slices tracks EndpointSlice versions for the programming latency.
-	slices sliceTracker
-	opts      Options
-	log       *slog.Logger
-	mgr       manager.Manager
-	client    client.Client
-	reader    client.Reader
-	recorder  record.EventRecorder
-	dp        dataplane
-	node      nodeKernel
-	cp        *checkpoint
+	slices   sliceTracker
+	opts     Options
+	log      *slog.Logger
+	mgr      manager.Manager
+	client   client.Client
+	reader   client.Reader
+	recorder record.EventRecorder
+	dp       dataplane
+	node     nodeKernel
+	cp       *checkpoint
 
 	// applier is the one writer of the data plane.
 	applier *applier
