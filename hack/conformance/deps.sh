@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages whose programs the e2e agnhost image carries
-# (internal/images.E2ETools: curl, OpenBSD nc, ss, bash), only when one is
+# (internal/images.E2ETools: curl, GNU wget, OpenBSD nc, ss, bash), only when one is
 # missing. Run by `make conformance` after `make deps`.
 set -euo pipefail
 
 # file:package pairs.
-need=(/usr/bin/curl:curl /bin/nc.openbsd:netcat-openbsd /bin/ss:iproute2 /bin/bash:bash)
+need=(/usr/bin/curl:curl /usr/bin/wget:wget /bin/nc.openbsd:netcat-openbsd /bin/ss:iproute2 /bin/bash:bash)
 
 missing=()
 for pair in "${need[@]}"; do

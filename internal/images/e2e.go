@@ -34,18 +34,30 @@ type E2ETool struct {
 // E2ETools are the programs the [sig-network] specs exec in agnhost pods
 // beyond busybox: curl (HTTP checks, with -w %{http_code}, --interface,
 // --connect-timeout), OpenBSD nc (`nc -v -t -w 2` and `nc -u`: busybox's
-// nc has neither -v nor -u), ss (`ss -ant46` in a hostNetwork pod) and bash.
-// Debian: curl, netcat-openbsd, iproute2, bash.
+// nc has neither -v nor -u), ss (`ss -ant46` in a hostNetwork pod), bash,
+// and GNU wget: Debian bookworm's busybox-static (1.35) wget segfaults
+// whenever -T is given, and the serve-hostname checks run
+// `wget -q -O - -T 1`. Debian: curl, netcat-openbsd, iproute2, bash, wget.
 var E2ETools = []E2ETool{
 	{Name: "curl", Host: "/usr/bin/curl"},
+	{Name: "wget", Host: "/usr/bin/wget"},
 	{Name: "nc", Host: "/bin/nc.openbsd"},
 	{Name: "ss", Host: "/bin/ss"},
 	{Name: "bash", Host: "/bin/bash"},
+	{Name: "dash", Host: "/bin/dash"},
 }
 
-// E2EAgnhostImage is AgnhostImage plus tools (HostProgram's files): the
-// busybox applets whose names a tool takes are left out, so that nc is
-// OpenBSD's wherever PATH finds it. Entrypoint and command are agnhost's.
+// E2EShell makes /bin/sh Debian's dash. The specs exec everything through
+// `/bin/sh -x -c`, and Debian's static busybox is built to prefer its own
+// applets: as /bin/sh it would run its nc and wget whatever PATH says,
+// never the tools above. (Upstream's /bin/sh is alpine's busybox, which
+// does look PATH up.)
+var E2EShell = File{Path: "bin/sh", Link: "/usr/bin/dash"}
+
+// E2EAgnhostImage is AgnhostImage plus tools (HostProgram's files, and
+// E2EShell): the busybox applets whose names a tool takes are left out, so
+// that nc is OpenBSD's wherever PATH finds it and /bin/sh is the tools'
+// shell. Entrypoint and command are agnhost's.
 func E2EAgnhostImage(agnhost, busybox []byte, applets []string, tools []File) (v1.Image, error) {
 	taken := map[string]bool{}
 	for _, f := range tools {
@@ -206,7 +218,7 @@ func BuildE2E(ctx context.Context, o Options) ([]Built, error) {
 	if err != nil {
 		return nil, err
 	}
-	var tools []File
+	tools := []File{E2EShell}
 	for _, t := range E2ETools {
 		fs, err := HostProgram(t.Host, t.Name)
 		if err != nil {

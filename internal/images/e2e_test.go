@@ -12,6 +12,8 @@ import (
 
 func TestE2EAgnhostImage(t *testing.T) {
 	tools := []File{
+		E2EShell,
+		{Path: "usr/bin/dash", Mode: 0o755, Data: []byte("dash")},
 		{Path: "usr/bin/nc", Mode: 0o755, Data: []byte("openbsd nc")},
 		{Path: "usr/bin/curl", Mode: 0o755, Data: []byte("curl")},
 		{Path: "lib64/ld-linux-x86-64.so.2", Mode: 0o755, Data: []byte("ld")},
@@ -32,10 +34,12 @@ func TestE2EAgnhostImage(t *testing.T) {
 	if e := files["usr/bin/nc"]; e.typ != tar.TypeReg || e.data != "openbsd nc" {
 		t.Errorf("usr/bin/nc: %+v, want the tool", e)
 	}
-	for _, a := range []string{"bin/sh", "usr/bin/wget"} {
-		if e := files[a]; e.typ != tar.TypeSymlink || e.link != "/bin/busybox" {
-			t.Errorf("%s: %+v, want busybox", a, e)
-		}
+	if e := files["usr/bin/wget"]; e.typ != tar.TypeSymlink || e.link != "/bin/busybox" {
+		t.Errorf("usr/bin/wget: %+v, want busybox", e)
+	}
+	// /bin/sh is dash, not busybox (which would prefer its own applets).
+	if e := files["bin/sh"]; e.typ != tar.TypeSymlink || e.link != "/usr/bin/dash" {
+		t.Errorf("bin/sh: %+v, want dash", e)
 	}
 	for f, want := range map[string]string{
 		"agnhost": "fake agnhost", "bin/busybox": "fake busybox", "usr/bin/curl": "curl",
