@@ -17,6 +17,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/rest"
@@ -209,6 +210,7 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		// Services and their endpoints, as kube-proxy watches them.
 		Watches(&corev1.Service{}, toNode, specOnly).
 		Watches(&discoveryv1.EndpointSlice{}, toNode, builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
+		Watches(&networkingv1.ServiceCIDR{}, toNode, specOnly).
 		Watches(&corev1.Pod{}, toNode, builder.WithPredicates(predicates.PodChanged())).
 		Watches(&corev1.Node{}, toNode, builder.WithPredicates(predicates.NodeChanged())).
 		// A NetworkEndpoint deleted or changed behind the agent's back is

@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -40,7 +41,8 @@ func (a *Agent) reconcile(ctx context.Context, _ reconcile.Request) (reconcile.R
 	var svcs corev1.ServiceList
 	var slices discoveryv1.EndpointSliceList
 	var nss corev1.NamespaceList
-	for _, l := range []client.ObjectList{&nets, &allocs, &ueps, &nrps, &srps, &nbps, &neps, &svcs, &slices, &nss} {
+	var cidrs networkingv1.ServiceCIDRList
+	for _, l := range []client.ObjectList{&nets, &allocs, &ueps, &nrps, &srps, &nbps, &neps, &svcs, &slices, &nss, &cidrs} {
 		if err := a.client.List(ctx, l); err != nil {
 			return reconcile.Result{}, fmt.Errorf("list %T: %w", l, err)
 		}
@@ -54,6 +56,13 @@ func (a *Agent) reconcile(ctx context.Context, _ reconcile.Request) (reconcile.R
 		Networks: nets.Items, BindingPolicies: nbps.Items, Services: svcs.Items, EndpointSlices: slices.Items,
 		NetworkEndpoints: neps.Items, Namespaces: nsLabels})
 	in.Services, in.ServiceRoutingPolicies, in.Namespaces = serviceVIPs(svcs.Items, svcState.Bound), srps.Items, nsLabels
+	for _, sc := range cidrs.Items {
+		for _, c := range sc.Spec.CIDRs {
+			if p, err := netip.ParsePrefix(c); err == nil {
+				in.ServiceCIDRs = append(in.ServiceCIDRs, p)
+			}
+		}
+	}
 
 	if err := a.publishUnderlay(ctx, ueps.Items); err != nil {
 		return reconcile.Result{}, err

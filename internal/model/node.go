@@ -24,6 +24,10 @@ type NodeInput struct {
 	Services               []ServiceVIPs
 	ServiceRoutingPolicies []lacev1.ServiceRoutingPolicy
 	Namespaces             map[string]map[string]string
+	// ServiceCIDRs are the cluster's service ranges (ServiceCIDR objects):
+	// an address there that is no VIP a view reaches is denied, never an
+	// outside address (kube-proxy drops traffic to unallocated ClusterIPs).
+	ServiceCIDRs []netip.Prefix
 }
 
 // ServiceVIPs are the cluster IPs of a service bound to Network.
@@ -231,10 +235,11 @@ type viewTopology struct {
 	// (classification does not depend on the view).
 	extOf map[netip.Prefix]netip.Prefix
 
-	byName     map[string]*viewNet
-	services   []ServiceVIPs
-	srps       []viewSRP
-	namespaces map[string]map[string]string
+	byName       map[string]*viewNet
+	services     []ServiceVIPs
+	serviceCIDRs []netip.Prefix
+	srps         []viewSRP
+	namespaces   map[string]map[string]string
 }
 
 // viewSRP is one ServiceRoutingPolicy's selectors; nil dst and ns select
@@ -272,7 +277,7 @@ func readViewTopology(in NodeInput, locators map[string]netip.Prefix) *viewTopol
 		byName[n.Name] = vn
 		vt.nets = append(vt.nets, vn)
 	}
-	vt.byName, vt.services, vt.namespaces = byName, in.Services, in.Namespaces
+	vt.byName, vt.services, vt.namespaces, vt.serviceCIDRs = byName, in.Services, in.Namespaces, in.ServiceCIDRs
 	for _, p := range in.ServiceRoutingPolicies {
 		if p.Spec.SrcSelector == nil {
 			continue
@@ -617,6 +622,17 @@ func (vt *viewTopology) serviceRoutes(v *viewNet, in map[string]bool, closed boo
 				r.Kind = tables.RouteDeny
 			}
 			placed[p] = r
+			out = append(out, r)
+		}
+	}
+	for _, c := range vt.serviceCIDRs {
+		c = c.Masked()
+		if _, taken := placed[c]; taken {
+			continue
+		}
+		if _, up, covered := longestAt(placed, c, 0); covered && up.Kind == tables.RouteExternal {
+			r := tables.Route{NetID: v.id, Prefix: c, Kind: tables.RouteDeny}
+			placed[c] = r
 			out = append(out, r)
 		}
 	}

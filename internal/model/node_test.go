@@ -387,7 +387,8 @@ func TestUngrantedVIPIsDenied(t *testing.T) {
 	vip := netip.MustParseAddr("10.96.0.10")
 	st := ComputeNode(NodeInput{Node: "n1", Networks: nets, Allocations: blocks12(nets), Underlays: testUnderlays,
 		RoutingPolicies: []lacev1.NetworkRoutingPolicy{byName("red", "world")},
-		Services:        []ServiceVIPs{{Namespace: "x", Name: "db", Network: "blue", VIPs: []netip.Addr{vip}}}})
+		Services:        []ServiceVIPs{{Namespace: "x", Name: "db", Network: "blue", VIPs: []netip.Addr{vip}}},
+		ServiceCIDRs:    []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}})
 	ids := NetworkIDs(nets)
 	kinds := map[uint32]tables.RouteKind{}
 	for _, r := range st.Routes {
@@ -400,5 +401,15 @@ func TestUngrantedVIPIsDenied(t *testing.T) {
 	}
 	if k := kinds[ids["blue"]]; k != tables.RouteService {
 		t.Errorf("blue's own VIP: %v, want a service entry", k)
+	}
+	// The rest of the service range is denied where world would take it.
+	var denied bool
+	for _, r := range st.Routes {
+		if r.NetID == ids["red"] && r.Prefix == netip.MustParsePrefix("10.96.0.0/16") {
+			denied = r.Kind == tables.RouteDeny
+		}
+	}
+	if !denied {
+		t.Errorf("red's view does not deny the service range")
 	}
 }
