@@ -311,6 +311,15 @@ type progResult struct {
 	laceChange, kpChange []time.Duration
 	// RSS after programming, bytes.
 	rss map[string]int64
+	// CPU time used by each process from the first object written to
+	// every service served, and over the changes.
+	progCPU, changeCPU map[string]time.Duration
+	// Time to read every service and backend back from laceNode's maps,
+	// and how many backends that was.
+	readBack  time.Duration
+	readBackN int
+	// changes is how many changes were made.
+	changes int
 	// Mean sync durations during the changes (the agent's whole-node
 	// sync, kube-proxy's sync of its rules).
 	laceSync, laceReconcile, kpSync time.Duration
@@ -334,6 +343,8 @@ func measureProgramming(ctx context.Context, cs kubernetes.Interface, c lab.Conf
 	errc := make(chan error, 1)
 	var mu sync.Mutex
 	var first, last time.Time
+	procs := benchProcs(c, kp)
+	cpu0 := cpuOf(procs)
 	var wg sync.WaitGroup
 	for range 64 {
 		wg.Add(1)
@@ -461,7 +472,14 @@ feed:
 		}, &r.kp, &r.kpFirst, "kube-proxy "+peerNode)
 	}
 	pw.Wait()
-	r.rss = rssOf(c, kp)
+	r.progCPU = cpuDelta(cpu0, cpuOf(procs))
+	r.rss = rssOf(procs)
+	// What every sync of the agent reads back from the maps before
+	// writing (ApplyServices: every service, then each backend by itself).
+	t := time.Now()
+	if nb, err := maps[laceNode].readAll(); err == nil {
+		r.readBack, r.readBackN = time.Since(t), nb
+	}
 
 	// Single endpoint changes: the first endpoint of one service moves to
 	// a new address; both data planes are watched for that service. They
@@ -481,12 +499,14 @@ feed:
 	}
 	fmt.Fprintf(os.Stderr, "services: timing %d endpoint changes\n", o.changes)
 	phase := time.Now()
+	cpuC := cpuOf(procs)
 	for k := range o.changes {
 		if time.Since(phase) > o.changeTime {
 			r.notes = append(r.notes, fmt.Sprintf("%d of %d changes timed: the phase is limited to %s", k, o.changes, o.changeTime))
 			break
 		}
 		start := time.Now()
+		r.changes++
 		i := (k*7919 + 13) % n
 		m := all[i]
 		old := m.slice.Endpoints[0].Addresses[0]
@@ -540,6 +560,7 @@ feed:
 			time.Sleep(rest)
 		}
 	}
+	r.changeCPU = cpuDelta(cpuC, cpuOf(procs))
 	mean := func(nsPath, addr, name string, before [2]float64) time.Duration {
 		s, err := promSum(ctx, nsPath, addr, name)
 		if err != nil || s[1] <= before[1] {
@@ -714,6 +735,25 @@ func (m *svcMaps) countServed(vips map[netip.Addr]bool, want int) (int, error) {
 			continue
 		}
 		if want < 0 || int(v.Count) == want {
+			n++
+		}
+	}
+	return n, it.Err()
+}
+
+// readAll reads every service and each of its backends, one lookup each,
+// as datapath.Services does; it returns how many backends it read.
+func (m *svcMaps) readAll() (int, error) {
+	var k svcKey
+	var v svcVal
+	var b backendVal
+	n := 0
+	it := m.svcs.Iterate()
+	for it.Next(&k, &v) {
+		for i := range uint32(v.Count) {
+			if err := m.bes.Lookup(backendKey{v.ID, i}, &b); err != nil {
+				return n, err
+			}
 			n++
 		}
 	}
@@ -989,11 +1029,11 @@ func promSum(ctx context.Context, nsPath, addr, name string) ([2]float64, error)
 	return out, sc.Err()
 }
 
-// rssOf returns the resident memory of the lab's Lace agents (by node),
-// controller and the peer kube-proxy: processes of this machine, found by
-// name and network namespace.
-func rssOf(c lab.Config, kp *kubeProxy) map[string]int64 {
-	out := map[string]int64{}
+// benchProcs finds the lab's Lace agents (by node) and controller, and the
+// peer kube-proxy: processes of this machine, found by name and network
+// namespace.
+func benchProcs(c lab.Config, kp *kubeProxy) map[string]int {
+	out := map[string]int{}
 	nsNode := map[uint64]string{}
 	for _, n := range []string{laceNode, peerNode} {
 		var st unix.Stat_t
@@ -1022,13 +1062,57 @@ func rssOf(c lab.Config, kp *kubeProxy) map[string]int64 {
 		}
 		switch argv0 {
 		case "lace-agent":
-			out["agent "+node] = vmRSS(pid)
+			out["agent "+node] = pid
 		case "lace-controller":
-			out["controller"] = vmRSS(pid)
+			out["controller"] = pid
 		}
 	}
 	if kp != nil {
-		out["kube-proxy"] = vmRSS(kp.pid())
+		out["kube-proxy"] = kp.pid()
+	}
+	return out
+}
+
+// rssOf returns the resident memory of each process.
+func rssOf(procs map[string]int) map[string]int64 {
+	out := map[string]int64{}
+	for k, pid := range procs {
+		out[k] = vmRSS(pid)
+	}
+	return out
+}
+
+// cpuOf returns the CPU time each process used so far, with that of its
+// waited-for children (kube-proxy runs nft).
+func cpuOf(procs map[string]int) map[string]time.Duration {
+	out := map[string]time.Duration{}
+	for k, pid := range procs {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// Fields after the command (which may hold spaces): state is
+		// field 3, utime..cstime fields 14..17, in clock ticks (100/s).
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) < 15 {
+			continue
+		}
+		var ticks int64
+		for _, x := range f[11:15] {
+			v, _ := strconv.ParseInt(x, 10, 64)
+			ticks += v
+		}
+		out[k] = time.Duration(ticks) * 10 * time.Millisecond
+	}
+	return out
+}
+
+func cpuDelta(a, b map[string]time.Duration) map[string]time.Duration {
+	out := map[string]time.Duration{}
+	for k, v := range b {
+		if u, ok := a[k]; ok {
+			out[k] = v - u
+		}
 	}
 	return out
 }
@@ -1080,11 +1164,11 @@ func acceptAndClose(nsPath, addr string) (func(), error) {
 
 // connectLatency times conns new TCP connections per path: a blocking
 // connect() from a fresh socket, SYN to SYN-ACK, on one thread inside the
-// path's namespace. The paths take turns in batches of 50, so that drift
+// path's namespace. The paths take turns in batches of 10, so that drift
 // on a busy machine hits each alike.
 func connectLatency(ctx context.Context, paths []connPath, conns int) ([][]time.Duration, error) {
 	lat := make([][]time.Duration, len(paths))
-	const batch = 50
+	const batch = 10
 	for done := 0; done < conns; done += batch {
 		for i, p := range paths {
 			n := min(batch, conns-done)
@@ -1278,6 +1362,26 @@ func printProgramming(rs []progResult, o svcOptions) {
 	fmt.Println("means over the changes (sum/count): Lace reconcile = controller_runtime_reconcile_time_seconds of the agent's node-dataplane controller")
 	fmt.Println("(lists every object, recomputes the node, applies), Lace sync = lace_agent_sync_duration_seconds (the apply),")
 	fmt.Println("kube-proxy sync = kubeproxy_sync_proxy_rules_duration_seconds (IPv4)")
+	fmt.Println("CPU time used (user + system, kube-proxy's nft children included): to program every service (from the first object written), and per endpoint change")
+	tw = tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "services\tLace agent "+laceNode+"\tLace agent "+peerNode+"\tLace controller\tkube-proxy "+peerNode+"\tper change: Lace agent "+laceNode+"\tLace agent "+peerNode+"\tkube-proxy "+peerNode+"\t")
+	for _, r := range rs {
+		per := func(k string) string {
+			if r.changes == 0 {
+				return "-"
+			}
+			return msOr(r.changeCPU[k] / time.Duration(r.changes))
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.n, msOr(r.progCPU["agent "+laceNode]), msOr(r.progCPU["agent "+peerNode]),
+			msOr(r.progCPU["controller"]), msOr(r.progCPU["kube-proxy"]), per("agent "+laceNode), per("agent "+peerNode), per("kube-proxy"))
+	}
+	tw.Flush()
+	for _, r := range rs {
+		if r.readBackN > 0 {
+			fmt.Printf("reading %d services' %d backends back from %s's maps one lookup each (as each agent sync does before writing) took %s\n",
+				r.n, r.readBackN, laceNode, ms(r.readBack))
+		}
+	}
 	fmt.Println("memory (VmRSS) after programming")
 	tw = tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "services\tendpoints\tLace agent "+laceNode+"\tLace agent "+peerNode+"\tLace controller\tkube-proxy "+peerNode+"\t")
