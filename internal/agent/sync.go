@@ -55,14 +55,8 @@ func (a *Agent) reconcile(ctx context.Context, _ reconcile.Request) (reconcile.R
 	svcState := model.ComputeServices(model.ServiceInput{Node: a.opts.NodeName, Zone: a.nodeZone(ctx),
 		Networks: nets.Items, BindingPolicies: nbps.Items, Services: svcs.Items, EndpointSlices: slices.Items,
 		NetworkEndpoints: neps.Items, Namespaces: nsLabels})
-	in.Services, in.ServiceRoutingPolicies, in.Namespaces = serviceVIPs(svcs.Items, svcState.Bound), srps.Items, nsLabels
-	for _, sc := range cidrs.Items {
-		for _, c := range sc.Spec.CIDRs {
-			if p, err := netip.ParsePrefix(c); err == nil {
-				in.ServiceCIDRs = append(in.ServiceCIDRs, p)
-			}
-		}
-	}
+	in.Services, in.ServiceRoutingPolicies, in.Namespaces = model.BoundServiceVIPs(svcs.Items, svcState.Bound), srps.Items, nsLabels
+	in.ServiceCIDRs = model.ServiceCIDRPrefixes(cidrs.Items)
 
 	if err := a.publishUnderlay(ctx, ueps.Items); err != nil {
 		return reconcile.Result{}, err
@@ -493,32 +487,6 @@ func (a *Agent) teardown(ctx context.Context, e Endpoint) error {
 		return fmt.Errorf("tear down endpoint %s (container %q): %w", e.HostIf, e.ContainerID, err)
 	}
 	return a.cp.remove(e.HostIf)
-}
-
-// serviceVIPs are the ClusterIPs of the services bound to a network, for
-// the views.
-func serviceVIPs(svcs []corev1.Service, bound []model.ServiceBinding) []model.ServiceVIPs {
-	network := map[types.NamespacedName]string{}
-	for _, b := range bound {
-		if b.Err == "" {
-			network[types.NamespacedName{Namespace: b.Namespace, Name: b.Name}] = b.Network
-		}
-	}
-	var out []model.ServiceVIPs
-	for _, svc := range svcs {
-		n, ok := network[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}]
-		if !ok {
-			continue
-		}
-		v := model.ServiceVIPs{Namespace: svc.Namespace, Name: svc.Name, Network: n}
-		for _, ip := range svc.Spec.ClusterIPs {
-			if a, err := netip.ParseAddr(ip); err == nil {
-				v.VIPs = append(v.VIPs, a.Unmap())
-			}
-		}
-		out = append(out, v)
-	}
-	return out
 }
 
 // nodeZone is this node's topology.kubernetes.io/zone label ("" when it has

@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	netutils "k8s.io/utils/net"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
@@ -530,6 +531,46 @@ func filterEndpoints(eps []svcEndpoint, keep func(svcEndpoint) bool) []svcEndpoi
 	for _, e := range eps {
 		if keep(e) {
 			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// BoundServiceVIPs are the ClusterIPs of the services bound to a network
+// (bound, from ComputeServices), for the views (NodeInput.Services).
+func BoundServiceVIPs(svcs []corev1.Service, bound []ServiceBinding) []ServiceVIPs {
+	network := map[[2]string]string{}
+	for _, b := range bound {
+		if b.Err == "" {
+			network[[2]string{b.Namespace, b.Name}] = b.Network
+		}
+	}
+	var out []ServiceVIPs
+	for _, svc := range svcs {
+		n, ok := network[[2]string{svc.Namespace, svc.Name}]
+		if !ok {
+			continue
+		}
+		v := ServiceVIPs{Namespace: svc.Namespace, Name: svc.Name, Network: n}
+		for _, ip := range svc.Spec.ClusterIPs {
+			if a, err := netip.ParseAddr(ip); err == nil {
+				v.VIPs = append(v.VIPs, a.Unmap())
+			}
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// ServiceCIDRPrefixes are the prefixes of the cluster's ServiceCIDRs
+// (NodeInput.ServiceCIDRs).
+func ServiceCIDRPrefixes(cidrs []networkingv1.ServiceCIDR) []netip.Prefix {
+	var out []netip.Prefix
+	for _, sc := range cidrs {
+		for _, c := range sc.Spec.CIDRs {
+			if p, err := netip.ParsePrefix(c); err == nil {
+				out = append(out, p)
+			}
 		}
 	}
 	return out

@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
@@ -221,11 +224,25 @@ func (p *oraclePool) converge(t *testing.T, o oracleTopology) model.Topology {
 		var ueps lacev1.UnderlayEndpointList
 		var nrps lacev1.NetworkRoutingPolicyList
 		var srps lacev1.ServiceRoutingPolicyList
-		for _, l := range []crclient.ObjectList{&nets, &allocs, &ueps, &nrps, &srps} {
+		// What the agents also read: services put VIP entries (and the
+		// service ranges deny entries) into the views.
+		var nbps lacev1.NetworkBindingPolicyList
+		var neps lacev1.NetworkEndpointList
+		var svcs corev1.ServiceList
+		var slices discoveryv1.EndpointSliceList
+		var nss corev1.NamespaceList
+		var cidrs networkingv1.ServiceCIDRList
+		for _, l := range []crclient.ObjectList{&nets, &allocs, &ueps, &nrps, &srps, &nbps, &neps, &svcs, &slices, &nss, &cidrs} {
 			if err := p.c.List(ctx, l); err != nil {
 				return err
 			}
 		}
+		nsLabels := map[string]map[string]string{}
+		for _, ns := range nss.Items {
+			nsLabels[ns.Name] = ns.Labels
+		}
+		bound := model.ComputeServices(model.ServiceInput{Networks: nets.Items, BindingPolicies: nbps.Items, Services: svcs.Items,
+			EndpointSlices: slices.Items, NetworkEndpoints: neps.Items, Namespaces: nsLabels}).Bound
 		mine := 0
 		for _, pol := range nrps.Items {
 			if pol.Labels[oracleRunLabel] == p.prefix {
@@ -248,7 +265,8 @@ func (p *oraclePool) converge(t *testing.T, o oracleTopology) model.Topology {
 		}
 		for _, node := range p.nodes {
 			st := model.ComputeNode(model.NodeInput{Node: node, Networks: nets.Items, Allocations: allocs.Items,
-				Underlays: ueps.Items, RoutingPolicies: nrps.Items})
+				Underlays: ueps.Items, RoutingPolicies: nrps.Items, Services: model.BoundServiceVIPs(svcs.Items, bound),
+				ServiceRoutingPolicies: srps.Items, Namespaces: nsLabels, ServiceCIDRs: model.ServiceCIDRPrefixes(cidrs.Items)})
 			dp, err := p.datapath(node)
 			if err != nil {
 				return err
