@@ -316,27 +316,7 @@ func (p *pod) dialTCP(dst netip.Addr) (string, error) {
 }
 
 // dialUDP sends a datagram from pod p to dst:7 and returns the answer.
-func (p *pod) dialUDP(dst netip.Addr) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	c, err := netutil.DialContext(ctx, netutil.Path(p.ns), "udp", netip.AddrPortFrom(dst, 7).String())
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	buf := make([]byte, 256)
-	for range 3 {
-		_ = c.SetDeadline(time.Now().Add(700 * time.Millisecond))
-		if _, err := c.Write([]byte("hi")); err != nil {
-			return "", err
-		}
-		n, err := c.Read(buf)
-		if err == nil {
-			return string(buf[:n]), nil
-		}
-	}
-	return "", fmt.Errorf("no UDP answer from %s", dst)
-}
+func (p *pod) dialUDP(dst netip.Addr) (string, error) { return dialUDPPort(p, netip.AddrPortFrom(dst, 7)) }
 
 // ping sends ICMP echo requests from pod p to dst with the system ping.
 func (p *pod) ping(dst netip.Addr) error {

@@ -299,18 +299,7 @@ func servicePath(r TraceResult) string {
 	if len(ts.Endpoints) == 1 {
 		lines[0] = fmt.Sprintf("DNAT on node %s to the one endpoint eligible there, reached in network %s:", node, ts.Network)
 	}
-	for _, e := range ts.Endpoints {
-		where := "pod " + e.Pod
-		switch {
-		case e.Pod == "" && e.Node == "":
-			where = "no pod"
-		case e.Pod == "":
-			where = "on node " + e.Node
-		case e.Node != "":
-			where += " on node " + e.Node
-		}
-		lines = append(lines, fmt.Sprintf("  %s (%s): %s", e.Addr, where, e.Path))
-	}
+	lines = append(lines, endpointLines(ts.Endpoints)...)
 	if ts.Translated {
 		lines = append(lines, fmt.Sprintf("replies are translated back from the VIP (they come from %s)", netip.AddrPortFrom(r.Dst.Addr, r.Port)))
 	}
@@ -347,18 +336,7 @@ func nodeServicePath(r TraceResult) string {
 	if len(ts.Endpoints) == 1 {
 		lines[0] = fmt.Sprintf("connect-time translation on node %s: the socket is pointed at the one endpoint eligible there:", node)
 	}
-	for _, e := range ts.Endpoints {
-		where := "pod " + e.Pod
-		switch {
-		case e.Pod == "" && e.Node == "":
-			where = "no pod"
-		case e.Pod == "":
-			where = "on node " + e.Node
-		case e.Node != "":
-			where += " on node " + e.Node
-		}
-		lines = append(lines, fmt.Sprintf("  %s (%s): %s", e.Addr, where, e.Path))
-	}
+	lines = append(lines, endpointLines(ts.Endpoints)...)
 	if ts.Translated {
 		lines = append(lines, fmt.Sprintf("the socket sees the VIP as its peer (%s; datagrams are translated back)", netip.AddrPortFrom(r.Dst.Addr, r.Port)))
 	}
@@ -369,4 +347,23 @@ func nodeServicePath(r TraceResult) string {
 		lines = append(lines, fmt.Sprintf("%d more not eligible on node %s (lacectl services -n %s --node %s says why)", ts.NotEligible, node, ts.Namespace, node))
 	}
 	return strings.Join(lines, "\n              ")
+}
+
+// endpointLines are one line per eligible endpoint: its address, its pod
+// and node, and the path to it.
+func endpointLines(eps []TraceBackend) []string {
+	var out []string
+	for _, e := range eps {
+		where := "pod " + e.Pod
+		switch {
+		case e.Pod == "" && e.Node == "":
+			where = "no pod"
+		case e.Pod == "":
+			where = "on node " + e.Node
+		case e.Node != "":
+			where += " on node " + e.Node
+		}
+		out = append(out, fmt.Sprintf("  %s (%s): %s", e.Addr, where, e.Path))
+	}
+	return out
 }
