@@ -316,7 +316,9 @@ func (p *pod) dialTCP(dst netip.Addr) (string, error) {
 }
 
 // dialUDP sends a datagram from pod p to dst:7 and returns the answer.
-func (p *pod) dialUDP(dst netip.Addr) (string, error) { return dialUDPPort(p, netip.AddrPortFrom(dst, 7)) }
+func (p *pod) dialUDP(dst netip.Addr) (string, error) {
+	return dialUDPPort(p, netip.AddrPortFrom(dst, 7))
+}
 
 // ping sends ICMP echo requests from pod p to dst with the system ping.
 func (p *pod) ping(dst netip.Addr) error {
