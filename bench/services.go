@@ -79,8 +79,8 @@ const (
 //     endpoints each, written straight to the API (no pods, as upstream's
 //     scale tests do), from nothing to every one served, on the node's data
 //     plane itself (Lace: its pinned BPF maps; kube-proxy: its nftables
-//     service-ips map); then one endpoint change to the data plane serving
-//     it, p50/p99;
+//     chains); then one endpoint change to the data plane serving it,
+//     p50/p99; the CPU time each process spent on both;
 //   - agent RSS at each size;
 //   - first-packet RTT through a VIP (a new TCP connection: connect() from
 //     SYN to SYN-ACK) at each size;
@@ -91,7 +91,9 @@ const (
 // agent keeps translating pod traffic on every node (its service path has no
 // off switch), and a pod's packets are translated on its veth before
 // netfilter sees them, while a socket of the node's namespace opened by a
-// process outside the node's cgroup is translated by nftables alone.
+// process outside the node's cgroup is translated by nftables alone. For
+// that socket's DNAT, the peer node gets a route to the service range (see
+// startKubeProxy).
 func benchServices(ctx context.Context, name string, o svcOptions) error {
 	cs, c, err := fastClient(name)
 	if err != nil {
@@ -171,6 +173,7 @@ func benchServices(ctx context.Context, name string, o svcOptions) error {
 				connPath{"node -> pod direct", peerNS, netip.AddrPortFrom(pp.srvIP, 5202)})
 		}
 		if r.lat, err = connectLatency(ctx, paths, o.conns); err != nil {
+			printProgramming(progs, o)
 			return fmt.Errorf("first packet at %d services: %w", n, err)
 		}
 		rtts = append(rtts, r)
@@ -320,6 +323,9 @@ type progResult struct {
 	readBackN int
 	// changes is how many changes were made.
 	changes int
+	// The agent's (laceNode) Go heap in use after programming, and what it
+	// allocated per change (go_memstats).
+	heap, allocPerChange float64
 	// Mean sync durations during the changes (the agent's whole-node
 	// sync, kube-proxy's sync of its rules).
 	laceSync, laceReconcile, kpSync time.Duration
@@ -474,6 +480,8 @@ feed:
 	pw.Wait()
 	r.progCPU = cpuDelta(cpu0, cpuOf(procs))
 	r.rss = rssOf(procs)
+	laceNS, peerNS := netutil.Path(c.NetNS(laceNode)), netutil.Path(c.NetNS(peerNode))
+	r.heap, _ = promValue(ctx, laceNS, "127.0.0.1:9962", "go_memstats_heap_inuse_bytes")
 	// What every sync of the agent reads back from the maps before
 	// writing (ApplyServices: every service, then each backend by itself).
 	t := time.Now()
@@ -485,7 +493,6 @@ feed:
 	// a new address; both data planes are watched for that service. They
 	// start at least 1.1 s apart so kube-proxy's rate limit (min sync
 	// period 1 s, burst 2) never delays one.
-	laceNS, peerNS := netutil.Path(c.NetNS(laceNode)), netutil.Path(c.NetNS(peerNode))
 	const (
 		laceSyncM      = "lace_agent_sync_duration_seconds"
 		laceReconcileM = `controller_runtime_reconcile_time_seconds{controller="node-dataplane"}`
@@ -500,6 +507,7 @@ feed:
 	fmt.Fprintf(os.Stderr, "services: timing %d endpoint changes\n", o.changes)
 	phase := time.Now()
 	cpuC := cpuOf(procs)
+	alloc0, _ := promValue(ctx, laceNS, "127.0.0.1:9962", "go_memstats_alloc_bytes_total")
 	for k := range o.changes {
 		if time.Since(phase) > o.changeTime {
 			r.notes = append(r.notes, fmt.Sprintf("%d of %d changes timed: the phase is limited to %s", k, o.changes, o.changeTime))
@@ -561,6 +569,9 @@ feed:
 		}
 	}
 	r.changeCPU = cpuDelta(cpuC, cpuOf(procs))
+	if a, err := promValue(ctx, laceNS, "127.0.0.1:9962", "go_memstats_alloc_bytes_total"); err == nil && alloc0 > 0 && r.changes > 0 {
+		r.allocPerChange = (a - alloc0) / float64(r.changes)
+	}
 	mean := func(nsPath, addr, name string, before [2]float64) time.Duration {
 		s, err := promSum(ctx, nsPath, addr, name)
 		if err != nil || s[1] <= before[1] {
@@ -1029,6 +1040,31 @@ func promSum(ctx context.Context, nsPath, addr, name string) ([2]float64, error)
 	return out, sc.Err()
 }
 
+// promValue reads the value of the unlabelled series name.
+func promValue(ctx context.Context, nsPath, addr, name string) (float64, error) {
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, a string) (net.Conn, error) {
+			return netutil.DialContext(ctx, nsPath, network, a)
+		}}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) == 2 && f[0] == name {
+			return strconv.ParseFloat(f[1], 64)
+		}
+	}
+	return 0, fmt.Errorf("%s not in the metrics of %s", name, addr)
+}
+
 // benchProcs finds the lab's Lace agents (by node) and controller, and the
 // peer kube-proxy: processes of this machine, found by name and network
 // namespace.
@@ -1380,6 +1416,12 @@ func printProgramming(rs []progResult, o svcOptions) {
 		if r.readBackN > 0 {
 			fmt.Printf("reading %d services' %d backends back from %s's maps one lookup each (as each agent sync does before writing) took %s\n",
 				r.n, r.readBackN, laceNode, ms(r.readBack))
+		}
+	}
+	for _, r := range rs {
+		if r.heap > 0 {
+			fmt.Printf("%d services: the agent on %s had %s of Go heap in use after programming, and allocated %s per endpoint change (go_memstats)\n",
+				r.n, laceNode, mib(int64(r.heap)), mib(int64(r.allocPerChange)))
 		}
 	}
 	fmt.Println("memory (VmRSS) after programming")
