@@ -141,14 +141,21 @@ func ComputeServices(in ServiceInput) ServiceState {
 
 // serviceVIPs returns the service's ClusterIPs, or false when Lace leaves
 // the service alone: kube-proxy's ShouldSkipService (headless: clusterIP
-// None or empty; type ExternalName), the service-proxy-name label (which
-// kube-proxy's informers filter out), and ClusterIPs that don't parse.
+// None or empty; type ExternalName), the service-proxy-name and headless
+// labels (which kube-proxy's informers filter out), and ClusterIPs that
+// don't parse.
 func serviceVIPs(svc *corev1.Service) ([]netip.Addr, bool) {
 	if svc.Spec.Type == corev1.ServiceTypeExternalName ||
 		svc.Spec.ClusterIP == corev1.ClusterIPNone || svc.Spec.ClusterIP == "" {
 		return nil, false
 	}
 	if _, ok := svc.Labels[LabelServiceProxyName]; ok {
+		return nil, false
+	}
+	// kube-proxy's informers filter Services (not only their slices) with
+	// the headless label, whatever their clusterIP (a conformance spec
+	// checks it).
+	if _, ok := svc.Labels[corev1.IsHeadlessService]; ok {
 		return nil, false
 	}
 	ips := svc.Spec.ClusterIPs

@@ -337,6 +337,8 @@ func svcCases() []svcCase {
 			slices: three(nil, nil, nil), bound: []string{}},
 		{name: "skip service-proxy-name label with empty value", svcs: web(svLabel(LabelServiceProxyName, "")),
 			slices: three(nil, nil, nil), bound: []string{}},
+		{name: "skip headless label on a service with a ClusterIP", svcs: web(svLabel(corev1.IsHeadlessService, "")),
+			slices: three(nil, nil, nil), bound: []string{}},
 		{name: "skip unparseable ClusterIP", svcs: []corev1.Service{svService("web", "10.96.0.10,bogus", svHTTP)},
 			slices: three(nil, nil, nil), bound: []string{}},
 		{name: "clusterIP without clusterIPs (old object)",
