@@ -322,7 +322,16 @@ func iperf(ctx context.Context, src, dst string, addr netip.Addr, dur time.Durat
 // dur on one connection from src to a server in dst, and returns the p50
 // and p99 round trip and the transactions per second.
 func requestResponse(ctx context.Context, src, dst string, addr netip.Addr, dur time.Duration) (p50, p99 time.Duration, perS float64, err error) {
-	ln, err := netutil.Listen(dst, "tcp", net.JoinHostPort(addr.String(), "5201"))
+	ap := net.JoinHostPort(addr.String(), "5201")
+	return pingPongRTT(ctx, dst, ap, src, ap, dur)
+}
+
+// pingPongRTT runs a one-byte echo server listening on listen in the
+// namespace srvNS and a client in cliNS dialing dial, for dur on one
+// connection; the listen and dial addresses differ when the client goes
+// through a VIP.
+func pingPongRTT(ctx context.Context, srvNS, listen, cliNS, dial string, dur time.Duration) (p50, p99 time.Duration, perS float64, err error) {
+	ln, err := netutil.Listen(srvNS, "tcp", listen)
 	if err != nil {
 		return 0, 0, 0, err
 	}
@@ -343,7 +352,7 @@ func requestResponse(ctx context.Context, src, dst string, addr netip.Addr, dur 
 			}
 		}
 	}()
-	conn, err := netutil.DialContext(ctx, src, "tcp", net.JoinHostPort(addr.String(), "5201"))
+	conn, err := netutil.DialContext(ctx, cliNS, "tcp", dial)
 	if err != nil {
 		return 0, 0, 0, err
 	}

@@ -9,7 +9,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -1298,50 +1297,8 @@ func requestResponseVIP(ctx context.Context, srvNS string, paths []rrPath, dur t
 // pingPong is requestResponse (forwarding.go) with the server on every
 // address of srvNS and the client dialing p.dst.
 func pingPong(ctx context.Context, srvNS string, p rrPath, dur time.Duration) (p50, p99 time.Duration, err error) {
-	ln, err := netutil.Listen(srvNS, "tcp", ":5201")
-	if err != nil {
-		return 0, 0, err
-	}
-	defer ln.Close()
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		b := make([]byte, 1)
-		for {
-			if _, err := io.ReadFull(c, b); err != nil {
-				return
-			}
-			if _, err := c.Write(b); err != nil {
-				return
-			}
-		}
-	}()
-	conn, err := netutil.DialContext(ctx, p.ns, "tcp", p.dst.String())
-	if err != nil {
-		return 0, 0, err
-	}
-	defer conn.Close()
-	if tc, ok := conn.(*net.TCPConn); ok {
-		_ = tc.SetNoDelay(true)
-	}
-	var lat []time.Duration
-	one := []byte{1}
-	start := time.Now()
-	for time.Since(start) < dur {
-		t := time.Now()
-		if _, err := conn.Write(one); err != nil {
-			return 0, 0, err
-		}
-		if _, err := io.ReadFull(conn, one); err != nil {
-			return 0, 0, err
-		}
-		lat = append(lat, time.Since(t))
-	}
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	return lat[len(lat)/2], lat[len(lat)*99/100], nil
+	p50, p99, _, err = pingPongRTT(ctx, srvNS, ":5201", p.ns, p.dst.String(), dur)
+	return p50, p99, err
 }
 
 func quantile(l []time.Duration, p int) time.Duration {
