@@ -209,10 +209,21 @@ func noAnswer(ctx context.Context, from *corev1.Pod, proto string, dst netip.Add
 	if err != nil {
 		return fmt.Errorf("find the pod's network namespace: %w", err)
 	}
+	port := uint16(8080)
+	if proto == "udp" {
+		port = 8081
+	}
+	return silent(ctx, ns, proto, netip.AddrPortFrom(dst, port))
+}
+
+// silent sends one request from the namespace at ns to dst (a TCP connect,
+// or a UDP datagram) and returns nil only when nothing at all comes back
+// before the deadline: a refusal or an ICMP error is an answer.
+func silent(ctx context.Context, ns, proto string, dst netip.AddrPort) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
+	conn, err := netutil.DialContext(ctx, ns, proto, dst.String())
 	if proto == "tcp" {
-		conn, err := netutil.DialContext(ctx, ns, "tcp", net.JoinHostPort(dst.String(), "8080"))
 		if err == nil {
 			conn.Close()
 			return fmt.Errorf("connected")
@@ -222,7 +233,6 @@ func noAnswer(ctx context.Context, from *corev1.Pod, proto string, dst netip.Add
 		}
 		return fmt.Errorf("failed without a timeout: %w", err)
 	}
-	conn, err := netutil.DialContext(ctx, ns, "udp", net.JoinHostPort(dst.String(), "8081"))
 	if err != nil {
 		return fmt.Errorf("open a UDP socket: %w", err)
 	}

@@ -479,38 +479,7 @@ func semProbes(svc *corev1.Service, tcpPort, udpPort uint16) []semProbe {
 
 // semSilent sends one request (a TCP connect, or a UDP datagram) and
 // returns nil only when nothing at all comes back before the deadline.
-func semSilent(ns string, p semProbe) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	conn, err := netutil.DialContext(ctx, ns, p.proto, p.ap.String())
-	if p.proto == "tcp" {
-		if err == nil {
-			conn.Close()
-			return fmt.Errorf("connected")
-		}
-		if isTimeout(err) {
-			return nil
-		}
-		return fmt.Errorf("failed without a timeout: %w", err)
-	}
-	if err != nil {
-		return fmt.Errorf("open a UDP socket: %w", err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(1500 * time.Millisecond))
-	if _, err := conn.Write([]byte("hostname")); err != nil {
-		return fmt.Errorf("send: %w", err)
-	}
-	buf := make([]byte, 256)
-	n, err := conn.Read(buf)
-	switch {
-	case err == nil:
-		return fmt.Errorf("answered by %q", strings.TrimSpace(string(buf[:n])))
-	case isTimeout(err):
-		return nil
-	}
-	return fmt.Errorf("failed without a timeout: %w", err)
-}
+func semSilent(ns string, p semProbe) error { return silent(context.Background(), ns, p.proto, p.ap) }
 
 // expectVerdict runs the probes from c at once, each checked by check, and
 // then wants node's drop counter reason to have grown by at least one per
