@@ -606,21 +606,17 @@ func (vt *viewTopology) serviceRoutes(v *viewNet, in map[string]bool, closed boo
 			ok = g.src.Matches(v.labels) && (g.name == "" || g.name == n.name) && (g.dst == nil || g.dst.Matches(n.labels)) &&
 				(g.ns == nil || g.ns.Matches(labels.Set(vt.namespaces[svc.Namespace])))
 		}
+		// A VIP the view does not reach falls to the service range's deny
+		// entry below, never to an external network of the view.
+		if !ok {
+			continue
+		}
 		for _, vip := range svc.VIPs {
 			p := netip.PrefixFrom(vip, vip.BitLen())
 			if _, taken := placed[p]; taken {
 				continue
 			}
 			r := tables.Route{NetID: v.id, Prefix: p, Kind: tables.RouteService, DstNet: n.id}
-			if !ok {
-				// A VIP the view does not reach is the service's, not an
-				// outside address: were an external prefix of the view to
-				// cover it (world), the packet would leave with SNAT.
-				if _, up, covered := longestAt(placed, p, 0); !covered || up.Kind != tables.RouteExternal {
-					continue
-				}
-				r.Kind = tables.RouteDeny
-			}
 			placed[p] = r
 			out = append(out, r)
 		}

@@ -378,9 +378,9 @@ func TestServiceRoutes(t *testing.T) {
 	}
 }
 
-// TestUngrantedVIPIsDenied: a VIP the view does not reach is denied where
-// an external prefix of the view (world) would otherwise take it out with
-// SNAT.
+// TestUngrantedVIPIsDenied: a VIP the view does not reach is denied (by
+// the service range's deny entry) where an external prefix of the view
+// (world) would otherwise take it out with SNAT.
 func TestUngrantedVIPIsDenied(t *testing.T) {
 	nets := topology([]lacev1.Network{l3("red", nil, "10.1.0.0/16"), l3("blue", nil, "10.2.0.0/16"),
 		external("world", "0.0.0.0/0")}).Networks
@@ -396,8 +396,8 @@ func TestUngrantedVIPIsDenied(t *testing.T) {
 			kinds[r.NetID] = r.Kind
 		}
 	}
-	if k, ok := kinds[ids["red"]]; !ok || k != tables.RouteDeny {
-		t.Errorf("red (world in its view) has %v for blue's VIP, want a deny entry", kinds)
+	if r, ok := lpm(st.Routes, ids["red"], vip); !ok || r.Kind != tables.RouteDeny {
+		t.Errorf("blue's VIP resolves in red's view (world in it) to %+v (%v), want a deny entry", r, ok)
 	}
 	if k := kinds[ids["blue"]]; k != tables.RouteService {
 		t.Errorf("blue's own VIP: %v, want a service entry", k)
