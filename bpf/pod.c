@@ -17,9 +17,9 @@
  * The node itself reaches its pods (kubelet probes), the one exception to
  * isolation; pods may answer it, and open connections to it only when
  * their view holds its address. That rule is stateless (see
- * is_reply_to_host), so it needs no program on the veth's egress:
- * attaching a tcx program costs an RCU grace period, and one per pod
- * halves the time a pod waits for its network. */
+ * is_reply_to_host). to_pod, on the veth's egress, sees only what the
+ * node's stack sends the pod, and translates just the answers of a
+ * service endpoint at the node's own address. */
 #include "lace.h"
 #include "icmp.h"
 #include "ct.h"
@@ -345,8 +345,18 @@ int from_pod(struct __sk_buff *skb)
 		__builtin_memcpy(sid, sr->sid, 16);
 		if (sflags & ROUTE_LOCAL)
 			return deliver_local(skb, &p, svc_net, net_id, FWD_LOCAL);
-		if (sflags & ROUTE_EXTERNAL)
+		if (sflags & ROUTE_EXTERNAL) {
+			/* An endpoint at this node's own address (a hostNetwork
+			 * pod): handed to the node's stack with the pod's address,
+			 * like any pod flow to its node; to_pod restores the VIP
+			 * on the stack's answers. */
+			__builtin_memcpy(hk.addr, p.daddr, 16);
+			if (bpf_map_lookup_elem(&lace_host_addrs, &hk)) {
+				count(FWD_HOST);
+				return TC_ACT_OK;
+			}
 			return snat_out(skb, &p, &k, sdst);
+		}
 		sid[SID_SRC_NET_BYTE] = net_id >> 8;
 		sid[SID_SRC_NET_BYTE + 1] = net_id;
 		if (dec_ttl(skb, &p))
@@ -375,6 +385,41 @@ int from_pod(struct __sk_buff *skb)
 	if (dec_ttl(skb, &p))
 		return drop(DROP_ADJUST);
 	return too_big_back(skb, &p, encap_and_send(skb, &p, sid, 1));
+}
+
+/* to_pod (tcx egress) sees only what the node's own stack sends to the
+ * pod: everything else reaches it by bpf_redirect_peer, which skips this
+ * hook. Among that, the answers of a service endpoint at the node's own
+ * address (a hostNetwork pod) to a flow this pod sent to the VIP: they
+ * leave here from the VIP and service port the pod addressed. Probes and
+ * answers to the pod's own connections to the node pass untouched. */
+SEC("tcx/egress")
+int to_pod(struct __sk_buff *skb)
+{
+	__u32 ifindex = skb->ifindex;
+	struct port_val *port = bpf_map_lookup_elem(&lace_ports, &ifindex);
+	if (!port)
+		return TC_ACT_OK;
+	__u32 net_id = port->net_id;
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end)
+		return TC_ACT_OK;
+	struct pkt p = {};
+	if (parse_ip(skb, eth->h_proto, ETH_HLEN, &p))
+		return TC_ACT_OK;
+	if (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP)
+		return TC_ACT_OK;
+	struct ct_key k;
+	ct_key_of(&k, net_id, &p, 0);
+	struct ct_val *ct = ct_lookup(&k);
+	if (!ct || (ct->flags & (CT_DNAT | CT_ORIGIN_LOCAL)) != (CT_DNAT | CT_ORIGIN_LOCAL))
+		return TC_ACT_OK;
+	ct_refresh(ct, &p, 0);
+	if (unnat_reply(skb, &p, ct))
+		return drop(DROP_ADJUST);
+	return TC_ACT_OK;
 }
 
 char __license[] SEC("license") = "GPL";

@@ -139,10 +139,17 @@ func (d *Datapath) attach(nsPath, ifName string, dir Direction, prog *ebpf.Progr
 	})
 }
 
-// AttachPod attaches from_pod to the host side of a pod's veth (ingress:
-// what the pod sends). Nothing is attached on egress: traffic to the pod
-// arrives by bpf_redirect_peer, or from the node's own stack.
+// AttachPod attaches from_pod to the host side of a pod's veth (tcx
+// ingress: what the pod sends) and to_pod to its egress, which sees only
+// what the node's own stack sends the pod (bpf_redirect_peer skips it).
+// to_pod is a classic tc filter: a second tcx attach would make every
+// ADD wait for another RCU grace period (netutil.ReplaceEgressFilter). It
+// goes first, so no answer of the node's stack passes untranslated once
+// the pod can send.
 func (d *Datapath) AttachPod(nsPath, hostIf string) error {
+	if err := netutil.ReplaceEgressFilter(nsPath, hostIf, d.pod.ToPod.FD(), "lace-to-pod"); err != nil {
+		return err
+	}
 	return d.attach(nsPath, hostIf, Ingress, d.pod.FromPod)
 }
 

@@ -194,6 +194,7 @@ const (
 	podMapLaceServices  = "lace_services"
 	podMapLaceSnat      = "lace_snat"
 	podProgFromPod      = "from_pod"
+	podProgToPod        = "to_pod"
 )
 
 // loadPod returns the embedded CollectionSpec for pod.
@@ -239,6 +240,7 @@ type podSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type podProgramSpecs struct {
 	FromPod *ebpf.ProgramSpec `ebpf:"from_pod"`
+	ToPod   *ebpf.ProgramSpec `ebpf:"to_pod"`
 }
 
 // podMapSpecs contains maps before they are loaded into the kernel.
@@ -336,11 +338,13 @@ type podVariables struct {
 // It can be passed to loadPodObjects or ebpf.CollectionSpec.LoadAndAssign.
 type podPrograms struct {
 	FromPod *ebpf.Program `ebpf:"from_pod"`
+	ToPod   *ebpf.Program `ebpf:"to_pod"`
 }
 
 func (p *podPrograms) Close() error {
 	return _PodClose(
 		p.FromPod,
+		p.ToPod,
 	)
 }
 

@@ -72,9 +72,9 @@ func TestClusterIP(t *testing.T) {
 	c := w.addPod("c", n1, 7, 3)
 	x := w.addPod("x", n2, 8, 2)
 	ext := w.addExternalHost(n1, netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/16"))
-	world4 := netip.MustParsePrefix("172.31.0.0/24")
-	w.addExternal(100, world4)
-	w.grantExternal(7, 100, world4)
+	world4, world6 := netip.MustParsePrefix("172.31.0.0/24"), netip.MustParsePrefix("fd00:99::/64")
+	w.addExternal(100, world4, world6)
+	w.grantExternal(7, 100, world4, world6)
 
 	web4 := tcpSvc("10.96.0.10", 80, 7, be(b.v4), be(c.v4))
 	web6 := tcpSvc("fd00:96::10", 80, 7, be(b.v6), be(c.v6))
@@ -89,7 +89,12 @@ func TestClusterIP(t *testing.T) {
 	sticky.AffinitySeconds = 60
 	self4 := tcpSvc("10.96.0.14", 80, 7, be(a.v4))
 	self6 := tcpSvc("fd00:96::14", 80, 7, be(a.v6))
-	all := []datapath.Service{web4, web6, dns4, dns6, empty, emptyU, local, outside, self4, self6, sticky}
+	// Endpoints at n1's own addresses, as hostNetwork pods on n1 are.
+	host4 := tcpSvc("10.96.0.16", 80, 7, be(n1.v4))
+	host6 := tcpSvc("fd00:96::16", 80, 7, be(n1.v6))
+	hostU := udpSvc("10.96.0.16", 53, 7, be(n1.v4))
+	(&pod{name: "n1", ns: n1.ns, v4: n1.v4, v6: n1.v6}).serve(t)
+	all := []datapath.Service{web4, web6, dns4, dns6, empty, emptyU, local, outside, self4, self6, host4, host6, hostU, sticky}
 	w.serve(7, all...)
 
 	for _, vip := range []netip.Addr{web4.VIP, web6.VIP} {
@@ -182,6 +187,19 @@ func TestClusterIP(t *testing.T) {
 	for _, vip := range []netip.Addr{self4.VIP, self6.VIP} {
 		if got, err := dialPort(a, vip, 80); err != nil || got != "a" {
 			t.Errorf("hairpin a -> %s -> a: %q %v", vip, got, err)
+		}
+	}
+
+	// An endpoint at the node's own address, from a pod on that node (the
+	// node's stack answers; to_pod restores the VIP) and from another.
+	for _, p := range []*pod{a, b} {
+		for _, vip := range []netip.Addr{host4.VIP, host6.VIP} {
+			if got, err := dialPort(p, vip, 80); err != nil || got != "n1" {
+				t.Errorf("TCP %s -> %s -> n1's own address: %q %v", p.name, vip, got, err)
+			}
+		}
+		if got, err := dialUDPPort(p, netip.AddrPortFrom(hostU.VIP, 53)); err != nil || got != "n1" {
+			t.Errorf("UDP %s -> %s -> n1's own address: %q %v, want n1 answering from the VIP", p.name, hostU.VIP, got, err)
 		}
 	}
 
