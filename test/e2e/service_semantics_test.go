@@ -1082,3 +1082,32 @@ func TestServiceHairpin(t *testing.T) {
 		}
 	}
 }
+
+// TestServiceHostNetworkEndpoint: a Service whose endpoint is a
+// hostNetwork pod (the node's own addresses) answers from its VIPs, both
+// families, TCP and UDP, to a pod on that node (the node's stack answers
+// through the veth, where to_pod restores the VIP) and to a pod on
+// another node (SNAT over the underlay), as kube-proxy serves it.
+func TestServiceHostNetworkEndpoint(t *testing.T) {
+	needLab(t)
+	be := semPod("sem-hostnet-be", "sem-hostnet", "n1")
+	be.Spec.HostNetwork = true
+	be.Spec.Containers[0].Args = []string{"netexec", "--http-port=18090", "--udp-port=18091"}
+	be.Spec.Containers[0].Ports = nil
+	be.Spec.Containers[0].ReadinessProbe = nil
+	pods := semStart(t, be, semPod("sem-hostnet-c1", "sem-hostnet-c1", "n1"), semPod("sem-hostnet-c2", "sem-hostnet-c2", "n2"))
+	if len(pods[be.Name].Status.PodIPs) != 2 {
+		t.Fatalf("hostNetwork pod IPs %v, want n1's address of each family", pods[be.Name].Status.PodIPs)
+	}
+	svc := semService(t, "sem-hostnet", "sem-hostnet", func(s *corev1.Service) {
+		s.Spec.Ports[0].TargetPort = intstr.FromInt32(18090)
+		s.Spec.Ports[1].TargetPort = intstr.FromInt32(18091)
+	})
+	for _, n := range []string{"n1", "n2"} {
+		waitServing(t, n, svc, semTCP, 80, 18090, false, pods[be.Name])
+		waitServing(t, n, svc, semUDP, 81, 18091, false, pods[be.Name])
+	}
+	for _, c := range []string{"sem-hostnet-c1", "sem-hostnet-c2"} {
+		expectOnly(t, semClientOf(t, pods[c]), svc, 80, 81, "n1")
+	}
+}
