@@ -112,7 +112,7 @@ static __noinline int route_in(struct __sk_buff *skb, struct pkt *p, __u32 net_i
  * endpoint for the flow's life, and the translated flow keeps the VIP for
  * the replies. Returns 0 when translated; a drop verdict or
  * RET_PORT_UNREACH otherwise. */
-static __noinline int to_service(struct __sk_buff *skb, struct pkt *p, struct ct_key *k, __u32 *svc_net)
+static __noinline int to_service(struct __sk_buff *skb, struct pkt *p, struct ct_key *k, __u32 *svc_net, int sock_lb)
 {
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
 		return drop(DROP_NO_SERVICE_PORT);
@@ -150,8 +150,18 @@ static __noinline int to_service(struct __sk_buff *skb, struct pkt *p, struct ct
 			be_port = af->port;
 			af->expires = now + (__u64)affinity * NSEC;
 		} else {
-			struct backend_key bk = {.id = id, .index = bpf_get_prandom_u32() % n};
-			struct backend_val *be = bpf_map_lookup_elem(&lace_backends, &bk);
+			/* A pod whose sockets pass the socket hooks had its chance
+			 * at itself there (translated to its own address, the
+			 * flow never leaves it): here it picks among the others,
+			 * so the choice stays uniform. Only itself left: hairpin
+			 * below. */
+			struct backend_val *be = NULL;
+			for (int i = 0; i < 4; i++) {
+				struct backend_key bk = {.id = id, .index = bpf_get_prandom_u32() % n};
+				be = bpf_map_lookup_elem(&lace_backends, &bk);
+				if (!be || !sock_lb || n == 1 || !eq16(be->addr, p->saddr))
+					break;
+			}
 			if (!be)
 				return drop(DROP_NO_BACKEND);
 			__builtin_memcpy(be_addr, be->addr, 16);
@@ -247,6 +257,7 @@ int from_pod(struct __sk_buff *skb)
 	if (!port)
 		return drop(DROP_UNKNOWN_PORT);
 	__u32 net_id = port->net_id;
+	int sock_lb = port->flags & PORT_SOCK_LB;
 
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
@@ -331,7 +342,7 @@ int from_pod(struct __sk_buff *skb)
 		if (icmp_err)
 			return drop(DROP_ISOLATED);
 		__u32 svc_net = 0;
-		int rc = to_service(skb, &p, &k, &svc_net);
+		int rc = to_service(skb, &p, &k, &svc_net, sock_lb);
 		if (rc)
 			return too_big_back(skb, &p, rc);
 		/* Routed here, not in a function: the SNAT to an outside

@@ -5,16 +5,20 @@
  * although their packets never cross a pod's veth. A connect (TCP, UDP)
  * or an unconnected sendmsg to a VIP and service port is pointed at one
  * of the service's endpoints before any packet exists; recvmsg turns an
- * endpoint's datagram back into the VIP's. The programs act only on
- * sockets of the node's host network namespace (its cookie is in
- * lace_config): pods' sockets in the same cgroup tree are left to the
- * veth programs, and a cgroup hook never acts outside the node it serves.
+ * endpoint's datagram back into the VIP's, getpeername shows the VIP.
+ * The programs translate sockets of the node's host network namespace
+ * (its cookie is in lace_config); of a pod's sockets (its namespace's
+ * cookie is in lace_pod_netns) they take only the hairpin choice
+ * (pod_hairpin), the rest is the veth programs'. Any other socket in the
+ * cgroup tree is left alone: a hook never acts outside the node it
+ * serves.
  *
  * Who may reach a VIP follows section 5: the node is an outside host
  * classified by its address, so the VIP must be in the view of that
  * network (the shipped world -> default opens the default network's
  * services). Refusals answer EPERM, the only error these hooks can give. */
 #include "lace.h"
+#include "ct.h"
 
 #define SOCK_STREAM 1
 #define SOCK_DGRAM 2
@@ -45,13 +49,114 @@ struct {
 } lace_sock_rnat SEC(".maps");
 
 
+/* remember_vip records that the socket's endpoint addr:port stands for
+ * the VIP and port it addressed (recvmsg, getpeername). */
+static __always_inline void remember_vip(struct bpf_sock_addr *ctx, __u8 family, const __u8 *be_addr, __u16 be_port,
+					 const __u8 *vip, __u16 vport)
+{
+	struct sock_rnat_key rnk = {.cookie = bpf_get_socket_cookie(ctx), .family = family, .port = be_port};
+	__builtin_memcpy(rnk.addr, be_addr, 16);
+	struct sock_rnat_val rnv = {.port = vport};
+	__builtin_memcpy(rnv.vip, vip, 16);
+	bpf_map_update_elem(&lace_sock_rnat, &rnk, &rnv, BPF_ANY);
+}
+
+/* pod_hairpin takes the one choice a pod's own socket must make before
+ * any packet exists: itself as the service's endpoint. Per packet, a
+ * pod's flow to its own address could never come back out of it (its
+ * answers are delivered inside the pod), so the socket is pointed at the
+ * pod's own address and the connection stays inside the pod: the server
+ * sees the pod's own address as the client (kube-proxy shows the node's),
+ * getpeername and recvmsg still show the VIP. Everything else (another
+ * endpoint, refusals, drops, views) is left to from_pod, which then
+ * picks among the other endpoints (PORT_SOCK_LB) so that every endpoint
+ * keeps its 1/n. Affinity and a UDP socket's flow stick, as per packet. */
+static __always_inline int pod_hairpin(struct bpf_sock_addr *ctx, __u64 netns, __u8 family, __u8 proto, __u8 *addr,
+				       __u16 *port)
+{
+	__u32 *ifindex = bpf_map_lookup_elem(&lace_pod_netns, &netns);
+	if (!ifindex)
+		return 1;
+	__u32 ifi = *ifindex;
+	struct port_val *pv = bpf_map_lookup_elem(&lace_ports, &ifi);
+	if (!pv)
+		return 1;
+	__u8 self[16] = {};
+	if (family == LACE_FAMILY_V4) {
+		if (!(pv->flags & PORT_HAS_V4))
+			return 1;
+		__builtin_memcpy(self, pv->ip4, 4);
+	} else {
+		if (!(pv->flags & PORT_HAS_V6))
+			return 1;
+		__builtin_memcpy(self, pv->ip6, 16);
+	}
+	__u32 net_id = pv->net_id;
+	struct svc_key sk = {.family = family, .proto = proto, .port = *port};
+	__builtin_memcpy(sk.vip, addr, 16);
+	struct svc_val *sv = bpf_map_lookup_elem(&lace_services, &sk);
+	if (!sv || sv->count == 0)
+		return 1;
+	struct route_key rk = {.prefixlen = 64 + 128, .net_id = net_id, .family = family};
+	__builtin_memcpy(rk.addr, addr, 16);
+	struct route_val *rv = bpf_map_lookup_elem(&lace_routes, &rk);
+	if (!rv || !(rv->flags & ROUTE_SERVICE) || rv->dst_net != sv->net_id)
+		return 1;
+	__u32 n = sv->count, id = sv->id, affinity = sv->affinity;
+	__u64 now = bpf_ktime_get_ns();
+	__u16 be_port;
+
+	struct affinity_key ak = {.id = id, .family = family};
+	__builtin_memcpy(ak.client, self, 16);
+	struct affinity_val *af = affinity ? bpf_map_lookup_elem(&lace_affinity, &ak) : NULL;
+	struct bpf_sock *s = ctx->sk;
+	__u16 lport = s ? bpf_htons((__u16)s->src_port) : 0;
+	struct ct_key ck = {.net_id = net_id, .family = family, .proto = proto, .lport = lport, .rport = *port};
+	__builtin_memcpy(ck.laddr, self, 16);
+	__builtin_memcpy(ck.raddr, addr, 16);
+	struct ct_val *ct = (proto == IPPROTO_UDP && lport) ? ct_lookup(&ck) : NULL;
+	if (af && af->expires > now) {
+		if (!eq16(af->addr, self))
+			return 1;
+		be_port = af->port;
+		af->expires = now + (__u64)affinity * NSEC;
+	} else if (ct && (ct->flags & CT_SERVICE)) {
+		if (!eq16(ct->nat_addr, self))
+			return 1;
+		be_port = ct->nat_port;
+		ct->expires = now + CT_UDP;
+	} else {
+		struct backend_key bk = {.id = id, .index = bpf_get_prandom_u32() % n};
+		struct backend_val *be = bpf_map_lookup_elem(&lace_backends, &bk);
+		if (!be || !eq16(be->addr, self))
+			return 1;
+		be_port = be->port;
+		if (affinity) {
+			struct affinity_val nv = {.expires = now + (__u64)affinity * NSEC, .port = be_port};
+			__builtin_memcpy(nv.addr, self, 16);
+			bpf_map_update_elem(&lace_affinity, &ak, &nv, BPF_ANY);
+		}
+		if (proto == IPPROTO_UDP && lport) {
+			struct ct_val v = {.expires = now + CT_UDP, .peer_net = sv->net_id,
+					   .flags = CT_ORIGIN_LOCAL | CT_SERVICE, .nat_port = be_port};
+			__builtin_memcpy(v.nat_addr, self, 16);
+			bpf_map_update_elem(&lace_ct, &ck, &v, BPF_ANY);
+		}
+	}
+	remember_vip(ctx, family, self, be_port, addr, *port);
+	count(FWD_SERVICE);
+	__builtin_memcpy(addr, self, 16);
+	*port = be_port;
+	return 1;
+}
+
 /* translate points addr:port (a VIP and service port, 16 bytes and
  * network order) at an endpoint, in place. 1: go on (translated or not a
  * service); 0: refuse. */
 static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 family, __u8 *addr, __u16 *port)
 {
 	struct lace_config *cfg = config();
-	if (!cfg || !cfg->host_netns || bpf_get_netns_cookie(ctx) != cfg->host_netns)
+	if (!cfg || !cfg->host_netns)
 		return 1;
 	__u8 proto;
 	if (ctx->type == SOCK_STREAM)
@@ -60,6 +165,9 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 family, __u
 		proto = IPPROTO_UDP;
 	else
 		return 1;
+	__u64 netns = bpf_get_netns_cookie(ctx);
+	if (netns != cfg->host_netns)
+		return pod_hairpin(ctx, netns, family, proto, addr, port);
 	struct svc_key sk = {.family = family, .proto = proto, .port = *port};
 	__builtin_memcpy(sk.vip, addr, 16);
 	struct svc_val *sv = bpf_map_lookup_elem(&lace_services, &sk);
@@ -104,11 +212,7 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 family, __u
 			bpf_map_update_elem(&lace_affinity, &ak, &nv, BPF_ANY);
 		}
 	}
-	struct sock_rnat_key rnk = {.cookie = bpf_get_socket_cookie(ctx), .family = family, .port = be_port};
-	__builtin_memcpy(rnk.addr, be_addr, 16);
-	struct sock_rnat_val rnv = {.port = *port};
-	__builtin_memcpy(rnv.vip, addr, 16);
-	bpf_map_update_elem(&lace_sock_rnat, &rnk, &rnv, BPF_ANY);
+	remember_vip(ctx, family, be_addr, be_port, addr, *port);
 	count(FWD_SERVICE);
 	__builtin_memcpy(addr, be_addr, 16);
 	*port = be_port;
@@ -165,12 +269,10 @@ static __always_inline int to6(struct bpf_sock_addr *ctx)
 }
 
 /* from_endpoint rewrites the source of a datagram an endpoint sent to a
- * translated socket back to the VIP it addressed. */
+ * translated socket (or its peer's address) back to the VIP it
+ * addressed. Only sockets the hooks translated have entries (by cookie). */
 static __always_inline void from_endpoint(struct bpf_sock_addr *ctx, __u8 family, __u8 *addr, int mapped)
 {
-	struct lace_config *cfg = config();
-	if (!cfg || !cfg->host_netns || bpf_get_netns_cookie(ctx) != cfg->host_netns)
-		return;
 	struct sock_rnat_key k = {.cookie = bpf_get_socket_cookie(ctx), .family = family, .port = (__u16)ctx->user_port};
 	__builtin_memcpy(k.addr, addr, 16);
 	struct sock_rnat_val *v = bpf_map_lookup_elem(&lace_sock_rnat, &k);
@@ -207,8 +309,7 @@ int sock_sendmsg4(struct bpf_sock_addr *ctx) { return to4(ctx); }
 SEC("cgroup/sendmsg6")
 int sock_sendmsg6(struct bpf_sock_addr *ctx) { return to6(ctx); }
 
-SEC("cgroup/recvmsg4")
-int sock_recvmsg4(struct bpf_sock_addr *ctx)
+static __always_inline int back4(struct bpf_sock_addr *ctx)
 {
 	__u8 addr[16] = {};
 	__u32 ip = ctx->user_ip4;
@@ -217,8 +318,7 @@ int sock_recvmsg4(struct bpf_sock_addr *ctx)
 	return 1;
 }
 
-SEC("cgroup/recvmsg6")
-int sock_recvmsg6(struct bpf_sock_addr *ctx)
+static __always_inline int back6(struct bpf_sock_addr *ctx)
 {
 	__u32 a[4];
 	a[0] = ctx->user_ip6[0];
@@ -234,5 +334,17 @@ int sock_recvmsg6(struct bpf_sock_addr *ctx)
 	from_endpoint(ctx, LACE_FAMILY_V6, (__u8 *)a, 0);
 	return 1;
 }
+
+SEC("cgroup/recvmsg4")
+int sock_recvmsg4(struct bpf_sock_addr *ctx) { return back4(ctx); }
+
+SEC("cgroup/recvmsg6")
+int sock_recvmsg6(struct bpf_sock_addr *ctx) { return back6(ctx); }
+
+SEC("cgroup/getpeername4")
+int sock_getpeername4(struct bpf_sock_addr *ctx) { return back4(ctx); }
+
+SEC("cgroup/getpeername6")
+int sock_getpeername6(struct bpf_sock_addr *ctx) { return back6(ctx); }
 
 char __license[] SEC("license") = "GPL";

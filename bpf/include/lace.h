@@ -122,9 +122,24 @@ struct port_val { /* keyed by the host-side ifindex */
 	__u32 flags;
 	__u8 ip4[4];
 	__u8 ip6[16];
+	__u32 pad;
+	__u64 netns_cookie; /* the pod's network namespace, with PORT_SOCK_LB */
 };
 #define PORT_HAS_V4 1
 #define PORT_HAS_V6 2
+/* The pod's sockets are in lace_pod_netns: its connects and sends to a
+ * VIP pass the socket hooks, which take the hairpin choice (sock.c). */
+#define PORT_SOCK_LB 4
+
+/* A pod's network namespace (its cookie) -> its port (host-side ifindex):
+ * how the socket hooks tell a pod's sockets and find the pod. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_pod_netns SEC(".maps");
 
 struct route_key {
 	__u32 prefixlen; /* 64 + prefix length */

@@ -38,6 +38,10 @@ type Endpoint struct {
 	HostIfIndex int          `json:"hostIfIndex"`
 	HostMAC     string       `json:"hostMAC"`
 	PodMAC      string       `json:"podMAC"`
+	// NetNSCookie is the pod's network namespace's cookie when the node's
+	// socket hooks are attached (they take the hairpin choice for the
+	// pod's sockets); 0 otherwise.
+	NetNSCookie uint64 `json:"netnsCookie,omitempty"`
 	// Ready is set once the interface exists: from then on the applier
 	// keeps the data plane's entries for it. An endpoint neither Ready nor
 	// Deleting is an ADD in progress, which owns its entries.

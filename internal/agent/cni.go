@@ -248,6 +248,16 @@ func (a *Agent) cmdAdd(ctx context.Context, req cniapi.Request) (json.RawMessage
 		// The interface exists: recorded Ready, it is the applier's to
 		// program, and ADD returns once it has.
 		e.HostIfIndex, e.HostMAC, e.PodMAC = res.HostIfIndex, res.HostMAC.String(), res.PodMAC.String()
+		if a.opts.HostCgroup != "" {
+			// The node's socket hooks see the pod's processes: with its
+			// namespace's cookie they take the hairpin choice for it.
+			// Without, the pod hairpins per packet (from the VIP).
+			if c, cerr := a.node.PodNetNSCookie(netnsPath(&req)); cerr == nil {
+				e.NetNSCookie = c
+			} else {
+				a.log.Info("pod hairpins per packet: no network namespace cookie", "pod", ns+"/"+name, "error", cerr)
+			}
+		}
 		e.Ready = true
 		if err = a.cp.put(e); err == nil {
 			t2 = time.Now()

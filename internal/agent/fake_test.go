@@ -189,6 +189,8 @@ func (n *fakeNode) HostLinks() (map[string]podnet.Link, error) {
 func (n *fakeNode) EnableForwarding() error { return nil }
 
 func (n *fakeNode) NetNSCookie() (uint64, error) { return 1, nil }
+
+func (n *fakeNode) PodNetNSCookie(string) (uint64, error) { return 2, nil }
 func (n *fakeNode) OwnedRoutes() (map[netip.Prefix]netip.Addr, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()

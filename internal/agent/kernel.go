@@ -62,6 +62,8 @@ type nodeKernel interface {
 	EnableForwarding() error
 	// NetNSCookie is the node network namespace's cookie.
 	NetNSCookie() (uint64, error)
+	// PodNetNSCookie is the cookie of a pod's network namespace.
+	PodNetNSCookie(nsPath string) (uint64, error)
 	OwnedRoutes() (map[netip.Prefix]netip.Addr, error)
 	ReplaceOwnedRoute(dst netip.Prefix, via netip.Addr) error
 	DeleteRoute(dst netip.Prefix) error
@@ -100,6 +102,8 @@ func (n linuxNode) Reachable(dst netip.Addr) error { return netutil.RouteOut(n.n
 // EnableForwarding turns forwarding on: fib lookups answer FWD_DISABLED
 // without it.
 func (n linuxNode) NetNSCookie() (uint64, error) { return datapath.NetNSCookie(n.ns) }
+
+func (n linuxNode) PodNetNSCookie(nsPath string) (uint64, error) { return datapath.NetNSCookie(nsPath) }
 
 func (n linuxNode) EnableForwarding() error {
 	for _, kv := range [][2]string{{"net.ipv4.ip_forward", "1"}, {"net.ipv6.conf.all.forwarding", "1"}} {

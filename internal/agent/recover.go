@@ -121,7 +121,7 @@ func (a *Agent) adoptKernelEndpoints(ctx context.Context, st model.NodeState, ne
 			continue // a dead pod's entry (apply removes it), or recorded
 		}
 		l := links[name]
-		e := Endpoint{HostIf: name, HostIfIndex: l.Index, HostMAC: l.MAC.String(), NetID: p.NetID, Ready: true, IfName: "eth0"}
+		e := Endpoint{HostIf: name, HostIfIndex: l.Index, HostMAC: l.MAC.String(), NetID: p.NetID, NetNSCookie: p.NetNSCookie, Ready: true, IfName: "eth0"}
 		for _, ad := range []netip.Addr{p.V4, p.V6} {
 			if ad.IsValid() {
 				e.Addrs = append(e.Addrs, ad)

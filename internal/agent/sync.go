@@ -344,7 +344,7 @@ func (a *Agent) applyEndpoints() error {
 		}
 		pm, _ := net.ParseMAC(e.PodMAC)
 		hm, _ := net.ParseMAC(e.HostMAC)
-		p := datapath.Port{IfIndex: uint32(e.HostIfIndex), NetID: e.NetID}
+		p := datapath.Port{IfIndex: uint32(e.HostIfIndex), NetID: e.NetID, NetNSCookie: e.NetNSCookie}
 		for _, ad := range e.Addrs {
 			wantEps = append(wantEps, datapath.Endpoint{NetID: e.NetID, Addr: ad, IfIndex: uint32(e.HostIfIndex), PodMAC: pm, HostMAC: hm})
 			if ad.Is4() {

@@ -177,9 +177,10 @@ func (d *Datapath) AttachUnderlay(nsPath, ifName string) error {
 
 // AttachHostSockets attaches the connect-time service translation to the
 // cgroup v2 directory cgroupPath (the node's processes and pods below it;
-// the programs act only on sockets of the host network namespace, whose
-// cookie SetConfig records). Links are pinned and updated in place, like
-// the tcx ones.
+// the programs translate sockets of the host network namespace, whose
+// cookie SetConfig records, and take the hairpin choice for pods whose
+// port carries their namespace's cookie). Links are pinned and updated in
+// place, like the tcx ones.
 func (d *Datapath) AttachHostSockets(cgroupPath string) error {
 	for _, a := range []struct {
 		name string
@@ -192,6 +193,8 @@ func (d *Datapath) AttachHostSockets(cgroupPath string) error {
 		{"sendmsg6", d.sock.SockSendmsg6, ebpf.AttachCGroupUDP6Sendmsg},
 		{"recvmsg4", d.sock.SockRecvmsg4, ebpf.AttachCGroupUDP4Recvmsg},
 		{"recvmsg6", d.sock.SockRecvmsg6, ebpf.AttachCGroupUDP6Recvmsg},
+		{"getpeername4", d.sock.SockGetpeername4, ebpf.AttachCgroupInet4GetPeername},
+		{"getpeername6", d.sock.SockGetpeername6, ebpf.AttachCgroupInet6GetPeername},
 	} {
 		pin := filepath.Join(d.pinDir, "links", "cgroup-"+a.name)
 		if l, err := link.LoadPinnedLink(pin, nil); err == nil {

@@ -56,6 +56,10 @@ type Port struct {
 	IfIndex uint32
 	NetID   uint32
 	V4, V6  netip.Addr
+	// NetNSCookie is the pod's network namespace when the socket hooks
+	// see the pod's processes (AttachHostSockets): they then take the
+	// hairpin choice for its sockets. 0: per packet only.
+	NetNSCookie uint64
 }
 
 // Route, Network and Classifier are the values of the routes (views),
@@ -182,22 +186,48 @@ func (d *Datapath) Endpoints() ([]Endpoint, error) {
 	return out, it.Err()
 }
 
-// UpsertPort adds or replaces a pod port.
+// port_val.flags (lace.h).
+const (
+	portHasV4  = 1
+	portHasV6  = 2
+	portSockLB = 4
+)
+
+// UpsertPort adds or replaces a pod port. Its namespace's cookie goes in
+// first: the port's PORT_SOCK_LB makes from_pod leave the hairpin choice
+// to the socket hooks, which must then find the pod.
 func (d *Datapath) UpsertPort(p Port) error {
-	v := podPortVal{NetId: p.NetID}
+	v := podPortVal{NetId: p.NetID, NetnsCookie: p.NetNSCookie}
 	if p.V4.IsValid() {
-		v.Flags |= 1
+		v.Flags |= portHasV4
 		v.Ip4 = p.V4.As4()
 	}
 	if p.V6.IsValid() {
-		v.Flags |= 2
+		v.Flags |= portHasV6
 		v.Ip6 = p.V6.As16()
+	}
+	if p.NetNSCookie != 0 {
+		v.Flags |= portSockLB
+		if err := d.pod.LacePodNetns.Put(p.NetNSCookie, p.IfIndex); err != nil {
+			return fmt.Errorf("record network namespace of port %d: %w", p.IfIndex, err)
+		}
+	}
+	var old podPortVal
+	if err := d.pod.LacePorts.Lookup(p.IfIndex, &old); err == nil && old.NetnsCookie != 0 && old.NetnsCookie != p.NetNSCookie {
+		defer func() { _ = ignoreMissing(d.pod.LacePodNetns.Delete(old.NetnsCookie)) }()
 	}
 	return d.pod.LacePorts.Put(p.IfIndex, v)
 }
 
-// DeletePort removes a pod port; a missing one is fine.
+// DeletePort removes a pod port (and its namespace's entry); a missing one
+// is fine.
 func (d *Datapath) DeletePort(ifindex uint32) error {
+	var old podPortVal
+	if err := d.pod.LacePorts.Lookup(ifindex, &old); err == nil && old.NetnsCookie != 0 {
+		if err := ignoreMissing(d.pod.LacePodNetns.Delete(old.NetnsCookie)); err != nil {
+			return fmt.Errorf("forget network namespace of port %d: %w", ifindex, err)
+		}
+	}
 	return ignoreMissing(d.pod.LacePorts.Delete(ifindex))
 }
 
@@ -208,11 +238,11 @@ func (d *Datapath) Ports() ([]Port, error) {
 	var v podPortVal
 	it := d.pod.LacePorts.Iterate()
 	for it.Next(&k, &v) {
-		p := Port{IfIndex: k, NetID: v.NetId}
-		if v.Flags&1 != 0 {
+		p := Port{IfIndex: k, NetID: v.NetId, NetNSCookie: v.NetnsCookie}
+		if v.Flags&portHasV4 != 0 {
 			p.V4 = netip.AddrFrom4(v.Ip4)
 		}
-		if v.Flags&2 != 0 {
+		if v.Flags&portHasV6 != 0 {
 			p.V6 = netip.AddrFrom16(v.Ip6)
 		}
 		out = append(out, p)

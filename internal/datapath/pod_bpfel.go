@@ -116,11 +116,13 @@ type podNetVal struct {
 }
 
 type podPortVal struct {
-	_     structs.HostLayout
-	NetId uint32
-	Flags uint32
-	Ip4   [4]uint8
-	Ip6   [16]uint8
+	_           structs.HostLayout
+	NetId       uint32
+	Flags       uint32
+	Ip4         [4]uint8
+	Ip6         [16]uint8
+	Pad         uint32
+	NetnsCookie uint64
 }
 
 type podRouteKey struct {
@@ -189,6 +191,7 @@ const (
 	podMapLaceHostAddrs = "lace_host_addrs"
 	podMapLaceNetworks  = "lace_networks"
 	podMapLaceNodes     = "lace_nodes"
+	podMapLacePodNetns  = "lace_pod_netns"
 	podMapLacePorts     = "lace_ports"
 	podMapLaceRoutes    = "lace_routes"
 	podMapLaceServices  = "lace_services"
@@ -258,6 +261,7 @@ type podMapSpecs struct {
 	LaceHostAddrs *ebpf.MapSpec `ebpf:"lace_host_addrs"`
 	LaceNetworks  *ebpf.MapSpec `ebpf:"lace_networks"`
 	LaceNodes     *ebpf.MapSpec `ebpf:"lace_nodes"`
+	LacePodNetns  *ebpf.MapSpec `ebpf:"lace_pod_netns"`
 	LacePorts     *ebpf.MapSpec `ebpf:"lace_ports"`
 	LaceRoutes    *ebpf.MapSpec `ebpf:"lace_routes"`
 	LaceServices  *ebpf.MapSpec `ebpf:"lace_services"`
@@ -301,6 +305,7 @@ type podMaps struct {
 	LaceHostAddrs *ebpf.Map `ebpf:"lace_host_addrs"`
 	LaceNetworks  *ebpf.Map `ebpf:"lace_networks"`
 	LaceNodes     *ebpf.Map `ebpf:"lace_nodes"`
+	LacePodNetns  *ebpf.Map `ebpf:"lace_pod_netns"`
 	LacePorts     *ebpf.Map `ebpf:"lace_ports"`
 	LaceRoutes    *ebpf.Map `ebpf:"lace_routes"`
 	LaceServices  *ebpf.Map `ebpf:"lace_services"`
@@ -320,6 +325,7 @@ func (m *podMaps) Close() error {
 		m.LaceHostAddrs,
 		m.LaceNetworks,
 		m.LaceNodes,
+		m.LacePodNetns,
 		m.LacePorts,
 		m.LaceRoutes,
 		m.LaceServices,

@@ -364,3 +364,82 @@ func TestUDPClientHelper(t *testing.T) {
 	}
 	t.Fatal("no answer")
 }
+
+// TestPodHairpinSeesItself: a pod reaching itself through its service
+// sees its own address as the client's, both families: its sockets pass
+// the socket hooks (its namespace's cookie on its port), which point the
+// connection at the pod's own address. Of a service with another
+// endpoint, both are used. A socket the hooks do not see (the test's own,
+// outside the cgroup) still hairpins per packet, from the VIP.
+func TestPodHairpinSeesItself(t *testing.T) {
+	w := newWorld(t, 1)
+	n1 := w.nodes[0]
+	w.addNetwork(7, "10.70.0.0/16", "fd00:70::/48", false)
+	a := w.addPod("a", n1, 7, 2)
+	b := w.addPod("b", n1, 7, 3)
+	cg := filepath.Join("/sys/fs/cgroup/unified", w.prefix+"-"+n1.name)
+	must(t, os.Mkdir(cg, 0o755))
+	t.Cleanup(func() { _ = os.Remove(cg) })
+	hostNS, err := datapath.NetNSCookie(netutil.Path(n1.ns))
+	must(t, err)
+	cfg, err := n1.dp.Config()
+	must(t, err)
+	cfg.HostNetNS = hostNS
+	must(t, n1.dp.SetConfig(cfg))
+	must(t, n1.dp.AttachHostSockets(cg))
+	podNS, err := datapath.NetNSCookie(netutil.Path(a.ns))
+	must(t, err)
+	hostIf, err := netutil.GetLink(netutil.Path(n1.ns), a.hostIf)
+	must(t, err)
+	must(t, n1.dp.UpsertPort(datapath.Port{IfIndex: uint32(hostIf.Index), NetID: 7, V4: a.v4, V6: a.v6, NetNSCookie: podNS}))
+
+	// Port 9 of a answers with the client's address.
+	for _, ad := range []netip.Addr{a.v4, a.v6} {
+		var ln net.Listener
+		must(t, netutil.Do(netutil.Path(a.ns), func() error {
+			var err error
+			ln, err = net.Listen("tcp", netip.AddrPortFrom(ad, 9).String())
+			return err
+		}))
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				fmt.Fprintf(c, "%s\n", c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap())
+				c.Close()
+			}
+		}()
+	}
+	self4 := tcpSvc("10.96.0.30", 80, 7, datapath.Backend{Addr: a.v4, Port: 9})
+	self6 := tcpSvc("fd00:96::30", 80, 7, datapath.Backend{Addr: a.v6, Port: 9})
+	both := tcpSvc("10.96.0.31", 80, 7, be(a.v4), be(b.v4))
+	w.serve(7, self4, self6, both)
+
+	inPod := func(vip netip.Addr, port uint16) (string, error) {
+		script := fmt.Sprintf("echo $$ > %s/cgroup.procs && exec ip netns exec %s busybox nc -w 2 %s %d", cg, a.ns, vip, port)
+		out, err := exec.Command("sh", "-c", script).CombinedOutput()
+		return strings.TrimSpace(string(out)), err
+	}
+	for _, c := range []struct{ vip, self netip.Addr }{{self4.VIP, a.v4}, {self6.VIP, a.v6}} {
+		if got, err := inPod(c.vip, 80); err != nil || got != c.self.String() {
+			t.Errorf("a -> %s:80 -> a (socket hooks): the server saw %q (%v), want a's own %s", c.vip, got, err, c.self)
+		}
+		if got, err := dialPort(a, c.vip, 80); err != nil || got != c.vip.String() {
+			t.Errorf("a -> %s:80 -> a (per packet): the server saw %q (%v), want the VIP", c.vip, got, err)
+		}
+	}
+	seen := map[string]int{}
+	for range 30 {
+		got, err := inPod(both.VIP, 80)
+		if err != nil {
+			t.Fatalf("a -> %s:80: %q %v", both.VIP, got, err)
+		}
+		seen[strings.Fields(got + " ?")[0]]++
+	}
+	if seen["a"] == 0 || seen["b"] == 0 || len(seen) != 2 {
+		t.Errorf("a -> %s:80 over 30 connections answered by %v, want both a and b", both.VIP, seen)
+	}
+}

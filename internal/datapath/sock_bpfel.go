@@ -50,6 +50,30 @@ type sockClassKey struct {
 	Addr      [16]uint8
 }
 
+type sockCtKey struct {
+	_      structs.HostLayout
+	NetId  uint32
+	Family uint8
+	Proto  uint8
+	Pad    uint16
+	Lport  uint16
+	Rport  uint16
+	Laddr  [16]uint8
+	Raddr  [16]uint8
+}
+
+type sockCtVal struct {
+	_        structs.HostLayout
+	Expires  uint64
+	PeerNet  uint32
+	Flags    uint16
+	SnatPort uint16
+	NatAddr  [16]uint8
+	NatPort  uint16
+	Pad      uint16
+	_        [4]byte
+}
+
 type sockEpKey struct {
 	_      structs.HostLayout
 	NetId  uint32
@@ -92,11 +116,13 @@ type sockNetVal struct {
 }
 
 type sockPortVal struct {
-	_     structs.HostLayout
-	NetId uint32
-	Flags uint32
-	Ip4   [4]uint8
-	Ip6   [16]uint8
+	_           structs.HostLayout
+	NetId       uint32
+	Flags       uint32
+	Ip4         [4]uint8
+	Ip6         [16]uint8
+	Pad         uint32
+	NetnsCookie uint64
 }
 
 type sockRouteKey struct {
@@ -113,6 +139,24 @@ type sockRouteVal struct {
 	Sid    [16]uint8
 	Flags  uint32
 	DstNet uint32
+}
+
+type sockSnatKey struct {
+	_      structs.HostLayout
+	Family uint8
+	Proto  uint8
+	Port   uint16
+	Rport  uint16
+	Pad    uint16
+	Raddr  [16]uint8
+}
+
+type sockSnatVal struct {
+	_     structs.HostLayout
+	NetId uint32
+	Lport uint16
+	Pad   uint16
+	Laddr [16]uint8
 }
 
 type sockSockRnatKey struct {
@@ -153,26 +197,31 @@ type sockSvcVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	sockMapLaceAffinity  = "lace_affinity"
-	sockMapLaceBackends  = "lace_backends"
-	sockMapLaceCfg       = "lace_cfg"
-	sockMapLaceClassify  = "lace_classify"
-	sockMapLaceDrops     = "lace_drops"
-	sockMapLaceEndpoints = "lace_endpoints"
-	sockMapLaceForwarded = "lace_forwarded"
-	sockMapLaceHostAddrs = "lace_host_addrs"
-	sockMapLaceNetworks  = "lace_networks"
-	sockMapLaceNodes     = "lace_nodes"
-	sockMapLacePorts     = "lace_ports"
-	sockMapLaceRoutes    = "lace_routes"
-	sockMapLaceServices  = "lace_services"
-	sockMapLaceSockRnat  = "lace_sock_rnat"
-	sockProgSockConnect4 = "sock_connect4"
-	sockProgSockConnect6 = "sock_connect6"
-	sockProgSockRecvmsg4 = "sock_recvmsg4"
-	sockProgSockRecvmsg6 = "sock_recvmsg6"
-	sockProgSockSendmsg4 = "sock_sendmsg4"
-	sockProgSockSendmsg6 = "sock_sendmsg6"
+	sockMapLaceAffinity      = "lace_affinity"
+	sockMapLaceBackends      = "lace_backends"
+	sockMapLaceCfg           = "lace_cfg"
+	sockMapLaceClassify      = "lace_classify"
+	sockMapLaceCt            = "lace_ct"
+	sockMapLaceDrops         = "lace_drops"
+	sockMapLaceEndpoints     = "lace_endpoints"
+	sockMapLaceForwarded     = "lace_forwarded"
+	sockMapLaceHostAddrs     = "lace_host_addrs"
+	sockMapLaceNetworks      = "lace_networks"
+	sockMapLaceNodes         = "lace_nodes"
+	sockMapLacePodNetns      = "lace_pod_netns"
+	sockMapLacePorts         = "lace_ports"
+	sockMapLaceRoutes        = "lace_routes"
+	sockMapLaceServices      = "lace_services"
+	sockMapLaceSnat          = "lace_snat"
+	sockMapLaceSockRnat      = "lace_sock_rnat"
+	sockProgSockConnect4     = "sock_connect4"
+	sockProgSockConnect6     = "sock_connect6"
+	sockProgSockGetpeername4 = "sock_getpeername4"
+	sockProgSockGetpeername6 = "sock_getpeername6"
+	sockProgSockRecvmsg4     = "sock_recvmsg4"
+	sockProgSockRecvmsg6     = "sock_recvmsg6"
+	sockProgSockSendmsg4     = "sock_sendmsg4"
+	sockProgSockSendmsg6     = "sock_sendmsg6"
 )
 
 // loadSock returns the embedded CollectionSpec for sock.
@@ -217,12 +266,14 @@ type sockSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockProgramSpecs struct {
-	SockConnect4 *ebpf.ProgramSpec `ebpf:"sock_connect4"`
-	SockConnect6 *ebpf.ProgramSpec `ebpf:"sock_connect6"`
-	SockRecvmsg4 *ebpf.ProgramSpec `ebpf:"sock_recvmsg4"`
-	SockRecvmsg6 *ebpf.ProgramSpec `ebpf:"sock_recvmsg6"`
-	SockSendmsg4 *ebpf.ProgramSpec `ebpf:"sock_sendmsg4"`
-	SockSendmsg6 *ebpf.ProgramSpec `ebpf:"sock_sendmsg6"`
+	SockConnect4     *ebpf.ProgramSpec `ebpf:"sock_connect4"`
+	SockConnect6     *ebpf.ProgramSpec `ebpf:"sock_connect6"`
+	SockGetpeername4 *ebpf.ProgramSpec `ebpf:"sock_getpeername4"`
+	SockGetpeername6 *ebpf.ProgramSpec `ebpf:"sock_getpeername6"`
+	SockRecvmsg4     *ebpf.ProgramSpec `ebpf:"sock_recvmsg4"`
+	SockRecvmsg6     *ebpf.ProgramSpec `ebpf:"sock_recvmsg6"`
+	SockSendmsg4     *ebpf.ProgramSpec `ebpf:"sock_sendmsg4"`
+	SockSendmsg6     *ebpf.ProgramSpec `ebpf:"sock_sendmsg6"`
 }
 
 // sockMapSpecs contains maps before they are loaded into the kernel.
@@ -233,15 +284,18 @@ type sockMapSpecs struct {
 	LaceBackends  *ebpf.MapSpec `ebpf:"lace_backends"`
 	LaceCfg       *ebpf.MapSpec `ebpf:"lace_cfg"`
 	LaceClassify  *ebpf.MapSpec `ebpf:"lace_classify"`
+	LaceCt        *ebpf.MapSpec `ebpf:"lace_ct"`
 	LaceDrops     *ebpf.MapSpec `ebpf:"lace_drops"`
 	LaceEndpoints *ebpf.MapSpec `ebpf:"lace_endpoints"`
 	LaceForwarded *ebpf.MapSpec `ebpf:"lace_forwarded"`
 	LaceHostAddrs *ebpf.MapSpec `ebpf:"lace_host_addrs"`
 	LaceNetworks  *ebpf.MapSpec `ebpf:"lace_networks"`
 	LaceNodes     *ebpf.MapSpec `ebpf:"lace_nodes"`
+	LacePodNetns  *ebpf.MapSpec `ebpf:"lace_pod_netns"`
 	LacePorts     *ebpf.MapSpec `ebpf:"lace_ports"`
 	LaceRoutes    *ebpf.MapSpec `ebpf:"lace_routes"`
 	LaceServices  *ebpf.MapSpec `ebpf:"lace_services"`
+	LaceSnat      *ebpf.MapSpec `ebpf:"lace_snat"`
 	LaceSockRnat  *ebpf.MapSpec `ebpf:"lace_sock_rnat"`
 }
 
@@ -275,15 +329,18 @@ type sockMaps struct {
 	LaceBackends  *ebpf.Map `ebpf:"lace_backends"`
 	LaceCfg       *ebpf.Map `ebpf:"lace_cfg"`
 	LaceClassify  *ebpf.Map `ebpf:"lace_classify"`
+	LaceCt        *ebpf.Map `ebpf:"lace_ct"`
 	LaceDrops     *ebpf.Map `ebpf:"lace_drops"`
 	LaceEndpoints *ebpf.Map `ebpf:"lace_endpoints"`
 	LaceForwarded *ebpf.Map `ebpf:"lace_forwarded"`
 	LaceHostAddrs *ebpf.Map `ebpf:"lace_host_addrs"`
 	LaceNetworks  *ebpf.Map `ebpf:"lace_networks"`
 	LaceNodes     *ebpf.Map `ebpf:"lace_nodes"`
+	LacePodNetns  *ebpf.Map `ebpf:"lace_pod_netns"`
 	LacePorts     *ebpf.Map `ebpf:"lace_ports"`
 	LaceRoutes    *ebpf.Map `ebpf:"lace_routes"`
 	LaceServices  *ebpf.Map `ebpf:"lace_services"`
+	LaceSnat      *ebpf.Map `ebpf:"lace_snat"`
 	LaceSockRnat  *ebpf.Map `ebpf:"lace_sock_rnat"`
 }
 
@@ -293,15 +350,18 @@ func (m *sockMaps) Close() error {
 		m.LaceBackends,
 		m.LaceCfg,
 		m.LaceClassify,
+		m.LaceCt,
 		m.LaceDrops,
 		m.LaceEndpoints,
 		m.LaceForwarded,
 		m.LaceHostAddrs,
 		m.LaceNetworks,
 		m.LaceNodes,
+		m.LacePodNetns,
 		m.LacePorts,
 		m.LaceRoutes,
 		m.LaceServices,
+		m.LaceSnat,
 		m.LaceSockRnat,
 	)
 }
@@ -316,18 +376,22 @@ type sockVariables struct {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockPrograms struct {
-	SockConnect4 *ebpf.Program `ebpf:"sock_connect4"`
-	SockConnect6 *ebpf.Program `ebpf:"sock_connect6"`
-	SockRecvmsg4 *ebpf.Program `ebpf:"sock_recvmsg4"`
-	SockRecvmsg6 *ebpf.Program `ebpf:"sock_recvmsg6"`
-	SockSendmsg4 *ebpf.Program `ebpf:"sock_sendmsg4"`
-	SockSendmsg6 *ebpf.Program `ebpf:"sock_sendmsg6"`
+	SockConnect4     *ebpf.Program `ebpf:"sock_connect4"`
+	SockConnect6     *ebpf.Program `ebpf:"sock_connect6"`
+	SockGetpeername4 *ebpf.Program `ebpf:"sock_getpeername4"`
+	SockGetpeername6 *ebpf.Program `ebpf:"sock_getpeername6"`
+	SockRecvmsg4     *ebpf.Program `ebpf:"sock_recvmsg4"`
+	SockRecvmsg6     *ebpf.Program `ebpf:"sock_recvmsg6"`
+	SockSendmsg4     *ebpf.Program `ebpf:"sock_sendmsg4"`
+	SockSendmsg6     *ebpf.Program `ebpf:"sock_sendmsg6"`
 }
 
 func (p *sockPrograms) Close() error {
 	return _SockClose(
 		p.SockConnect4,
 		p.SockConnect6,
+		p.SockGetpeername4,
+		p.SockGetpeername6,
 		p.SockRecvmsg4,
 		p.SockRecvmsg6,
 		p.SockSendmsg4,

@@ -116,11 +116,13 @@ type underlayNetVal struct {
 }
 
 type underlayPortVal struct {
-	_     structs.HostLayout
-	NetId uint32
-	Flags uint32
-	Ip4   [4]uint8
-	Ip6   [16]uint8
+	_           structs.HostLayout
+	NetId       uint32
+	Flags       uint32
+	Ip4         [4]uint8
+	Ip6         [16]uint8
+	Pad         uint32
+	NetnsCookie uint64
 }
 
 type underlayRouteKey struct {
@@ -189,6 +191,7 @@ const (
 	underlayMapLaceHostAddrs = "lace_host_addrs"
 	underlayMapLaceNetworks  = "lace_networks"
 	underlayMapLaceNodes     = "lace_nodes"
+	underlayMapLacePodNetns  = "lace_pod_netns"
 	underlayMapLacePorts     = "lace_ports"
 	underlayMapLaceRoutes    = "lace_routes"
 	underlayMapLaceServices  = "lace_services"
@@ -256,6 +259,7 @@ type underlayMapSpecs struct {
 	LaceHostAddrs *ebpf.MapSpec `ebpf:"lace_host_addrs"`
 	LaceNetworks  *ebpf.MapSpec `ebpf:"lace_networks"`
 	LaceNodes     *ebpf.MapSpec `ebpf:"lace_nodes"`
+	LacePodNetns  *ebpf.MapSpec `ebpf:"lace_pod_netns"`
 	LacePorts     *ebpf.MapSpec `ebpf:"lace_ports"`
 	LaceRoutes    *ebpf.MapSpec `ebpf:"lace_routes"`
 	LaceServices  *ebpf.MapSpec `ebpf:"lace_services"`
@@ -299,6 +303,7 @@ type underlayMaps struct {
 	LaceHostAddrs *ebpf.Map `ebpf:"lace_host_addrs"`
 	LaceNetworks  *ebpf.Map `ebpf:"lace_networks"`
 	LaceNodes     *ebpf.Map `ebpf:"lace_nodes"`
+	LacePodNetns  *ebpf.Map `ebpf:"lace_pod_netns"`
 	LacePorts     *ebpf.Map `ebpf:"lace_ports"`
 	LaceRoutes    *ebpf.Map `ebpf:"lace_routes"`
 	LaceServices  *ebpf.Map `ebpf:"lace_services"`
@@ -318,6 +323,7 @@ func (m *underlayMaps) Close() error {
 		m.LaceHostAddrs,
 		m.LaceNetworks,
 		m.LaceNodes,
+		m.LacePodNetns,
 		m.LacePorts,
 		m.LaceRoutes,
 		m.LaceServices,
