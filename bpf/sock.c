@@ -16,12 +16,14 @@
  * Who may reach a VIP follows section 5: the node is an outside host
  * classified by its address, so the VIP must be in the view of that
  * network (the shipped world -> default opens the default network's
- * services). Refusals answer EPERM, the only error these hooks can give. */
+ * services). A service without endpoints answers ECONNREFUSED (the ICMP
+ * port unreachable per packet); other refusals EPERM. */
 #include "lace.h"
 #include "ct.h"
 
 #define SOCK_STREAM 1
 #define SOCK_DGRAM 2
+#define ECONNREFUSED_ 111 /* errno.h drags in libc */
 
 /* Reverse translation per socket: an endpoint's address and port -> the
  * VIP and port the socket addressed. */
@@ -183,7 +185,14 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 family, __u
 	}
 	__u32 n = sv->count, id = sv->id, affinity = sv->affinity;
 	if (n == 0) {
-		drop((sv->flags & SVC_DROP) ? DROP_NO_LOCAL_BACKEND : DROP_NO_BACKEND);
+		if (sv->flags & SVC_DROP) {
+			drop(DROP_NO_LOCAL_BACKEND);
+			return 0;
+		}
+		/* Rejected, as kube-proxy's ICMP port unreachable is: the
+		 * caller sees connection refused at once. */
+		drop(DROP_NO_BACKEND);
+		bpf_set_retval(-ECONNREFUSED_);
 		return 0;
 	}
 	__u8 be_addr[16];

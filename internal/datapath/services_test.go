@@ -294,7 +294,9 @@ func TestHostSocketsReachServices(t *testing.T) {
 	svc := tcpSvc("10.96.0.20", 80, 7, be(b.v4))
 	svcU := udpSvc("10.96.0.20", 53, 7, be(b.v4))
 	svc6 := tcpSvc("fd00:96::20", 80, 7, be(b.v6))
-	w.serve(100, svc, svcU, svc6)
+	none := tcpSvc("10.96.0.21", 80, 7)
+	none6 := tcpSvc("fd00:96::21", 80, 7)
+	w.serve(100, svc, svcU, svc6, none, none6)
 	cg := filepath.Join("/sys/fs/cgroup/unified", w.prefix+"-"+n1.name)
 	must(t, os.Mkdir(cg, 0o755))
 	t.Cleanup(func() { _ = os.Remove(cg) })
@@ -321,6 +323,13 @@ func TestHostSocketsReachServices(t *testing.T) {
 	for _, vip := range []string{"10.96.0.20", "fd00:96::20"} {
 		if out, err := run(n1.ns, "-w", "2", vip, "80"); err != nil || !strings.HasPrefix(out, "b") {
 			t.Errorf("node process -> %s:80: %q %v, want b", vip, out, err)
+		}
+	}
+	// No endpoints: refused at once, as kube-proxy's ICMP port
+	// unreachable makes it (not EPERM).
+	for _, vip := range []string{"10.96.0.21", "fd00:96::21"} {
+		if out, err := run(n1.ns, "-w", "2", vip, "80"); err == nil || !strings.Contains(out, "refused") {
+			t.Errorf("node process -> %s:80 without endpoints: %q %v, want connection refused", vip, out, err)
 		}
 	}
 	// UDP through an unconnected socket (sendmsg and recvmsg hooks): the
