@@ -2,7 +2,7 @@
 
 /* Programs on the host side of each pod's veth.
  *
- * from_pod (tcx ingress): everything a pod sends. Anti-spoofing, then
+ * from_pod (tc ingress): everything a pod sends. Anti-spoofing, then
  * connection tracking and the pod network's view (ARCHITECTURE.md section
  * 5): a packet of a flow the pod's side did not open is a reply and goes
  * back in the context of the network that opened it; anything else is a
@@ -249,7 +249,7 @@ static __noinline int hairpin_back(struct __sk_buff *skb, struct pkt *p, __u32 n
 	return deliver_local(skb, p, net_id, net_id, FWD_LOCAL);
 }
 
-SEC("tcx/ingress")
+SEC("tc")
 int from_pod(struct __sk_buff *skb)
 {
 	__u32 ifindex = skb->ingress_ifindex;
@@ -398,13 +398,13 @@ int from_pod(struct __sk_buff *skb)
 	return too_big_back(skb, &p, encap_and_send(skb, &p, sid, 1));
 }
 
-/* to_pod (tcx egress) sees only what the node's own stack sends to the
+/* to_pod (tc egress) sees only what the node's own stack sends to the
  * pod: everything else reaches it by bpf_redirect_peer, which skips this
  * hook. Among that, the answers of a service endpoint at the node's own
  * address (a hostNetwork pod) to a flow this pod sent to the VIP: they
  * leave here from the VIP and service port the pod addressed. Probes and
  * answers to the pod's own connections to the node pass untouched. */
-SEC("tcx/egress")
+SEC("tc")
 int to_pod(struct __sk_buff *skb)
 {
 	__u32 ifindex = skb->ifindex;

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -35,6 +36,8 @@ func SID(locator netip.Prefix, behaviour uint8, srcNet, dstNet uint32) netip.Add
 
 // Datapath is the loaded programs and pinned maps of one node.
 type Datapath struct {
+	mu       sync.Mutex
+	podNS    string // the node's network namespace, where pods' interfaces are
 	pinDir   string
 	pod      podObjects
 	underlay underlayObjects
@@ -139,22 +142,46 @@ func (d *Datapath) attach(nsPath, ifName string, dir Direction, prog *ebpf.Progr
 	})
 }
 
-// AttachPod attaches from_pod to the host side of a pod's veth (tcx
-// ingress: what the pod sends) and to_pod to its egress, which sees only
-// what the node's own stack sends the pod (bpf_redirect_peer skips it).
-// to_pod is a classic tc filter: a second tcx attach would make every
-// ADD wait for another RCU grace period (netutil.ReplaceEgressFilter). It
-// goes first, so no answer of the node's stack passes untranslated once
-// the pod can send.
+// AttachPod attaches from_pod to the ingress of the host side of a pod's
+// veth (what the pod sends) and to_pod to its egress, which sees only what
+// the node's own stack sends the pod (bpf_redirect_peer skips it). Both
+// are classic tc filters, not tcx: a tcx attach makes the pod's ADD wait
+// for an RCU grace period each (netutil.ReplaceFilter). to_pod goes first,
+// so no answer of the node's stack passes untranslated once the pod can
+// send. The program pinned again in the links directory records the
+// attachment, as a pinned link does for tcx.
 func (d *Datapath) AttachPod(nsPath, hostIf string) error {
-	if err := netutil.ReplaceEgressFilter(nsPath, hostIf, d.pod.ToPod.FD(), "lace-to-pod"); err != nil {
+	if err := netutil.ReplaceFilter(nsPath, hostIf, false, d.pod.ToPod.FD(), "lace-to-pod"); err != nil {
 		return err
 	}
-	return d.attach(nsPath, hostIf, Ingress, d.pod.FromPod)
+	if err := netutil.ReplaceFilter(nsPath, hostIf, true, d.pod.FromPod.FD(), "lace-from-pod"); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	d.podNS = nsPath
+	d.mu.Unlock()
+	// A clone: pinning the loaded program itself would move its one pin.
+	marker, err := d.pod.FromPod.Clone()
+	if err != nil {
+		return fmt.Errorf("record attachment of %s: %w", hostIf, err)
+	}
+	defer marker.Close()
+	if err := marker.Pin(d.tcMarker(hostIf)); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("record attachment of %s: %w", hostIf, err)
+	}
+	// An agent before this one attached with tcx: that link goes now that
+	// the filter runs (tcx would run first).
+	return d.unpinLinks(hostIf)
 }
 
-// DetachPod removes the pod programs of hostIf. Missing links are fine.
-func (d *Datapath) DetachPod(hostIf string) error {
+func (d *Datapath) tcMarker(hostIf string) string {
+	return filepath.Join(d.pinDir, "links", hostIf+tcSuffix)
+}
+
+const tcSuffix = "-tc"
+
+// unpinLinks removes hostIf's pinned tcx links, which detaches them.
+func (d *Datapath) unpinLinks(hostIf string) error {
 	var errs []error
 	for _, dir := range []Direction{Ingress, Egress} {
 		l, err := link.LoadPinnedLink(d.linkPin(hostIf, dir), nil)
@@ -170,8 +197,38 @@ func (d *Datapath) DetachPod(hostIf string) error {
 	return errors.Join(errs...)
 }
 
+// DetachPod removes the pod programs of hostIf. A missing interface or
+// attachment is fine.
+func (d *Datapath) DetachPod(hostIf string) error {
+	errs := []error{d.unpinLinks(hostIf)}
+	marker := d.tcMarker(hostIf)
+	if _, err := os.Stat(marker); err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+		return errors.Join(errs...)
+	}
+	// The filters go with the interface; one that stays (a leftover no
+	// endpoint claims) loses them here. Before this agent attached
+	// anything it does not know the node's namespace: the interface's
+	// programs then drop everything (no port), until it goes.
+	d.mu.Lock()
+	nsPath := d.podNS
+	d.mu.Unlock()
+	if nsPath != "" {
+		if err := netutil.RemoveFilters(nsPath, hostIf); err != nil {
+			return errors.Join(append(errs, err)...)
+		}
+	}
+	errs = append(errs, os.Remove(marker))
+	return errors.Join(errs...)
+}
+
 // AttachUnderlay attaches from_underlay to the node's underlay interface.
 func (d *Datapath) AttachUnderlay(nsPath, ifName string) error {
+	d.mu.Lock()
+	d.podNS = nsPath
+	d.mu.Unlock()
 	return d.attach(nsPath, ifName, Ingress, d.underlay.FromUnderlay)
 }
 
@@ -238,7 +295,8 @@ func NetNSCookie(nsPath string) (uint64, error) {
 	return cookie, nil
 }
 
-// PinnedPodLinks lists the host interfaces with pinned pod programs.
+// PinnedPodLinks lists the host interfaces with pod programs attached
+// (tc markers, or pinned tcx links of an earlier agent).
 func (d *Datapath) PinnedPodLinks() ([]string, error) {
 	ents, err := os.ReadDir(filepath.Join(d.pinDir, "links"))
 	if err != nil {
@@ -250,6 +308,9 @@ func (d *Datapath) PinnedPodLinks() ([]string, error) {
 		name, ok := strings.CutSuffix(e.Name(), "-"+Ingress.String())
 		if !ok {
 			name, ok = strings.CutSuffix(e.Name(), "-"+Egress.String())
+		}
+		if !ok {
+			name, ok = strings.CutSuffix(e.Name(), tcSuffix)
 		}
 		if ok && !seen[name] && strings.HasPrefix(name, PodIfPrefix) {
 			seen[name] = true

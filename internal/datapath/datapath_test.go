@@ -10,6 +10,8 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -434,5 +436,44 @@ func TestUDPSegmentationOffloadAcrossNodes(t *testing.T) {
 		}
 		tx.Close()
 		rx.Close()
+	}
+}
+
+// TestPodAttachment: a pod's programs are tc filters on both directions
+// of its host interface, listed as attached; detached, they are gone from
+// an interface that stays, and from the list.
+func TestPodAttachment(t *testing.T) {
+	w := newWorld(t, 1)
+	n1 := w.nodes[0]
+	w.addNetwork(7, "10.70.0.0/16", "fd00:70::/48", false)
+	p := w.addPod("a", n1, 7, 2)
+	b := w.addPod("b", n1, 7, 3)
+	w.open(7)
+	filters := func(dir string) string {
+		out, err := exec.Command("ip", "netns", "exec", n1.ns, "tc", "filter", "show", "dev", p.hostIf, dir).CombinedOutput()
+		if err != nil {
+			t.Fatalf("tc filter show %s: %v\n%s", dir, err, out)
+		}
+		return string(out)
+	}
+	listed := func() bool {
+		l, err := n1.dp.PinnedPodLinks()
+		must(t, err)
+		return slices.Contains(l, p.hostIf)
+	}
+	if !strings.Contains(filters("ingress"), "lace-from-pod") || !strings.Contains(filters("egress"), "lace-to-pod") || !listed() {
+		t.Fatalf("after AttachPod: ingress %q, egress %q, listed %v", filters("ingress"), filters("egress"), listed())
+	}
+	// Attaching again (a new agent) replaces the programs in place.
+	must(t, n1.dp.AttachPod(netutil.Path(n1.ns), p.hostIf))
+	if got := strings.Count(filters("ingress"), "lace-from-pod"); got != 1 {
+		t.Errorf("after a second AttachPod: %d from_pod filters, want 1", got)
+	}
+	if got, err := b.dialTCP(p.v4); err != nil || got != "a" {
+		t.Errorf("b -> a after re-attach: %q %v", got, err)
+	}
+	must(t, n1.dp.DetachPod(p.hostIf))
+	if f := filters("ingress") + filters("egress"); strings.Contains(f, "lace-") || listed() {
+		t.Errorf("after DetachPod: filters %q, listed %v", f, listed())
 	}
 }
