@@ -133,12 +133,16 @@ static __noinline int to_service(struct __sk_buff *skb, struct pkt *p, struct ct
 	*svc_net = net;
 	__u8 be_addr[16];
 	__u16 be_port;
+	/* The pod's own address is the endpoint's only in the service's own
+	 * network: in another (overlapping) one it is somebody else. */
+	int own_net = net == k->net_id;
 	struct ct_val *ct = ct_lookup(k);
 	if (ct && (ct->flags & CT_SERVICE) && !(is_tcp_syn(p) && ct_closing(ct))) {
 		__builtin_memcpy(be_addr, ct->nat_addr, 16);
 		be_port = ct->nat_port;
 		ct_refresh(ct, p, 1);
 	} else {
+		ct = NULL;
 		/* ClientIP affinity: the client's endpoint while it lasts (the
 		 * agent forgets entries of endpoints that leave). */
 		struct affinity_key ak = {.id = id, .family = p->family};
@@ -150,17 +154,18 @@ static __noinline int to_service(struct __sk_buff *skb, struct pkt *p, struct ct
 			be_port = af->port;
 			af->expires = now + (__u64)affinity * NSEC;
 		} else {
-			/* A pod whose sockets pass the socket hooks had its chance
-			 * at itself there (translated to its own address, the
-			 * flow never leaves it): here it picks among the others,
-			 * so the choice stays uniform. Only itself left: hairpin
-			 * below. */
-			struct backend_val *be = NULL;
-			for (int i = 0; i < 4; i++) {
-				struct backend_key bk = {.id = id, .index = bpf_get_prandom_u32() % n};
+			/* A pod whose TCP sockets pass the socket hooks had its
+			 * 1/n chance at itself there (translated to its own
+			 * address, the flow never leaves it): drawn here, it is
+			 * drawn again among the others, each then 1/n overall.
+			 * Only itself: hairpin below. */
+			__u32 r = bpf_get_prandom_u32() % n;
+			struct backend_key bk = {.id = id, .index = r};
+			struct backend_val *be = bpf_map_lookup_elem(&lace_backends, &bk);
+			if (be && sock_lb && n > 1 && own_net && p->proto == IPPROTO_TCP && eq16(be->addr, p->saddr)) {
+				__u32 r2 = bpf_get_prandom_u32() % (n - 1);
+				bk.index = r2 >= r ? r2 + 1 : r2;
 				be = bpf_map_lookup_elem(&lace_backends, &bk);
-				if (!be || !sock_lb || n == 1 || !eq16(be->addr, p->saddr))
-					break;
 			}
 			if (!be)
 				return drop(DROP_NO_BACKEND);
@@ -190,7 +195,7 @@ static __noinline int to_service(struct __sk_buff *skb, struct pkt *p, struct ct
 	 * its own address would never leave it (local delivery), so the
 	 * packet comes to it from the VIP, and from_pod turns the answers
 	 * back (CT_HAIRPIN). */
-	if (eq16(p->saddr, be_addr)) {
+	if (own_net && eq16(p->saddr, be_addr)) {
 		if (nat_rewrite(skb, p, 1, vip, p->sport))
 			return drop(DROP_ADJUST);
 		__builtin_memcpy(p->saddr, vip, 16);
@@ -209,6 +214,14 @@ static __noinline int to_service(struct __sk_buff *skb, struct pkt *p, struct ct
 	struct ct_val *fl = ct_lookup(k);
 	if (fl && (fl->flags & CT_DNAT) && !(is_tcp_syn(p) && ct_closing(fl))) {
 		ct_refresh(fl, p, 1);
+		/* Answers refresh the translated flow only (that is what they
+		 * carry): the client's entry takes its state, so an idle but
+		 * answered connection keeps its endpoint as long as the flow
+		 * lives, not only the 60 s of an unanswered SYN. */
+		if (ct && (fl->flags & CT_SEEN_REPLY)) {
+			ct->flags |= CT_SEEN_REPLY;
+			ct->expires = fl->expires;
+		}
 	} else {
 		struct ct_val v = {.peer_net = net, .flags = CT_ORIGIN_LOCAL | CT_DNAT, .nat_port = vport};
 		__builtin_memcpy(v.nat_addr, vip, 16);

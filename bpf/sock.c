@@ -72,9 +72,12 @@ static __always_inline void remember_vip(struct bpf_sock_addr *ctx, __u8 family,
  * getpeername and recvmsg still show the VIP. Everything else (another
  * endpoint, refusals, drops, views) is left to from_pod, which then
  * picks among the other endpoints (PORT_SOCK_LB) so that every endpoint
- * keeps its 1/n. Affinity and a UDP socket's flow stick, as per packet. */
-static __always_inline int pod_hairpin(struct bpf_sock_addr *ctx, __u64 netns, __u8 family, __u8 proto, __u8 *addr,
-				       __u16 *port)
+ * keeps its 1/n; affinity is honoured as per packet. TCP only: a UDP
+ * socket connected to the pod itself could not be moved when the pod
+ * leaves the endpoints (the stale-flow flush acts on map entries), so UDP
+ * hairpins per packet, from the VIP. Only in the service's own network:
+ * elsewhere the pod's address may be another pod's. */
+static __always_inline int pod_hairpin(struct bpf_sock_addr *ctx, __u64 netns, __u8 family, __u8 *addr, __u16 *port)
 {
 	__u32 *ifindex = bpf_map_lookup_elem(&lace_pod_netns, &netns);
 	if (!ifindex)
@@ -94,10 +97,10 @@ static __always_inline int pod_hairpin(struct bpf_sock_addr *ctx, __u64 netns, _
 		__builtin_memcpy(self, pv->ip6, 16);
 	}
 	__u32 net_id = pv->net_id;
-	struct svc_key sk = {.family = family, .proto = proto, .port = *port};
+	struct svc_key sk = {.family = family, .proto = IPPROTO_TCP, .port = *port};
 	__builtin_memcpy(sk.vip, addr, 16);
 	struct svc_val *sv = bpf_map_lookup_elem(&lace_services, &sk);
-	if (!sv || sv->count == 0)
+	if (!sv || sv->count == 0 || sv->net_id != net_id)
 		return 1;
 	struct route_key rk = {.prefixlen = 64 + 128, .net_id = net_id, .family = family};
 	__builtin_memcpy(rk.addr, addr, 16);
@@ -111,22 +114,11 @@ static __always_inline int pod_hairpin(struct bpf_sock_addr *ctx, __u64 netns, _
 	struct affinity_key ak = {.id = id, .family = family};
 	__builtin_memcpy(ak.client, self, 16);
 	struct affinity_val *af = affinity ? bpf_map_lookup_elem(&lace_affinity, &ak) : NULL;
-	struct bpf_sock *s = ctx->sk;
-	__u16 lport = s ? bpf_htons((__u16)s->src_port) : 0;
-	struct ct_key ck = {.net_id = net_id, .family = family, .proto = proto, .lport = lport, .rport = *port};
-	__builtin_memcpy(ck.laddr, self, 16);
-	__builtin_memcpy(ck.raddr, addr, 16);
-	struct ct_val *ct = (proto == IPPROTO_UDP && lport) ? ct_lookup(&ck) : NULL;
 	if (af && af->expires > now) {
 		if (!eq16(af->addr, self))
 			return 1;
 		be_port = af->port;
 		af->expires = now + (__u64)affinity * NSEC;
-	} else if (ct && (ct->flags & CT_SERVICE)) {
-		if (!eq16(ct->nat_addr, self))
-			return 1;
-		be_port = ct->nat_port;
-		ct->expires = now + CT_UDP;
 	} else {
 		struct backend_key bk = {.id = id, .index = bpf_get_prandom_u32() % n};
 		struct backend_val *be = bpf_map_lookup_elem(&lace_backends, &bk);
@@ -137,12 +129,6 @@ static __always_inline int pod_hairpin(struct bpf_sock_addr *ctx, __u64 netns, _
 			struct affinity_val nv = {.expires = now + (__u64)affinity * NSEC, .port = be_port};
 			__builtin_memcpy(nv.addr, self, 16);
 			bpf_map_update_elem(&lace_affinity, &ak, &nv, BPF_ANY);
-		}
-		if (proto == IPPROTO_UDP && lport) {
-			struct ct_val v = {.expires = now + CT_UDP, .peer_net = sv->net_id,
-					   .flags = CT_ORIGIN_LOCAL | CT_SERVICE, .nat_port = be_port};
-			__builtin_memcpy(v.nat_addr, self, 16);
-			bpf_map_update_elem(&lace_ct, &ck, &v, BPF_ANY);
 		}
 	}
 	remember_vip(ctx, family, self, be_port, addr, *port);
@@ -169,7 +155,7 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 family, __u
 		return 1;
 	__u64 netns = bpf_get_netns_cookie(ctx);
 	if (netns != cfg->host_netns)
-		return pod_hairpin(ctx, netns, family, proto, addr, port);
+		return proto == IPPROTO_TCP ? pod_hairpin(ctx, netns, family, addr, port) : 1;
 	struct svc_key sk = {.family = family, .proto = proto, .port = *port};
 	__builtin_memcpy(sk.vip, addr, 16);
 	struct svc_val *sv = bpf_map_lookup_elem(&lace_services, &sk);
@@ -282,6 +268,14 @@ static __always_inline int to6(struct bpf_sock_addr *ctx)
  * addressed. Only sockets the hooks translated have entries (by cookie). */
 static __always_inline void from_endpoint(struct bpf_sock_addr *ctx, __u8 family, __u8 *addr, int mapped)
 {
+	/* Sockets the hooks may have translated: the node's and pods'. The
+	 * rest of the cgroup tree pays one lookup, not a hash per call. */
+	struct lace_config *cfg = config();
+	if (!cfg || !cfg->host_netns)
+		return;
+	__u64 netns = bpf_get_netns_cookie(ctx);
+	if (netns != cfg->host_netns && !bpf_map_lookup_elem(&lace_pod_netns, &netns))
+		return;
 	struct sock_rnat_key k = {.cookie = bpf_get_socket_cookie(ctx), .family = family, .port = (__u16)ctx->user_port};
 	__builtin_memcpy(k.addr, addr, 16);
 	struct sock_rnat_val *v = bpf_map_lookup_elem(&lace_sock_rnat, &k);

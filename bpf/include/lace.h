@@ -122,13 +122,13 @@ struct port_val { /* keyed by the host-side ifindex */
 	__u32 flags;
 	__u8 ip4[4];
 	__u8 ip6[16];
-	__u32 pad;
-	__u64 netns_cookie; /* the pod's network namespace, with PORT_SOCK_LB */
 };
 #define PORT_HAS_V4 1
 #define PORT_HAS_V6 2
-/* The pod's sockets are in lace_pod_netns: its connects and sends to a
- * VIP pass the socket hooks, which take the hairpin choice (sock.c). */
+/* The pod's network namespace is in lace_pod_netns: its TCP connects to
+ * a VIP pass the socket hooks, which take the hairpin choice (sock.c).
+ * (The cookie is not in port_val, whose size pinned maps keep across
+ * upgrades.) */
 #define PORT_SOCK_LB 4
 
 /* A pod's network namespace (its cookie) -> its port (host-side ifindex):

@@ -248,10 +248,14 @@ func (a *Agent) cmdAdd(ctx context.Context, req cniapi.Request) (json.RawMessage
 		// The interface exists: recorded Ready, it is the applier's to
 		// program, and ADD returns once it has.
 		e.HostIfIndex, e.HostMAC, e.PodMAC = res.HostIfIndex, res.HostMAC.String(), res.PodMAC.String()
-		if a.opts.HostCgroup != "" {
-			// The node's socket hooks see the pod's processes: with its
-			// namespace's cookie they take the hairpin choice for it.
-			// Without, the pod hairpins per packet (from the VIP).
+		a.mu.Lock()
+		hooked := a.opts.HostCgroup != "" && a.applied && a.attachErr == nil
+		a.mu.Unlock()
+		if hooked {
+			// The node's socket hooks (attached) see the pod's
+			// processes: with its namespace's cookie they take the
+			// hairpin choice for it. Without, the pod hairpins per
+			// packet (from the VIP).
 			if c, cerr := a.node.PodNetNSCookie(netnsPath(&req)); cerr == nil {
 				e.NetNSCookie = c
 			} else {

@@ -197,7 +197,7 @@ const (
 // first: the port's PORT_SOCK_LB makes from_pod leave the hairpin choice
 // to the socket hooks, which must then find the pod.
 func (d *Datapath) UpsertPort(p Port) error {
-	v := podPortVal{NetId: p.NetID, NetnsCookie: p.NetNSCookie}
+	v := podPortVal{NetId: p.NetID}
 	if p.V4.IsValid() {
 		v.Flags |= portHasV4
 		v.Ip4 = p.V4.As4()
@@ -212,33 +212,66 @@ func (d *Datapath) UpsertPort(p Port) error {
 			return fmt.Errorf("record network namespace of port %d: %w", p.IfIndex, err)
 		}
 	}
-	var old podPortVal
-	if err := d.pod.LacePorts.Lookup(p.IfIndex, &old); err == nil && old.NetnsCookie != 0 && old.NetnsCookie != p.NetNSCookie {
-		defer func() { _ = ignoreMissing(d.pod.LacePodNetns.Delete(old.NetnsCookie)) }()
+	if err := d.pod.LacePorts.Put(p.IfIndex, v); err != nil {
+		return err
 	}
-	return d.pod.LacePorts.Put(p.IfIndex, v)
+	return d.forgetNetNS(p.IfIndex, p.NetNSCookie)
 }
 
 // DeletePort removes a pod port (and its namespace's entry); a missing one
 // is fine.
 func (d *Datapath) DeletePort(ifindex uint32) error {
-	var old podPortVal
-	if err := d.pod.LacePorts.Lookup(ifindex, &old); err == nil && old.NetnsCookie != 0 {
-		if err := ignoreMissing(d.pod.LacePodNetns.Delete(old.NetnsCookie)); err != nil {
+	if err := ignoreMissing(d.pod.LacePorts.Delete(ifindex)); err != nil {
+		return err
+	}
+	return d.forgetNetNS(ifindex, 0)
+}
+
+// forgetNetNS removes the namespace entries of port ifindex other than
+// keep. The map holds one entry per pod of the node: a walk is cheap, and
+// ports change only when pods come and go.
+func (d *Datapath) forgetNetNS(ifindex uint32, keep uint64) error {
+	var doomed []uint64
+	var k uint64
+	var v uint32
+	it := d.pod.LacePodNetns.Iterate()
+	for it.Next(&k, &v) {
+		if v == ifindex && k != keep {
+			doomed = append(doomed, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("walk pod namespaces: %w", err)
+	}
+	for _, k := range doomed {
+		if err := ignoreMissing(d.pod.LacePodNetns.Delete(k)); err != nil {
 			return fmt.Errorf("forget network namespace of port %d: %w", ifindex, err)
 		}
 	}
-	return ignoreMissing(d.pod.LacePorts.Delete(ifindex))
+	return nil
 }
 
 // Ports lists the pod ports.
 func (d *Datapath) Ports() ([]Port, error) {
+	cookies := map[uint32]uint64{}
+	var c uint64
+	var ifi uint32
+	nit := d.pod.LacePodNetns.Iterate()
+	for nit.Next(&c, &ifi) {
+		cookies[ifi] = c
+	}
+	if err := nit.Err(); err != nil {
+		return nil, fmt.Errorf("walk pod namespaces: %w", err)
+	}
 	var out []Port
 	var k uint32
 	var v podPortVal
 	it := d.pod.LacePorts.Iterate()
 	for it.Next(&k, &v) {
-		p := Port{IfIndex: k, NetID: v.NetId, NetNSCookie: v.NetnsCookie}
+		p := Port{IfIndex: k, NetID: v.NetId}
+		if v.Flags&portSockLB != 0 {
+			p.NetNSCookie = cookies[k]
+		}
 		if v.Flags&portHasV4 != 0 {
 			p.V4 = netip.AddrFrom4(v.Ip4)
 		}

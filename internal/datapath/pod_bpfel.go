@@ -116,13 +116,11 @@ type podNetVal struct {
 }
 
 type podPortVal struct {
-	_           structs.HostLayout
-	NetId       uint32
-	Flags       uint32
-	Ip4         [4]uint8
-	Ip6         [16]uint8
-	Pad         uint32
-	NetnsCookie uint64
+	_     structs.HostLayout
+	NetId uint32
+	Flags uint32
+	Ip4   [4]uint8
+	Ip6   [16]uint8
 }
 
 type podRouteKey struct {

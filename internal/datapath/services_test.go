@@ -1,6 +1,7 @@
 package datapath_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -122,6 +123,32 @@ func TestClusterIP(t *testing.T) {
 	expectFlow(t, n1, func(f datapath.Flow) bool {
 		return f.Service && f.Remote == netip.AddrPortFrom(dns4.VIP, 53) && f.NAT == netip.AddrPortFrom(b.v4, 7)
 	}, "a's flow to the DNS VIP")
+
+	// An answered connection keeps its endpoint for the flow's life, not
+	// the 60 s of an unanswered SYN (the client's entry sees no answer
+	// itself: it takes the translated flow's state).
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	held, err := netutil.DialContext(ctx, netutil.Path(a.ns), "tcp", netip.AddrPortFrom(web4.VIP, 80).String())
+	must(t, err)
+	defer held.Close()
+	_ = held.SetDeadline(time.Now().Add(2 * time.Second))
+	rd := bufio.NewReader(held)
+	_, err = rd.ReadString('\n')
+	must(t, err)
+	_, err = held.Write([]byte("x\n"))
+	must(t, err)
+	_, err = rd.ReadString('\n')
+	must(t, err)
+	heldPort := held.LocalAddr().(*net.TCPAddr).AddrPort().Port()
+	f := expectFlow(t, n1, func(f datapath.Flow) bool {
+		return f.Service && f.Local.Port() == heldPort && f.Remote == netip.AddrPortFrom(web4.VIP, 80)
+	}, "a's held connection to the web VIP")
+	var ts unix.Timespec
+	must(t, unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts))
+	if left := time.Duration(f.ExpiresMonotonicNanos - uint64(ts.Nano())); !f.SeenReply || left < time.Hour {
+		t.Errorf("client entry of an answered connection: seen reply %v, expires in %v; want established (hours)", f.SeenReply, left)
+	}
 
 	// No endpoints: refused at once, TCP and UDP.
 	if _, err := dialPort(a, empty.VIP, 80); !errors.Is(err, unix.ECONNREFUSED) {
@@ -450,5 +477,59 @@ func TestPodHairpinSeesItself(t *testing.T) {
 	}
 	if seen["a"] == 0 || seen["b"] == 0 || len(seen) != 2 {
 		t.Errorf("a -> %s:80 over 30 connections answered by %v, want both a and b", both.VIP, seen)
+	}
+}
+
+// TestServiceOverlapIsNotHairpin: a client whose address is also the
+// address of a service's endpoint in another (overlapping) network is not
+// that endpoint: neither per packet nor through the socket hooks is its
+// flow through the VIP turned back to itself. (The endpoint cannot answer
+// either: its kernel drops a packet from its own address, as it would
+// without a service; only the wrong answer is what this test excludes.)
+func TestServiceOverlapIsNotHairpin(t *testing.T) {
+	w := newWorld(t, 1)
+	n1 := w.nodes[0]
+	w.addNetwork(7, "10.70.0.0/16", "fd00:70::/48", false)
+	w.addNetwork(9, "10.70.0.0/16", "fd00:70::/48", false)
+	a := w.addPod("a", n1, 7, 2)
+	z := w.addPod("z", n1, 9, 2)
+	if a.v4 != z.v4 {
+		t.Fatalf("a %s and z %s should share an address", a.v4, z.v4)
+	}
+	cg := filepath.Join("/sys/fs/cgroup/unified", w.prefix+"-"+n1.name)
+	must(t, os.Mkdir(cg, 0o755))
+	t.Cleanup(func() { _ = os.Remove(cg) })
+	hostNS, err := datapath.NetNSCookie(netutil.Path(n1.ns))
+	must(t, err)
+	cfg, err := n1.dp.Config()
+	must(t, err)
+	cfg.HostNetNS = hostNS
+	must(t, n1.dp.SetConfig(cfg))
+	must(t, n1.dp.AttachHostSockets(cg))
+	podNS, err := datapath.NetNSCookie(netutil.Path(a.ns))
+	must(t, err)
+	hostIf, err := netutil.GetLink(netutil.Path(n1.ns), a.hostIf)
+	must(t, err)
+	must(t, n1.dp.UpsertPort(datapath.Port{IfIndex: uint32(hostIf.Index), NetID: 7, V4: a.v4, V6: a.v6, NetNSCookie: podNS}))
+
+	// A service of network 9 whose endpoint is z, reached from network 7
+	// (a ServiceRoutingPolicy's grant).
+	svc := tcpSvc("10.96.0.40", 80, 9, be(z.v4))
+	w.serve(7, svc)
+	w.serve(9, svc)
+	before, err := n1.dp.Forwarded()
+	must(t, err)
+	if got, _ := dialPort(a, svc.VIP, 80); got == "a" {
+		t.Errorf("a -> %s (per packet): answered by a itself, want z's flow", svc.VIP)
+	}
+	after, err := n1.dp.Forwarded()
+	must(t, err)
+	if after["local"] <= before["local"] {
+		t.Errorf("a -> %s (per packet): nothing delivered (local %d -> %d), want the flow sent to z", svc.VIP, before["local"], after["local"])
+	}
+	script := fmt.Sprintf("echo $$ > %s/cgroup.procs && exec ip netns exec %s busybox nc -w 1 %s 80", cg, a.ns, svc.VIP)
+	out, _ := exec.Command("sh", "-c", script).CombinedOutput()
+	if got := strings.TrimSpace(string(out)); got == "a" {
+		t.Errorf("a -> %s (socket hooks): answered by a itself, want z's flow", svc.VIP)
 	}
 }
