@@ -106,12 +106,13 @@ func TestConcurrentAddsShareSyncs(t *testing.T) {
 	a := newTestAgent(t, 26, objs...)
 	var syncs atomic.Int32
 	gate := make(chan struct{})
-	a.applier = newApplier(func() error {
+	ap := newApplier(func() error {
 		<-gate
 		syncs.Add(1)
 		return a.syncDataplane()
 	}, 0)
-	go func() { _ = a.applier.Run(t.Context()) }()
+	a.applier = ap
+	go func() { _ = ap.Run(t.Context()) }()
 	var wg sync.WaitGroup
 	for i := range 8 {
 		wg.Add(1)

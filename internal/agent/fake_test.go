@@ -278,8 +278,9 @@ func newTestAgent(t *testing.T, blockBits int32, objs ...client.Object) *testAge
 		statusKick: make(chan struct{}, 1)}
 	a.state = model.ComputeNode(model.NodeInput{Node: "n1", Networks: []lacev1.Network{*nw}, Allocations: []lacev1.Allocation{*alloc}})
 	a.haveState = true
-	a.applier = newApplier(a.syncDataplane, 0)
-	go func() { _ = a.applier.Run(t.Context()) }()
+	ap := newApplier(a.syncDataplane, 0)
+	a.applier = ap
+	go func() { _ = ap.Run(t.Context()) }()
 	return &testAgent{Agent: a, dp: dp, node: node, c: c, rec: rec}
 }
 
