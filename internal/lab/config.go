@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 
 	"github.com/lace-cni/lace/internal/controlplane"
 )
@@ -209,6 +210,15 @@ func BridgePodCIDRs(i int) (netip.Prefix, netip.Prefix) {
 
 // ServiceCIDRs are the lab's service ranges (dual-stack).
 const ServiceCIDRs = "10.96.0.0/16,fd00:96::/108"
+
+// serviceRanges are the prefixes of ServiceCIDRs.
+var serviceRanges = func() []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range strings.Split(ServiceCIDRs, ",") {
+		out = append(out, netip.MustParsePrefix(s))
+	}
+	return out
+}()
 
 // Images are the tarballs every node imports at up.
 func (c Config) Images() []string {
