@@ -100,12 +100,13 @@ bench: deps k8s-bins cni-bins build images $(HELM) ## Benchmarks on a lab, besid
 # Upstream's e2e suite of the pinned release, run on a lab by
 # hack/conformance (docs/conformance.md): the [sig-network] Services specs
 # minus hack/conformance/skip.txt. It uses LAB_NAME when given and up (and
-# leaves it up), else brings up CONFORMANCE_LAB and takes it down after
-# (KEEP=1 keeps it). Reports go to $(BIN_DIR)/conformance.
+# leaves it up; it must run cluster DNS), else brings up CONFORMANCE_LAB
+# with cluster DNS and takes it down after (KEEP=1 keeps it). Reports go to
+# $(BIN_DIR)/conformance.
 CONFORMANCE_LAB ?= $(if $(filter command line environment,$(origin LAB_NAME)),$(LAB_NAME),conf)
 CONFORMANCE_FLAGS ?=
 .PHONY: conformance
-conformance: deps k8s-bins cni-bins build images $(HELM) $(E2E_TEST) ## Upstream e2e [sig-network] Services specs on a lab (root; KEEP=1 keeps the lab).
+conformance: deps k8s-bins cni-bins build images coredns $(HELM) $(E2E_TEST) ## Upstream e2e [sig-network] Services specs on a lab (root; KEEP=1 keeps the lab).
 	bash hack/conformance/deps.sh
 	$(GO) run ./hack/mkimages --e2e --out $(LACE_IMAGES) --agnhost $(K8S_BIN)/agnhost
 	LACE_BIN_DIR=$(BIN_DIR) $(GO) run ./hack/conformance --lab $(CONFORMANCE_LAB) --report-dir $(BIN_DIR)/conformance \
