@@ -12,6 +12,10 @@ K8S_BIN   := $(CACHE_DIR)/k8s-v1.34.4
 CNI_BIN   := $(CACHE_DIR)/cni-v1.9.1
 # The upstream e2e suite (make conformance).
 E2E_TEST  := $(K8S_BIN)/e2e.test
+# The lab's cluster DNS (lace-lab up --dns): CoreDNS of the version kubeadm
+# 1.34 deploys, and its image beside the lab's.
+COREDNS_VERSION := v1.12.1
+COREDNS   := $(CACHE_DIR)/coredns-$(COREDNS_VERSION)/coredns
 GO        ?= go
 GOFLAGS_TEST ?=
 
@@ -19,6 +23,7 @@ export LACE_K8S_BIN := $(K8S_BIN)
 export LACE_CNI_BIN := $(CNI_BIN)
 # The lab's image tarballs (make images); tests import them from here.
 export LACE_IMAGES := $(BIN_DIR)/images
+COREDNS_TAR := $(LACE_IMAGES)/coredns.tar
 LAB_NAME ?= lace
 
 CONTROLLER_GEN := $(TOOLS_BIN)/controller-gen
@@ -82,9 +87,11 @@ lint: $(STATICCHECK) ## gofmt, go vet and staticcheck.
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
 
+# DNS=1 brings the end-to-end lab up with cluster DNS (building CoreDNS
+# first), so that its DNS test runs instead of skipping.
 .PHONY: test
-test: deps k8s-bins cni-bins build images check-generated lint $(HELM) ## All test tiers: unit, API, controller, datapath, lab end-to-end (root).
-	LACE_BIN_DIR=$(BIN_DIR) $(GO) test $(GOFLAGS_TEST) -count=1 -timeout 30m ./...
+test: deps k8s-bins cni-bins build images check-generated lint $(HELM) $(if $(DNS),coredns) ## All test tiers: unit, API, controller, datapath, lab end-to-end (root; DNS=1 adds cluster DNS).
+	LACE_BIN_DIR=$(BIN_DIR) $(if $(DNS),LACE_E2E_DNS=1) $(GO) test $(GOFLAGS_TEST) -count=1 -timeout 30m ./...
 
 .PHONY: bench
 bench: deps k8s-bins cni-bins build images $(HELM) ## Benchmarks on a lab, beside peers measured in the same run (root).
@@ -93,12 +100,13 @@ bench: deps k8s-bins cni-bins build images $(HELM) ## Benchmarks on a lab, besid
 # Upstream's e2e suite of the pinned release, run on a lab by
 # hack/conformance (docs/conformance.md): the [sig-network] Services specs
 # minus hack/conformance/skip.txt. It uses LAB_NAME when given and up (and
-# leaves it up), else brings up CONFORMANCE_LAB and takes it down after
-# (KEEP=1 keeps it). Reports go to $(BIN_DIR)/conformance.
+# leaves it up; it must run cluster DNS), else brings up CONFORMANCE_LAB
+# with cluster DNS and takes it down after (KEEP=1 keeps it). Reports go to
+# $(BIN_DIR)/conformance.
 CONFORMANCE_LAB ?= $(if $(filter command line environment,$(origin LAB_NAME)),$(LAB_NAME),conf)
 CONFORMANCE_FLAGS ?=
 .PHONY: conformance
-conformance: deps k8s-bins cni-bins build images $(HELM) $(E2E_TEST) ## Upstream e2e [sig-network] Services specs on a lab (root; KEEP=1 keeps the lab).
+conformance: deps k8s-bins cni-bins build images coredns $(HELM) $(E2E_TEST) ## Upstream e2e [sig-network] Services specs on a lab (root; KEEP=1 keeps the lab).
 	bash hack/conformance/deps.sh
 	$(GO) run ./hack/mkimages --e2e --out $(LACE_IMAGES) --agnhost $(K8S_BIN)/agnhost
 	LACE_BIN_DIR=$(BIN_DIR) $(GO) run ./hack/conformance --lab $(CONFORMANCE_LAB) --report-dir $(BIN_DIR)/conformance \
@@ -115,8 +123,8 @@ soak: deps k8s-bins cni-bins build images $(HELM) ## Compare N random topologies
 ##@ Lab
 
 .PHONY: lab
-lab: deps k8s-bins cni-bins build images $(HELM) ## Bring up a 3-node lab (LAB_NAME=lace) and run a short demo.
-	$(BIN_DIR)/lace-lab up --name $(LAB_NAME)
+lab: deps k8s-bins cni-bins build images $(HELM) $(if $(DNS),coredns) ## Bring up a 3-node lab (LAB_NAME=lace; DNS=1 adds cluster DNS) and run a short demo.
+	$(BIN_DIR)/lace-lab up --name $(LAB_NAME) $(if $(DNS),--dns)
 	$(BIN_DIR)/lace-lab demo --name $(LAB_NAME)
 	KUBECONFIG=$$($(BIN_DIR)/lace-lab kubeconfig --name $(LAB_NAME)) $(BIN_DIR)/lacectl trace frontend-n2 backend-n3 tcp/8080
 	KUBECONFIG=$$($(BIN_DIR)/lace-lab kubeconfig --name $(LAB_NAME)) $(BIN_DIR)/lacectl trace backend-n3 frontend-n2 tcp/8080
@@ -163,6 +171,22 @@ $(E2E_TEST): hack/tools/k8s/go.mod hack/tools/k8s/go.sum hack/tools/k8s/e2e.go
 
 .PHONY: e2e-test
 e2e-test: $(E2E_TEST) ## Build the upstream e2e.test of the pinned Kubernetes into $(CACHE_DIR).
+
+# CoreDNS has its own module (hack/tools/coredns) so that its dependencies
+# never move the other tools'. Built as upstream's Makefile does (static,
+# stripped); the target is the binary, remade only when the module changes.
+# A cold build takes about ten minutes on two cores, which is why only the
+# labs that ask for DNS need it.
+$(COREDNS): hack/tools/coredns/go.mod hack/tools/coredns/go.sum
+	mkdir -p $(dir $@)
+	cd hack/tools/coredns && CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $@ github.com/coredns/coredns
+	touch $@
+
+$(COREDNS_TAR): $(COREDNS) internal/images/coredns.go
+	$(GO) run ./hack/mkimages --coredns $(COREDNS) --out $(LACE_IMAGES)
+
+.PHONY: coredns
+coredns: $(COREDNS_TAR) ## Build CoreDNS (the lab's cluster DNS: lace-lab up --dns) and its image into bin/images.
 
 .PHONY: k8s-bins
 k8s-bins: $(K8S_BIN)/.stamp ## Build etcd and the pinned Kubernetes binaries into $(CACHE_DIR).

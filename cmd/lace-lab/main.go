@@ -23,7 +23,9 @@ import (
 const usage = `usage: lace-lab COMMAND [flags]
 
 commands:
-  up [--name N] [--nodes 3] [--zones 2]   start a lab (a no-op when it runs)
+  up [--name N] [--nodes 3] [--zones 2] [--dns]
+                                          start a lab (a no-op when it runs); --dns adds cluster
+                                          DNS (CoreDNS, kube-system/kube-dns), as kubeadm deploys it
   down [--name N] [--all]                 stop a lab and remove all it made
   status [--name N]                       show nodes and processes
   kubeconfig [--name N]                   print the path of the lab's kubeconfig
@@ -77,6 +79,7 @@ func run(ctx context.Context, args []string, out io.Writer) (int, error) {
 		fs.StringVar(&cfg.ImageDir, "images", cfg.ImageDir, "directory of the image tarballs every node imports (make images)")
 		fs.StringVar(&cfg.Helm, "helm", cfg.Helm, "helm binary that installs Lace's chart")
 		fs.StringVar(&cfg.LaceTag, "lace-tag", cfg.LaceTag, "tag of the Lace image the chart runs")
+		fs.BoolVar(&cfg.DNS, "dns", cfg.DNS, "run cluster DNS (CoreDNS behind kube-system/kube-dns; make coredns builds its image)")
 	case "down":
 		fs.BoolVar(&all, "all", false, "remove every lab, including what crashed runs left")
 	}
@@ -105,7 +108,11 @@ func run(ctx context.Context, args []string, out io.Writer) (int, error) {
 		if err != nil {
 			return 1, err
 		}
-		fmt.Fprintf(out, "lab %s is ready (%d nodes) in %.1fs\n\n", cfg.Name, len(st.Nodes), time.Since(start).Seconds())
+		dns := ""
+		if cfg.DNS {
+			dns = ", cluster DNS"
+		}
+		fmt.Fprintf(out, "lab %s is ready (%d nodes%s) in %.1fs\n\n", cfg.Name, len(st.Nodes), dns, time.Since(start).Seconds())
 		fmt.Fprintf(out, "  export KUBECONFIG=%s\n  kubectl get nodes -L topology.kubernetes.io/zone\n", st.Kubeconfig)
 		fmt.Fprintf(out, "  lace-lab exec --name %s node/%s -- ip addr\n  lace-lab down --name %s\n", cfg.Name, cfg.NodeName(1), cfg.Name)
 		return 0, nil
@@ -188,8 +195,12 @@ func printStatus(out io.Writer, st *lab.Status) {
 	case st.Ready:
 		state = "ready"
 	}
-	fmt.Fprintf(out, "lab %s: %s (pid %d, up since %s)\nkubeconfig: %s\napi server: %s (on the fabric: %s)\n\n",
-		st.Name, state, st.PID, st.StartedAt.Format(time.RFC3339), st.Kubeconfig, st.APIServer, st.FabricAPIServer)
+	dns := "none (lace-lab up --dns runs CoreDNS)"
+	if st.DNS {
+		dns = "CoreDNS behind kube-system/kube-dns"
+	}
+	fmt.Fprintf(out, "lab %s: %s (pid %d, up since %s)\nkubeconfig: %s\napi server: %s (on the fabric: %s)\ncluster DNS: %s\n\n",
+		st.Name, state, st.PID, st.StartedAt.Format(time.RFC3339), st.Kubeconfig, st.APIServer, st.FabricAPIServer, dns)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tZONE\tNETNS\tIPV4\tIPV6\tROOT")
 	for _, n := range st.Nodes {

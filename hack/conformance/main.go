@@ -3,13 +3,15 @@
 // [sig-network] Services specs by default, minus the checked-in skip list
 // (skip.txt: what Lace does not build yet, or what needs a cloud provider).
 //
-// It brings a lab up (or uses one that runs: it then leaves it up), loads
-// the extra images e2e.test asks for (mkimages --e2e) into every node, runs
-// e2e.test serially, writes the reports (junit_01.xml, ginkgo/report.json,
-// e2e.log, summary.txt) into --report-dir, prints one line per spec of the
-// focus (passed, failed with its first failure line, skipped with the skip
-// list's reason or the spec's own) and the totals, takes down the lab it
-// brought up (unless --keep) and exits non-zero when a spec failed.
+// It brings a lab up with cluster DNS (or uses one that runs: it then
+// leaves it up), loads the extra images e2e.test asks for (mkimages --e2e)
+// into every node, checks that pods resolve names through cluster DNS and
+// that the API server reaches pods (preflight.go), runs e2e.test serially,
+// writes the reports (junit_01.xml, ginkgo/report.json, e2e.log,
+// summary.txt) into --report-dir, prints one line per spec of the focus
+// (passed, failed with its first failure line, skipped with the skip list's
+// reason or the spec's own) and the totals, takes down the lab it brought
+// up (unless --keep) and exits non-zero when a spec failed.
 //
 //	go run ./hack/conformance [--lab conf] [--keep] [--dry-run] [-- E2E_FLAGS...]
 package main
@@ -147,6 +149,9 @@ func run(ctx context.Context, o options, out io.Writer) (int, error) {
 	if err := loadImages(ctx, o, out); err != nil {
 		return 1, err
 	}
+	if err := preflight(ctx, o.kubectl, kubeconfig, out); err != nil {
+		return 1, err
+	}
 
 	log, err := os.Create(filepath.Join(o.reportDir, "e2e.log"))
 	if err != nil {
@@ -180,7 +185,8 @@ func ensureLab(ctx context.Context, o options, out io.Writer) (kubeconfig string
 	if exec.CommandContext(ctx, o.laceLab, "status", "--name", o.lab).Run() != nil {
 		up = true
 		fmt.Fprintf(out, "bringing lab %s up\n", o.lab)
-		c := exec.CommandContext(ctx, o.laceLab, "up", "--name", o.lab)
+		// Cluster DNS: the specs name Services (curl, nc, nslookup).
+		c := exec.CommandContext(ctx, o.laceLab, "up", "--name", o.lab, "--dns")
 		c.Stdout, c.Stderr = out, os.Stderr
 		if err := c.Run(); err != nil {
 			return "", up, fmt.Errorf("lace-lab up --name %s: %w", o.lab, err)

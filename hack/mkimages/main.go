@@ -3,7 +3,8 @@
 // `make images` runs it; see package internal/images. With --e2e it builds
 // instead the images the upstream e2e.test asks for beyond those
 // (`make conformance`: agnhost under e2e.test's tag, with curl, nc, ss and
-// bash from the machine).
+// bash from the machine); with --coredns, the lab's cluster DNS image
+// (`make coredns`: lace-lab up --dns imports it).
 package main
 
 import (
@@ -26,9 +27,12 @@ func main() {
 	flag.StringVar(&o.LaceBin, "lace-bin", "", "directory holding static lace-agent, lace-controller, lace-cni and lacectl")
 	flag.StringVar(&o.LaceTag, "lace-tag", "dev", "tag of "+images.LaceRepo)
 	e2e := flag.Bool("e2e", false, "build only "+images.E2EAgnhostTar+" ("+images.E2EAgnhostRef+"; needs --agnhost)")
+	flag.StringVar(&o.CoreDNS, "coredns", "", "build only "+images.CoreDNSTar+" ("+images.CoreDNSRef+") from this static coredns binary")
 	flag.Parse()
 	build := images.Build
-	if *e2e {
+	if o.CoreDNS != "" {
+		build = images.BuildCoreDNS
+	} else if *e2e {
 		build = images.BuildE2E
 		if o.Agnhost == "" {
 			fmt.Fprintln(os.Stderr, "mkimages: --e2e needs --agnhost")

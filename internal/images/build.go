@@ -24,6 +24,8 @@ type Options struct {
 	LaceBin string
 	// LaceTag is the tag of Lace's image.
 	LaceTag string
+	// CoreDNS is a static coredns binary (BuildCoreDNS only).
+	CoreDNS string
 }
 
 // Built is one image tarball Build wrote.

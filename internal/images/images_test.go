@@ -468,3 +468,35 @@ func writeFile(t *testing.T, name string, data []byte) string {
 	}
 	return p
 }
+
+func TestCoreDNSImage(t *testing.T) {
+	bin := writeFile(t, "coredns", []byte("fake coredns"))
+	out := t.TempDir()
+	if _, err := BuildCoreDNS(context.Background(), Options{Out: out, CoreDNS: bin}); err == nil {
+		t.Error("BuildCoreDNS took a binary that is not ELF")
+	}
+	img, err := CoreDNSImage([]byte("fake coredns"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(out, CoreDNSTar)
+	if err := WriteTarball(p, CoreDNSRef, img); err != nil {
+		t.Fatal(err)
+	}
+	img, files := readBack(t, p, CoreDNSRef)
+	if got := names(files); !reflect.DeepEqual(got, []string{"coredns"}) {
+		t.Errorf("files %q, want only coredns", got)
+	}
+	if e := files["coredns"]; e.typ != tar.TypeReg || e.mode != 0o755 || e.data != "fake coredns" {
+		t.Errorf("coredns: %+v", e)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// kubeadm's manifest passes only args (-conf ...): the entrypoint must
+	// be the binary, as upstream's is.
+	if c := cf.Config; !reflect.DeepEqual(c.Entrypoint, []string{"/coredns"}) || c.Cmd != nil || c.User != "" {
+		t.Errorf("config: entrypoint %q cmd %q user %q, want [/coredns], none, root", c.Entrypoint, c.Cmd, c.User)
+	}
+}

@@ -61,8 +61,10 @@ func relayAPIServer(ctx context.Context, c Config, port int, log *slog.Logger) e
 }
 
 // serveEgress serves the API server's egress selector: CONNECT to a host
-// on the fabric, dialled from the fabric namespace. Only fabric addresses
-// are allowed, so the API server cannot be turned into a way out.
+// on the fabric (a kubelet), dialled from the fabric namespace, or to a pod
+// (the pods/proxy and services/proxy subresources, which dial an endpoint's
+// address), dialled from the external namespace. Nothing else is allowed,
+// so the API server cannot be turned into a way out.
 func serveEgress(ctx context.Context, c Config, log *slog.Logger) error {
 	sock := c.EgressSocket()
 	_ = os.Remove(sock)
@@ -70,7 +72,6 @@ func serveEgress(ctx context.Context, c Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("egress proxy: %w", err)
 	}
-	fabric := netutil.Path(c.NetNS("fabric"))
 	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodConnect {
 			http.Error(w, "CONNECT only", http.StatusMethodNotAllowed)
@@ -78,12 +79,16 @@ func serveEgress(ctx context.Context, c Config, log *slog.Logger) error {
 		}
 		host, _, err := net.SplitHostPort(r.Host)
 		a, perr := netip.ParseAddr(host)
-		if err != nil || perr != nil || !(UnderlayV4.Contains(a.Unmap()) || UnderlayV6.Contains(a)) {
-			http.Error(w, "destination "+r.Host+" is not on the lab fabric", http.StatusForbidden)
+		from := ""
+		if err == nil && perr == nil {
+			from = egressFrom(a)
+		}
+		if from == "" {
+			http.Error(w, "destination "+r.Host+" is neither on the lab fabric nor a pod address", http.StatusForbidden)
 			return
 		}
 		dctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
-		out, err := netutil.DialContext(dctx, fabric, "tcp", r.Host)
+		out, err := netutil.DialContext(dctx, netutil.Path(c.NetNS(from)), "tcp", r.Host)
 		cancel()
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadGateway)
@@ -117,6 +122,33 @@ func serveEgress(ctx context.Context, c Config, log *slog.Logger) error {
 		}
 	}()
 	return nil
+}
+
+// egressFrom returns the lab namespace (role) the egress proxy dials dst
+// from, or "" when it refuses dst. Fabric addresses (the nodes, for the
+// kubelets' API) are dialled from the fabric namespace. Pod addresses
+// (PodRoutesViaNodes) are dialled from the external namespace: it routes
+// them via the nodes, as a router beside the cluster would, and the chart's
+// world-to-default policy admits it; a node's own namespace would do for
+// its own pods only. Service VIPs inside those prefixes are refused: the
+// API server's proxies dial endpoints, never a VIP, and a VIP is not
+// served to the world.
+func egressFrom(dst netip.Addr) string {
+	dst = dst.Unmap()
+	if UnderlayV4.Contains(dst) || UnderlayV6.Contains(dst) {
+		return "fabric"
+	}
+	for _, p := range serviceRanges {
+		if p.Contains(dst) {
+			return ""
+		}
+	}
+	for _, p := range PodRoutesViaNodes {
+		if p.Contains(dst) {
+			return "external"
+		}
+	}
+	return ""
 }
 
 // egressConfig is the API server's EgressSelectorConfiguration: traffic

@@ -57,6 +57,9 @@ func Up(ctx context.Context, c Config, out io.Writer) (*Status, error) {
 		return nil, err
 	}
 	if st, err := GetStatus(c); err == nil && st.Error == "" {
+		if c.DNS && !st.DNS {
+			return nil, fmt.Errorf("lab %s runs without cluster DNS: take it down first (lace-lab down --name %s)", c.Name, c.Name)
+		}
 		fmt.Fprintf(out, "lab %s is already running\n", c.Name)
 		return waitUp(ctx, c, st.PID)
 	}
@@ -84,7 +87,7 @@ func Up(ctx context.Context, c Config, out io.Writer) (*Status, error) {
 		"--name", c.Name, "--nodes", strconv.Itoa(c.Nodes), "--zones", strconv.Itoa(c.Zones),
 		"--state-root", c.StateRoot, "--k8s-bin", c.K8sBinDir, "--cni-bin", c.CNIBinDir,
 		"--cni", c.CNI, "--images", c.ImageDir, "--helm", c.Helm,
-		"--lace-tag", c.LaceTag)
+		"--lace-tag", c.LaceTag, "--dns="+strconv.FormatBool(c.DNS))
 	cmd.Env = append(os.Environ(), EnvLab+"="+c.Name)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -140,6 +143,9 @@ func checkBinaries(c Config) error {
 	}
 	for _, img := range c.Images() {
 		if _, err := os.Stat(img); err != nil {
+			if filepath.Base(img) == images.CoreDNSTar {
+				return fmt.Errorf("missing image %s (cluster DNS): run 'make coredns'", img)
+			}
 			return fmt.Errorf("missing image %s: run 'make images'", img)
 		}
 	}

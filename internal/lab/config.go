@@ -17,8 +17,10 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 
 	"github.com/lace-cni/lace/internal/controlplane"
+	"github.com/lace-cni/lace/internal/images"
 )
 
 // Config describes one lab.
@@ -42,6 +44,11 @@ type Config struct {
 	Helm string
 	// LaceTag is the tag of the Lace image the chart runs.
 	LaceTag string
+	// DNS runs cluster DNS: CoreDNS behind kube-system/kube-dns (DNSAddrs),
+	// as kubeadm deploys it, and kubelets that point pods at it. Off by
+	// default, for CoreDNS takes ten minutes to build on a cold cache
+	// (make coredns); the conformance run turns it on.
+	DNS bool
 }
 
 // CNI choices of a lab.
@@ -99,6 +106,10 @@ func (c Config) Validate() error {
 	}
 	if c.CNI != CNILace && c.CNI != CNIBridge {
 		return fmt.Errorf("--cni %q: want lace or bridge", c.CNI)
+	}
+	if c.DNS && c.CNI != CNILace {
+		// No kube-proxy runs in a lab: Lace is what serves kube-dns.
+		return fmt.Errorf("--dns needs --cni lace: the bridge lab has no service proxy to serve kube-dns")
 	}
 	if c.Zones < 1 || c.Zones > c.Nodes {
 		return fmt.Errorf("--zones %d: want 1 to the number of nodes", c.Zones)
@@ -210,10 +221,37 @@ func BridgePodCIDRs(i int) (netip.Prefix, netip.Prefix) {
 // ServiceCIDRs are the lab's service ranges (dual-stack).
 const ServiceCIDRs = "10.96.0.0/16,fd00:96::/108"
 
+// serviceRanges are the prefixes of ServiceCIDRs.
+var serviceRanges = func() []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range strings.Split(ServiceCIDRs, ",") {
+		out = append(out, netip.MustParsePrefix(s))
+	}
+	return out
+}()
+
+// DNSAddrs are the kube-dns Service's cluster IPs, the conventional .10 of
+// each service range (10.96.0.10, fd00:96::a), as kubeadm picks them.
+func DNSAddrs() []netip.Addr {
+	var out []netip.Addr
+	for _, p := range serviceRanges {
+		a := p.Addr()
+		for range 10 {
+			a = a.Next()
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
 // Images are the tarballs every node imports at up.
 func (c Config) Images() []string {
+	names := []string{images.PauseTar, images.AgnhostTar, images.LaceTar}
+	if c.DNS {
+		names = append(names, images.CoreDNSTar)
+	}
 	var out []string
-	for _, n := range []string{"pause.tar", "agnhost.tar", "lace.tar"} {
+	for _, n := range names {
 		out = append(out, filepath.Join(c.ImageDir, n))
 	}
 	return out

@@ -35,11 +35,13 @@ type Status struct {
 	Kubeconfig string `json:"kubeconfig"`
 	APIServer  string `json:"apiServer"`
 	// FabricAPIServer is where nodes and pods reach the API server.
-	FabricAPIServer string       `json:"fabricAPIServer"`
-	StartedAt       time.Time    `json:"startedAt"`
-	UpSeconds       float64      `json:"upSeconds,omitempty"`
-	Nodes           []NodeStatus `json:"nodes"`
-	Processes       []ProcStatus `json:"processes"`
+	FabricAPIServer string `json:"fabricAPIServer"`
+	// DNS tells that the lab runs cluster DNS (Config.DNS).
+	DNS       bool         `json:"dns,omitempty"`
+	StartedAt time.Time    `json:"startedAt"`
+	UpSeconds float64      `json:"upSeconds,omitempty"`
+	Nodes     []NodeStatus `json:"nodes"`
+	Processes []ProcStatus `json:"processes"`
 }
 
 // NodeStatus describes one lab node.
@@ -83,7 +85,7 @@ func RunDaemon(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	d := &daemon{cfg: cfg, log: log, shutdown: make(chan struct{})}
-	d.status = Status{Name: cfg.Name, PID: os.Getpid(), Kubeconfig: cfg.Kubeconfig(), StartedAt: time.Now()}
+	d.status = Status{Name: cfg.Name, PID: os.Getpid(), Kubeconfig: cfg.Kubeconfig(), StartedAt: time.Now(), DNS: cfg.DNS}
 	if err := os.MkdirAll(cfg.StateDir(), 0o755); err != nil {
 		return fmt.Errorf("create state dir: %w", err)
 	}
@@ -233,6 +235,11 @@ func (d *daemon) up(ctx context.Context) error {
 			return err
 		}
 	}
+	if c.DNS {
+		if err := installDNS(ctx, client); err != nil {
+			return err
+		}
+	}
 	if err := d.startNodes(ctx, cp.PKI, d.status.FabricAPIServer); err != nil {
 		return err
 	}
@@ -240,7 +247,12 @@ func (d *daemon) up(ctx context.Context) error {
 		return err
 	}
 	if c.CNI == CNILace {
-		return waitLace(ctx, restCfg, c.Nodes, d.alive)
+		if err := waitLace(ctx, restCfg, c.Nodes, d.alive); err != nil {
+			return err
+		}
+	}
+	if c.DNS {
+		return waitDNS(ctx, client, d.alive)
 	}
 	return nil
 }

@@ -220,7 +220,7 @@ func (n *node) writeFiles(pki *controlplane.PKI, apiServer string) error {
 	}
 	files := map[string]string{
 		nodeKubeDir + "/kubelet.conf":        kubeletKubeconfig(apiServer, n.name),
-		nodeKubeDir + "/kubelet-config.yaml": kubeletConfig(n.cgroupRoot()),
+		nodeKubeDir + "/kubelet-config.yaml": kubeletConfig(n.cgroupRoot(), n.cfg.DNS),
 		nodeContainerdConf:                   containerdConfig,
 	}
 	for p, content := range files {
@@ -290,8 +290,16 @@ current-context: lab
 // machine with cgroup v1 and no systemd as PID 1: the cgroupfs driver, a
 // cgroup root of its own, no swap check, and eviction and image GC
 // thresholds that a shared lab disk cannot trip (images cannot be pulled
-// again here).
-func kubeletConfig(cgroupRoot string) string {
+// again here). With dns, pods (dnsPolicy ClusterFirst) resolve through the
+// lab's kube-dns Service; kubeadm names its first address only, and so does
+// the lab: a second nameserver is asked only when the first times out.
+// Without it, pods get the machine's resolv.conf (and the kubelet warns
+// MissingClusterDNS).
+func kubeletConfig(cgroupRoot string, dns bool) string {
+	clusterDNS := ""
+	if dns {
+		clusterDNS = "clusterDNS: [" + DNSAddrs()[0].String() + "]\n"
+	}
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: 0.0.0.0
@@ -313,7 +321,7 @@ cgroupsPerQOS: true
 failSwapOn: false
 failCgroupV1: false
 clusterDomain: cluster.local
-resolvConf: /etc/resolv.conf
+%[6]sresolvConf: /etc/resolv.conf
 serializeImagePulls: false
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
@@ -324,7 +332,7 @@ evictionHard:
   imagefs.available: 1%%
 nodeStatusReportFrequency: 1m
 shutdownGracePeriod: 0s
-`, kubeletPort, kubeletHealthzPort, nodeKubeDir, nodeContainerdSock, cgroupRoot)
+`, kubeletPort, kubeletHealthzPort, nodeKubeDir, nodeContainerdSock, cgroupRoot, clusterDNS)
 }
 
 // containerdConfig: everything per node (root, state and socket are the

@@ -33,6 +33,8 @@ var (
 	rootBefore rootState
 	upTime     time.Duration
 	skipReason string
+	// labDNS: the lab runs cluster DNS (LACE_E2E_DNS, make test DNS=1).
+	labDNS = os.Getenv("LACE_E2E_DNS") != ""
 )
 
 func TestMain(m *testing.M) {
@@ -61,7 +63,11 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	start := time.Now()
-	out, err := labCmd("up", "--nodes", "3", "--zones", "2").CombinedOutput()
+	args := []string{"up", "--nodes", "3", "--zones", "2"}
+	if labDNS {
+		args = append(args, "--dns")
+	}
+	out, err := labCmd(args...).CombinedOutput()
 	upTime = time.Since(start)
 	// Whatever happens from here, the lab goes away again.
 	defer func() { _ = labCmd("down").Run() }()
@@ -95,9 +101,11 @@ func prerequisites() string {
 	if m := controlplane.MissingBinaries(controlplane.DefaultBinDir(), "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"); len(m) > 0 {
 		return fmt.Sprintf("missing %v: run 'make k8s-bins'", m)
 	}
-	for _, img := range lab.DefaultConfig().Images() {
+	cfg := lab.DefaultConfig()
+	cfg.DNS = labDNS
+	for _, img := range cfg.Images() {
 		if _, err := os.Stat(img); err != nil {
-			return fmt.Sprintf("missing image %s: run 'make images'", img)
+			return fmt.Sprintf("missing image %s: run 'make images' (and 'make coredns' for LACE_E2E_DNS)", img)
 		}
 	}
 	if _, err := os.Stat(lab.DefaultConfig().Helm); err != nil {
