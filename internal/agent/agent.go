@@ -112,6 +112,14 @@ type Agent struct {
 	// applier is the one writer of the data plane.
 	applier *applier
 
+	// computeMu serialises computations of the desired state (the
+	// reconciler's, the periodic resync's, a CNI ADD waiting for blocks),
+	// which share compute.
+	computeMu sync.Mutex
+	compute   computeCache
+	// routes mirrors the views map (the applier's alone).
+	routes routeMirror
+
 	mu sync.Mutex
 	// state is the node's desired state; haveState once computed.
 	state     model.NodeState
@@ -159,12 +167,12 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		Scheme:                 scheme.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: o.MetricsAddr},
 		HealthProbeBindAddress: o.HealthAddr,
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+		Cache: trimCache(cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}: {Field: fields.OneTermEqualSelector("spec.nodeName", o.NodeName)},
 			// Every NetworkEndpoint: services resolve their endpoints'
 			// networks from them (this node's own records are read by
 			// name, or listed by label from the API).
-		}},
+		}}),
 		Controller: ctrlConfig(o),
 	})
 	if err != nil {
@@ -172,7 +180,7 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		return nil, fmt.Errorf("create manager: %w", err)
 	}
 	a := &Agent{opts: o, log: log.With("node", o.NodeName), mgr: mgr, client: mgr.GetClient(), reader: mgr.GetAPIReader(),
-		recorder: mgr.GetEventRecorderFor("lace-agent/" + o.NodeName), dp: dp, cp: cp, statusKick: make(chan struct{}, 1),
+		recorder: mgr.GetEventRecorderFor("lace-agent/" + o.NodeName), dp: newTableDP(dp), cp: cp, statusKick: make(chan struct{}, 1),
 		node: linuxNode{ns: o.NetNS, underlay: o.UnderlayInterface}}
 	// The DaemonSet's probes: /healthz answers while the process serves;
 	// /readyz once the data plane has been programmed (what CNI STATUS
