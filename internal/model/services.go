@@ -183,8 +183,8 @@ func (e *ServiceEnv) Compute(svc *corev1.Service, svcSlices []*discoveryv1.Endpo
 func bySliceName(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) }
 
 // MergeServices assembles the state of a node from the results of its
-// services, in any order (Skipped ones are ignored): what ComputeServices
-// returns for the same services.
+// services, in any order (Skipped ones are ignored; in (namespace, name)
+// order is cheapest): what ComputeServices returns for the same services.
 func MergeServices(results []*ServiceResult) ServiceState {
 	var st ServiceState
 	ports, excl := 0, 0
@@ -199,9 +199,14 @@ func MergeServices(results []*ServiceResult) ServiceState {
 			excl += len(r.Excluded)
 		}
 	}
-	slices.SortStableFunc(order, func(a, b *ServiceResult) int {
+	byName := func(a, b *ServiceResult) int {
 		return cmp.Or(cmp.Compare(a.Binding.Namespace, b.Binding.Namespace), cmp.Compare(a.Binding.Name, b.Binding.Name))
-	})
+	}
+	// A caller that keeps its results in order (the agent) is spared the
+	// sort.
+	if !slices.IsSortedFunc(order, byName) {
+		slices.SortStableFunc(order, byName)
+	}
 	if len(order) > 0 {
 		st.Bound = make([]ServiceBinding, 0, len(order))
 	}
