@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
@@ -22,13 +23,18 @@ import (
 type serviceCache struct {
 	env     *model.ServiceEnv
 	entries map[model.ServiceKey]*svcEntry
-	gen     uint64
+	// order has entries by (namespace, name), the merge's order: sorted
+	// again only when services come or go.
+	order []*svcEntry
+	gen   uint64
 	// state and vips are the merge of entries.
 	state model.ServiceState
 	vips  []model.ServiceVIPs
 }
 
 type svcEntry struct {
+	key    model.ServiceKey
+	pos    int // in order; -1 until placed
 	uid    types.UID
 	rv     string
 	slices []objVersion // by name, as the result saw them
@@ -60,7 +66,7 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool, svc
 			bySvc[k] = append(bySvc[k], sl)
 		}
 	}
-	changed := sharedChanged
+	changed, reorder := sharedChanged, false
 	for _, svc := range svcs {
 		k := model.ServiceKey{Namespace: svc.Namespace, Name: svc.Name}
 		group := bySvc[k]
@@ -84,7 +90,12 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool, svc
 			continue
 		}
 		changed = true
-		n := &svcEntry{uid: svc.UID, rv: svc.ResourceVersion, gen: c.gen, res: c.env.Compute(svc, group)}
+		n := &svcEntry{key: k, pos: -1, uid: svc.UID, rv: svc.ResourceVersion, gen: c.gen, res: c.env.Compute(svc, group)}
+		if e != nil && e.pos >= 0 {
+			n.pos, c.order[e.pos] = e.pos, n
+		} else {
+			reorder = true
+		}
 		if len(group) > 0 {
 			n.slices = make([]objVersion, len(group))
 			for i, sl := range group {
@@ -96,15 +107,27 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool, svc
 	for k, e := range c.entries {
 		if e.gen != c.gen {
 			delete(c.entries, k)
-			changed = true
+			changed, reorder = true, true
 		}
 	}
 	if !changed {
 		return c.state, c.vips, false
 	}
-	results := make([]*model.ServiceResult, 0, len(c.entries))
-	for _, e := range c.entries {
-		results = append(results, &e.res)
+	if reorder {
+		c.order = c.order[:0]
+		for _, e := range c.entries {
+			c.order = append(c.order, e)
+		}
+		slices.SortFunc(c.order, func(a, b *svcEntry) int {
+			return cmp.Or(cmp.Compare(a.key.Namespace, b.key.Namespace), cmp.Compare(a.key.Name, b.key.Name))
+		})
+		for i, e := range c.order {
+			e.pos = i
+		}
+	}
+	results := make([]*model.ServiceResult, len(c.order))
+	for i, e := range c.order {
+		results[i] = &e.res
 	}
 	c.state = model.MergeServices(results)
 	// The VIPs of the bound services, in Bound's order.

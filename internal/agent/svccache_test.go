@@ -206,3 +206,43 @@ func TestServiceCacheMatchesComputeServices(t *testing.T) {
 		t.Errorf("%d services computed over 300 rounds of ~30 services", computed)
 	}
 }
+
+// BenchmarkServiceCacheOneChange: one EndpointSlice of 10,000 services
+// changes between two updates (the services bench's endpoint change).
+func BenchmarkServiceCacheOneChange(b *testing.B) {
+	const n = 10000
+	shared := model.ServiceInput{Node: "n1", Networks: []lacev1.Network{{ObjectMeta: metav1.ObjectMeta{Name: "default"},
+		Status: lacev1.NetworkStatus{ID: 1}}}, BindingPolicies: []lacev1.NetworkBindingPolicy{{ObjectMeta: metav1.ObjectMeta{Name: "default"},
+		Spec: lacev1.NetworkBindingPolicySpec{Network: "default", Priority: model.CatchAllPriority}}}}
+	svcs := make([]corev1.Service, n)
+	sls := make([]discoveryv1.EndpointSlice, n)
+	for i := range n {
+		name := fmt.Sprintf("s%05d", i)
+		vip := fmt.Sprintf("10.96.%d.%d", i>>8, i&255)
+		svcs[i] = corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: name, ResourceVersion: "1"},
+			Spec: corev1.ServiceSpec{ClusterIP: vip, ClusterIPs: []string{vip}, Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}
+		sl := discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: name, ResourceVersion: "1",
+			Labels: map[string]string{discoveryv1.LabelServiceName: name}}, AddressType: discoveryv1.AddressTypeIPv4,
+			Ports: []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080)}}}
+		for j := range 10 {
+			sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{fmt.Sprintf("10.%d.%d.%d", 160+i>>12, i>>4&255, (i&15)*10+j)}})
+		}
+		sls[i] = sl
+	}
+	var c serviceCache
+	sp, slp := ptrs(svcs), ptrs(sls)
+	c.update(shared, true, sp, slp)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		k := i % n
+		sl := *slp[k]
+		sl.ResourceVersion = strconv.Itoa(i + 2)
+		sl.Endpoints = slices.Clone(sl.Endpoints)
+		sl.Endpoints[0].Addresses = []string{fmt.Sprintf("10.200.%d.%d", i>>8&255, i&255)}
+		slp[k] = &sl
+		if st, _, _ := c.update(shared, false, sp, slp); len(st.Services) != n {
+			b.Fatal(len(st.Services))
+		}
+	}
+}
