@@ -14,15 +14,45 @@ import (
 type tableDP struct {
 	*datapath.Datapath
 	services *datapath.ServiceTable
+	// applied is the desired state the table last applied without error.
+	applied *appliedSlice[datapath.Service]
 }
 
 func newTableDP(d *datapath.Datapath) tableDP {
-	return tableDP{Datapath: d, services: datapath.NewServiceTable(d)}
+	return tableDP{Datapath: d, services: datapath.NewServiceTable(d), applied: &appliedSlice[datapath.Service]{}}
 }
 
-// ApplyServices implements dataplane.
+// ApplyServices implements dataplane. The desired services are computed
+// anew only when they change (serviceCache): the very slice applied last
+// time, applied without error, is left alone without even a comparison.
 func (d tableDP) ApplyServices(want []datapath.Service) (map[datapath.ServiceKey][]datapath.Backend, error) {
-	return d.services.Apply(want)
+	if d.applied.same(want) {
+		return nil, nil
+	}
+	gone, err := d.services.Apply(want)
+	d.applied.set(want, err == nil)
+	return gone, err
+}
+
+// appliedSlice remembers which slice was last applied: the desired state
+// keeps a slice while it is unchanged and makes a new one when it
+// changes (nothing changes one in place), so the same slice, applied
+// without error, needs no work.
+type appliedSlice[T any] struct {
+	ptr *T
+	n   int
+	ok  bool
+}
+
+func (a *appliedSlice[T]) same(s []T) bool {
+	return a.ok && len(s) > 0 && a.n == len(s) && a.ptr == &s[0]
+}
+
+func (a *appliedSlice[T]) set(s []T, ok bool) {
+	a.ptr, a.n, a.ok = nil, len(s), ok
+	if len(s) > 0 {
+		a.ptr = &s[0]
+	}
 }
 
 // routeMirror is the routes map (the views) as the agent last wrote it:
@@ -35,6 +65,8 @@ type routeMirror struct {
 	dp   dataplane
 	have map[routeKey]mirroredRoute
 	gen  uint64
+	// applied is the desired views last synced without error.
+	applied appliedSlice[datapath.Route]
 }
 
 type routeKey struct {
@@ -50,7 +82,11 @@ type mirroredRoute struct {
 // sync upserts the wanted routes that are missing or differ and deletes
 // the ones not wanted. A write that fails leaves the mirror as the map
 // is (the old entry, or none), so the next sync tries it again.
-func (m *routeMirror) sync(dp dataplane, want []datapath.Route) error {
+func (m *routeMirror) sync(dp dataplane, want []datapath.Route) (err error) {
+	if m.dp == dp && m.applied.same(want) {
+		return nil // the views did not change (an endpoint did)
+	}
+	defer func() { m.applied.set(want, err == nil) }()
 	if m.have == nil || m.dp != dp {
 		cur, err := dp.Routes()
 		if err != nil {
