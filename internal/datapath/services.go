@@ -173,6 +173,36 @@ func readMap[K comparable, V any](m *ebpf.Map, fn func(K, V)) error {
 	return it.Err()
 }
 
+// countEntries counts m's entries (MapSizes, read every few seconds for
+// the node's status and metrics): the services and backends maps, which
+// hold a hundred thousand entries on a large cluster, by batches; the
+// others one key at a time, without reading values.
+func (d *Datapath) countEntries(m *ebpf.Map) (int, error) {
+	n := 0
+	switch m {
+	case d.pod.LaceBackends:
+		err := readMap(m, func(podBackendKey, podBackendVal) { n++ })
+		return n, err
+	case d.pod.LaceServices:
+		err := readMap(m, func(podSvcKey, podSvcVal) { n++ })
+		return n, err
+	}
+	key := make([]byte, m.KeySize())
+	err := m.NextKey(nil, key)
+	for ; err == nil; err = m.NextKey(key, key) {
+		n++
+		if n > int(m.MaxEntries()) {
+			// Keys deleted under the walk restart it: give up, as
+			// MapIterator does.
+			return 0, ebpf.ErrIterationAborted
+		}
+	}
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return n, nil
+	}
+	return n, err
+}
+
 // Apply makes the services map equal want, writing only what differs from
 // what the table last wrote: new and changed services' backends first,
 // then the services, then the backends past a shrunk count, and last the

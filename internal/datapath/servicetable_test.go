@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+
+	"github.com/cilium/ebpf"
 )
 
 // TestServiceTableMatchesReadBack: a ServiceTable kept across applies
@@ -116,6 +118,10 @@ func TestServiceTableMatchesReadBack(t *testing.T) {
 		if n := countEntries(t, kept); n != countEntries(t, fresh) {
 			t.Fatalf("round %d: %d backends, the read-back path %d", round, n, countEntries(t, fresh))
 		}
+		if sizes, err := kept.MapSizes(); err != nil || sizes["services"] != len(cur) || sizes["backends"] != countEntries(t, kept) ||
+			sizes["networks"] != 1 || sizes["routes"] != iterCount(t, kept.pod.LaceRoutes) {
+			t.Fatalf("round %d: map sizes %v (%v), want %d services", round, sizes, err, len(cur))
+		}
 	}
 }
 
@@ -123,6 +129,20 @@ func countEntries(t *testing.T, d *Datapath) int {
 	t.Helper()
 	n := 0
 	if err := readMap(d.pod.LaceBackends, func(podBackendKey, podBackendVal) { n++ }); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func iterCount(t *testing.T, m *ebpf.Map) int {
+	t.Helper()
+	n := 0
+	var k, v []byte
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	if err := it.Err(); err != nil {
 		t.Fatal(err)
 	}
 	return n
