@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"slices"
+
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -76,12 +78,31 @@ func trimEndpointSlice(in any) (any, error) {
 		return in, nil
 	}
 	trimMeta(&s.ObjectMeta, corev1.EndpointsLastChangeTriggerTime)
+	// Decoding grows the endpoints by appending: up to twice the room
+	// they need, kept as long as the object is.
+	s.Endpoints = slices.Clone(s.Endpoints)
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
 		e.Hostname, e.DeprecatedTopology = nil, nil
 		if r := e.TargetRef; r != nil {
 			e.TargetRef = &corev1.ObjectReference{Kind: r.Kind, Namespace: r.Namespace, Name: r.Name, UID: r.UID}
 		}
+		// Each condition is a pointer to a bool of its own: cached
+		// objects are never written, so they can all share two.
+		c := &e.Conditions
+		c.Ready, c.Serving, c.Terminating = sharedBool(c.Ready), sharedBool(c.Serving), sharedBool(c.Terminating)
 	}
 	return s, nil
+}
+
+var boolTrue, boolFalse = true, false
+
+func sharedBool(b *bool) *bool {
+	switch {
+	case b == nil:
+		return nil
+	case *b:
+		return &boolTrue
+	}
+	return &boolFalse
 }
