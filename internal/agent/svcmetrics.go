@@ -35,19 +35,39 @@ func init() {
 // sliceTracker remembers the EndpointSlice versions the data plane serves,
 // to report how long each change took to program.
 type sliceTracker struct {
-	seen   map[types.UID]string
+	seen   map[types.UID]seenSlice
 	primed bool
+	gen    uint64
+}
+
+type seenSlice struct {
+	rv  string
+	gen uint64
 }
 
 // changed returns the trigger times of the slices that changed since the
-// last call (none the first time: what existed before the agent started is
-// not its latency) and remembers the current versions.
+// last call (none the first time: what existed before the agent started
+// is not its latency) and remembers the current versions.
 func (t *sliceTracker) changed(slices []discoveryv1.EndpointSlice) []time.Time {
-	next := make(map[types.UID]string, len(slices))
+	return t.changedPtrs(ptrs(slices))
+}
+
+// changedPtrs is changed for the cache's own objects. Its cost is a map
+// lookup per slice: nothing is allocated for slices that did not change.
+func (t *sliceTracker) changedPtrs(slices []*discoveryv1.EndpointSlice) []time.Time {
+	if t.seen == nil {
+		t.seen = make(map[types.UID]seenSlice, len(slices))
+	}
+	t.gen++
 	var out []time.Time
 	for _, s := range slices {
-		next[s.UID] = s.ResourceVersion
-		if !t.primed || t.seen[s.UID] == s.ResourceVersion {
+		old, ok := t.seen[s.UID]
+		if ok && old.rv == s.ResourceVersion {
+			t.seen[s.UID] = seenSlice{old.rv, t.gen}
+			continue
+		}
+		t.seen[s.UID] = seenSlice{s.ResourceVersion, t.gen}
+		if !t.primed {
 			continue
 		}
 		if v, ok := s.Annotations[corev1.EndpointsLastChangeTriggerTime]; ok {
@@ -56,6 +76,11 @@ func (t *sliceTracker) changed(slices []discoveryv1.EndpointSlice) []time.Time {
 			}
 		}
 	}
-	t.seen, t.primed = next, true
+	for uid, s := range t.seen {
+		if s.gen != t.gen {
+			delete(t.seen, uid)
+		}
+	}
+	t.primed = true
 	return out
 }

@@ -14,6 +14,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -29,42 +31,15 @@ const FieldManager = "lace-agent"
 // UnderlayEndpoint to the desired state. It is the one place that applies:
 // watches only enqueue.
 func (a *Agent) reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
-	var in model.NodeInput
-	in.Node = a.opts.NodeName
-	var nets lacev1.NetworkList
-	var allocs lacev1.AllocationList
-	var ueps lacev1.UnderlayEndpointList
-	var nrps lacev1.NetworkRoutingPolicyList
-	var srps lacev1.ServiceRoutingPolicyList
-	var nbps lacev1.NetworkBindingPolicyList
-	var neps lacev1.NetworkEndpointList
-	var svcs corev1.ServiceList
-	var slices discoveryv1.EndpointSliceList
-	var nss corev1.NamespaceList
-	var cidrs networkingv1.ServiceCIDRList
-	for _, l := range []client.ObjectList{&nets, &allocs, &ueps, &nrps, &srps, &nbps, &neps, &svcs, &slices, &nss, &cidrs} {
-		if err := a.client.List(ctx, l); err != nil {
-			return reconcile.Result{}, fmt.Errorf("list %T: %w", l, err)
-		}
-	}
-	in.Networks, in.Allocations, in.Underlays, in.RoutingPolicies = nets.Items, allocs.Items, ueps.Items, nrps.Items
-	nsLabels := make(map[string]map[string]string, len(nss.Items))
-	for _, ns := range nss.Items {
-		nsLabels[ns.Name] = ns.Labels
-	}
-	svcState := model.ComputeServices(model.ServiceInput{Node: a.opts.NodeName, Zone: a.nodeZone(ctx),
-		Networks: nets.Items, BindingPolicies: nbps.Items, Services: svcs.Items, EndpointSlices: slices.Items,
-		NetworkEndpoints: neps.Items, Namespaces: nsLabels})
-	in.Services, in.ServiceRoutingPolicies, in.Namespaces = model.BoundServiceVIPs(svcs.Items, svcState.Bound), srps.Items, nsLabels
-	in.ServiceCIDRs = model.ServiceCIDRPrefixes(cidrs.Items)
-
-	if err := a.publishUnderlay(ctx, ueps.Items); err != nil {
+	st, in, slices, err := a.desiredState(ctx)
+	if err != nil {
 		return reconcile.Result{}, err
 	}
-	st := model.ComputeNode(in)
-	st.Services = svcState.Services
+	if err := a.publishUnderlay(ctx, in.ueps, in.node, in.nodeErr); err != nil {
+		return reconcile.Result{}, err
+	}
 	a.mu.Lock()
-	triggers := a.slices.changed(slices.Items)
+	triggers := a.slices.changedPtrs(slices)
 	a.mu.Unlock()
 	// The checkpoint is made true to the kernel before the data plane is
 	// written from it: stale endpoints go, and (once per start) what the
@@ -72,7 +47,7 @@ func (a *Agent) reconcile(ctx context.Context, _ reconcile.Request) (reconcile.R
 	if err := a.dropStaleEndpoints(ctx); err != nil {
 		return reconcile.Result{}, err
 	}
-	if err := a.adoptOnce(ctx, st, nets.Items); err != nil {
+	if err := a.adoptOnce(ctx, st, in.nets); err != nil {
 		return reconcile.Result{}, fmt.Errorf("adopt pod attachments: %w", err)
 	}
 	a.mu.Lock()
@@ -99,6 +74,148 @@ func (a *Agent) reconcile(ctx context.Context, _ reconcile.Request) (reconcile.R
 	return reconcile.Result{}, nil
 }
 
+// listed is what one reconcile read of the cache, besides services.
+type listed struct {
+	node    *corev1.Node // nil when it could not be read, and why
+	nodeErr error
+	nets    []lacev1.Network
+	ueps    []lacev1.UnderlayEndpoint
+}
+
+// desiredState computes the node's desired state from the cache. Only what
+// changed since the last computation is computed again: each service whose
+// Service or EndpointSlices changed (serviceCache), and the views only
+// when their inputs did (networks, allocations, underlays, policies,
+// namespaces, service ranges, the VIPs of bound services), since an
+// endpoint change leaves every view as it was. Objects are read from the
+// cache without copies: nothing here or in the model modifies them.
+func (a *Agent) desiredState(ctx context.Context) (model.NodeState, listed, []*discoveryv1.EndpointSlice, error) {
+	var nets lacev1.NetworkList
+	var allocs lacev1.AllocationList
+	var ueps lacev1.UnderlayEndpointList
+	var nrps lacev1.NetworkRoutingPolicyList
+	var srps lacev1.ServiceRoutingPolicyList
+	var nbps lacev1.NetworkBindingPolicyList
+	var neps lacev1.NetworkEndpointList
+	var nss corev1.NamespaceList
+	var cidrs networkingv1.ServiceCIDRList
+	for _, l := range []client.ObjectList{&nets, &allocs, &ueps, &nrps, &srps, &nbps, &neps, &nss, &cidrs} {
+		if err := a.client.List(ctx, l, client.UnsafeDisableDeepCopy); err != nil {
+			return model.NodeState{}, listed{}, nil, fmt.Errorf("list %T: %w", l, err)
+		}
+	}
+	svcs, slices, err := a.listServices(ctx)
+	if err != nil {
+		return model.NodeState{}, listed{}, nil, err
+	}
+	in := listed{nets: nets.Items, ueps: ueps.Items}
+	var node corev1.Node
+	zone := ""
+	// The node's zone ("" when it has none, or the Node cannot be read).
+	if in.nodeErr = a.client.Get(ctx, types.NamespacedName{Name: a.opts.NodeName}, &node, client.UnsafeDisableDeepCopy); in.nodeErr == nil {
+		in.node, zone = &node, node.Labels[corev1.LabelTopologyZone]
+	}
+
+	a.computeMu.Lock()
+	defer a.computeMu.Unlock()
+	c := &a.compute
+	// Every tracker is updated, whatever the others say.
+	netsChanged := c.nets.update(len(nets.Items), func(i int) client.Object { return &nets.Items[i] })
+	nbpsChanged := c.nbps.update(len(nbps.Items), func(i int) client.Object { return &nbps.Items[i] })
+	nepsChanged := c.neps.update(len(neps.Items), func(i int) client.Object { return &neps.Items[i] })
+	nssChanged := c.nss.update(len(nss.Items), func(i int) client.Object { return &nss.Items[i] })
+	allocsChanged := c.allocs.update(len(allocs.Items), func(i int) client.Object { return &allocs.Items[i] })
+	uepsChanged := c.ueps.update(len(ueps.Items), func(i int) client.Object { return &ueps.Items[i] })
+	nrpsChanged := c.nrps.update(len(nrps.Items), func(i int) client.Object { return &nrps.Items[i] })
+	srpsChanged := c.srps.update(len(srps.Items), func(i int) client.Object { return &srps.Items[i] })
+	cidrsChanged := c.cidrs.update(len(cidrs.Items), func(i int) client.Object { return &cidrs.Items[i] })
+	if nssChanged || c.nsLabels == nil {
+		c.nsLabels = make(map[string]map[string]string, len(nss.Items))
+		for _, ns := range nss.Items {
+			c.nsLabels[ns.Name] = ns.Labels
+		}
+	}
+	zoneChanged := !c.computed || zone != c.zone
+	c.zone = zone
+	svcState, vips, vipsChanged := c.services.update(model.ServiceInput{Node: a.opts.NodeName, Zone: zone,
+		Networks: nets.Items, BindingPolicies: nbps.Items, NetworkEndpoints: neps.Items, Namespaces: c.nsLabels},
+		zoneChanged || netsChanged || nbpsChanged || nepsChanged || nssChanged, svcs, slices)
+	if !c.computed || vipsChanged || netsChanged || nssChanged || allocsChanged || uepsChanged || nrpsChanged || srpsChanged || cidrsChanged {
+		c.node = model.ComputeNode(model.NodeInput{Node: a.opts.NodeName, Networks: nets.Items, Allocations: allocs.Items,
+			Underlays: ueps.Items, RoutingPolicies: nrps.Items, Services: vips, ServiceRoutingPolicies: srps.Items,
+			Namespaces: c.nsLabels, ServiceCIDRs: model.ServiceCIDRPrefixes(cidrs.Items)})
+	}
+	c.computed = true
+	st := c.node
+	st.Services = svcState.Services
+	return st, in, slices, nil
+}
+
+// computeCache is what desiredState keeps between computations.
+type computeCache struct {
+	computed bool
+	services serviceCache
+	// node is the last ComputeNode result (its Services unset).
+	node                                                   model.NodeState
+	nsLabels                                               map[string]map[string]string
+	zone                                                   string
+	nets, nbps, neps, nss, allocs, ueps, nrps, srps, cidrs versions
+}
+
+// listServices lists the Services and EndpointSlices of the cache: the
+// cached objects themselves, straight from the informers' stores when the
+// cache has them (no copy of tens of thousands of objects per reconcile),
+// else from the client. They must not be modified.
+func (a *Agent) listServices(ctx context.Context) ([]*corev1.Service, []*discoveryv1.EndpointSlice, error) {
+	if a.mgr != nil {
+		svcs, err1 := storeList[*corev1.Service](ctx, a.mgr.GetCache(), &corev1.Service{})
+		slices, err2 := storeList[*discoveryv1.EndpointSlice](ctx, a.mgr.GetCache(), &discoveryv1.EndpointSlice{})
+		if err := errors.Join(err1, err2); err == nil {
+			return svcs, slices, nil
+		} else if !errors.Is(err, errNoStore) {
+			return nil, nil, err
+		}
+	}
+	var svcs corev1.ServiceList
+	var slices discoveryv1.EndpointSliceList
+	for _, l := range []client.ObjectList{&svcs, &slices} {
+		if err := a.client.List(ctx, l, client.UnsafeDisableDeepCopy); err != nil {
+			return nil, nil, fmt.Errorf("list %T: %w", l, err)
+		}
+	}
+	return ptrs(svcs.Items), ptrs(slices.Items), nil
+}
+
+var errNoStore = errors.New("the cache has no informer store")
+
+// storeList lists the objects of obj's kind held by the informer of c.
+func storeList[T client.Object](ctx context.Context, c cache.Cache, obj client.Object) ([]T, error) {
+	inf, err := c.GetInformer(ctx, obj)
+	if err != nil {
+		return nil, fmt.Errorf("informer of %T: %w", obj, err)
+	}
+	s, ok := inf.(interface{ GetStore() toolscache.Store })
+	if !ok {
+		return nil, errNoStore
+	}
+	items := s.GetStore().List()
+	out := make([]T, 0, len(items))
+	for _, o := range items {
+		if t, ok := o.(T); ok {
+			out = append(out, t)
+		}
+	}
+	return out, nil
+}
+
+func ptrs[T any](items []T) []*T {
+	out := make([]*T, len(items))
+	for i := range items {
+		out[i] = &items[i]
+	}
+	return out
+}
+
 // adoptOnce runs adoptKernelEndpoints at the agent's first reconcile.
 func (a *Agent) adoptOnce(ctx context.Context, st model.NodeState, nets []lacev1.Network) error {
 	a.addLock.Lock()
@@ -120,8 +237,9 @@ func (a *Agent) nodeState() model.NodeState {
 }
 
 // publishUnderlay writes the node's addresses and zone into its
-// UnderlayEndpoint (the controller owns the locator).
-func (a *Agent) publishUnderlay(ctx context.Context, ueps []lacev1.UnderlayEndpoint) error {
+// UnderlayEndpoint (the controller owns the locator). node is the Node as
+// the cache has it, or nodeErr why it could not be read.
+func (a *Agent) publishUnderlay(ctx context.Context, ueps []lacev1.UnderlayEndpoint, node *corev1.Node, nodeErr error) error {
 	addrs, err := a.node.UnderlayAddrs()
 	if err != nil {
 		return fmt.Errorf("underlay addresses: %w", err)
@@ -129,9 +247,8 @@ func (a *Agent) publishUnderlay(ctx context.Context, ueps []lacev1.UnderlayEndpo
 	a.mu.Lock()
 	a.ownAddrs = addrs
 	a.mu.Unlock()
-	var node corev1.Node
-	if err := a.client.Get(ctx, types.NamespacedName{Name: a.opts.NodeName}, &node); err != nil {
-		return fmt.Errorf("get node: %w", err)
+	if nodeErr != nil {
+		return fmt.Errorf("get node: %w", nodeErr)
 	}
 	zone := node.Labels[corev1.LabelTopologyZone]
 	want := make([]any, 0, len(addrs))
@@ -234,7 +351,7 @@ func (a *Agent) apply(st model.NodeState) error {
 	curNodes, err := a.dp.Nodes()
 	errs = append(errs, err, syncSet(curNodes, st.Nodes, a.dp.UpsertNode, a.dp.DeleteNode))
 	curNets, err := a.dp.Networks()
-	errs = append(errs, err, syncList(curNets, st.Networks, func(n datapath.Network) uint32 { return n.ID },
+	errs = append(errs, err, syncListEq(curNets, st.Networks, func(n datapath.Network) uint32 { return n.ID },
 		a.dp.UpsertNetwork, func(n datapath.Network) error { return a.dp.DeleteNetwork(n.ID) }))
 	// Services before the views that reach their VIPs, so a new VIP is
 	// never looked up before it is served. Flows to endpoints that left a
@@ -248,11 +365,9 @@ func (a *Agent) apply(st model.NodeState) error {
 			a.log.Info("forgot flows to endpoints that left their service", "flows", n)
 		}
 	}
-	curRoutes, err := a.dp.Routes()
-	errs = append(errs, err, syncList(curRoutes, st.Routes, func(r datapath.Route) string { return fmt.Sprint(r.NetID, r.Prefix) },
-		a.dp.UpsertRoute, func(r datapath.Route) error { return a.dp.DeleteRoute(r.NetID, r.Prefix) }))
+	errs = append(errs, a.routes.sync(a.dp, st.Routes))
 	curCls, err := a.dp.Classifiers()
-	errs = append(errs, err, syncList(curCls, st.Classifiers, func(c datapath.Classifier) netip.Prefix { return c.Prefix },
+	errs = append(errs, err, syncListEq(curCls, st.Classifiers, func(c datapath.Classifier) netip.Prefix { return c.Prefix },
 		a.dp.UpsertClassifier, func(c datapath.Classifier) error { return a.dp.DeleteClassifier(c.Prefix) }))
 
 	// Underlay routes to the other nodes' locators, and to their pod
@@ -401,7 +516,31 @@ func (a *Agent) applyEndpoints() error {
 
 // syncSet upserts what is wanted and missing and deletes what is extra.
 func syncSet[T comparable](cur, want []T, upsert, del func(T) error) error {
-	return syncList(cur, want, func(t T) T { return t }, upsert, del)
+	return syncListEq(cur, want, func(t T) T { return t }, upsert, del)
+}
+
+// syncListEq is syncList for items compared with ==.
+func syncListEq[T comparable, K comparable](cur, want []T, key func(T) K, upsert, del func(T) error) error {
+	have := make(map[K]T, len(cur))
+	for _, c := range cur {
+		have[key(c)] = c
+	}
+	wanted := make(map[K]bool, len(want))
+	var errs []error
+	for _, w := range want {
+		k := key(w)
+		wanted[k] = true
+		if c, ok := have[k]; ok && c == w {
+			continue
+		}
+		errs = append(errs, upsert(w))
+	}
+	for k, c := range have {
+		if !wanted[k] {
+			errs = append(errs, del(c))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // syncList upserts wanted items that are missing or differ, and deletes
@@ -487,16 +626,6 @@ func (a *Agent) teardown(ctx context.Context, e Endpoint) error {
 		return fmt.Errorf("tear down endpoint %s (container %q): %w", e.HostIf, e.ContainerID, err)
 	}
 	return a.cp.remove(e.HostIf)
-}
-
-// nodeZone is this node's topology.kubernetes.io/zone label ("" when it has
-// none, or the Node cannot be read).
-func (a *Agent) nodeZone(ctx context.Context) string {
-	var n corev1.Node
-	if err := a.client.Get(ctx, types.NamespacedName{Name: a.opts.NodeName}, &n); err != nil {
-		return ""
-	}
-	return n.Labels[corev1.LabelTopologyZone]
 }
 
 // classifyAddr is the external network the node's address a classifies

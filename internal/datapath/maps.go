@@ -459,13 +459,8 @@ func (d *Datapath) MapSizes() (map[string]int, error) {
 		"networks": d.pod.LaceNetworks, "classify": d.pod.LaceClassify, "nodes": d.pod.LaceNodes,
 		"conntrack": d.pod.LaceCt, "snat": d.pod.LaceSnat, "services": d.pod.LaceServices, "backends": d.pod.LaceBackends,
 	} {
-		n := 0
-		var k, v []byte
-		it := m.Iterate()
-		for it.Next(&k, &v) {
-			n++
-		}
-		if err := it.Err(); err != nil {
+		n, err := d.countEntries(m)
+		if err != nil {
 			return nil, fmt.Errorf("count %s: %w", name, err)
 		}
 		out[name] = n

@@ -70,107 +70,324 @@ func (d *Datapath) serviceEntries() (map[ServiceKey]svcEntry, error) {
 }
 
 // ApplyServices makes the services map equal want, writing only what
-// differs. A changed service's backends are written before its count (and
-// removed after it shrinks), so the programs never pick an index without a
-// backend. It returns the endpoints that stopped being a backend of a
-// service, so that their flows can be forgotten (FlushServiceFlows).
+// differs, judged against what the maps hold now (read back whole: a
+// ServiceTable kept across calls spares that). It returns the endpoints
+// that stopped being a backend of a service, so that their flows can be
+// forgotten (FlushServiceFlows).
 func (d *Datapath) ApplyServices(want []Service) (gone map[ServiceKey][]Backend, err error) {
-	cur, err := d.serviceEntries()
-	if err != nil {
-		return nil, fmt.Errorf("read services: %w", err)
+	return NewServiceTable(d).Apply(want)
+}
+
+// ServiceTable writes the services and backends maps and remembers what
+// it wrote, so that applying a desired state costs what changed rather
+// than a read of every backend. It reads the maps once, at its first Apply
+// (what an agent before it left is adopted, and removed when no longer
+// wanted), and again after a write failed, whose effect on the maps is
+// then unknown. Nothing else may write the two maps while it is in use.
+// It is not safe for concurrent use.
+type ServiceTable struct {
+	d      *Datapath
+	loaded bool
+	cur    map[ServiceKey]*appliedService
+	used   map[uint32]bool
+	// gen marks the services of the Apply in progress.
+	gen uint64
+}
+
+// appliedService is a service as the maps hold it.
+type appliedService struct {
+	id  uint32
+	svc Service
+	// broken: some backend below the count was missing when the maps
+	// were read; the service is written again whatever it is.
+	broken bool
+	gen    uint64
+}
+
+// NewServiceTable is a table of d's services, read at its first Apply.
+func NewServiceTable(d *Datapath) *ServiceTable { return &ServiceTable{d: d} }
+
+// mapBatch is how many entries one batch syscall reads or writes.
+const mapBatch = 4096
+
+// load reads both maps whole into t.
+func (t *ServiceTable) load() error {
+	backends := map[podBackendKey]podBackendVal{}
+	if err := readMap(t.d.pod.LaceBackends, func(k podBackendKey, v podBackendVal) { backends[k] = v }); err != nil {
+		return fmt.Errorf("read backends: %w", err)
 	}
+	cur := map[ServiceKey]*appliedService{}
 	used := map[uint32]bool{}
-	for _, e := range cur {
-		used[e.val.Id] = true
+	err := readMap(t.d.pod.LaceServices, func(k podSvcKey, v podSvcVal) {
+		s := Service{VIP: fromAddr16(k.Family, k.Vip), Proto: k.Proto, Port: ntohs(k.Port),
+			NetID: v.NetId, Drop: v.Flags&svcDrop != 0, AffinitySeconds: v.Affinity}
+		a := &appliedService{id: v.Id}
+		if v.Count > 0 {
+			s.Backends = make([]Backend, 0, v.Count)
+		}
+		for i := range uint32(v.Count) {
+			b, ok := backends[podBackendKey{Id: v.Id, Index: i}]
+			if !ok {
+				a.broken = true
+				continue
+			}
+			s.Backends = append(s.Backends, Backend{Addr: fromAddr16(k.Family, b.Addr), Port: ntohs(b.Port)})
+		}
+		a.svc = s
+		cur[ServiceKey{s.VIP, s.Proto, s.Port}] = a
+		used[v.Id] = true
+	})
+	if err != nil {
+		return fmt.Errorf("read services: %w", err)
 	}
+	t.cur, t.used, t.loaded = cur, used, true
+	return nil
+}
+
+// readMap calls fn for every entry of m: by batches where the kernel
+// supports them on m's type, else one entry at a time.
+func readMap[K comparable, V any](m *ebpf.Map, fn func(K, V)) error {
+	keys, vals := make([]K, mapBatch), make([]V, mapBatch)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		for i := range n {
+			fn(keys[i], vals[i])
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
+		if errors.Is(err, ebpf.ErrNotSupported) && n == 0 {
+			break
+		}
+		if err != nil {
+			return err
+		}
+	}
+	var k K
+	var v V
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		fn(k, v)
+	}
+	return it.Err()
+}
+
+// countEntries counts m's entries (MapSizes, read every few seconds for
+// the node's status and metrics): the services and backends maps, which
+// hold a hundred thousand entries on a large cluster, by batches; the
+// others one key at a time, without reading values.
+func (d *Datapath) countEntries(m *ebpf.Map) (int, error) {
+	n := 0
+	switch m {
+	case d.pod.LaceBackends:
+		err := readMap(m, func(podBackendKey, podBackendVal) { n++ })
+		return n, err
+	case d.pod.LaceServices:
+		err := readMap(m, func(podSvcKey, podSvcVal) { n++ })
+		return n, err
+	}
+	key := make([]byte, m.KeySize())
+	err := m.NextKey(nil, key)
+	for ; err == nil; err = m.NextKey(key, key) {
+		n++
+		if n > int(m.MaxEntries()) {
+			// Keys deleted under the walk restart it: give up, as
+			// MapIterator does.
+			return 0, ebpf.ErrIterationAborted
+		}
+	}
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return n, nil
+	}
+	return n, err
+}
+
+// Apply makes the services map equal want, writing only what differs from
+// what the table last wrote: new and changed services' backends first,
+// then the services, then the backends past a shrunk count, and last the
+// services no longer wanted and theirs, so the programs never pick an
+// index without a backend. It returns the endpoints that stopped being a
+// backend of a service, so that their flows can be forgotten
+// (FlushServiceFlows). want's backends are kept, not copied: the caller
+// must not change them afterwards.
+func (t *ServiceTable) Apply(want []Service) (gone map[ServiceKey][]Backend, err error) {
+	if !t.loaded {
+		if err := t.load(); err != nil {
+			return nil, err
+		}
+	}
+	defer func() {
+		if err != nil {
+			// What the maps hold now is unknown: read them again next time.
+			t.loaded = false
+		}
+	}()
+	t.gen++
 	next := uint32(1)
 	newID := func() uint32 {
-		for used[next] {
+		for t.used[next] {
 			next++
 		}
-		used[next] = true
+		t.used[next] = true
 		return next
 	}
-	have, err := d.Services()
-	if err != nil {
-		return nil, err
-	}
-	haveBy := map[ServiceKey]Service{}
-	for _, s := range have {
-		haveBy[ServiceKey{s.VIP, s.Proto, s.Port}] = s
-	}
+	var w mapWrites
 	gone = map[ServiceKey][]Backend{}
-	seen := map[ServiceKey]bool{}
 	// Affinity entries to forget: every one of a removed service (its ID
 	// may be reused), those of endpoints that left, and all of a service
 	// whose affinity was turned off or changed.
 	deadAff := map[uint32]map[Backend]bool{}
 	for _, s := range want {
 		k := ServiceKey{s.VIP, s.Proto, s.Port}
-		seen[k] = true
-		old, exists := haveBy[k]
-		if exists && slices.Equal(old.Backends, s.Backends) && old.NetID == s.NetID && old.Drop == s.Drop && old.AffinitySeconds == s.AffinitySeconds {
+		old := t.cur[k]
+		if old != nil && !old.broken && slices.Equal(old.svc.Backends, s.Backends) && old.svc.NetID == s.NetID &&
+			old.svc.Drop == s.Drop && old.svc.AffinitySeconds == s.AffinitySeconds {
+			old.gen = t.gen
 			continue
-		}
-		var id uint32
-		oldCount := 0
-		if e, ok := cur[k]; ok {
-			id, oldCount = e.val.Id, int(e.val.Count)
-		} else {
-			id = newID()
 		}
 		if len(s.Backends) > 1<<16-1 {
 			return nil, fmt.Errorf("service %s:%d has %d backends, more than the data plane holds", s.VIP, s.Port, len(s.Backends))
 		}
-		for i, b := range s.Backends {
-			if err := d.pod.LaceBackends.Put(podBackendKey{Id: id, Index: uint32(i)}, podBackendVal{Addr: addr16(b.Addr), Port: ntohs(b.Port)}); err != nil {
-				return nil, fmt.Errorf("put backend %d of %s:%d: %w", i, s.VIP, s.Port, err)
-			}
+		a := &appliedService{svc: s, gen: t.gen}
+		var oldBackends []Backend
+		if old != nil {
+			a.id, oldBackends = old.id, old.svc.Backends
+		} else {
+			a.id = newID()
 		}
-		v := podSvcVal{Id: id, NetId: s.NetID, Count: uint16(len(s.Backends)), Affinity: s.AffinitySeconds}
+		for i, b := range s.Backends {
+			// A backend the map holds at its index already stays.
+			if old != nil && !old.broken && i < len(oldBackends) && oldBackends[i] == b {
+				continue
+			}
+			w.backendPuts = append(w.backendPuts, podBackendKey{Id: a.id, Index: uint32(i)})
+			w.backendVals = append(w.backendVals, podBackendVal{Addr: addr16(b.Addr), Port: ntohs(b.Port)})
+		}
+		v := podSvcVal{Id: a.id, NetId: s.NetID, Count: uint16(len(s.Backends)), Affinity: s.AffinitySeconds}
 		if s.Drop {
 			v.Flags |= svcDrop
 		}
-		if err := d.pod.LaceServices.Put(svcKey(s), v); err != nil {
-			return nil, fmt.Errorf("put service %s:%d: %w", s.VIP, s.Port, err)
+		w.svcPuts = append(w.svcPuts, svcKey(s))
+		w.svcVals = append(w.svcVals, v)
+		for i := len(s.Backends); i < len(oldBackends); i++ {
+			w.backendDels = append(w.backendDels, podBackendKey{Id: a.id, Index: uint32(i)})
 		}
-		for i := len(s.Backends); i < oldCount; i++ {
-			if err := ignoreMissing(d.pod.LaceBackends.Delete(podBackendKey{Id: id, Index: uint32(i)})); err != nil {
-				return nil, err
-			}
-		}
-		if exists {
-			if lost := missing(old.Backends, s.Backends); len(lost) > 0 {
+		if old != nil {
+			if lost := missing(oldBackends, s.Backends); len(lost) > 0 {
 				gone[k] = lost
-				deadAff[id] = map[Backend]bool{}
+				deadAff[a.id] = map[Backend]bool{}
 				for _, b := range lost {
-					deadAff[id][b] = true
+					deadAff[a.id][b] = true
 				}
 			}
-			if old.AffinitySeconds != s.AffinitySeconds {
-				deadAff[id] = nil
+			if old.svc.AffinitySeconds != s.AffinitySeconds {
+				deadAff[a.id] = nil
 			}
 		}
+		t.cur[k] = a
 	}
-	for k, e := range cur {
-		if seen[k] {
+	var freed []uint32
+	for k, a := range t.cur {
+		if a.gen == t.gen {
 			continue
 		}
-		if err := ignoreMissing(d.pod.LaceServices.Delete(e.key)); err != nil {
-			return nil, err
+		w.svcDels = append(w.svcDels, svcKey(a.svc))
+		for i := range uint32(len(a.svc.Backends)) {
+			w.backendDels = append(w.backendDels, podBackendKey{Id: a.id, Index: i})
 		}
-		for i := range uint32(e.val.Count) {
-			if err := ignoreMissing(d.pod.LaceBackends.Delete(podBackendKey{Id: e.val.Id, Index: i})); err != nil {
-				return nil, err
-			}
-		}
-		gone[k] = haveBy[k].Backends
-		deadAff[e.val.Id] = nil
+		gone[k] = a.svc.Backends
+		deadAff[a.id] = nil
+		delete(t.cur, k)
+		freed = append(freed, a.id)
 	}
-	if err := d.forgetAffinity(deadAff); err != nil {
+	if err := w.flush(t.d); err != nil {
+		return nil, err
+	}
+	for _, id := range freed {
+		delete(t.used, id)
+	}
+	if err := t.d.forgetAffinity(deadAff); err != nil {
 		return nil, err
 	}
 	return gone, nil
+}
+
+// mapWrites are the writes of one Apply, in the order they are made.
+type mapWrites struct {
+	backendPuts []podBackendKey
+	backendVals []podBackendVal
+	svcPuts     []podSvcKey
+	svcVals     []podSvcVal
+	svcDels     []podSvcKey
+	backendDels []podBackendKey
+}
+
+// flush writes the backends, then the services, then removes the
+// services and backends no longer wanted: by batches (one syscall per few
+// thousand entries, which matters when thousands of services arrive at
+// once), entry by entry where the kernel has no batch operations.
+func (w *mapWrites) flush(d *Datapath) error {
+	if err := putAll(d.pod.LaceBackends, w.backendPuts, w.backendVals); err != nil {
+		return fmt.Errorf("put backends: %w", err)
+	}
+	if err := putAll(d.pod.LaceServices, w.svcPuts, w.svcVals); err != nil {
+		return fmt.Errorf("put services: %w", err)
+	}
+	if err := deleteAll(d.pod.LaceServices, w.svcDels); err != nil {
+		return fmt.Errorf("delete services: %w", err)
+	}
+	if err := deleteAll(d.pod.LaceBackends, w.backendDels); err != nil {
+		return fmt.Errorf("delete backends: %w", err)
+	}
+	return nil
+}
+
+// putAll writes keys[i] = vals[i] into m.
+func putAll[K, V any](m *ebpf.Map, keys []K, vals []V) error {
+	for len(keys) > 1 {
+		n := min(len(keys), mapBatch)
+		_, err := m.BatchUpdate(keys[:n], vals[:n], nil)
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		keys, vals = keys[n:], vals[n:]
+	}
+	for i := range keys {
+		if err := m.Put(keys[i], vals[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// deleteAll deletes keys from m; a key already gone is fine.
+func deleteAll[K any](m *ebpf.Map, keys []K) error {
+	for len(keys) > 1 {
+		n := min(len(keys), mapBatch)
+		done, err := m.BatchDelete(keys[:n], nil)
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			break
+		}
+		switch {
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+			// The batch stops at the missing key: go on after it.
+			keys = keys[min(done+1, n):]
+		case err != nil:
+			return err
+		default:
+			keys = keys[n:]
+		}
+	}
+	for i := range keys {
+		if err := ignoreMissing(m.Delete(keys[i])); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // forgetAffinity removes the affinity entries of the given service IDs:

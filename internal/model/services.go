@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sort"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	netutils "k8s.io/utils/net"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
@@ -73,70 +76,216 @@ type ExcludedEndpoint struct {
 
 // ComputeServices decides which service ports this node serves, in which
 // network, with which backends.
+//
+// It is NewServiceEnv, Compute for each service with its slices
+// (SlicesByService) and MergeServices; a caller that keeps each service's
+// result between calls (the agent) recomputes only the services whose
+// objects changed and gets the same state.
 func ComputeServices(in ServiceInput) ServiceState {
-	ids := NetworkIDs(in.Networks)
-	exists := map[string]bool{}
-	for _, n := range in.Networks {
-		exists[n.Name] = true
-	}
-	pods := indexNetworkEndpoints(in.NetworkEndpoints)
-	bySvc := slicesByService(in.EndpointSlices)
-
-	// Visit services in (namespace, name) order so that everything
-	// appended below comes out the same whatever the input order.
-	svcs := make([]*corev1.Service, 0, len(in.Services))
+	env := NewServiceEnv(in)
+	bySvc := SlicesByService(in.EndpointSlices)
+	results := make([]ServiceResult, len(in.Services))
+	ptrs := make([]*ServiceResult, len(in.Services))
 	for i := range in.Services {
-		svcs = append(svcs, &in.Services[i])
+		svc := &in.Services[i]
+		results[i] = env.Compute(svc, bySvc[ServiceKeyOf(svc.Namespace, svc.Name)])
+		ptrs[i] = &results[i]
 	}
-	slices.SortStableFunc(svcs, func(a, b *corev1.Service) int {
-		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
-	})
+	return MergeServices(ptrs)
+}
 
+// ServiceEnv is what the computation of every service shares: this node
+// and its zone, the networks' IDs, the binding policies (sorted, their
+// selectors parsed once), the namespaces' labels and which network holds
+// each pod address. It is read-only once made.
+type ServiceEnv struct {
+	node, zone string
+	ids        map[string]uint32
+	exists     map[string]bool
+	binder     binder
+	namespaces map[string]map[string]string
+	pods       podAddrIndex
+}
+
+// NewServiceEnv prepares the shared part of in (everything but Services
+// and EndpointSlices).
+func NewServiceEnv(in ServiceInput) *ServiceEnv {
+	e := &ServiceEnv{node: in.Node, zone: in.Zone, ids: NetworkIDs(in.Networks), exists: map[string]bool{},
+		binder: newBinder(in.BindingPolicies, lacev1.MatchKindService), namespaces: in.Namespaces,
+		pods: indexNetworkEndpoints(in.NetworkEndpoints)}
+	for _, n := range in.Networks {
+		e.exists[n.Name] = true
+	}
+	return e
+}
+
+// ServiceKey names a service.
+type ServiceKey struct{ Namespace, Name string }
+
+// ServiceKeyOf is the key of the service name in namespace ns.
+func ServiceKeyOf(ns, name string) ServiceKey { return ServiceKey{ns, name} }
+
+// ServiceResult is one service's part of a ServiceState.
+type ServiceResult struct {
+	// Skipped: Lace leaves the service alone (headless, ExternalName,
+	// another proxy's); the rest is empty.
+	Skipped bool
+	Binding ServiceBinding
+	// VIPs are the service's ClusterIPs as the views see them (those of
+	// BoundServiceVIPs), set only when it is bound.
+	VIPs     []netip.Addr
+	Services []tables.Service
+	Excluded []ExcludedEndpoint
+}
+
+// Compute is the result of one service, with the EndpointSlices that
+// belong to it (SlicesByService; any order).
+func (e *ServiceEnv) Compute(svc *corev1.Service, svcSlices []*discoveryv1.EndpointSlice) ServiceResult {
+	vips, ok := serviceVIPs(svc)
+	if !ok {
+		return ServiceResult{Skipped: true}
+	}
+	r := ServiceResult{Binding: ServiceBinding{Namespace: svc.Namespace, Name: svc.Name}}
+	b := &r.Binding
+	bind, err := e.binder.bind(svc.Namespace, svc.Name, svc.Labels, e.namespaces[svc.Namespace])
+	if err != nil {
+		b.Err = err.Error()
+		return r
+	}
+	b.Network, b.Policy = bind.Network, bind.Policy
+	id, ok := e.ids[bind.Network]
+	if !ok {
+		if e.exists[bind.Network] {
+			b.Err = fmt.Sprintf("network %s has no ID yet", bind.Network)
+		} else {
+			b.Err = fmt.Sprintf("network %s does not exist", bind.Network)
+		}
+		return r
+	}
+	b.NetID = id
+	r.VIPs = clusterIPs(svc)
+
+	if len(svcSlices) > 1 && !slices.IsSortedFunc(svcSlices, bySliceName) {
+		svcSlices = slices.Clone(svcSlices)
+		slices.SortStableFunc(svcSlices, bySliceName)
+	}
+	var excluded map[excludedEndpointKey]ExcludedEndpoint
+	sc := serviceCtx{env: e, svc: svc, network: bind.Network, netID: id, slices: svcSlices, excluded: &excluded}
+	for _, vip := range vips {
+		r.Services = append(r.Services, sc.servePorts(vip)...)
+	}
+	for _, x := range excluded {
+		r.Excluded = append(r.Excluded, x)
+	}
+	return r
+}
+
+func bySliceName(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) }
+
+// MergeServices assembles the state of a node from the results of its
+// services, in any order (Skipped ones are ignored; in (namespace, name)
+// order is cheapest): what ComputeServices returns for the same services.
+func MergeServices(results []*ServiceResult) ServiceState {
 	var st ServiceState
-	excluded := map[excludedEndpointKey]ExcludedEndpoint{}
-	for _, svc := range svcs {
-		vips, ok := serviceVIPs(svc)
-		if !ok {
-			continue
-		}
-		b := ServiceBinding{Namespace: svc.Namespace, Name: svc.Name}
-		bind, err := Bind(in.BindingPolicies, lacev1.MatchKindService, svc.Namespace, svc.Name, svc.Labels, in.Namespaces[svc.Namespace])
-		if err != nil {
-			b.Err = err.Error()
-			st.Bound = append(st.Bound, b)
-			continue
-		}
-		b.Network, b.Policy = bind.Network, bind.Policy
-		id, ok := ids[bind.Network]
-		if !ok {
-			if exists[bind.Network] {
-				b.Err = fmt.Sprintf("network %s has no ID yet", bind.Network)
-			} else {
-				b.Err = fmt.Sprintf("network %s does not exist", bind.Network)
-			}
-			st.Bound = append(st.Bound, b)
-			continue
-		}
-		b.NetID = id
-		st.Bound = append(st.Bound, b)
-
-		sc := serviceCtx{in: &in, svc: svc, network: bind.Network, netID: id, pods: pods,
-			slices: bySvc[svc.Namespace+"/"+svc.Name], excluded: excluded}
-		for _, vip := range vips {
-			st.Services = append(st.Services, sc.servePorts(vip)...)
+	ports, excl := 0, 0
+	// Bound is sorted by (namespace, name); services and excluded
+	// endpoints are appended in that order and then sorted stably, so
+	// that ties come out the same whatever the input order.
+	order := make([]*ServiceResult, 0, len(results))
+	for _, r := range results {
+		if !r.Skipped {
+			order = append(order, r)
+			ports += len(r.Services)
+			excl += len(r.Excluded)
 		}
 	}
-
+	byName := func(a, b *ServiceResult) int {
+		return cmp.Or(cmp.Compare(a.Binding.Namespace, b.Binding.Namespace), cmp.Compare(a.Binding.Name, b.Binding.Name))
+	}
+	// A caller that keeps its results in order (the agent) is spared the
+	// sort.
+	if !slices.IsSortedFunc(order, byName) {
+		slices.SortStableFunc(order, byName)
+	}
+	if len(order) > 0 {
+		st.Bound = make([]ServiceBinding, 0, len(order))
+	}
+	if ports > 0 {
+		st.Services = make([]tables.Service, 0, ports)
+	}
+	if excl > 0 {
+		st.Excluded = make([]ExcludedEndpoint, 0, excl)
+	}
+	for _, r := range order {
+		st.Bound = append(st.Bound, r.Binding)
+		st.Services = append(st.Services, r.Services...)
+		st.Excluded = append(st.Excluded, r.Excluded...)
+	}
 	slices.SortStableFunc(st.Services, func(a, b tables.Service) int {
 		return cmp.Or(a.VIP.Compare(b.VIP), cmp.Compare(a.Proto, b.Proto), cmp.Compare(a.Port, b.Port))
 	})
-	for _, e := range excluded {
-		st.Excluded = append(st.Excluded, e)
-	}
 	slices.SortFunc(st.Excluded, func(a, b ExcludedEndpoint) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Service, b.Service), a.Addr.Compare(b.Addr))
 	})
 	return st
+}
+
+// binder is Bind for one kind with the policies sorted and their
+// selectors parsed once, for binding many objects.
+type binder struct {
+	kind     lacev1.MatchKind
+	policies []boundPolicy
+}
+
+type boundPolicy struct {
+	p             *lacev1.NetworkBindingPolicy
+	ns, sel       labels.Selector // nil: everything
+	nsErr, selErr error
+}
+
+func newBinder(policies []lacev1.NetworkBindingPolicy, kind lacev1.MatchKind) binder {
+	b := binder{kind: kind}
+	for i := range policies {
+		p := &policies[i]
+		if p.DeletionTimestamp != nil || p.Spec.MatchKind != "" && p.Spec.MatchKind != kind {
+			continue
+		}
+		bp := boundPolicy{p: p}
+		if p.Spec.NamespaceSelector != nil {
+			bp.ns, bp.nsErr = metav1.LabelSelectorAsSelector(p.Spec.NamespaceSelector)
+		}
+		if p.Spec.Selector != nil {
+			bp.sel, bp.selErr = metav1.LabelSelectorAsSelector(p.Spec.Selector)
+		}
+		b.policies = append(b.policies, bp)
+	}
+	sort.SliceStable(b.policies, func(i, j int) bool {
+		a, c := b.policies[i].p, b.policies[j].p
+		if a.Spec.Priority != c.Spec.Priority {
+			return a.Spec.Priority < c.Spec.Priority
+		}
+		return a.Name < c.Name
+	})
+	return b
+}
+
+// bind is Bind(policies, kind, namespace, name, objLabels, nsLabels).
+func (b binder) bind(namespace, name string, objLabels, nsLabels map[string]string) (Binding, error) {
+	for _, bp := range b.policies {
+		if bp.nsErr != nil {
+			return Binding{}, fmt.Errorf("NetworkBindingPolicy %s: namespaceSelector: %w", bp.p.Name, bp.nsErr)
+		}
+		if bp.ns != nil && !bp.ns.Matches(labels.Set(nsLabels)) {
+			continue
+		}
+		if bp.selErr != nil {
+			return Binding{}, fmt.Errorf("NetworkBindingPolicy %s: selector: %w", bp.p.Name, bp.selErr)
+		}
+		if bp.sel == nil || bp.sel.Matches(labels.Set(objLabels)) {
+			return Binding{Network: bp.p.Spec.Network, Policy: bp.p.Name}, nil
+		}
+	}
+	return Binding{}, fmt.Errorf("no NetworkBindingPolicy matches %s %s/%s", kindWord(b.kind), namespace, name)
 }
 
 // serviceVIPs returns the service's ClusterIPs, or false when Lace leaves
@@ -207,32 +356,39 @@ func protoNum(p corev1.Protocol) (uint8, bool) {
 	return 0, false
 }
 
-// slicesByService groups EndpointSlices by the service they belong to
-// (namespace/kubernetes.io/service-name), each group sorted by slice name.
-// Slices without the label are nobody's (kube-proxy's endpointSliceCacheKeys
-// rejects them); slices with the service-proxy-name or headless labels are
-// ignored as kube-proxy's informers do.
-func slicesByService(all []discoveryv1.EndpointSlice) map[string][]*discoveryv1.EndpointSlice {
-	out := map[string][]*discoveryv1.EndpointSlice{}
+// SlicesByService groups EndpointSlices by the service they belong to
+// (SliceService), each group sorted by slice name.
+func SlicesByService(all []discoveryv1.EndpointSlice) map[ServiceKey][]*discoveryv1.EndpointSlice {
+	out := map[ServiceKey][]*discoveryv1.EndpointSlice{}
 	for i := range all {
 		s := &all[i]
-		name := s.Labels[discoveryv1.LabelServiceName]
-		if name == "" {
-			continue
+		if k, ok := SliceService(s); ok {
+			out[k] = append(out[k], s)
 		}
-		if _, ok := s.Labels[LabelServiceProxyName]; ok {
-			continue
-		}
-		if _, ok := s.Labels[corev1.IsHeadlessService]; ok {
-			continue
-		}
-		k := s.Namespace + "/" + name
-		out[k] = append(out[k], s)
 	}
 	for _, ss := range out {
-		slices.SortStableFunc(ss, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
+		slices.SortStableFunc(ss, bySliceName)
 	}
 	return out
+}
+
+// SliceService is the service an EndpointSlice belongs to
+// (namespace/kubernetes.io/service-name), false for nobody's: slices
+// without the label (kube-proxy's endpointSliceCacheKeys rejects them), and
+// slices with the service-proxy-name or headless labels, which
+// kube-proxy's informers ignore.
+func SliceService(s *discoveryv1.EndpointSlice) (ServiceKey, bool) {
+	name := s.Labels[discoveryv1.LabelServiceName]
+	if name == "" {
+		return ServiceKey{}, false
+	}
+	if _, ok := s.Labels[LabelServiceProxyName]; ok {
+		return ServiceKey{}, false
+	}
+	if _, ok := s.Labels[corev1.IsHeadlessService]; ok {
+		return ServiceKey{}, false
+	}
+	return ServiceKeyOf(s.Namespace, name), true
 }
 
 // podAddrIndex says which networks hold a pod address, from NetworkEndpoints.
@@ -311,13 +467,13 @@ type excludedEndpointKey struct {
 
 // serviceCtx is one bound service being turned into table entries.
 type serviceCtx struct {
-	in       *ServiceInput
-	svc      *corev1.Service
-	network  string
-	netID    uint32
-	pods     podAddrIndex
-	slices   []*discoveryv1.EndpointSlice
-	excluded map[excludedEndpointKey]ExcludedEndpoint
+	env     *ServiceEnv
+	svc     *corev1.Service
+	network string
+	netID   uint32
+	slices  []*discoveryv1.EndpointSlice
+	// excluded is made at the first endpoint left out.
+	excluded *map[excludedEndpointKey]ExcludedEndpoint
 }
 
 // svcEndpoint is one (address, port) of a service port with what eligibility
@@ -340,9 +496,12 @@ func (c *serviceCtx) servePorts(vip netip.Addr) []tables.Service {
 			continue
 		}
 		seen[[2]int32{sp.Port, int32(proto)}] = true
-		backends, drop := eligibleEndpoints(c.endpoints(vip, sp), c.svc, c.in.Node, c.in.Zone)
+		backends, drop := eligibleEndpoints(c.endpoints(vip, sp), c.svc, c.env.node, c.env.zone)
 		s := tables.Service{VIP: vip, Proto: proto, Port: uint16(sp.Port), NetID: c.netID, Drop: drop,
 			AffinitySeconds: affinitySeconds(c.svc)}
+		if len(backends) > 0 {
+			s.Backends = make([]tables.Backend, 0, len(backends))
+		}
 		for _, e := range backends {
 			s.Backends = append(s.Backends, tables.Backend{Addr: e.addr, Port: e.port})
 		}
@@ -381,7 +540,7 @@ func (c *serviceCtx) endpoints(vip netip.Addr, sp corev1.ServicePort) []svcEndpo
 	}
 	spProto := cmp.Or(sp.Protocol, corev1.ProtocolTCP)
 	var out []svcEndpoint
-	at := map[netip.AddrPort]int{}
+	var at map[netip.AddrPort]int
 	for _, sl := range c.slices {
 		if sl.AddressType != addrType {
 			continue
@@ -406,10 +565,13 @@ func (c *serviceCtx) endpoints(vip netip.Addr, sp corev1.ServicePort) []svcEndpo
 				if !ok || addr.Is6() != vip.Is6() {
 					continue
 				}
-				if other := c.pods.otherNetwork(sl.Namespace, ep, addr, c.network); other != "" {
+				if other := c.env.pods.otherNetwork(sl.Namespace, ep, addr, c.network); other != "" {
 					k := excludedEndpointKey{c.svc.Namespace, c.svc.Name, addr}
-					if _, ok := c.excluded[k]; !ok {
-						c.excluded[k] = ExcludedEndpoint{Namespace: c.svc.Namespace, Service: c.svc.Name, Addr: addr,
+					if *c.excluded == nil {
+						*c.excluded = map[excludedEndpointKey]ExcludedEndpoint{}
+					}
+					if _, ok := (*c.excluded)[k]; !ok {
+						(*c.excluded)[k] = ExcludedEndpoint{Namespace: c.svc.Namespace, Service: c.svc.Name, Addr: addr,
 							Network: other, ServiceNetwork: c.network}
 					}
 					continue
@@ -427,6 +589,10 @@ func (c *serviceCtx) endpoints(vip netip.Addr, sp corev1.ServicePort) []svcEndpo
 					}
 				}
 				k := netip.AddrPortFrom(addr, e.port)
+				if at == nil {
+					at = make(map[netip.AddrPort]int, len(sl.Endpoints))
+					out = make([]svcEndpoint, 0, len(sl.Endpoints))
+				}
 				if j, dup := at[k]; dup {
 					if c.local(e) {
 						out[j] = e
@@ -441,7 +607,7 @@ func (c *serviceCtx) endpoints(vip netip.Addr, sp corev1.ServicePort) []svcEndpo
 	return out
 }
 
-func (c *serviceCtx) local(e svcEndpoint) bool { return c.in.Node != "" && e.node == c.in.Node }
+func (c *serviceCtx) local(e svcEndpoint) bool { return c.env.node != "" && e.node == c.env.node }
 
 func derefString(s *string) string {
 	if s == nil {
@@ -533,8 +699,23 @@ func topologyModeFromHints(ready []svcEndpoint, node, zone string) string {
 	return ""
 }
 
+// filterEndpoints returns the endpoints keep keeps: eps itself when it
+// keeps them all (the common case: every endpoint ready), which callers
+// only read.
 func filterEndpoints(eps []svcEndpoint, keep func(svcEndpoint) bool) []svcEndpoint {
-	var out []svcEndpoint
+	n := 0
+	for i := range eps {
+		if keep(eps[i]) {
+			n++
+		}
+	}
+	if n == len(eps) || n == 0 {
+		if n == 0 {
+			return nil
+		}
+		return eps
+	}
+	out := make([]svcEndpoint, 0, n)
 	for _, e := range eps {
 		if keep(e) {
 			out = append(out, e)
@@ -553,18 +734,25 @@ func BoundServiceVIPs(svcs []corev1.Service, bound []ServiceBinding) []ServiceVI
 		}
 	}
 	var out []ServiceVIPs
-	for _, svc := range svcs {
+	for i := range svcs {
+		svc := &svcs[i]
 		n, ok := network[[2]string{svc.Namespace, svc.Name}]
 		if !ok {
 			continue
 		}
-		v := ServiceVIPs{Namespace: svc.Namespace, Name: svc.Name, Network: n}
-		for _, ip := range svc.Spec.ClusterIPs {
-			if a, err := netip.ParseAddr(ip); err == nil {
-				v.VIPs = append(v.VIPs, a.Unmap())
-			}
+		out = append(out, ServiceVIPs{Namespace: svc.Namespace, Name: svc.Name, Network: n, VIPs: clusterIPs(svc)})
+	}
+	return out
+}
+
+// clusterIPs are the service's spec.clusterIPs that parse, as the views
+// see them.
+func clusterIPs(svc *corev1.Service) []netip.Addr {
+	var out []netip.Addr
+	for _, ip := range svc.Spec.ClusterIPs {
+		if a, err := netip.ParseAddr(ip); err == nil {
+			out = append(out, a.Unmap())
 		}
-		out = append(out, v)
 	}
 	return out
 }
