@@ -15,7 +15,7 @@ func TestSyncListTouchesOnlyTheDifference(t *testing.T) {
 	cur := []item{{"a", 1}, {"b", 2}, {"c", 3}}
 	want := []item{{"a", 1}, {"b", 20}, {"d", 4}}
 	var upserts, deletes []string
-	err := syncList(cur, want, func(i item) string { return i.k },
+	err := syncListEq(cur, want, func(i item) string { return i.k },
 		func(i item) error { upserts = append(upserts, i.k); return nil },
 		func(i item) error { deletes = append(deletes, i.k); return nil })
 	if err != nil {

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -444,7 +445,7 @@ func (a *Agent) applyEndpoints() error {
 	var errs []error
 	var wantEps []datapath.Endpoint
 	var wantPorts []datapath.Port
-	busyEps := map[string]bool{}
+	busyEps := map[endpointKey]bool{}
 	busyPorts := map[uint32]bool{}
 	for _, e := range a.cp.all() {
 		if e.Deleting {
@@ -452,7 +453,7 @@ func (a *Agent) applyEndpoints() error {
 		}
 		if !e.Ready {
 			for _, ad := range e.Addrs {
-				busyEps[fmt.Sprint(e.NetID, ad)] = true
+				busyEps[endpointKey{e.NetID, ad}] = true
 			}
 			busyPorts[uint32(e.HostIfIndex)] = true
 			continue
@@ -471,15 +472,15 @@ func (a *Agent) applyEndpoints() error {
 		wantPorts = append(wantPorts, p)
 	}
 	curEps, err := a.dp.Endpoints()
-	errs = append(errs, err, syncList(curEps, wantEps, func(e datapath.Endpoint) string { return fmt.Sprint(e.NetID, e.Addr) },
+	errs = append(errs, err, syncList(curEps, wantEps, func(e datapath.Endpoint) endpointKey { return endpointKey{e.NetID, e.Addr} }, sameEndpoint,
 		a.dp.UpsertEndpoint, func(e datapath.Endpoint) error {
-			if busyEps[fmt.Sprint(e.NetID, e.Addr)] {
+			if busyEps[endpointKey{e.NetID, e.Addr}] {
 				return nil
 			}
 			return a.dp.DeleteEndpoint(e.NetID, e.Addr)
 		}))
 	curPorts, err := a.dp.Ports()
-	errs = append(errs, err, syncList(curPorts, wantPorts, func(p datapath.Port) uint32 { return p.IfIndex },
+	errs = append(errs, err, syncListEq(curPorts, wantPorts, func(p datapath.Port) uint32 { return p.IfIndex },
 		a.dp.UpsertPort, func(p datapath.Port) error {
 			if busyPorts[p.IfIndex] {
 				return nil
@@ -521,6 +522,12 @@ func syncSet[T comparable](cur, want []T, upsert, del func(T) error) error {
 
 // syncListEq is syncList for items compared with ==.
 func syncListEq[T comparable, K comparable](cur, want []T, key func(T) K, upsert, del func(T) error) error {
+	return syncList(cur, want, key, func(a, b T) bool { return a == b }, upsert, del)
+}
+
+// syncList upserts wanted items that are missing or differ (by eq), and
+// deletes current items whose key is not wanted.
+func syncList[T any, K comparable](cur, want []T, key func(T) K, eq func(a, b T) bool, upsert, del func(T) error) error {
 	have := make(map[K]T, len(cur))
 	for _, c := range cur {
 		have[key(c)] = c
@@ -530,7 +537,7 @@ func syncListEq[T comparable, K comparable](cur, want []T, key func(T) K, upsert
 	for _, w := range want {
 		k := key(w)
 		wanted[k] = true
-		if c, ok := have[k]; ok && c == w {
+		if c, ok := have[k]; ok && eq(c, w) {
 			continue
 		}
 		errs = append(errs, upsert(w))
@@ -543,29 +550,16 @@ func syncListEq[T comparable, K comparable](cur, want []T, key func(T) K, upsert
 	return errors.Join(errs...)
 }
 
-// syncList upserts wanted items that are missing or differ, and deletes
-// current items whose key is not wanted.
-func syncList[T any, K comparable](cur, want []T, key func(T) K, upsert, del func(T) error) error {
-	have := map[K]T{}
-	for _, c := range cur {
-		have[key(c)] = c
-	}
-	wanted := map[K]bool{}
-	var errs []error
-	for _, w := range want {
-		k := key(w)
-		wanted[k] = true
-		if c, ok := have[k]; ok && fmt.Sprint(c) == fmt.Sprint(w) {
-			continue
-		}
-		errs = append(errs, upsert(w))
-	}
-	for k, c := range have {
-		if !wanted[k] {
-			errs = append(errs, del(c))
-		}
-	}
-	return errors.Join(errs...)
+// endpointKey names a pod address in its network.
+type endpointKey struct {
+	net  uint32
+	addr netip.Addr
+}
+
+// sameEndpoint compares endpoints, whose MACs are slices.
+func sameEndpoint(a, b datapath.Endpoint) bool {
+	return a.NetID == b.NetID && a.Addr == b.Addr && a.IfIndex == b.IfIndex &&
+		bytes.Equal(a.PodMAC, b.PodMAC) && bytes.Equal(a.HostMAC, b.HostMAC)
 }
 
 // collectEndpoints removes the endpoints of pods that no longer exist

@@ -413,21 +413,7 @@ func TestPodHairpinSeesItself(t *testing.T) {
 	w.addNetwork(7, "10.70.0.0/16", "fd00:70::/48", false)
 	a := w.addPod("a", n1, 7, 2)
 	b := w.addPod("b", n1, 7, 3)
-	cg := filepath.Join("/sys/fs/cgroup/unified", w.prefix+"-"+n1.name)
-	must(t, os.Mkdir(cg, 0o755))
-	t.Cleanup(func() { _ = os.Remove(cg) })
-	hostNS, err := datapath.NetNSCookie(netutil.Path(n1.ns))
-	must(t, err)
-	cfg, err := n1.dp.Config()
-	must(t, err)
-	cfg.HostNetNS = hostNS
-	must(t, n1.dp.SetConfig(cfg))
-	must(t, n1.dp.AttachHostSockets(cg))
-	podNS, err := datapath.NetNSCookie(netutil.Path(a.ns))
-	must(t, err)
-	hostIf, err := netutil.GetLink(netutil.Path(n1.ns), a.hostIf)
-	must(t, err)
-	must(t, n1.dp.UpsertPort(datapath.Port{IfIndex: uint32(hostIf.Index), NetID: 7, V4: a.v4, V6: a.v6, NetNSCookie: podNS}))
+	cg := hookPod(t, a)
 
 	// Port 9 of a answers with the client's address.
 	for _, ad := range []netip.Addr{a.v4, a.v6} {
@@ -496,21 +482,7 @@ func TestServiceOverlapIsNotHairpin(t *testing.T) {
 	if a.v4 != z.v4 {
 		t.Fatalf("a %s and z %s should share an address", a.v4, z.v4)
 	}
-	cg := filepath.Join("/sys/fs/cgroup/unified", w.prefix+"-"+n1.name)
-	must(t, os.Mkdir(cg, 0o755))
-	t.Cleanup(func() { _ = os.Remove(cg) })
-	hostNS, err := datapath.NetNSCookie(netutil.Path(n1.ns))
-	must(t, err)
-	cfg, err := n1.dp.Config()
-	must(t, err)
-	cfg.HostNetNS = hostNS
-	must(t, n1.dp.SetConfig(cfg))
-	must(t, n1.dp.AttachHostSockets(cg))
-	podNS, err := datapath.NetNSCookie(netutil.Path(a.ns))
-	must(t, err)
-	hostIf, err := netutil.GetLink(netutil.Path(n1.ns), a.hostIf)
-	must(t, err)
-	must(t, n1.dp.UpsertPort(datapath.Port{IfIndex: uint32(hostIf.Index), NetID: 7, V4: a.v4, V6: a.v6, NetNSCookie: podNS}))
+	cg := hookPod(t, a)
 
 	// A service of network 9 whose endpoint is z, reached from network 7
 	// (a ServiceRoutingPolicy's grant).
@@ -532,4 +504,28 @@ func TestServiceOverlapIsNotHairpin(t *testing.T) {
 	if got := strings.TrimSpace(string(out)); got == "a" {
 		t.Errorf("a -> %s (socket hooks): answered by a itself, want z's flow", svc.VIP)
 	}
+}
+
+// hookPod attaches the socket hooks to a new cgroup of p's node (whose
+// namespace becomes the host's) and records p's namespace on its port, as
+// the agent does at ADD: processes in the returned cgroup are p's sockets
+// the hooks see.
+func hookPod(t *testing.T, p *pod) string {
+	n := p.node
+	cg := filepath.Join("/sys/fs/cgroup/unified", n.w.prefix+"-"+n.name)
+	must(t, os.Mkdir(cg, 0o755))
+	t.Cleanup(func() { _ = os.Remove(cg) })
+	hostNS, err := datapath.NetNSCookie(netutil.Path(n.ns))
+	must(t, err)
+	cfg, err := n.dp.Config()
+	must(t, err)
+	cfg.HostNetNS = hostNS
+	must(t, n.dp.SetConfig(cfg))
+	must(t, n.dp.AttachHostSockets(cg))
+	podNS, err := datapath.NetNSCookie(netutil.Path(p.ns))
+	must(t, err)
+	hostIf, err := netutil.GetLink(netutil.Path(n.ns), p.hostIf)
+	must(t, err)
+	must(t, n.dp.UpsertPort(datapath.Port{IfIndex: uint32(hostIf.Index), NetID: p.netID, V4: p.v4, V6: p.v6, NetNSCookie: podNS}))
+	return cg
 }
