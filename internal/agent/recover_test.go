@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	corev1 "k8s.io/api/core/v1"
@@ -205,10 +206,17 @@ func TestMissingNetworkEndpointIsRecreated(t *testing.T) {
 	}
 	key := types.NamespacedName{Namespace: "default", Name: "p1"}
 	var ne lacev1.NetworkEndpoint
-	if err := a.c.Get(ctx, key, &ne); err == nil {
-		if err := a.c.Delete(ctx, &ne); err != nil {
-			t.Fatal(err)
+	// The ADD writes its record off the runtime's path: wait for it, so
+	// that it cannot land after the deletion below.
+	deadline := time.Now().Add(5 * time.Second)
+	for a.c.Get(ctx, key, &ne) != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the ADD wrote no NetworkEndpoint")
 		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := a.c.Delete(ctx, &ne); err != nil {
+		t.Fatal(err)
 	}
 	if err := a.ensureNetworkEndpoints(ctx); err != nil {
 		t.Fatal(err)
