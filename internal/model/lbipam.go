@@ -1,0 +1,375 @@
+package model
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+)
+
+// LoadBalancer VIP allocation (issue 11, ARCHITECTURE section 6): pure, so
+// the controller's one writer and the tests compute the same thing.
+
+// LoadBalancerClassPrefix starts spec.loadBalancerClass of a Service that
+// names a Lace class: lace-cni.io/<class name>.
+const LoadBalancerClassPrefix = "lace-cni.io/"
+
+// AnnotationLoadBalancerIPs asks for specific VIPs (comma-separated, one per
+// family), as spec.loadBalancerIP (deprecated upstream) does for one.
+const AnnotationLoadBalancerIPs = "lace-cni.io/load-balancer-ips"
+
+// Reasons of a class's Ready condition and of Service Events.
+const (
+	LBReasonReady            = "Ready"
+	LBReasonInvalidRange     = "InvalidRange"
+	LBReasonOverlap          = "Overlap"
+	LBReasonMultipleDefaults = "MultipleDefaults"
+
+	LBReasonAllocated          = "LoadBalancerIPAllocated"
+	LBReasonPoolExhausted      = "PoolExhausted"
+	LBReasonAddressConflict    = "AddressConflict"
+	LBReasonAddressNotInPool   = "AddressNotInPool"
+	LBReasonUnsupportedFamily  = "UnsupportedFamily"
+	LBReasonNoClass            = "NoLoadBalancerClass"
+	LBReasonInvalidRequestedIP = "InvalidRequestedIP"
+)
+
+// ipRange is an inclusive range of one family.
+type ipRange struct{ first, last netip.Addr }
+
+// ParseAddressRange reads a CIDR (its usable addresses: an IPv4 prefix
+// shorter than /31 loses its network and broadcast addresses) or a
+// first-last range. The API's validation leaves the order of IPv6 range
+// ends to here (CEL has no IPv6 comparison).
+func ParseAddressRange(s lacev1.AddressRange) (ipRange, error) {
+	str := string(s)
+	if p, err := netip.ParsePrefix(str); err == nil {
+		if p != p.Masked() {
+			return ipRange{}, fmt.Errorf("%s has host bits set", str)
+		}
+		first, last := p.Addr(), lastOf(p)
+		if p.Addr().Is4() && p.Bits() < 31 {
+			first, last = first.Next(), last.Prev()
+		}
+		return ipRange{first, last}, nil
+	}
+	a, b, ok := strings.Cut(str, "-")
+	if !ok {
+		return ipRange{}, fmt.Errorf("%s is neither a CIDR nor a first-last range", str)
+	}
+	first, err1 := netip.ParseAddr(strings.TrimSpace(a))
+	last, err2 := netip.ParseAddr(strings.TrimSpace(b))
+	switch {
+	case err1 != nil || err2 != nil:
+		return ipRange{}, fmt.Errorf("%s: ends are not IP addresses", str)
+	case first.Is4() != last.Is4():
+		return ipRange{}, fmt.Errorf("%s: ends of different families", str)
+	case last.Less(first):
+		return ipRange{}, fmt.Errorf("%s: the first address is above the last", str)
+	}
+	return ipRange{first.Unmap(), last.Unmap()}, nil
+}
+
+func lastOf(p netip.Prefix) netip.Addr {
+	b := p.Addr().AsSlice()
+	for i := range b {
+		hostBits := max(0, min(8, (i+1)*8-p.Bits()))
+		b[i] |= byte(1<<hostBits - 1)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
+}
+
+func (r ipRange) contains(a netip.Addr) bool {
+	return a.Is4() == r.first.Is4() && !a.Less(r.first) && !r.last.Less(a)
+}
+
+func (r ipRange) overlaps(o ipRange) bool {
+	return r.first.Is4() == o.first.Is4() && !r.last.Less(o.first) && !o.last.Less(r.first)
+}
+
+// LBClassState is what the allocation says of a class.
+type LBClassState struct {
+	Ready     bool
+	Reason    string // of the Ready condition
+	Message   string
+	Allocated int
+}
+
+// LBServiceState is what the allocation decides for one Service it
+// serves: its VIPs (one per family it asks for and its class provides, in
+// the Service's family order) and, when something is wrong, an Event.
+type LBServiceState struct {
+	Class   string
+	IPs     []netip.Addr
+	Reason  string // "" when every family got its VIP
+	Message string
+}
+
+// LBResult is the allocation of every Lace LoadBalancer Service.
+type LBResult struct {
+	Classes  map[string]LBClassState
+	Services map[string]LBServiceState // by namespace/name; Services of other classes are absent
+}
+
+type lbClass struct {
+	name   string
+	ranges []ipRange
+}
+
+// AllocateLoadBalancers decides every Lace LoadBalancer Service's VIPs.
+// What a Service holds (status.loadBalancer.ingress) is kept while it is
+// valid (in its class's pool, of a family it asks for, not held by an older
+// Service, matching what it requests), so a controller restart or another
+// Service's change never moves a VIP; new ones get the lowest free address.
+// Services are served oldest first, so two asking for one address resolve
+// the same way every time.
+func AllocateLoadBalancers(classes []lacev1.LoadBalancerClass, svcs []corev1.Service) LBResult {
+	res := LBResult{Classes: map[string]LBClassState{}, Services: map[string]LBServiceState{}}
+	usable := map[string]*lbClass{}
+	var defaults []string
+	sorted := slices.Clone(classes)
+	slices.SortFunc(sorted, func(a, b lacev1.LoadBalancerClass) int { return cmp.Compare(a.Name, b.Name) })
+	for _, c := range sorted {
+		st := LBClassState{Ready: true, Reason: LBReasonReady, Message: "the pool is usable"}
+		lc := &lbClass{name: c.Name}
+		for _, a := range c.Spec.Addresses {
+			r, err := ParseAddressRange(a)
+			if err != nil {
+				st = LBClassState{Reason: LBReasonInvalidRange, Message: err.Error()}
+				break
+			}
+			lc.ranges = append(lc.ranges, r)
+		}
+		if st.Ready {
+			for _, o := range sorted {
+				if o.Name == c.Name {
+					continue
+				}
+				if other := overlapWith(lc.ranges, o); other != "" {
+					st = LBClassState{Reason: LBReasonOverlap, Message: fmt.Sprintf("addresses overlap class %s's (%s)", o.Name, other)}
+					break
+				}
+			}
+		}
+		if st.Ready && c.Spec.Default {
+			defaults = append(defaults, c.Name)
+		}
+		res.Classes[c.Name] = st
+		if st.Ready {
+			usable[c.Name] = lc
+		}
+	}
+	defaultClass := ""
+	if len(defaults) == 1 {
+		defaultClass = defaults[0]
+	} else if len(defaults) > 1 {
+		for _, d := range defaults {
+			res.Classes[d] = LBClassState{Reason: LBReasonMultipleDefaults,
+				Message: "more than one class is the default: " + strings.Join(defaults, ", ")}
+			delete(usable, d)
+		}
+	}
+
+	order := make([]*corev1.Service, 0, len(svcs))
+	for i := range svcs {
+		if svcs[i].Spec.Type == corev1.ServiceTypeLoadBalancer {
+			order = append(order, &svcs[i])
+		}
+	}
+	slices.SortFunc(order, func(a, b *corev1.Service) int {
+		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+	})
+	held := map[netip.Addr]string{}
+	type pending struct {
+		svc     *corev1.Service
+		key     string
+		class   *lbClass
+		want    []corev1.IPFamily
+		request map[bool]netip.Addr // by Is4
+		got     map[bool]netip.Addr
+	}
+	var todo []*pending
+	for _, s := range order {
+		key := s.Namespace + "/" + s.Name
+		className := ""
+		switch {
+		case s.Spec.LoadBalancerClass == nil:
+			className = defaultClass
+			if className == "" {
+				res.Services[key] = LBServiceState{Reason: LBReasonNoClass, Message: noDefaultMessage(defaults)}
+				continue
+			}
+		case strings.HasPrefix(*s.Spec.LoadBalancerClass, LoadBalancerClassPrefix):
+			className = strings.TrimPrefix(*s.Spec.LoadBalancerClass, LoadBalancerClassPrefix)
+		default:
+			continue // another implementation's
+		}
+		lc := usable[className]
+		if lc == nil {
+			res.Services[key] = LBServiceState{Class: className, Reason: LBReasonNoClass,
+				Message: fmt.Sprintf("LoadBalancerClass %s does not exist or is not Ready", className)}
+			continue
+		}
+		p := &pending{svc: s, key: key, class: lc, want: s.Spec.IPFamilies, request: map[bool]netip.Addr{}, got: map[bool]netip.Addr{}}
+		if len(p.want) == 0 {
+			p.want = []corev1.IPFamily{corev1.IPv4Protocol}
+		}
+		var bad []string
+		for _, r := range requested(s) {
+			a, err := netip.ParseAddr(r)
+			if err != nil {
+				bad = append(bad, r)
+				continue
+			}
+			p.request[a.Unmap().Is4()] = a.Unmap()
+		}
+		if len(bad) > 0 {
+			res.Services[key] = LBServiceState{Class: className, Reason: LBReasonInvalidRequestedIP,
+				Message: "requested addresses are not IP addresses: " + strings.Join(bad, ", ")}
+			continue
+		}
+		// What it holds and may keep.
+		for _, ing := range s.Status.LoadBalancer.Ingress {
+			a, err := netip.ParseAddr(ing.IP)
+			if err != nil {
+				continue
+			}
+			a = a.Unmap()
+			v4 := a.Is4()
+			if !wantsFamily(p.want, v4) || !inPool(lc, a) || held[a] != "" || p.got[v4].IsValid() {
+				continue
+			}
+			if r, ok := p.request[v4]; ok && r != a {
+				continue
+			}
+			p.got[v4], held[a] = a, key
+		}
+		todo = append(todo, p)
+	}
+	for _, p := range todo {
+		st := LBServiceState{Class: p.class.name}
+		var problems []string
+		for _, fam := range p.want {
+			v4 := fam == corev1.IPv4Protocol
+			if a := p.got[v4]; a.IsValid() {
+				st.IPs = append(st.IPs, a)
+				continue
+			}
+			if !poolHasFamily(p.class, v4) {
+				st.Reason = LBReasonUnsupportedFamily
+				problems = append(problems, fmt.Sprintf("class %s has no %s addresses", p.class.name, fam))
+				continue
+			}
+			if r, ok := p.request[v4]; ok {
+				switch {
+				case !inPool(p.class, r):
+					st.Reason = LBReasonAddressNotInPool
+					problems = append(problems, fmt.Sprintf("%s is not in class %s's pool", r, p.class.name))
+				case held[r] != "":
+					st.Reason = LBReasonAddressConflict
+					problems = append(problems, fmt.Sprintf("%s is held by %s", r, held[r]))
+				default:
+					held[r] = p.key
+					st.IPs = append(st.IPs, r)
+				}
+				continue
+			}
+			a, ok := lowestFree(p.class, v4, held)
+			if !ok {
+				st.Reason = LBReasonPoolExhausted
+				problems = append(problems, fmt.Sprintf("class %s has no free %s address", p.class.name, fam))
+				continue
+			}
+			held[a] = p.key
+			st.IPs = append(st.IPs, a)
+		}
+		st.Message = strings.Join(problems, "; ")
+		res.Services[p.key] = st
+		cs := res.Classes[p.class.name]
+		cs.Allocated += len(st.IPs)
+		res.Classes[p.class.name] = cs
+	}
+	return res
+}
+
+func noDefaultMessage(defaults []string) string {
+	if len(defaults) > 1 {
+		return "more than one default LoadBalancerClass (" + strings.Join(defaults, ", ") + "): none is used"
+	}
+	return "no default LoadBalancerClass and spec.loadBalancerClass is unset"
+}
+
+func overlapWith(rs []ipRange, o lacev1.LoadBalancerClass) string {
+	for _, a := range o.Spec.Addresses {
+		r, err := ParseAddressRange(a)
+		if err != nil {
+			continue
+		}
+		for _, mine := range rs {
+			if mine.overlaps(r) {
+				return string(a)
+			}
+		}
+	}
+	return ""
+}
+
+// requested lists the addresses a Service asks for: the annotation, else
+// spec.loadBalancerIP.
+func requested(s *corev1.Service) []string {
+	if v := strings.TrimSpace(s.Annotations[AnnotationLoadBalancerIPs]); v != "" {
+		var out []string
+		for _, f := range strings.Split(v, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				out = append(out, f)
+			}
+		}
+		return out
+	}
+	if s.Spec.LoadBalancerIP != "" {
+		return []string{s.Spec.LoadBalancerIP}
+	}
+	return nil
+}
+
+func wantsFamily(want []corev1.IPFamily, v4 bool) bool {
+	f := corev1.IPv6Protocol
+	if v4 {
+		f = corev1.IPv4Protocol
+	}
+	return slices.Contains(want, f)
+}
+
+func inPool(c *lbClass, a netip.Addr) bool {
+	return slices.ContainsFunc(c.ranges, func(r ipRange) bool { return r.contains(a) })
+}
+
+func poolHasFamily(c *lbClass, v4 bool) bool {
+	return slices.ContainsFunc(c.ranges, func(r ipRange) bool { return r.first.Is4() == v4 })
+}
+
+// lowestFree is the first address of the class's ranges (in their order)
+// of the family that nobody holds. Held addresses are few (one per Service
+// and family), so the walk skips at most that many.
+func lowestFree(c *lbClass, v4 bool, held map[netip.Addr]string) (netip.Addr, bool) {
+	for _, r := range c.ranges {
+		if r.first.Is4() != v4 {
+			continue
+		}
+		for a := r.first; a.IsValid() && !r.last.Less(a); a = a.Next() {
+			if held[a] == "" {
+				return a, true
+			}
+		}
+	}
+	return netip.Addr{}, false
+}
