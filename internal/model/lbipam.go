@@ -39,40 +39,40 @@ const (
 	LBReasonInvalidRequestedIP = "InvalidRequestedIP"
 )
 
-// ipRange is an inclusive range of one family.
-type ipRange struct{ first, last netip.Addr }
+// IPRange is an inclusive range of addresses of one family.
+type IPRange struct{ First, Last netip.Addr }
 
 // ParseAddressRange reads a CIDR (its usable addresses: an IPv4 prefix
 // shorter than /31 loses its network and broadcast addresses) or a
 // first-last range. The API's validation leaves the order of IPv6 range
 // ends to here (CEL has no IPv6 comparison).
-func ParseAddressRange(s lacev1.AddressRange) (ipRange, error) {
+func ParseAddressRange(s lacev1.AddressRange) (IPRange, error) {
 	str := string(s)
 	if p, err := netip.ParsePrefix(str); err == nil {
 		if p != p.Masked() {
-			return ipRange{}, fmt.Errorf("%s has host bits set", str)
+			return IPRange{}, fmt.Errorf("%s has host bits set", str)
 		}
 		first, last := p.Addr(), lastOf(p)
 		if p.Addr().Is4() && p.Bits() < 31 {
 			first, last = first.Next(), last.Prev()
 		}
-		return ipRange{first, last}, nil
+		return IPRange{First: first, Last: last}, nil
 	}
 	a, b, ok := strings.Cut(str, "-")
 	if !ok {
-		return ipRange{}, fmt.Errorf("%s is neither a CIDR nor a first-last range", str)
+		return IPRange{}, fmt.Errorf("%s is neither a CIDR nor a first-last range", str)
 	}
 	first, err1 := netip.ParseAddr(strings.TrimSpace(a))
 	last, err2 := netip.ParseAddr(strings.TrimSpace(b))
 	switch {
 	case err1 != nil || err2 != nil:
-		return ipRange{}, fmt.Errorf("%s: ends are not IP addresses", str)
+		return IPRange{}, fmt.Errorf("%s: ends are not IP addresses", str)
 	case first.Is4() != last.Is4():
-		return ipRange{}, fmt.Errorf("%s: ends of different families", str)
+		return IPRange{}, fmt.Errorf("%s: ends of different families", str)
 	case last.Less(first):
-		return ipRange{}, fmt.Errorf("%s: the first address is above the last", str)
+		return IPRange{}, fmt.Errorf("%s: the first address is above the last", str)
 	}
-	return ipRange{first.Unmap(), last.Unmap()}, nil
+	return IPRange{First: first.Unmap(), Last: last.Unmap()}, nil
 }
 
 func lastOf(p netip.Prefix) netip.Addr {
@@ -85,12 +85,13 @@ func lastOf(p netip.Prefix) netip.Addr {
 	return a
 }
 
-func (r ipRange) contains(a netip.Addr) bool {
-	return a.Is4() == r.first.Is4() && !a.Less(r.first) && !r.last.Less(a)
+// Contains tells whether a is in the range.
+func (r IPRange) Contains(a netip.Addr) bool {
+	return a.Is4() == r.First.Is4() && !a.Less(r.First) && !r.Last.Less(a)
 }
 
-func (r ipRange) overlaps(o ipRange) bool {
-	return r.first.Is4() == o.first.Is4() && !r.last.Less(o.first) && !o.last.Less(r.first)
+func (r IPRange) overlaps(o IPRange) bool {
+	return r.First.Is4() == o.First.Is4() && !r.Last.Less(o.First) && !o.Last.Less(r.First)
 }
 
 // LBClassState is what the allocation says of a class.
@@ -119,7 +120,7 @@ type LBResult struct {
 
 type lbClass struct {
 	name   string
-	ranges []ipRange
+	ranges []IPRange
 }
 
 // AllocateLoadBalancers decides every Lace LoadBalancer Service's VIPs.
@@ -308,7 +309,7 @@ func noDefaultMessage(defaults []string) string {
 	return "no default LoadBalancerClass and spec.loadBalancerClass is unset"
 }
 
-func overlapWith(rs []ipRange, o lacev1.LoadBalancerClass) string {
+func overlapWith(rs []IPRange, o lacev1.LoadBalancerClass) string {
 	for _, a := range o.Spec.Addresses {
 		r, err := ParseAddressRange(a)
 		if err != nil {
@@ -350,11 +351,11 @@ func wantsFamily(want []corev1.IPFamily, v4 bool) bool {
 }
 
 func inPool(c *lbClass, a netip.Addr) bool {
-	return slices.ContainsFunc(c.ranges, func(r ipRange) bool { return r.contains(a) })
+	return slices.ContainsFunc(c.ranges, func(r IPRange) bool { return r.Contains(a) })
 }
 
 func poolHasFamily(c *lbClass, v4 bool) bool {
-	return slices.ContainsFunc(c.ranges, func(r ipRange) bool { return r.first.Is4() == v4 })
+	return slices.ContainsFunc(c.ranges, func(r IPRange) bool { return r.First.Is4() == v4 })
 }
 
 // lowestFree is the first address of the class's ranges (in their order)
@@ -362,10 +363,10 @@ func poolHasFamily(c *lbClass, v4 bool) bool {
 // and family), so the walk skips at most that many.
 func lowestFree(c *lbClass, v4 bool, held map[netip.Addr]string) (netip.Addr, bool) {
 	for _, r := range c.ranges {
-		if r.first.Is4() != v4 {
+		if r.First.Is4() != v4 {
 			continue
 		}
-		for a := r.first; a.IsValid() && !r.last.Less(a); a = a.Next() {
+		for a := r.First; a.IsValid() && !r.Last.Less(a); a = a.Next() {
 			if held[a] == "" {
 				return a, true
 			}

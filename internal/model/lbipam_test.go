@@ -59,12 +59,12 @@ func TestParseAddressRange(t *testing.T) {
 		r, err := ParseAddressRange(lacev1.AddressRange(c.in))
 		if c.bad {
 			if err == nil {
-				t.Errorf("%s: accepted as %v-%v", c.in, r.first, r.last)
+				t.Errorf("%s: accepted as %v-%v", c.in, r.First, r.Last)
 			}
 			continue
 		}
-		if err != nil || r.first.String() != c.first || r.last.String() != c.last {
-			t.Errorf("%s: %v-%v %v, want %s-%s", c.in, r.first, r.last, err, c.first, c.last)
+		if err != nil || r.First.String() != c.first || r.Last.String() != c.last {
+			t.Errorf("%s: %v-%v %v, want %s-%s", c.in, r.First, r.Last, err, c.first, c.last)
 		}
 	}
 }

@@ -1,0 +1,195 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/model"
+)
+
+// AnnotationLoadBalancerProblem remembers the last allocation problem of a
+// Service (reason: message), so its Warning is emitted once per change, not
+// at every pass: an idle cluster stays quiet.
+const AnnotationLoadBalancerProblem = "lace-cni.io/load-balancer-problem"
+
+// LoadBalancerReconciler hands out LoadBalancer VIPs from LoadBalancerClass
+// pools into status.loadBalancer.ingress (model.AllocateLoadBalancers) and
+// reports each class's state. One pass decides every Service at once, from
+// what the Services hold: there is one writer (the leader), nothing is
+// handed out twice, and a restart reads the allocation back from the
+// Services themselves. It never touches Services of another class.
+type LoadBalancerReconciler struct {
+	Client   client.Client
+	Recorder record.EventRecorder
+}
+
+// lbKey is the one key every change enqueues: allocation is global.
+var lbKey = reconcile.Request{NamespacedName: types.NamespacedName{Name: "load-balancers"}}
+
+// SetupWithManager registers the reconciler.
+func (r *LoadBalancerReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	one := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+		return []reconcile.Request{lbKey}
+	})
+	// Only Services that are or were LoadBalancers (or still hold an
+	// address) count: ten thousand ClusterIPs changing enqueue nothing.
+	lbOnly := predicate.NewPredicateFuncs(func(o client.Object) bool {
+		s, ok := o.(*corev1.Service)
+		return ok && (s.Spec.Type == corev1.ServiceTypeLoadBalancer || len(s.Status.LoadBalancer.Ingress) > 0)
+	})
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("loadbalancer").
+		Watches(&lacev1.LoadBalancerClass{}, one).
+		Watches(&corev1.Service{}, one, builder.WithPredicates(predicate.Funcs{
+			CreateFunc:  func(e event.CreateEvent) bool { return lbOnly.Create(e) },
+			DeleteFunc:  func(e event.DeleteEvent) bool { return lbOnly.Delete(e) },
+			GenericFunc: func(e event.GenericEvent) bool { return lbOnly.Generic(e) },
+			UpdateFunc: func(e event.UpdateEvent) bool {
+				return lbOnly.Create(event.CreateEvent{Object: e.ObjectOld}) || lbOnly.Create(event.CreateEvent{Object: e.ObjectNew})
+			},
+		})).
+		Complete(r)
+}
+
+// Reconcile allocates every Lace LoadBalancer Service's VIPs.
+func (r *LoadBalancerReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+	var classes lacev1.LoadBalancerClassList
+	var svcs corev1.ServiceList
+	for _, l := range []client.ObjectList{&classes, &svcs} {
+		if err := r.Client.List(ctx, l); err != nil {
+			return reconcile.Result{}, fmt.Errorf("list %T: %w", l, err)
+		}
+	}
+	res := model.AllocateLoadBalancers(classes.Items, svcs.Items)
+	var errs []error
+	for i := range svcs.Items {
+		s := &svcs.Items[i]
+		st, ours := res.Services[s.Namespace+"/"+s.Name]
+		if !ours {
+			// Released when it stops being a LoadBalancer: only addresses
+			// of Lace's pools, never another implementation's.
+			if s.Spec.Type != corev1.ServiceTypeLoadBalancer && holdsPoolAddress(classes.Items, s) {
+				errs = append(errs, r.setIngress(ctx, s, nil))
+			}
+			continue
+		}
+		errs = append(errs, r.apply(ctx, s, st))
+	}
+	for i := range classes.Items {
+		errs = append(errs, r.classStatus(ctx, &classes.Items[i], res.Classes[classes.Items[i].Name]))
+	}
+	return reconcile.Result{}, errors.Join(errs...)
+}
+
+func (r *LoadBalancerReconciler) apply(ctx context.Context, s *corev1.Service, st model.LBServiceState) error {
+	before := ingressIPs(s)
+	if !slices.Equal(before, st.IPs) {
+		if err := r.setIngress(ctx, s, st.IPs); err != nil {
+			return err
+		}
+		if len(st.IPs) > 0 {
+			r.Recorder.Eventf(s, corev1.EventTypeNormal, model.LBReasonAllocated, "load balancer addresses %s from LoadBalancerClass %s",
+				joinAddrs(st.IPs), st.Class)
+		}
+	}
+	problem := ""
+	if st.Reason != "" {
+		problem = st.Reason + ": " + st.Message
+	}
+	if s.Annotations[AnnotationLoadBalancerProblem] == problem {
+		return nil
+	}
+	patch := client.MergeFrom(s.DeepCopy())
+	if s.Annotations == nil {
+		s.Annotations = map[string]string{}
+	}
+	setOrDelete(s.Annotations, AnnotationLoadBalancerProblem, problem)
+	if err := r.Client.Patch(ctx, s, patch); err != nil {
+		return fmt.Errorf("annotate service %s/%s: %w", s.Namespace, s.Name, err)
+	}
+	if st.Reason != "" {
+		r.Recorder.Event(s, corev1.EventTypeWarning, st.Reason, st.Message)
+	}
+	return nil
+}
+
+func (r *LoadBalancerReconciler) setIngress(ctx context.Context, s *corev1.Service, ips []netip.Addr) error {
+	patch := client.MergeFrom(s.DeepCopy())
+	s.Status.LoadBalancer.Ingress = nil
+	for _, a := range ips {
+		s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: a.String()})
+	}
+	if err := r.Client.Status().Patch(ctx, s, patch); err != nil {
+		return fmt.Errorf("set load balancer status of %s/%s: %w", s.Namespace, s.Name, err)
+	}
+	return nil
+}
+
+func (r *LoadBalancerReconciler) classStatus(ctx context.Context, c *lacev1.LoadBalancerClass, st model.LBClassState) error {
+	cond := metav1.Condition{Type: "Ready", Status: metav1.ConditionFalse, Reason: st.Reason, Message: st.Message,
+		ObservedGeneration: c.Generation}
+	if st.Ready {
+		cond.Status = metav1.ConditionTrue
+	}
+	if c.Status.Allocated == int32(st.Allocated) && conditionUnchanged(c.Status.Conditions, cond) {
+		return nil
+	}
+	c.Status.Allocated = int32(st.Allocated)
+	meta.SetStatusCondition(&c.Status.Conditions, cond)
+	if err := r.Client.Status().Update(ctx, c); err != nil {
+		return fmt.Errorf("update status of LoadBalancerClass %s: %w", c.Name, err)
+	}
+	if !st.Ready {
+		r.Recorder.Event(c, corev1.EventTypeWarning, st.Reason, st.Message)
+	}
+	return nil
+}
+
+func ingressIPs(s *corev1.Service) []netip.Addr {
+	var out []netip.Addr
+	for _, ing := range s.Status.LoadBalancer.Ingress {
+		if a, err := netip.ParseAddr(ing.IP); err == nil {
+			out = append(out, a.Unmap())
+		}
+	}
+	return out
+}
+
+func holdsPoolAddress(classes []lacev1.LoadBalancerClass, s *corev1.Service) bool {
+	for _, a := range ingressIPs(s) {
+		for _, c := range classes {
+			for _, ar := range c.Spec.Addresses {
+				if r, err := model.ParseAddressRange(ar); err == nil && r.Contains(a) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+func joinAddrs(as []netip.Addr) string {
+	out := make([]string, len(as))
+	for i, a := range as {
+		out[i] = a.String()
+	}
+	return strings.Join(out, ", ")
+}
