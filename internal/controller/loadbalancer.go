@@ -37,8 +37,12 @@ const AnnotationLoadBalancerProblem = "lace-cni.io/load-balancer-problem"
 // handed out twice, and a restart reads the allocation back from the
 // Services themselves. It never touches Services of another class.
 type LoadBalancerReconciler struct {
-	Client   client.Client
-	Recorder record.EventRecorder
+	Client client.Client
+	// APIReader lists the Services: a pass must see the addresses the
+	// pass before wrote, which the cache may not hold yet (handing one
+	// out twice otherwise).
+	APIReader client.Reader
+	Recorder  record.EventRecorder
 }
 
 // lbKey is the one key every change enqueues: allocation is global.
@@ -73,10 +77,11 @@ func (r *LoadBalancerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 func (r *LoadBalancerReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 	var classes lacev1.LoadBalancerClassList
 	var svcs corev1.ServiceList
-	for _, l := range []client.ObjectList{&classes, &svcs} {
-		if err := r.Client.List(ctx, l); err != nil {
-			return reconcile.Result{}, fmt.Errorf("list %T: %w", l, err)
-		}
+	if err := r.Client.List(ctx, &classes); err != nil {
+		return reconcile.Result{}, fmt.Errorf("list load balancer classes: %w", err)
+	}
+	if err := r.APIReader.List(ctx, &svcs); err != nil {
+		return reconcile.Result{}, fmt.Errorf("list services: %w", err)
 	}
 	res := model.AllocateLoadBalancers(classes.Items, svcs.Items)
 	var errs []error
@@ -88,6 +93,9 @@ func (r *LoadBalancerReconciler) Reconcile(ctx context.Context, _ reconcile.Requ
 			// of Lace's pools, never another implementation's.
 			if s.Spec.Type != corev1.ServiceTypeLoadBalancer && holdsPoolAddress(classes.Items, s) {
 				errs = append(errs, r.setIngress(ctx, s, nil))
+			}
+			if s.Annotations[AnnotationLoadBalancerProblem] != "" {
+				errs = append(errs, r.setProblem(ctx, s, ""))
 			}
 			continue
 		}
@@ -117,13 +125,8 @@ func (r *LoadBalancerReconciler) apply(ctx context.Context, s *corev1.Service, s
 	if s.Annotations[AnnotationLoadBalancerProblem] == problem {
 		return nil
 	}
-	patch := client.MergeFrom(s.DeepCopy())
-	if s.Annotations == nil {
-		s.Annotations = map[string]string{}
-	}
-	setOrDelete(s.Annotations, AnnotationLoadBalancerProblem, problem)
-	if err := r.Client.Patch(ctx, s, patch); err != nil {
-		return fmt.Errorf("annotate service %s/%s: %w", s.Namespace, s.Name, err)
+	if err := r.setProblem(ctx, s, problem); err != nil {
+		return err
 	}
 	if st.Reason != "" {
 		r.Recorder.Event(s, corev1.EventTypeWarning, st.Reason, st.Message)
@@ -131,13 +134,36 @@ func (r *LoadBalancerReconciler) apply(ctx context.Context, s *corev1.Service, s
 	return nil
 }
 
-func (r *LoadBalancerReconciler) setIngress(ctx context.Context, s *corev1.Service, ips []netip.Addr) error {
+func (r *LoadBalancerReconciler) setProblem(ctx context.Context, s *corev1.Service, problem string) error {
 	patch := client.MergeFrom(s.DeepCopy())
-	s.Status.LoadBalancer.Ingress = nil
-	for _, a := range ips {
-		s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: a.String()})
+	if s.Annotations == nil {
+		s.Annotations = map[string]string{}
 	}
-	if err := r.Client.Status().Patch(ctx, s, patch); err != nil {
+	setOrDelete(s.Annotations, AnnotationLoadBalancerProblem, problem)
+	if err := r.Client.Patch(ctx, s, patch); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("annotate service %s/%s: %w", s.Namespace, s.Name, err)
+	}
+	return nil
+}
+
+// setIngress makes the Service's ingress ips, keeping the entries (ports,
+// ipMode) of the addresses that stay. The patch is conditional on the
+// version read, so it never writes over a newer status.
+func (r *LoadBalancerReconciler) setIngress(ctx context.Context, s *corev1.Service, ips []netip.Addr) error {
+	patch := client.MergeFromWithOptions(s.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	var out []corev1.LoadBalancerIngress
+	for _, a := range ips {
+		ing := corev1.LoadBalancerIngress{IP: a.String()}
+		for _, old := range s.Status.LoadBalancer.Ingress {
+			if o, err := netip.ParseAddr(old.IP); err == nil && o.Unmap() == a {
+				ing = old
+				break
+			}
+		}
+		out = append(out, ing)
+	}
+	s.Status.LoadBalancer.Ingress = out
+	if err := r.Client.Status().Patch(ctx, s, patch); client.IgnoreNotFound(err) != nil {
 		return fmt.Errorf("set load balancer status of %s/%s: %w", s.Namespace, s.Name, err)
 	}
 	return nil

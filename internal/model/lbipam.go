@@ -43,7 +43,8 @@ const (
 type IPRange struct{ First, Last netip.Addr }
 
 // ParseAddressRange reads a CIDR (its usable addresses: an IPv4 prefix
-// shorter than /31 loses its network and broadcast addresses) or a
+// shorter than /31 loses its network and broadcast addresses, an IPv6 one
+// shorter than /127 its subnet-router anycast address) or a
 // first-last range. The API's validation leaves the order of IPv6 range
 // ends to here (CEL has no IPv6 comparison).
 func ParseAddressRange(s lacev1.AddressRange) (IPRange, error) {
@@ -52,9 +53,15 @@ func ParseAddressRange(s lacev1.AddressRange) (IPRange, error) {
 		if p != p.Masked() {
 			return IPRange{}, fmt.Errorf("%s has host bits set", str)
 		}
+		if p.Addr().Is4In6() {
+			return IPRange{}, fmt.Errorf("%s is an IPv4-mapped prefix", str)
+		}
 		first, last := p.Addr(), lastOf(p)
-		if p.Addr().Is4() && p.Bits() < 31 {
+		switch {
+		case p.Addr().Is4() && p.Bits() < 31:
 			first, last = first.Next(), last.Prev()
+		case p.Addr().Is6() && p.Bits() < 127:
+			first = first.Next() // the subnet-router anycast address
 		}
 		return IPRange{First: first, Last: last}, nil
 	}
@@ -120,7 +127,12 @@ type LBResult struct {
 
 type lbClass struct {
 	name   string
-	ranges []IPRange
+	ranges []IPRange // the valid ones
+	// ready: the pool is usable as written, so new VIPs come from it. A
+	// class that is not keeps what it handed out (an edit, a newer
+	// overlapping class or a second default never takes VIPs away).
+	ready   bool
+	problem string
 }
 
 // AllocateLoadBalancers decides every Lace LoadBalancer Service's VIPs.
@@ -129,13 +141,23 @@ type lbClass struct {
 // Service, matching what it requests), so a controller restart or another
 // Service's change never moves a VIP; new ones get the lowest free address.
 // Services are served oldest first, so two asking for one address resolve
-// the same way every time.
+// the same way every time. Addresses other implementations' Services hold
+// are never handed out; their Services (another class, or none while Lace
+// has no single default) are left alone.
 func AllocateLoadBalancers(classes []lacev1.LoadBalancerClass, svcs []corev1.Service) LBResult {
 	res := LBResult{Classes: map[string]LBClassState{}, Services: map[string]LBServiceState{}}
-	usable := map[string]*lbClass{}
+	byName := map[string]*lbClass{}
 	var defaults []string
 	sorted := slices.Clone(classes)
-	slices.SortFunc(sorted, func(a, b lacev1.LoadBalancerClass) int { return cmp.Compare(a.Name, b.Name) })
+	// Oldest first: of two overlapping classes the newer is the one at
+	// fault.
+	slices.SortFunc(sorted, func(a, b lacev1.LoadBalancerClass) int {
+		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Name, b.Name)
+	})
+	var earlier []*lbClass
 	for _, c := range sorted {
 		st := LBClassState{Ready: true, Reason: LBReasonReady, Message: "the pool is usable"}
 		lc := &lbClass{name: c.Name}
@@ -143,45 +165,54 @@ func AllocateLoadBalancers(classes []lacev1.LoadBalancerClass, svcs []corev1.Ser
 			r, err := ParseAddressRange(a)
 			if err != nil {
 				st = LBClassState{Reason: LBReasonInvalidRange, Message: err.Error()}
-				break
+				continue
 			}
 			lc.ranges = append(lc.ranges, r)
 		}
 		if st.Ready {
-			for _, o := range sorted {
-				if o.Name == c.Name {
-					continue
-				}
+			for _, o := range earlier {
 				if other := overlapWith(lc.ranges, o); other != "" {
-					st = LBClassState{Reason: LBReasonOverlap, Message: fmt.Sprintf("addresses overlap class %s's (%s)", o.Name, other)}
+					st = LBClassState{Reason: LBReasonOverlap, Message: fmt.Sprintf("addresses overlap the older class %s's (%s)", o.name, other)}
 					break
 				}
 			}
 		}
-		if st.Ready && c.Spec.Default {
+		if c.Spec.Default {
 			defaults = append(defaults, c.Name)
 		}
+		lc.ready, lc.problem = st.Ready, st.Message
 		res.Classes[c.Name] = st
-		if st.Ready {
-			usable[c.Name] = lc
-		}
+		byName[c.Name] = lc
+		earlier = append(earlier, lc)
 	}
 	defaultClass := ""
 	if len(defaults) == 1 {
 		defaultClass = defaults[0]
 	} else if len(defaults) > 1 {
 		for _, d := range defaults {
-			res.Classes[d] = LBClassState{Reason: LBReasonMultipleDefaults,
-				Message: "more than one class is the default: " + strings.Join(defaults, ", ")}
-			delete(usable, d)
+			st := LBClassState{Reason: LBReasonMultipleDefaults, Message: "more than one class is the default: " + strings.Join(defaults, ", ")}
+			if byName[d].ready {
+				byName[d].ready, byName[d].problem = false, st.Message
+				res.Classes[d] = st
+			}
 		}
 	}
 
 	order := make([]*corev1.Service, 0, len(svcs))
+	held := map[netip.Addr]string{}
 	for i := range svcs {
-		if svcs[i].Spec.Type == corev1.ServiceTypeLoadBalancer {
-			order = append(order, &svcs[i])
+		s := &svcs[i]
+		if s.Spec.Type != corev1.ServiceTypeLoadBalancer {
+			continue
 		}
+		if className(s, defaultClass) == "" {
+			// Another implementation's: what it holds is taken.
+			for _, a := range ingressAddrs(s) {
+				held[a] = s.Namespace + "/" + s.Name
+			}
+			continue
+		}
+		order = append(order, s)
 	}
 	slices.SortFunc(order, func(a, b *corev1.Service) int {
 		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
@@ -189,74 +220,76 @@ func AllocateLoadBalancers(classes []lacev1.LoadBalancerClass, svcs []corev1.Ser
 		}
 		return cmp.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
 	})
-	held := map[netip.Addr]string{}
 	type pending struct {
-		svc     *corev1.Service
 		key     string
 		class   *lbClass
+		name    string
 		want    []corev1.IPFamily
 		request map[bool]netip.Addr // by Is4
 		got     map[bool]netip.Addr
+		reason  string // set: keep what it holds, hand out nothing new
+		message string
 	}
 	var todo []*pending
 	for _, s := range order {
-		key := s.Namespace + "/" + s.Name
-		className := ""
-		switch {
-		case s.Spec.LoadBalancerClass == nil:
-			className = defaultClass
-			if className == "" {
-				res.Services[key] = LBServiceState{Reason: LBReasonNoClass, Message: noDefaultMessage(defaults)}
-				continue
-			}
-		case strings.HasPrefix(*s.Spec.LoadBalancerClass, LoadBalancerClassPrefix):
-			className = strings.TrimPrefix(*s.Spec.LoadBalancerClass, LoadBalancerClassPrefix)
-		default:
-			continue // another implementation's
-		}
-		lc := usable[className]
-		if lc == nil {
-			res.Services[key] = LBServiceState{Class: className, Reason: LBReasonNoClass,
-				Message: fmt.Sprintf("LoadBalancerClass %s does not exist or is not Ready", className)}
-			continue
-		}
-		p := &pending{svc: s, key: key, class: lc, want: s.Spec.IPFamilies, request: map[bool]netip.Addr{}, got: map[bool]netip.Addr{}}
+		name := className(s, defaultClass)
+		p := &pending{key: s.Namespace + "/" + s.Name, class: byName[name], name: name, want: s.Spec.IPFamilies,
+			request: map[bool]netip.Addr{}, got: map[bool]netip.Addr{}}
 		if len(p.want) == 0 {
 			p.want = []corev1.IPFamily{corev1.IPv4Protocol}
+		}
+		switch {
+		case p.class == nil:
+			p.reason, p.message = LBReasonNoClass, fmt.Sprintf("LoadBalancerClass %s does not exist", name)
+		case !p.class.ready:
+			p.reason, p.message = LBReasonNoClass, fmt.Sprintf("LoadBalancerClass %s is not Ready (%s): no new addresses", name, p.class.problem)
 		}
 		var bad []string
 		for _, r := range requested(s) {
 			a, err := netip.ParseAddr(r)
-			if err != nil {
-				bad = append(bad, r)
-				continue
+			switch {
+			case err != nil:
+				bad = append(bad, r+" is not an IP address")
+			case !wantsFamily(p.want, a.Unmap().Is4()):
+				bad = append(bad, r+" is of a family the Service does not have")
+			case p.request[a.Unmap().Is4()].IsValid():
+				bad = append(bad, r+" is a second address of its family")
+			default:
+				p.request[a.Unmap().Is4()] = a.Unmap()
 			}
-			p.request[a.Unmap().Is4()] = a.Unmap()
 		}
-		if len(bad) > 0 {
-			res.Services[key] = LBServiceState{Class: className, Reason: LBReasonInvalidRequestedIP,
-				Message: "requested addresses are not IP addresses: " + strings.Join(bad, ", ")}
-			continue
+		if len(bad) > 0 && p.reason == "" {
+			p.reason, p.message = LBReasonInvalidRequestedIP, "requested addresses: "+strings.Join(bad, "; ")
 		}
-		// What it holds and may keep.
-		for _, ing := range s.Status.LoadBalancer.Ingress {
-			a, err := netip.ParseAddr(ing.IP)
-			if err != nil {
-				continue
-			}
-			a = a.Unmap()
+		// What it holds and may keep: in its class's pool (any address,
+		// while the class is gone).
+		for _, a := range ingressAddrs(s) {
 			v4 := a.Is4()
-			if !wantsFamily(p.want, v4) || !inPool(lc, a) || held[a] != "" || p.got[v4].IsValid() {
+			if !wantsFamily(p.want, v4) || held[a] != "" || p.got[v4].IsValid() || (p.class != nil && !inPool(p.class, a)) {
 				continue
 			}
 			if r, ok := p.request[v4]; ok && r != a {
 				continue
 			}
-			p.got[v4], held[a] = a, key
+			p.got[v4], held[a] = a, p.key
 		}
 		todo = append(todo, p)
 	}
 	for _, p := range todo {
+		if p.reason != "" {
+			st := LBServiceState{Class: p.name, Reason: p.reason, Message: p.message}
+			for _, fam := range p.want {
+				if a := p.got[fam == corev1.IPv4Protocol]; a.IsValid() {
+					st.IPs = append(st.IPs, a)
+				}
+			}
+			res.Services[p.key] = st
+			if cs, ok := res.Classes[p.name]; ok {
+				cs.Allocated += len(st.IPs)
+				res.Classes[p.name] = cs
+			}
+			continue
+		}
 		st := LBServiceState{Class: p.class.name}
 		var problems []string
 		for _, fam := range p.want {
@@ -302,22 +335,34 @@ func AllocateLoadBalancers(classes []lacev1.LoadBalancerClass, svcs []corev1.Ser
 	return res
 }
 
-func noDefaultMessage(defaults []string) string {
-	if len(defaults) > 1 {
-		return "more than one default LoadBalancerClass (" + strings.Join(defaults, ", ") + "): none is used"
+// className is the Lace class a LoadBalancer Service is served by, or ""
+// when it is not Lace's (another class; none while Lace has no single
+// default).
+func className(s *corev1.Service, defaultClass string) string {
+	switch {
+	case s.Spec.LoadBalancerClass == nil:
+		return defaultClass
+	case strings.HasPrefix(*s.Spec.LoadBalancerClass, LoadBalancerClassPrefix):
+		return strings.TrimPrefix(*s.Spec.LoadBalancerClass, LoadBalancerClassPrefix)
 	}
-	return "no default LoadBalancerClass and spec.loadBalancerClass is unset"
+	return ""
 }
 
-func overlapWith(rs []IPRange, o lacev1.LoadBalancerClass) string {
-	for _, a := range o.Spec.Addresses {
-		r, err := ParseAddressRange(a)
-		if err != nil {
-			continue
+func ingressAddrs(s *corev1.Service) []netip.Addr {
+	var out []netip.Addr
+	for _, ing := range s.Status.LoadBalancer.Ingress {
+		if a, err := netip.ParseAddr(ing.IP); err == nil {
+			out = append(out, a.Unmap())
 		}
+	}
+	return out
+}
+
+func overlapWith(rs []IPRange, o *lbClass) string {
+	for _, r := range o.ranges {
 		for _, mine := range rs {
 			if mine.overlaps(r) {
-				return string(a)
+				return fmt.Sprintf("%s-%s", r.First, r.Last)
 			}
 		}
 	}

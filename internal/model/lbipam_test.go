@@ -49,7 +49,9 @@ func TestParseAddressRange(t *testing.T) {
 		{in: "192.0.2.0/30", first: "192.0.2.1", last: "192.0.2.2"},
 		{in: "192.0.2.8/31", first: "192.0.2.8", last: "192.0.2.9"},
 		{in: "192.0.2.7/32", first: "192.0.2.7", last: "192.0.2.7"},
-		{in: "2001:db8::/126", first: "2001:db8::", last: "2001:db8::3"},
+		{in: "2001:db8::/126", first: "2001:db8::1", last: "2001:db8::3"}, // no subnet-router anycast
+		{in: "2001:db8::/127", first: "2001:db8::", last: "2001:db8::1"},
+		{in: "::ffff:192.0.2.0/120", bad: true},
 		{in: "192.0.2.10-192.0.2.20", first: "192.0.2.10", last: "192.0.2.20"},
 		{in: "2001:db8::10-2001:db8::1", bad: true}, // IPv6 order: CEL cannot check it
 		{in: "2001:db8::1-192.0.2.1", bad: true},
@@ -139,8 +141,8 @@ func TestAllocateLoadBalancers(t *testing.T) {
 	if _, ok := res.Services["ns/o"]; ok {
 		t.Errorf("a Service of another class was handled: %+v", res.Services["ns/o"])
 	}
-	if p := res.Services["ns/p"]; p.Reason != LBReasonNoClass || len(p.IPs) != 0 {
-		t.Errorf("two default classes: %+v, want NoLoadBalancerClass", p)
+	if p, ok := res.Services["ns/p"]; ok {
+		t.Errorf("two default classes: a Service naming none was handled (%+v); it is left alone", p)
 	}
 	for _, c := range []string{"small", "small2"} {
 		if res.Classes[c].Reason != LBReasonMultipleDefaults {
@@ -149,9 +151,42 @@ func TestAllocateLoadBalancers(t *testing.T) {
 	}
 	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{lbPool("x", false, "192.0.2.0/29"), lbPool("y", false, "192.0.2.4-192.0.2.9"),
 		lbPool("z", false, "2001:db8::9-2001:db8::1")}, nil)
-	for c, want := range map[string]string{"x": LBReasonOverlap, "y": LBReasonOverlap, "z": LBReasonInvalidRange} {
-		if got := res.Classes[c]; got.Ready || got.Reason != want {
-			t.Errorf("class %s: %+v, want %s", c, got, want)
+	for c, want := range map[string]string{"x": LBReasonReady, "y": LBReasonOverlap, "z": LBReasonInvalidRange} {
+		if got := res.Classes[c]; got.Ready != (want == LBReasonReady) || got.Reason != want {
+			t.Errorf("class %s: %+v, want %s (the older of two overlapping classes stays)", c, got, want)
+		}
+	}
+
+	// Addresses another implementation's Services hold are never handed
+	// out; nor are Services naming no class touched without a Lace
+	// default.
+	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{lbPool("nodef", false, "192.0.2.0/30")}, []corev1.Service{
+		lbSvc("metallb", 1, nil, v4only, "192.0.2.1"), lbSvc("mine", 2, ptr.To("lace-cni.io/nodef"), v4only)})
+	if _, ok := res.Services["ns/metallb"]; ok || ips(res.Services["ns/mine"]) != "[192.0.2.2]" {
+		t.Errorf("beside another implementation's Service: %+v", res.Services)
+	}
+
+	// A class that stops being Ready (a second default, a bad edit) keeps
+	// what it handed out and hands out nothing new.
+	broken := lbPool("small", true, "192.0.2.0/30", "2001:db8::9-2001:db8::1")
+	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{broken}, []corev1.Service{
+		lbSvc("a", 1, nil, v4only, "192.0.2.2"), lbSvc("b", 2, nil, v4only)})
+	if a := res.Services["ns/a"]; ips(a) != "[192.0.2.2]" || a.Reason != LBReasonNoClass {
+		t.Errorf("held address in a class gone bad: %+v, want kept with a report", a)
+	}
+	if b := res.Services["ns/b"]; len(b.IPs) != 0 || b.Reason != LBReasonNoClass {
+		t.Errorf("new Service in a class gone bad: %+v, want nothing and a report", b)
+	}
+
+	// Requests that cannot be honoured are reported.
+	two := lbSvc("two", 1, nil, v4only)
+	two.Annotations = map[string]string{AnnotationLoadBalancerIPs: "192.0.2.1,192.0.2.2"}
+	fam := lbSvc("fam", 2, nil, v4only)
+	fam.Spec.LoadBalancerIP = "2001:db8::5"
+	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{small}, []corev1.Service{two, fam})
+	for _, k := range []string{"ns/two", "ns/fam"} {
+		if st := res.Services[k]; st.Reason != LBReasonInvalidRequestedIP || len(st.IPs) != 0 {
+			t.Errorf("%s: %+v, want InvalidRequestedIP", k, st)
 		}
 	}
 
