@@ -108,7 +108,7 @@ func (r *LoadBalancerReconciler) Reconcile(ctx context.Context, _ reconcile.Requ
 }
 
 func (r *LoadBalancerReconciler) apply(ctx context.Context, s *corev1.Service, st model.LBServiceState) error {
-	before := ingressIPs(s)
+	before := model.IngressAddrs(s)
 	if !slices.Equal(before, st.IPs) {
 		if err := r.setIngress(ctx, s, st.IPs); err != nil {
 			return err
@@ -189,18 +189,8 @@ func (r *LoadBalancerReconciler) classStatus(ctx context.Context, c *lacev1.Load
 	return nil
 }
 
-func ingressIPs(s *corev1.Service) []netip.Addr {
-	var out []netip.Addr
-	for _, ing := range s.Status.LoadBalancer.Ingress {
-		if a, err := netip.ParseAddr(ing.IP); err == nil {
-			out = append(out, a.Unmap())
-		}
-	}
-	return out
-}
-
 func holdsPoolAddress(classes []lacev1.LoadBalancerClass, s *corev1.Service) bool {
-	for _, a := range ingressIPs(s) {
+	for _, a := range model.IngressAddrs(s) {
 		for _, c := range classes {
 			for _, ar := range c.Spec.Addresses {
 				if r, err := model.ParseAddressRange(ar); err == nil && r.Contains(a) {

@@ -207,7 +207,7 @@ func AllocateLoadBalancers(classes []lacev1.LoadBalancerClass, svcs []corev1.Ser
 		}
 		if className(s, defaultClass) == "" {
 			// Another implementation's: what it holds is taken.
-			for _, a := range ingressAddrs(s) {
+			for _, a := range IngressAddrs(s) {
 				held[a] = s.Namespace + "/" + s.Name
 			}
 			continue
@@ -263,7 +263,7 @@ func AllocateLoadBalancers(classes []lacev1.LoadBalancerClass, svcs []corev1.Ser
 		}
 		// What it holds and may keep: in its class's pool (any address,
 		// while the class is gone).
-		for _, a := range ingressAddrs(s) {
+		for _, a := range IngressAddrs(s) {
 			v4 := a.Is4()
 			if !wantsFamily(p.want, v4) || held[a] != "" || p.got[v4].IsValid() || (p.class != nil && !inPool(p.class, a)) {
 				continue
@@ -348,7 +348,9 @@ func className(s *corev1.Service, defaultClass string) string {
 	return ""
 }
 
-func ingressAddrs(s *corev1.Service) []netip.Addr {
+// IngressAddrs lists the addresses of a Service's status.loadBalancer.ingress
+// (IPv4-mapped ones as IPv4).
+func IngressAddrs(s *corev1.Service) []netip.Addr {
 	var out []netip.Addr
 	for _, ing := range s.Status.LoadBalancer.Ingress {
 		if a, err := netip.ParseAddr(ing.IP); err == nil {
