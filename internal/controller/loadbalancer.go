@@ -91,7 +91,7 @@ func (r *LoadBalancerReconciler) Reconcile(ctx context.Context, _ reconcile.Requ
 		if !ours {
 			// Released when it stops being a LoadBalancer: only addresses
 			// of Lace's pools, never another implementation's.
-			if s.Spec.Type != corev1.ServiceTypeLoadBalancer && holdsPoolAddress(classes.Items, s) {
+			if res.Release[s.Namespace+"/"+s.Name] {
 				errs = append(errs, r.setIngress(ctx, s, nil))
 			}
 			if s.Annotations[AnnotationLoadBalancerProblem] != "" {
@@ -187,19 +187,6 @@ func (r *LoadBalancerReconciler) classStatus(ctx context.Context, c *lacev1.Load
 		r.Recorder.Event(c, corev1.EventTypeWarning, st.Reason, st.Message)
 	}
 	return nil
-}
-
-func holdsPoolAddress(classes []lacev1.LoadBalancerClass, s *corev1.Service) bool {
-	for _, a := range model.IngressAddrs(s) {
-		for _, c := range classes {
-			for _, ar := range c.Spec.Addresses {
-				if r, err := model.ParseAddressRange(ar); err == nil && r.Contains(a) {
-					return true
-				}
-			}
-		}
-	}
-	return false
 }
 
 func joinAddrs(as []netip.Addr) string {

@@ -123,6 +123,9 @@ type LBServiceState struct {
 type LBResult struct {
 	Classes  map[string]LBClassState
 	Services map[string]LBServiceState // by namespace/name; Services of other classes are absent
+	// Release names the Services (namespace/name) that are no longer
+	// LoadBalancers but still hold an address of a Lace pool.
+	Release map[string]bool
 }
 
 type lbClass struct {
@@ -145,7 +148,7 @@ type lbClass struct {
 // are never handed out; their Services (another class, or none while Lace
 // has no single default) are left alone.
 func AllocateLoadBalancers(classes []lacev1.LoadBalancerClass, svcs []corev1.Service) LBResult {
-	res := LBResult{Classes: map[string]LBClassState{}, Services: map[string]LBServiceState{}}
+	res := LBResult{Classes: map[string]LBClassState{}, Services: map[string]LBServiceState{}, Release: map[string]bool{}}
 	byName := map[string]*lbClass{}
 	var defaults []string
 	sorted := slices.Clone(classes)
@@ -203,6 +206,11 @@ func AllocateLoadBalancers(classes []lacev1.LoadBalancerClass, svcs []corev1.Ser
 	for i := range svcs {
 		s := &svcs[i]
 		if s.Spec.Type != corev1.ServiceTypeLoadBalancer {
+			for _, a := range IngressAddrs(s) {
+				if slices.ContainsFunc(earlier, func(c *lbClass) bool { return inPool(c, a) }) {
+					res.Release[s.Namespace+"/"+s.Name] = true
+				}
+			}
 			continue
 		}
 		if className(s, defaultClass) == "" {

@@ -194,8 +194,8 @@ func TestAllocateLoadBalancers(t *testing.T) {
 	np := lbSvc("n", 1, nil, v4only, "192.0.2.1")
 	np.Spec.Type = corev1.ServiceTypeNodePort
 	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{small}, []corev1.Service{np})
-	if _, ok := res.Services["ns/n"]; ok || res.Classes["small"].Allocated != 0 {
-		t.Errorf("a NodePort Service holds a VIP: %+v", res)
+	if _, ok := res.Services["ns/n"]; ok || res.Classes["small"].Allocated != 0 || !res.Release["ns/n"] {
+		t.Errorf("a NodePort Service holds a VIP: %+v, want it released", res)
 	}
 }
 
