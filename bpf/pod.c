@@ -24,6 +24,7 @@
 #include "icmp.h"
 #include "ct.h"
 #include "fwd.h"
+#include "frontend.h"
 
 /* is_reply_to_host accepts what a pod may send to its node unasked: TCP
  * segments that do not open a connection (no SYN without ACK: the node's
@@ -122,6 +123,19 @@ static __noinline int to_service(struct __sk_buff *skb, struct pkt *p, struct ct
 	if (!sv) {
 		drop(DROP_NO_SERVICE_PORT);
 		return RET_PORT_UNREACH;
+	}
+	if (sv->flags & SVC_EXTERNAL) {
+		/* An external frontend reached from a pod: admitted as its
+		 * ClusterIP would be. */
+		if (sv->flags & SVC_CLOSED)
+			return drop(DROP_FRONTEND_CLOSED);
+		struct backend_val *ref = cluster_ref(sv->id);
+		if (!ref || !reaches_service(k->net_id, p->family, ref->addr, sv->net_id))
+			return drop(DROP_ISOLATED);
+		if ((sv->flags & SVC_SRC_RANGES) && !source_admitted(sv->id, p->family, p->saddr))
+			return drop(DROP_SOURCE_RANGE);
+		if ((sv->flags & SVC_LOCAL) && !(sv = cluster_service(p->family, p->proto, ref)))
+			return drop(DROP_NO_SERVICE_PORT);
 	}
 	__u32 id = sv->id, net = sv->net_id, n = sv->count, affinity = sv->affinity;
 	if (n == 0) {
@@ -231,6 +245,27 @@ static __noinline int to_service(struct __sk_buff *skb, struct pkt *p, struct ct
 	return 0;
 }
 
+/* is_frontend tells whether p is addressed to an external frontend (out
+ * of line: from_pod's frame is the deepest chain's first). */
+static __noinline int is_frontend(struct pkt *p)
+{
+	return frontend(p->family, p->proto, p->dport, p->daddr) != NULL;
+}
+
+/* rev_nat makes a pod's answer to an outside client of an external
+ * frontend leave from the frontend the client addressed. */
+static __noinline int rev_nat(struct __sk_buff *skb, struct pkt *p, struct ct_val *ct)
+{
+	__u8 fa[16];
+	__builtin_memcpy(fa, ct->nat_addr, 16);
+	__u16 fp = ct->nat_port;
+	if (nat_rewrite(skb, p, 1, fa, fp))
+		return -1;
+	__builtin_memcpy(p->saddr, fa, 16);
+	p->sport = fp;
+	return 0;
+}
+
 /* too_big_back sends the ICMP error a forwarding function asked for. */
 static __always_inline int too_big_back(struct __sk_buff *skb, struct pkt *p, int rc)
 {
@@ -300,13 +335,26 @@ int from_pod(struct __sk_buff *skb)
 			return drop(DROP_SPOOF);
 	}
 
+	/* An external frontend (a NodePort of this node, a LoadBalancer or
+	 * external IP) is a service to a pod, whatever else its address is. */
+	int front = is_frontend(&p);
+	struct ct_key k;
+
 	/* The node's own addresses: answers to its connections (probes) go
 	 * to it; a pod opens one only where its view holds the address (the
 	 * node is an outside host like any other, classified by address).
 	 * Pod addresses are unique per node, so the node tells pods apart. */
 	struct host_key hk = {.family = p.family};
 	__builtin_memcpy(hk.addr, p.daddr, 16);
-	if (bpf_map_lookup_elem(&lace_host_addrs, &hk)) {
+	if (!front && bpf_map_lookup_elem(&lace_host_addrs, &hk)) {
+		/* A pod's answer to itself through a NodePort of this node
+		 * (hairpin): its request came from the frontend. */
+		if (p.proto == IPPROTO_TCP || p.proto == IPPROTO_UDP) {
+			ct_key_of(&k, net_id, &p, 1);
+			struct ct_val *hp = ct_lookup(&k);
+			if (hp && (hp->flags & CT_HAIRPIN))
+				return hairpin_back(skb, &p, net_id, hp);
+		}
 		if (!is_reply_to_host(&p)) {
 			struct route_val *hv = view_lookup(net_id, &p);
 			if (!hv || !(hv->flags & ROUTE_EXTERNAL))
@@ -328,7 +376,6 @@ int from_pod(struct __sk_buff *skb)
 	/* Conntrack: a packet of a flow the other side opened is a reply.
 	 * An ICMP error belongs to the flow it quotes. A bare SYN on a
 	 * closing flow opens a new one. */
-	struct ct_key k;
 	if (icmp_err) {
 		if (quoted_key(skb, &p, net_id, &k))
 			return drop(DROP_ISOLATED);
@@ -339,8 +386,13 @@ int from_pod(struct __sk_buff *skb)
 	if (ct && (ct->flags & CT_HAIRPIN) && !icmp_err)
 		return hairpin_back(skb, &p, net_id, ct);
 	if (ct && !(ct->flags & CT_ORIGIN_LOCAL) && !(is_tcp_syn(&p) && ct_closing(ct))) {
-		if (!icmp_err)
+		if (!icmp_err) {
 			ct_refresh(ct, &p, 0);
+			/* An answer to an outside client of an external
+			 * frontend leaves from the frontend it addressed. */
+			if ((ct->flags & CT_REV_NAT) && rev_nat(skb, &p, ct))
+				return drop(DROP_ADJUST);
+		}
 		return too_big_back(skb, &p, route_in(skb, &p, net_id, ct->peer_net));
 	}
 
@@ -349,7 +401,10 @@ int from_pod(struct __sk_buff *skb)
 	struct route_val *rv = view_lookup(net_id, &p);
 	if (!rv || (rv->flags & ROUTE_DENY))
 		return drop(DROP_ISOLATED);
-	if (rv->flags & ROUTE_SERVICE) {
+	/* A frontend is reached through the outside its address lies in. */
+	if (front && (rv->flags & (ROUTE_EXTERNAL | ROUTE_SERVICE)) != ROUTE_EXTERNAL)
+		return drop(DROP_ISOLATED);
+	if ((rv->flags & ROUTE_SERVICE) || front) {
 		/* A service the view reaches: its endpoint is reached in the
 		 * service's network, whatever the view holds of it. */
 		if (icmp_err)

@@ -20,6 +20,7 @@
  * port unreachable per packet); other refusals EPERM. */
 #include "lace.h"
 #include "ct.h"
+#include "frontend.h"
 
 #define SOCK_STREAM 1
 #define SOCK_DGRAM 2
@@ -100,12 +101,22 @@ static __always_inline int pod_hairpin(struct bpf_sock_addr *ctx, __u64 netns, _
 	struct svc_key sk = {.family = family, .proto = IPPROTO_TCP, .port = *port};
 	__builtin_memcpy(sk.vip, addr, 16);
 	struct svc_val *sv = bpf_map_lookup_elem(&lace_services, &sk);
-	if (!sv || sv->count == 0 || sv->net_id != net_id)
+	if (!sv)
 		return 1;
-	struct route_key rk = {.prefixlen = 64 + 128, .net_id = net_id, .family = family};
-	__builtin_memcpy(rk.addr, addr, 16);
-	struct route_val *rv = bpf_map_lookup_elem(&lace_routes, &rk);
-	if (!rv || !(rv->flags & ROUTE_SERVICE) || rv->dst_net != sv->net_id)
+	if (sv->flags & SVC_EXTERNAL) {
+		/* A frontend of the service: admitted as its ClusterIP (refusals
+		 * are from_pod's to count). */
+		if (sv->flags & (SVC_CLOSED | SVC_SRC_RANGES))
+			return 1;
+		struct backend_val *ref = cluster_ref(sv->id);
+		if (!ref || !reaches_service(net_id, family, ref->addr, sv->net_id))
+			return 1;
+		if ((sv->flags & SVC_LOCAL) && !(sv = cluster_service(family, IPPROTO_TCP, ref)))
+			return 1;
+	} else if (!reaches_service(net_id, family, addr, sv->net_id)) {
+		return 1;
+	}
+	if (sv->count == 0 || sv->net_id != net_id)
 		return 1;
 	__u32 n = sv->count, id = sv->id, affinity = sv->affinity;
 	__u64 now = bpf_ktime_get_ns();
@@ -162,10 +173,30 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 family, __u
 	if (!sv)
 		return 1;
 	__u32 view = family == LACE_FAMILY_V4 ? cfg->host_net4 : cfg->host_net6;
-	struct route_key rk = {.prefixlen = 64 + 128, .net_id = view, .family = family};
-	__builtin_memcpy(rk.addr, addr, 16);
-	struct route_val *rv = view ? bpf_map_lookup_elem(&lace_routes, &rk) : NULL;
-	if (!rv || !(rv->flags & ROUTE_SERVICE) || rv->dst_net != sv->net_id) {
+	if (sv->flags & SVC_EXTERNAL) {
+		/* A frontend (this node's NodePort, a LoadBalancer or external
+		 * IP): admitted as the service's ClusterIP. */
+		if (sv->flags & SVC_CLOSED) {
+			drop(DROP_FRONTEND_CLOSED);
+			return 0;
+		}
+		struct backend_val *ref = cluster_ref(sv->id);
+		if (!ref || !reaches_service(view, family, ref->addr, sv->net_id)) {
+			drop(DROP_ISOLATED);
+			return 0;
+		}
+		__u8 self[16] = {};
+		if (family == LACE_FAMILY_V4)
+			__builtin_memcpy(self, cfg->underlay_ip4, 4);
+		else
+			__builtin_memcpy(self, cfg->underlay_ip6, 16);
+		if ((sv->flags & SVC_SRC_RANGES) && !source_admitted(sv->id, family, self)) {
+			drop(DROP_SOURCE_RANGE);
+			return 0;
+		}
+		if ((sv->flags & SVC_LOCAL) && !(sv = cluster_service(family, proto, ref)))
+			return 1;
+	} else if (!reaches_service(view, family, addr, sv->net_id)) {
 		drop(DROP_ISOLATED);
 		return 0;
 	}

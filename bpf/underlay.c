@@ -8,6 +8,10 @@
  *   header and the inner packet (no extension header, no fragment):
  *   decapsulated, recorded in conntrack with the source network the SID
  *   carries, and delivered to the pod by bpf_redirect_peer;
+ * - plain IP to an external frontend of a service (a NodePort of this
+ *   node's address, a LoadBalancer or external IP): admitted as the
+ *   service's ClusterIP would be for the source's external network, then
+ *   translated to an endpoint (xlb_in);
  * - plain IP addressed to the node itself: a reply to a pod's SNAT flow is
  *   translated back and delivered to the pod; anything else (and link-local,
  *   multicast, broadcast, ARP and other non-IP frames) goes to the host
@@ -23,8 +27,11 @@
  * LACE_CFG_UNDERLAY_GUARD, and plain IP passes (no pod is attached before). */
 #include "lace.h"
 #include "fwd.h"
+#include "frontend.h"
 
 #define IPV6_FRAGMENT 44
+/* decap's answer that the SID names the nodes' context (xlb_reply). */
+#define RET_NODE_CTX 0x7002
 
 static __always_inline int ipv6_ext_header(__u8 nexthdr)
 {
@@ -76,7 +83,331 @@ static __always_inline int mark_ce(struct __sk_buff *skb, struct pkt *p)
 	return bpf_skb_store_bytes(skb, ETH_HLEN + 1, &b1, 1, 0);
 }
 
-static __always_inline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
+/* External frontends, externalTrafficPolicy Cluster with an endpoint on
+ * another node: the flow leaves this node from its own address and a port
+ * of it (the endpoint answers the node, over SRv6 in the nodes' context
+ * NODE_NET_ID), and xlb_reply turns the answers back into the frontend's.
+ * Keyed by what those answers carry: the node's port and the endpoint. */
+struct xlb_rev_key {
+	__u8 family;
+	__u8 proto;
+	__u16 port;  /* the node's port (network order) */
+	__u16 rport; /* the endpoint's port */
+	__u16 pad;
+	__u8 raddr[16]; /* the endpoint */
+};
+
+struct xlb_rev_val {
+	__u8 client[16];
+	__u8 front[16];
+	__u16 cport;
+	__u16 fport;
+	__u32 ext_net; /* the client's external network (its conntrack entry's) */
+	__u64 expires;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct xlb_rev_key);
+	__type(value, struct xlb_rev_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_xlb_rev SEC(".maps");
+
+/* The large locals of xlb_in and xlb_reply, per CPU: on the stack they
+ * would exceed the 512 bytes the verifier allows from_underlay's deepest
+ * call chain (a tc program runs to its end on one CPU). */
+struct xlb_scratch {
+	struct ct_key k;  /* the client's flow, from the frontend's side */
+	struct ct_key ek; /* the endpoint's side */
+	struct ct_val v;
+	struct xlb_rev_key rk;
+	struct xlb_rev_val rv;
+	struct affinity_key ak;
+	struct affinity_val av;
+	struct route_key rtk;
+	__u8 be[16];
+	__u8 front[16];
+	__u8 node[16];
+	__u8 sid[16];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct xlb_scratch);
+} lace_xlb_scratch SEC(".maps");
+
+/* xlb_pick chooses the endpoint of a new flow to frontend sv into x->be
+ * (ClientIP affinity as for a ClusterIP). */
+static __always_inline int xlb_pick(struct xlb_scratch *x, struct pkt *p, struct svc_val *sv, __u16 *be_port)
+{
+	__builtin_memset(&x->ak, 0, sizeof(x->ak));
+	x->ak.id = sv->id;
+	x->ak.family = p->family;
+	__builtin_memcpy(x->ak.client, p->saddr, 16);
+	struct affinity_val *af = sv->affinity ? bpf_map_lookup_elem(&lace_affinity, &x->ak) : NULL;
+	__u64 now = bpf_ktime_get_ns();
+	if (af && af->expires > now) {
+		__builtin_memcpy(x->be, af->addr, 16);
+		*be_port = af->port;
+		af->expires = now + (__u64)sv->affinity * NSEC;
+		return 0;
+	}
+	struct backend_key bk = {.id = sv->id, .index = bpf_get_prandom_u32() % sv->count};
+	struct backend_val *be = bpf_map_lookup_elem(&lace_backends, &bk);
+	if (!be)
+		return -1;
+	__builtin_memcpy(x->be, be->addr, 16);
+	*be_port = be->port;
+	if (sv->affinity) {
+		__builtin_memset(&x->av, 0, sizeof(x->av));
+		x->av.expires = now + (__u64)sv->affinity * NSEC;
+		x->av.port = be->port;
+		__builtin_memcpy(x->av.addr, be->addr, 16);
+		bpf_map_update_elem(&lace_affinity, &x->ak, &x->av, BPF_ANY);
+	}
+	return 0;
+}
+
+/* xlb_port finds the node's port for a translated flow to endpoint
+ * x->be:be_port and records how to turn its answers back. */
+static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 be_port, __u32 ext, __u16 *port)
+{
+	__builtin_memset(&x->rk, 0, sizeof(x->rk));
+	x->rk.family = p->family;
+	x->rk.proto = p->proto;
+	x->rk.rport = be_port;
+	__builtin_memcpy(x->rk.raddr, x->be, 16);
+	__builtin_memset(&x->rv, 0, sizeof(x->rv));
+	x->rv.cport = p->sport;
+	x->rv.fport = p->dport;
+	x->rv.ext_net = ext;
+	__builtin_memcpy(x->rv.client, p->saddr, 16);
+	__builtin_memcpy(x->rv.front, p->daddr, 16);
+	__u64 now = bpf_ktime_get_ns();
+	x->rv.expires = now + CT_TCP_EST;
+	__u32 h = bpf_get_prandom_u32();
+	for (int i = 0; i < SNAT_TRIES; i++) {
+		x->rk.port = bpf_htons(SNAT_PORT_MIN + (h + i) % SNAT_PORT_RANGE);
+		if (!bpf_map_update_elem(&lace_xlb_rev, &x->rk, &x->rv, BPF_NOEXIST)) {
+			*port = x->rk.port;
+			return 0;
+		}
+		struct xlb_rev_val *cur = bpf_map_lookup_elem(&lace_xlb_rev, &x->rk);
+		if (cur && cur->expires < now) {
+			bpf_map_update_elem(&lace_xlb_rev, &x->rk, &x->rv, BPF_ANY);
+			*port = x->rk.port;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+/* xlb_in serves a packet from outside to an external frontend: the
+ * source's external network must reach the service's ClusterIP (and lie
+ * in its loadBalancerSourceRanges); the flow keeps its endpoint in
+ * conntrack, keyed from the frontend's side in the client's external
+ * network. An endpoint on this node gets the packet with the client's
+ * address (CT_REV_NAT turns its answers back); one elsewhere, with
+ * externalTrafficPolicy Cluster, gets it from this node's address. */
+static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
+{
+	__u32 zero = 0;
+	struct xlb_scratch *x = bpf_map_lookup_elem(&lace_xlb_scratch, &zero);
+	if (!x)
+		return drop(DROP_ADJUST);
+	struct svc_val *svp = frontend(p->family, p->proto, p->dport, p->daddr);
+	if (!svp)
+		return drop(DROP_NO_SERVICE_PORT);
+	struct svc_val sv = *svp;
+	if (sv.flags & SVC_CLOSED)
+		return drop(DROP_FRONTEND_CLOSED);
+	__u32 ext = classify(p);
+	if (!ext)
+		return drop(DROP_UNCLASSIFIED);
+	struct backend_val *ref = cluster_ref(sv.id);
+	if (!ref || !reaches_service(ext, p->family, ref->addr, sv.net_id))
+		return drop(DROP_ISOLATED);
+	if ((sv.flags & SVC_SRC_RANGES) && !source_admitted(sv.id, p->family, p->saddr))
+		return drop(DROP_SOURCE_RANGE);
+	if (p->ttl <= 1)
+		return drop(DROP_TTL);
+
+	ct_key_of(&x->k, ext, p, 0);
+	struct ct_val *ct = ct_lookup(&x->k);
+	__u16 be_port, nport = 0;
+	if (ct && (ct->flags & CT_SERVICE) && !(is_tcp_syn(p) && ct_closing(ct))) {
+		__builtin_memcpy(x->be, ct->nat_addr, 16);
+		be_port = ct->nat_port;
+		nport = ct->flags & CT_SNAT ? ct->snat_port : 0;
+		ct_refresh(ct, p, 1);
+	} else {
+		ct = NULL;
+		if (sv.count == 0)
+			return drop(sv.flags & SVC_DROP ? DROP_NO_LOCAL_BACKEND : DROP_NO_BACKEND);
+		if (xlb_pick(x, p, &sv, &be_port))
+			return drop(DROP_NO_BACKEND);
+		struct ep_key ek = {.net_id = sv.net_id, .family = p->family};
+		__builtin_memcpy(ek.addr, x->be, 16);
+		if (!bpf_map_lookup_elem(&lace_endpoints, &ek)) {
+			/* Elsewhere: only Cluster's endpoints are (Local's are
+			 * all here). */
+			if (!(sv.flags & SVC_SNAT))
+				return drop(DROP_NO_LOCAL_BACKEND);
+			if (xlb_port(x, p, be_port, ext, &nport))
+				return drop(DROP_SNAT);
+		}
+		__builtin_memset(&x->v, 0, sizeof(x->v));
+		x->v.peer_net = sv.net_id;
+		x->v.flags = CT_SERVICE | (nport ? CT_SNAT : 0);
+		x->v.snat_port = nport;
+		x->v.nat_port = be_port;
+		__builtin_memcpy(x->v.nat_addr, x->be, 16);
+		ct_refresh(&x->v, p, 1);
+		bpf_map_update_elem(&lace_ct, &x->k, &x->v, BPF_ANY);
+		count(FWD_SERVICE);
+	}
+
+	__builtin_memcpy(x->front, p->daddr, 16);
+	__u16 fport = p->dport;
+	if (dec_ttl(skb, p) || nat_rewrite(skb, p, 0, x->be, be_port))
+		return drop(DROP_ADJUST);
+	__builtin_memcpy(p->daddr, x->be, 16);
+	p->dport = be_port;
+
+	if (!nport) {
+		__u32 ifindex;
+		__u8 macs[12];
+		if (local_pod(sv.net_id, p->family, x->be, &ifindex, macs))
+			return drop(DROP_NO_ENDPOINT);
+		/* The endpoint's side: its answers leave from the frontend. */
+		ct_key_of(&x->ek, sv.net_id, p, 0);
+		struct ct_val *fl = ct_lookup(&x->ek);
+		if (fl && (fl->flags & CT_REV_NAT) && !(is_tcp_syn(p) && ct_closing(fl))) {
+			ct_refresh(fl, p, 1);
+			/* The answers refresh the endpoint's entry only: the
+			 * client's takes its state (see to_service). */
+			if (ct && (fl->flags & CT_SEEN_REPLY)) {
+				ct->flags |= CT_SEEN_REPLY;
+				ct->expires = fl->expires;
+			}
+		} else {
+			__builtin_memset(&x->v, 0, sizeof(x->v));
+			x->v.peer_net = ext;
+			x->v.flags = CT_REV_NAT;
+			x->v.nat_port = fport;
+			__builtin_memcpy(x->v.nat_addr, x->front, 16);
+			ct_refresh(&x->v, p, 1);
+			bpf_map_update_elem(&lace_ct, &x->ek, &x->v, BPF_ANY);
+		}
+		if (set_macs(skb, macs, macs + 6))
+			return drop(DROP_ADJUST);
+		count(FWD_FROM_EXTERNAL);
+		return bpf_redirect_peer(ifindex, 0);
+	}
+
+	/* Elsewhere: from this node's address, in the nodes' context. */
+	__builtin_memset(&x->rtk, 0, sizeof(x->rtk));
+	x->rtk.prefixlen = 64 + 128;
+	x->rtk.net_id = sv.net_id;
+	x->rtk.family = p->family;
+	__builtin_memcpy(x->rtk.addr, x->be, 16);
+	struct route_val *rv = bpf_map_lookup_elem(&lace_routes, &x->rtk);
+	if (!rv || (rv->flags & (ROUTE_LOCAL | ROUTE_SUBNET | ROUTE_EXTERNAL | ROUTE_DENY | ROUTE_CLOSED | ROUTE_SERVICE)) ||
+	    rv->dst_net != sv.net_id)
+		return drop(DROP_ISOLATED);
+	__builtin_memcpy(x->sid, rv->sid, 16);
+	x->sid[SID_SRC_NET_BYTE] = NODE_NET_ID >> 8;
+	x->sid[SID_SRC_NET_BYTE + 1] = NODE_NET_ID & 0xff;
+	struct lace_config *cfg = config();
+	if (!cfg)
+		return drop(DROP_FIB);
+	__builtin_memset(x->node, 0, 16);
+	if (p->family == LACE_FAMILY_V4) {
+		if (!(cfg->flags & LACE_CFG_HAS_V4))
+			return drop(DROP_FIB);
+		__builtin_memcpy(x->node, cfg->underlay_ip4, 4);
+	} else {
+		__builtin_memcpy(x->node, cfg->underlay_ip6, 16);
+	}
+	if (nat_rewrite(skb, p, 1, x->node, nport))
+		return drop(DROP_ADJUST);
+	count(FWD_FROM_EXTERNAL);
+	return encap_and_send(skb, p, x->sid, 0);
+}
+
+/* xlb_reply turns an endpoint's answer to a flow xlb_in sent it from this
+ * node (decapsulated in the nodes' context) into the frontend's answer to
+ * its outside client, and sends it out of the underlay. */
+static __noinline int xlb_reply(struct __sk_buff *skb)
+{
+	__u8 nexthdr;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, nexthdr), &nexthdr, 1))
+		return drop(DROP_DECAP_TRUNCATED);
+	__u32 zero = 0;
+	struct xlb_scratch *x = bpf_map_lookup_elem(&lace_xlb_scratch, &zero);
+	if (!x)
+		return drop(DROP_ADJUST);
+	__u16 inner_proto;
+	__u64 flags = BPF_F_ADJ_ROOM_NO_CSUM_RESET | BPF_F_ADJ_ROOM_FIXED_GSO;
+	if (nexthdr == IPPROTO_IPIP) {
+		inner_proto = bpf_htons(ETH_P_IP);
+		flags |= LACE_ADJ_ROOM_DECAP_L3_IPV4;
+	} else if (nexthdr == IPPROTO_IPV6) {
+		inner_proto = bpf_htons(ETH_P_IPV6);
+		flags |= LACE_ADJ_ROOM_DECAP_L3_IPV6;
+	} else {
+		return drop(DROP_DECAP_PROTO);
+	}
+	struct pkt p = {};
+	if (parse_ip(skb, inner_proto, ETH_HLEN + sizeof(struct ipv6hdr), &p))
+		return drop(DROP_DECAP_TRUNCATED);
+	if (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP)
+		return drop(DROP_NO_ENDPOINT);
+	__builtin_memset(&x->rk, 0, sizeof(x->rk));
+	x->rk.family = p.family;
+	x->rk.proto = p.proto;
+	x->rk.port = p.dport;
+	x->rk.rport = p.sport;
+	__builtin_memcpy(x->rk.raddr, p.saddr, 16);
+	struct xlb_rev_val *rvp = bpf_map_lookup_elem(&lace_xlb_rev, &x->rk);
+	if (!rvp || !host_addr(p.family, p.daddr))
+		return drop(DROP_NO_ENDPOINT);
+	x->rv = *rvp;
+	if (p.ttl <= 1)
+		return drop(DROP_TTL);
+
+	/* The client's entry sees the answer (its TCP state and timeout). */
+	__builtin_memset(&x->k, 0, sizeof(x->k));
+	x->k.net_id = x->rv.ext_net;
+	x->k.family = p.family;
+	x->k.proto = p.proto;
+	x->k.lport = x->rv.fport;
+	x->k.rport = x->rv.cport;
+	__builtin_memcpy(x->k.laddr, x->rv.front, 16);
+	__builtin_memcpy(x->k.raddr, x->rv.client, 16);
+	struct ct_val *ct = ct_lookup(&x->k);
+	if (ct) {
+		ct_refresh(ct, &p, 0);
+		rvp->expires = ct->expires;
+	}
+
+	if (bpf_skb_adjust_room(skb, -(int)sizeof(struct ipv6hdr), BPF_ADJ_ROOM_MAC, flags) ||
+	    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_proto), &inner_proto, 2, 0))
+		return drop(DROP_ADJUST);
+	p.l3_off = ETH_HLEN;
+	p.l4_off -= sizeof(struct ipv6hdr);
+	if (dec_ttl(skb, &p) || nat_rewrite(skb, &p, 0, x->rv.client, x->rv.cport))
+		return drop(DROP_ADJUST);
+	__builtin_memcpy(p.daddr, x->rv.client, 16);
+	if (nat_rewrite(skb, &p, 1, x->rv.front, x->rv.fport))
+		return drop(DROP_ADJUST);
+	return send_fib(skb, p.family, x->rv.front, x->rv.client, FWD_REPLY_OUT);
+}
+
+static __noinline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 {
 	__u8 *sid = (__u8 *)&outer->daddr;
 	if (sid[SID_BEHAVIOUR_BYTE] != SID_L3_DECAP)
@@ -92,6 +423,8 @@ static __always_inline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 		return drop(DROP_DECAP_SOURCE);
 	if (!bpf_map_lookup_elem(&lace_networks, &net_id) || !bpf_map_lookup_elem(&lace_networks, &src_net))
 		return drop(DROP_DECAP_SID);
+	if (net_id == NODE_NET_ID)
+		return RET_NODE_CTX; /* xlb_reply, from the caller: the stack */
 
 	__u16 inner_proto;
 	/* FIXED_GSO as at encapsulation: the segment size was kept then, so
@@ -330,6 +663,8 @@ static __always_inline int to_host(struct __sk_buff *skb, __u16 proto)
 		return TC_ACT_OK; /* the host drops what it cannot parse */
 	if (is_icmp_error(&p))
 		return snat_icmp_in(skb, &p);
+	if (frontend(p.family, p.proto, p.dport, p.daddr))
+		return xlb_in(skb, &p);
 	return snat_in(skb, &p);
 }
 
@@ -338,6 +673,8 @@ static __always_inline int outside(struct __sk_buff *skb, __u16 proto)
 	struct pkt p = {};
 	if (parse_ip(skb, proto, ETH_HLEN, &p))
 		return drop(DROP_NOT_IP);
+	if (frontend(p.family, p.proto, p.dport, p.daddr))
+		return xlb_in(skb, &p);
 	return from_outside(skb, &p);
 }
 
@@ -372,8 +709,10 @@ int from_underlay(struct __sk_buff *skb)
 	struct ipv6hdr *outer = (void *)(eth + 1);
 	if ((void *)(outer + 1) > end)
 		return TC_ACT_OK;
-	if (eq8(&outer->daddr, cfg->locator))
-		return decap(skb, outer);
+	if (eq8(&outer->daddr, cfg->locator)) {
+		int rc = decap(skb, outer);
+		return rc == RET_NODE_CTX ? xlb_reply(skb) : rc;
+	}
 	__u8 *d = (__u8 *)&outer->daddr;
 	/* Multicast (ND, MLD) and link-local are the host's. */
 	if (!guard || (eth->h_dest[0] & 1) || d[0] == 0xff || (d[0] == 0xfe && (d[1] & 0xc0) == 0x80))

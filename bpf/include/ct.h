@@ -50,6 +50,7 @@ struct ct_val {
 #define CT_SNAT 32 /* leaves with the node's address and snat_port */
 #define CT_SERVICE 64 /* keyed by the client's tuple to a VIP: nat_addr/port is its endpoint */
 #define CT_DNAT 128 /* a client's flow to an endpoint: replies come from nat_addr/port */
+#define CT_REV_NAT 512 /* a pod's side of a flow to an external frontend: its answers leave from nat_addr/port */
 #define CT_HAIRPIN 256 /* an endpoint's side of its own flow through its service: answers go back from nat_addr/port */
 
 #define NSEC 1000000000ULL

@@ -39,6 +39,12 @@
 #define SID_SRC_NET_BYTE 10
 #define SID_NET_BYTE 12
 #define SID_L3_DECAP 1 /* End.DT46: decapsulate, look up in network N */
+/* The nodes' own context: a network ID no Network is given (the controller
+ * stops one short). A SID naming it carries a flow between a node's
+ * address and a pod, the external frontends' translated flows: its view
+ * holds the other nodes' addresses, and a packet decapsulated in it is the
+ * answer to a flow that node translated (xlb.h). */
+#define NODE_NET_ID 0xffff
 
 /* Drop reasons and forwarding counters. The comment of each is its name
  * and meaning as operators see them (metrics, lacectl): internal/datapath
@@ -68,7 +74,9 @@ enum drop_reason {
 	DROP_NO_SERVICE_PORT = 20, /* no-service-port: a VIP on a port no service serves (rejected: ICMP port unreachable) */
 	DROP_NO_BACKEND = 21, /* no-endpoints: a service without endpoints (rejected: ICMP port unreachable) */
 	DROP_NO_LOCAL_BACKEND = 22, /* no-local-endpoints: internalTrafficPolicy Local and no endpoint on this node */
-	DROP_MAX = 23,
+	DROP_FRONTEND_CLOSED = 23, /* frontend-closed: a NodePort on a node address whose external network no policy opens to the service's network */
+	DROP_SOURCE_RANGE = 24, /* source-range: a source outside the service's loadBalancerSourceRanges */
+	DROP_MAX = 25,
 };
 
 enum fwd_counter {
@@ -250,6 +258,17 @@ struct svc_val {
 	__u32 affinity; /* ClientIP affinity timeout in seconds; 0 for none */
 };
 #define SVC_DROP 1 /* no eligible backend here: drop, do not reject */
+/* An external frontend: a NodePort on a node address, a LoadBalancer
+ * ingress address or an ExternalIP (xlb.h). Its service's ClusterIP and
+ * port are the backend at BACKEND_CLUSTER_REF: who may reach the frontend
+ * is who may reach that ClusterIP. */
+#define SVC_EXTERNAL 2
+#define SVC_SNAT 4        /* externalTrafficPolicy Cluster: a remote backend sees the node's address */
+#define SVC_LOCAL 8       /* externalTrafficPolicy Local: in-cluster clients use the ClusterIP's backends */
+#define SVC_CLOSED 16     /* a NodePort no policy opens on this node address: dropped */
+#define SVC_SRC_RANGES 32 /* loadBalancerSourceRanges: lace_src_ranges lists the admitted sources */
+#define SVC_KIND_SHIFT 6 /* bits 6-7: the frontend's kind (NodePort, LoadBalancer, ExternalIP), for the agent's views */
+#define BACKEND_CLUSTER_REF 0xffffffff
 
 struct backend_key {
 	__u32 id;
@@ -303,6 +322,24 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lace_backends SEC(".maps");
+
+/* loadBalancerSourceRanges: (service ID, source prefix) -> 1. */
+struct src_range_key {
+	__u32 prefixlen; /* 64 + prefix length */
+	__u32 id;
+	__u8 family;
+	__u8 pad[3];
+	__u8 addr[16];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 65536);
+	__type(key, struct src_range_key);
+	__type(value, __u32);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_src_ranges SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

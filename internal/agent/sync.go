@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	stdslices "slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -36,7 +37,7 @@ func (a *Agent) reconcile(ctx context.Context, _ reconcile.Request) (reconcile.R
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	if err := a.publishUnderlay(ctx, in.ueps, in.node, in.nodeErr); err != nil {
+	if err := a.publishUnderlay(ctx, in); err != nil {
 		return reconcile.Result{}, err
 	}
 	a.mu.Lock()
@@ -81,6 +82,9 @@ type listed struct {
 	nodeErr error
 	nets    []lacev1.Network
 	ueps    []lacev1.UnderlayEndpoint
+	// addrs are the node's underlay addresses, or addrsErr why not.
+	addrs    []netip.Addr
+	addrsErr error
 }
 
 // desiredState computes the node's desired state from the cache. Only what
@@ -110,6 +114,14 @@ func (a *Agent) desiredState(ctx context.Context) (model.NodeState, listed, []*d
 		return model.NodeState{}, listed{}, nil, err
 	}
 	in := listed{nets: nets.Items, ueps: ueps.Items}
+	in.addrs, in.addrsErr = a.node.UnderlayAddrs()
+	// The NodePorts are served on the first address of each family.
+	var nodeAddrs []netip.Addr
+	for _, ad := range in.addrs {
+		if !stdslices.ContainsFunc(nodeAddrs, func(b netip.Addr) bool { return b.Is4() == ad.Is4() }) {
+			nodeAddrs = append(nodeAddrs, ad)
+		}
+	}
 	var node corev1.Node
 	zone := ""
 	// The node's zone ("" when it has none, or the Node cannot be read).
@@ -136,10 +148,11 @@ func (a *Agent) desiredState(ctx context.Context) (model.NodeState, listed, []*d
 			c.nsLabels[ns.Name] = ns.Labels
 		}
 	}
-	zoneChanged := !c.computed || zone != c.zone
-	c.zone = zone
+	zoneChanged := !c.computed || zone != c.zone || !stdslices.Equal(nodeAddrs, c.nodeAddrs)
+	c.zone, c.nodeAddrs = zone, nodeAddrs
 	svcState, vips, vipsChanged := c.services.update(model.ServiceInput{Node: a.opts.NodeName, Zone: zone,
-		Networks: nets.Items, BindingPolicies: nbps.Items, NetworkEndpoints: neps.Items, Namespaces: c.nsLabels},
+		Networks: nets.Items, BindingPolicies: nbps.Items, NetworkEndpoints: neps.Items, Namespaces: c.nsLabels,
+		NodeAddrs: nodeAddrs},
 		zoneChanged || netsChanged || nbpsChanged || nepsChanged || nssChanged, svcs, slices)
 	if !c.computed || vipsChanged || netsChanged || nssChanged || allocsChanged || uepsChanged || nrpsChanged || srpsChanged || cidrsChanged {
 		c.node = model.ComputeNode(model.NodeInput{Node: a.opts.NodeName, Networks: nets.Items, Allocations: allocs.Items,
@@ -148,7 +161,7 @@ func (a *Agent) desiredState(ctx context.Context) (model.NodeState, listed, []*d
 	}
 	c.computed = true
 	st := c.node
-	st.Services = svcState.Services
+	st.Services = model.GateNodePorts(svcState.Services, &st)
 	return st, in, slices, nil
 }
 
@@ -160,6 +173,7 @@ type computeCache struct {
 	node                                                   model.NodeState
 	nsLabels                                               map[string]map[string]string
 	zone                                                   string
+	nodeAddrs                                              []netip.Addr
 	nets, nbps, neps, nss, allocs, ueps, nrps, srps, cidrs versions
 }
 
@@ -240,10 +254,10 @@ func (a *Agent) nodeState() model.NodeState {
 // publishUnderlay writes the node's addresses and zone into its
 // UnderlayEndpoint (the controller owns the locator). node is the Node as
 // the cache has it, or nodeErr why it could not be read.
-func (a *Agent) publishUnderlay(ctx context.Context, ueps []lacev1.UnderlayEndpoint, node *corev1.Node, nodeErr error) error {
-	addrs, err := a.node.UnderlayAddrs()
-	if err != nil {
-		return fmt.Errorf("underlay addresses: %w", err)
+func (a *Agent) publishUnderlay(ctx context.Context, in listed) error {
+	ueps, node, nodeErr, addrs := in.ueps, in.node, in.nodeErr, in.addrs
+	if in.addrsErr != nil {
+		return fmt.Errorf("underlay addresses: %w", in.addrsErr)
 	}
 	a.mu.Lock()
 	a.ownAddrs = addrs

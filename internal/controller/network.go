@@ -31,11 +31,13 @@ import (
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/model/ipam"
 	"github.com/lace-cni/lace/internal/predicates"
+	"github.com/lace-cni/lace/internal/tables"
 )
 
 // MaxNetworkID is the largest network ID: IDs are carried in 16 bits of the
-// SRv6 function.
-const MaxNetworkID = 1<<16 - 1
+// SRv6 function, whose largest value is the nodes' own context
+// (tables.NodeNetID).
+const MaxNetworkID = tables.NodeNetID - 1
 
 // NetworkReconciler gives each Network its ID and each node a block of every
 // l3 network, and reports both in the Network's status.

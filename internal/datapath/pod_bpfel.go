@@ -157,6 +157,15 @@ type podSnatVal struct {
 	Laddr [16]uint8
 }
 
+type podSrcRangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Id        uint32
+	Family    uint8
+	Pad       [3]uint8
+	Addr      [16]uint8
+}
+
 type podSvcKey struct {
 	_      structs.HostLayout
 	Family uint8
@@ -194,6 +203,7 @@ const (
 	podMapLaceRoutes    = "lace_routes"
 	podMapLaceServices  = "lace_services"
 	podMapLaceSnat      = "lace_snat"
+	podMapLaceSrcRanges = "lace_src_ranges"
 	podProgFromPod      = "from_pod"
 	podProgToPod        = "to_pod"
 )
@@ -264,6 +274,7 @@ type podMapSpecs struct {
 	LaceRoutes    *ebpf.MapSpec `ebpf:"lace_routes"`
 	LaceServices  *ebpf.MapSpec `ebpf:"lace_services"`
 	LaceSnat      *ebpf.MapSpec `ebpf:"lace_snat"`
+	LaceSrcRanges *ebpf.MapSpec `ebpf:"lace_src_ranges"`
 }
 
 // podVariableSpecs contains global variables before they are loaded into the kernel.
@@ -308,6 +319,7 @@ type podMaps struct {
 	LaceRoutes    *ebpf.Map `ebpf:"lace_routes"`
 	LaceServices  *ebpf.Map `ebpf:"lace_services"`
 	LaceSnat      *ebpf.Map `ebpf:"lace_snat"`
+	LaceSrcRanges *ebpf.Map `ebpf:"lace_src_ranges"`
 }
 
 func (m *podMaps) Close() error {
@@ -328,6 +340,7 @@ func (m *podMaps) Close() error {
 		m.LaceRoutes,
 		m.LaceServices,
 		m.LaceSnat,
+		m.LaceSrcRanges,
 	)
 }
 

@@ -27,6 +27,8 @@ var DropReasons = []string{
 	"no-service-port",
 	"no-endpoints",
 	"no-local-endpoints",
+	"frontend-closed",
+	"source-range",
 }
 
 // DropMeanings say what the drop reasons count, in the same order.
@@ -54,6 +56,8 @@ var DropMeanings = []string{
 	"a VIP on a port no service serves (rejected: ICMP port unreachable)",
 	"a service without endpoints (rejected: ICMP port unreachable)",
 	"internalTrafficPolicy Local and no endpoint on this node",
+	"a NodePort on a node address whose external network no policy opens to the service's network",
+	"a source outside the service's loadBalancerSourceRanges",
 }
 
 // ForwardCounters name the counters, in the order of the C enum.

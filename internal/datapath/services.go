@@ -18,7 +18,64 @@ type (
 )
 
 // svc_val.flags (lace.h).
-const svcDrop = 1
+const (
+	svcDrop      = 1
+	svcExternal  = 2
+	svcSNAT      = 4
+	svcLocal     = 8
+	svcClosed    = 16
+	svcSrcRanges = 32
+	svcKindShift = 6
+	// backendClusterRef is the backend index of a frontend's ClusterIP.
+	backendClusterRef = 1<<32 - 1
+)
+
+// svcVal is the map value of s (ID id).
+func svcVal(s *Service, id uint32) podSvcVal {
+	v := podSvcVal{Id: id, NetId: s.NetID, Count: uint16(len(s.Backends)), Affinity: s.AffinitySeconds}
+	if s.Drop {
+		v.Flags |= svcDrop
+	}
+	if s.External() {
+		v.Flags |= svcExternal | uint16(s.Frontend)<<svcKindShift
+		if s.Local {
+			v.Flags |= svcLocal
+		} else {
+			v.Flags |= svcSNAT
+		}
+		if s.Closed {
+			v.Flags |= svcClosed
+		}
+		if len(s.SourceRanges) > 0 {
+			v.Flags |= svcSrcRanges
+		}
+	}
+	return v
+}
+
+// serviceOf is the service of a map entry, backends aside.
+func serviceOf(k podSvcKey, v podSvcVal) Service {
+	s := Service{VIP: fromAddr16(k.Family, k.Vip), Proto: k.Proto, Port: ntohs(k.Port),
+		NetID: v.NetId, Drop: v.Flags&svcDrop != 0, AffinitySeconds: v.Affinity}
+	if v.Flags&svcExternal != 0 {
+		s.Frontend = tables.Frontend(v.Flags >> svcKindShift & 3)
+		s.Local = v.Flags&svcLocal != 0
+		s.Closed = v.Flags&svcClosed != 0
+	}
+	return s
+}
+
+// sameService tells whether a and b are written the same way.
+func sameService(a, b *Service) bool {
+	return slices.Equal(a.Backends, b.Backends) && a.NetID == b.NetID && a.Drop == b.Drop &&
+		a.AffinitySeconds == b.AffinitySeconds && a.Frontend == b.Frontend && a.ClusterIP == b.ClusterIP &&
+		a.ClusterPort == b.ClusterPort && a.Local == b.Local && a.Closed == b.Closed &&
+		slices.Equal(a.SourceRanges, b.SourceRanges)
+}
+
+func srcRangeKey(id uint32, p netip.Prefix) podSrcRangeKey {
+	return podSrcRangeKey{Prefixlen: 64 + uint32(p.Bits()), Id: id, Family: family(p.Addr()), Addr: addr16(p.Masked().Addr())}
+}
 
 func svcKey(s Service) podSvcKey {
 	return podSvcKey{Family: family(s.VIP), Proto: s.Proto, Port: ntohs(s.Port), Vip: addr16(s.VIP)}
@@ -42,10 +99,21 @@ func (d *Datapath) Services() ([]Service, error) {
 	if err != nil {
 		return nil, err
 	}
+	ranges, err := d.sourceRanges()
+	if err != nil {
+		return nil, err
+	}
 	out := make([]Service, 0, len(entries))
 	for _, e := range entries {
-		s := Service{VIP: fromAddr16(e.key.Family, e.key.Vip), Proto: e.key.Proto, Port: ntohs(e.key.Port),
-			NetID: e.val.NetId, Drop: e.val.Flags&svcDrop != 0, AffinitySeconds: e.val.Affinity}
+		s := serviceOf(e.key, e.val)
+		if s.External() {
+			var b podBackendVal
+			if err := d.pod.LaceBackends.Lookup(podBackendKey{Id: e.val.Id, Index: backendClusterRef}, &b); err != nil {
+				return nil, fmt.Errorf("cluster IP of frontend %s:%d: %w", s.VIP, s.Port, err)
+			}
+			s.ClusterIP, s.ClusterPort = fromAddr16(e.key.Family, b.Addr), ntohs(b.Port)
+			s.SourceRanges = ranges[e.val.Id]
+		}
 		for i := range uint32(e.val.Count) {
 			var b podBackendVal
 			if err := d.pod.LaceBackends.Lookup(podBackendKey{Id: e.val.Id, Index: i}, &b); err != nil {
@@ -56,6 +124,26 @@ func (d *Datapath) Services() ([]Service, error) {
 		out = append(out, s)
 	}
 	return out, nil
+}
+
+// sourceRanges reads the source ranges of every frontend, by service ID,
+// sorted.
+func (d *Datapath) sourceRanges() (map[uint32][]netip.Prefix, error) {
+	out := map[uint32][]netip.Prefix{}
+	err := readMap(d.pod.LaceSrcRanges, func(k podSrcRangeKey, _ uint32) {
+		out[k.Id] = append(out[k.Id], netip.PrefixFrom(fromAddr16(k.Family, k.Addr), int(k.Prefixlen)-64))
+	})
+	for _, ps := range out {
+		slices.SortFunc(ps, comparePrefix)
+	}
+	return out, err
+}
+
+func comparePrefix(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return a.Bits() - b.Bits()
 }
 
 func (d *Datapath) serviceEntries() (map[ServiceKey]svcEntry, error) {
@@ -116,12 +204,23 @@ func (t *ServiceTable) load() error {
 	if err := readMap(t.d.pod.LaceBackends, func(k podBackendKey, v podBackendVal) { backends[k] = v }); err != nil {
 		return fmt.Errorf("read backends: %w", err)
 	}
+	ranges, err := t.d.sourceRanges()
+	if err != nil {
+		return fmt.Errorf("read source ranges: %w", err)
+	}
 	cur := map[ServiceKey]*appliedService{}
 	used := map[uint32]bool{}
-	err := readMap(t.d.pod.LaceServices, func(k podSvcKey, v podSvcVal) {
-		s := Service{VIP: fromAddr16(k.Family, k.Vip), Proto: k.Proto, Port: ntohs(k.Port),
-			NetID: v.NetId, Drop: v.Flags&svcDrop != 0, AffinitySeconds: v.Affinity}
+	err = readMap(t.d.pod.LaceServices, func(k podSvcKey, v podSvcVal) {
+		s := serviceOf(k, v)
 		a := &appliedService{id: v.Id}
+		if s.External() {
+			b, ok := backends[podBackendKey{Id: v.Id, Index: backendClusterRef}]
+			if !ok {
+				a.broken = true
+			}
+			s.ClusterIP, s.ClusterPort = fromAddr16(k.Family, b.Addr), ntohs(b.Port)
+			s.SourceRanges = ranges[v.Id]
+		}
 		if v.Count > 0 {
 			s.Backends = make([]Backend, 0, v.Count)
 		}
@@ -241,8 +340,7 @@ func (t *ServiceTable) Apply(want []Service) (gone map[ServiceKey][]Backend, err
 	for _, s := range want {
 		k := ServiceKey{s.VIP, s.Proto, s.Port}
 		old := t.cur[k]
-		if old != nil && !old.broken && slices.Equal(old.svc.Backends, s.Backends) && old.svc.NetID == s.NetID &&
-			old.svc.Drop == s.Drop && old.svc.AffinitySeconds == s.AffinitySeconds {
+		if old != nil && !old.broken && sameService(&old.svc, &s) {
 			old.gen = t.gen
 			continue
 		}
@@ -264,10 +362,26 @@ func (t *ServiceTable) Apply(want []Service) (gone map[ServiceKey][]Backend, err
 			w.backendPuts = append(w.backendPuts, podBackendKey{Id: a.id, Index: uint32(i)})
 			w.backendVals = append(w.backendVals, podBackendVal{Addr: addr16(b.Addr), Port: ntohs(b.Port)})
 		}
-		v := podSvcVal{Id: a.id, NetId: s.NetID, Count: uint16(len(s.Backends)), Affinity: s.AffinitySeconds}
-		if s.Drop {
-			v.Flags |= svcDrop
+		// A frontend's ClusterIP and source ranges go before it, as its
+		// backends do.
+		if s.External() {
+			w.backendPuts = append(w.backendPuts, podBackendKey{Id: a.id, Index: backendClusterRef})
+			w.backendVals = append(w.backendVals, podBackendVal{Addr: addr16(s.ClusterIP), Port: ntohs(s.ClusterPort)})
+			for _, p := range s.SourceRanges {
+				w.rangePuts = append(w.rangePuts, srcRangeKey(a.id, p))
+			}
 		}
+		if old != nil && old.svc.External() {
+			if !s.External() {
+				w.backendDels = append(w.backendDels, podBackendKey{Id: a.id, Index: backendClusterRef})
+			}
+			for _, p := range old.svc.SourceRanges {
+				if !slices.Contains(s.SourceRanges, p) {
+					w.rangeDels = append(w.rangeDels, srcRangeKey(a.id, p))
+				}
+			}
+		}
+		v := svcVal(&s, a.id)
 		w.svcPuts = append(w.svcPuts, svcKey(s))
 		w.svcVals = append(w.svcVals, v)
 		for i := len(s.Backends); i < len(oldBackends); i++ {
@@ -296,6 +410,12 @@ func (t *ServiceTable) Apply(want []Service) (gone map[ServiceKey][]Backend, err
 		for i := range uint32(len(a.svc.Backends)) {
 			w.backendDels = append(w.backendDels, podBackendKey{Id: a.id, Index: i})
 		}
+		if a.svc.External() {
+			w.backendDels = append(w.backendDels, podBackendKey{Id: a.id, Index: backendClusterRef})
+			for _, p := range a.svc.SourceRanges {
+				w.rangeDels = append(w.rangeDels, srcRangeKey(a.id, p))
+			}
+		}
 		gone[k] = a.svc.Backends
 		deadAff[a.id] = nil
 		delete(t.cur, k)
@@ -321,6 +441,8 @@ type mapWrites struct {
 	svcVals     []podSvcVal
 	svcDels     []podSvcKey
 	backendDels []podBackendKey
+	rangePuts   []podSrcRangeKey
+	rangeDels   []podSrcRangeKey
 }
 
 // flush writes the backends, then the services, then removes the
@@ -331,6 +453,11 @@ func (w *mapWrites) flush(d *Datapath) error {
 	if err := putAll(d.pod.LaceBackends, w.backendPuts, w.backendVals); err != nil {
 		return fmt.Errorf("put backends: %w", err)
 	}
+	for _, k := range w.rangePuts {
+		if err := d.pod.LaceSrcRanges.Put(k, uint32(1)); err != nil {
+			return fmt.Errorf("put source range: %w", err)
+		}
+	}
 	if err := putAll(d.pod.LaceServices, w.svcPuts, w.svcVals); err != nil {
 		return fmt.Errorf("put services: %w", err)
 	}
@@ -339,6 +466,11 @@ func (w *mapWrites) flush(d *Datapath) error {
 	}
 	if err := deleteAll(d.pod.LaceBackends, w.backendDels); err != nil {
 		return fmt.Errorf("delete backends: %w", err)
+	}
+	for _, k := range w.rangeDels {
+		if err := ignoreMissing(d.pod.LaceSrcRanges.Delete(k)); err != nil {
+			return fmt.Errorf("delete source range: %w", err)
+		}
 	}
 	return nil
 }
@@ -459,6 +591,10 @@ func (d *Datapath) FlushServiceFlows(gone map[ServiceKey][]Backend) (int, error)
 		remote := netip.AddrPortFrom(fromAddr16(k.Family, k.Raddr), ntohs(k.Rport))
 		switch {
 		case v.Flags&ctService != 0 && dead[vipEP{remote, nat, k.Proto}]:
+			doomed = append(doomed, k)
+		case v.Flags&ctService != 0 && dead[vipEP{netip.AddrPortFrom(fromAddr16(k.Family, k.Laddr), ntohs(k.Lport)), nat, k.Proto}]:
+			// An outside client's flow to a frontend, keyed from the
+			// frontend's side.
 			doomed = append(doomed, k)
 		case v.Flags&ctDNAT != 0 && dead[vipEP{nat, remote, k.Proto}]:
 			doomed = append(doomed, k)

@@ -174,6 +174,15 @@ type sockSockRnatVal struct {
 	Pad  [3]uint16
 }
 
+type sockSrcRangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Id        uint32
+	Family    uint8
+	Pad       [3]uint8
+	Addr      [16]uint8
+}
+
 type sockSvcKey struct {
 	_      structs.HostLayout
 	Family uint8
@@ -212,6 +221,7 @@ const (
 	sockMapLaceServices      = "lace_services"
 	sockMapLaceSnat          = "lace_snat"
 	sockMapLaceSockRnat      = "lace_sock_rnat"
+	sockMapLaceSrcRanges     = "lace_src_ranges"
 	sockProgSockConnect4     = "sock_connect4"
 	sockProgSockConnect6     = "sock_connect6"
 	sockProgSockGetpeername4 = "sock_getpeername4"
@@ -295,6 +305,7 @@ type sockMapSpecs struct {
 	LaceServices  *ebpf.MapSpec `ebpf:"lace_services"`
 	LaceSnat      *ebpf.MapSpec `ebpf:"lace_snat"`
 	LaceSockRnat  *ebpf.MapSpec `ebpf:"lace_sock_rnat"`
+	LaceSrcRanges *ebpf.MapSpec `ebpf:"lace_src_ranges"`
 }
 
 // sockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -340,6 +351,7 @@ type sockMaps struct {
 	LaceServices  *ebpf.Map `ebpf:"lace_services"`
 	LaceSnat      *ebpf.Map `ebpf:"lace_snat"`
 	LaceSockRnat  *ebpf.Map `ebpf:"lace_sock_rnat"`
+	LaceSrcRanges *ebpf.Map `ebpf:"lace_src_ranges"`
 }
 
 func (m *sockMaps) Close() error {
@@ -361,6 +373,7 @@ func (m *sockMaps) Close() error {
 		m.LaceServices,
 		m.LaceSnat,
 		m.LaceSockRnat,
+		m.LaceSrcRanges,
 	)
 }
 

@@ -157,6 +157,15 @@ type underlaySnatVal struct {
 	Laddr [16]uint8
 }
 
+type underlaySrcRangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Id        uint32
+	Family    uint8
+	Pad       [3]uint8
+	Addr      [16]uint8
+}
+
 type underlaySvcKey struct {
 	_      structs.HostLayout
 	Family uint8
@@ -174,27 +183,67 @@ type underlaySvcVal struct {
 	Affinity uint32
 }
 
+type underlayXlbRevKey struct {
+	_      structs.HostLayout
+	Family uint8
+	Proto  uint8
+	Port   uint16
+	Rport  uint16
+	Pad    uint16
+	Raddr  [16]uint8
+}
+
+type underlayXlbRevVal struct {
+	_       structs.HostLayout
+	Client  [16]uint8
+	Front   [16]uint8
+	Cport   uint16
+	Fport   uint16
+	ExtNet  uint32
+	Expires uint64
+}
+
+type underlayXlbScratch struct {
+	_     structs.HostLayout
+	K     underlayCtKey
+	Ek    underlayCtKey
+	V     underlayCtVal
+	Rk    underlayXlbRevKey
+	Rv    underlayXlbRevVal
+	Ak    underlayAffinityKey
+	Av    underlayAffinityVal
+	Rtk   underlayRouteKey
+	Be    [16]uint8
+	Front [16]uint8
+	Node  [16]uint8
+	Sid   [16]uint8
+	_     [4]byte
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	underlayMapLaceAffinity  = "lace_affinity"
-	underlayMapLaceBackends  = "lace_backends"
-	underlayMapLaceCfg       = "lace_cfg"
-	underlayMapLaceClassify  = "lace_classify"
-	underlayMapLaceCt        = "lace_ct"
-	underlayMapLaceDrops     = "lace_drops"
-	underlayMapLaceEndpoints = "lace_endpoints"
-	underlayMapLaceForwarded = "lace_forwarded"
-	underlayMapLaceHostAddrs = "lace_host_addrs"
-	underlayMapLaceNetworks  = "lace_networks"
-	underlayMapLaceNodes     = "lace_nodes"
-	underlayMapLacePodNetns  = "lace_pod_netns"
-	underlayMapLacePorts     = "lace_ports"
-	underlayMapLaceRoutes    = "lace_routes"
-	underlayMapLaceServices  = "lace_services"
-	underlayMapLaceSnat      = "lace_snat"
-	underlayProgFromUnderlay = "from_underlay"
+	underlayMapLaceAffinity   = "lace_affinity"
+	underlayMapLaceBackends   = "lace_backends"
+	underlayMapLaceCfg        = "lace_cfg"
+	underlayMapLaceClassify   = "lace_classify"
+	underlayMapLaceCt         = "lace_ct"
+	underlayMapLaceDrops      = "lace_drops"
+	underlayMapLaceEndpoints  = "lace_endpoints"
+	underlayMapLaceForwarded  = "lace_forwarded"
+	underlayMapLaceHostAddrs  = "lace_host_addrs"
+	underlayMapLaceNetworks   = "lace_networks"
+	underlayMapLaceNodes      = "lace_nodes"
+	underlayMapLacePodNetns   = "lace_pod_netns"
+	underlayMapLacePorts      = "lace_ports"
+	underlayMapLaceRoutes     = "lace_routes"
+	underlayMapLaceServices   = "lace_services"
+	underlayMapLaceSnat       = "lace_snat"
+	underlayMapLaceSrcRanges  = "lace_src_ranges"
+	underlayMapLaceXlbRev     = "lace_xlb_rev"
+	underlayMapLaceXlbScratch = "lace_xlb_scratch"
+	underlayProgFromUnderlay  = "from_underlay"
 )
 
 // loadUnderlay returns the embedded CollectionSpec for underlay.
@@ -246,22 +295,25 @@ type underlayProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type underlayMapSpecs struct {
-	LaceAffinity  *ebpf.MapSpec `ebpf:"lace_affinity"`
-	LaceBackends  *ebpf.MapSpec `ebpf:"lace_backends"`
-	LaceCfg       *ebpf.MapSpec `ebpf:"lace_cfg"`
-	LaceClassify  *ebpf.MapSpec `ebpf:"lace_classify"`
-	LaceCt        *ebpf.MapSpec `ebpf:"lace_ct"`
-	LaceDrops     *ebpf.MapSpec `ebpf:"lace_drops"`
-	LaceEndpoints *ebpf.MapSpec `ebpf:"lace_endpoints"`
-	LaceForwarded *ebpf.MapSpec `ebpf:"lace_forwarded"`
-	LaceHostAddrs *ebpf.MapSpec `ebpf:"lace_host_addrs"`
-	LaceNetworks  *ebpf.MapSpec `ebpf:"lace_networks"`
-	LaceNodes     *ebpf.MapSpec `ebpf:"lace_nodes"`
-	LacePodNetns  *ebpf.MapSpec `ebpf:"lace_pod_netns"`
-	LacePorts     *ebpf.MapSpec `ebpf:"lace_ports"`
-	LaceRoutes    *ebpf.MapSpec `ebpf:"lace_routes"`
-	LaceServices  *ebpf.MapSpec `ebpf:"lace_services"`
-	LaceSnat      *ebpf.MapSpec `ebpf:"lace_snat"`
+	LaceAffinity   *ebpf.MapSpec `ebpf:"lace_affinity"`
+	LaceBackends   *ebpf.MapSpec `ebpf:"lace_backends"`
+	LaceCfg        *ebpf.MapSpec `ebpf:"lace_cfg"`
+	LaceClassify   *ebpf.MapSpec `ebpf:"lace_classify"`
+	LaceCt         *ebpf.MapSpec `ebpf:"lace_ct"`
+	LaceDrops      *ebpf.MapSpec `ebpf:"lace_drops"`
+	LaceEndpoints  *ebpf.MapSpec `ebpf:"lace_endpoints"`
+	LaceForwarded  *ebpf.MapSpec `ebpf:"lace_forwarded"`
+	LaceHostAddrs  *ebpf.MapSpec `ebpf:"lace_host_addrs"`
+	LaceNetworks   *ebpf.MapSpec `ebpf:"lace_networks"`
+	LaceNodes      *ebpf.MapSpec `ebpf:"lace_nodes"`
+	LacePodNetns   *ebpf.MapSpec `ebpf:"lace_pod_netns"`
+	LacePorts      *ebpf.MapSpec `ebpf:"lace_ports"`
+	LaceRoutes     *ebpf.MapSpec `ebpf:"lace_routes"`
+	LaceServices   *ebpf.MapSpec `ebpf:"lace_services"`
+	LaceSnat       *ebpf.MapSpec `ebpf:"lace_snat"`
+	LaceSrcRanges  *ebpf.MapSpec `ebpf:"lace_src_ranges"`
+	LaceXlbRev     *ebpf.MapSpec `ebpf:"lace_xlb_rev"`
+	LaceXlbScratch *ebpf.MapSpec `ebpf:"lace_xlb_scratch"`
 }
 
 // underlayVariableSpecs contains global variables before they are loaded into the kernel.
@@ -290,22 +342,25 @@ func (o *underlayObjects) Close() error {
 //
 // It can be passed to loadUnderlayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type underlayMaps struct {
-	LaceAffinity  *ebpf.Map `ebpf:"lace_affinity"`
-	LaceBackends  *ebpf.Map `ebpf:"lace_backends"`
-	LaceCfg       *ebpf.Map `ebpf:"lace_cfg"`
-	LaceClassify  *ebpf.Map `ebpf:"lace_classify"`
-	LaceCt        *ebpf.Map `ebpf:"lace_ct"`
-	LaceDrops     *ebpf.Map `ebpf:"lace_drops"`
-	LaceEndpoints *ebpf.Map `ebpf:"lace_endpoints"`
-	LaceForwarded *ebpf.Map `ebpf:"lace_forwarded"`
-	LaceHostAddrs *ebpf.Map `ebpf:"lace_host_addrs"`
-	LaceNetworks  *ebpf.Map `ebpf:"lace_networks"`
-	LaceNodes     *ebpf.Map `ebpf:"lace_nodes"`
-	LacePodNetns  *ebpf.Map `ebpf:"lace_pod_netns"`
-	LacePorts     *ebpf.Map `ebpf:"lace_ports"`
-	LaceRoutes    *ebpf.Map `ebpf:"lace_routes"`
-	LaceServices  *ebpf.Map `ebpf:"lace_services"`
-	LaceSnat      *ebpf.Map `ebpf:"lace_snat"`
+	LaceAffinity   *ebpf.Map `ebpf:"lace_affinity"`
+	LaceBackends   *ebpf.Map `ebpf:"lace_backends"`
+	LaceCfg        *ebpf.Map `ebpf:"lace_cfg"`
+	LaceClassify   *ebpf.Map `ebpf:"lace_classify"`
+	LaceCt         *ebpf.Map `ebpf:"lace_ct"`
+	LaceDrops      *ebpf.Map `ebpf:"lace_drops"`
+	LaceEndpoints  *ebpf.Map `ebpf:"lace_endpoints"`
+	LaceForwarded  *ebpf.Map `ebpf:"lace_forwarded"`
+	LaceHostAddrs  *ebpf.Map `ebpf:"lace_host_addrs"`
+	LaceNetworks   *ebpf.Map `ebpf:"lace_networks"`
+	LaceNodes      *ebpf.Map `ebpf:"lace_nodes"`
+	LacePodNetns   *ebpf.Map `ebpf:"lace_pod_netns"`
+	LacePorts      *ebpf.Map `ebpf:"lace_ports"`
+	LaceRoutes     *ebpf.Map `ebpf:"lace_routes"`
+	LaceServices   *ebpf.Map `ebpf:"lace_services"`
+	LaceSnat       *ebpf.Map `ebpf:"lace_snat"`
+	LaceSrcRanges  *ebpf.Map `ebpf:"lace_src_ranges"`
+	LaceXlbRev     *ebpf.Map `ebpf:"lace_xlb_rev"`
+	LaceXlbScratch *ebpf.Map `ebpf:"lace_xlb_scratch"`
 }
 
 func (m *underlayMaps) Close() error {
@@ -326,6 +381,9 @@ func (m *underlayMaps) Close() error {
 		m.LaceRoutes,
 		m.LaceServices,
 		m.LaceSnat,
+		m.LaceSrcRanges,
+		m.LaceXlbRev,
+		m.LaceXlbScratch,
 	)
 }
 

@@ -149,6 +149,10 @@ func ComputeNode(in NodeInput) NodeState {
 			}
 		}
 	}
+	st.Routes = append(st.Routes, nodeContextRoutes(in, locators)...)
+	if len(st.Routes) > 0 {
+		st.Networks = append(st.Networks, tables.Network{ID: tables.NodeNetID})
+	}
 	st.HostRoutes = hostRoutes(in, ids, byName)
 	vt := readViewTopology(in, locators)
 	st.Classifiers = vt.classifiers()
@@ -679,6 +683,30 @@ func overlapsAny(ps []netip.Prefix, held map[netip.Prefix]*viewNet) bool {
 		}
 	}
 	return false
+}
+
+// nodeContextRoutes are the view of the nodes' own context
+// (tables.NodeNetID): every other node's addresses, reached over SRv6 at
+// its locator. An endpoint answers there the flows an external frontend
+// of another node sent it from that node's address.
+func nodeContextRoutes(in NodeInput, locators map[string]netip.Prefix) []tables.Route {
+	var out []tables.Route
+	for _, u := range in.Underlays {
+		loc, ok := locators[u.Spec.Node]
+		if !ok || u.Spec.Node == in.Node {
+			continue
+		}
+		sid := tables.SID(loc, tables.BehaviourL3Decap, tables.NodeNetID, tables.NodeNetID)
+		for _, s := range u.Spec.Addresses {
+			a, err := netip.ParseAddr(string(s))
+			if err != nil {
+				continue
+			}
+			out = append(out, tables.Route{NetID: tables.NodeNetID, Prefix: netip.PrefixFrom(a, a.BitLen()),
+				Kind: tables.RouteRemote, DstNet: tables.NodeNetID, SID: sid})
+		}
+	}
+	return out
 }
 
 // hostRoutes routes other nodes' l3 blocks via their underlay address of

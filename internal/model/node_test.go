@@ -65,11 +65,17 @@ func TestComputeNode(t *testing.T) {
 		{NetID: 2, Prefix: p("10.1.0.0/16"), Kind: tables.RouteDeny, DstNet: 1},
 		// Anonymous, and no policy at all: its own subnet stays, closed.
 		{NetID: 2, Prefix: p("10.5.0.0/16"), Kind: tables.RouteSubnet, DstNet: 2, Closed: true},
+		// The nodes' own context: the other nodes' addresses at their
+		// locators (n4 has none yet).
+		{NetID: tables.NodeNetID, Prefix: p("172.30.0.12/32"), Kind: tables.RouteRemote, DstNet: tables.NodeNetID,
+			SID: netip.MustParseAddr("fd1a:ce:0:2:100:ffff:0:ffff")},
+		{NetID: tables.NodeNetID, Prefix: p("fd00:30::12/128"), Kind: tables.RouteRemote, DstNet: tables.NodeNetID,
+			SID: netip.MustParseAddr("fd1a:ce:0:2:100:ffff:0:ffff")},
 	}
 	if !reflect.DeepEqual(st.Routes, wantRoutes) {
 		t.Errorf("routes\n%+v, want\n%+v", st.Routes, wantRoutes)
 	}
-	if len(st.Networks) != 2 || !st.Networks[1].Anonymous {
+	if len(st.Networks) != 3 || !st.Networks[1].Anonymous || st.Networks[2].ID != tables.NodeNetID {
 		t.Errorf("networks %+v", st.Networks)
 	}
 	if len(st.Classifiers) != 0 {
@@ -253,6 +259,9 @@ func TestViewSIDs(t *testing.T) {
 		"4660 10.1.2.0/24":  "fd1a:ce:0:2:100:1234:0:1234", // red's own block: red -> red
 		"4660 10.2.2.0/24":  "fd1a:ce:0:2:100:1234:0:fffe", // red -> blue
 		"65534 10.2.2.0/24": "fd1a:ce:0:2:100:fffe:0:fffe", // blue's own
+		// The nodes' context: n2's addresses.
+		"65535 172.30.0.12/32":  "fd1a:ce:0:2:100:ffff:0:ffff",
+		"65535 fd00:30::12/128": "fd1a:ce:0:2:100:ffff:0:ffff",
 	}
 	got := map[string]string{}
 	for _, r := range st.Routes {

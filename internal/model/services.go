@@ -40,6 +40,9 @@ type ServiceInput struct {
 	EndpointSlices   []discoveryv1.EndpointSlice
 	NetworkEndpoints []lacev1.NetworkEndpoint     // which network each pod address belongs to
 	Namespaces       map[string]map[string]string // namespace -> labels (for binding namespaceSelectors)
+	// NodeAddrs are this node's primary underlay addresses (one per
+	// family): where its NodePorts are served.
+	NodeAddrs []netip.Addr
 }
 
 // ServiceState is what the node serves and what it left out, with why.
@@ -105,6 +108,7 @@ type ServiceEnv struct {
 	binder     binder
 	namespaces map[string]map[string]string
 	pods       podAddrIndex
+	nodeAddrs  []netip.Addr
 }
 
 // NewServiceEnv prepares the shared part of in (everything but Services
@@ -112,7 +116,7 @@ type ServiceEnv struct {
 func NewServiceEnv(in ServiceInput) *ServiceEnv {
 	e := &ServiceEnv{node: in.Node, zone: in.Zone, ids: NetworkIDs(in.Networks), exists: map[string]bool{},
 		binder: newBinder(in.BindingPolicies, lacev1.MatchKindService), namespaces: in.Namespaces,
-		pods: indexNetworkEndpoints(in.NetworkEndpoints)}
+		pods: indexNetworkEndpoints(in.NetworkEndpoints), nodeAddrs: in.NodeAddrs}
 	for _, n := range in.Networks {
 		e.exists[n.Name] = true
 	}
@@ -173,6 +177,7 @@ func (e *ServiceEnv) Compute(svc *corev1.Service, svcSlices []*discoveryv1.Endpo
 	sc := serviceCtx{env: e, svc: svc, network: bind.Network, netID: id, slices: svcSlices, excluded: &excluded}
 	for _, vip := range vips {
 		r.Services = append(r.Services, sc.servePorts(vip)...)
+		r.Services = append(r.Services, sc.frontends(vip)...)
 	}
 	for _, x := range excluded {
 		r.Excluded = append(r.Excluded, x)
@@ -224,6 +229,22 @@ func MergeServices(results []*ServiceResult) ServiceState {
 	slices.SortStableFunc(st.Services, func(a, b tables.Service) int {
 		return cmp.Or(a.VIP.Compare(b.VIP), cmp.Compare(a.Proto, b.Proto), cmp.Compare(a.Port, b.Port))
 	})
+	// One entry per address, protocol and port: two Services may name the
+	// same external IP (or one a node address, or another's ClusterIP).
+	// A ClusterIP wins, else the first Service by namespace and name.
+	if n := len(st.Services); n > 1 {
+		out := st.Services[:1]
+		for _, sv := range st.Services[1:] {
+			last := &out[len(out)-1]
+			if sv.VIP != last.VIP || sv.Proto != last.Proto || sv.Port != last.Port {
+				out = append(out, sv)
+			} else if last.External() && !sv.External() {
+				*last = sv
+			}
+		}
+		clear(st.Services[len(out):])
+		st.Services = out
+	}
 	slices.SortFunc(st.Excluded, func(a, b ExcludedEndpoint) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Service, b.Service), a.Addr.Compare(b.Addr))
 	})
@@ -513,6 +534,109 @@ func (c *serviceCtx) servePorts(vip netip.Addr) []tables.Service {
 	return out
 }
 
+// frontends returns the external frontends of the service's ClusterIP
+// clusterIP's family: its NodePorts on this node's address of that
+// family, its LoadBalancer ingress addresses (but those of ipMode Proxy,
+// which in-cluster clients must reach through the load balancer, as
+// kube-proxy leaves them) and its external IPs, each port with the
+// endpoints its externalTrafficPolicy makes eligible here.
+func (c *serviceCtx) frontends(clusterIP netip.Addr) []tables.Service {
+	svc := c.svc
+	type front struct {
+		addr netip.Addr
+		kind tables.Frontend
+	}
+	var fronts []front
+	if svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		for _, a := range c.env.nodeAddrs {
+			if a.Is4() == clusterIP.Is4() {
+				fronts = append(fronts, front{a, tables.FrontendNodePort})
+			}
+		}
+	}
+	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			if in.IPMode != nil && *in.IPMode == corev1.LoadBalancerIPModeProxy {
+				continue
+			}
+			if a, ok := parseSloppyIP(in.IP); ok && a.Is4() == clusterIP.Is4() {
+				fronts = append(fronts, front{a, tables.FrontendLoadBalancer})
+			}
+		}
+	}
+	for _, s := range svc.Spec.ExternalIPs {
+		if a, ok := parseSloppyIP(s); ok && a.Is4() == clusterIP.Is4() {
+			fronts = append(fronts, front{a, tables.FrontendExternalIP})
+		}
+	}
+	if len(fronts) == 0 {
+		return nil
+	}
+	local := svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
+	ranges := sourceRanges(svc, clusterIP.Is4())
+	var out []tables.Service
+	seen := map[[2]int32]bool{}
+	for _, sp := range svc.Spec.Ports {
+		proto, ok := protoNum(sp.Protocol)
+		if !ok || sp.Port <= 0 || sp.Port > 65535 || seen[[2]int32{sp.Port, int32(proto)}] {
+			continue
+		}
+		seen[[2]int32{sp.Port, int32(proto)}] = true
+		eps := c.endpoints(clusterIP, sp)
+		var eligible []svcEndpoint
+		drop := false
+		if local {
+			eligible, drop = localEndpoints(eps, c.env.node)
+		} else {
+			eligible = clusterEndpoints(eps, svc, c.env.node, c.env.zone)
+		}
+		var backends []tables.Backend
+		if len(eligible) > 0 {
+			backends = make([]tables.Backend, 0, len(eligible))
+			for _, e := range eligible {
+				backends = append(backends, tables.Backend{Addr: e.addr, Port: e.port})
+			}
+			slices.SortFunc(backends, func(a, b tables.Backend) int {
+				return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port))
+			})
+		}
+		for _, f := range fronts {
+			port := sp.Port
+			if f.kind == tables.FrontendNodePort {
+				// allocateLoadBalancerNodePorts false leaves it 0.
+				if sp.NodePort <= 0 || sp.NodePort > 65535 {
+					continue
+				}
+				port = sp.NodePort
+			}
+			s := tables.Service{VIP: f.addr, Proto: proto, Port: uint16(port), NetID: c.netID, Drop: drop,
+				AffinitySeconds: affinitySeconds(svc), Backends: backends, Frontend: f.kind,
+				ClusterIP: clusterIP, ClusterPort: uint16(sp.Port), Local: local}
+			if f.kind != tables.FrontendNodePort {
+				s.SourceRanges = ranges
+			}
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// sourceRanges are the service's loadBalancerSourceRanges of one family,
+// masked, sorted and without duplicates (kube-proxy ignores what does not
+// parse, and so does Lace).
+func sourceRanges(svc *corev1.Service, v4 bool) []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range svc.Spec.LoadBalancerSourceRanges {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil || p.Addr().Is4() != v4 {
+			continue
+		}
+		out = append(out, p.Masked())
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int { return cmp.Or(a.Addr().Compare(b.Addr()), a.Bits()-b.Bits()) })
+	return slices.Compact(out)
+}
+
 // affinitySeconds: ClientIP affinity with its timeout, 10800 s when unset
 // (the API default, which kube-proxy relies on the apiserver to fill in).
 func affinitySeconds(svc *corev1.Service) uint32 {
@@ -632,40 +756,55 @@ func derefString(s *string) string {
 //     PreferClosest annotation); the terminating fallback ignores topology,
 //     as there is no ready endpoint anywhere to prefer.
 func eligibleEndpoints(eps []svcEndpoint, svc *corev1.Service, node, zone string) ([]svcEndpoint, bool) {
-	usable := func(e svcEndpoint) bool { return e.ready || (e.serving && e.terminate) }
+	if p := svc.Spec.InternalTrafficPolicy; p != nil && *p == corev1.ServiceInternalTrafficPolicyLocal {
+		return localEndpoints(eps, node)
+	}
+	return clusterEndpoints(eps, svc, node, zone), false
+}
+
+func usable(e svcEndpoint) bool { return e.ready || (e.serving && e.terminate) }
+
+// localEndpoints are a traffic policy Local's endpoints: the ready ones on
+// this node, else its serving-terminating ones; none here while some exist
+// elsewhere drops (true). No usable endpoint anywhere rejects.
+func localEndpoints(eps []svcEndpoint, node string) ([]svcEndpoint, bool) {
 	if !slices.ContainsFunc(eps, usable) {
 		return nil, false
 	}
 	isLocal := func(e svcEndpoint) bool { return node != "" && e.node == node }
-	if p := svc.Spec.InternalTrafficPolicy; p != nil && *p == corev1.ServiceInternalTrafficPolicyLocal {
-		local := filterEndpoints(eps, func(e svcEndpoint) bool { return isLocal(e) && e.ready })
-		if len(local) == 0 {
-			local = filterEndpoints(eps, func(e svcEndpoint) bool { return isLocal(e) && e.serving && e.terminate })
-		}
-		return local, len(local) == 0
+	local := filterEndpoints(eps, func(e svcEndpoint) bool { return isLocal(e) && e.ready })
+	if len(local) == 0 {
+		local = filterEndpoints(eps, func(e svcEndpoint) bool { return isLocal(e) && e.serving && e.terminate })
 	}
+	return local, len(local) == 0
+}
+
+// clusterEndpoints are a traffic policy Cluster's endpoints: the ready
+// ones filtered by topology, else the serving-terminating ones.
+func clusterEndpoints(eps []svcEndpoint, svc *corev1.Service, node, zone string) []svcEndpoint {
+	isLocal := func(e svcEndpoint) bool { return node != "" && e.node == node }
 	ready := filterEndpoints(eps, func(e svcEndpoint) bool { return e.ready })
 	if len(ready) == 0 {
-		return filterEndpoints(eps, func(e svcEndpoint) bool { return e.serving && e.terminate }), false
+		return filterEndpoints(eps, func(e svcEndpoint) bool { return e.serving && e.terminate })
 	}
 	if svc.Annotations[AnnotationTrafficDistribution] == TrafficDistributionPreferClosest {
 		// Lace's tiers: the first non-empty one of ready endpoints wins;
 		// hints play no part.
 		if t := filterEndpoints(ready, isLocal); len(t) > 0 {
-			return t, false
+			return t
 		}
 		if t := filterEndpoints(ready, func(e svcEndpoint) bool { return zone != "" && e.zone == zone }); len(t) > 0 {
-			return t, false
+			return t
 		}
-		return ready, false
+		return ready
 	}
 	switch topologyModeFromHints(ready, node, zone) {
 	case corev1.ServiceTrafficDistributionPreferSameNode:
-		return filterEndpoints(ready, func(e svcEndpoint) bool { return slices.Contains(e.forNodes, node) }), false
+		return filterEndpoints(ready, func(e svcEndpoint) bool { return slices.Contains(e.forNodes, node) })
 	case corev1.ServiceTrafficDistributionPreferSameZone:
-		return filterEndpoints(ready, func(e svcEndpoint) bool { return slices.Contains(e.forZones, zone) }), false
+		return filterEndpoints(ready, func(e svcEndpoint) bool { return slices.Contains(e.forZones, zone) })
 	}
-	return ready, false
+	return ready
 }
 
 // topologyModeFromHints is kube-proxy's topologyModeFromHints (with the
@@ -720,6 +859,66 @@ func filterEndpoints(eps []svcEndpoint, keep func(svcEndpoint) bool) []svcEndpoi
 		if keep(e) {
 			out = append(out, e)
 		}
+	}
+	return out
+}
+
+// GateNodePorts closes the NodePorts no policy opens on their node
+// address (ARCHITECTURE.md section 6): the address classifies into an
+// external network E (st.Classifiers, longest prefix), and the NodePort
+// is open when E's view reaches the service, i.e. holds its ClusterIP as
+// a service of its network (a NetworkRoutingPolicy from E to the network,
+// or a ServiceRoutingPolicy from E selecting the service). svcs is not
+// modified: the result shares it unless something closes.
+func GateNodePorts(svcs []tables.Service, st *NodeState) []tables.Service {
+	classify := func(a netip.Addr) uint32 {
+		best, id := -1, uint32(0)
+		for _, c := range st.Classifiers {
+			if c.Prefix.Contains(a) && c.Prefix.Bits() > best {
+				best, id = c.Prefix.Bits(), c.NetID
+			}
+		}
+		return id
+	}
+	type reach struct {
+		view uint32
+		vip  netip.Addr
+	}
+	var ext map[netip.Addr]uint32 // node address -> its external network
+	var open map[reach]uint32     // (view, ClusterIP) -> the service's network
+	out := svcs
+	for i := range svcs {
+		s := &svcs[i]
+		if s.Frontend != tables.FrontendNodePort {
+			continue
+		}
+		if ext == nil {
+			ext, open = map[netip.Addr]uint32{}, map[reach]uint32{}
+			views := map[uint32]bool{}
+			for j := range svcs {
+				if a := svcs[j].VIP; svcs[j].Frontend == tables.FrontendNodePort {
+					if _, done := ext[a]; !done {
+						ext[a] = classify(a)
+						views[ext[a]] = true
+					}
+				}
+			}
+			for _, r := range st.Routes {
+				if r.Kind == tables.RouteService && views[r.NetID] && r.Prefix.IsSingleIP() {
+					open[reach{r.NetID, r.Prefix.Addr()}] = r.DstNet
+				}
+			}
+		}
+		e := ext[s.VIP]
+		net, ok := open[reach{e, s.ClusterIP}]
+		closed := e == 0 || !ok || net != s.NetID
+		if closed == s.Closed {
+			continue
+		}
+		if &out[0] == &svcs[0] {
+			out = slices.Clone(svcs)
+		}
+		out[i].Closed = closed
 	}
 	return out
 }

@@ -106,7 +106,58 @@ type Service struct {
 	Drop bool
 	// AffinitySeconds is the ClientIP session affinity timeout; 0 for none.
 	AffinitySeconds uint32
+	// Frontend is what VIP is: the service's ClusterIP (the zero value)
+	// or one of its external frontends. An external frontend is admitted
+	// as ClusterIP:ClusterPort (the service's, of VIP's family) is: a
+	// source reaches it only when its view reaches that ClusterIP.
+	Frontend    Frontend
+	ClusterIP   netip.Addr
+	ClusterPort uint16
+	// Local is externalTrafficPolicy Local: Backends are this node's, the
+	// client's address is kept, and in-cluster clients (pods, the node)
+	// use the ClusterIP's backends. Otherwise an outside client's flow to
+	// a backend on another node leaves from the node's address.
+	Local bool
+	// Closed: a NodePort on a node address whose external network no
+	// policy opens to the service's network; it drops (frontend-closed).
+	Closed bool
+	// SourceRanges are the loadBalancerSourceRanges (LoadBalancer and
+	// external IPs): other sources are dropped (source-range). Sorted.
+	SourceRanges []netip.Prefix
 }
+
+// Frontend says how a service is reached at a Service's VIP.
+type Frontend uint8
+
+// Frontends.
+const (
+	FrontendClusterIP Frontend = iota
+	FrontendNodePort
+	FrontendLoadBalancer
+	FrontendExternalIP
+)
+
+func (f Frontend) String() string {
+	switch f {
+	case FrontendNodePort:
+		return "NodePort"
+	case FrontendLoadBalancer:
+		return "LoadBalancer"
+	case FrontendExternalIP:
+		return "ExternalIP"
+	}
+	return "ClusterIP"
+}
+
+// External tells whether the frontend is reached from outside the
+// cluster.
+func (s *Service) External() bool { return s.Frontend != FrontendClusterIP }
+
+// NodeNetID is the nodes' own context (NODE_NET_ID in lace.h): a network
+// ID no Network is given. SIDs naming it carry the flows an external
+// frontend sends from its node's address to an endpoint on another node,
+// and their answers.
+const NodeNetID = 1<<16 - 1
 
 // Backend is one endpoint of a service port.
 type Backend struct {
