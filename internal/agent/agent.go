@@ -223,8 +223,9 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		Watches(&lacev1.NetworkRoutingPolicy{}, toNode, specOnly).
 		Watches(&lacev1.NetworkBindingPolicy{}, toNode, specOnly).
 		Watches(&lacev1.ServiceRoutingPolicy{}, toNode, specOnly).
-		// Services and their endpoints, as kube-proxy watches them.
-		Watches(&corev1.Service{}, toNode, specOnly).
+		// Services and their endpoints, as kube-proxy watches them (a
+		// Service's status holds its load balancer addresses).
+		Watches(&corev1.Service{}, toNode, builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
 		Watches(&discoveryv1.EndpointSlice{}, toNode, builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
 		Watches(&networkingv1.ServiceCIDR{}, toNode, specOnly).
 		Watches(&corev1.Pod{}, toNode, builder.WithPredicates(predicates.PodChanged())).

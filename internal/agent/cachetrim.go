@@ -58,14 +58,20 @@ func trimService(in any) (any, error) {
 		return in, nil
 	}
 	trimMeta(&s.ObjectMeta, model.AnnotationTrafficDistribution)
-	s.Status = corev1.ServiceStatus{}
+	// The load balancer's addresses and their mode are the frontends'.
+	var ingress []corev1.LoadBalancerIngress
+	for _, in := range s.Status.LoadBalancer.Ingress {
+		if in.IP != "" {
+			ingress = append(ingress, corev1.LoadBalancerIngress{IP: in.IP, IPMode: in.IPMode})
+		}
+	}
+	s.Status = corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: ingress}}
 	sp := &s.Spec
-	sp.Selector, sp.ExternalIPs, sp.LoadBalancerSourceRanges, sp.LoadBalancerIP = nil, nil, nil, ""
-	sp.ExternalName, sp.IPFamilies, sp.LoadBalancerClass, sp.ExternalTrafficPolicy = "", nil, nil, ""
-	sp.HealthCheckNodePort, sp.AllocateLoadBalancerNodePorts, sp.IPFamilyPolicy = 0, nil, nil
+	sp.Selector, sp.LoadBalancerIP = nil, ""
+	sp.ExternalName, sp.IPFamilies, sp.LoadBalancerClass = "", nil, nil
+	sp.AllocateLoadBalancerNodePorts, sp.IPFamilyPolicy = nil, nil
 	for i := range sp.Ports {
-		p := &sp.Ports[i]
-		p.AppProtocol, p.NodePort = nil, 0
+		sp.Ports[i].AppProtocol = nil
 	}
 	return s, nil
 }
