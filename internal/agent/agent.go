@@ -125,6 +125,8 @@ type Agent struct {
 	// which share compute.
 	computeMu sync.Mutex
 	compute   computeCache
+	// health serves the healthCheckNodePorts.
+	health *healthChecks
 	// routes mirrors the views map (the applier's alone).
 	routes routeMirror
 
@@ -190,6 +192,7 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 	a := &Agent{opts: o, log: log.With("node", o.NodeName), mgr: mgr, client: mgr.GetClient(), reader: mgr.GetAPIReader(),
 		recorder: mgr.GetEventRecorderFor("lace-agent/" + o.NodeName), dp: newTableDP(dp), cp: cp, statusKick: make(chan struct{}, 1),
 		node: linuxNode{ns: o.NetNS, underlay: o.UnderlayInterface}}
+	a.health = newHealthChecks(a.log)
 	// The DaemonSet's probes: /healthz answers while the process serves;
 	// /readyz once the data plane has been programmed (what CNI STATUS
 	// reports), so a rolling update moves on only when forwarding is back.
@@ -295,6 +298,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.log.Info("lace-agent starting", "netns", a.opts.NetNS, "bpffs", a.opts.BPFFS, "endpoints", len(a.cp.all()),
 		"checkpointLost", a.cp.lost)
+	defer a.health.close()
 	return a.mgr.Start(ctx)
 }
 

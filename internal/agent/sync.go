@@ -67,6 +67,9 @@ func (a *Agent) reconcile(ctx context.Context, _ reconcile.Request) (reconcile.R
 	if applyErr != nil {
 		return reconcile.Result{}, applyErr
 	}
+	if err := a.health.sync(st.HealthChecks); err != nil {
+		a.log.Error("health check ports", "err", err)
+	}
 	if err := a.collectEndpoints(ctx); err != nil {
 		return reconcile.Result{}, err
 	}
@@ -162,6 +165,7 @@ func (a *Agent) desiredState(ctx context.Context) (model.NodeState, listed, []*d
 	c.computed = true
 	st := c.node
 	st.Services = model.GateNodePorts(svcState.Services, &st)
+	st.HealthChecks = svcState.HealthChecks
 	return st, in, slices, nil
 }
 

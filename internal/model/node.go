@@ -68,8 +68,10 @@ type NodeState struct {
 	// Blocks are this node's blocks, for pod IPAM.
 	Blocks []Block
 	// Services are the service ports this node serves (ComputeServices;
-	// the agent fills them in).
-	Services []tables.Service
+	// the agent fills them in), and HealthChecks the healthCheckNodePorts
+	// it answers.
+	Services     []tables.Service
+	HealthChecks []HealthCheck
 	// HostRoutes send the node's own traffic for other nodes' pod blocks
 	// over the underlay to their owners, as plain IP from the node address
 	// (the owner judges it as from any outside host: section 5, the node

@@ -56,6 +56,19 @@ type ServiceState struct {
 	// Excluded lists the endpoints left out because their pod is in
 	// another network, once per (service, address), sorted.
 	Excluded []ExcludedEndpoint
+	// HealthChecks are the healthCheckNodePorts this node answers
+	// (LoadBalancer services with externalTrafficPolicy Local), sorted by
+	// port.
+	HealthChecks []HealthCheck
+}
+
+// HealthCheck is a service's healthCheckNodePort and the number of its
+// ready endpoints on this node (terminating ones are not ready), which
+// kube-proxy reports: 200 with the count, 503 when it is 0.
+type HealthCheck struct {
+	Namespace, Name string
+	Port            uint16
+	LocalEndpoints  int
 }
 
 // ServiceBinding is the network a service is bound to, or Err saying why it
@@ -138,8 +151,9 @@ type ServiceResult struct {
 	// VIPs are the service's ClusterIPs as the views see them (those of
 	// BoundServiceVIPs), set only when it is bound.
 	VIPs     []netip.Addr
-	Services []tables.Service
-	Excluded []ExcludedEndpoint
+	Services    []tables.Service
+	Excluded    []ExcludedEndpoint
+	HealthCheck *HealthCheck
 }
 
 // Compute is the result of one service, with the EndpointSlices that
@@ -182,7 +196,27 @@ func (e *ServiceEnv) Compute(svc *corev1.Service, svcSlices []*discoveryv1.Endpo
 	for _, x := range excluded {
 		r.Excluded = append(r.Excluded, x)
 	}
+	if hc := svc.Spec.HealthCheckNodePort; hc > 0 && hc <= 65535 && svc.Spec.Type == corev1.ServiceTypeLoadBalancer &&
+		svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal && len(vips) > 0 {
+		r.HealthCheck = &HealthCheck{Namespace: svc.Namespace, Name: svc.Name, Port: uint16(hc),
+			LocalEndpoints: sc.localReady(vips[0])}
+	}
 	return r
+}
+
+// localReady counts the service's ready endpoints on this node among the
+// slices of vip's family, each address once (kube-proxy's count of local
+// endpoints for its health check).
+func (c *serviceCtx) localReady(vip netip.Addr) int {
+	seen := map[netip.Addr]bool{}
+	for _, sp := range c.svc.Spec.Ports {
+		for _, e := range c.endpoints(vip, sp) {
+			if e.ready && c.local(e) {
+				seen[e.addr] = true
+			}
+		}
+	}
+	return len(seen)
 }
 
 func bySliceName(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) }
@@ -225,7 +259,14 @@ func MergeServices(results []*ServiceResult) ServiceState {
 		st.Bound = append(st.Bound, r.Binding)
 		st.Services = append(st.Services, r.Services...)
 		st.Excluded = append(st.Excluded, r.Excluded...)
+		if r.HealthCheck != nil {
+			st.HealthChecks = append(st.HealthChecks, *r.HealthCheck)
+		}
 	}
+	// One per port (the API server allocates them apart; a stale object
+	// may not): the first Service by namespace and name keeps it.
+	slices.SortStableFunc(st.HealthChecks, func(a, b HealthCheck) int { return cmp.Compare(a.Port, b.Port) })
+	st.HealthChecks = slices.CompactFunc(st.HealthChecks, func(a, b HealthCheck) bool { return a.Port == b.Port })
 	slices.SortStableFunc(st.Services, func(a, b tables.Service) int {
 		return cmp.Or(a.VIP.Compare(b.VIP), cmp.Compare(a.Proto, b.Proto), cmp.Compare(a.Port, b.Port))
 	})
