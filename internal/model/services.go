@@ -150,7 +150,7 @@ type ServiceResult struct {
 	Binding ServiceBinding
 	// VIPs are the service's ClusterIPs as the views see them (those of
 	// BoundServiceVIPs), set only when it is bound.
-	VIPs     []netip.Addr
+	VIPs        []netip.Addr
 	Services    []tables.Service
 	Excluded    []ExcludedEndpoint
 	HealthCheck *HealthCheck
