@@ -8,6 +8,9 @@
  *   header and the inner packet (no extension header, no fragment):
  *   decapsulated, recorded in conntrack with the source network the SID
  *   carries, and delivered to the pod by bpf_redirect_peer;
+ * - ARP requests and neighbour solicitations for a LoadBalancer VIP this
+ *   node announces: answered from here (announce.h); other ARP and ND are
+ *   the host's;
  * - plain IP to an external frontend of a service (a NodePort of this
  *   node's address, a LoadBalancer or external IP): admitted as the
  *   service's ClusterIP would be for the source's external network, then
@@ -28,6 +31,7 @@
 #include "lace.h"
 #include "fwd.h"
 #include "frontend.h"
+#include "announce.h"
 
 #define IPV6_FRAGMENT 44
 /* decap's answer that the SID names the nodes' context (xlb_reply). */
@@ -704,11 +708,24 @@ int from_underlay(struct __sk_buff *skb)
 			return to_host(skb, bpf_htons(ETH_P_IP));
 		return outside(skb, bpf_htons(ETH_P_IP));
 	}
+	if (eth->h_proto == bpf_htons(ETH_P_ARP_))
+		return arp_answer(skb);
 	if (eth->h_proto != bpf_htons(ETH_P_IPV6))
 		return TC_ACT_OK;
 	struct ipv6hdr *outer = (void *)(eth + 1);
 	if ((void *)(outer + 1) > end)
 		return TC_ACT_OK;
+	if (outer->nexthdr == IPPROTO_ICMPV6 && outer->hop_limit == 255) {
+		int rc = ns_answer(skb);
+		if (rc != TC_ACT_OK)
+			return rc;
+		data = (void *)(long)skb->data;
+		end = (void *)(long)skb->data_end;
+		eth = data;
+		outer = (void *)(eth + 1);
+		if ((void *)(outer + 1) > end)
+			return TC_ACT_OK;
+	}
 	if (eq8(&outer->daddr, cfg->locator)) {
 		int rc = decap(skb, outer);
 		return rc == RET_NODE_CTX ? xlb_reply(skb) : rc;

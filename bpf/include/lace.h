@@ -89,7 +89,8 @@ enum fwd_counter {
 	FWD_FROM_EXTERNAL = 6, /* from-external: outside traffic (or an SNAT reply) delivered or forwarded to a pod */
 	FWD_REPLY_OUT = 7, /* reply-out: a pod's reply to an outside source, sent from the pod's address */
 	FWD_SERVICE = 8, /* to-service: a new flow to a service VIP translated to an endpoint */
-	FWD_MAX = 9,
+	FWD_ANNOUNCE = 9, /* announced: an ARP or neighbour solicitation for a LoadBalancer VIP this node announces, answered */
+	FWD_MAX = 10,
 };
 
 /* lace_config.flags */

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
@@ -35,6 +36,8 @@ func main() {
 	flag.IntVar(&o.MTU, "mtu", o.MTU, "pod interface MTU; 0 derives it at each ADD from the underlay interface's MTU less the 40-byte SRv6 encapsulation")
 	flag.StringVar(&o.MetricsAddr, "metrics-bind-address", o.MetricsAddr, "metrics endpoint (0 disables)")
 	flag.StringVar(&o.HealthAddr, "health-probe-bind-address", o.HealthAddr, "health endpoint (0 disables)")
+	flag.StringVar(&o.LeaseNamespace, "lease-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the agents' heartbeat Leases (L2 announcement of LoadBalancer VIPs); empty disables announcing")
+	flag.DurationVar(&o.AnnounceLeaseDuration, "announce-lease-duration", 2*time.Second, "how long an agent that stopped renewing its Lease still announces, and others wait before taking over its VIPs")
 	flag.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	flag.Parse()
 	if err := run(ctrl.SetupSignalHandler(), logLevel, o); err != nil {

@@ -7,6 +7,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -18,11 +19,13 @@ import (
 	"sync"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -76,6 +79,12 @@ type Options struct {
 	HealthAddr  string
 	// ResyncPeriod bounds how long a missed event can leave state stale.
 	ResyncPeriod time.Duration
+	// LeaseNamespace holds the agents' heartbeat Leases, from which every
+	// agent sees which others are alive (L2 announcement);
+	// AnnounceLeaseDuration is how long a silent agent counts as alive,
+	// the bound on a VIP's failover.
+	LeaseNamespace        string
+	AnnounceLeaseDuration time.Duration
 	// SkipNameValidation allows several agents in one process (tests).
 	SkipNameValidation bool
 	// Pprof serves net/http/pprof under /debug/pprof/ on the metrics
@@ -125,8 +134,10 @@ type Agent struct {
 	// which share compute.
 	computeMu sync.Mutex
 	compute   computeCache
-	// health serves the healthCheckNodePorts.
+	// health serves the healthCheckNodePorts; announce keeps the node's
+	// L2 announcements (l2, nil without a lease namespace).
 	health *healthChecks
+	l2     *announcer
 	// routes mirrors the views map (the applier's alone).
 	routes routeMirror
 
@@ -179,6 +190,9 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		HealthProbeBindAddress: o.HealthAddr,
 		Cache: trimCache(cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}: {Field: fields.OneTermEqualSelector("spec.nodeName", o.NodeName)},
+			// The agents' heartbeats only.
+			&coordinationv1.Lease{}: {Namespaces: map[string]cache.Config{o.LeaseNamespace: {}},
+				Label: labels.SelectorFromSet(labels.Set{LabelAgentLease: "true"})},
 			// Every NetworkEndpoint: services resolve their endpoints'
 			// networks from them (this node's own records are read by
 			// name, or listed by label from the API).
@@ -193,6 +207,13 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		recorder: mgr.GetEventRecorderFor("lace-agent/" + o.NodeName), dp: newTableDP(dp), cp: cp, statusKick: make(chan struct{}, 1),
 		node: linuxNode{ns: o.NetNS, underlay: o.UnderlayInterface}}
 	a.health = newHealthChecks(a.log)
+	if o.LeaseNamespace != "" {
+		a.l2 = &announcer{a: a, ns: o.LeaseNamespace, duration: cmp.Or(o.AnnounceLeaseDuration, 2*time.Second)}
+		if err := mgr.Add(manager.RunnableFunc(a.l2.run)); err != nil {
+			dp.Close()
+			return nil, fmt.Errorf("add the L2 announcer: %w", err)
+		}
+	}
 	// The DaemonSet's probes: /healthz answers while the process serves;
 	// /readyz once the data plane has been programmed (what CNI STATUS
 	// reports), so a rolling update moves on only when forwarding is back.

@@ -68,7 +68,7 @@ func trimService(in any) (any, error) {
 	s.Status = corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: ingress}}
 	sp := &s.Spec
 	sp.Selector, sp.LoadBalancerIP = nil, ""
-	sp.ExternalName, sp.IPFamilies, sp.LoadBalancerClass = "", nil, nil
+	sp.ExternalName, sp.IPFamilies = "", nil
 	sp.AllocateLoadBalancerNodePorts, sp.IPFamilyPolicy = nil, nil
 	for i := range sp.Ports {
 		sp.Ports[i].AppProtocol = nil

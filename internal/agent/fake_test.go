@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -110,16 +111,17 @@ func (f *fakeDP) AttachHostSockets(string) error { return nil }
 func (f *fakeDP) FlushServiceFlows(map[datapath.ServiceKey][]datapath.Backend) (int, error) {
 	return 0, nil
 }
-func (f *fakeDP) UpsertNode(a netip.Addr) error         { return f.w(func() { f.nodes[a] = true }) }
-func (f *fakeDP) DeleteNode(a netip.Addr) error         { return f.w(func() { delete(f.nodes, a) }) }
-func (f *fakeDP) Nodes() ([]netip.Addr, error)          { return keys(&f.mu, f.nodes), nil }
-func (f *fakeDP) UpsertHostAddr(a netip.Addr) error     { return f.w(func() { f.host[a] = true }) }
-func (f *fakeDP) DeleteHostAddr(a netip.Addr) error     { return f.w(func() { delete(f.host, a) }) }
-func (f *fakeDP) HostAddrs() ([]netip.Addr, error)      { return keys(&f.mu, f.host), nil }
-func (f *fakeDP) MapSizes() (map[string]int, error)     { return map[string]int{}, nil }
-func (f *fakeDP) Drops() (map[string]uint64, error)     { return map[string]uint64{}, nil }
-func (f *fakeDP) Forwarded() (map[string]uint64, error) { return map[string]uint64{}, nil }
-func (f *fakeDP) Close() error                          { return nil }
+func (f *fakeDP) UpsertNode(a netip.Addr) error                                    { return f.w(func() { f.nodes[a] = true }) }
+func (f *fakeDP) DeleteNode(a netip.Addr) error                                    { return f.w(func() { delete(f.nodes, a) }) }
+func (f *fakeDP) Nodes() ([]netip.Addr, error)                                     { return keys(&f.mu, f.nodes), nil }
+func (f *fakeDP) SetAnnounced([]netip.Addr, net.HardwareAddr, time.Duration) error { return nil }
+func (f *fakeDP) UpsertHostAddr(a netip.Addr) error                                { return f.w(func() { f.host[a] = true }) }
+func (f *fakeDP) DeleteHostAddr(a netip.Addr) error                                { return f.w(func() { delete(f.host, a) }) }
+func (f *fakeDP) HostAddrs() ([]netip.Addr, error)                                 { return keys(&f.mu, f.host), nil }
+func (f *fakeDP) MapSizes() (map[string]int, error)                                { return map[string]int{}, nil }
+func (f *fakeDP) Drops() (map[string]uint64, error)                                { return map[string]uint64{}, nil }
+func (f *fakeDP) Forwarded() (map[string]uint64, error)                            { return map[string]uint64{}, nil }
+func (f *fakeDP) Close() error                                                     { return nil }
 
 func values[K comparable, V any](mu *sync.Mutex, m map[K]V) []V {
 	mu.Lock()

@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"net"
 	"net/netip"
+	"time"
 
 	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/netutil"
@@ -42,6 +44,7 @@ type dataplane interface {
 	DeleteHostAddr(netip.Addr) error
 	HostAddrs() ([]netip.Addr, error)
 	MapSizes() (map[string]int, error)
+	SetAnnounced(vips []netip.Addr, mac net.HardwareAddr, ttl time.Duration) error
 	Drops() (map[string]uint64, error)
 	Forwarded() (map[string]uint64, error)
 	Close() error

@@ -71,6 +71,7 @@ var ForwardCounters = []string{
 	"from-external",
 	"reply-out",
 	"to-service",
+	"announced",
 }
 
 // ForwardMeanings say what the forwarding counters count, in the same order.
@@ -84,4 +85,5 @@ var ForwardMeanings = []string{
 	"outside traffic (or an SNAT reply) delivered or forwarded to a pod",
 	"a pod's reply to an outside source, sent from the pod's address",
 	"a new flow to a service VIP translated to an endpoint",
+	"an ARP or neighbour solicitation for a LoadBalancer VIP this node announces, answered",
 }

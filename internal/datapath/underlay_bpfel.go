@@ -29,6 +29,13 @@ type underlayAffinityVal struct {
 	Pad     [3]uint16
 }
 
+type underlayAnnounceVal struct {
+	_       structs.HostLayout
+	Expires uint64
+	Mac     [6]uint8
+	Pad     uint16
+}
+
 type underlayBackendKey struct {
 	_     structs.HostLayout
 	Id    uint32
@@ -225,6 +232,7 @@ type underlayXlbScratch struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	underlayMapLaceAffinity   = "lace_affinity"
+	underlayMapLaceAnnounce   = "lace_announce"
 	underlayMapLaceBackends   = "lace_backends"
 	underlayMapLaceCfg        = "lace_cfg"
 	underlayMapLaceClassify   = "lace_classify"
@@ -296,6 +304,7 @@ type underlayProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type underlayMapSpecs struct {
 	LaceAffinity   *ebpf.MapSpec `ebpf:"lace_affinity"`
+	LaceAnnounce   *ebpf.MapSpec `ebpf:"lace_announce"`
 	LaceBackends   *ebpf.MapSpec `ebpf:"lace_backends"`
 	LaceCfg        *ebpf.MapSpec `ebpf:"lace_cfg"`
 	LaceClassify   *ebpf.MapSpec `ebpf:"lace_classify"`
@@ -343,6 +352,7 @@ func (o *underlayObjects) Close() error {
 // It can be passed to loadUnderlayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type underlayMaps struct {
 	LaceAffinity   *ebpf.Map `ebpf:"lace_affinity"`
+	LaceAnnounce   *ebpf.Map `ebpf:"lace_announce"`
 	LaceBackends   *ebpf.Map `ebpf:"lace_backends"`
 	LaceCfg        *ebpf.Map `ebpf:"lace_cfg"`
 	LaceClassify   *ebpf.Map `ebpf:"lace_classify"`
@@ -366,6 +376,7 @@ type underlayMaps struct {
 func (m *underlayMaps) Close() error {
 	return _UnderlayClose(
 		m.LaceAffinity,
+		m.LaceAnnounce,
 		m.LaceBackends,
 		m.LaceCfg,
 		m.LaceClassify,

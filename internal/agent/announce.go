@@ -1,0 +1,261 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/model"
+	"github.com/lace-cni/lace/internal/netutil"
+)
+
+// LabelAgentLease marks the agents' heartbeat Leases.
+const LabelAgentLease = "lace-cni.io/agent-lease"
+
+// AgentLeaseName is the heartbeat Lease of node's agent.
+func AgentLeaseName(node string) string { return "lace-agent-" + node }
+
+// announcer keeps the node's share of the L2 announcements: it renews the
+// agent's Lease (its heartbeat), sees which agents renew theirs, decides
+// with model.Announcements which VIPs are this node's, has the data plane
+// answer ARP/NDP for exactly those, and announces each one it takes over
+// with gratuitous ARP / unsolicited NA. A node is alive while its Lease
+// changed within the lease duration as this agent saw it (its own clock,
+// not the writer's: no trust in clock sync). An agent that cannot renew
+// its own Lease stops announcing at the same deadline the others take
+// over, and the data plane's entries lapse by themselves if it dies.
+type announcer struct {
+	a        *Agent
+	ns       string
+	duration time.Duration
+	mac      net.HardwareAddr
+
+	mu        sync.Mutex
+	seen      map[string]leaseSeen // node -> its Lease's last change, locally
+	renewed   time.Time            // own Lease's last successful renewal
+	lastTry   time.Time
+	announced map[netip.Addr]bool
+	state     []model.Announcement
+}
+
+type leaseSeen struct {
+	renew string // the Lease's renewTime as written
+	at    time.Time
+}
+
+// tick is how often announcements are decided: a few times per lease
+// duration, so a takeover follows an expiry closely.
+func (an *announcer) tick() time.Duration { return an.duration / 8 }
+
+func (an *announcer) run(ctx context.Context) error {
+	err := netutil.Do(an.a.opts.NetNS, func() error {
+		iface, err := net.InterfaceByName(an.a.opts.UnderlayInterface)
+		if err == nil {
+			an.mac = iface.HardwareAddr
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("underlay interface for L2 announcements: %w", err)
+	}
+	an.seen, an.announced = map[string]leaseSeen{}, map[netip.Addr]bool{}
+	t := time.NewTicker(an.tick())
+	defer t.Stop()
+	for {
+		if err := an.once(ctx); err != nil {
+			an.a.log.Error("L2 announcement", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// renew writes the own Lease's renewTime (creating the Lease the first
+// time), at most every quarter duration.
+func (an *announcer) renew(ctx context.Context, now time.Time) {
+	if now.Sub(an.lastTry) < an.duration/4 {
+		return
+	}
+	an.lastTry = now
+	name := AgentLeaseName(an.a.opts.NodeName)
+	var l coordinationv1.Lease
+	err := an.a.reader.Get(ctx, client.ObjectKey{Namespace: an.ns, Name: name}, &l)
+	switch {
+	case apierrors.IsNotFound(err):
+		l = coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: an.ns, Name: name,
+			Labels: map[string]string{LabelAgentLease: "true"}},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(an.a.opts.NodeName),
+				LeaseDurationSeconds: ptr.To(int32((an.duration + time.Second - 1) / time.Second)),
+				RenewTime:            &metav1.MicroTime{Time: now}}}
+		err = an.a.client.Create(ctx, &l)
+	case err == nil:
+		l.Spec.RenewTime = &metav1.MicroTime{Time: now}
+		err = an.a.client.Update(ctx, &l)
+	}
+	if err != nil {
+		an.a.log.Info("renew the agent lease", "err", err)
+		return
+	}
+	an.renewed = now
+}
+
+// alive is the set of nodes whose agents renewed their Lease within the
+// duration, as seen from here.
+func (an *announcer) alive(ctx context.Context, now time.Time) (map[string]bool, error) {
+	var leases coordinationv1.LeaseList
+	if err := an.a.client.List(ctx, &leases, client.InNamespace(an.ns), client.MatchingLabels{LabelAgentLease: "true"}); err != nil {
+		return nil, fmt.Errorf("list agent leases: %w", err)
+	}
+	out := map[string]bool{}
+	for _, l := range leases.Items {
+		if l.Spec.HolderIdentity == nil || l.Spec.RenewTime == nil {
+			continue
+		}
+		node, renew := *l.Spec.HolderIdentity, l.Spec.RenewTime.Format(time.RFC3339Nano)
+		s, ok := an.seen[node]
+		switch {
+		case !ok:
+			// First sight: trust the writer's time once, no further back
+			// than now.
+			at := l.Spec.RenewTime.Time
+			if at.After(now) {
+				at = now
+			}
+			s = leaseSeen{renew, at}
+		case s.renew != renew:
+			s = leaseSeen{renew, now}
+		}
+		an.seen[node] = s
+		if now.Sub(s.at) < an.duration {
+			out[node] = true
+		}
+	}
+	self := an.a.opts.NodeName
+	out[self] = now.Sub(an.renewed) < an.duration
+	return out, nil
+}
+
+func (an *announcer) once(ctx context.Context) error {
+	an.mu.Lock()
+	defer an.mu.Unlock()
+	now := time.Now()
+	an.renew(ctx, now)
+	alive, err := an.alive(ctx, now)
+	if err != nil {
+		return err
+	}
+	in := model.AnnounceInput{Alive: alive}
+	var classes lacev1.LoadBalancerClassList
+	var nodes corev1.NodeList
+	for _, l := range []client.ObjectList{&classes, &nodes} {
+		if err := an.a.client.List(ctx, l, client.UnsafeDisableDeepCopy); err != nil {
+			return fmt.Errorf("list %T: %w", l, err)
+		}
+	}
+	if len(classes.Items) == 0 && len(an.announced) == 0 {
+		return nil
+	}
+	in.Classes, in.Nodes = classes.Items, ptrs(nodes.Items)
+	svcs, slices, err := an.a.listServices(ctx)
+	if err != nil {
+		return err
+	}
+	in.Services, in.Slices = svcs, onlyLB(svcs, slices)
+	an.state = model.Announcements(in)
+	var mine []netip.Addr
+	for _, a := range an.state {
+		if a.Node == an.a.opts.NodeName {
+			mine = append(mine, a.VIP)
+		}
+	}
+	// The entries lapse when the others stop counting this node alive:
+	// at the own Lease's last renewal plus the duration (they see the
+	// renewal no earlier than it was made).
+	ttl := an.renewed.Add(an.duration).Sub(now)
+	if ttl <= 0 {
+		mine, ttl = nil, 0
+	}
+	if err := an.a.dp.SetAnnounced(mine, an.mac, ttl); err != nil {
+		return err
+	}
+	var taken []netip.Addr
+	now2 := map[netip.Addr]bool{}
+	for _, v := range mine {
+		now2[v] = true
+		if !an.announced[v] {
+			taken = append(taken, v)
+			an.a.log.Info("announcing LoadBalancer VIP", "vip", v)
+		}
+	}
+	for v := range an.announced {
+		if !now2[v] {
+			an.a.log.Info("stopped announcing LoadBalancer VIP", "vip", v)
+		}
+	}
+	an.announced = now2
+	if len(taken) > 0 {
+		go an.burst(taken)
+	}
+	return nil
+}
+
+// onlyLB keeps the slices of LoadBalancer Services (the only ones whose
+// endpoints decide an announcement).
+func onlyLB(svcs []*corev1.Service, all []*discoveryv1.EndpointSlice) []*discoveryv1.EndpointSlice {
+	lb := map[model.ServiceKey]bool{}
+	for _, s := range svcs {
+		if s.Spec.Type == corev1.ServiceTypeLoadBalancer {
+			lb[model.ServiceKey{Namespace: s.Namespace, Name: s.Name}] = true
+		}
+	}
+	var out []*discoveryv1.EndpointSlice
+	for _, sl := range all {
+		if k, ok := model.SliceService(sl); ok && lb[k] {
+			out = append(out, sl)
+		}
+	}
+	return out
+}
+
+// burst announces taken VIPs a few times (a frame can be lost, a switch
+// can be learning): gratuitous ARP for IPv4, unsolicited NA for IPv6.
+func (an *announcer) burst(vips []netip.Addr) {
+	var frames [][]byte
+	for _, v := range vips {
+		if v.Is4() {
+			frames = append(frames, netutil.GratuitousARP(an.mac, v))
+		} else {
+			frames = append(frames, netutil.UnsolicitedNA(an.mac, v))
+		}
+	}
+	for i, wait := range []time.Duration{0, 200 * time.Millisecond, 800 * time.Millisecond} {
+		time.Sleep(wait)
+		if err := netutil.SendFrames(an.a.opts.NetNS, an.a.opts.UnderlayInterface, frames); err != nil {
+			an.a.log.Error("announce takeover", "vips", vips, "round", i, "err", err)
+			return
+		}
+	}
+}
+
+// Announcements are the last decisions, sorted by VIP.
+func (an *announcer) announcements() []model.Announcement {
+	an.mu.Lock()
+	defer an.mu.Unlock()
+	return slices.Clone(an.state)
+}
