@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"slices"
 	"sync"
 	"time"
 
@@ -48,7 +47,6 @@ type announcer struct {
 	renewed   time.Time            // own Lease's last successful renewal
 	lastTry   time.Time
 	announced map[netip.Addr]bool
-	state     []model.Announcement
 }
 
 type leaseSeen struct {
@@ -177,9 +175,8 @@ func (an *announcer) once(ctx context.Context) error {
 		return err
 	}
 	in.Services, in.Slices = svcs, onlyLB(svcs, slices)
-	an.state = model.Announcements(in)
 	var mine []netip.Addr
-	for _, a := range an.state {
+	for _, a := range model.Announcements(in) {
 		if a.Node == an.a.opts.NodeName {
 			mine = append(mine, a.VIP)
 		}
@@ -251,11 +248,4 @@ func (an *announcer) burst(vips []netip.Addr) {
 			return
 		}
 	}
-}
-
-// Announcements are the last decisions, sorted by VIP.
-func (an *announcer) announcements() []model.Announcement {
-	an.mu.Lock()
-	defer an.mu.Unlock()
-	return slices.Clone(an.state)
 }
