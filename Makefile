@@ -130,6 +130,7 @@ lab: deps k8s-bins cni-bins build images $(HELM) $(if $(DNS),coredns) ## Bring u
 	KUBECONFIG=$$($(BIN_DIR)/lace-lab kubeconfig --name $(LAB_NAME)) $(BIN_DIR)/lacectl trace backend-n3 frontend-n2 tcp/8080
 	KUBECONFIG=$$($(BIN_DIR)/lace-lab kubeconfig --name $(LAB_NAME)) $(BIN_DIR)/lacectl topology --svg $(BIN_DIR)/topology.svg
 	KUBECONFIG=$$($(BIN_DIR)/lace-lab kubeconfig --name $(LAB_NAME)) $(BIN_DIR)/lacectl status
+	KUBECONFIG=$$($(BIN_DIR)/lace-lab kubeconfig --name $(LAB_NAME)) $(BIN_DIR)/lacectl services
 
 .PHONY: lab-down
 lab-down: build ## Remove the lab and everything it made.

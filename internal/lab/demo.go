@@ -320,6 +320,14 @@ func Demo(ctx context.Context, c Config, out io.Writer) error {
 
 	m := measure(ctx, topo, srcs, dsts)
 	printMatrix(out, m, srcs, dsts)
+	for _, s := range specs {
+		if s.network == demoDefaultNetwork {
+			if err := demoServices(ctx, cl, c, s.name, out); err != nil {
+				return err
+			}
+			break
+		}
+	}
 	fmt.Fprintf(out, "\ndemo done in %.1fs\n", time.Since(start).Seconds())
 	return nil
 }
