@@ -38,7 +38,8 @@ func main() {
 	dur := flag.Duration("duration", 3*time.Second, fmt.Sprintf("length of each throughput and latency run (each path runs %d rounds)", rounds))
 	pods := flag.Int("pods", 100, "pods for the CNI ADD latency run")
 	bin := flag.String("bin", "bin", "directory of the Lace binaries")
-	only := flag.String("only", "forwarding,cni,services", "benchmarks to run (comma separated)")
+	only := flag.String("only", "forwarding,cni,services,failover", "benchmarks to run (comma separated)")
+	failoverRounds := flag.Int("failover-rounds", 3, "rounds of the L2 failover benchmark")
 	labName := flag.String("lab", "", "run on this lab, which is up already (and stays up), instead of a new one")
 	var so svcOptions
 	sizes := flag.String("services", "1000,10000", "service counts of the services benchmark, each programmed from nothing")
@@ -62,8 +63,8 @@ func main() {
 	want := map[string]bool{}
 	for _, b := range strings.Split(*only, ",") {
 		b = strings.TrimSpace(b)
-		if b != "forwarding" && b != "cni" && b != "services" {
-			fmt.Fprintf(os.Stderr, "bench: --only: %q is not forwarding, cni or services\n", b)
+		if b != "forwarding" && b != "cni" && b != "services" && b != "failover" {
+			fmt.Fprintf(os.Stderr, "bench: --only: %q is not forwarding, cni, services or failover\n", b)
 			os.Exit(2)
 		}
 		want[b] = true
@@ -71,7 +72,7 @@ func main() {
 	// An interrupt cancels the run, so that the deferred cleanups (lab,
 	// peer namespaces) still happen.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, *bin, *labName, want, *dur, *pods, so)
+	err := run(ctx, *bin, *labName, want, *dur, *pods, *failoverRounds, so)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -79,7 +80,7 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, bin, name string, want map[string]bool, dur time.Duration, pods int, so svcOptions) error {
+func run(ctx context.Context, bin, name string, want map[string]bool, dur time.Duration, pods, failoverRounds int, so svcOptions) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("the benchmark needs root (network namespaces, eBPF)")
 	}
@@ -112,6 +113,11 @@ func run(ctx context.Context, bin, name string, want map[string]bool, dur time.D
 			return err
 		}
 		fmt.Println()
+	}
+	if want["failover"] {
+		if err := benchFailover(ctx, name, bin, failoverRounds); err != nil {
+			return err
+		}
 	}
 	if want["services"] {
 		return benchServices(ctx, name, so)
