@@ -1,8 +1,6 @@
 package datapath_test
 
 import (
-	"fmt"
-	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -16,23 +14,7 @@ import (
 // answering "<name> <client address>".
 func whoami(t *testing.T, p *pod) {
 	for _, a := range []netip.Addr{p.v4, p.v6} {
-		var ln net.Listener
-		must(t, netutil.Do(netutil.Path(p.ns), func() error {
-			var err error
-			ln, err = net.Listen("tcp", netip.AddrPortFrom(a, 8).String())
-			return err
-		}))
-		t.Cleanup(func() { ln.Close() })
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				fmt.Fprintf(c, "%s %s\n", p.name, c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap())
-				c.Close()
-			}
-		}()
+		serveClientAddr(t, p.ns, netip.AddrPortFrom(a, 8), p.name+" ")
 	}
 }
 

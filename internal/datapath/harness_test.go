@@ -301,6 +301,29 @@ func (p *pod) serve(t *testing.T) {
 	}
 }
 
+// serveClientAddr listens on ap in namespace ns and answers each TCP
+// connection with prefix followed by the client's address, then closes
+// it: the test sees whom the server saw.
+func serveClientAddr(t *testing.T, ns string, ap netip.AddrPort, prefix string) {
+	var ln net.Listener
+	must(t, netutil.Do(netutil.Path(ns), func() error {
+		var err error
+		ln, err = net.Listen("tcp", ap.String())
+		return err
+	}))
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintf(c, "%s%s\n", prefix, c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap())
+			c.Close()
+		}
+	}()
+}
+
 // dialTCP connects from pod p to dst:7 and returns the name the server sent.
 func (p *pod) dialTCP(dst netip.Addr) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

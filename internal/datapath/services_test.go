@@ -417,23 +417,7 @@ func TestPodHairpinSeesItself(t *testing.T) {
 
 	// Port 9 of a answers with the client's address.
 	for _, ad := range []netip.Addr{a.v4, a.v6} {
-		var ln net.Listener
-		must(t, netutil.Do(netutil.Path(a.ns), func() error {
-			var err error
-			ln, err = net.Listen("tcp", netip.AddrPortFrom(ad, 9).String())
-			return err
-		}))
-		t.Cleanup(func() { ln.Close() })
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				fmt.Fprintf(c, "%s\n", c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap())
-				c.Close()
-			}
-		}()
+		serveClientAddr(t, a.ns, netip.AddrPortFrom(ad, 9), "")
 	}
 	self4 := tcpSvc("10.96.0.30", 80, 7, datapath.Backend{Addr: a.v4, Port: 9})
 	self6 := tcpSvc("fd00:96::30", 80, 7, datapath.Backend{Addr: a.v6, Port: 9})

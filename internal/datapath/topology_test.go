@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -142,27 +141,8 @@ func TestExternalNetworks(t *testing.T) {
 	w.grant(100, 7)
 
 	// The host says who it sees.
-	whoami := func(ns string, a netip.Addr) {
-		var ln net.Listener
-		must(t, netutil.Do(netutil.Path(ns), func() error {
-			var err error
-			ln, err = net.Listen("tcp", netip.AddrPortFrom(a, 8).String())
-			return err
-		}))
-		t.Cleanup(func() { ln.Close() })
-		go func() {
-			for {
-				conn, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				fmt.Fprintf(conn, "%s\n", conn.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap())
-				conn.Close()
-			}
-		}()
-	}
-	whoami(ext.ns, ext.v4)
-	whoami(ext.ns, ext.v6)
+	serveClientAddr(t, ext.ns, netip.AddrPortFrom(ext.v4, 8), "")
+	serveClientAddr(t, ext.ns, netip.AddrPortFrom(ext.v6, 8), "")
 	for _, tc := range []struct {
 		from *pod
 		dst  netip.Addr
@@ -210,7 +190,7 @@ func TestExternalNetworks(t *testing.T) {
 			t.Errorf("UDP external -> %s (%s): %q %v", tc.to.name, tc.dst, got, err)
 		}
 	}
-	whoami(b.ns, b.v4)
+	serveClientAddr(t, b.ns, netip.AddrPortFrom(b.v4, 8), "")
 	if got, err := dialPort(ext, b.v4, 8); err != nil || got != ext.v4.String() {
 		t.Errorf("external -> b: b saw %q (%v), want the external address %s", got, err, ext.v4)
 	}
