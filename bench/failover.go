@@ -75,7 +75,9 @@ func benchFailover(ctx context.Context, name, bin string, rounds int) error {
 	if _, err := cs.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 		return err
 	}
-	defer func() { _ = cs.CoreV1().Services("default").Delete(context.Background(), svcName, metav1.DeleteOptions{}) }()
+	defer func() {
+		_ = cs.CoreV1().Services("default").Delete(context.Background(), svcName, metav1.DeleteOptions{})
+	}()
 
 	var vip netip.Addr
 	ext := netutil.Path(c.NetNS("external"))
