@@ -16,7 +16,9 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -49,6 +51,12 @@ type TraceInput struct {
 	Services       []corev1.Service
 	EndpointSlices []discoveryv1.EndpointSlice
 	Nodes          []corev1.Node
+	// The LoadBalancer classes and the agents' Leases are read when Dst
+	// is a LoadBalancer VIP: its announcer is decided among the agents
+	// alive at Now.
+	Classes []lacev1.LoadBalancerClass
+	Leases  []coordinationv1.Lease
+	Now     time.Time
 
 	// Src and Dst are NAMESPACE/NAME, NAME (in Namespace) or an IP address.
 	// A name is a pod's; Dst may also name a Service (or give one of its

@@ -24,7 +24,7 @@ func traceService(in TraceInput, r TraceResult, src, dst endpointRef) (TraceResu
 	svc := dst.svc
 	name := svc.Namespace + "/" + svc.Name
 	// The binding does not depend on the node; the eligible endpoints do.
-	b, considered := computeNode("", "", in.Networks, in.BindingPolicies, in.Namespaces, []corev1.Service{*svc}, nil, nil).binding(svc)
+	b, considered := computeNode("", "", nil, in.Networks, in.BindingPolicies, in.Namespaces, []corev1.Service{*svc}, nil, nil).binding(svc)
 	if !considered {
 		return r, fmt.Errorf("service %s is not served by Lace (%s)", name, leftAlone(svc))
 	}
@@ -72,7 +72,7 @@ func traceService(in TraceInput, r TraceResult, src, dst endpointRef) (TraceResu
 	r.Src, r.Dst = src.TraceEndpoint, dst.TraceEndpoint
 
 	// The oracle knows every service bound to a network.
-	all := computeNode("", "", in.Networks, in.BindingPolicies, in.Namespaces, in.Services, nil, nil)
+	all := computeNode("", "", nil, in.Networks, in.BindingPolicies, in.Namespaces, in.Services, nil, nil)
 	t := model.Topology{Networks: in.Networks, RoutingPolicies: in.RoutingPolicies, ServiceRoutingPolicies: in.ServiceRoutingPolicies,
 		Namespaces: nsLabels(in.Namespaces)}
 	for i := range in.Services {
@@ -106,7 +106,7 @@ func traceService(in TraceInput, r TraceResult, src, dst endpointRef) (TraceResu
 					zone = nodeZone(&in.Nodes[i])
 				}
 			}
-			ns := computeNode(r.Src.NodeName, zone, in.Networks, in.BindingPolicies, in.Namespaces, in.Services, in.EndpointSlices, in.NetworkEndpoints)
+			ns := computeNode(r.Src.NodeName, zone, nil, in.Networks, in.BindingPolicies, in.Namespaces, in.Services, in.EndpointSlices, in.NetworkEndpoints)
 			if tab := ns.byKey[svcKey{r.Dst.Addr, protoNum(sp.Protocol), uint16(sp.Port)}]; tab != nil {
 				ts.Served, ts.Drop, ts.AffinitySeconds = true, tab.Drop, tab.AffinitySeconds
 				cands := candidates(svc, *sp, r.Dst.Addr, in.EndpointSlices)
