@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/agent"
 	"github.com/lace-cni/lace/internal/controller"
 	"github.com/lace-cni/lace/internal/model"
 	"github.com/lace-cni/lace/pkg/scheme"
@@ -601,5 +602,13 @@ func TestControllerAnnotations(t *testing.T) {
 	if annotationServiceNetwork != controller.AnnotationServiceNetwork || annotationBindingError != controller.AnnotationBindingError {
 		t.Errorf("annotations %q %q, the controller writes %q %q", annotationServiceNetwork, annotationBindingError,
 			controller.AnnotationServiceNetwork, controller.AnnotationBindingError)
+	}
+}
+
+// TestAgentLeases: lacectl reads the Leases the agents write.
+func TestAgentLeases(t *testing.T) {
+	if labelAgentLease != agent.LabelAgentLease || agentLeasePrefix+"node-a" != agent.AgentLeaseName("node-a") {
+		t.Errorf("lacectl reads Leases labelled %q named %q, the agents write %q named %q", labelAgentLease, agentLeasePrefix+"node-a",
+			agent.LabelAgentLease, agent.AgentLeaseName("node-a"))
 	}
 }
