@@ -189,6 +189,9 @@ func Trace(in TraceInput) (TraceResult, error) {
 		return r, err
 	}
 	if dst.Kind == model.EndpointService {
+		if in.Node != "" {
+			return r, fmt.Errorf("--node %s: a flow to a ClusterIP is translated on the source's node", in.Node)
+		}
 		return traceService(in, r, src, dst)
 	}
 	// An external frontend: a VIP or external IP, or a NodePort on a
@@ -205,6 +208,9 @@ func Trace(in TraceInput) (TraceResult, error) {
 				dst.Addr, r.ProtoString(), what, serviceNames(frontendServices(in.Services, dst.Addr, nodePort, r.Proto, r.Port)), in.Src)
 		}
 		return traceFrontend(in, r, src, dst)
+	}
+	if in.Node != "" {
+		return r, fmt.Errorf("--node %s: only a flow from outside to an external frontend has a node to choose where it enters", in.Node)
 	}
 	if src.Kind != model.EndpointPod && dst.Kind != model.EndpointPod {
 		hint := ""

@@ -572,6 +572,9 @@ func traceFrontend(in TraceInput, r TraceResult, src, dst endpointRef) (TraceRes
 				svc = c
 			}
 		}
+		if svc == nil {
+			return r, fmt.Errorf("%s is announced for service %s/%s, which does not hold it", dst.Addr, ann.Service.Namespace, ann.Service.Name)
+		}
 	}
 	name := svc.Namespace + "/" + svc.Name
 	ts.Namespace, ts.Name, ts.Local = svc.Namespace, svc.Name, svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal

@@ -466,6 +466,10 @@ func TestTraceFrontendErrors(t *testing.T) {
 		{name: "nodeport-other-node", src: "203.0.113.9", dst: "192.168.10.1", proto: "tcp/30080", node: "node-b",
 			want: "--node node-b: 192.168.10.1 is node node-a's address, where its NodePorts are served"},
 		{name: "unknown-node", src: "203.0.113.9", dst: "198.51.100.7", node: "node-z", want: "node node-z not found"},
+		{name: "node-for-a-pod", src: "203.0.113.9", dst: "default/server", node: "node-a",
+			want: "--node node-a: only a flow from outside to an external frontend has a node to choose where it enters"},
+		{name: "node-for-a-clusterip", src: "client", dst: "default/web", node: "node-b",
+			want: "--node node-b: a flow to a ClusterIP is translated on the source's node"},
 		{name: "two-families", src: "2001:db8::9", dst: "198.51.100.7", want: "2001:db8::9 and 198.51.100.7 are of different address families"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
