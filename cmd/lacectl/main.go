@@ -26,14 +26,23 @@ commands:
   services [-n NAMESPACE] [--node NODE] [--all]
                      per service port Lace serves: its network, VIPs, and per node
                      the endpoints a new flow may go to, and why the others not;
+                     for NodePort, LoadBalancer and external IPs also how it is
+                     reached from outside: each NodePort per node address, open
+                     or closed and why, each LoadBalancer VIP with its class and
+                     announcing node, externalTrafficPolicy, healthCheckNodePort,
+                     loadBalancerSourceRanges;
                      --all also lists the services Lace leaves alone
-  trace [-n NAMESPACE] [--ipv6] SRC DST [PROTO/PORT]
+  trace [-n NAMESPACE] [--ipv6] [--node NODE] SRC DST [PROTO/PORT]
                      what happens to a new flow from SRC to DST and to its replies:
                      verdict and rule, networks, path, drop counter; SRC and DST
                      are NAMESPACE/POD, POD (in -n, default "default") or an IP
                      address; DST may be a Service (NAMESPACE/NAME, NAME, or a
                      ClusterIP): the path is then the DNAT to the endpoints
                      eligible on SRC's node (pod:NAME, svc:NAME when both exist);
+                     from an outside address, DST may be an external frontend: a
+                     node address with a NodePort as PROTO/PORT, a LoadBalancer VIP
+                     (entering at the node announcing it) or an external IP
+                     (entering at --node, default the first node by name);
                      PROTO/PORT: tcp/80 (default; a service's first port), udp/53,
                      sctp/N, icmp; --ipv6 picks IPv6 addresses when no address is given
 `
@@ -133,14 +142,15 @@ func services(ctx context.Context, args []string) error {
 	return lacectl.ServicesCommand(ctx, c, in, os.Stdout)
 }
 
-// trace: lacectl trace [-n NAMESPACE] [--ipv6] SRC DST [PROTO/PORT]; flags
-// may come before, between or after the arguments.
+// trace: lacectl trace [-n NAMESPACE] [--ipv6] [--node NODE] SRC DST
+// [PROTO/PORT]; flags may come before, between or after the arguments.
 func trace(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("trace", flag.ContinueOnError)
 	var in lacectl.TraceInput
 	fs.StringVar(&in.Namespace, "namespace", "default", "namespace of pods named without one")
 	fs.StringVar(&in.Namespace, "n", "default", "shorthand for --namespace")
 	fs.BoolVar(&in.IPv6, "ipv6", false, "use the pods' IPv6 addresses when both endpoints are pods")
+	fs.StringVar(&in.Node, "node", "", "the `NODE` where a flow from outside to an external IP (or a VIP no Lace node announces) enters (default: the first by name)")
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {

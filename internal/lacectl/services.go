@@ -16,7 +16,9 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -34,6 +36,13 @@ const (
 	annotationBindingError   = "lace-cni.io/binding-error"
 )
 
+// The agents' heartbeat Leases (internal/agent: LabelAgentLease,
+// AgentLeaseName; not imported either).
+const (
+	labelAgentLease  = "lace-cni.io/agent-lease"
+	agentLeasePrefix = "lace-agent-"
+)
+
 // ServicesInput is what Services reads: the API objects, already fetched,
 // and what to show.
 type ServicesInput struct {
@@ -44,6 +53,16 @@ type ServicesInput struct {
 	Services         []corev1.Service
 	EndpointSlices   []discoveryv1.EndpointSlice
 	NetworkEndpoints []lacev1.NetworkEndpoint
+	// The external frontends also read the nodes' addresses (where
+	// NodePorts are served), the policies (whether a node address's
+	// external network reaches a service), the LoadBalancer classes and
+	// the agents' Leases (who announces a VIP) at Now.
+	UnderlayEndpoints      []lacev1.UnderlayEndpoint
+	RoutingPolicies        []lacev1.NetworkRoutingPolicy
+	ServiceRoutingPolicies []lacev1.ServiceRoutingPolicy
+	Classes                []lacev1.LoadBalancerClass
+	Leases                 []coordinationv1.Lease
+	Now                    time.Time
 
 	// Namespace shows the services of that namespace only ("" every one).
 	Namespace string
@@ -76,17 +95,41 @@ func nsLabels(nss []corev1.Namespace) map[string]map[string]string {
 	return out
 }
 
-// computeNode runs ComputeServices for one node, as its agent does.
-func computeNode(node, zone string, nets []lacev1.Network, nbps []lacev1.NetworkBindingPolicy, nss []corev1.Namespace,
+// computeNode runs ComputeServices for one node, as its agent does, with
+// the node's addresses (nodeAddrs) for its NodePorts.
+func computeNode(node, zone string, addrs []netip.Addr, nets []lacev1.Network, nbps []lacev1.NetworkBindingPolicy, nss []corev1.Namespace,
 	svcs []corev1.Service, eps []discoveryv1.EndpointSlice, neps []lacev1.NetworkEndpoint) nodeServices {
 	st := model.ComputeServices(model.ServiceInput{Node: node, Zone: zone, Networks: nets, BindingPolicies: nbps,
-		Services: svcs, EndpointSlices: eps, NetworkEndpoints: neps, Namespaces: nsLabels(nss)})
-	ns := nodeServices{node: node, zone: zone, state: st, byKey: map[svcKey]*tables.Service{}}
-	for i := range st.Services {
-		s := &st.Services[i]
+		Services: svcs, EndpointSlices: eps, NetworkEndpoints: neps, Namespaces: nsLabels(nss), NodeAddrs: addrs})
+	ns := nodeServices{node: node, zone: zone, state: st}
+	ns.index()
+	return ns
+}
+
+func (ns *nodeServices) index() {
+	ns.byKey = make(map[svcKey]*tables.Service, len(ns.state.Services))
+	for i := range ns.state.Services {
+		s := &ns.state.Services[i]
 		ns.byKey[svcKey{s.VIP, s.Proto, s.Port}] = s
 	}
-	return ns
+}
+
+// nodeAddrs are a node's addresses where its NodePorts are served: the
+// first of each family of its UnderlayEndpoint, as its agent takes them.
+func nodeAddrs(ueps []lacev1.UnderlayEndpoint, node string) []netip.Addr {
+	var out []netip.Addr
+	for _, u := range ueps {
+		if uepNode(u) != node {
+			continue
+		}
+		for _, s := range u.Spec.Addresses {
+			a, err := netip.ParseAddr(string(s))
+			if err == nil && !slices.ContainsFunc(out, func(b netip.Addr) bool { return b.Is4() == a.Unmap().Is4() }) {
+				out = append(out, a.Unmap())
+			}
+		}
+	}
+	return out
 }
 
 func (ns nodeServices) binding(svc *corev1.Service) (model.ServiceBinding, bool) {
@@ -375,13 +418,13 @@ func PrintServices(out io.Writer, in ServicesInput) error {
 	}
 	// Every service goes in, whatever the namespace shown: ComputeServices
 	// reads them all, and its answer for one does not depend on the others.
-	var perNode []nodeServices
+	e := in.env()
+	var perNode []*nodeServices
 	for i := range nodes {
-		perNode = append(perNode, computeNode(nodes[i].Name, nodeZone(&nodes[i]), in.Networks, in.BindingPolicies, in.Namespaces,
-			in.Services, in.EndpointSlices, in.NetworkEndpoints))
+		perNode = append(perNode, e.node(nodes[i].Name))
 	}
 	// The binding does not depend on the node.
-	anyNode := computeNode("", "", in.Networks, in.BindingPolicies, in.Namespaces, in.Services, nil, nil)
+	anyNode := e.bindings()
 
 	svcs := make([]*corev1.Service, 0, len(in.Services))
 	for i := range in.Services {
@@ -448,7 +491,7 @@ func PrintServices(out io.Writer, in ServicesInput) error {
 				for _, ns := range perNode {
 					ts := ns.byKey[k]
 					block := summary(ts, len(cands)) + "\n"
-					for _, ch := range explain(svc, ns, ts, cands) {
+					for _, ch := range explain(svc, *ns, ts, cands) {
 						verdict := "eligible"
 						if !ch.eligible {
 							verdict = "not eligible"
@@ -476,6 +519,9 @@ func PrintServices(out io.Writer, in ServicesInput) error {
 					}
 				}
 			}
+		}
+		if hasFrontends(svc) {
+			printFrontends(tw, e, svc, perNode)
 		}
 	}
 	if shown == 0 {
@@ -506,14 +552,21 @@ func joinAddrs(as []netip.Addr) string {
 // ReadServicesInput lists what Services reads: the services and
 // EndpointSlices of in.Namespace (every namespace when empty), and every
 // network, binding policy, namespace, node and NetworkEndpoint (an
-// endpoint's network is known by the pods of every namespace).
+// endpoint's network is known by the pods of every namespace); for the
+// external frontends, every UnderlayEndpoint, routing policy and
+// LoadBalancerClass, and the agents' heartbeat Leases (by their label, in
+// whichever namespace the agents run).
 func ReadServicesInput(ctx context.Context, c client.Client, in *ServicesInput) error {
 	var nets lacev1.NetworkList
 	var nbps lacev1.NetworkBindingPolicyList
 	var nss corev1.NamespaceList
 	var nodes corev1.NodeList
 	var neps lacev1.NetworkEndpointList
-	for _, l := range []client.ObjectList{&nets, &nbps, &nss, &nodes, &neps} {
+	var ueps lacev1.UnderlayEndpointList
+	var nrps lacev1.NetworkRoutingPolicyList
+	var srps lacev1.ServiceRoutingPolicyList
+	var classes lacev1.LoadBalancerClassList
+	for _, l := range []client.ObjectList{&nets, &nbps, &nss, &nodes, &neps, &ueps, &nrps, &srps, &classes} {
 		if err := c.List(ctx, l); err != nil {
 			return fmt.Errorf("list %T: %w", l, err)
 		}
@@ -525,15 +578,511 @@ func ReadServicesInput(ctx context.Context, c client.Client, in *ServicesInput) 
 			return fmt.Errorf("list %T: %w", l, err)
 		}
 	}
+	leases, err := readAgentLeases(ctx, c)
+	if err != nil {
+		return err
+	}
 	in.Networks, in.BindingPolicies, in.Namespaces, in.Nodes, in.NetworkEndpoints = nets.Items, nbps.Items, nss.Items, nodes.Items, neps.Items
 	in.Services, in.EndpointSlices = svcs.Items, eps.Items
+	in.UnderlayEndpoints, in.RoutingPolicies, in.ServiceRoutingPolicies = ueps.Items, nrps.Items, srps.Items
+	in.Classes, in.Leases = classes.Items, leases
 	return nil
 }
 
-// ServicesCommand reads the cluster and prints its services.
+// readAgentLeases lists the agents' heartbeat Leases.
+func readAgentLeases(ctx context.Context, c client.Client) ([]coordinationv1.Lease, error) {
+	var leases coordinationv1.LeaseList
+	if err := c.List(ctx, &leases, client.MatchingLabels{labelAgentLease: "true"}); err != nil {
+		return nil, fmt.Errorf("list the agents' leases: %w", err)
+	}
+	return leases.Items, nil
+}
+
+// ServicesCommand reads the cluster and prints its services; the agents
+// alive are those alive at in.Now, or now.
 func ServicesCommand(ctx context.Context, c client.Client, in ServicesInput, out io.Writer) error {
 	if err := ReadServicesInput(ctx, c, &in); err != nil {
 		return err
 	}
+	if in.Now.IsZero() {
+		in.Now = time.Now()
+	}
 	return PrintServices(out, in)
+}
+
+// External frontends: NodePorts, LoadBalancer VIPs, external IPs.
+
+// svcEnv is what the services and trace views compute frontends from: the
+// API objects, and each node's service tables as its agent computes them
+// (NodePorts gated), made on first use.
+type svcEnv struct {
+	networks []lacev1.Network
+	nbps     []lacev1.NetworkBindingPolicy
+	nss      []corev1.Namespace
+	nodes    []corev1.Node
+	svcs     []corev1.Service
+	eps      []discoveryv1.EndpointSlice
+	neps     []lacev1.NetworkEndpoint
+	ueps     []lacev1.UnderlayEndpoint
+	nrps     []lacev1.NetworkRoutingPolicy
+	srps     []lacev1.ServiceRoutingPolicy
+	classes  []lacev1.LoadBalancerClass
+	leases   []coordinationv1.Lease
+	now      time.Time
+
+	byNode map[string]*nodeServices
+	bound  *nodeServices
+	topo   *model.Topology
+	anns   map[netip.Addr]model.Announcement
+}
+
+func (in ServicesInput) env() *svcEnv {
+	return &svcEnv{networks: in.Networks, nbps: in.BindingPolicies, nss: in.Namespaces, nodes: in.Nodes, svcs: in.Services,
+		eps: in.EndpointSlices, neps: in.NetworkEndpoints, ueps: in.UnderlayEndpoints, nrps: in.RoutingPolicies,
+		srps: in.ServiceRoutingPolicies, classes: in.Classes, leases: in.Leases, now: in.Now}
+}
+
+// node is the service tables of node as its agent computes them: its
+// zone, its addresses for the NodePorts, and the NodePorts its views do
+// not open closed (model.GateNodePorts over model.ComputeNode's views).
+func (e *svcEnv) node(name string) *nodeServices {
+	if ns, ok := e.byNode[name]; ok {
+		return ns
+	}
+	zone := ""
+	for i := range e.nodes {
+		if e.nodes[i].Name == name {
+			zone = nodeZone(&e.nodes[i])
+		}
+	}
+	ns := computeNode(name, zone, nodeAddrs(e.ueps, name), e.networks, e.nbps, e.nss, e.svcs, e.eps, e.neps)
+	if slices.ContainsFunc(ns.state.Services, func(s tables.Service) bool { return s.Frontend == tables.FrontendNodePort }) {
+		st := model.ComputeNode(model.NodeInput{Node: name, Networks: e.networks, Underlays: e.ueps, RoutingPolicies: e.nrps,
+			Services: model.BoundServiceVIPs(e.svcs, ns.state.Bound), ServiceRoutingPolicies: e.srps, Namespaces: nsLabels(e.nss)})
+		ns.state.Services = model.GateNodePorts(ns.state.Services, &st)
+		ns.index()
+	}
+	if e.byNode == nil {
+		e.byNode = map[string]*nodeServices{}
+	}
+	e.byNode[name] = &ns
+	return &ns
+}
+
+// bindings is every service's binding (which does not depend on the
+// node).
+func (e *svcEnv) bindings() *nodeServices {
+	if e.bound == nil {
+		ns := computeNode("", "", nil, e.networks, e.nbps, e.nss, e.svcs, nil, nil)
+		e.bound = &ns
+	}
+	return e.bound
+}
+
+// topology is what the oracle reads, with every service bound to a
+// network.
+func (e *svcEnv) topology() model.Topology {
+	if e.topo == nil {
+		t := model.Topology{Networks: e.networks, RoutingPolicies: e.nrps, ServiceRoutingPolicies: e.srps, Namespaces: nsLabels(e.nss)}
+		for i := range e.svcs {
+			s := &e.svcs[i]
+			if sb, ok := e.bindings().binding(s); ok && sb.Err == "" {
+				t.Services = append(t.Services, model.BoundService{Namespace: s.Namespace, Name: s.Name, Network: sb.Network, VIPs: serviceVIPs(s)})
+			}
+		}
+		e.topo = &t
+	}
+	return *e.topo
+}
+
+// announcements are the announcers of the Lace LoadBalancer VIPs, as
+// every agent decides them (model.Announcements), from the agents alive
+// at e.now.
+func (e *svcEnv) announcements() map[netip.Addr]model.Announcement {
+	if e.anns == nil {
+		in := model.AnnounceInput{Classes: e.classes, Alive: aliveAgents(e.leases, e.now)}
+		for i := range e.svcs {
+			in.Services = append(in.Services, &e.svcs[i])
+		}
+		for i := range e.eps {
+			in.Slices = append(in.Slices, &e.eps[i])
+		}
+		for i := range e.nodes {
+			in.Nodes = append(in.Nodes, &e.nodes[i])
+		}
+		e.anns = map[netip.Addr]model.Announcement{}
+		for _, a := range model.Announcements(in) {
+			e.anns[a.VIP] = a
+		}
+	}
+	return e.anns
+}
+
+// aliveAgents are the nodes whose agent's heartbeat Lease (lace-agent-NODE,
+// labelled lace-cni.io/agent-lease=true) was renewed within its duration
+// at now. The agents time a renewal by their own clocks when they see it;
+// lacectl, which sees it once, by the renewTime written.
+func aliveAgents(leases []coordinationv1.Lease, now time.Time) map[string]bool {
+	out := map[string]bool{}
+	for _, l := range leases {
+		node, ok := strings.CutPrefix(l.Name, agentLeasePrefix)
+		if !ok || l.Labels[labelAgentLease] != "true" || l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
+			continue
+		}
+		if h := l.Spec.HolderIdentity; h != nil && *h != "" {
+			node = *h
+		}
+		if l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second).After(now) {
+			out[node] = true
+		}
+	}
+	return out
+}
+
+// lbClassOf is the LoadBalancerClass a Service names, as the model reads
+// it: lace-cni.io/NAME is Lace's class NAME, no class the single default
+// Lace class (none when there is not exactly one), anything else another
+// implementation's.
+func lbClassOf(svc *corev1.Service, classes []lacev1.LoadBalancerClass) (name string, lace bool) {
+	if c := svc.Spec.LoadBalancerClass; c != nil {
+		if n, ok := strings.CutPrefix(*c, model.LoadBalancerClassPrefix); ok {
+			return n, true
+		}
+		return *c, false
+	}
+	var defaults []string
+	for _, c := range classes {
+		if c.Spec.Default {
+			defaults = append(defaults, c.Name)
+		}
+	}
+	if len(defaults) == 1 {
+		return defaults[0], true
+	}
+	return "", false
+}
+
+// announcedBy says which node answers ARP/NDP for a LoadBalancer VIP of
+// svc, and why: the node ("" for none) and the words.
+func (e *svcEnv) announcedBy(svc *corev1.Service, vip netip.Addr) (string, string) {
+	a, ok := e.announcements()[vip]
+	if ok && (a.Service.Namespace != svc.Namespace || a.Service.Name != svc.Name) {
+		return "", fmt.Sprintf("class %s: announced for service %s/%s, which holds it too", a.Class, a.Service.Namespace, a.Service.Name)
+	}
+	if !ok {
+		class, lace := lbClassOf(svc, e.classes)
+		exists := slices.ContainsFunc(e.classes, func(c lacev1.LoadBalancerClass) bool { return c.Name == class })
+		switch {
+		case lace && exists:
+			return "", fmt.Sprintf("class %s: not in its pool, announced by no Lace node", class)
+		case lace:
+			return "", fmt.Sprintf("class %s, which does not exist: announced by no Lace node", class)
+		case class != "":
+			return "", fmt.Sprintf("class %s, not Lace's: announced by no Lace node", class)
+		}
+		return "", "no LoadBalancerClass (Lace has no single default class): announced by no Lace node"
+	}
+	what := []string{"alive"}
+	for _, c := range e.classes {
+		if c.Name == a.Class && c.Spec.NodeSelector != nil {
+			what = append(what, fmt.Sprintf("selected by class %s", a.Class))
+		}
+	}
+	if svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal {
+		what = append(what, "holding a ready endpoint (externalTrafficPolicy Local)")
+	}
+	if a.Node == "" {
+		return "", fmt.Sprintf("class %s, announced by none eligible: no node is %s", a.Class, andList(what))
+	}
+	n := "nodes"
+	if a.Eligible == 1 {
+		n = "node"
+	}
+	return a.Node, fmt.Sprintf("class %s, announced by node %s (rendezvous among %d eligible %s: %s)", a.Class, a.Node, a.Eligible, n, andList(what))
+}
+
+// andList joins words as a sentence does: a, b and c.
+func andList(words []string) string {
+	if len(words) < 2 {
+		return strings.Join(words, "")
+	}
+	return strings.Join(words[:len(words)-1], ", ") + " and " + words[len(words)-1]
+}
+
+// frontendAdmission is whether a client at src is admitted to a frontend
+// of svc: when its view reaches the service's ClusterIP (section 6), for
+// an outside client the view of the external network its address
+// classifies into. The oracle answers that as it does for a node's
+// sockets, which it judges as any outside host classified by its address;
+// an address no external network covers is asked as an outside source, so
+// that the rule and the counter are the data plane's (unclassified-source).
+func frontendAdmission(t model.Topology, src netip.Addr, svc *corev1.Service, clusterIP netip.Addr) model.Verdict {
+	dst := model.Endpoint{Kind: model.EndpointService, Namespace: svc.Namespace, Name: svc.Name, Addr: clusterIP}
+	if v := model.Reach(t, model.Endpoint{Kind: model.EndpointOutside, Addr: src}, dst, "", 0); v.Reason == model.DropUnclassified {
+		return v
+	}
+	return model.Reach(t, model.Endpoint{Kind: model.EndpointNode, Addr: src}, dst, "", 0)
+}
+
+func classified(v model.Verdict) string {
+	if v.SrcNetwork == "" {
+		return "in no external network"
+	}
+	return fmt.Sprintf("classified into %s by %s", v.SrcNetwork, v.SrcPrefix)
+}
+
+// hasFrontends: the service is reached from outside too.
+func hasFrontends(svc *corev1.Service) bool {
+	return svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer || len(svc.Spec.ExternalIPs) > 0
+}
+
+func portLabel(sp corev1.ServicePort, port int32) string {
+	s := fmt.Sprintf("%s/%d", protoName(sp.Protocol), port)
+	if sp.Name != "" {
+		s += " (" + sp.Name + ")"
+	}
+	return s
+}
+
+// frontendSummary says what a new flow to a frontend gets on a node (ts:
+// its entry there, nil when the node does not serve it).
+func frontendSummary(ts *tables.Service) string {
+	switch {
+	case ts == nil:
+		return "not served"
+	case len(ts.Backends) == 0 && ts.Drop:
+		return "no local endpoint: dropped (no-local-endpoints)"
+	case len(ts.Backends) == 0:
+		return "no endpoints: dropped (no-endpoints)"
+	case ts.Local:
+		as := make([]string, len(ts.Backends))
+		for i, b := range ts.Backends {
+			as[i] = netip.AddrPortFrom(b.Addr, b.Port).String()
+		}
+		return "local endpoints " + strings.Join(as, ", ")
+	case len(ts.Backends) == 1:
+		return "1 endpoint eligible"
+	}
+	return fmt.Sprintf("%d endpoints eligible", len(ts.Backends))
+}
+
+// perNodeSummary groups the nodes by what a flow to the frontend at key
+// gets there.
+func perNodeSummary(shown []*nodeServices, key svcKey, clusterIP netip.Addr) string {
+	var groups []nodeGroup
+	for _, ns := range shown {
+		ts := ns.byKey[key]
+		if ts != nil && ts.ClusterIP != clusterIP {
+			ts = nil // another service's
+		}
+		block := frontendSummary(ts)
+		if i := slices.IndexFunc(groups, func(g nodeGroup) bool { return g.block == block }); i >= 0 {
+			groups[i].nodes = append(groups[i].nodes, ns.node)
+		} else {
+			groups = append(groups, nodeGroup{nodes: []string{ns.node}, block: block})
+		}
+	}
+	var out []string
+	for _, g := range groups {
+		switch {
+		case len(groups) == 1 && len(shown) > 1:
+			out = append(out, "every node: "+g.block)
+		case len(g.nodes) == 1:
+			out = append(out, "node "+g.nodes[0]+": "+g.block)
+		default:
+			out = append(out, "nodes "+strings.Join(g.nodes, ", ")+": "+g.block)
+		}
+	}
+	return strings.Join(out, "; ")
+}
+
+// printFrontends writes how svc is reached from outside: its
+// externalTrafficPolicy, healthCheckNodePort and source ranges, its
+// NodePorts on each shown node's address (open or closed, and why), its
+// LoadBalancer VIPs with their announcers, and its external IPs.
+func printFrontends(tw io.Writer, e *svcEnv, svc *corev1.Service, shown []*nodeServices) {
+	local := svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
+	lb := svc.Spec.Type == corev1.ServiceTypeLoadBalancer
+	policy := "externalTrafficPolicy Cluster: to any eligible endpoint, one on another node sees the entry node's address"
+	if local {
+		policy = "externalTrafficPolicy Local: to the entry node's own endpoints only, which see the client's address"
+	}
+	fmt.Fprintf(tw, "  from outside (type %s): admitted when the client's external network reaches the ClusterIP; %s\n", svc.Spec.Type, policy)
+	if lb {
+		hc := svc.Spec.HealthCheckNodePort
+		switch {
+		case !local:
+			fmt.Fprintln(tw, "  healthCheckNodePort: none (externalTrafficPolicy Cluster)")
+		case hc <= 0:
+			fmt.Fprintln(tw, "  healthCheckNodePort: none allocated")
+		default:
+			var groups []nodeGroup
+			for _, ns := range shown {
+				block := "does not answer it"
+				for _, h := range ns.state.HealthChecks {
+					switch {
+					case h.Port != uint16(hc):
+					case h.Namespace != svc.Namespace || h.Name != svc.Name:
+						block = fmt.Sprintf("answers it for service %s/%s", h.Namespace, h.Name)
+					case h.LocalEndpoints == 0:
+						block = "503 (no ready local endpoint)"
+					case h.LocalEndpoints == 1:
+						block = "200 (1 ready local endpoint)"
+					default:
+						block = fmt.Sprintf("200 (%d ready local endpoints)", h.LocalEndpoints)
+					}
+				}
+				if i := slices.IndexFunc(groups, func(g nodeGroup) bool { return g.block == block }); i >= 0 {
+					groups[i].nodes = append(groups[i].nodes, ns.node)
+				} else {
+					groups = append(groups, nodeGroup{nodes: []string{ns.node}, block: block})
+				}
+			}
+			var parts []string
+			for _, g := range groups {
+				parts = append(parts, fmt.Sprintf("%s %s", strings.Join(g.nodes, ", "), g.block))
+			}
+			fmt.Fprintf(tw, "  healthCheckNodePort %d: %s\n", hc, strings.Join(parts, "; "))
+		}
+	}
+	if r := svc.Spec.LoadBalancerSourceRanges; len(r) > 0 && (lb || len(svc.Spec.ExternalIPs) > 0) {
+		fmt.Fprintf(tw, "  loadBalancerSourceRanges %s: other clients of its LoadBalancer VIPs and external IPs (not its NodePorts) are dropped (source-range)\n",
+			strings.Join(r, ", "))
+	}
+	vips := serviceVIPs(svc)
+	ofFamily := func(a netip.Addr) (netip.Addr, bool) {
+		i := slices.IndexFunc(vips, func(v netip.Addr) bool { return v.Is4() == a.Is4() })
+		if i < 0 {
+			return netip.Addr{}, false
+		}
+		return vips[i], true
+	}
+
+	// NodePorts, on each shown node's address of each ClusterIP's family.
+	if svc.Spec.Type == corev1.ServiceTypeNodePort || lb {
+		t := e.topology()
+		for _, sp := range svc.Spec.Ports {
+			if sp.NodePort <= 0 {
+				fmt.Fprintf(tw, "  NodePort: none for %s (allocateLoadBalancerNodePorts false)\n", portLabel(sp, sp.Port))
+				continue
+			}
+			for _, vip := range vips {
+				fmt.Fprintf(tw, "  NodePort %s to %s\n", portLabel(sp, sp.NodePort), netip.AddrPortFrom(vip, uint16(sp.Port)))
+				// Node addresses that read the same are shown once.
+				var groups []nodeGroup
+				add := func(name, block string) {
+					if i := slices.IndexFunc(groups, func(g nodeGroup) bool { return g.block == block }); i >= 0 {
+						groups[i].nodes = append(groups[i].nodes, name)
+					} else {
+						groups = append(groups, nodeGroup{nodes: []string{name}, block: block})
+					}
+				}
+				for _, ns := range shown {
+					var addrs []netip.Addr
+					for _, a := range nodeAddrs(e.ueps, ns.node) {
+						if a.Is4() == vip.Is4() {
+							addrs = append(addrs, a)
+						}
+					}
+					if len(addrs) == 0 {
+						add(ns.node, fmt.Sprintf("not served: no %s address in its UnderlayEndpoint", family(vip.Is6())))
+					}
+					for _, a := range addrs {
+						ts := ns.byKey[svcKey{a, protoNum(sp.Protocol), uint16(sp.NodePort)}]
+						add(ns.node+" "+a.String(), nodePortState(t, svc, vip, a, ts))
+					}
+				}
+				for _, g := range groups {
+					fmt.Fprintf(tw, "    %s: %s\n", strings.Join(g.nodes, ", "), g.block)
+				}
+			}
+		}
+	}
+
+	// LoadBalancer VIPs, served where they are announced.
+	if lb {
+		for _, ing := range svc.Status.LoadBalancer.Ingress {
+			a, err := netip.ParseAddr(ing.IP)
+			if err != nil {
+				continue
+			}
+			a = a.Unmap()
+			if ing.IPMode != nil && *ing.IPMode == corev1.LoadBalancerIPModeProxy {
+				fmt.Fprintf(tw, "  LoadBalancer %s: ipMode Proxy, not served by Lace (clients go through the load balancer)\n", a)
+				continue
+			}
+			node, how := e.announcedBy(svc, a)
+			fmt.Fprintf(tw, "  LoadBalancer %s: %s\n", a, how)
+			vip, ok := ofFamily(a)
+			if !ok {
+				fmt.Fprintf(tw, "    not served: the service has no %s ClusterIP\n", family(a.Is6()))
+				continue
+			}
+			for _, sp := range svc.Spec.Ports {
+				k := svcKey{a, protoNum(sp.Protocol), uint16(sp.Port)}
+				var what string
+				switch _, lace := e.announcements()[a]; {
+				case node != "":
+					ts := e.node(node).byKey[k]
+					if ts != nil && ts.ClusterIP != vip {
+						ts = nil
+					}
+					what = fmt.Sprintf("on node %s: %s", node, frontendSummary(ts))
+				case lace:
+					what = "no node answers for it"
+				default:
+					what = perNodeSummary(shown, k, vip)
+				}
+				fmt.Fprintf(tw, "    %s to %s: %s\n", portLabel(sp, sp.Port), netip.AddrPortFrom(vip, uint16(sp.Port)), what)
+			}
+		}
+	}
+
+	// External IPs: routed to the nodes by the network, not announced.
+	for _, s := range svc.Spec.ExternalIPs {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			continue
+		}
+		a = a.Unmap()
+		fmt.Fprintf(tw, "  external IP %s: announced by no Lace node; served by the node the network sends it to\n", a)
+		vip, ok := ofFamily(a)
+		if !ok {
+			fmt.Fprintf(tw, "    not served: the service has no %s ClusterIP\n", family(a.Is6()))
+			continue
+		}
+		for _, sp := range svc.Spec.Ports {
+			fmt.Fprintf(tw, "    %s to %s: %s\n", portLabel(sp, sp.Port), netip.AddrPortFrom(vip, uint16(sp.Port)),
+				perNodeSummary(shown, svcKey{a, protoNum(sp.Protocol), uint16(sp.Port)}, vip))
+		}
+	}
+}
+
+// nodePortState says whether the NodePort at node address a (ts: the
+// node's entry for it) is open, and why: the external network a
+// classifies into and whether it reaches the service's ClusterIP vip. The
+// node's tables decide (model.GateNodePorts); the oracle names the rule.
+func nodePortState(t model.Topology, svc *corev1.Service, vip, a netip.Addr, ts *tables.Service) string {
+	switch {
+	case ts == nil:
+		return "not served"
+	case ts.ClusterIP != vip:
+		return "not served: the address and port are another service's frontend"
+	}
+	v := frontendAdmission(t, a, svc, vip)
+	if ts.Closed {
+		s := fmt.Sprintf("closed, dropped (frontend-closed): %s", classified(v))
+		if v.SrcNetwork != "" {
+			s += fmt.Sprintf(", which does not reach %s: %s", vip, v.Rule)
+		}
+		if v.Allowed {
+			s += " (the oracle admits it: " + v.Rule + ")"
+		}
+		return s
+	}
+	s := fmt.Sprintf("open: %s, which reaches %s by %s", classified(v), vip, v.Rule)
+	if !v.Allowed {
+		s = fmt.Sprintf("open: %s (the oracle refuses it: %s)", classified(v), v.Rule)
+	}
+	return s + "; " + frontendSummary(ts)
 }

@@ -3,10 +3,15 @@ package lacectl
 import (
 	"bytes"
 	"context"
+	"maps"
 	"math"
+	"net/netip"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -15,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/agent"
 	"github.com/lace-cni/lace/internal/controller"
 	"github.com/lace-cni/lace/internal/model"
 	"github.com/lace-cni/lace/pkg/scheme"
@@ -149,6 +155,7 @@ func addServices(in *TraceInput) {
 	in.NetworkEndpoints = append(in.NetworkEndpoints, tnep(cache, "default"))
 	in.UnderlayEndpoints = append(in.UnderlayEndpoints, tuep("node-c", "fc00:0:c::/64", "192.168.10.3", "fd00:10::3"))
 	in.Nodes = []corev1.Node{tnode("node-a", "z1"), tnode("node-b", "z1"), tnode("node-c", "z2")}
+	in.Nodes[2].Labels["role"] = "edge"
 	in.Services = []corev1.Service{
 		tsvc("default", "kubernetes", "10.96.0.1", []corev1.ServicePort{tport("https", corev1.ProtocolTCP, 443)}, bound),
 		tsvc("default", "web", "10.96.0.10,fd00:96::10", http, bound, func(s *corev1.Service) {
@@ -203,20 +210,108 @@ func addServices(in *TraceInput) {
 		tslice("default", "reports", "reports", false, "http", 8080, tep("10.20.2.4", "node-b", target("shop", "db"))),
 		tslice("vault", "kms", "kms", false, "https", 8443, tep("10.40.1.2", "node-a", target("vault", "s1"))),
 	}
+	addFrontends(in, http, bound)
+}
+
+// now is when the traced cluster is looked at: node-a's and node-b's
+// agents renewed their Leases a second ago, node-c's ten seconds ago.
+var now = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func tlease(node string, ago time.Duration) coordinationv1.Lease {
+	return coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: agentLeasePrefix + node,
+		Labels: map[string]string{labelAgentLease: "true"}},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(node), LeaseDurationSeconds: ptr.To(int32(2)),
+			RenewTime: &metav1.MicroTime{Time: now.Add(-ago)}}}
+}
+
+// addFrontends adds the services reached from outside: front
+// (LoadBalancer, Cluster, dual-stack, an external IP, source ranges),
+// edge (LoadBalancer, Local, on node-b only), backoffice (a NodePort of
+// backend in namespace default: no policy opens it to world), shop/admin
+// (a NodePort of backend that a ServiceRoutingPolicy opens to world), dark
+// (a VIP of class edge, whose only node, node-c, is dead; no NodePort),
+// foreign (another implementation's LoadBalancer, no endpoints); the
+// classes lab (the default) and edge, and the agents' Leases.
+func addFrontends(in *TraceInput, http []corev1.ServicePort, bound svcOpt) {
+	lb := func(class string, ingress ...string) svcOpt {
+		return func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeLoadBalancer
+			if class != "" {
+				s.Spec.LoadBalancerClass = ptr.To(class)
+			}
+			for _, a := range ingress {
+				s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: a})
+			}
+		}
+	}
+	nodePort := func(p int32) svcOpt {
+		return func(s *corev1.Service) {
+			if s.Spec.Type == corev1.ServiceTypeClusterIP {
+				s.Spec.Type = corev1.ServiceTypeNodePort
+			}
+			s.Spec.Ports = slices.Clone(s.Spec.Ports)
+			s.Spec.Ports[0].NodePort = p
+		}
+	}
+	in.Services = append(in.Services,
+		tsvc("default", "front", "10.96.0.40,fd00:96::40", http, bound, lb("", "192.168.20.10", "fd00:20::10"), nodePort(30080),
+			func(s *corev1.Service) {
+				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyCluster
+				s.Spec.ExternalIPs = []string{"198.51.100.7"}
+				s.Spec.LoadBalancerSourceRanges = []string{"203.0.113.0/24", "2001:db8::/32"}
+			}),
+		tsvc("default", "edge", "10.96.0.41", http, bound, lb("", "192.168.20.11"), nodePort(30081), func(s *corev1.Service) {
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			s.Spec.HealthCheckNodePort = 32081
+		}),
+		tsvc("default", "backoffice", "10.96.1.22", http, withLabel("tier", "backend"), nodePort(30082)),
+		tsvc("shop", "admin", "10.96.1.23", []corev1.ServicePort{tport("https", corev1.ProtocolTCP, 443)}, withLabel("tier", "backend"),
+			withAnnotation(annotationServiceNetwork, "backend"), nodePort(30443)),
+		tsvc("default", "dark", "10.96.0.42", http, bound, lb(model.LoadBalancerClassPrefix+"edge", "192.168.30.5"), func(s *corev1.Service) {
+			s.Spec.AllocateLoadBalancerNodePorts = ptr.To(false)
+		}),
+		tsvc("default", "foreign", "10.96.0.43", http, bound, lb("example.com/lb", "203.0.113.200"), nodePort(30085)),
+	)
+	in.EndpointSlices = append(in.EndpointSlices,
+		tslice("default", "front", "front-v4", false, "http", 8080,
+			tep("10.244.1.6", "node-a", target("default", "neighbour")), tep("10.244.2.7", "node-b", target("default", "server"))),
+		tslice("default", "front", "front-v6", true, "http", 8080,
+			tep("fd00:244:0:1::6", "node-a", target("default", "neighbour")), tep("fd00:244:0:2::7", "node-b", target("default", "server"))),
+		tslice("default", "edge", "edge", false, "http", 8080, tep("10.244.2.7", "node-b", target("default", "server"))),
+		tslice("default", "backoffice", "backoffice", false, "http", 8080, tep("10.20.2.4", "node-b", target("shop", "db"))),
+		tslice("shop", "admin", "admin", false, "https", 8443, tep("10.20.2.4", "node-b", target("shop", "db"))),
+		tslice("default", "dark", "dark", false, "http", 8080, tep("10.244.1.6", "node-a", target("default", "neighbour"))),
+	)
+	in.Classes = []lacev1.LoadBalancerClass{
+		{ObjectMeta: metav1.ObjectMeta{Name: "lab"}, Spec: lacev1.LoadBalancerClassSpec{Default: true,
+			Addresses: []lacev1.AddressRange{"192.168.20.0/24", "fd00:20::/64"}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "edge"}, Spec: lacev1.LoadBalancerClassSpec{Addresses: []lacev1.AddressRange{"192.168.30.0/24"},
+			NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "edge"}}}},
+	}
+	in.Leases = []coordinationv1.Lease{tlease("node-a", time.Second), tlease("node-b", time.Second), tlease("node-c", 10*time.Second)}
+	in.Now = now
 }
 
 func servicesInput() ServicesInput {
 	in := traceCluster()
 	return ServicesInput{Networks: in.Networks, BindingPolicies: in.BindingPolicies, Namespaces: in.Namespaces, Nodes: in.Nodes,
-		Services: in.Services, EndpointSlices: in.EndpointSlices, NetworkEndpoints: in.NetworkEndpoints}
+		Services: in.Services, EndpointSlices: in.EndpointSlices, NetworkEndpoints: in.NetworkEndpoints,
+		UnderlayEndpoints: in.UnderlayEndpoints, RoutingPolicies: in.RoutingPolicies, ServiceRoutingPolicies: in.ServiceRoutingPolicies,
+		Classes: in.Classes, Leases: in.Leases, Now: in.Now}
 }
 
 // TestServicesGolden: lacectl services for the whole cluster, with the
 // services Lace leaves alone, and for one namespace on one node.
 func TestServicesGolden(t *testing.T) {
+	// node-b's address is in an external network of its own, which no
+	// policy opens to anything.
+	partner := func(in *ServicesInput) {
+		in.Networks = append(in.Networks, *tnet("partner", 9, lacev1.NetworkTypeExternal, nil, "192.168.10.2/32"))
+	}
 	for _, tc := range []struct {
 		name, ns, node string
 		all            bool
+		change         func(*ServicesInput)
 		want           []string
 	}{
 		{name: "services", want: []string{
@@ -242,6 +337,27 @@ func TestServicesGolden(t *testing.T) {
 			"10.244.2.7:8080  node-b  default/server  eligible: serving, terminating: no ready endpoint is left (fallback)",
 			"      192.168.10.100:6443  -  -  eligible: ready",
 			"    nodes node-a (zone z1), node-b (zone z1): 1 of 2 endpoints eligible, every new flow goes to it",
+			// External frontends.
+			"  from outside (type LoadBalancer): admitted when the client's external network reaches the ClusterIP; externalTrafficPolicy Cluster: to any eligible endpoint, one on another node sees the entry node's address",
+			"  NodePort tcp/30080 (http) to 10.96.0.40:80\n    node-a 192.168.10.1, node-b 192.168.10.2, node-c 192.168.10.3: open: classified into world by 0.0.0.0/0, which reaches 10.96.0.40 by NetworkRoutingPolicy world-to-default (world -> default); 2 endpoints eligible",
+			"  NodePort tcp/30080 (http) to [fd00:96::40]:80\n    node-a fd00:10::1, node-b fd00:10::2, node-c fd00:10::3: open: classified into world by ::/0",
+			"  LoadBalancer 192.168.20.10: class lab, announced by node node-b (rendezvous among 2 eligible nodes: alive)\n    tcp/80 (http) to 10.96.0.40:80: on node node-b: 2 endpoints eligible",
+			"  loadBalancerSourceRanges 203.0.113.0/24, 2001:db8::/32: other clients of its LoadBalancer VIPs and external IPs (not its NodePorts) are dropped (source-range)",
+			"  external IP 198.51.100.7: announced by no Lace node; served by the node the network sends it to\n    tcp/80 (http) to 10.96.0.40:80: every node: 2 endpoints eligible",
+			// Local: only node-b has an endpoint, answers the health
+			// check and may announce.
+			"  healthCheckNodePort 32081: node-a, node-c 503 (no ready local endpoint); node-b 200 (1 ready local endpoint)",
+			"    node-a 192.168.10.1, node-c 192.168.10.3: open: classified into world by 0.0.0.0/0, which reaches 10.96.0.41 by NetworkRoutingPolicy world-to-default (world -> default); no local endpoint: dropped (no-local-endpoints)",
+			"    node-b 192.168.10.2: open: classified into world by 0.0.0.0/0, which reaches 10.96.0.41 by NetworkRoutingPolicy world-to-default (world -> default); local endpoints 10.244.2.7:8080",
+			"  LoadBalancer 192.168.20.11: class lab, announced by node node-b (rendezvous among 1 eligible node: alive and holding a ready endpoint (externalTrafficPolicy Local))",
+			// A NodePort no policy opens, and one a ServiceRoutingPolicy
+			// opens.
+			"    node-a 192.168.10.1, node-b 192.168.10.2, node-c 192.168.10.3: closed, dropped (frontend-closed): classified into world by 0.0.0.0/0, which does not reach 10.96.1.22: no view: no NetworkRoutingPolicy world -> backend",
+			"which reaches 10.96.1.23 by ServiceRoutingPolicy world-to-shop-services (world -> the services of backend: VIPs only, not the pods); 1 endpoint eligible",
+			// Nobody to announce; another implementation's VIP.
+			"  NodePort: none for tcp/80 (http) (allocateLoadBalancerNodePorts false)",
+			"  LoadBalancer 192.168.30.5: class edge, announced by none eligible: no node is alive and selected by class edge\n    tcp/80 (http) to 10.96.0.42:80: no node answers for it",
+			"  LoadBalancer 203.0.113.200: class example.com/lb, not Lace's: announced by no Lace node\n    tcp/80 (http) to 10.96.0.43:80: every node: no endpoints: dropped (no-endpoints)",
 		}},
 		{name: "services-all", all: true, want: []string{
 			"default/ext  not served by Lace (ExternalName)",
@@ -252,11 +368,24 @@ func TestServicesGolden(t *testing.T) {
 			"shop/api  network backend (lace-cni.io/network)  VIPs 10.96.1.20",
 			"  tcp/5432 (pg) on 10.96.1.20",
 			"    node node-b (zone z1): 1 of 1 endpoints eligible, every new flow goes to it",
+			"  NodePort tcp/30443 (https) to 10.96.1.23:443\n    node-b 192.168.10.2: open",
+		}},
+		{name: "services-default-node-b-partner", ns: "default", node: "node-b", change: partner, want: []string{
+			"    node-b 192.168.10.2: closed, dropped (frontend-closed): classified into partner by 192.168.10.2/32, which does not reach 10.96.0.40: no view: no NetworkRoutingPolicy partner -> default; no ServiceRoutingPolicy from partner selects the services of default (service default/front)",
+			// Its IPv6 address is still world's.
+			"    node-b fd00:10::2: open: classified into world by ::/0, which reaches fd00:96::40",
+			// The health check is the node's, whatever the NodePorts.
+			"  healthCheckNodePort 32081: node-b 200 (1 ready local endpoint)",
+			// The VIPs are announced whatever the node's NodePorts.
+			"  LoadBalancer 192.168.20.10: class lab, announced by node node-b",
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			in := servicesInput()
 			in.Namespace, in.Node, in.All = tc.ns, tc.node, tc.all
+			if tc.change != nil {
+				tc.change(&in)
+			}
 			var out bytes.Buffer
 			if err := PrintServices(&out, in); err != nil {
 				t.Fatal(err)
@@ -270,10 +399,84 @@ func TestServicesGolden(t *testing.T) {
 			if !tc.all && strings.Contains(out.String(), "not served by Lace") {
 				t.Errorf("left-alone services listed without --all:\n%s", out.String())
 			}
-			if tc.node != "" && strings.Contains(out.String(), "node node-a") {
+			if tc.node != "" && (strings.Contains(out.String(), "node node-a") || strings.Contains(out.String(), "node-a 192.168.10.1")) {
 				t.Errorf("--node %s shows other nodes:\n%s", tc.node, out.String())
 			}
+			// The node's tables (GateNodePorts) and the oracle agree on
+			// every NodePort.
+			if strings.Contains(out.String(), "the oracle") {
+				t.Errorf("the oracle and the node's tables disagree:\n%s", out.String())
+			}
 		})
+	}
+}
+
+// TestServicesAnnouncerFailover: a VIP's announcer is the rendezvous pick
+// among the nodes whose agent is alive at Now; when node-b's Lease
+// lapses, its VIPs move to node-a, and Local's, with no endpoint on
+// another node, to nobody.
+func TestServicesAnnouncerFailover(t *testing.T) {
+	in := servicesInput()
+	in.Namespace = "default"
+	var before bytes.Buffer
+	if err := PrintServices(&before, in); err != nil {
+		t.Fatal(err)
+	}
+	vip := netip.MustParseAddr("192.168.20.10")
+	if want := model.RendezvousNode(vip, []string{"node-a", "node-b"}); want != "node-b" ||
+		!strings.Contains(before.String(), "LoadBalancer 192.168.20.10: class lab, announced by node node-b (rendezvous among 2 eligible nodes: alive)") {
+		t.Fatalf("with node-a and node-b alive, want node-b (%s):\n%s", want, before.String())
+	}
+	in.Now = now.Add(2 * time.Second) // node-b's renewal, a second old at now, is 3s old: its 2s Lease lapsed
+	for i := range in.Leases {
+		if in.Leases[i].Name == "lace-agent-node-a" {
+			in.Leases[i].Spec.RenewTime = &metav1.MicroTime{Time: in.Now.Add(-time.Second)}
+		}
+	}
+	var after bytes.Buffer
+	if err := PrintServices(&after, in); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{
+		"  LoadBalancer 192.168.20.10: class lab, announced by node node-a (rendezvous among 1 eligible node: alive)\n    tcp/80 (http) to 10.96.0.40:80: on node node-a: 2 endpoints eligible",
+		"  LoadBalancer fd00:20::10: class lab, announced by node node-a",
+		"  LoadBalancer 192.168.20.11: class lab, announced by none eligible: no node is alive and holding a ready endpoint (externalTrafficPolicy Local)\n    tcp/80 (http) to 10.96.0.41:80: no node answers for it",
+	} {
+		if !strings.Contains(after.String(), w) {
+			t.Errorf("node-b dead: no %q in\n%s", w, after.String())
+		}
+	}
+}
+
+// TestAliveAgents: alive while renewTime + leaseDurationSeconds is
+// ahead; Leases without the label, the name or a renewal are no agent's;
+// the holder names the node.
+func TestAliveAgents(t *testing.T) {
+	l := func(name, holder string, renew *time.Time, d int32, label bool) coordinationv1.Lease {
+		x := coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: ptr.To(d)}}
+		if label {
+			x.Labels = map[string]string{labelAgentLease: "true"}
+		}
+		if holder != "" {
+			x.Spec.HolderIdentity = ptr.To(holder)
+		}
+		if renew != nil {
+			x.Spec.RenewTime = &metav1.MicroTime{Time: *renew}
+		}
+		return x
+	}
+	recent, old := now.Add(-time.Second), now.Add(-2*time.Second)
+	got := aliveAgents([]coordinationv1.Lease{
+		l("lace-agent-n1", "", &recent, 2, true),         // alive
+		l("lace-agent-n2", "", &old, 2, true),            // expires now: dead
+		l("lace-agent-n3", "n3", nil, 2, true),           // never renewed
+		l("lace-agent-n4", "", &recent, 2, false),        // not labelled
+		l("other-n5", "n5", &recent, 2, true),            // not an agent's name
+		l("lace-agent-n6", "node-six", &recent, 2, true), // the holder names the node
+	}, now)
+	want := map[string]bool{"n1": true, "node-six": true}
+	if !maps.Equal(got, want) {
+		t.Errorf("alive %v, want %v", got, want)
 	}
 }
 
@@ -290,7 +493,7 @@ func TestServicesAgreeWithComputeServices(t *testing.T) {
 		t.Errorf("an endpoint left out without a reason:\n%s", out.String())
 	}
 	for _, n := range in.Nodes {
-		ns := computeNode(n.Name, nodeZone(&n), in.Networks, in.BindingPolicies, in.Namespaces, in.Services, in.EndpointSlices, in.NetworkEndpoints)
+		ns := computeNode(n.Name, nodeZone(&n), nil, in.Networks, in.BindingPolicies, in.Namespaces, in.Services, in.EndpointSlices, in.NetworkEndpoints)
 		for i := range in.Services {
 			svc := &in.Services[i]
 			for _, sp := range svc.Spec.Ports {
@@ -357,8 +560,27 @@ func TestServicesCommand(t *testing.T) {
 	for i := range in.NetworkEndpoints {
 		objs = append(objs, &in.NetworkEndpoints[i])
 	}
+	for i := range in.UnderlayEndpoints {
+		objs = append(objs, &in.UnderlayEndpoints[i])
+	}
+	for i := range in.RoutingPolicies {
+		objs = append(objs, &in.RoutingPolicies[i])
+	}
+	for i := range in.ServiceRoutingPolicies {
+		objs = append(objs, &in.ServiceRoutingPolicies[i])
+	}
+	for i := range in.Classes {
+		objs = append(objs, &in.Classes[i])
+	}
+	for i := range in.Leases {
+		objs = append(objs, &in.Leases[i])
+	}
+	// A Lease of something else, which is no agent's.
+	objs = append(objs, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "lace-agent-node-z"},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("node-c"), LeaseDurationSeconds: ptr.To(int32(3600)),
+			RenewTime: &metav1.MicroTime{Time: now}}})
 	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(objs...).Build()
-	for _, q := range []ServicesInput{{}, {All: true}, {Namespace: "shop", Node: "node-b"}} {
+	for _, q := range []ServicesInput{{Now: now}, {All: true, Now: now}, {Namespace: "shop", Node: "node-b", Now: now}} {
 		var got, want bytes.Buffer
 		if err := ServicesCommand(context.Background(), c, q, &got); err != nil {
 			t.Fatal(err)
@@ -380,5 +602,13 @@ func TestControllerAnnotations(t *testing.T) {
 	if annotationServiceNetwork != controller.AnnotationServiceNetwork || annotationBindingError != controller.AnnotationBindingError {
 		t.Errorf("annotations %q %q, the controller writes %q %q", annotationServiceNetwork, annotationBindingError,
 			controller.AnnotationServiceNetwork, controller.AnnotationBindingError)
+	}
+}
+
+// TestAgentLeases: lacectl reads the Leases the agents write.
+func TestAgentLeases(t *testing.T) {
+	if labelAgentLease != agent.LabelAgentLease || agentLeasePrefix+"node-a" != agent.AgentLeaseName("node-a") {
+		t.Errorf("lacectl reads Leases labelled %q named %q, the agents write %q named %q", labelAgentLease, agentLeasePrefix+"node-a",
+			agent.LabelAgentLease, agent.AgentLeaseName("node-a"))
 	}
 }

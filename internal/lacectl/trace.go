@@ -16,7 +16,9 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -49,6 +51,12 @@ type TraceInput struct {
 	Services       []corev1.Service
 	EndpointSlices []discoveryv1.EndpointSlice
 	Nodes          []corev1.Node
+	// The LoadBalancer classes and the agents' Leases are read when Dst
+	// is a LoadBalancer VIP: its announcer is decided among the agents
+	// alive at Now.
+	Classes []lacev1.LoadBalancerClass
+	Leases  []coordinationv1.Lease
+	Now     time.Time
 
 	// Src and Dst are NAMESPACE/NAME, NAME (in Namespace) or an IP address.
 	// A name is a pod's; Dst may also name a Service (or give one of its
@@ -63,6 +71,10 @@ type TraceInput struct {
 	Namespace string
 	// IPv6 picks the pods' IPv6 addresses when both endpoints are pods.
 	IPv6 bool
+	// Node is where a flow from outside to an external IP, or to a
+	// LoadBalancer VIP no Lace node announces, enters the cluster (the
+	// network decides); empty means the first node by name.
+	Node string
 }
 
 // TraceEndpoint is one side of a traced flow, resolved.
@@ -82,6 +94,10 @@ type TraceEndpoint struct {
 	// Service is NAMESPACE/NAME for a service (then Addr is its VIP and
 	// Network the network it is bound to).
 	Service string
+	// Frontend says how Addr reaches the service from outside: a NodePort
+	// on a node address, a LoadBalancer VIP or an external IP
+	// (FrontendClusterIP: Addr is a ClusterIP).
+	Frontend tables.Frontend
 }
 
 // TraceResult is Trace's answer.
@@ -125,6 +141,18 @@ type TraceService struct {
 	// (internalTrafficPolicy Local): dropped, not rejected.
 	Drop            bool
 	AffinitySeconds uint32
+
+	// Frontend is the external frontend a flow from outside is addressed
+	// to (FrontendClusterIP for a flow to the VIP itself); then Node is
+	// where it enters the cluster ("" for a VIP nobody announces) and
+	// Entry says why, ClusterIP is what the frontend admits clients as,
+	// and Local is externalTrafficPolicy Local. Admitted: the client's
+	// view holds the ClusterIP.
+	Frontend  tables.Frontend
+	Entry     string
+	ClusterIP netip.AddrPort
+	Local     bool
+	Admitted  bool
 }
 
 // TraceBackend is one endpoint a flow may be translated to.
@@ -161,10 +189,38 @@ func Trace(in TraceInput) (TraceResult, error) {
 		return r, err
 	}
 	if dst.Kind == model.EndpointService {
+		if in.Node != "" {
+			return r, fmt.Errorf("--node %s: a flow to a ClusterIP is translated on the source's node", in.Node)
+		}
 		return traceService(in, r, src, dst)
 	}
+	// An external frontend: a VIP or external IP, or a NodePort on a
+	// node's address.
+	nodePort := dst.Kind == model.EndpointNode && in.Proto != "" &&
+		len(frontendServices(in.Services, dst.Addr, true, r.Proto, r.Port)) > 0
+	if dst.frontend || nodePort {
+		if src.Kind != model.EndpointOutside {
+			what := "a LoadBalancer VIP or external IP"
+			if nodePort {
+				what = "a NodePort on node " + dst.NodeName + "'s address"
+			}
+			return r, fmt.Errorf("%s %s is %s of service %s: lacectl trace follows flows to external frontends from outside addresses; a pod or a node is admitted to one as to the service's ClusterIP: trace %s svc:NAMESPACE/NAME",
+				dst.Addr, r.ProtoString(), what, serviceNames(frontendServices(in.Services, dst.Addr, nodePort, r.Proto, r.Port)), in.Src)
+		}
+		return traceFrontend(in, r, src, dst)
+	}
+	if in.Node != "" {
+		return r, fmt.Errorf("--node %s: only a flow from outside to an external frontend has a node to choose where it enters", in.Node)
+	}
 	if src.Kind != model.EndpointPod && dst.Kind != model.EndpointPod {
-		return r, fmt.Errorf("neither %s nor %s is a pod: lacectl trace answers for flows from or to pods (a node never carries traffic between outside addresses)", in.Src, in.Dst)
+		hint := ""
+		switch {
+		case dst.Kind == model.EndpointNode && in.Proto == "":
+			hint = "; give a NodePort as PROTO/PORT to trace it"
+		case dst.Kind == model.EndpointNode:
+			hint = fmt.Sprintf("; %s is no service's NodePort", r.ProtoString())
+		}
+		return r, fmt.Errorf("neither %s nor %s is a pod: lacectl trace answers for flows from or to pods (a node never carries traffic between outside addresses)%s", in.Src, in.Dst, hint)
 	}
 
 	// The address family: an address side decides; two pods use IPv4
@@ -212,6 +268,9 @@ type endpointRef struct {
 	pod       *corev1.Pod
 	svc       *corev1.Service
 	addrGiven bool
+	// frontend: the address is a LoadBalancer VIP or an external IP of a
+	// service.
+	frontend bool
 }
 
 // endpointName splits NAMESPACE/NAME, NAME, pod:... and svc:... into a
@@ -389,6 +448,15 @@ func resolveAddr(in TraceInput, e endpointRef, a netip.Addr, svcOK bool) (endpoi
 			return e, fmt.Errorf("%s is the VIP of service %s/%s: a service is a destination only", a, svc.Namespace, svc.Name)
 		}
 		return resolveService(e, svc), nil
+	}
+	// A LoadBalancer VIP or external IP is a service's, whatever else the
+	// address is (the data plane looks frontends up first).
+	if svcOK && slices.ContainsFunc(in.Services, func(svc corev1.Service) bool {
+		lbs, eips := frontendAddrs(&svc)
+		return slices.Contains(lbs, a) || slices.Contains(eips, a)
+	}) {
+		e.Kind, e.frontend = model.EndpointOutside, true
+		return e, nil
 	}
 	type holder struct {
 		pod *corev1.Pod
@@ -578,6 +646,8 @@ func verdictWord(v model.Verdict) string {
 
 func (e TraceEndpoint) describe() string {
 	switch {
+	case e.Kind == model.EndpointService && e.Frontend != tables.FrontendClusterIP:
+		return fmt.Sprintf("service %s %s", e.Service, frontendWords(e))
 	case e.Kind == model.EndpointService:
 		return fmt.Sprintf("service %s VIP %s", e.Service, e.Addr)
 	case e.Kind == model.EndpointPod:
@@ -594,6 +664,8 @@ func (e TraceEndpoint) describe() string {
 
 func (e TraceEndpoint) short() string {
 	switch {
+	case e.Kind == model.EndpointService && e.Frontend != tables.FrontendClusterIP:
+		return fmt.Sprintf("service %s %s", e.Service, frontendWords(e))
 	case e.Kind == model.EndpointService:
 		return fmt.Sprintf("service %s %s", e.Service, e.Addr)
 	case e.Pod != "":
@@ -602,6 +674,18 @@ func (e TraceEndpoint) short() string {
 		return fmt.Sprintf("node %s (%s)", e.NodeName, e.Addr)
 	}
 	return e.Addr.String()
+}
+
+// frontendWords names an external frontend: NodePort 192.0.2.1 (node
+// n1's address), LoadBalancer 192.0.2.10, external IP 192.0.2.20.
+func frontendWords(e TraceEndpoint) string {
+	switch e.Frontend {
+	case tables.FrontendNodePort:
+		return fmt.Sprintf("NodePort on %s (node %s's address)", e.Addr, e.NodeName)
+	case tables.FrontendLoadBalancer:
+		return "LoadBalancer " + e.Addr.String()
+	}
+	return "external IP " + e.Addr.String()
 }
 
 // ProtoString is the protocol as the user writes it: tcp/80, icmp.
@@ -627,7 +711,7 @@ func (r TraceResult) Print(out io.Writer) error {
 		src += fmt.Sprintf(", network %s (%s)", r.Src.Network, r.Src.NetworkFrom)
 	case v.SrcNetwork != "":
 		src += fmt.Sprintf(", classified into %s by %s", v.SrcNetwork, v.SrcPrefix)
-	case v.Reason == model.DropUnclassified:
+	case v.Reason == model.DropUnclassified || r.Dst.Frontend != tables.FrontendClusterIP:
 		src += ", in no network: no external network's prefix covers it"
 	default:
 		src += ", not classified: the node reaches its own pods whatever the policies"
@@ -636,10 +720,16 @@ func (r TraceResult) Print(out io.Writer) error {
 
 	// Destination: its network and the view entry it resolved to.
 	dst := "destination:  " + r.Dst.describe()
-	switch r.Dst.Kind {
-	case model.EndpointPod:
+	if r.Dst.Frontend != tables.FrontendClusterIP {
+		b.WriteString(frontendDestination(r) + "\n")
+		fmt.Fprintf(&b, "entry:        %s\n", r.Service.Entry)
+		dst = ""
+	}
+	switch {
+	case dst == "":
+	case r.Dst.Kind == model.EndpointPod:
 		dst += fmt.Sprintf(", network %s (%s)", r.Dst.Network, r.Dst.NetworkFrom)
-	case model.EndpointService:
+	case r.Dst.Kind == model.EndpointService:
 		port := "port " + r.Service.Port
 		if r.Port == 0 {
 			port = r.Proto + " (no port)"
@@ -647,6 +737,7 @@ func (r TraceResult) Print(out io.Writer) error {
 		dst += fmt.Sprintf(" %s, network %s (%s)", port, r.Dst.Network, r.Dst.NetworkFrom)
 	}
 	switch {
+	case dst == "":
 	case v.DstPrefix.IsValid() && r.Dst.Kind == model.EndpointService && !v.Allowed:
 		dst += fmt.Sprintf("; not in the view of %s", v.SrcNetwork)
 	case v.DstPrefix.IsValid():
@@ -664,7 +755,9 @@ func (r TraceResult) Print(out io.Writer) error {
 	case v.SrcNetwork != "":
 		dst += fmt.Sprintf("; not in the view of %s", v.SrcNetwork)
 	}
-	b.WriteString(dst + "\n")
+	if dst != "" {
+		b.WriteString(dst + "\n")
+	}
 
 	if v.Allowed {
 		fmt.Fprintf(&b, "path:         %s\n", r.Path)
@@ -674,6 +767,8 @@ func (r TraceResult) Print(out io.Writer) error {
 	switch {
 	case r.Reply.Allowed && r.Service != nil && !r.Service.Translated:
 		b.WriteString("replies:      none: no endpoint is reached\n")
+	case r.Reply.Allowed && r.Dst.Frontend != tables.FrontendClusterIP:
+		fmt.Fprintf(&b, "replies:      return through conntrack, from the frontend %s: %s\n", netip.AddrPortFrom(r.Dst.Addr, r.Port), strings.TrimSuffix(r.Reply.Rule, " (conntrack)"))
 	case r.Reply.Allowed && r.Dst.Kind == model.EndpointService && r.Src.Kind == model.EndpointNode:
 		fmt.Fprintf(&b, "replies:      return through conntrack to the socket, which sees them from the VIP: %s\n", strings.TrimSuffix(r.Reply.Rule, " (conntrack)"))
 	case r.Reply.Allowed && r.Dst.Kind == model.EndpointService:
@@ -698,9 +793,12 @@ func (r TraceResult) Print(out io.Writer) error {
 // NetworkEndpoints are listed in every namespace only when an endpoint is
 // an address (to find who holds it); named pods are read one by one.
 // Services are listed in every namespace (a name or an address may be
-// one's); when the destination is a service, so are the NetworkEndpoints
-// (which network each endpoint's pod is in), the Nodes (their zones) and
-// the service's EndpointSlices.
+// one's); when the destination is a service or an external frontend (a
+// LoadBalancer VIP or external IP, or a NodePort of a node's address), so
+// are the NetworkEndpoints (which network each endpoint's pod is in), the
+// Nodes (their zones and labels) and the EndpointSlices of the services
+// it may be; for a VIP, the LoadBalancerClasses and the agents' Leases
+// (who announces it).
 func ReadTraceInput(ctx context.Context, c client.Client, in *TraceInput) error {
 	var nets lacev1.NetworkList
 	var nrps lacev1.NetworkRoutingPolicyList
@@ -734,33 +832,64 @@ func ReadTraceInput(ctx context.Context, c client.Client, in *TraceInput) error 
 		}
 		names = append(names, k)
 	}
-	// Is the destination a service? (Trace decides between a pod and a
-	// service of the same name.)
-	var svc *corev1.Service
+	// Is the destination a service, or one of its external frontends?
+	// (Trace decides between a pod and a service of the same name, and
+	// which of the services naming a frontend address it is.)
+	var dsts []*corev1.Service
+	lb := false
 	if a, err := netip.ParseAddr(in.Dst); err == nil {
+		a = a.Unmap()
 		for i := range in.Services {
-			if slices.Contains(serviceVIPs(&in.Services[i]), a.Unmap()) {
-				svc = &in.Services[i]
+			if slices.Contains(serviceVIPs(&in.Services[i]), a) {
+				dsts = []*corev1.Service{&in.Services[i]}
 			}
+		}
+		if len(dsts) == 0 {
+			dsts = frontendServices(in.Services, a, false, "", 0)
+			lb = len(dsts) > 0
+		}
+		isNode := slices.ContainsFunc(in.UnderlayEndpoints, func(u lacev1.UnderlayEndpoint) bool {
+			return slices.ContainsFunc(u.Spec.Addresses, func(x lacev1.IPAddress) bool {
+				b, err := netip.ParseAddr(string(x))
+				return err == nil && b.Unmap() == a
+			})
+		})
+		if proto, port, err := parseProto(in.Proto); len(dsts) == 0 && isNode && in.Proto != "" && err == nil {
+			dsts = frontendServices(in.Services, a, true, proto, port)
 		}
 	} else if kind, k, ok := endpointName(in.Dst, ns); ok && kind != "pod" {
 		for i := range in.Services {
 			if in.Services[i].Namespace == k.Namespace && in.Services[i].Name == k.Name {
-				svc = &in.Services[i]
+				dsts = []*corev1.Service{&in.Services[i]}
 			}
 		}
 	}
-	allNEs := all || svc != nil
-	if svc != nil {
+	allNEs := all || len(dsts) > 0
+	if len(dsts) > 0 {
 		var nodes corev1.NodeList
-		var eps discoveryv1.EndpointSliceList
 		if err := c.List(ctx, &nodes); err != nil {
 			return fmt.Errorf("list nodes: %w", err)
 		}
-		if err := c.List(ctx, &eps, client.InNamespace(svc.Namespace), client.MatchingLabels{discoveryv1.LabelServiceName: svc.Name}); err != nil {
-			return fmt.Errorf("list endpoint slices of %s/%s: %w", svc.Namespace, svc.Name, err)
+		in.Nodes = nodes.Items
+		for _, svc := range dsts {
+			var eps discoveryv1.EndpointSliceList
+			if err := c.List(ctx, &eps, client.InNamespace(svc.Namespace), client.MatchingLabels{discoveryv1.LabelServiceName: svc.Name}); err != nil {
+				return fmt.Errorf("list endpoint slices of %s/%s: %w", svc.Namespace, svc.Name, err)
+			}
+			in.EndpointSlices = append(in.EndpointSlices, eps.Items...)
 		}
-		in.Nodes, in.EndpointSlices = nodes.Items, eps.Items
+	}
+	if lb {
+		// Who announces a VIP.
+		var classes lacev1.LoadBalancerClassList
+		if err := c.List(ctx, &classes); err != nil {
+			return fmt.Errorf("list %T: %w", &classes, err)
+		}
+		leases, err := readAgentLeases(ctx, c)
+		if err != nil {
+			return err
+		}
+		in.Classes, in.Leases = classes.Items, leases
 	}
 	if allNEs {
 		var neps lacev1.NetworkEndpointList
@@ -806,6 +935,9 @@ func TraceCommand(ctx context.Context, c client.Client, in TraceInput, out io.Wr
 	}
 	if err := ReadTraceInput(ctx, c, &in); err != nil {
 		return err
+	}
+	if in.Now.IsZero() {
+		in.Now = time.Now()
 	}
 	r, err := Trace(in)
 	if err != nil {

@@ -4,6 +4,10 @@ import (
 	"bytes"
 	"context"
 	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -14,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/pkg/scheme"
 )
 
@@ -147,11 +152,16 @@ func TestTraceGolden(t *testing.T) {
 		}
 		in.Networks = nets
 	}
+	// An external network partner (198.51.100.0/24) that no policy opens
+	// to anything.
+	partner := func(in *TraceInput) {
+		in.Networks = append(in.Networks, *tnet("partner", 9, lacev1.NetworkTypeExternal, nil, "198.51.100.0/24"))
+	}
 	for _, tc := range []struct {
-		name, src, dst, proto, ns string
-		ipv6                      bool
-		change                    func(*TraceInput)
-		want                      []string
+		name, src, dst, proto, ns, node string
+		ipv6                            bool
+		change                          func(*TraceInput)
+		want                            []string
 	}{
 		{name: "same-network-other-node", src: "client", dst: "default/server",
 			want: []string{"ALLOWED  own network default",
@@ -292,6 +302,77 @@ func TestTraceGolden(t *testing.T) {
 				`10.20.2.4:5432 (pod shop/db on node node-b): sent by node node-a's host stack as plain IP and dropped on node node-b, counted as lace_datapath_dropped_packets_total{reason="isolated"}: judged like any outside host's: no view: no NetworkRoutingPolicy world -> backend`}},
 		{name: "svc-explicit", src: "pod:default/cache", dst: "svc:cache",
 			want: []string{"flow:         tcp/6379 default/cache -> service default/cache 10.96.0.18", "the client itself: hairpin"}},
+		// External frontends, from outside.
+		{name: "xlb-nodeport", src: "203.0.113.9", dst: "192.168.10.1", proto: "tcp/30080",
+			want: []string{"ALLOWED  world reaches ClusterIP 10.96.0.40 of service default/front: NetworkRoutingPolicy world-to-default (world -> default)",
+				"flow:         tcp/30080 203.0.113.9 -> service default/front NodePort on 192.168.10.1 (node node-a's address)",
+				"source:       outside address 203.0.113.9, classified into world by 0.0.0.0/0",
+				"destination:  service default/front NodePort on 192.168.10.1 (node node-a's address) port tcp/30080 (http) to ClusterIP 10.96.0.40:80, network default (NetworkBindingPolicy services); the ClusterIP is view entry 10.96.0.40/32 of network default in the view of world (granted by NetworkRoutingPolicy world-to-default)",
+				"entry:        node node-a, whose address it is",
+				"path:         DNAT on node node-a to one of 2 endpoints eligible there (externalTrafficPolicy Cluster), picked uniformly at random (1/2 each), reached in network default:",
+				"  10.244.1.6:8080 (pod default/neighbour on node node-a): delivered on node node-a with the client's address 203.0.113.9",
+				"  10.244.2.7:8080 (pod default/server on node node-b): node node-a translates the source to its address 192.168.10.1 (SNAT, reversed for the answers) and encapsulates in SRv6 to SID fc00:0:b:0:100:ffff:0:1 (locator of node node-b, the nodes' context id 65535, destination network default id 1), node node-b decapsulates and delivers: the endpoint sees node node-a's address, not the client's",
+				"answers leave node node-a from the frontend (they come from 192.168.10.1:30080)",
+				"replies:      return through conntrack, from the frontend 192.168.10.1:30080: reply of a flow admitted by world reaches ClusterIP 10.96.0.40",
+				"reverse:      none: a service opens no flows"}},
+		{name: "xlb-nodeport-ipv6", src: "2001:db8::9", dst: "fd00:10::2", proto: "tcp/30080",
+			want: []string{"ALLOWED  world reaches ClusterIP fd00:96::40 of service default/front",
+				"classified into world by ::/0", "to ClusterIP [fd00:96::40]:80",
+				"[fd00:244:0:2::7]:8080 (pod default/server on node node-b): delivered on node node-b with the client's address 2001:db8::9",
+				"[fd00:244:0:1::6]:8080 (pod default/neighbour on node node-a): node node-b translates the source to its address fd00:10::2"}},
+		{name: "xlb-loadbalancer", src: "203.0.113.9", dst: "192.168.20.10",
+			want: []string{"ALLOWED  world reaches ClusterIP 10.96.0.40 of service default/front: NetworkRoutingPolicy world-to-default (world -> default); in its loadBalancerSourceRanges",
+				"flow:         tcp/80 203.0.113.9 -> service default/front LoadBalancer 192.168.20.10",
+				"entry:        node node-b: class lab, announced by node node-b (rendezvous among 2 eligible nodes: alive)",
+				"DNAT on node node-b to one of 2 endpoints eligible there",
+				"node node-b translates the source to its address 192.168.10.2",
+				"they come from 192.168.20.10:80"}},
+		{name: "xlb-source-range", src: "192.0.2.99", dst: "192.168.20.10", proto: "tcp/80",
+			want: []string{"DENIED  loadBalancerSourceRanges of service default/front (203.0.113.0/24) do not hold 192.0.2.99",
+				`dropped:      on node node-b, counted as lace_datapath_dropped_packets_total{reason="source-range"}`,
+				"replies:      none: no admitted flow to reply to"}},
+		{name: "xlb-external-ip", src: "203.0.113.9", dst: "198.51.100.7",
+			want: []string{"ALLOWED  world reaches ClusterIP 10.96.0.40 of service default/front",
+				"flow:         tcp/80 203.0.113.9 -> service default/front external IP 198.51.100.7",
+				"entry:        node node-a, the first by name: 198.51.100.7 is an external IP, which enters where the network sends it (--node picks another)"}},
+		{name: "xlb-external-ip-node", src: "203.0.113.9", dst: "198.51.100.7", node: "node-c",
+			want: []string{"entry:        node node-c (--node): 198.51.100.7 is an external IP, which enters where the network sends it",
+				"node node-c translates the source to its address 192.168.10.3 (SNAT, reversed for the answers) and encapsulates in SRv6 to SID fc00:0:a:0:100:ffff:0:1"}},
+		{name: "xlb-local-no-endpoint", src: "203.0.113.9", dst: "192.168.10.1", proto: "tcp/30081",
+			want: []string{"ALLOWED  world reaches ClusterIP 10.96.0.41 of service default/edge",
+				`path:         dropped on node node-a, counted as lace_datapath_dropped_packets_total{reason="no-local-endpoints"}: externalTrafficPolicy Local, and node node-a has no ready endpoint of the service`,
+				"replies:      none: no endpoint is reached"}},
+		{name: "xlb-local", src: "203.0.113.9", dst: "192.168.20.11",
+			want: []string{"entry:        node node-b: class lab, announced by node node-b (rendezvous among 1 eligible node: alive and holding a ready endpoint (externalTrafficPolicy Local))",
+				"DNAT on node node-b to the one endpoint eligible there (externalTrafficPolicy Local: this node's own), reached in network default:",
+				"10.244.2.7:8080 (pod default/server on node node-b): delivered on node node-b with the client's address 203.0.113.9"}},
+		{name: "xlb-nodeport-closed", src: "203.0.113.9", dst: "192.168.10.1", proto: "tcp/30082",
+			want: []string{"DENIED  NodePort closed on node node-a's address 192.168.10.1: it is classified into world by 0.0.0.0/0, which does not reach ClusterIP 10.96.1.22 of service default/backoffice: no view: no NetworkRoutingPolicy world -> backend",
+				"the ClusterIP is not in the view of world",
+				`dropped:      on node node-a, counted as lace_datapath_dropped_packets_total{reason="frontend-closed"}`}},
+		{name: "xlb-nodeport-srp", src: "203.0.113.9", dst: "192.168.10.1", proto: "tcp/30443",
+			want: []string{"ALLOWED  world reaches ClusterIP 10.96.1.23 of service shop/admin: ServiceRoutingPolicy world-to-shop-services (world -> the services of backend: VIPs only, not the pods)",
+				"(granted by ServiceRoutingPolicy world-to-shop-services: the VIP only)",
+				"10.20.2.4:8443 (pod shop/db on node node-b): node node-a translates the source to its address 192.168.10.1 (SNAT, reversed for the answers) and encapsulates in SRv6 to SID fc00:0:b:0:100:ffff:0:4 (locator of node node-b, the nodes' context id 65535, destination network backend id 4)"}},
+		{name: "xlb-isolated", src: "198.51.100.9", dst: "192.168.10.2", proto: "tcp/30080", change: partner,
+			want: []string{"DENIED  partner does not reach ClusterIP 10.96.0.40 of service default/front: no view: no NetworkRoutingPolicy partner -> default",
+				"source:       outside address 198.51.100.9, classified into partner by 198.51.100.0/24",
+				`dropped:      on node node-b, counted as lace_datapath_dropped_packets_total{reason="isolated"}`}},
+		{name: "xlb-unclassified", src: "203.0.113.9", dst: "192.168.20.10", change: noWorld,
+			want: []string{"DENIED  unclassified: no external network's prefix covers source 203.0.113.9",
+				"source:       outside address 203.0.113.9, in no network: no external network's prefix covers it",
+				`dropped:      on node node-b, counted as lace_datapath_dropped_packets_total{reason="unclassified-source"}`}},
+		{name: "xlb-not-announced", src: "203.0.113.9", dst: "192.168.30.5",
+			want: []string{"DENIED  not announced: no node answers ARP for 192.168.30.5",
+				"entry:        none: class edge, announced by none eligible: no node is alive and selected by class edge",
+				"dropped:      nowhere: the flow never enters the cluster (no node answers ARP for 192.168.30.5; no drop counter)"}},
+		{name: "svc-from-outside-frontends", src: "203.0.113.9", dst: "default/front",
+			want: []string{"DENIED  no view: service VIPs are reached from pods and nodes only",
+				`dropped:      on the node where it enters, counted as lace_datapath_dropped_packets_total{reason="isolated"}; from outside it is reached at NodePort tcp/30080 of every node address, LoadBalancer 192.168.20.10, LoadBalancer fd00:20::10 and external IP 198.51.100.7 (trace those)`}},
+		{name: "xlb-no-endpoints", src: "203.0.113.9", dst: "203.0.113.200",
+			want: []string{"ALLOWED  world reaches ClusterIP 10.96.0.43 of service default/foreign",
+				"entry:        node node-a, the first by name: 203.0.113.200 is a LoadBalancer VIP (class example.com/lb, not Lace's: announced by no Lace node), which enters where the network sends it (--node picks another)",
+				`path:         dropped on node node-a, counted as lace_datapath_dropped_packets_total{reason="no-endpoints"}: the service has no ready or serving endpoint`}},
 		{name: "address-of-a-pod", src: "10.244.1.5", dst: "10.244.2.7",
 			want: []string{"ALLOWED  own network default", "flow:         tcp/80 default/client -> default/server"}},
 	} {
@@ -300,7 +381,7 @@ func TestTraceGolden(t *testing.T) {
 			if tc.change != nil {
 				tc.change(&in)
 			}
-			in.Src, in.Dst, in.Proto, in.Namespace, in.IPv6 = tc.src, tc.dst, tc.proto, tc.ns, tc.ipv6
+			in.Src, in.Dst, in.Proto, in.Namespace, in.IPv6, in.Node = tc.src, tc.dst, tc.proto, tc.ns, tc.ipv6, tc.node
 			out := runTrace(t, in)
 			golden(t, "trace-"+tc.name+".txt", out)
 			for _, w := range tc.want {
@@ -361,6 +442,105 @@ func TestTraceErrors(t *testing.T) {
 				t.Errorf("error %q, want it to contain %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestTraceFrontendErrors: questions about external frontends Trace
+// cannot answer say why.
+func TestTraceFrontendErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name, src, dst, proto, node, want string
+	}{
+		{name: "from-a-pod", src: "client", dst: "192.168.20.10",
+			want: "192.168.20.10 tcp/80 is a LoadBalancer VIP or external IP of service default/front: lacectl trace follows flows to external frontends from outside addresses; a pod or a node is admitted to one as to the service's ClusterIP: trace client svc:NAMESPACE/NAME"},
+		{name: "from-a-node", src: "192.168.10.2", dst: "192.168.10.1", proto: "tcp/30080",
+			want: "192.168.10.1 tcp/30080 is a NodePort on node node-a's address of service default/front"},
+		{name: "no-such-nodeport", src: "203.0.113.9", dst: "192.168.10.1", proto: "tcp/30999",
+			want: "neither 203.0.113.9 nor 192.168.10.1 is a pod: lacectl trace answers for flows from or to pods (a node never carries traffic between outside addresses); tcp/30999 is no service's NodePort"},
+		{name: "nodeport-without-port", src: "203.0.113.9", dst: "192.168.10.1",
+			want: "; give a NodePort as PROTO/PORT to trace it"},
+		{name: "vip-port-not-served", src: "203.0.113.9", dst: "192.168.20.10", proto: "tcp/81",
+			want: "tcp/81 192.168.20.10 is no frontend on node node-b (the VIPs at 192.168.20.10: tcp/80 default/front; the data plane serves TCP and UDP)"},
+		{name: "vip-other-node", src: "203.0.113.9", dst: "192.168.20.10", node: "node-a",
+			want: "--node node-a: 192.168.20.10 is a LoadBalancer VIP of class lab, announced by node node-b"},
+		{name: "nodeport-other-node", src: "203.0.113.9", dst: "192.168.10.1", proto: "tcp/30080", node: "node-b",
+			want: "--node node-b: 192.168.10.1 is node node-a's address, where its NodePorts are served"},
+		{name: "unknown-node", src: "203.0.113.9", dst: "198.51.100.7", node: "node-z", want: "node node-z not found"},
+		{name: "node-for-a-pod", src: "203.0.113.9", dst: "default/server", node: "node-a",
+			want: "--node node-a: only a flow from outside to an external frontend has a node to choose where it enters"},
+		{name: "node-for-a-clusterip", src: "client", dst: "default/web", node: "node-b",
+			want: "--node node-b: a flow to a ClusterIP is translated on the source's node"},
+		{name: "two-families", src: "2001:db8::9", dst: "198.51.100.7", want: "2001:db8::9 and 198.51.100.7 are of different address families"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := traceCluster()
+			in.Src, in.Dst, in.Proto, in.Node = tc.src, tc.dst, tc.proto, tc.node
+			r, err := Trace(in)
+			if err == nil {
+				t.Fatalf("no error; result %+v", r)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestTraceFrontendVerdicts: the verdict and drop counter of each way a
+// flow from outside to a frontend ends, and the counters are the data
+// plane's.
+func TestTraceFrontendVerdicts(t *testing.T) {
+	for _, tc := range []struct {
+		src, dst, proto string
+		allowed         bool
+		reason          string
+	}{
+		{"203.0.113.9", "192.168.10.1", "tcp/30080", true, ""},
+		{"203.0.113.9", "192.168.10.3", "tcp/30082", false, "frontend-closed"},
+		{"192.0.2.1", "192.168.20.10", "tcp/80", false, "source-range"},
+		{"203.0.113.1", "192.168.20.10", "tcp/80", true, ""},
+		{"192.0.2.1", "192.168.20.11", "tcp/80", true, ""}, // edge has no source ranges
+		{"203.0.113.9", "192.168.30.5", "tcp/80", false, ""},
+	} {
+		in := traceCluster()
+		in.Src, in.Dst, in.Proto = tc.src, tc.dst, tc.proto
+		r, err := Trace(in)
+		if err != nil {
+			t.Fatalf("%s -> %s %s: %v", tc.src, tc.dst, tc.proto, err)
+		}
+		if r.Verdict.Allowed != tc.allowed || string(r.Verdict.Reason) != tc.reason {
+			t.Errorf("%s -> %s %s: allowed %v reason %q (%s), want %v %q", tc.src, tc.dst, tc.proto,
+				r.Verdict.Allowed, r.Verdict.Reason, r.Verdict.Rule, tc.allowed, tc.reason)
+		}
+		if tc.reason != "" && !slices.Contains(datapath.DropReasons, tc.reason) {
+			t.Errorf("%s is no data plane drop reason", tc.reason)
+		}
+	}
+}
+
+// TestDropReasonsExist: every drop counter a golden file names is one the
+// data plane counts.
+func TestDropReasonsExist(t *testing.T) {
+	files, err := filepath.Glob("testdata/*.txt")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no golden files: %v", err)
+	}
+	re := regexp.MustCompile(`reason="([^"]*)"|dropped \(([a-z-]+)\)`)
+	seen := 0
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range re.FindAllStringSubmatch(string(b), -1) {
+			seen++
+			if r := m[1] + m[2]; !slices.Contains(datapath.DropReasons, r) {
+				t.Errorf("%s: drop reason %q is not the data plane's", f, r)
+			}
+		}
+	}
+	if seen == 0 {
+		t.Error("no drop reasons found in the golden files")
 	}
 }
 
@@ -429,6 +609,12 @@ func TestTraceCommand(t *testing.T) {
 	for i := range in.Nodes {
 		objs = append(objs, &in.Nodes[i])
 	}
+	for i := range in.Classes {
+		objs = append(objs, &in.Classes[i])
+	}
+	for i := range in.Leases {
+		objs = append(objs, &in.Leases[i])
+	}
 	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(objs...).Build()
 	for _, q := range []TraceInput{
 		{Src: "client", Dst: "default/server"},
@@ -444,13 +630,21 @@ func TestTraceCommand(t *testing.T) {
 		{Src: "client", Dst: "kubernetes"},
 		{Src: "pod:default/cache", Dst: "svc:cache"},
 		{Src: "203.0.113.9", Dst: "default/web"},
+		{Src: "203.0.113.9", Dst: "192.168.10.1", Proto: "tcp/30080"},
+		{Src: "203.0.113.9", Dst: "192.168.10.2", Proto: "tcp/30443"},
+		{Src: "2001:db8::9", Dst: "fd00:10::2", Proto: "tcp/30080"},
+		{Src: "203.0.113.9", Dst: "192.168.20.10"},
+		{Src: "203.0.113.9", Dst: "192.168.20.11"},
+		{Src: "203.0.113.9", Dst: "192.168.30.5"},
+		{Src: "203.0.113.9", Dst: "198.51.100.7", Node: "node-b"},
 	} {
 		var out bytes.Buffer
+		q.Now = now
 		if err := TraceCommand(context.Background(), c, q, &out); err != nil {
 			t.Fatalf("%s -> %s: %v", q.Src, q.Dst, err)
 		}
 		pure := traceCluster()
-		pure.Src, pure.Dst, pure.Namespace, pure.Proto, pure.IPv6 = q.Src, q.Dst, q.Namespace, q.Proto, q.IPv6
+		pure.Src, pure.Dst, pure.Namespace, pure.Proto, pure.IPv6, pure.Node = q.Src, q.Dst, q.Namespace, q.Proto, q.IPv6, q.Node
 		if want := runTrace(t, pure); !bytes.Equal(out.Bytes(), want) {
 			t.Errorf("%s -> %s through the client:\n%s\nwant, from the objects themselves:\n%s", q.Src, q.Dst, out.Bytes(), want)
 		}
