@@ -191,7 +191,9 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 	__builtin_memcpy(x->rv.client, p->saddr, 16);
 	__builtin_memcpy(x->rv.front, p->daddr, 16);
 	__u64 now = bpf_ktime_get_ns();
-	x->rv.expires = now + CT_TCP_EST;
+	/* Held as long as the client's conntrack entry, which starts as an
+	 * unanswered flow's and is copied here by every packet. */
+	x->rv.expires = now + (p->proto == IPPROTO_TCP ? CT_TCP_SYN : CT_UDP);
 	__u32 h = bpf_get_prandom_u32();
 	for (int i = 0; i < SNAT_TRIES; i++) {
 		x->rk.port = bpf_htons(SNAT_PORT_MIN + (h + i) % SNAT_PORT_RANGE);
@@ -199,14 +201,46 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 			*port = x->rk.port;
 			return 0;
 		}
+		/* A port whose flow is over is taken again, once its client's
+		 * conntrack entry is gone too. */
 		struct xlb_rev_val *cur = bpf_map_lookup_elem(&lace_xlb_rev, &x->rk);
-		if (cur && cur->expires < now) {
-			bpf_map_update_elem(&lace_xlb_rev, &x->rk, &x->rv, BPF_ANY);
-			*port = x->rk.port;
-			return 0;
-		}
+		if (!cur || cur->expires >= now)
+			continue;
+		__builtin_memset(&x->ek, 0, sizeof(x->ek));
+		x->ek.net_id = cur->ext_net;
+		x->ek.family = p->family;
+		x->ek.proto = p->proto;
+		x->ek.lport = cur->fport;
+		x->ek.rport = cur->cport;
+		__builtin_memcpy(x->ek.laddr, cur->front, 16);
+		__builtin_memcpy(x->ek.raddr, cur->client, 16);
+		struct ct_val *owner = ct_lookup(&x->ek);
+		if (owner && (owner->flags & CT_SNAT) && owner->snat_port == x->rk.port)
+			continue;
+		bpf_map_update_elem(&lace_xlb_rev, &x->rk, &x->rv, BPF_ANY);
+		*port = x->rk.port;
+		return 0;
 	}
 	return -1;
+}
+
+/* xlb_port_held tells whether the node's port of a translated flow
+ * (x->be:be_port, x->k its client's entry) is still this client's, and
+ * keeps it as long as the client's entry (expires): 0 when held, -1 when
+ * evicted or handed to another client. */
+static __always_inline int xlb_port_held(struct xlb_scratch *x, struct pkt *p, __u16 be_port, __u16 nport, __u64 expires)
+{
+	__builtin_memset(&x->rk, 0, sizeof(x->rk));
+	x->rk.family = p->family;
+	x->rk.proto = p->proto;
+	x->rk.port = nport;
+	x->rk.rport = be_port;
+	__builtin_memcpy(x->rk.raddr, x->be, 16);
+	struct xlb_rev_val *rv = bpf_map_lookup_elem(&lace_xlb_rev, &x->rk);
+	if (!rv || rv->cport != p->sport || rv->fport != p->dport || !eq16(rv->client, p->saddr) || !eq16(rv->front, p->daddr))
+		return -1;
+	rv->expires = expires;
+	return 0;
 }
 
 /* xlb_in serves a packet from outside to an external frontend: the
@@ -247,8 +281,16 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 		be_port = ct->nat_port;
 		nport = ct->flags & CT_SNAT ? ct->snat_port : 0;
 		ct_refresh(ct, p, 1);
+		/* The node's port must still be this flow's (an evicted or
+		 * reused one would hand its answers to somebody else): else the
+		 * flow starts over. */
+		if (nport && xlb_port_held(x, p, be_port, nport, ct->expires))
+			ct = NULL;
 	} else {
 		ct = NULL;
+	}
+	if (!ct) {
+		nport = 0;
 		if (sv.count == 0)
 			return drop(sv.flags & SVC_DROP ? DROP_NO_LOCAL_BACKEND : DROP_NO_BACKEND);
 		if (xlb_pick(x, p, &sv, &be_port))
@@ -393,10 +435,10 @@ static __noinline int xlb_reply(struct __sk_buff *skb)
 	__builtin_memcpy(x->k.laddr, x->rv.front, 16);
 	__builtin_memcpy(x->k.raddr, x->rv.client, 16);
 	struct ct_val *ct = ct_lookup(&x->k);
-	if (ct) {
-		ct_refresh(ct, &p, 0);
-		rvp->expires = ct->expires;
-	}
+	if (!ct || !(ct->flags & CT_SNAT) || ct->snat_port != x->rk.port)
+		return drop(DROP_NO_ENDPOINT); /* the flow is over */
+	ct_refresh(ct, &p, 0);
+	rvp->expires = ct->expires;
 
 	if (bpf_skb_adjust_room(skb, -(int)sizeof(struct ipv6hdr), BPF_ADJ_ROOM_MAC, flags) ||
 	    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_proto), &inner_proto, 2, 0))
@@ -667,7 +709,9 @@ static __always_inline int to_host(struct __sk_buff *skb, __u16 proto)
 		return TC_ACT_OK; /* the host drops what it cannot parse */
 	if (is_icmp_error(&p))
 		return snat_icmp_in(skb, &p);
-	if (frontend(p.family, p.proto, p.dport, p.daddr))
+	/* The node's SNAT ports (the top of the port range) carry answers
+	 * to its pods' flows: no frontend on the node's address takes them. */
+	if (bpf_ntohs(p.dport) < SNAT_PORT_MIN && frontend(p.family, p.proto, p.dport, p.daddr))
 		return xlb_in(skb, &p);
 	return snat_in(skb, &p);
 }

@@ -360,7 +360,9 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, DROP_MAX);
+	/* Room beyond DROP_MAX: a pinned map's size must not change when a
+	 * reason is added, or an upgraded agent could not load it. */
+	__uint(max_entries, 64);
 	__type(key, __u32);
 	__type(value, __u64);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -368,7 +370,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, FWD_MAX);
+	__uint(max_entries, 32); /* room beyond FWD_MAX, as lace_drops */
 	__type(key, __u32);
 	__type(value, __u64);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);

@@ -63,9 +63,15 @@ func TestServiceFrontends(t *testing.T) {
 			func(s *corev1.Service) { s.Spec.Ports[0].NodePort = 0; s.Status.LoadBalancer.Ingress = nil }),
 		// External IPs: one its own, one another service's ClusterIP.
 		svService("xip", "10.96.0.40", svHTTP, func(s *corev1.Service) { s.Spec.ExternalIPs = []string{"203.0.113.5", "10.96.0.10"} }),
+		// A Service sorting first names another's load balancer address
+		// and a node's address: it takes neither.
+		svService("aaa-thief", "10.96.0.50", svHTTP, func(s *corev1.Service) {
+			s.Spec.ExternalIPs = []string{"192.0.2.10", "172.18.0.9"}
+		}),
 	}
+	in.Reserved = []netip.Prefix{netip.MustParsePrefix("172.18.0.9/32")}
 	in.EndpointSlices = nil
-	for _, name := range []string{"web", "loc", "nonp", "xip"} {
+	for _, name := range []string{"web", "loc", "nonp", "xip", "aaa-thief"} {
 		in.EndpointSlices = append(in.EndpointSlices, svSlice(name, name+"-1", svHTTPSlicePorts, svEp("10.1.1.5", "n1"), svEp("10.1.2.5", "n2")))
 	}
 	got := renderFrontends(ComputeServices(in))
@@ -74,6 +80,7 @@ func TestServiceFrontends(t *testing.T) {
 		"ClusterIP 10.96.0.20:80/6 10.1.1.5:8080 10.1.2.5:8080",
 		"ClusterIP 10.96.0.30:80/6 10.1.1.5:8080 10.1.2.5:8080",
 		"ClusterIP 10.96.0.40:80/6 10.1.1.5:8080 10.1.2.5:8080",
+		"ClusterIP 10.96.0.50:80/6 10.1.1.5:8080 10.1.2.5:8080",
 		"NodePort 172.18.0.2:30080/6 via 10.96.0.10:80 10.1.1.5:8080 10.1.2.5:8080",
 		"NodePort 172.18.0.2:30081/6 via 10.96.0.20:80 10.1.1.5:8080 local",
 		"LoadBalancer 192.0.2.10:80/6 via 10.96.0.10:80 10.1.1.5:8080 10.1.2.5:8080 from=198.51.100.0/24",

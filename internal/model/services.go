@@ -43,6 +43,39 @@ type ServiceInput struct {
 	// NodeAddrs are this node's primary underlay addresses (one per
 	// family): where its NodePorts are served.
 	NodeAddrs []netip.Addr
+	// Reserved are addresses no Service's externalIPs may claim: every
+	// node's, the pod networks' subnets and the service ranges (an
+	// external IP there would take over traffic that is somebody else's,
+	// CVE-2020-8554's man in the middle). ReservedFor builds them.
+	Reserved []netip.Prefix
+}
+
+// ReservedFor lists the addresses externalIPs may not claim: every
+// node's underlay addresses, the subnets of pod networks and the service
+// ranges.
+func ReservedFor(ueps []lacev1.UnderlayEndpoint, nets []lacev1.Network, serviceCIDRs []netip.Prefix) []netip.Prefix {
+	out := slices.Clone(serviceCIDRs)
+	for _, u := range ueps {
+		for _, s := range u.Spec.Addresses {
+			if a, err := netip.ParseAddr(string(s)); err == nil {
+				out = append(out, netip.PrefixFrom(a, a.BitLen()))
+			}
+		}
+	}
+	for _, n := range nets {
+		if n.Spec.Type == lacev1.NetworkTypeExternal {
+			continue
+		}
+		for _, sub := range []*lacev1.Subnet{n.Spec.IPv4Subnet, n.Spec.IPv6Subnet} {
+			if sub == nil {
+				continue
+			}
+			if p, err := netip.ParsePrefix(string(sub.Prefix)); err == nil {
+				out = append(out, p.Masked())
+			}
+		}
+	}
+	return out
 }
 
 // ServiceState is what the node serves and what it left out, with why.
@@ -122,6 +155,7 @@ type ServiceEnv struct {
 	namespaces map[string]map[string]string
 	pods       podAddrIndex
 	nodeAddrs  []netip.Addr
+	reserved   []netip.Prefix
 }
 
 // NewServiceEnv prepares the shared part of in (everything but Services
@@ -129,7 +163,7 @@ type ServiceEnv struct {
 func NewServiceEnv(in ServiceInput) *ServiceEnv {
 	e := &ServiceEnv{node: in.Node, zone: in.Zone, ids: NetworkIDs(in.Networks), exists: map[string]bool{},
 		binder: newBinder(in.BindingPolicies, lacev1.MatchKindService), namespaces: in.Namespaces,
-		pods: indexNetworkEndpoints(in.NetworkEndpoints), nodeAddrs: in.NodeAddrs}
+		pods: indexNetworkEndpoints(in.NetworkEndpoints), nodeAddrs: in.NodeAddrs, reserved: in.Reserved}
 	for _, n := range in.Networks {
 		e.exists[n.Name] = true
 	}
@@ -271,15 +305,17 @@ func MergeServices(results []*ServiceResult) ServiceState {
 		return cmp.Or(a.VIP.Compare(b.VIP), cmp.Compare(a.Proto, b.Proto), cmp.Compare(a.Port, b.Port))
 	})
 	// One entry per address, protocol and port: two Services may name the
-	// same external IP (or one a node address, or another's ClusterIP).
-	// A ClusterIP wins, else the first Service by namespace and name.
+	// same external IP (or one another's load balancer address). A
+	// ClusterIP wins, then a NodePort, a load balancer address and last an
+	// external IP (no Service takes another's address by naming it); the
+	// first Service by namespace and name among equals.
 	if n := len(st.Services); n > 1 {
 		out := st.Services[:1]
 		for _, sv := range st.Services[1:] {
 			last := &out[len(out)-1]
 			if sv.VIP != last.VIP || sv.Proto != last.Proto || sv.Port != last.Port {
 				out = append(out, sv)
-			} else if last.External() && !sv.External() {
+			} else if sv.Frontend < last.Frontend {
 				*last = sv
 			}
 		}
@@ -606,7 +642,8 @@ func (c *serviceCtx) frontends(clusterIP netip.Addr) []tables.Service {
 		}
 	}
 	for _, s := range svc.Spec.ExternalIPs {
-		if a, ok := parseSloppyIP(s); ok && a.Is4() == clusterIP.Is4() {
+		if a, ok := parseSloppyIP(s); ok && a.Is4() == clusterIP.Is4() &&
+			!slices.ContainsFunc(c.env.reserved, func(p netip.Prefix) bool { return p.Contains(a) }) {
 			fronts = append(fronts, front{a, tables.FrontendExternalIP})
 		}
 	}

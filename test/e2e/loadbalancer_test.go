@@ -235,6 +235,10 @@ func TestLoadBalancerL2(t *testing.T) {
 	if who := announcers(t, vip); len(who) != 1 || who[0] != took {
 		t.Errorf("after the failover %s is announced by %v, want %s alone (the dead agent's entry lapses)", vip, who, took)
 	}
+	// The agent comes back (it serves its node's health check port below).
+	if out, err := labCmd("start", "agent/"+old).CombinedOutput(); err != nil {
+		t.Fatalf("start the agent of %s again: %v\n%s", old, err, out)
+	}
 
 	// externalTrafficPolicy Local: announced where an endpoint is; the
 	// health check port follows the endpoints.
