@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -86,14 +87,14 @@ func (an *announcer) run(ctx context.Context) error {
 
 // renew writes the own Lease's renewTime (creating the Lease the first
 // time), at most every quarter duration.
-func (an *announcer) renew(ctx context.Context, now time.Time) {
+func (an *announcer) renew(ctx context.Context, now time.Time) bool {
 	if now.Sub(an.lastTry) < an.duration/4 {
-		return
+		return true
 	}
 	an.lastTry = now
 	name := AgentLeaseName(an.a.opts.NodeName)
 	var l coordinationv1.Lease
-	err := an.a.reader.Get(ctx, client.ObjectKey{Namespace: an.ns, Name: name}, &l)
+	err := an.a.client.Get(ctx, client.ObjectKey{Namespace: an.ns, Name: name}, &l)
 	switch {
 	case apierrors.IsNotFound(err):
 		l = coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: an.ns, Name: name,
@@ -108,9 +109,20 @@ func (an *announcer) renew(ctx context.Context, now time.Time) {
 	}
 	if err != nil {
 		an.a.log.Info("renew the agent lease", "err", err)
-		return
+		return false
 	}
 	an.renewed = now
+	return true
+}
+
+// apiDown tells whether the API server cannot be reached at all (not
+// merely this Lease refused).
+func (an *announcer) apiDown(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, an.duration/4)
+	defer cancel()
+	var l coordinationv1.LeaseList
+	err := an.a.reader.List(ctx, &l, client.InNamespace(an.ns), client.Limit(1))
+	return err != nil && !apierrors.IsForbidden(err) && !apierrors.IsNotFound(err)
 }
 
 // alive is the set of nodes whose agents renewed their Lease within the
@@ -122,20 +134,21 @@ func (an *announcer) alive(ctx context.Context, now time.Time) (map[string]bool,
 	}
 	out := map[string]bool{}
 	for _, l := range leases.Items {
-		if l.Spec.HolderIdentity == nil || l.Spec.RenewTime == nil {
+		// A Lease speaks for the node its name says, and only when its
+		// holder says the same: one agent cannot keep another node alive
+		// under its own name.
+		node, ok := strings.CutPrefix(l.Name, AgentLeaseName(""))
+		if !ok || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != node || l.Spec.RenewTime == nil {
 			continue
 		}
-		node, renew := *l.Spec.HolderIdentity, l.Spec.RenewTime.Format(time.RFC3339Nano)
+		renew := l.Spec.RenewTime.Format(time.RFC3339Nano)
 		s, ok := an.seen[node]
 		switch {
 		case !ok:
-			// First sight: trust the writer's time once, no further back
-			// than now.
-			at := l.Spec.RenewTime.Time
-			if at.After(now) {
-				at = now
-			}
-			s = leaseSeen{renew, at}
+			// First sight (this agent just started): alive for a full
+			// duration from now, whatever the writer's clock says, so a
+			// restart never declares a live peer dead.
+			s = leaseSeen{renew, now}
 		case s.renew != renew:
 			s = leaseSeen{renew, now}
 		}
@@ -153,21 +166,37 @@ func (an *announcer) once(ctx context.Context) error {
 	an.mu.Lock()
 	defer an.mu.Unlock()
 	now := time.Now()
-	an.renew(ctx, now)
+	var classes lacev1.LoadBalancerClassList
+	if err := an.a.client.List(ctx, &classes, client.UnsafeDisableDeepCopy); err != nil {
+		return fmt.Errorf("list LoadBalancerClasses: %w", err)
+	}
+	// No class, nothing to announce: no heartbeat either (the API server
+	// pays for every node's renewals only where L2 announcement is used).
+	if len(classes.Items) == 0 && len(an.announced) == 0 {
+		return nil
+	}
+	renewed := an.renew(ctx, now)
+	if !renewed && now.Sub(an.renewed) >= an.duration && an.apiDown(ctx) {
+		// The API server is out of reach for this node: fail static. If
+		// it is down for everyone nobody takes over, and withdrawing
+		// would take every VIP off the network; if only this node is cut
+		// off, another takes over and both answer until it is back (the
+		// data planes of both serve the VIP).
+		an.a.log.Info("API server unreachable: keeping the announcements", "vips", len(an.announced))
+		keep := make([]netip.Addr, 0, len(an.announced))
+		for v := range an.announced {
+			keep = append(keep, v)
+		}
+		return an.a.dp.SetAnnounced(keep, an.mac, an.duration)
+	}
 	alive, err := an.alive(ctx, now)
 	if err != nil {
 		return err
 	}
 	in := model.AnnounceInput{Alive: alive}
-	var classes lacev1.LoadBalancerClassList
 	var nodes corev1.NodeList
-	for _, l := range []client.ObjectList{&classes, &nodes} {
-		if err := an.a.client.List(ctx, l, client.UnsafeDisableDeepCopy); err != nil {
-			return fmt.Errorf("list %T: %w", l, err)
-		}
-	}
-	if len(classes.Items) == 0 && len(an.announced) == 0 {
-		return nil
+	if err := an.a.client.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
+		return fmt.Errorf("list Nodes: %w", err)
 	}
 	in.Classes, in.Nodes = classes.Items, ptrs(nodes.Items)
 	svcs, slices, err := an.a.listServices(ctx)

@@ -421,6 +421,18 @@ func (t *ServiceTable) Apply(want []Service) (gone map[ServiceKey][]Backend, err
 		delete(t.cur, k)
 		freed = append(freed, a.id)
 	}
+	// A pod or the node reaching a Local frontend was sent to one of the
+	// ClusterIP's endpoints, but its flows are keyed by the frontend:
+	// they go with the ClusterIP's endpoints that left.
+	for _, s := range want {
+		if !s.External() || !s.Local {
+			continue
+		}
+		if lost := gone[ServiceKey{s.ClusterIP, s.Proto, s.ClusterPort}]; len(lost) > 0 {
+			k := ServiceKey{s.VIP, s.Proto, s.Port}
+			gone[k] = append(gone[k], lost...)
+		}
+	}
 	if err := w.flush(t.d); err != nil {
 		return nil, err
 	}

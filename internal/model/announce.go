@@ -94,6 +94,11 @@ func Announcements(in AnnounceInput) []Announcement {
 		}
 		var eligible []string
 		for _, n := range in.Nodes {
+			// Nodes labelled out of external load balancers (kubeadm's
+			// control plane) never announce, as MetalLB's speakers do not.
+			if _, out := n.Labels[corev1.LabelNodeExcludeBalancers]; out {
+				continue
+			}
 			if in.Alive[n.Name] && sel.Matches(labels.Set(n.Labels)) && (ready == nil || ready[n.Name]) {
 				eligible = append(eligible, n.Name)
 			}
