@@ -147,7 +147,7 @@ func benchFailover(ctx context.Context, name, bin string, rounds int) error {
 			return err
 		}
 		stopped := time.Now()
-		lease, err := cs.CoordinationV1().Leases(lab.ReleaseNamespace).Get(ctx, "lace-agent-"+old, metav1.GetOptions{})
+		lease, err := cs.CoordinationV1().Leases(lab.HeartbeatNamespace).Get(ctx, "lace-agent-"+old, metav1.GetOptions{})
 		if err != nil || lease.Spec.RenewTime == nil {
 			return fmt.Errorf("lease of %s: %v", old, err)
 		}

@@ -28,6 +28,9 @@ const (
 	// ReleaseName and ReleaseNamespace are the lab's Helm release.
 	ReleaseName      = "lace"
 	ReleaseNamespace = "kube-system"
+	// HeartbeatNamespace holds the agents' heartbeat Leases (the chart's
+	// agent.leaseNamespace).
+	HeartbeatNamespace = "lace-heartbeats"
 	// AgentDaemonSet and ControllerDeployment are the chart's workloads.
 	AgentDaemonSet       = "lace-agent"
 	ControllerDeployment = "lace-controller"

@@ -202,7 +202,7 @@ func TestLoadBalancerL2(t *testing.T) {
 		_ = labCmd("start", "agent/"+old).Run()
 	})
 	var lease coordinationv1.Lease
-	if err := laceClient(t).Get(ctx, crclient.ObjectKey{Namespace: lab.ReleaseNamespace, Name: "lace-agent-" + old}, &lease); err != nil || lease.Spec.RenewTime == nil {
+	if err := laceClient(t).Get(ctx, crclient.ObjectKey{Namespace: lab.HeartbeatNamespace, Name: "lace-agent-" + old}, &lease); err != nil || lease.Spec.RenewTime == nil {
 		t.Fatalf("the lease of %s: %v", old, err)
 	}
 	lastBeat := lease.Spec.RenewTime.Time
