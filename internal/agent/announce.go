@@ -48,6 +48,7 @@ type announcer struct {
 	renewed   time.Time            // own Lease's last successful renewal
 	lastTry   time.Time
 	announced map[netip.Addr]bool
+	groups    *netutil.GroupMember
 }
 
 type leaseSeen struct {
@@ -70,6 +71,10 @@ func (an *announcer) run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("underlay interface for L2 announcements: %w", err)
 	}
+	if an.groups, err = netutil.NewGroupMember(an.a.opts.NetNS, an.a.opts.UnderlayInterface); err != nil {
+		return err
+	}
+	defer an.groups.Close()
 	an.seen, an.announced = map[string]leaseSeen{}, map[netip.Addr]bool{}
 	t := time.NewTicker(an.tick())
 	defer t.Stop()
@@ -219,6 +224,18 @@ func (an *announcer) once(ctx context.Context) error {
 	}
 	if err := an.a.dp.SetAnnounced(mine, an.mac, ttl); err != nil {
 		return err
+	}
+	// Solicitations for an IPv6 VIP go to its solicited-node group: the
+	// underlay joins it, or a multicast filter (the NIC's, an MLD-snooping
+	// switch's) would keep them from ever reaching the data plane.
+	var groups []netip.Addr
+	for _, v := range mine {
+		if v.Is6() {
+			groups = append(groups, netutil.SolicitedNode(v))
+		}
+	}
+	if err := an.groups.Set(groups); err != nil {
+		an.a.log.Error("solicited-node groups of IPv6 VIPs", "err", err)
 	}
 	var taken []netip.Addr
 	now2 := map[netip.Addr]bool{}

@@ -2,6 +2,7 @@ package netutil
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -91,3 +92,72 @@ func SendFrames(nsPath, ifName string, frames [][]byte) error {
 		return nil
 	})
 }
+
+// SolicitedNode is the solicited-node multicast group of a (RFC 4291
+// 2.7.1), where neighbour solicitations for a are sent.
+func SolicitedNode(a netip.Addr) netip.Addr {
+	b := a.As16()
+	g := netip.MustParseAddr("ff02::1:ff00:0").As16()
+	copy(g[13:], b[13:])
+	return netip.AddrFrom16(g)
+}
+
+// GroupMember holds multicast group memberships on one interface of a
+// network namespace, so that the interface (and MLD-snooping switches)
+// let solicitations for addresses no interface holds reach it.
+type GroupMember struct {
+	fd      int
+	ifindex int
+	joined  map[netip.Addr]bool
+}
+
+// NewGroupMember opens the socket holding the memberships on ifName in
+// nsPath.
+func NewGroupMember(nsPath, ifName string) (*GroupMember, error) {
+	g := &GroupMember{fd: -1, joined: map[netip.Addr]bool{}}
+	err := Do(nsPath, func() error {
+		iface, err := net.InterfaceByName(ifName)
+		if err != nil {
+			return err
+		}
+		g.ifindex = iface.Index
+		g.fd, err = unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("multicast membership socket on %s: %w", ifName, err)
+	}
+	return g, nil
+}
+
+// Set makes the joined groups exactly groups.
+func (g *GroupMember) Set(groups []netip.Addr) error {
+	want := map[netip.Addr]bool{}
+	var errs []error
+	for _, a := range groups {
+		want[a] = true
+		if g.joined[a] {
+			continue
+		}
+		m := &unix.IPv6Mreq{Multiaddr: a.As16(), Interface: uint32(g.ifindex)}
+		if err := unix.SetsockoptIPv6Mreq(g.fd, unix.IPPROTO_IPV6, unix.IPV6_JOIN_GROUP, m); err != nil {
+			errs = append(errs, fmt.Errorf("join %s: %w", a, err))
+			continue
+		}
+		g.joined[a] = true
+	}
+	for a := range g.joined {
+		if want[a] {
+			continue
+		}
+		m := &unix.IPv6Mreq{Multiaddr: a.As16(), Interface: uint32(g.ifindex)}
+		if err := unix.SetsockoptIPv6Mreq(g.fd, unix.IPPROTO_IPV6, unix.IPV6_LEAVE_GROUP, m); err != nil {
+			errs = append(errs, fmt.Errorf("leave %s: %w", a, err))
+		}
+		delete(g.joined, a)
+	}
+	return errors.Join(errs...)
+}
+
+// Close leaves every group.
+func (g *GroupMember) Close() error { return unix.Close(g.fd) }

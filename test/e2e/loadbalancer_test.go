@@ -190,6 +190,13 @@ func TestLoadBalancerL2(t *testing.T) {
 		if got, want := externalNeighbour(vip), nodeMAC(t, who[0]); got != want {
 			t.Errorf("the external host holds %s for %s, want %s's %s", got, vip, who[0], want)
 		}
+		if vip.Is6() {
+			group := netutil.SolicitedNode(vip).String()
+			out, err := exec.Command("ip", "netns", "exec", labConfig().NetNS(who[0]), "ip", "-6", "maddr", "show", "dev", "eth0").Output()
+			if err != nil || !strings.Contains(string(out), group) {
+				t.Errorf("%s's underlay has not joined %s, the solicited-node group of %s (%v):\n%s", who[0], group, vip, err, out)
+			}
+		}
 	}
 
 	// Failover: the announcer's agent stops.
