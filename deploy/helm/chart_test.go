@@ -395,15 +395,25 @@ func TestMetricsServices(t *testing.T) {
 func TestRBACLeastPrivilege(t *testing.T) {
 	r := mustTemplate(t)
 	type role struct {
-		kind, name string
-		rules      []rbacv1.PolicyRule
+		kind, name, namespace string
+		rules                 []rbacv1.PolicyRule
 	}
 	var roles []role
 	for _, kind := range []string{"ClusterRole", "Role"} {
 		for _, n := range r.names(kind) {
 			var cr rbacv1.ClusterRole
 			r.get(t, kind, n, &cr)
-			roles = append(roles, role{kind, n, cr.Rules})
+			roles = append(roles, role{kind, n, cr.Namespace, cr.Rules})
+		}
+	}
+	// The agents write Leases (their heartbeats) only in a namespace of
+	// their own: never where leader elections live.
+	for _, ro := range roles {
+		for _, rule := range ro.rules {
+			if ro.name == "lace-agent" && slices.Contains(rule.Resources, "leases") &&
+				(ro.kind != "Role" || ro.namespace != "lace-heartbeats") {
+				t.Errorf("the agent's Lease rights are in %s %s/%s, want only a Role in lace-heartbeats", ro.kind, ro.namespace, ro.name)
+			}
 		}
 	}
 	if len(roles) < 3 {
@@ -436,6 +446,7 @@ func TestRBACLeastPrivilege(t *testing.T) {
 		"lace-agent list lace-cni.io/networkbindingpolicies", "lace-agent patch lace-cni.io/underlayendpoints",
 		"lace-agent patch lace-cni.io/underlayendpoints/status", "lace-agent create lace-cni.io/networkendpoints",
 		"lace-agent delete lace-cni.io/networkendpoints",
+		"lace-agent update coordination.k8s.io/leases", "lace-agent watch lace-cni.io/loadbalancerclasses",
 		"lace-controller update lace-cni.io/networks/status", "lace-controller create lace-cni.io/allocations",
 		"lace-controller delete lace-cni.io/underlayendpoints", "lace-controller update lace-cni.io/networkbindingpolicies/status",
 		"lace-controller update coordination.k8s.io/leases", "lace-controller create /events",
@@ -445,7 +456,7 @@ func TestRBACLeastPrivilege(t *testing.T) {
 		}
 	}
 	for _, deny := range []string{"lace-agent update lace-cni.io/networks", "lace-agent delete /pods",
-		"lace-controller get /secrets", "lace-agent update coordination.k8s.io/leases"} {
+		"lace-controller get /secrets"} {
 		if can[deny] {
 			t.Errorf("RBAC grants %q", deny)
 		}
