@@ -738,7 +738,7 @@ func (tp topo) reachService(v Verdict, src, dst Endpoint, view View) Verdict {
 	name := svc.Namespace + "/" + svc.Name
 	v.DstNetwork, v.DstPrefix = n, netip.PrefixFrom(dst.Addr, dst.Addr.BitLen())
 	if src.Kind == EndpointOutside {
-		v.Rule = fmt.Sprintf("no view: service VIPs are reached from pods and nodes only, not from outside the cluster yet (service %s; the source is in external network %s)", name, s)
+		v.Rule = fmt.Sprintf("no view: a ClusterIP is reached from pods and nodes only; outside clients use the service's NodePorts, load balancer addresses or external IPs (service %s; the source is in external network %s)", name, s)
 		v.Reason = DropIsolated
 		return v
 	}
