@@ -360,7 +360,7 @@ func (a *Agent) apply(st model.NodeState) error {
 	}
 	wantCfg := datapath.Config{UnderlayIP: v6, UnderlayIPv4: v4, Locator: st.Locator, UnderlayIfIndex: uint32(ethIndex),
 		GuardUnderlay: len(own) > 0, HostNetNS: a.hostNetNS,
-		HostNet4: classifyAddr(st.Classifiers, v4), HostNet6: classifyAddr(st.Classifiers, v6)}
+		HostNet4: model.ClassifyAddr(st.Classifiers, v4), HostNet6: model.ClassifyAddr(st.Classifiers, v6)}
 	if cur, err := a.dp.Config(); err != nil || cur != wantCfg {
 		if err := a.dp.SetConfig(wantCfg); err != nil {
 			return fmt.Errorf("set config: %w", err)
@@ -638,20 +638,4 @@ func (a *Agent) teardown(ctx context.Context, e Endpoint) error {
 		return fmt.Errorf("tear down endpoint %s (container %q): %w", e.HostIf, e.ContainerID, err)
 	}
 	return a.cp.remove(e.HostIf)
-}
-
-// classifyAddr is the external network the node's address a classifies
-// into (longest external prefix), 0 for none: its view says which VIPs the
-// node's own sockets reach.
-func classifyAddr(cls []datapath.Classifier, a netip.Addr) uint32 {
-	if !a.IsValid() {
-		return 0
-	}
-	best, id := -1, uint32(0)
-	for _, c := range cls {
-		if c.Prefix.Contains(a) && c.Prefix.Bits() > best {
-			best, id = c.Prefix.Bits(), c.NetID
-		}
-	}
-	return id
 }

@@ -941,6 +941,22 @@ func filterEndpoints(eps []svcEndpoint, keep func(svcEndpoint) bool) []svcEndpoi
 	return out
 }
 
+// ClassifyAddr is the external network a node address classifies into
+// (longest external prefix of cls), 0 for none: its view says which
+// ClusterIPs the node's sockets reach and which NodePorts open on it.
+func ClassifyAddr(cls []tables.Classifier, a netip.Addr) uint32 {
+	if !a.IsValid() {
+		return 0
+	}
+	best, id := -1, uint32(0)
+	for _, c := range cls {
+		if c.Prefix.Contains(a) && c.Prefix.Bits() > best {
+			best, id = c.Prefix.Bits(), c.NetID
+		}
+	}
+	return id
+}
+
 // GateNodePorts closes the NodePorts no policy opens on their node
 // address (ARCHITECTURE.md section 6): the address classifies into an
 // external network E (st.Classifiers, longest prefix), and the NodePort
@@ -949,15 +965,6 @@ func filterEndpoints(eps []svcEndpoint, keep func(svcEndpoint) bool) []svcEndpoi
 // or a ServiceRoutingPolicy from E selecting the service). svcs is not
 // modified: the result shares it unless something closes.
 func GateNodePorts(svcs []tables.Service, st *NodeState) []tables.Service {
-	classify := func(a netip.Addr) uint32 {
-		best, id := -1, uint32(0)
-		for _, c := range st.Classifiers {
-			if c.Prefix.Contains(a) && c.Prefix.Bits() > best {
-				best, id = c.Prefix.Bits(), c.NetID
-			}
-		}
-		return id
-	}
 	type reach struct {
 		view uint32
 		vip  netip.Addr
@@ -976,7 +983,7 @@ func GateNodePorts(svcs []tables.Service, st *NodeState) []tables.Service {
 			for j := range svcs {
 				if a := svcs[j].VIP; svcs[j].Frontend == tables.FrontendNodePort {
 					if _, done := ext[a]; !done {
-						ext[a] = classify(a)
+						ext[a] = ClassifyAddr(st.Classifiers, a)
 						views[ext[a]] = true
 					}
 				}
