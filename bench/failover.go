@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"os/exec"
 	"path/filepath"
@@ -18,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
-	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/model"
 	"github.com/lace-cni/lace/internal/netutil"
@@ -111,14 +108,7 @@ func benchFailover(ctx context.Context, name, bin string, rounds int) error {
 	}
 	macs := map[string]string{}
 	for _, n := range nodes {
-		err := netutil.Do(netutil.Path(c.NetNS(n)), func() error {
-			i, err := net.InterfaceByName("eth0")
-			if err == nil {
-				macs[n] = i.HardwareAddr.String()
-			}
-			return err
-		})
-		if err != nil {
+		if macs[n], err = lab.NodeMAC(c, n); err != nil {
 			return err
 		}
 	}
@@ -134,8 +124,8 @@ func benchFailover(ctx context.Context, name, bin string, rounds int) error {
 	for r := 0; r < rounds; r++ {
 		var old string
 		if err := until(ctx, 30*time.Second, func() bool {
-			who := announcersOf(c, nodes, vip)
-			if len(who) == 1 && neighbourMAC(c, vip) == macs[who[0]] && ask() {
+			who, _ := lab.Announcers(c, vip)
+			if len(who) == 1 && lab.ExternalNeighbour(c, vip) == macs[who[0]] && ask() {
 				old = who[0]
 				return true
 			}
@@ -153,7 +143,7 @@ func benchFailover(ctx context.Context, name, bin string, rounds int) error {
 		}
 		var took time.Time
 		err = until(ctx, 20*time.Second, func() bool {
-			mac := neighbourMAC(c, vip)
+			mac := lab.ExternalNeighbour(c, vip)
 			if mac != "" && mac != macs[old] && ask() {
 				took = time.Now()
 				return true
@@ -195,36 +185,4 @@ func until(ctx context.Context, timeout time.Duration, ok func() bool) error {
 		}
 	}
 	return nil
-}
-
-// announcersOf names the nodes whose data plane answers for vip.
-func announcersOf(c lab.Config, nodes []string, vip netip.Addr) []string {
-	var out []string
-	for _, n := range nodes {
-		dp, err := datapath.Load(filepath.Join(c.NodeRoot(n), "sys/fs/bpf/lace"))
-		if err != nil {
-			continue
-		}
-		vips, _ := dp.Announced()
-		dp.Close()
-		if slices.Contains(vips, vip) {
-			out = append(out, n)
-		}
-	}
-	return out
-}
-
-// neighbourMAC is the external host's neighbour entry for addr.
-func neighbourMAC(c lab.Config, addr netip.Addr) string {
-	out, err := exec.Command("ip", "netns", "exec", c.NetNS("external"), "ip", "-j", "neigh", "show", addr.String()).Output()
-	if err != nil {
-		return ""
-	}
-	var entries []struct {
-		LLAddr string `json:"lladdr"`
-	}
-	if json.Unmarshal(out, &entries) != nil || len(entries) == 0 {
-		return ""
-	}
-	return entries[0].LLAddr
 }

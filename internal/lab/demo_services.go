@@ -2,10 +2,14 @@ package lab
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -107,25 +111,62 @@ func demoServices(ctx context.Context, cl client.Client, c Config, pod string, o
 
 // announcerOf names the nodes whose data plane answers ARP/NDP for vip.
 func announcerOf(c Config, vip netip.Addr) string {
+	who, err := Announcers(c, vip)
+	switch {
+	case err != nil:
+		return "unknown (" + err.Error() + ")"
+	case len(who) == 0:
+		return "no node"
+	}
+	return strings.Join(who, ", ")
+}
+
+// Announcers lists the lab nodes whose data plane answers ARP/NDP for vip
+// now (read from the maps the agents pinned on each node's bpffs).
+func Announcers(c Config, vip netip.Addr) ([]string, error) {
 	var who []string
 	for i := 1; i <= c.Nodes; i++ {
 		dp, err := datapath.Load(filepath.Join(c.NodeRoot(c.NodeName(i)), "sys/fs/bpf/lace"))
 		if err != nil {
-			return "unknown (" + err.Error() + ")"
+			return nil, err
 		}
 		vips, err := dp.Announced()
 		dp.Close()
 		if err != nil {
-			return "unknown (" + err.Error() + ")"
+			return nil, err
 		}
-		for _, v := range vips {
-			if v == vip {
-				who = append(who, c.NodeName(i))
-			}
+		if slices.Contains(vips, vip) {
+			who = append(who, c.NodeName(i))
 		}
 	}
-	if len(who) == 0 {
-		return "no node"
+	return who, nil
+}
+
+// NodeMAC is the MAC of a lab node's underlay interface.
+func NodeMAC(c Config, node string) (string, error) {
+	var mac string
+	err := netutil.Do(netutil.Path(c.NetNS(node)), func() error {
+		i, err := net.InterfaceByName("eth0")
+		if err == nil {
+			mac = i.HardwareAddr.String()
+		}
+		return err
+	})
+	return mac, err
+}
+
+// ExternalNeighbour is the MAC the lab's external host holds for addr, ""
+// when it holds none.
+func ExternalNeighbour(c Config, addr netip.Addr) string {
+	out, err := exec.Command("ip", "netns", "exec", c.NetNS("external"), "ip", "-j", "neigh", "show", addr.String()).Output()
+	if err != nil {
+		return ""
 	}
-	return strings.Join(who, ", ")
+	var entries []struct {
+		LLAddr string `json:"lladdr"`
+	}
+	if json.Unmarshal(out, &entries) != nil || len(entries) == 0 {
+		return ""
+	}
+	return entries[0].LLAddr
 }

@@ -2,14 +2,12 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,7 +19,6 @@ import (
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
-	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/model"
 	"github.com/lace-cni/lace/internal/netutil"
@@ -64,59 +61,25 @@ func waitIngress(t *testing.T, name string, n int) []netip.Addr {
 // announcers reads which nodes' data planes answer ARP/NDP for vip now.
 func announcers(t *testing.T, vip netip.Addr) []string {
 	t.Helper()
-	var out []string
-	for _, n := range []string{"n1", "n2", "n3"} {
-		dp, err := datapath.Load(filepath.Join(labConfig().NodeRoot(n), "sys/fs/bpf/lace"))
-		if err != nil {
-			t.Fatalf("open the data plane of %s: %v", n, err)
-		}
-		vips, err := dp.Announced()
-		dp.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, v := range vips {
-			if v == vip {
-				out = append(out, n)
-			}
-		}
+	who, err := lab.Announcers(labConfig(), vip)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return out
+	return who
 }
 
 // nodeMAC is the MAC of lab node's underlay interface.
 func nodeMAC(t *testing.T, node string) string {
 	t.Helper()
-	var mac string
-	err := netutil.Do(netutil.Path(labConfig().NetNS(node)), func() error {
-		i, err := net.InterfaceByName("eth0")
-		if err == nil {
-			mac = i.HardwareAddr.String()
-		}
-		return err
-	})
+	mac, err := lab.NodeMAC(labConfig(), node)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return mac
 }
 
-// externalNeighbour is the MAC the external host holds for addr ("" when
-// none, or the entry failed).
-func externalNeighbour(addr netip.Addr) string {
-	out, err := exec.Command("ip", "netns", "exec", labConfig().NetNS("external"), "ip", "-j", "neigh", "show", addr.String()).Output()
-	if err != nil {
-		return ""
-	}
-	var entries []struct {
-		LLAddr string   `json:"lladdr"`
-		State  []string `json:"state"`
-	}
-	if json.Unmarshal(out, &entries) != nil || len(entries) == 0 {
-		return ""
-	}
-	return entries[0].LLAddr
-}
+// externalNeighbour is the MAC the external host holds for addr.
+func externalNeighbour(addr netip.Addr) string { return lab.ExternalNeighbour(labConfig(), addr) }
 
 // healthCheck GETs a healthCheckNodePort from the external host (every
 // connection dialled inside its namespace).
