@@ -118,6 +118,27 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lace_xlb_rev SEC(".maps");
 
+/* decap_inner gives the inner protocol and the room adjustment flags of
+ * an SRv6 packet carrying nexthdr, or -1 when that is neither IPv4 nor
+ * IPv6. FIXED_GSO as at encapsulation: the segment size was kept then, so
+ * it is kept now, and the kernel refuses to shrink a UDP GSO packet
+ * without it (its gso_size delimits datagrams). */
+static __always_inline int decap_inner(__u8 nexthdr, __u16 *proto, __u64 *flags)
+{
+	*flags = BPF_F_ADJ_ROOM_NO_CSUM_RESET | BPF_F_ADJ_ROOM_FIXED_GSO;
+	if (nexthdr == IPPROTO_IPIP) {
+		*proto = bpf_htons(ETH_P_IP);
+		*flags |= LACE_ADJ_ROOM_DECAP_L3_IPV4;
+		return 0;
+	}
+	if (nexthdr == IPPROTO_IPV6) {
+		*proto = bpf_htons(ETH_P_IPV6);
+		*flags |= LACE_ADJ_ROOM_DECAP_L3_IPV6;
+		return 0;
+	}
+	return -1;
+}
+
 /* The large locals of xlb_in and xlb_reply, per CPU: on the stack they
  * would exceed the 512 bytes the verifier allows from_underlay's deepest
  * call chain (a tc program runs to its end on one CPU). */
@@ -397,16 +418,9 @@ static __noinline int xlb_reply(struct __sk_buff *skb)
 	if (!x)
 		return drop(DROP_ADJUST);
 	__u16 inner_proto;
-	__u64 flags = BPF_F_ADJ_ROOM_NO_CSUM_RESET | BPF_F_ADJ_ROOM_FIXED_GSO;
-	if (nexthdr == IPPROTO_IPIP) {
-		inner_proto = bpf_htons(ETH_P_IP);
-		flags |= LACE_ADJ_ROOM_DECAP_L3_IPV4;
-	} else if (nexthdr == IPPROTO_IPV6) {
-		inner_proto = bpf_htons(ETH_P_IPV6);
-		flags |= LACE_ADJ_ROOM_DECAP_L3_IPV6;
-	} else {
-		return drop(DROP_DECAP_PROTO);
-	}
+	__u64 flags;
+	if (decap_inner(nexthdr, &inner_proto, &flags))
+		return drop(DROP_DECAP_PROTO); /* decap checked it: not reached */
 	struct pkt p = {};
 	if (parse_ip(skb, inner_proto, ETH_HLEN + sizeof(struct ipv6hdr), &p))
 		return drop(DROP_DECAP_TRUNCATED);
@@ -469,25 +483,14 @@ static __noinline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 		return drop(DROP_DECAP_SOURCE);
 	if (!bpf_map_lookup_elem(&lace_networks, &net_id) || !bpf_map_lookup_elem(&lace_networks, &src_net))
 		return drop(DROP_DECAP_SID);
-	if (net_id == NODE_NET_ID)
-		return RET_NODE_CTX; /* xlb_reply, from the caller: the stack */
 
 	__u16 inner_proto;
-	/* FIXED_GSO as at encapsulation: the segment size was kept then, so
-	 * it is kept now, and the kernel refuses to shrink a UDP GSO packet
-	 * without it (its gso_size delimits datagrams). */
-	__u64 flags = BPF_F_ADJ_ROOM_NO_CSUM_RESET | BPF_F_ADJ_ROOM_FIXED_GSO;
-	if (outer->nexthdr == IPPROTO_IPIP) {
-		inner_proto = bpf_htons(ETH_P_IP);
-		flags |= LACE_ADJ_ROOM_DECAP_L3_IPV4;
-	} else if (outer->nexthdr == IPPROTO_IPV6) {
-		inner_proto = bpf_htons(ETH_P_IPV6);
-		flags |= LACE_ADJ_ROOM_DECAP_L3_IPV6;
-	} else if (outer->nexthdr == IPV6_FRAGMENT) {
-		return drop(DROP_DECAP_FRAGMENT);
-	} else if (ipv6_ext_header(outer->nexthdr)) {
-		return drop(DROP_DECAP_EXT_HEADER);
-	} else {
+	__u64 flags;
+	if (decap_inner(outer->nexthdr, &inner_proto, &flags)) {
+		if (outer->nexthdr == IPV6_FRAGMENT)
+			return drop(DROP_DECAP_FRAGMENT);
+		if (ipv6_ext_header(outer->nexthdr))
+			return drop(DROP_DECAP_EXT_HEADER);
 		return drop(DROP_DECAP_PROTO);
 	}
 	/* The inner header must be whole, and inside what the outer header
@@ -495,6 +498,9 @@ static __noinline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 	__u32 inner_min = inner_proto == bpf_htons(ETH_P_IP) ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
 	if (bpf_ntohs(outer->payload_len) < inner_min)
 		return drop(DROP_DECAP_TRUNCATED);
+	/* The nodes' context: xlb_reply, called by the caller (the stack). */
+	if (net_id == NODE_NET_ID)
+		return RET_NODE_CTX;
 	struct pkt p = {};
 	if (parse_ip(skb, inner_proto, ETH_HLEN + sizeof(struct ipv6hdr), &p))
 		return drop(DROP_DECAP_TRUNCATED);
