@@ -151,6 +151,7 @@ struct xlb_scratch {
 	struct affinity_key ak;
 	struct affinity_val av;
 	struct route_key rtk;
+	struct snat_key fk; /* a destination without a free node port */
 	__u8 be[16];
 	__u8 front[16];
 	__u8 node[16];
@@ -323,8 +324,15 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 			 * all here). */
 			if (!(sv.flags & SVC_SNAT))
 				return drop(DROP_NO_LOCAL_BACKEND);
-			if (xlb_port(x, p, be_port, ext, &nport))
+			if (xlb_port(x, p, be_port, ext, &nport)) {
+				__builtin_memset(&x->fk, 0, sizeof(x->fk));
+				x->fk.family = p->family;
+				x->fk.proto = p->proto;
+				x->fk.rport = be_port;
+				__builtin_memcpy(x->fk.raddr, x->be, 16);
+				snat_exhausted(&x->fk);
 				return drop(DROP_SNAT);
+			}
 		}
 		__builtin_memset(&x->v, 0, sizeof(x->v));
 		x->v.peer_net = sv.net_id;
@@ -558,20 +566,19 @@ static __noinline int snat_in(struct __sk_buff *skb, struct pkt *p)
 	if (!svp)
 		return TC_ACT_OK;
 	struct snat_val sv = *svp;
+	/* Only while the pod's flow lives: an old mapping is closed, even
+	 * before another flow takes its port. */
+	struct ct_key k;
+	struct ct_val *ct = snat_owner(&sk, &sv, &k);
+	if (!ct)
+		return drop(DROP_SNAT_CLOSED);
 	__u32 ifindex;
 	__u8 macs[12];
 	if (local_pod(sv.net_id, p->family, sv.laddr, &ifindex, macs))
 		return drop(DROP_NO_ENDPOINT);
 	if (p->ttl <= 1)
 		return drop(DROP_TTL);
-
-	struct ct_key k = {.net_id = sv.net_id, .family = p->family, .proto = p->proto,
-			   .lport = sv.lport, .rport = icmp ? sv.lport : p->sport};
-	__builtin_memcpy(k.laddr, sv.laddr, 16);
-	__builtin_memcpy(k.raddr, p->saddr, 16);
-	struct ct_val *ct = ct_lookup(&k);
-	if (ct)
-		ct_refresh(ct, p, 0);
+	ct_refresh(ct, p, 0);
 	/* An outside service endpoint (the API server behind the kubernetes
 	 * Service) answers from the VIP the client addressed. */
 	if (dec_ttl(skb, p) || nat_rewrite(skb, p, 0, sv.laddr, sv.lport) || unnat_reply(skb, p, ct) ||
@@ -630,6 +637,10 @@ static __noinline int snat_icmp_in(struct __sk_buff *skb, struct pkt *p)
 	if (!svp)
 		return TC_ACT_OK;
 	struct snat_val sv = *svp;
+	/* About a flow that is over: nobody to tell. */
+	struct ct_key k;
+	if (!snat_owner(&sk, &sv, &k))
+		return drop(DROP_SNAT_CLOSED);
 	__u32 ifindex;
 	__u8 macs[12];
 	if (local_pod(sv.net_id, p->family, sv.laddr, &ifindex, macs))

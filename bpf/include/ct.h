@@ -52,11 +52,19 @@ struct ct_val {
 #define CT_DNAT 128 /* a client's flow to an endpoint: replies come from nat_addr/port */
 #define CT_REV_NAT 512 /* a pod's side of a flow to an external frontend: its answers leave from nat_addr/port */
 #define CT_HAIRPIN 256 /* an endpoint's side of its own flow through its service: answers go back from nat_addr/port */
+/* The opener spoke again after the reply (TCP: the handshake's last ACK;
+ * UDP: a second datagram), as Linux's ASSURED: only then does a flow earn
+ * the long timeouts. */
+#define CT_ASSURED 1024
 
 #define NSEC 1000000000ULL
 /* Timeouts: TCP as the kernel's conntrack orders them (an unanswered
- * SYN short, established long, closing short); UDP longer once answered
- * (a stream, DNS retries stay on one entry); ICMP echo short. */
+ * SYN short, established long, closing short); UDP as Linux's since 5.x:
+ * an exchange (a request and its answer, a DNS query) is held 30 s, and
+ * only a stream, whose opener sends again after the answer (ASSURED),
+ * 120 s; ICMP echo short. A SNAT port is held exactly that long, so the
+ * UDP exchange's 30 s is what bounds the rate of new UDP flows toward one
+ * outside destination (4536 ports / 30 s, about 150 a second). */
 #define CT_TCP_SYN (60 * NSEC)
 #define CT_TCP_EST (21600 * NSEC)
 #define CT_TCP_CLOSE (10 * NSEC)
@@ -107,7 +115,23 @@ struct {
  * the node's own connections never collide with them. */
 #define SNAT_PORT_MIN 61000
 #define SNAT_PORT_RANGE 4536
-#define SNAT_TRIES 16
+#define SNAT_TRIES 32
+
+/* SNAT exhaustion, per destination: which outside address, port and
+ * protocol found no free port, how often and when last (the agent exports
+ * it: metric and lacectl status). Keyed by a snat_key whose port is 0. */
+struct snat_fail_val {
+	__u64 count;
+	__u64 last; /* bpf_ktime_get_ns() */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1024);
+	__type(key, struct snat_key);
+	__type(value, struct snat_fail_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_snat_exhausted SEC(".maps");
 
 static __always_inline int is_tcp_syn(struct pkt *p)
 {
@@ -158,6 +182,9 @@ static __always_inline void ct_refresh(struct ct_val *v, struct pkt *p, int from
 			f |= CT_RST;
 		if (p->tcp_flags & TCP_FIN)
 			f |= from_origin ? CT_FIN_ORIG : CT_FIN_REPLY;
+		/* The handshake's last ACK (not a SYN again) assures it. */
+		if (from_origin && (f & CT_SEEN_REPLY) && !(p->tcp_flags & TCP_SYN))
+			f |= CT_ASSURED;
 		if ((f & CT_RST) || ((f & CT_FIN_ORIG) && (f & CT_FIN_REPLY)))
 			timeout = CT_TCP_CLOSE;
 		else if (f & CT_SEEN_REPLY)
@@ -165,7 +192,9 @@ static __always_inline void ct_refresh(struct ct_val *v, struct pkt *p, int from
 		else
 			timeout = CT_TCP_SYN;
 	} else if (p->proto == IPPROTO_UDP) {
-		timeout = (f & CT_SEEN_REPLY) ? CT_UDP_REPLIED : CT_UDP;
+		if (from_origin && (f & CT_SEEN_REPLY))
+			f |= CT_ASSURED;
+		timeout = (f & CT_ASSURED) ? CT_UDP_REPLIED : CT_UDP;
 	}
 	v->flags = f;
 	v->expires = bpf_ktime_get_ns() + timeout;
@@ -205,6 +234,45 @@ static __always_inline struct ct_val *ct_track_in(__u32 net_id, __u32 src_net, s
 	}
 	ct_create(&k, src_net, 0, 0, p, 1);
 	return NULL;
+}
+
+/* snat_exhausted counts a failed port pick toward sk's destination. */
+static __always_inline void snat_exhausted(struct snat_key *sk)
+{
+	__u16 port = sk->port;
+	sk->port = 0;
+	struct snat_fail_val *f = bpf_map_lookup_elem(&lace_snat_exhausted, sk);
+	if (f) {
+		__sync_fetch_and_add(&f->count, 1);
+		f->last = bpf_ktime_get_ns();
+	} else {
+		struct snat_fail_val nf = {.count = 1, .last = bpf_ktime_get_ns()};
+		bpf_map_update_elem(&lace_snat_exhausted, sk, &nf, BPF_NOEXIST);
+	}
+	sk->port = port;
+}
+
+/* snat_owner returns the live conntrack entry of the pod's flow the SNAT
+ * mapping sk -> sv stands for (k receives its key), or NULL when that flow
+ * is over: its entry expired, was evicted, or no longer holds this port.
+ * A mapping lives exactly as long as its flow: replies are delivered only
+ * while snat_owner finds it, and its port is free for another flow as soon
+ * as it does not. */
+static __always_inline struct ct_val *snat_owner(const struct snat_key *sk, const struct snat_val *sv, struct ct_key *k)
+{
+	int icmp = sk->proto == IPPROTO_ICMP || sk->proto == IPPROTO_ICMPV6;
+	k->net_id = sv->net_id;
+	k->family = sk->family;
+	k->proto = sk->proto;
+	k->pad = 0;
+	k->lport = sv->lport;
+	k->rport = icmp ? sv->lport : sk->rport;
+	__builtin_memcpy(k->laddr, sv->laddr, 16);
+	__builtin_memcpy(k->raddr, sk->raddr, 16);
+	struct ct_val *v = ct_lookup(k);
+	if (!v || !(v->flags & CT_SNAT) || v->snat_port != sk->port)
+		return NULL;
+	return v;
 }
 
 #endif

@@ -29,6 +29,7 @@ var DropReasons = []string{
 	"no-local-endpoints",
 	"frontend-closed",
 	"source-range",
+	"snat-closed",
 }
 
 // DropMeanings say what the drop reasons count, in the same order.
@@ -58,6 +59,7 @@ var DropMeanings = []string{
 	"internalTrafficPolicy Local and no endpoint on this node",
 	"a NodePort on a node address whose external network no policy opens to the service's network",
 	"a source outside the service's loadBalancerSourceRanges",
+	"to a node SNAT port whose pod flow is over (its conntrack entry expired, was evicted or gave the port up)",
 }
 
 // ForwardCounters name the counters, in the order of the C enum.
