@@ -71,6 +71,10 @@ struct ct_val {
 #define CT_UDP (30 * NSEC)
 #define CT_UDP_REPLIED (120 * NSEC)
 #define CT_OTHER (30 * NSEC)
+/* A flow the other side opened and that is not assured yet (a bare SYN, a
+ * datagram nobody answered, a handshake whose last ACK never came): a few
+ * seconds, whatever its protocol. A flood is made of these. */
+#define CT_NEW_IN (5 * NSEC)
 
 #define TCP_FIN 0x01
 #define TCP_SYN 0x02
@@ -84,6 +88,21 @@ struct {
 	__type(value, struct ct_val);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lace_ct SEC(".maps");
+
+/* Flows the other side opened (from another node, from outside, to a
+ * frontend) live here until they are assured, then move to lace_ct. The
+ * maps are LRU: a flood of new flows (SYNs, spoofed datagrams) evicts only
+ * other unassured flows from this budget of its own, never an established
+ * flow from lace_ct; and its entries expire after CT_NEW_IN. Linux's
+ * conntrack gets the same from early_drop (a full table drops an
+ * unassured entry first); Cilium keeps one LRU map and relies on its GC. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 32768);
+	__type(key, struct ct_key);
+	__type(value, struct ct_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_ct_new SEC(".maps");
 
 /* SNAT: the node's address and a port of its own stand for a pod toward
  * an outside address. Keyed by what the replies carry. */
@@ -159,13 +178,59 @@ static __always_inline void ct_key_of(struct ct_key *k, __u32 net_id, struct pkt
 	}
 }
 
+/* ct_settled tells whether an entry belongs in lace_ct: a flow this side
+ * opened (or its hairpin), or one the other side opened that is assured. */
+static __always_inline int ct_settled(__u16 flags)
+{
+	return flags & (CT_ORIGIN_LOCAL | CT_HAIRPIN | CT_ASSURED);
+}
+
+/* ct_promote moves k's assured entry v from lace_ct_new to lace_ct and
+ * returns it there. */
+static __always_inline struct ct_val *ct_promote(struct ct_key *k, struct ct_val *v)
+{
+	if (bpf_map_update_elem(&lace_ct, k, v, BPF_ANY))
+		return v;
+	bpf_map_delete_elem(&lace_ct_new, k);
+	return bpf_map_lookup_elem(&lace_ct, k);
+}
+
+/* ct_settle promotes k's entry once it is assured (called after a
+ * packet that may have assured it, so a flood never evicts it from
+ * lace_ct_new before its next packet). */
+static __always_inline void ct_settle(struct ct_key *k)
+{
+	struct ct_val *v = bpf_map_lookup_elem(&lace_ct_new, k);
+	if (v && (v->flags & CT_ASSURED))
+		ct_promote(k, v);
+}
+
+/* ct_insert records k's entry v in the map it belongs to, and forgets an
+ * older one of k in the other. */
+static __always_inline void ct_insert(struct ct_key *k, struct ct_val *v)
+{
+	if (ct_settled(v->flags)) {
+		bpf_map_update_elem(&lace_ct, k, v, BPF_ANY);
+		bpf_map_delete_elem(&lace_ct_new, k);
+	} else {
+		bpf_map_update_elem(&lace_ct_new, k, v, BPF_ANY);
+		bpf_map_delete_elem(&lace_ct, k);
+	}
+}
+
 /* ct_lookup returns the live entry of k, or NULL (an expired one counts as
  * none: the next packet of that tuple is a new flow). */
 static __always_inline struct ct_val *ct_lookup(struct ct_key *k)
 {
+	__u64 now = bpf_ktime_get_ns();
 	struct ct_val *v = bpf_map_lookup_elem(&lace_ct, k);
-	if (v && v->expires < bpf_ktime_get_ns())
+	if (v && v->expires >= now)
+		return v;
+	v = bpf_map_lookup_elem(&lace_ct_new, k);
+	if (!v || v->expires < now)
 		return NULL;
+	if (v->flags & CT_ASSURED)
+		return ct_promote(k, v);
 	return v;
 }
 
@@ -196,6 +261,8 @@ static __always_inline void ct_refresh(struct ct_val *v, struct pkt *p, int from
 			f |= CT_ASSURED;
 		timeout = (f & CT_ASSURED) ? CT_UDP_REPLIED : CT_UDP;
 	}
+	if (!ct_settled(f))
+		timeout = CT_NEW_IN;
 	v->flags = f;
 	v->expires = bpf_ktime_get_ns() + timeout;
 }
@@ -207,8 +274,10 @@ static __always_inline struct ct_val *ct_create(struct ct_key *k, __u32 peer_net
 {
 	struct ct_val v = {.peer_net = peer_net, .flags = flags, .snat_port = snat_port};
 	ct_refresh(&v, p, from_origin);
-	bpf_map_update_elem(&lace_ct, k, &v, BPF_ANY);
-	return bpf_map_lookup_elem(&lace_ct, k);
+	ct_insert(k, &v);
+	if (ct_settled(v.flags))
+		return bpf_map_lookup_elem(&lace_ct, k);
+	return bpf_map_lookup_elem(&lace_ct_new, k);
 }
 
 /* ct_closing tells whether a TCP entry is done, so that a SYN reusing
@@ -229,7 +298,10 @@ static __always_inline struct ct_val *ct_track_in(__u32 net_id, __u32 src_net, s
 	ct_key_of(&k, net_id, p, 0);
 	struct ct_val *v = ct_lookup(&k);
 	if (v && !(is_tcp_syn(p) && ct_closing(v))) {
+		int settled = ct_settled(v->flags);
 		ct_refresh(v, p, !(v->flags & CT_ORIGIN_LOCAL));
+		if (!settled && ct_settled(v->flags))
+			v = ct_promote(&k, v);
 		return v;
 	}
 	ct_create(&k, src_net, 0, 0, p, 1);

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -240,4 +241,93 @@ func TestProgSNATClosedAfterFlow(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestProgFloodKeepsEstablished: a flow opened from outside lives in
+// lace_ct_new, for CT_NEW_IN, until its opener speaks again after the
+// pod's answer; then it is established in lace_ct. A flood of 200,000 new
+// flows from outside (more than both maps hold) evicts only other
+// unassured flows: the established one stays, and the flood's entries
+// expire within seconds.
+func TestProgFloodKeepsEstablished(t *testing.T) {
+	d := progPodDatapath(t)
+	ext4 := netip.MustParseAddr("172.31.0.200")
+	for _, err := range []error{
+		d.UpsertNetwork(Network{ID: snatWorld}),
+		d.UpsertClassifier(Classifier{NetID: snatWorld, Prefix: netip.MustParsePrefix("0.0.0.0/0")}),
+		d.UpsertRoute(Route{NetID: snatWorld, Prefix: netip.MustParsePrefix("0.0.0.0/0"), Kind: tables.RouteExternal, DstNet: snatWorld}),
+		d.UpsertRoute(Route{NetID: snatWorld, Prefix: netip.MustParsePrefix("10.70.1.0/24"), Kind: tables.RouteLocal, DstNet: progNet}),
+		d.UpsertRoute(Route{NetID: progNet, Prefix: netip.MustParsePrefix("0.0.0.0/0"), Kind: tables.RouteExternal, DstNet: snatWorld}),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	seg := func(sport, dport uint16, flags byte) []byte {
+		b := tcpSYN(sport, dport)
+		b[13] = flags
+		return b
+	}
+	in := func(src netip.Addr, sport uint16, flags byte) {
+		if got := runProg(t, d.underlay.FromUnderlay, ether(unicastMAC, 0x0800, ipv4(src, progPodV4, 6, seg(sport, 7, flags)))); got != actRedirect {
+			t.Fatalf("verdict %d for %d -> the pod, want it delivered", got, sport)
+		}
+	}
+	flowFrom := func(src netip.AddrPort) (Flow, bool) {
+		flows, err := d.Conntrack()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range flows {
+			if f.Remote == src && f.Local.Port() == 7 {
+				return f, true
+			}
+		}
+		return Flow{}, false
+	}
+	flow := func(sport uint16) (Flow, bool) { return flowFrom(netip.AddrPortFrom(ext4, sport)) }
+
+	in(ext4, 999, 0x02) // SYN
+	if f, ok := flow(999); !ok || !f.New || f.Assured {
+		t.Errorf("after the SYN: %+v (found %v), want an unassured flow in lace_ct_new", f, ok)
+	}
+	runPod(t, d, ether(unicastMAC, 0x0800, ipv4(progPodV4, ext4, 6, seg(7, 999, 0x12)))) // SYN-ACK
+	in(ext4, 999, 0x10)                                                                  // ACK
+	f, ok := flow(999)
+	if !ok || f.New || !f.Assured {
+		t.Errorf("after the handshake: %+v (found %v), want it assured in lace_ct", f, ok)
+	}
+
+	const flood = 200000
+	for i := range flood {
+		// Distinct flows: 60,000 source ports of each of 4 addresses.
+		in(netip.AddrFrom4([4]byte{172, 31, byte(1 + i/60000), 200}), uint16(1000+i%60000), 0x02)
+		if i == 60000 {
+			// A bare SYN is held seconds, not a minute.
+			now, err := monotonicNow()
+			if err != nil {
+				t.Fatal(err)
+			}
+			g, ok := flowFrom(netip.AddrPortFrom(netip.MustParseAddr("172.31.1.200"), 1000+59000))
+			if !ok {
+				t.Fatal("a flood SYN left no entry")
+			}
+			if left := time.Duration(g.ExpiresMonotonicNanos - now); !g.New || left > 5*time.Second {
+				t.Errorf("a flood SYN's entry: new %v, expires in %v, want it in lace_ct_new for at most 5s", g.New, left)
+			}
+		}
+	}
+	now, err := monotonicNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, ok = flow(999)
+	if !ok || f.New || f.ExpiresMonotonicNanos < now {
+		t.Fatalf("after a flood of %d SYNs the established flow is %+v (found %v), want it live in lace_ct", flood, f, ok)
+	}
+	sizes, err := d.MapSizes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("after the flood: %d established, %d new entries", sizes["conntrack"], sizes["conntrack-new"])
 }

@@ -215,6 +215,7 @@ const (
 	sockMapLaceCfg           = "lace_cfg"
 	sockMapLaceClassify      = "lace_classify"
 	sockMapLaceCt            = "lace_ct"
+	sockMapLaceCtNew         = "lace_ct_new"
 	sockMapLaceDrops         = "lace_drops"
 	sockMapLaceEndpoints     = "lace_endpoints"
 	sockMapLaceForwarded     = "lace_forwarded"
@@ -300,6 +301,7 @@ type sockMapSpecs struct {
 	LaceCfg           *ebpf.MapSpec `ebpf:"lace_cfg"`
 	LaceClassify      *ebpf.MapSpec `ebpf:"lace_classify"`
 	LaceCt            *ebpf.MapSpec `ebpf:"lace_ct"`
+	LaceCtNew         *ebpf.MapSpec `ebpf:"lace_ct_new"`
 	LaceDrops         *ebpf.MapSpec `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
 	LaceForwarded     *ebpf.MapSpec `ebpf:"lace_forwarded"`
@@ -347,6 +349,7 @@ type sockMaps struct {
 	LaceCfg           *ebpf.Map `ebpf:"lace_cfg"`
 	LaceClassify      *ebpf.Map `ebpf:"lace_classify"`
 	LaceCt            *ebpf.Map `ebpf:"lace_ct"`
+	LaceCtNew         *ebpf.Map `ebpf:"lace_ct_new"`
 	LaceDrops         *ebpf.Map `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
 	LaceForwarded     *ebpf.Map `ebpf:"lace_forwarded"`
@@ -370,6 +373,7 @@ func (m *sockMaps) Close() error {
 		m.LaceCfg,
 		m.LaceClassify,
 		m.LaceCt,
+		m.LaceCtNew,
 		m.LaceDrops,
 		m.LaceEndpoints,
 		m.LaceForwarded,

@@ -244,6 +244,7 @@ const (
 	underlayMapLaceCfg           = "lace_cfg"
 	underlayMapLaceClassify      = "lace_classify"
 	underlayMapLaceCt            = "lace_ct"
+	underlayMapLaceCtNew         = "lace_ct_new"
 	underlayMapLaceDrops         = "lace_drops"
 	underlayMapLaceEndpoints     = "lace_endpoints"
 	underlayMapLaceForwarded     = "lace_forwarded"
@@ -317,6 +318,7 @@ type underlayMapSpecs struct {
 	LaceCfg           *ebpf.MapSpec `ebpf:"lace_cfg"`
 	LaceClassify      *ebpf.MapSpec `ebpf:"lace_classify"`
 	LaceCt            *ebpf.MapSpec `ebpf:"lace_ct"`
+	LaceCtNew         *ebpf.MapSpec `ebpf:"lace_ct_new"`
 	LaceDrops         *ebpf.MapSpec `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
 	LaceForwarded     *ebpf.MapSpec `ebpf:"lace_forwarded"`
@@ -366,6 +368,7 @@ type underlayMaps struct {
 	LaceCfg           *ebpf.Map `ebpf:"lace_cfg"`
 	LaceClassify      *ebpf.Map `ebpf:"lace_classify"`
 	LaceCt            *ebpf.Map `ebpf:"lace_ct"`
+	LaceCtNew         *ebpf.Map `ebpf:"lace_ct_new"`
 	LaceDrops         *ebpf.Map `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
 	LaceForwarded     *ebpf.Map `ebpf:"lace_forwarded"`
@@ -391,6 +394,7 @@ func (m *underlayMaps) Close() error {
 		m.LaceCfg,
 		m.LaceClassify,
 		m.LaceCt,
+		m.LaceCtNew,
 		m.LaceDrops,
 		m.LaceEndpoints,
 		m.LaceForwarded,
