@@ -247,8 +247,10 @@ static __always_inline void ct_refresh(struct ct_val *v, struct pkt *p, int from
 			f |= CT_RST;
 		if (p->tcp_flags & TCP_FIN)
 			f |= from_origin ? CT_FIN_ORIG : CT_FIN_REPLY;
-		/* The handshake's last ACK (not a SYN again) assures it. */
-		if (from_origin && (f & CT_SEEN_REPLY) && !(p->tcp_flags & TCP_SYN))
+		/* The handshake's last ACK assures it: an ACK, neither a SYN
+		 * again nor a reset (a flood's sources reset the answers they
+		 * never asked for). */
+		if (from_origin && (f & CT_SEEN_REPLY) && (p->tcp_flags & (TCP_SYN | TCP_RST | TCP_ACK)) == TCP_ACK)
 			f |= CT_ASSURED;
 		if ((f & CT_RST) || ((f & CT_FIN_ORIG) && (f & CT_FIN_REPLY)))
 			timeout = CT_TCP_CLOSE;

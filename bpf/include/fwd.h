@@ -293,6 +293,12 @@ static __noinline __attribute__((unused)) int snat_out(struct __sk_buff *skb, st
 		if (!bpf_map_lookup_elem(&lace_snat, &sk))
 			bpf_map_update_elem(&lace_snat, &sk, &sv, BPF_NOEXIST);
 	} else {
+		/* Only a SYN opens a TCP flow: a pod's answer to a flow whose
+		 * entry is gone (a flood's SYN evicted from lace_ct_new before
+		 * the pod answered it) would otherwise take a port and an
+		 * established entry for a minute. */
+		if (p->proto == IPPROTO_TCP && !is_tcp_syn(p))
+			return drop(DROP_NO_FLOW);
 		/* A port is free when no live flow holds it: never used, its
 		 * flow's conntrack entry expired or evicted, or (TCP) that
 		 * flow is closing, whose port a new connection takes at once,

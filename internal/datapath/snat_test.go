@@ -209,6 +209,34 @@ func TestProgSNATPortsFreed(t *testing.T) {
 	})
 }
 
+// TestProgSNATNeedsSYN: a pod's TCP segment toward an outside address that
+// opens nothing (a SYN-ACK to a flow whose entry is gone, as a flood's SYN
+// evicted before the pod answered) takes no SNAT port and leaves no
+// conntrack entry: dropped as no-flow.
+func TestProgSNATNeedsSYN(t *testing.T) {
+	d := snatDatapath(t)
+	dst := netip.MustParseAddrPort("198.51.100.7:40000")
+	synAck := tcpSYN(8080, dst.Port())
+	synAck[13] = 0x12
+	var out []byte
+	moved := snatDrops(t, d, func() {
+		_, out = runPod(t, d, ether(unicastMAC, 0x0800, ipv4(progPodV4, dst.Addr(), 6, synAck)))
+	})
+	if len(moved) != 1 || moved["no-flow"] != 1 {
+		t.Errorf("drops %v, want no-flow=1", moved)
+	}
+	if netip.AddrFrom4([4]byte(out[26:30])) == progNodeV4 {
+		t.Error("the SYN-ACK was translated to the node's address")
+	}
+	flows, err := d.Conntrack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(flows) != 0 {
+		t.Errorf("conntrack holds %+v, want nothing", flows)
+	}
+}
+
 // TestProgSNATClosedAfterFlow: a packet to a node SNAT port reaches the
 // pod only while the pod's flow lives; once its conntrack entry expired or
 // is gone, the same packet is dropped as snat-closed.
@@ -286,6 +314,14 @@ func TestProgFloodKeepsEstablished(t *testing.T) {
 		return Flow{}, false
 	}
 	flow := func(sport uint16) (Flow, bool) { return flowFrom(netip.AddrPortFrom(ext4, sport)) }
+
+	// A source that resets the pod's answer assures nothing.
+	in(ext4, 998, 0x02)
+	runPod(t, d, ether(unicastMAC, 0x0800, ipv4(progPodV4, ext4, 6, seg(7, 998, 0x12))))
+	in(ext4, 998, 0x04)
+	if f, ok := flow(998); !ok || !f.New || f.Assured {
+		t.Errorf("after SYN, SYN-ACK, RST: %+v (found %v), want it unassured in lace_ct_new", f, ok)
+	}
 
 	in(ext4, 999, 0x02) // SYN
 	if f, ok := flow(999); !ok || !f.New || f.Assured {

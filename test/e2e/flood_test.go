@@ -239,6 +239,19 @@ func TestSYNFloodKeepsStreams(t *testing.T) {
 	t.Logf("flood: %d SYNs in %v (%.0f/s) to %s; n1 conntrack %d established, %d new; snat-failed +%d",
 		sent, elapsed.Round(time.Millisecond), float64(sent)/elapsed.Seconds(), front,
 		sizes["conntrack"], sizes["conntrack-new"], after["snat-failed"]-before["snat-failed"])
+	for _, node := range []string{"n1", "n2"} {
+		ex, err := nodeDatapath(t, node).SNATExhausted()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, e := range ex {
+			if i == 5 {
+				t.Logf("%s: %d more destinations without a free node port", node, len(ex)-5)
+				break
+			}
+			t.Logf("%s: no free node port toward %s %d times", node, e.Destination(), e.Count)
+		}
+	}
 	if n := broken.Load(); n > 0 {
 		t.Errorf("%d of %d streams broke during the flood", n, len(streams))
 	}
