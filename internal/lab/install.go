@@ -74,6 +74,11 @@ func installLace(ctx context.Context, c Config, apiPort int) error {
 		"apiServer.host="+v4.String(),
 		"apiServer.port="+strconv.Itoa(apiPort),
 		"controller.blockReleaseGrace=5s",
+		// External IPs the lab allows: a slice of the fabric no one else
+		// uses, and the address the upstream ExternalIP conformance spec
+		// names. Everything else (the API server's address, the external
+		// host's) is refused, as in any install.
+		"services.externalIPs.allowedCIDRs={"+strings.Join(ExternalIPRanges(), ",")+"}",
 		// The machine is cgroup v1 with a cgroup2 hierarchy beside it; each
 		// node's processes and pods live below its own cgroup root there.
 		"agent.hostCgroup=/sys/fs/cgroup/unified/"+cgroupPrefix(c.Name)+"$(NODE_NAME)",

@@ -232,10 +232,16 @@ func ExternalIPProblems(in ExternalIPInput) map[ServiceKey][]ExternalIPRefusal {
 	out := map[ServiceKey][]ExternalIPRefusal{}
 	for i, r := range results {
 		svc := &in.Services[i]
-		if r.Skipped || r.Binding.Err != "" {
+		if r.Skipped {
 			continue
 		}
 		refused := slices.Clone(r.RefusedExternalIPs)
+		if r.Binding.Err != "" && len(svc.Spec.ExternalIPs) > 0 {
+			// Not served at all (its binding error says why); what the
+			// cluster would refuse anyway is said now.
+			vips, _ := serviceVIPs(svc)
+			refused = env.refusedExternalIPs(svc, vips)
+		}
 		lost := map[netip.Addr]string{}
 		for j := range r.Services {
 			s := &r.Services[j]
