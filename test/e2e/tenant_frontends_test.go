@@ -115,7 +115,7 @@ func waitServiceEvent(t *testing.T, ns, name, annotation, reason string, want ..
 // served: a Warning Event and the annotation say why, no node's data plane
 // holds them, and a default-network pod and a node process (a
 // host-network pod: the kubelet's position) still reach the real API
-// server at 172.30.0.1:6443 (it answers an HTTP request on its TLS port
+// server at 172.30.0.1 and its port (it answers an HTTP request on its TLS port
 // with "Client sent an HTTP request to an HTTPS server"), the pod the real
 // external host. Of two Services naming one allowed address, the older
 // keeps it although the newer sorts first by name.
@@ -126,10 +126,17 @@ func TestHostileExternalIPs(t *testing.T) {
 	tenantNamespace(t, tenant, nil)
 	tenantPod(t, tenant, "xip-thief", "thief", "n1")
 	api, _ := lab.APIServerAddrs()
+	// The API server's port on the fabric is the lab's own (the kubernetes
+	// Service's endpoint).
+	sls, err := client.DiscoveryV1().EndpointSlices("default").List(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=kubernetes"})
+	if err != nil || len(sls.Items) == 0 || len(sls.Items[0].Ports) == 0 || sls.Items[0].Ports[0].Port == nil {
+		t.Fatalf("the kubernetes Service's endpoint slices: %v %v", sls, err)
+	}
+	apiPort := *sls.Items[0].Ports[0].Port
 	extHost, _ := lab.ExternalUnderlay()
 	const extPort = 9443
 	whoami(t, externalNS(), netip.AddrPortFrom(extHost, extPort))
-	hostile := tenantService(t, tenant, "hostile", "thief", []int32{6443, extPort, 53}, func(s *corev1.Service) {
+	hostile := tenantService(t, tenant, "hostile", "thief", []int32{apiPort, extPort, 53}, func(s *corev1.Service) {
 		s.Spec.ExternalIPs = []string{api.String(), "8.8.8.8", extHost.String()}
 	})
 	// Once every node serves the Service's ClusterIP (and would serve its
@@ -142,13 +149,13 @@ func TestHostileExternalIPs(t *testing.T) {
 			if table, err = semTable(node); err != nil {
 				return err
 			}
-			if e := semEntry(table, cip, semTCP, 6443); e == nil || len(e.Backends) == 0 {
-				return fmt.Errorf("the ClusterIP %s:6443 is %s", cip, semDescribe(e))
+			if e := semEntry(table, cip, semTCP, uint16(apiPort)); e == nil || len(e.Backends) == 0 {
+				return fmt.Errorf("the ClusterIP %s:%d is %s", cip, apiPort, semDescribe(e))
 			}
 			return nil
 		})
 		for _, a := range []string{api.String(), "8.8.8.8", extHost.String()} {
-			for _, port := range []uint16{6443, extPort, 53} {
+			for _, port := range []uint16{uint16(apiPort), extPort, 53} {
 				if e := semEntry(table, netip.MustParseAddr(a), semTCP, port); e != nil {
 					t.Errorf("%s serves the tenant's external IP %s:%d: %s", node, a, port, semDescribe(e))
 				}
@@ -160,7 +167,7 @@ func TestHostileExternalIPs(t *testing.T) {
 	pods := semStart(t, semPod("xip-client", "xip-client", "n1"))
 	podNS := podNetNS(t, pods["xip-client"])
 	apiAnswer := func(nsPath string) (string, error) {
-		c, err := netutil.DialContext(ctx, nsPath, "tcp", netip.AddrPortFrom(api, 6443).String())
+		c, err := netutil.DialContext(ctx, nsPath, "tcp", netip.AddrPortFrom(api, uint16(apiPort)).String())
 		if err != nil {
 			return "", err
 		}
@@ -174,7 +181,7 @@ func TestHostileExternalIPs(t *testing.T) {
 	for range 5 {
 		got, err := apiAnswer(podNS)
 		if err != nil || !strings.Contains(got, "HTTPS server") || strings.Contains(got, "xip-thief") {
-			t.Fatalf("default pod -> %s:6443 answered %q (%v), want the real API server", api, got, err)
+			t.Fatalf("default pod -> %s:%d answered %q (%v), want the real API server", api, apiPort, got, err)
 		}
 		if line, err := lineFrom(ctx, podNS, netip.AddrPortFrom(extHost, extPort)); err != nil || func() bool {
 			_, perr := netip.ParseAddr(line)
@@ -198,7 +205,7 @@ func TestHostileExternalIPs(t *testing.T) {
 	waitPodReady(t, "default", hp.Name)
 	n1, _ := lab.NodeUnderlay(1)
 	for range 5 {
-		q := url.Values{"host": {api.String()}, "port": {"6443"}, "request": {"hostname"}, "protocol": {"http"}, "tries": {"1"}}
+		q := url.Values{"host": {api.String()}, "port": {fmt.Sprint(apiPort)}, "request": {"hostname"}, "protocol": {"http"}, "tries": {"1"}}
 		body, err := getFromNode(ctx, "n2", fmt.Sprintf("http://%s:18190/dial?%s", n1, q.Encode()))
 		if err != nil {
 			t.Fatalf("ask the host-network pod: %v", err)
@@ -208,7 +215,7 @@ func TestHostileExternalIPs(t *testing.T) {
 			Errors    []string `json:"errors"`
 		}
 		if err := json.Unmarshal(body, &r); err != nil || len(r.Responses) != 1 || !strings.Contains(r.Responses[0], "HTTPS server") {
-			t.Fatalf("node process -> %s:6443 answered %s (%v), want the real API server", api, body, err)
+			t.Fatalf("node process -> %s:%d answered %s (%v), want the real API server", api, apiPort, body, err)
 		}
 	}
 
