@@ -129,7 +129,10 @@ func nodeIP(c Config, node string, args ...string) error {
 	if err != nil {
 		return err
 	}
-	out, err := exec.Command("nsenter", append([]string{fmt.Sprintf("--mount=/proc/%d/ns/mnt", h), "--", "ip"}, args...)...).CombinedOutput()
+	// The node's PID namespace too: ip reads /proc/self, and the node's
+	// /proc shows only the node's processes.
+	out, err := exec.Command("nsenter", append([]string{fmt.Sprintf("--mount=/proc/%d/ns/mnt", h),
+		fmt.Sprintf("--pid=/proc/%d/ns/pid", h), "--", "ip"}, args...)...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("ip %s in node %s: %w: %s", strings.Join(args, " "), node, err, bytes.TrimSpace(out))
 	}
