@@ -78,7 +78,8 @@ enum drop_reason {
 	DROP_SOURCE_RANGE = 24, /* source-range: a source outside the service's loadBalancerSourceRanges */
 	DROP_SNAT_CLOSED = 25, /* snat-closed: to a node SNAT port whose pod flow is over (its conntrack entry expired, was evicted or gave the port up) */
 	DROP_NO_FLOW = 26, /* no-flow: a TCP segment that is no SYN toward an outside address, of no flow the node tracks (an answer to a flow that is over): it takes no SNAT port */
-	DROP_MAX = 27,
+	DROP_FRAGMENT = 27, /* fragment: a later IPv4 fragment (no ports) on a path that translates addresses or ports (SNAT, a service, an external frontend) */
+	DROP_MAX = 28,
 };
 
 enum fwd_counter {
@@ -411,7 +412,8 @@ struct pkt {
 	__u16 dport;
 	__u8 tcp_flags;
 	__u8 icmp_type; /* ICMP and ICMPv6 */
-	__u8 pad[2];
+	__u8 frag; /* an IPv4 fragment other than the first: no L4 header, ports 0 */
+	__u8 pad;
 	__u8 saddr[16];
 	__u8 daddr[16];
 	__u32 l3_off;
@@ -481,6 +483,13 @@ static __always_inline int parse_ip(struct __sk_buff *skb, __u16 eth_proto, __u3
 		__builtin_memcpy(p->saddr, &ip->saddr, 4);
 		__builtin_memcpy(p->daddr, &ip->daddr, 4);
 		p->l4_off = l3_off + ip->ihl * 4;
+		/* A later fragment carries payload where a header would be:
+		 * read as ports, it would be translated (and its bytes
+		 * rewritten). It has none; what translates drops it. */
+		if (ip->frag_off & bpf_htons(0x1fff)) {
+			p->frag = 1;
+			return 0;
+		}
 		return parse_l4(skb, p, p->l4_off);
 	}
 	if (eth_proto == bpf_htons(ETH_P_IPV6)) {

@@ -31,6 +31,7 @@ var DropReasons = []string{
 	"source-range",
 	"snat-closed",
 	"no-flow",
+	"fragment",
 }
 
 // DropMeanings say what the drop reasons count, in the same order.
@@ -62,6 +63,7 @@ var DropMeanings = []string{
 	"a source outside the service's loadBalancerSourceRanges",
 	"to a node SNAT port whose pod flow is over (its conntrack entry expired, was evicted or gave the port up)",
 	"a TCP segment that is no SYN toward an outside address, of no flow the node tracks (an answer to a flow that is over): it takes no SNAT port",
+	"a later IPv4 fragment (no ports) on a path that translates addresses or ports (SNAT, a service, an external frontend)",
 }
 
 // ForwardCounters name the counters, in the order of the C enum.
