@@ -30,6 +30,12 @@ struct ct_key {
 };
 
 struct ct_val {
+#ifdef LACE_TEST_CT_V2
+	/* Only in the test build lace_ctv2 (internal/datapath/gen.go): a
+	 * value layout that differs from the release's, to prove an upgrade
+	 * migrates pinned flows instead of misreading them. */
+	__u64 v2_stamp;
+#endif
 	__u64 expires; /* bpf_ktime_get_ns() deadline */
 	__u32 peer_net; /* the other side's network (pod or external) */
 	__u16 flags;

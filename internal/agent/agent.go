@@ -185,7 +185,7 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 	if err := netutil.EnsureBPFFS(o.BPFFS); err != nil {
 		return nil, err
 	}
-	dp, err := datapath.LoadWith(o.BPFFS, datapath.LoadOptions{Sizes: o.MapSizes, Log: log})
+	dp, err := datapath.LoadWith(o.BPFFS, datapath.LoadOptions{Sizes: o.MapSizes, Migrate: true, Log: log})
 	if err != nil {
 		return nil, err
 	}

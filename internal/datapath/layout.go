@@ -73,7 +73,16 @@ func layoutKeyOf(name string) layoutKey {
 	return k
 }
 
-func openLayoutMap(pinDir string) (*ebpf.Map, error) {
+// openLayoutMap opens lace_layout, creating it when create is set (else
+// a missing one is nil: every map is at version 1).
+func openLayoutMap(pinDir string, create bool) (*ebpf.Map, error) {
+	if !create {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, layoutMapName), nil)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return m, err
+	}
 	m, err := ebpf.NewMapWithOptions(&ebpf.MapSpec{Name: layoutMapName, Type: ebpf.Hash, KeySize: 32, ValueSize: 4,
 		MaxEntries: 256, Pinning: ebpf.PinByName}, ebpf.MapOptions{PinPath: pinDir})
 	if err != nil {
@@ -103,12 +112,14 @@ func pinnedSpecs(specs []*ebpf.CollectionSpec) map[string]*ebpf.MapSpec {
 // loading creates it afresh. Pins without a recorded version are version
 // 1, the layout before versions were recorded. It returns the maps it
 // replaced.
-func reconcileLayouts(pinDir string, specs []*ebpf.CollectionSpec, log *slog.Logger) ([]string, error) {
-	meta, err := openLayoutMap(pinDir)
+func reconcileLayouts(pinDir string, specs []*ebpf.CollectionSpec, migrate bool, log *slog.Logger) ([]string, error) {
+	meta, err := openLayoutMap(pinDir, migrate)
 	if err != nil {
 		return nil, err
 	}
-	defer meta.Close()
+	if meta != nil {
+		defer meta.Close()
+	}
 	var replaced []string
 	for name, ms := range pinnedSpecs(specs) {
 		path := filepath.Join(pinDir, name)
@@ -121,7 +132,7 @@ func reconcileLayouts(pinDir string, specs []*ebpf.CollectionSpec, log *slog.Log
 		}
 		have := uint32(1)
 		var v uint32
-		if err := meta.Lookup(layoutKeyOf(name), &v); err == nil {
+		if meta != nil && meta.Lookup(layoutKeyOf(name), &v) == nil {
 			have = v
 		}
 		want := layoutVersion(name)
@@ -129,6 +140,11 @@ func reconcileLayouts(pinDir string, specs []*ebpf.CollectionSpec, log *slog.Log
 		if have == want && incompatible == nil {
 			old.Close()
 			continue
+		}
+		if !migrate {
+			old.Close()
+			return nil, fmt.Errorf("pinned map %s has layout version %d (%v), this build reads version %d: %w",
+				name, have, incompatible, want, ebpf.ErrMapIncompatible)
 		}
 		n, dropped, err := migrateMap(name, path, old, ms, have, want)
 		old.Close()
@@ -220,7 +236,7 @@ func isPerCPU(t ebpf.MapType) bool {
 
 // recordLayouts records this build's layout version of every pinned map.
 func recordLayouts(pinDir string, specs []*ebpf.CollectionSpec) error {
-	meta, err := openLayoutMap(pinDir)
+	meta, err := openLayoutMap(pinDir, true)
 	if err != nil {
 		return err
 	}

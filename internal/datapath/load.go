@@ -42,6 +42,10 @@ func (s MapSizes) of(name string) uint32 {
 // LoadOptions are the node's choices for Load.
 type LoadOptions struct {
 	Sizes MapSizes
+	// Migrate lets Load migrate or recreate pinned maps of another
+	// layout (the agent, the one writer). Without it (lacectl, tests)
+	// such a map is an error: a reader never changes what it reads.
+	Migrate bool
 	// Log receives what is done to pinned maps of another layout (nil:
 	// slog's default).
 	Log *slog.Logger
@@ -49,7 +53,8 @@ type LoadOptions struct {
 
 // Load loads the programs and opens (or creates) the maps pinned in pinDir,
 // which must be on a bpffs mount. State already pinned there is kept, at
-// the sizes it has.
+// the sizes it has; pinned maps of another layout are an error (LoadWith
+// with Migrate is the agent's load).
 func Load(pinDir string) (*Datapath, error) { return LoadWith(pinDir, LoadOptions{}) }
 
 // LoadWith is Load with the node's map sizes. A pinned map of another
@@ -79,7 +84,7 @@ func LoadWith(pinDir string, o LoadOptions) (*Datapath, error) {
 	if err := sizeMaps(pinDir, specs, o.Sizes); err != nil {
 		return nil, err
 	}
-	replaced, err := reconcileLayouts(pinDir, specs, log)
+	replaced, err := reconcileLayouts(pinDir, specs, o.Migrate, log)
 	if err != nil {
 		return nil, err
 	}
@@ -97,9 +102,11 @@ func LoadWith(pinDir string, o LoadOptions) (*Datapath, error) {
 		d.underlay.Close()
 		return nil, fmt.Errorf("load socket programs: %w", verifierDetail(err))
 	}
-	if err := recordLayouts(pinDir, specs); err != nil {
-		d.Close()
-		return nil, err
+	if o.Migrate {
+		if err := recordLayouts(pinDir, specs); err != nil {
+			d.Close()
+			return nil, err
+		}
 	}
 	return d, nil
 }
