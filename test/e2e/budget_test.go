@@ -36,7 +36,9 @@ func TestServiceBudget(t *testing.T) {
 	if _, err := client.CoreV1().Services("default").Create(ctx, hog, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create the hog: %v", err)
 	}
-	t.Cleanup(func() { _ = client.CoreV1().Services("default").Delete(context.Background(), hog.Name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = client.CoreV1().Services("default").Delete(context.Background(), hog.Name, metav1.DeleteOptions{})
+	})
 	eventually(t, 60*time.Second, "ServiceOverBudget Events on the hog from every agent", func() error {
 		evs, err := client.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + hog.Name})
 		if err != nil {
