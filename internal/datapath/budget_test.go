@@ -198,7 +198,7 @@ func TestLayoutMigrationKeepsFlows(t *testing.T) {
 	RegisterMigration(Migration{Map: "lace_ct", From: from, Convert: func(k, v []byte) ([]byte, []byte, bool) {
 		converted++
 		out := append([]byte(nil), v...)
-		out[8] ^= 0xff // peer_net's low byte: proves the converter wrote the value
+		out[34] ^= 0xff // pad's low byte: proves the converter wrote the value
 		return k, out, true
 	}})
 	if r, err := Load(pin); err == nil {
@@ -212,7 +212,7 @@ func TestLayoutMigrationKeepsFlows(t *testing.T) {
 	for _, f := range flows {
 		var v podCtVal
 		want := f.v
-		want.PeerNet ^= 0xff
+		want.Pad ^= 0xff
 		if err := up.pod.LaceCt.Lookup(f.k, &v); err != nil || v != want {
 			t.Errorf("flow %d after the migration: %+v, %v; want %+v", f.k.Lport, v, err, want)
 		}

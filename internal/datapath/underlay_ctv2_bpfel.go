@@ -71,11 +71,10 @@ type underlayCtKey struct {
 
 type underlayCtVal struct {
 	_        structs.HostLayout
-	V2Stamp  uint64
-	Expires  uint64
 	PeerNet  uint32
 	Flags    uint16
 	SnatPort uint16
+	Expires  uint64
 	NatAddr  [16]uint8
 	NatPort  uint16
 	Pad      uint16

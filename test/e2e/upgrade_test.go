@@ -20,13 +20,13 @@ import (
 )
 
 // TestUpgradeMigratesConntrack rolls the release to a build whose
-// conntrack value has another layout (the lace_ctv2 build tag: a stamp
-// before every field) while two TCP streams are held, pod to pod and
+// conntrack value has another layout (the lace_ctv2 build tag: expires
+// moved after the flags, at the same size) while two TCP streams are held, pod to pod and
 // through a ClusterIP: each agent migrates lace_ct (logged with the flows
 // it converted), the pods' programs move to the new map, and both streams
-// keep answering. Before layout versions the new agent could not load the
-// pinned map of another size and crash-looped, and the rollout never
-// finished.
+// keep answering. Before layout versions the new agent would have read
+// every pinned flow's fields from the wrong bytes (and one of another
+// size could not be loaded at all: a crash loop).
 func TestUpgradeMigratesConntrack(t *testing.T) {
 	needLab(t)
 	c := labConfig()
