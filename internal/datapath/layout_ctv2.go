@@ -3,12 +3,14 @@
 package datapath
 
 // The test build lace_ctv2 (gen.go) has a conntrack value with expires
-// moved after the flags: version 2 of lace_ct, of the same size as the
-// release's version 1, which it would misread without the version. The
+// moved after the flags: the next version of lace_ct, of the same size as
+// the release's, which it would misread without the version. The
 // migration moves the bytes. It is what a real layout change registers.
+// It is one version past the release's, whatever that is.
 func init() {
-	layoutVersions["lace_ct"] = 2
-	RegisterMigration(Migration{Map: "lace_ct", From: 1, Convert: func(k, v []byte) ([]byte, []byte, bool) {
+	release := layoutVersion("lace_ct")
+	layoutVersions["lace_ct"] = release + 1
+	RegisterMigration(Migration{Map: "lace_ct", From: release, Convert: func(k, v []byte) ([]byte, []byte, bool) {
 		nv := append([]byte(nil), v...)
 		copy(nv[0:8], v[8:16]) // peer_net, flags, snat_port
 		copy(nv[8:16], v[0:8]) // expires

@@ -18,7 +18,7 @@ func TestCTv2MigrationConverts(t *testing.T) {
 	binary.LittleEndian.PutUint16(v1[14:], 0x3412)      // snat_port
 	copy(v1[16:32], []byte{10, 96, 0, 1})               // nat_addr
 	binary.LittleEndian.PutUint16(v1[32:], 0x5000)      // nat_port
-	_, nv, keep := migrations["lace_ct"][1].Convert(make([]byte, 40), v1)
+	_, nv, keep := migrations["lace_ct"][layoutVersion("lace_ct")-1].Convert(make([]byte, 40), v1)
 	var got podCtVal
 	if err := binary.Read(bytes.NewReader(nv), binary.LittleEndian, &got); err != nil || !keep {
 		t.Fatalf("decode: %v (keep %v)", err, keep)
