@@ -9,12 +9,14 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 
 	"github.com/lace-cni/lace/internal/agent"
+	"github.com/lace-cni/lace/internal/model"
 	"github.com/lace-cni/lace/pkg/logging"
 )
 
@@ -44,8 +46,15 @@ func main() {
 	flag.Func("map-conntrack", "entries of lace_ct (flows of the node's pods); 0 keeps the compiled size", uintFlag(&o.MapSizes.Conntrack))
 	flag.IntVar(&o.ServiceFrontends, "service-max-frontends", 0, "lace_services entries one Service may take; a Service over it is refused whole (0: the map's size)")
 	flag.IntVar(&o.ServiceBackends, "service-max-backends", 0, "lace_backends entries one Service may take; a Service over it is refused whole (0: the map's size)")
+	var allowedXIPs string
+	flag.StringVar(&allowedXIPs, "allowed-external-ips", "", "comma-separated CIDRs Services' externalIPs may name (empty refuses every external IP); give the controller the same list")
 	flag.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	flag.Parse()
+	var err error
+	if o.AllowedExternalIPs, err = model.ParseAllowedExternalIPs(strings.Split(allowedXIPs, ",")); err != nil {
+		fmt.Fprintln(os.Stderr, "lace-agent:", err)
+		os.Exit(2)
+	}
 	if err := run(ctrl.SetupSignalHandler(), logLevel, o); err != nil {
 		fmt.Fprintln(os.Stderr, "lace-agent:", err)
 		os.Exit(1)
