@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -10,28 +11,39 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	"github.com/lace-cni/lace/internal/lab"
 )
 
 // TestServiceBudget: one tenant's Service whose addresses times ports
-// (257 x 260 = 66,820 frontends) exceed the whole of lace_services is
-// refused whole on every node, with a Warning Event and the
+// (2 ClusterIPs and the lab's 10 allowed external IPs x 5,600 ports =
+// 67,200 frontends) exceed the whole of lace_services (65,536) is refused
+// whole on every node, with a Warning Event and the
 // lace_agent_services_refused metric; another tenant's Service created
 // afterwards is served, its endpoint changes are programmed, and an
 // agent restarted meanwhile makes its node ready again. Before the
 // budget the hog filled the map, every later sync failed with E2BIG, and
-// a restarted agent never became ready.
+// the later Service was never served.
 func TestServiceBudget(t *testing.T) {
 	needLab(t)
 	ctx := context.Background()
 	hog := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "budget-hog"}, Spec: corev1.ServiceSpec{
-		Selector: map[string]string{"app": "budget-nothing"},
+		Selector:       map[string]string{"app": "budget-nothing"},
+		IPFamilyPolicy: ptr.To(corev1.IPFamilyPolicyRequireDualStack),
 	}}
-	for i := range 256 {
-		hog.Spec.ExternalIPs = append(hog.Spec.ExternalIPs, fmt.Sprintf("198.18.%d.%d", 1+i/250, 1+i%250))
+	for _, r := range lab.ExternalIPRanges() {
+		p := netip.MustParsePrefix(r)
+		for a := p.Addr(); p.Contains(a); a = a.Next() {
+			hog.Spec.ExternalIPs = append(hog.Spec.ExternalIPs, a.String())
+		}
 	}
-	for p := range 260 {
+	for p := range 5600 {
 		hog.Spec.Ports = append(hog.Spec.Ports, corev1.ServicePort{Name: fmt.Sprintf("p%d", p), Protocol: corev1.ProtocolTCP,
-			Port: int32(20000 + p), TargetPort: intstr.FromInt32(8080)})
+			Port: int32(10000 + p), TargetPort: intstr.FromInt32(8080)})
+	}
+	if n := (2 + len(hog.Spec.ExternalIPs)) * len(hog.Spec.Ports); n <= 65536 {
+		t.Fatalf("the hog has %d frontends: not more than lace_services holds", n)
 	}
 	if _, err := client.CoreV1().Services("default").Create(ctx, hog, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create the hog: %v", err)
