@@ -37,7 +37,8 @@ func TestServiceBudgetRefusesWhole(t *testing.T) {
 		}
 		return s
 	}
-	in := model.ServiceInput{Node: "n1", Networks: nets, BindingPolicies: nbps}
+	in := model.ServiceInput{Node: "n1", Networks: nets, BindingPolicies: nbps,
+		AllowedExternalIPs: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}}
 	// Per Service at most 20 frontends; the maps hold 30.
 	c := &serviceCache{budget: model.Budget{ServiceFrontends: 20, TotalFrontends: 30}}
 	huge := svc("huge", 0, 10, 4)     // 5 VIPs x 10 ports = 50 frontends
