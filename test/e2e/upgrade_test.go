@@ -73,6 +73,7 @@ func TestUpgradeMigratesConntrack(t *testing.T) {
 	b4, _ := podAddrs(b)
 	web := dualStackService(t, "ctv2-web", "ctv2-web", nil)
 	waitEndpoints(t, web, 1)
+	expectServed(t, a, web, "ctv2-b")
 	direct, err := netutil.DialContext(ctx, podNetNS(t, a), "tcp", net.JoinHostPort(b4.String(), "8080"))
 	if err != nil {
 		t.Fatal(err)
