@@ -182,25 +182,22 @@ func TestLayoutMigrationKeepsFlows(t *testing.T) {
 	// A build whose lace_ct is version 2 (same sizes here: a change of
 	// meaning only the version tells), and whose lace_snat is version 2
 	// with no way from 1.
-	defer func(ct, snat uint32, had bool) {
-		if had {
-			layoutVersions["lace_ct"] = ct
-		} else {
-			delete(layoutVersions, "lace_ct")
-		}
-		delete(layoutVersions, "lace_snat")
-		delete(migrations["lace_ct"], 1)
-	}(layoutVersions["lace_ct"], 0, layoutVersions["lace_ct"] != 0)
-	from := layoutVersion("lace_ct")
-	layoutVersions["lace_ct"] = from + 1
-	layoutVersions["lace_snat"] = 2
 	converted := 0
-	RegisterMigration(Migration{Map: "lace_ct", From: from, Convert: func(k, v []byte) ([]byte, []byte, bool) {
+	defer BumpLayoutForTest("lace_ct", func(k, v []byte) ([]byte, []byte, bool) {
 		converted++
 		out := append([]byte(nil), v...)
 		out[34] ^= 0xff // pad's low byte: proves the converter wrote the value
 		return k, out, true
-	}})
+	})()
+	snat, hadSnat := layoutVersions["lace_snat"]
+	layoutVersions["lace_snat"] = layoutVersion("lace_snat") + 1 // no Migration
+	defer func() {
+		if hadSnat {
+			layoutVersions["lace_snat"] = snat
+		} else {
+			delete(layoutVersions, "lace_snat")
+		}
+	}()
 	if r, err := Load(pin); err == nil {
 		r.Close()
 		t.Error("a reader loaded maps of another layout; want an error, nothing changed")

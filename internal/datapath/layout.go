@@ -235,14 +235,35 @@ func isPerCPU(t ebpf.MapType) bool {
 	return t == ebpf.PerCPUArray || t == ebpf.PerCPUHash || t == ebpf.LRUCPUHash
 }
 
-// recordLayouts records this build's layout version of every pinned map.
-func recordLayouts(pinDir string, specs []*ebpf.CollectionSpec) error {
+// unpinned names the pinned maps of specs that have no pin yet.
+func unpinned(pinDir string, specs []*ebpf.CollectionSpec) map[string]bool {
+	out := map[string]bool{}
+	for name := range pinnedSpecs(specs) {
+		if _, err := os.Stat(filepath.Join(pinDir, name)); errors.Is(err, os.ErrNotExist) {
+			out[name] = true
+		}
+	}
+	return out
+}
+
+// recordLayouts records this build's layout version of the pinned maps
+// which says.
+func recordLayouts(pinDir string, specs []*ebpf.CollectionSpec, which func(string) bool) error {
+	var names []string
+	for name := range pinnedSpecs(specs) {
+		if which(name) {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
 	meta, err := openLayoutMap(pinDir, true)
 	if err != nil {
 		return err
 	}
 	defer meta.Close()
-	for name := range pinnedSpecs(specs) {
+	for _, name := range names {
 		if err := meta.Put(layoutKeyOf(name), layoutVersion(name)); err != nil {
 			return fmt.Errorf("record layout of %s: %w", name, err)
 		}

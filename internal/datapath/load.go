@@ -84,6 +84,7 @@ func LoadWith(pinDir string, o LoadOptions) (*Datapath, error) {
 	if err := sizeMaps(pinDir, specs, o.Sizes); err != nil {
 		return nil, err
 	}
+	fresh := unpinned(pinDir, specs)
 	replaced, err := reconcileLayouts(pinDir, specs, o.Migrate, log)
 	if err != nil {
 		return nil, err
@@ -102,11 +103,10 @@ func LoadWith(pinDir string, o LoadOptions) (*Datapath, error) {
 		d.underlay.Close()
 		return nil, fmt.Errorf("load socket programs: %w", verifierDetail(err))
 	}
-	if o.Migrate {
-		if err := recordLayouts(pinDir, specs); err != nil {
-			d.Close()
-			return nil, err
-		}
+	// The agent records every map's layout; a reader those it created.
+	if err := recordLayouts(pinDir, specs, func(name string) bool { return o.Migrate || fresh[name] }); err != nil {
+		d.Close()
+		return nil, err
 	}
 	return d, nil
 }
