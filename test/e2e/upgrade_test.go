@@ -127,7 +127,7 @@ func TestUpgradeMigratesConntrack(t *testing.T) {
 		}
 		var line string
 		for _, l := range strings.Split(out, "\n") {
-			if strings.Contains(l, "migrated a pinned map") && strings.Contains(l, "lace_ct") {
+			if strings.Contains(l, "migrated a pinned map") && (strings.Contains(l, `"map":"lace_ct",`) || strings.Contains(l, "map=lace_ct ")) {
 				line = l
 			}
 		}
