@@ -7,7 +7,10 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-// ReclaimSNAT deletes the SNAT mappings whose pod flow is over: no live
+// ReclaimSNAT deletes the SNAT mappings whose pod flow is over, once the
+// map is half full (until then a finished flow's mapping stays, and
+// traffic to it is dropped and counted snat-closed rather than handed to
+// the host's stack): no live
 // conntrack entry of that flow holds the mapping's port any more (it
 // expired, was evicted, or took another port). lace_snat is a plain hash,
 // never evicted (an eviction would free a live flow's port): the data
@@ -27,8 +30,10 @@ func (d *Datapath) ReclaimSNAT() (int, error) {
 	var stale []mapping
 	var k podSnatKey
 	var v podSnatVal
+	total := 0
 	it := d.pod.LaceSnat.Iterate()
 	for it.Next(&k, &v) {
+		total++
 		ck := podCtKey{NetId: v.NetId, Family: k.Family, Proto: k.Proto, Lport: v.Lport, Rport: k.Rport, Laddr: v.Laddr, Raddr: k.Raddr}
 		if k.Proto == 1 || k.Proto == 58 { // ICMP echo: the identifier on both sides
 			ck.Rport = v.Lport
@@ -54,6 +59,9 @@ func (d *Datapath) ReclaimSNAT() (int, error) {
 	}
 	if err := it.Err(); err != nil {
 		return 0, fmt.Errorf("iterate lace_snat: %w", err)
+	}
+	if total < int(d.pod.LaceSnat.MaxEntries())/2 {
+		return 0, nil
 	}
 	n := 0
 	for i := range stale {
