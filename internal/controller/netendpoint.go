@@ -74,9 +74,8 @@ func (r *NetworkEndpointReconciler) Reconcile(ctx context.Context, req reconcile
 	log.FromContext(ctx).Info("deleting foreign NetworkEndpoint", "networkEndpoint", req.NamespacedName, "node", ne.Spec.Node, "why", why)
 	if err := r.Client.Delete(ctx, &ne, client.Preconditions{UID: &ne.UID, ResourceVersion: &ne.ResourceVersion}); err != nil &&
 		!apierrors.IsNotFound(err) {
-		if apierrors.IsConflict(err) {
-			return reconcile.Result{Requeue: true}, nil
-		}
+		// A conflict (the object changed since read) is retried with
+		// backoff like any error.
 		return reconcile.Result{}, fmt.Errorf("delete NetworkEndpoint %s: %w", req.NamespacedName, err)
 	}
 	return reconcile.Result{}, nil
