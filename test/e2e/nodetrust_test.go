@@ -92,6 +92,23 @@ func TestNodeCannotClaimOthers(t *testing.T) {
 		t.Fatalf("n1 creates a NetworkEndpoint of its own node (the policy lets it): %v", err)
 	}
 	t.Cleanup(func() { _ = admin.Delete(context.Background(), forged) })
+	// Agents need no reconcile for a NetworkEndpoint's creation; a new
+	// Service makes every one recompute with the forged object in its
+	// cache: once its VIP is in every node's table, the tables reflect it.
+	kick := semService(t, "trust-kick", "trust-nothing", nil)
+	kickVIP := clusterIPs(kick)[0]
+	eventually(t, 30*time.Second, "every node recomputed its services", func() error {
+		for _, node := range nodes {
+			table, err := semTable(node)
+			if err != nil {
+				return err
+			}
+			if semEntry(table, kickVIP, 6, 80) == nil {
+				return fmt.Errorf("%s has no entry for %s yet", node, kickVIP)
+			}
+		}
+		return nil
+	})
 	stays("kubernetes Service after n1 claims the API server address", 8*time.Second, func() error { return served(kvip, 443, apiAddr) })
 	eventually(t, 30*time.Second, "forged NetworkEndpoint deleted by lace-controller", func() error {
 		if err := admin.Get(ctx, crclient.ObjectKeyFromObject(forged), &lacev1.NetworkEndpoint{}); err == nil {
@@ -141,5 +158,10 @@ func TestNodeCannotClaimOthers(t *testing.T) {
 		return nil
 	})
 	eventually(t, 30*time.Second, "n2's pod served", func() error { return served(vip, 80, v4.String()) })
-	stays("n2's pod behind its Service", 5*time.Second, func() error { return served(vip, 80, v4.String()) })
+	stays("n2's pod and the kubernetes Service", 5*time.Second, func() error {
+		if err := served(kvip, 443, apiAddr); err != nil {
+			return err
+		}
+		return served(vip, 80, v4.String())
+	})
 }
