@@ -64,6 +64,19 @@ static __always_inline int host_addr(__u8 family, const void *addr)
 	return bpf_map_lookup_elem(&lace_host_addrs, &k) != NULL;
 }
 
+/* outside_spoofed tells whether a plain-IP source from the fabric claims
+ * an address inside the cluster (lace_inside): a pod subnet, a service
+ * range or a node's locator. Pods' traffic leaves a node encapsulated or
+ * from the node's address (SNAT); only their replies to outside sources
+ * and to other nodes' own sockets leave raw, and those go to an outside
+ * address or to a node's own (to_host, which hands them to the host). */
+static __always_inline int outside_spoofed(struct pkt *p)
+{
+	struct class_key ck = {.prefixlen = 32 + 128, .family = p->family};
+	__builtin_memcpy(ck.addr, p->saddr, 16);
+	return bpf_map_lookup_elem(&lace_inside, &ck) != NULL;
+}
+
 /* mark_ce sets ECN CE on the (decapsulated) IP header after Ethernet. */
 static __always_inline int mark_ce(struct __sk_buff *skb, struct pkt *p)
 {
@@ -510,6 +523,8 @@ static __noinline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 	if (local_pod(net_id, p.family, p.daddr, &ifindex, macs))
 		return drop(DROP_NO_ENDPOINT);
 	struct ct_val *ct = ct_track_in(net_id, src_net, &p, is_icmp_error(&p));
+	if (ct_other_net(ct, src_net))
+		return drop(DROP_CT_OTHER_NET);
 	/* A reply from a service endpoint to its client comes from the VIP. */
 	int unnat = ct && (ct->flags & (CT_DNAT | CT_ORIGIN_LOCAL)) == (CT_DNAT | CT_ORIGIN_LOCAL);
 	__u8 vip[16];
@@ -716,9 +731,13 @@ static __always_inline int to_host(struct __sk_buff *skb, __u16 proto)
 	if (is_icmp_error(&p))
 		return snat_icmp_in(skb, &p);
 	/* The node's SNAT ports (the top of the port range) carry answers
-	 * to its pods' flows: no frontend on the node's address takes them. */
-	if (bpf_ntohs(p.dport) < SNAT_PORT_MIN && frontend(p.family, p.proto, p.dport, p.daddr))
+	 * to its pods' flows: no frontend on the node's address takes them.
+	 * A frontend's client is outside: never at an inside address. */
+	if (bpf_ntohs(p.dport) < SNAT_PORT_MIN && frontend(p.family, p.proto, p.dport, p.daddr)) {
+		if (outside_spoofed(&p))
+			return drop(DROP_OUTSIDE_SPOOF);
 		return xlb_in(skb, &p);
+	}
 	return snat_in(skb, &p);
 }
 
@@ -727,6 +746,11 @@ static __always_inline int outside(struct __sk_buff *skb, __u16 proto)
 	struct pkt p = {};
 	if (parse_ip(skb, proto, ETH_HLEN, &p))
 		return drop(DROP_NOT_IP);
+	/* Before classification: an inside source would otherwise pass as
+	 * the external network whose prefix covers it, and take or answer
+	 * the flows of the pod it claims to be. */
+	if (outside_spoofed(&p))
+		return drop(DROP_OUTSIDE_SPOOF);
 	if (frontend(p.family, p.proto, p.dport, p.daddr))
 		return xlb_in(skb, &p);
 	return from_outside(skb, &p);

@@ -248,6 +248,8 @@ static __noinline __attribute__((unused)) int deliver_local(struct __sk_buff *sk
 	if (local_pod(dst_net, p->family, p->daddr, &ifindex, macs))
 		return drop(DROP_NO_ENDPOINT);
 	struct ct_val *ct = ct_track_in(dst_net, src_net, p, is_icmp_error(p));
+	if (ct_other_net(ct, src_net))
+		return drop(DROP_CT_OTHER_NET);
 	if (dec_ttl(skb, p) || unnat_reply(skb, p, ct) || set_macs(skb, macs, macs + 6))
 		return drop(DROP_ADJUST);
 	count(what);

@@ -76,7 +76,11 @@ enum drop_reason {
 	DROP_NO_LOCAL_BACKEND = 22, /* no-local-endpoints: internalTrafficPolicy Local and no endpoint on this node */
 	DROP_FRONTEND_CLOSED = 23, /* frontend-closed: a NodePort on a node address whose external network no policy opens to the service's network */
 	DROP_SOURCE_RANGE = 24, /* source-range: a source outside the service's loadBalancerSourceRanges */
-	DROP_MAX = 25,
+	DROP_OUTSIDE_SPOOF = 25, /* outside-spoofed-source: plain IP from the fabric with a source inside the cluster (a pod subnet, a service range, a node's locator) */
+	DROP_CT_OTHER_NET = 26, /* flow-of-another-network: a packet whose tuple is a live flow of another network: it neither refreshes nor takes that flow */
+	DROP_ICMP_NOT_OURS = 27, /* icmp-error-no-flow: an ICMP error from a pod about no flow conntrack holds for it with that peer */
+	DROP_NODE_FORGED = 28, /* node-forged-underlay: the node's own stack sent SRv6 to a locator, or a packet from another node's address: only Lace's encapsulation speaks for the node */
+	DROP_MAX = 29,
 };
 
 enum fwd_counter {
@@ -178,6 +182,15 @@ struct class_key {
 	__u8 pad[3];
 	__u8 addr[16];
 };
+
+/* lace_inside: what lies inside the cluster (the subnets of pod
+ * networks, the service ranges, the nodes' locators), keyed like
+ * lace_classify. No outside host has such an address: plain IP from the
+ * fabric with a source here is spoofed (underlay.c, outside_spoofed). The
+ * value is the kind, for operators' listings. */
+#define INSIDE_POD_SUBNET 1
+#define INSIDE_SERVICE_RANGE 2
+#define INSIDE_LOCATOR 3
 
 struct net_val {
 	__u32 flags;
@@ -341,6 +354,15 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lace_src_ranges SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 16384);
+	__type(key, struct class_key);
+	__type(value, __u32);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_inside SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

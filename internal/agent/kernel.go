@@ -34,6 +34,9 @@ type dataplane interface {
 	UpsertClassifier(datapath.Classifier) error
 	DeleteClassifier(p netip.Prefix) error
 	Classifiers() ([]datapath.Classifier, error)
+	UpsertInside(datapath.Inside) error
+	DeleteInside(p netip.Prefix) error
+	Insides() ([]datapath.Inside, error)
 	AttachHostSockets(cgroupPath string) error
 	ApplyServices([]datapath.Service) (map[datapath.ServiceKey][]datapath.Backend, error)
 	FlushServiceFlows(map[datapath.ServiceKey][]datapath.Backend) (int, error)

@@ -388,6 +388,9 @@ func (a *Agent) apply(st model.NodeState) error {
 	curCls, err := a.dp.Classifiers()
 	errs = append(errs, err, syncListEq(curCls, st.Classifiers, func(c datapath.Classifier) netip.Prefix { return c.Prefix },
 		a.dp.UpsertClassifier, func(c datapath.Classifier) error { return a.dp.DeleteClassifier(c.Prefix) }))
+	curInside, err := a.dp.Insides()
+	errs = append(errs, err, syncListEq(curInside, st.Inside, func(c datapath.Inside) netip.Prefix { return c.Prefix },
+		a.dp.UpsertInside, func(c datapath.Inside) error { return a.dp.DeleteInside(c.Prefix) }))
 
 	// Underlay routes to the other nodes' locators, and to their pod
 	// blocks for the node's own sockets (plain IP from the node address,

@@ -363,6 +363,35 @@ func (d *Datapath) Classifiers() ([]Classifier, error) {
 	return out, it.Err()
 }
 
+// Inside is a prefix inside the cluster (lace_inside).
+type Inside = tables.Inside
+
+// UpsertInside marks sources in in.Prefix as inside the cluster: plain IP
+// from the fabric with such a source is dropped (outside-spoofed-source).
+func (d *Datapath) UpsertInside(in Inside) error {
+	if err := d.pod.LaceInside.Put(classKey(in.Prefix), uint32(in.Kind)); err != nil {
+		return fmt.Errorf("put inside prefix %s: %w", in.Prefix, err)
+	}
+	return nil
+}
+
+// DeleteInside forgets the inside prefix p; a missing one is fine.
+func (d *Datapath) DeleteInside(p netip.Prefix) error {
+	return ignoreMissing(d.pod.LaceInside.Delete(classKey(p)))
+}
+
+// Insides lists the prefixes inside the cluster.
+func (d *Datapath) Insides() ([]Inside, error) {
+	var out []Inside
+	var k podClassKey
+	var v uint32
+	it := d.pod.LaceInside.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, Inside{Kind: tables.InsideKind(v), Prefix: netip.PrefixFrom(fromAddr16(k.Family, k.Addr), int(k.Prefixlen)-32)})
+	}
+	return out, it.Err()
+}
+
 // UpsertNetwork adds or replaces a network.
 func (d *Datapath) UpsertNetwork(n Network) error {
 	v := podNetVal{}
@@ -456,7 +485,7 @@ func (d *Datapath) MapSizes() (map[string]int, error) {
 	out := map[string]int{}
 	for name, m := range map[string]*ebpf.Map{
 		"endpoints": d.pod.LaceEndpoints, "ports": d.pod.LacePorts, "routes": d.pod.LaceRoutes,
-		"networks": d.pod.LaceNetworks, "classify": d.pod.LaceClassify, "nodes": d.pod.LaceNodes,
+		"networks": d.pod.LaceNetworks, "classify": d.pod.LaceClassify, "inside": d.pod.LaceInside, "nodes": d.pod.LaceNodes,
 		"conntrack": d.pod.LaceCt, "snat": d.pod.LaceSnat, "services": d.pod.LaceServices, "backends": d.pod.LaceBackends,
 	} {
 		n, err := d.countEntries(m)

@@ -196,6 +196,7 @@ const (
 	podMapLaceEndpoints = "lace_endpoints"
 	podMapLaceForwarded = "lace_forwarded"
 	podMapLaceHostAddrs = "lace_host_addrs"
+	podMapLaceInside    = "lace_inside"
 	podMapLaceNetworks  = "lace_networks"
 	podMapLaceNodes     = "lace_nodes"
 	podMapLacePodNetns  = "lace_pod_netns"
@@ -267,6 +268,7 @@ type podMapSpecs struct {
 	LaceEndpoints *ebpf.MapSpec `ebpf:"lace_endpoints"`
 	LaceForwarded *ebpf.MapSpec `ebpf:"lace_forwarded"`
 	LaceHostAddrs *ebpf.MapSpec `ebpf:"lace_host_addrs"`
+	LaceInside    *ebpf.MapSpec `ebpf:"lace_inside"`
 	LaceNetworks  *ebpf.MapSpec `ebpf:"lace_networks"`
 	LaceNodes     *ebpf.MapSpec `ebpf:"lace_nodes"`
 	LacePodNetns  *ebpf.MapSpec `ebpf:"lace_pod_netns"`
@@ -312,6 +314,7 @@ type podMaps struct {
 	LaceEndpoints *ebpf.Map `ebpf:"lace_endpoints"`
 	LaceForwarded *ebpf.Map `ebpf:"lace_forwarded"`
 	LaceHostAddrs *ebpf.Map `ebpf:"lace_host_addrs"`
+	LaceInside    *ebpf.Map `ebpf:"lace_inside"`
 	LaceNetworks  *ebpf.Map `ebpf:"lace_networks"`
 	LaceNodes     *ebpf.Map `ebpf:"lace_nodes"`
 	LacePodNetns  *ebpf.Map `ebpf:"lace_pod_netns"`
@@ -333,6 +336,7 @@ func (m *podMaps) Close() error {
 		m.LaceEndpoints,
 		m.LaceForwarded,
 		m.LaceHostAddrs,
+		m.LaceInside,
 		m.LaceNetworks,
 		m.LaceNodes,
 		m.LacePodNetns,

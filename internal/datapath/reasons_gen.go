@@ -29,6 +29,10 @@ var DropReasons = []string{
 	"no-local-endpoints",
 	"frontend-closed",
 	"source-range",
+	"outside-spoofed-source",
+	"flow-of-another-network",
+	"icmp-error-no-flow",
+	"node-forged-underlay",
 }
 
 // DropMeanings say what the drop reasons count, in the same order.
@@ -58,6 +62,10 @@ var DropMeanings = []string{
 	"internalTrafficPolicy Local and no endpoint on this node",
 	"a NodePort on a node address whose external network no policy opens to the service's network",
 	"a source outside the service's loadBalancerSourceRanges",
+	"plain IP from the fabric with a source inside the cluster (a pod subnet, a service range, a node's locator)",
+	"a packet whose tuple is a live flow of another network: it neither refreshes nor takes that flow",
+	"an ICMP error from a pod about no flow conntrack holds for it with that peer",
+	"the node's own stack sent SRv6 to a locator, or a packet from another node's address: only Lace's encapsulation speaks for the node",
 }
 
 // ForwardCounters name the counters, in the order of the C enum.

@@ -213,6 +213,7 @@ const (
 	sockMapLaceEndpoints     = "lace_endpoints"
 	sockMapLaceForwarded     = "lace_forwarded"
 	sockMapLaceHostAddrs     = "lace_host_addrs"
+	sockMapLaceInside        = "lace_inside"
 	sockMapLaceNetworks      = "lace_networks"
 	sockMapLaceNodes         = "lace_nodes"
 	sockMapLacePodNetns      = "lace_pod_netns"
@@ -297,6 +298,7 @@ type sockMapSpecs struct {
 	LaceEndpoints *ebpf.MapSpec `ebpf:"lace_endpoints"`
 	LaceForwarded *ebpf.MapSpec `ebpf:"lace_forwarded"`
 	LaceHostAddrs *ebpf.MapSpec `ebpf:"lace_host_addrs"`
+	LaceInside    *ebpf.MapSpec `ebpf:"lace_inside"`
 	LaceNetworks  *ebpf.MapSpec `ebpf:"lace_networks"`
 	LaceNodes     *ebpf.MapSpec `ebpf:"lace_nodes"`
 	LacePodNetns  *ebpf.MapSpec `ebpf:"lace_pod_netns"`
@@ -343,6 +345,7 @@ type sockMaps struct {
 	LaceEndpoints *ebpf.Map `ebpf:"lace_endpoints"`
 	LaceForwarded *ebpf.Map `ebpf:"lace_forwarded"`
 	LaceHostAddrs *ebpf.Map `ebpf:"lace_host_addrs"`
+	LaceInside    *ebpf.Map `ebpf:"lace_inside"`
 	LaceNetworks  *ebpf.Map `ebpf:"lace_networks"`
 	LaceNodes     *ebpf.Map `ebpf:"lace_nodes"`
 	LacePodNetns  *ebpf.Map `ebpf:"lace_pod_netns"`
@@ -365,6 +368,7 @@ func (m *sockMaps) Close() error {
 		m.LaceEndpoints,
 		m.LaceForwarded,
 		m.LaceHostAddrs,
+		m.LaceInside,
 		m.LaceNetworks,
 		m.LaceNodes,
 		m.LacePodNetns,

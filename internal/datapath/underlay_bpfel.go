@@ -241,6 +241,7 @@ const (
 	underlayMapLaceEndpoints  = "lace_endpoints"
 	underlayMapLaceForwarded  = "lace_forwarded"
 	underlayMapLaceHostAddrs  = "lace_host_addrs"
+	underlayMapLaceInside     = "lace_inside"
 	underlayMapLaceNetworks   = "lace_networks"
 	underlayMapLaceNodes      = "lace_nodes"
 	underlayMapLacePodNetns   = "lace_pod_netns"
@@ -313,6 +314,7 @@ type underlayMapSpecs struct {
 	LaceEndpoints  *ebpf.MapSpec `ebpf:"lace_endpoints"`
 	LaceForwarded  *ebpf.MapSpec `ebpf:"lace_forwarded"`
 	LaceHostAddrs  *ebpf.MapSpec `ebpf:"lace_host_addrs"`
+	LaceInside     *ebpf.MapSpec `ebpf:"lace_inside"`
 	LaceNetworks   *ebpf.MapSpec `ebpf:"lace_networks"`
 	LaceNodes      *ebpf.MapSpec `ebpf:"lace_nodes"`
 	LacePodNetns   *ebpf.MapSpec `ebpf:"lace_pod_netns"`
@@ -361,6 +363,7 @@ type underlayMaps struct {
 	LaceEndpoints  *ebpf.Map `ebpf:"lace_endpoints"`
 	LaceForwarded  *ebpf.Map `ebpf:"lace_forwarded"`
 	LaceHostAddrs  *ebpf.Map `ebpf:"lace_host_addrs"`
+	LaceInside     *ebpf.Map `ebpf:"lace_inside"`
 	LaceNetworks   *ebpf.Map `ebpf:"lace_networks"`
 	LaceNodes      *ebpf.Map `ebpf:"lace_nodes"`
 	LacePodNetns   *ebpf.Map `ebpf:"lace_pod_netns"`
@@ -385,6 +388,7 @@ func (m *underlayMaps) Close() error {
 		m.LaceEndpoints,
 		m.LaceForwarded,
 		m.LaceHostAddrs,
+		m.LaceInside,
 		m.LaceNetworks,
 		m.LaceNodes,
 		m.LacePodNetns,

@@ -77,6 +77,24 @@ type Classifier struct {
 	Prefix netip.Prefix
 }
 
+// InsideKind says why a prefix is inside the cluster.
+type InsideKind uint32
+
+// Inside kinds (lace.h INSIDE_*).
+const (
+	InsidePodSubnet    InsideKind = 1
+	InsideServiceRange InsideKind = 2
+	InsideLocator      InsideKind = 3
+)
+
+// Inside is a prefix no outside host has an address in: a pod network's
+// subnet, a service range or a node's SRv6 locator. Plain IP from the
+// fabric with a source in it is spoofed and dropped.
+type Inside struct {
+	Prefix netip.Prefix
+	Kind   InsideKind
+}
+
 // Network is what the data plane knows of a network: that it exists (a SID
 // naming another is refused at decapsulation).
 type Network struct {
