@@ -489,10 +489,13 @@ static __noinline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 		       ((__u32)sid[SID_NET_BYTE + 2] << 8) | sid[SID_NET_BYTE + 3];
 	__u32 src_net = ((__u32)sid[SID_SRC_NET_BYTE] << 8) | sid[SID_SRC_NET_BYTE + 1];
 
-	/* Only nodes of the cluster may inject into pods. */
+	/* Only nodes of the cluster may inject into pods, and never this
+	 * one through the fabric: its own SRv6 never comes back to it. (That
+	 * the outer source is the node that sent it is to_underlay's work, on
+	 * every node.) */
 	struct host_key src = {.family = LACE_FAMILY_V6};
 	__builtin_memcpy(src.addr, &outer->saddr, 16);
-	if (!bpf_map_lookup_elem(&lace_nodes, &src))
+	if (!bpf_map_lookup_elem(&lace_nodes, &src) || bpf_map_lookup_elem(&lace_host_addrs, &src))
 		return drop(DROP_DECAP_SOURCE);
 	if (!bpf_map_lookup_elem(&lace_networks, &net_id) || !bpf_map_lookup_elem(&lace_networks, &src_net))
 		return drop(DROP_DECAP_SID);
@@ -811,6 +814,57 @@ int from_underlay(struct __sk_buff *skb)
 	if (host_addr(LACE_FAMILY_V6, &outer->daddr))
 		return to_host(skb, bpf_htons(ETH_P_IPV6));
 	return outside(skb, bpf_htons(ETH_P_IPV6));
+}
+
+/* to_underlay (tcx egress of the node's underlay interface) keeps the
+ * node speaking only for itself. Another node believes SRv6 from an outer
+ * source that is a node's address (decap): so nothing but Lace's own
+ * encapsulation (LACE_MARK_ENCAP) may leave toward a node's locator, and
+ * nothing may leave from another node's address. What it stops: a
+ * hostNetwork pod or a node process forging SRv6 with another node's
+ * outer source (raw sockets need only CAP_NET_RAW), or any other packet
+ * impersonating another node. What it cannot stop: a process that
+ * bypasses the qdisc layer (AF_PACKET with PACKET_QDISC_BYPASS, also
+ * CAP_NET_RAW) or that holds CAP_NET_ADMIN (sets the mark, detaches this
+ * program); and a host on the fabric, which no program here sees:
+ * docs/security.md section 8. Before the agent has written the nodes and
+ * locators, everything passes. */
+SEC("tcx/egress")
+int to_underlay(struct __sk_buff *skb)
+{
+	if (skb->mark == LACE_MARK_ENCAP) {
+		skb->mark = 0;
+		return TC_ACT_OK;
+	}
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end)
+		return TC_ACT_OK;
+	struct host_key src = {};
+	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+		if ((void *)(ip6 + 1) > end)
+			return TC_ACT_OK;
+		struct class_key ck = {.prefixlen = 32 + 128, .family = LACE_FAMILY_V6};
+		__builtin_memcpy(ck.addr, &ip6->daddr, 16);
+		__u32 *kind = bpf_map_lookup_elem(&lace_inside, &ck);
+		if (kind && *kind == INSIDE_LOCATOR)
+			return drop(DROP_NODE_FORGED);
+		src.family = LACE_FAMILY_V6;
+		__builtin_memcpy(src.addr, &ip6->saddr, 16);
+	} else if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+		if ((void *)(ip + 1) > end)
+			return TC_ACT_OK;
+		src.family = LACE_FAMILY_V4;
+		__builtin_memcpy(src.addr, &ip->saddr, 4);
+	} else {
+		return TC_ACT_OK;
+	}
+	if (bpf_map_lookup_elem(&lace_nodes, &src) && !bpf_map_lookup_elem(&lace_host_addrs, &src))
+		return drop(DROP_NODE_FORGED);
+	return TC_ACT_OK;
 }
 
 char __license[] SEC("license") = "GPL";

@@ -152,6 +152,8 @@ static __noinline __attribute__((unused)) int encap_and_send(struct __sk_buff *s
 	__u16 proto = bpf_htons(ETH_P_IPV6);
 	if (bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_proto), &proto, 2, 0))
 		return drop(DROP_ADJUST);
+	/* The node's own SRv6, for to_underlay. */
+	skb->mark = LACE_MARK_ENCAP;
 	return send_fib(skb, LACE_FAMILY_V6, cfg->underlay_ip6, sid, FWD_ENCAP);
 }
 

@@ -97,6 +97,12 @@ enum fwd_counter {
 	FWD_MAX = 10,
 };
 
+/* skb->mark of what Lace's own encapsulation sends (encap_and_send):
+ * to_underlay lets only such packets reach another node's locator. The
+ * host stack sets a mark only with CAP_NET_ADMIN (SO_MARK), which also
+ * detaches programs: that is a compromised node (docs/security.md). */
+#define LACE_MARK_ENCAP 0x1ace5a00
+
 /* lace_config.flags */
 #define LACE_CFG_UNDERLAY_GUARD (1U << 0) /* lace_host_addrs is complete: drop plain IP to anything else */
 #define LACE_CFG_HAS_V4 (1U << 1)         /* underlay_ip4 is set */

@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/lace-cni/lace/internal/tables"
 )
 
@@ -208,4 +210,81 @@ func htons(v uint16) uint16 { return ntohs(v) }
 func addr16Slice(a netip.Addr) []byte {
 	b := a.As16()
 	return b[:]
+}
+
+// skbMarkCtx is an __sk_buff for BPF_PROG_RUN with only mark (offset 8)
+// set.
+func skbMarkCtx(mark uint32) []byte {
+	b := make([]byte, 40)
+	binary.LittleEndian.PutUint32(b[8:12], mark)
+	return b
+}
+
+// TestProgNodeSpeaksForItself: on the underlay's egress, nothing but the
+// node's own encapsulation reaches another node's locator, and nothing
+// leaves from another node's address; at decapsulation, SRv6 from this
+// node's own address (it never sends itself SRv6 over the fabric) is
+// refused.
+func TestProgNodeSpeaksForItself(t *testing.T) {
+	d := progWorldDatapath(t)
+	peerSID := SID(progOther, BehaviourL3Decap, progNet, progNet)
+	inner := ipv4(netip.MustParseAddr("10.70.1.2"), netip.MustParseAddr("10.70.2.2"), 17, udp(1000, 7))
+	egress := func(pkt []byte, mark uint32) uint32 {
+		ret, err := d.underlay.ToUnderlay.Run(&ebpf.RunOptions{Data: pkt, Context: skbMarkCtx(mark)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ret
+	}
+	refused := []struct {
+		name string
+		pkt  []byte
+	}{
+		{"the host's SRv6 with another node's outer source", srv6(progPeerV6, peerSID, inner, true)},
+		{"the host's SRv6 with its own outer source", srv6(progNodeV6, peerSID, inner, true)},
+		{"plain IPv6 from another node's address", ether(unicastMAC, 0x86dd, ipv6(progPeerV6, netip.MustParseAddr("fd00:99::c8"), 17, udp(1, 2)))},
+	}
+	for _, c := range refused {
+		t.Run(c.name, func(t *testing.T) {
+			onlyDrop(t, d, "node-forged-underlay", func() {
+				if ret := egress(c.pkt, 0); ret != actShot {
+					t.Errorf("verdict %d, want a drop", ret)
+				}
+			})
+		})
+	}
+	passed := []struct {
+		name string
+		pkt  []byte
+		mark uint32
+	}{
+		{"Lace's own encapsulation", srv6(progNodeV6, peerSID, inner, true), 0x1ace5a00},
+		{"the host's own plain IPv6", ether(unicastMAC, 0x86dd, ipv6(progNodeV6, netip.MustParseAddr("fd00:99::c8"), 6, tcpSYN(1, 2))), 0},
+		{"the host's own IPv4", ether(unicastMAC, 0x0800, ipv4(progNodeV4, netip.MustParseAddr("172.31.0.200"), 6, tcpSYN(1, 2))), 0},
+		{"the host to a pod block (plain IP)", ether(unicastMAC, 0x0800, ipv4(progNodeV4, netip.MustParseAddr("10.70.2.2"), 6, tcpSYN(1, 2))), 0},
+	}
+	for _, c := range passed {
+		t.Run(c.name, func(t *testing.T) {
+			onlyDrop(t, d, "", func() {
+				if ret := egress(c.pkt, c.mark); ret != actOK {
+					t.Errorf("verdict %d, want it passed", ret)
+				}
+			})
+		})
+	}
+	// The encapsulation marks what it sends (the packet leaves by
+	// redirect or is dropped for want of a route; either way marked).
+	out := make([]byte, 256)
+	ctxOut := make([]byte, 256)
+	opts := &ebpf.RunOptions{Data: ether(unicastMAC, 0x0800, inner), DataOut: out, Context: skbCtx(progPort), ContextOut: ctxOut}
+	if _, err := d.pod.FromPod.Run(opts); err != nil {
+		t.Fatal(err)
+	}
+	if m := binary.LittleEndian.Uint32(ctxOut[8:12]); m != 0x1ace5a00 {
+		t.Errorf("encapsulated packet's mark %#x, want LACE_MARK_ENCAP", m)
+	}
+	onlyDrop(t, d, "decap-unknown-source", func() {
+		underlayVerdict(t, d, srv6(progNodeV6, SID(progLocator, BehaviourL3Decap, progNet, progNet),
+			ipv4(netip.MustParseAddr("10.70.2.2"), progPodV4, 17, udp(1000, 7)), true), actShot)
+	})
 }

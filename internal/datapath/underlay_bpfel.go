@@ -253,6 +253,7 @@ const (
 	underlayMapLaceXlbRev     = "lace_xlb_rev"
 	underlayMapLaceXlbScratch = "lace_xlb_scratch"
 	underlayProgFromUnderlay  = "from_underlay"
+	underlayProgToUnderlay    = "to_underlay"
 )
 
 // loadUnderlay returns the embedded CollectionSpec for underlay.
@@ -298,6 +299,7 @@ type underlaySpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type underlayProgramSpecs struct {
 	FromUnderlay *ebpf.ProgramSpec `ebpf:"from_underlay"`
+	ToUnderlay   *ebpf.ProgramSpec `ebpf:"to_underlay"`
 }
 
 // underlayMapSpecs contains maps before they are loaded into the kernel.
@@ -413,11 +415,13 @@ type underlayVariables struct {
 // It can be passed to loadUnderlayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type underlayPrograms struct {
 	FromUnderlay *ebpf.Program `ebpf:"from_underlay"`
+	ToUnderlay   *ebpf.Program `ebpf:"to_underlay"`
 }
 
 func (p *underlayPrograms) Close() error {
 	return _UnderlayClose(
 		p.FromUnderlay,
+		p.ToUnderlay,
 	)
 }
 
