@@ -13,6 +13,10 @@
  * cgroup tree is left alone: a hook never acts outside the node it
  * serves.
  *
+ * External IPs are never translated for the node's sockets: they are
+ * Service authors' claims on addresses, and the node keeps reaching the
+ * real ones. Pods reach an admitted external IP per packet (from_pod).
+ *
  * Who may reach a VIP follows section 5: the node is an outside host
  * classified by its address, so the VIP must be in the view of that
  * network (the shipped world -> default opens the default network's
@@ -171,6 +175,11 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 family, __u
 	__builtin_memcpy(sk.vip, addr, 16);
 	struct svc_val *sv = bpf_map_lookup_elem(&lace_services, &sk);
 	if (!sv)
+		return 1;
+	/* An external IP is a Service author's claim on an address; the
+	 * node's own processes (kubelet, the agent, host-network pods) keep
+	 * reaching the real one (CVE-2020-8554): never translated here. */
+	if ((sv->flags & SVC_EXTERNAL) && ((sv->flags >> SVC_KIND_SHIFT) & 3) == SVC_KIND_EXTERNAL_IP)
 		return 1;
 	__u32 view = family == LACE_FAMILY_V4 ? cfg->host_net4 : cfg->host_net6;
 	if (sv->flags & SVC_EXTERNAL) {

@@ -13,8 +13,10 @@ import (
 // +kubebuilder:validation:XValidation:rule="!(size(self.split('-')) == 2 && isIP(self.split('-')[0]) && isIP(self.split('-')[1]) && ip(self.split('-')[0]).family() == 4 && ip(self.split('-')[1]).family() == 4) || int(self.split('-')[0].split('.')[0]) * 16777216 + int(self.split('-')[0].split('.')[1]) * 65536 + int(self.split('-')[0].split('.')[2]) * 256 + int(self.split('-')[0].split('.')[3]) <= int(self.split('-')[1].split('.')[0]) * 16777216 + int(self.split('-')[1].split('.')[1]) * 65536 + int(self.split('-')[1].split('.')[2]) * 256 + int(self.split('-')[1].split('.')[3])",message="the first address of a range must not be above the last"
 type AddressRange string
 
-// LoadBalancerClassSpec is a pool of LoadBalancer VIPs and the nodes that
-// may announce them.
+// LoadBalancerClassSpec is a pool of LoadBalancer VIPs, the nodes that
+// may announce them and the namespaces that may use them.
+// +kubebuilder:validation:XValidation:rule="!has(self.namespaceSelector) || !has(self.namespaceSelector.matchExpressions) || self.namespaceSelector.matchExpressions.all(e, e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist'] && ((e.operator in ['In', 'NotIn']) == (has(e.values) && size(e.values) > 0)))",message="matchExpressions: operator must be In, NotIn, Exists or DoesNotExist, with values exactly for In and NotIn",fieldPath=".namespaceSelector"
+// +kubebuilder:validation:XValidation:rule="!has(self.addressRequestNamespaceSelector) || !has(self.addressRequestNamespaceSelector.matchExpressions) || self.addressRequestNamespaceSelector.matchExpressions.all(e, e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist'] && ((e.operator in ['In', 'NotIn']) == (has(e.values) && size(e.values) > 0)))",message="matchExpressions: operator must be In, NotIn, Exists or DoesNotExist, with values exactly for In and NotIn",fieldPath=".addressRequestNamespaceSelector"
 type LoadBalancerClassSpec struct {
 	// Addresses are the pool: CIDRs or first-last ranges, of either family.
 	// A Service gets one VIP per family it asks for that the pool provides.
@@ -32,6 +34,23 @@ type LoadBalancerClassSpec struct {
 	// unset selects every node.
 	// +optional
 	NodeSelector *metav1.LabelSelector `json:"nodeSelector,omitempty"`
+
+	// NamespaceSelector says whose Services may get VIPs from this class:
+	// those of the namespaces it selects. Unset selects every namespace;
+	// an empty selector ({}) does too. A Service of another namespace gets
+	// no VIP (a Warning Event, reason NamespaceNotAllowed) and gives back
+	// any it held.
+	// +optional
+	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
+
+	// AddressRequestNamespaceSelector says whose Services may ask for a
+	// specific VIP (the lace-cni.io/load-balancer-ips annotation or
+	// spec.loadBalancerIP): those of the namespaces it selects, among the
+	// NamespaceSelector's. Unset: no namespace may; {} selects every one.
+	// A Service asking without leave gets no VIP (a Warning Event, reason
+	// AddressRequestNotAllowed) and gives back any it held.
+	// +optional
+	AddressRequestNamespaceSelector *metav1.LabelSelector `json:"addressRequestNamespaceSelector,omitempty"`
 }
 
 // LoadBalancerClassStatus reports whether the pool is usable and how full it is.

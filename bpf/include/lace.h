@@ -288,6 +288,7 @@ struct svc_val {
 #define SVC_CLOSED 16     /* a NodePort no policy opens on this node address: dropped */
 #define SVC_SRC_RANGES 32 /* loadBalancerSourceRanges: lace_src_ranges lists the admitted sources */
 #define SVC_KIND_SHIFT 6 /* bits 6-7: the frontend's kind (NodePort, LoadBalancer, ExternalIP), for the agent's views */
+#define SVC_KIND_EXTERNAL_IP 3 /* tables.FrontendExternalIP */
 #define BACKEND_CLUSTER_REF 0xffffffff
 
 struct backend_key {

@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 
 	"github.com/lace-cni/lace/internal/agent"
+	"github.com/lace-cni/lace/internal/model"
 	"github.com/lace-cni/lace/pkg/logging"
 )
 
@@ -38,8 +40,15 @@ func main() {
 	flag.StringVar(&o.HealthAddr, "health-probe-bind-address", o.HealthAddr, "health endpoint (0 disables)")
 	flag.StringVar(&o.LeaseNamespace, "lease-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the agents' heartbeat Leases (L2 announcement of LoadBalancer VIPs); empty disables announcing")
 	flag.DurationVar(&o.AnnounceLeaseDuration, "announce-lease-duration", 2*time.Second, "how long an agent that stopped renewing its Lease still announces, and others wait before taking over its VIPs")
+	var allowedXIPs string
+	flag.StringVar(&allowedXIPs, "allowed-external-ips", "", "comma-separated CIDRs Services' externalIPs may name (empty refuses every external IP); give the controller the same list")
 	flag.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	flag.Parse()
+	var err error
+	if o.AllowedExternalIPs, err = model.ParseAllowedExternalIPs(strings.Split(allowedXIPs, ",")); err != nil {
+		fmt.Fprintln(os.Stderr, "lace-agent:", err)
+		os.Exit(2)
+	}
 	if err := run(ctrl.SetupSignalHandler(), logLevel, o); err != nil {
 		fmt.Fprintln(os.Stderr, "lace-agent:", err)
 		os.Exit(1)

@@ -8,11 +8,13 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"strings"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 
 	"github.com/lace-cni/lace/internal/controller"
+	"github.com/lace-cni/lace/internal/model"
 	"github.com/lace-cni/lace/pkg/logging"
 )
 
@@ -28,8 +30,15 @@ func main() {
 	flag.StringVar(&pool, "srv6-locator-pool", pool, "IPv6 prefix cut into per-node SRv6 locators")
 	flag.IntVar(&o.LocatorLength, "srv6-locator-length", o.LocatorLength, "prefix length of each node's locator")
 	flag.DurationVar(&o.ReleaseGrace, "block-release-grace", o.ReleaseGrace, "how long a removed node's blocks stay reserved before reuse")
+	var allowedXIPs string
+	flag.StringVar(&allowedXIPs, "allowed-external-ips", "", "comma-separated CIDRs Services' externalIPs may name (empty refuses every external IP); give the agents the same list")
 	flag.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	flag.Parse()
+	var err error
+	if o.AllowedExternalIPs, err = model.ParseAllowedExternalIPs(strings.Split(allowedXIPs, ",")); err != nil {
+		fmt.Fprintln(os.Stderr, "lace-controller:", err)
+		os.Exit(2)
+	}
 
 	if err := run(ctrl.SetupSignalHandler(), pool, logLevel, o); err != nil {
 		fmt.Fprintln(os.Stderr, "lace-controller:", err)

@@ -673,10 +673,36 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		{"image.pullPolicy=Sometimes", "/image/pullPolicy"},
 		{"unknownKey=1", "unknownKey"},
 		{"agent.typo=1", "typo"},
+		{"services.externalIPs.allowedCIDRs={8.8.8.8}", "/services/externalIPs/allowedCIDRs/0"},
 	} {
 		_, err := template(t, tc.set)
 		if err == nil || !strings.Contains(err.Error(), "schema") || !strings.Contains(err.Error(), tc.path) {
 			t.Errorf("--set %s: err = %v, want a schema failure at %s", tc.set, err, tc.path)
+		}
+	}
+}
+
+// TestExternalIPAllowList: the agent and the controller get the same
+// allow-list of external IPs, empty by default (every one refused).
+func TestExternalIPAllowList(t *testing.T) {
+	for _, tc := range []struct{ set, want string }{
+		{"", "--allowed-external-ips="},
+		{"services.externalIPs.allowedCIDRs={198.51.100.0/28,2001:db8::/120}", "--allowed-external-ips=198.51.100.0/28,2001:db8::/120"},
+	} {
+		var sets []string
+		if tc.set != "" {
+			sets = append(sets, tc.set)
+		}
+		r := mustTemplate(t, sets...)
+		var d appsv1.Deployment
+		r.get(t, "Deployment", "lace-controller", &d)
+		var ds appsv1.DaemonSet
+		r.get(t, "DaemonSet", "lace-agent", &ds)
+		for what, args := range map[string][]string{"controller": d.Spec.Template.Spec.Containers[0].Args,
+			"agent": ds.Spec.Template.Spec.Containers[0].Args} {
+			if !slices.Contains(args, tc.want) {
+				t.Errorf("--set %q: %s args %q lack %s", tc.set, what, args, tc.want)
+			}
 		}
 	}
 }

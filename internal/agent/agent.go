@@ -85,6 +85,10 @@ type Options struct {
 	// the bound on a VIP's failover.
 	LeaseNamespace        string
 	AnnounceLeaseDuration time.Duration
+	// AllowedExternalIPs are the only addresses Services' externalIPs
+	// may name (the operator's allow-list; empty refuses them all). The
+	// controller is given the same list and reports what is refused.
+	AllowedExternalIPs []netip.Prefix
 	// SkipNameValidation allows several agents in one process (tests).
 	SkipNameValidation bool
 	// Pprof serves net/http/pprof under /debug/pprof/ on the metrics

@@ -35,7 +35,8 @@ func trimCache(o cache.Options) cache.Options {
 }
 
 // trimMeta keeps what the agent reads of an object's metadata: its name,
-// versions, labels, deletion and the annotations named.
+// UID, versions, creation time (the older of two Services keeps an address
+// both name), labels, deletion and the annotations named.
 func trimMeta(m *metav1.ObjectMeta, keep ...string) {
 	m.ManagedFields, m.OwnerReferences, m.Finalizers, m.GenerateName = nil, nil, nil, ""
 	var ann map[string]string

@@ -155,7 +155,8 @@ func (a *Agent) desiredState(ctx context.Context) (model.NodeState, listed, []*d
 	c.zone, c.nodeAddrs = zone, nodeAddrs
 	svcState, vips, vipsChanged := c.services.update(model.ServiceInput{Node: a.opts.NodeName, Zone: zone,
 		Networks: nets.Items, BindingPolicies: nbps.Items, NetworkEndpoints: neps.Items, Namespaces: c.nsLabels,
-		NodeAddrs: nodeAddrs, Reserved: model.ReservedFor(ueps.Items, nets.Items, model.ServiceCIDRPrefixes(cidrs.Items))},
+		NodeAddrs: nodeAddrs, Reserved: model.ReservedFor(ueps.Items, nets.Items, model.ServiceCIDRPrefixes(cidrs.Items)),
+		AllowedExternalIPs: a.opts.AllowedExternalIPs},
 		zoneChanged || netsChanged || nbpsChanged || nepsChanged || nssChanged || uepsChanged || cidrsChanged, svcs, slices)
 	if !c.computed || vipsChanged || netsChanged || nssChanged || allocsChanged || uepsChanged || nrpsChanged || srpsChanged || cidrsChanged {
 		c.node = model.ComputeNode(model.NodeInput{Node: a.opts.NodeName, Networks: nets.Items, Allocations: allocs.Items,

@@ -62,6 +62,8 @@ func (r *LoadBalancerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("loadbalancer").
 		Watches(&lacev1.LoadBalancerClass{}, one).
+		// Classes select namespaces by their labels.
+		Watches(&corev1.Namespace{}, one, builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		Watches(&corev1.Service{}, one, builder.WithPredicates(predicate.Funcs{
 			CreateFunc:  func(e event.CreateEvent) bool { return lbOnly.Create(e) },
 			DeleteFunc:  func(e event.DeleteEvent) bool { return lbOnly.Delete(e) },
@@ -83,7 +85,15 @@ func (r *LoadBalancerReconciler) Reconcile(ctx context.Context, _ reconcile.Requ
 	if err := r.APIReader.List(ctx, &svcs); err != nil {
 		return reconcile.Result{}, fmt.Errorf("list services: %w", err)
 	}
-	res := model.AllocateLoadBalancers(classes.Items, svcs.Items)
+	var nss corev1.NamespaceList
+	if err := r.Client.List(ctx, &nss); err != nil {
+		return reconcile.Result{}, fmt.Errorf("list namespaces: %w", err)
+	}
+	nsLabels := make(map[string]map[string]string, len(nss.Items))
+	for _, ns := range nss.Items {
+		nsLabels[ns.Name] = ns.Labels
+	}
+	res := model.AllocateLoadBalancers(classes.Items, svcs.Items, nsLabels)
 	var errs []error
 	for i := range svcs.Items {
 		s := &svcs.Items[i]

@@ -34,6 +34,10 @@ type Options struct {
 	// ReleaseGrace keeps a removed node's blocks reserved this long.
 	ReleaseGrace time.Duration
 
+	// AllowedExternalIPs are the only addresses Services' externalIPs may
+	// name (the agents get the same list); the rest are reported.
+	AllowedExternalIPs []netip.Prefix
+
 	// SkipNameValidation allows several managers in one process (tests that
 	// restart the controller or run two for leader election).
 	SkipNameValidation bool
@@ -100,6 +104,9 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 	}
 	if err := (&RoutingPolicyReconciler{Client: mgr.GetClient(), Recorder: recorder}).SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("setup routing policy controller: %w", err)
+	}
+	if err := (&ExternalIPReconciler{Client: mgr.GetClient(), Recorder: recorder, Allowed: o.AllowedExternalIPs}).SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("setup external IP controller: %w", err)
 	}
 	if err := (&LoadBalancerReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: recorder}).SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("setup load balancer controller: %w", err)

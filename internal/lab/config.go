@@ -172,6 +172,17 @@ func NodeUnderlay(i int) (netip.Addr, netip.Addr) { return hostAddr(10 + i) }
 // (IPv4, IPv6), as a cluster's control plane node would.
 func APIServerAddrs() (netip.Addr, netip.Addr) { return hostAddr(1) }
 
+// ExternalIPRanges are the addresses the lab allows Services' externalIPs
+// to name (the chart's services.externalIPs.allowedCIDRs): fabric
+// addresses .248-.251 of each family, which nothing else uses, and the
+// two addresses the upstream ExternalIP conformance spec names (no lab
+// host holds them).
+func ExternalIPRanges() []string {
+	v4, v6 := hostAddr(248)
+	return []string{netip.PrefixFrom(v4, 30).String(), netip.PrefixFrom(v6, 126).String(),
+		"203.0.113.250/32", "2001:db8::cb00:71fa/128"}
+}
+
 // ExternalUnderlay returns the external host's addresses (IPv4, IPv6).
 func ExternalUnderlay() (netip.Addr, netip.Addr) { return hostAddr(200) }
 

@@ -23,7 +23,8 @@ import (
 // Lace is installed into the lab exactly as a user installs it: the chart,
 // with helm, into kube-system. The only lab-specific values are the image
 // tag, where the API server sits on the fabric (the agents need it before
-// Services work) and a short block release grace for the tests.
+// Services work), a short block release grace for the tests and the
+// external IPs the lab allows (ExternalIPRanges).
 const (
 	// ReleaseName and ReleaseNamespace are the lab's Helm release.
 	ReleaseName      = "lace"
@@ -74,6 +75,11 @@ func installLace(ctx context.Context, c Config, apiPort int) error {
 		"apiServer.host="+v4.String(),
 		"apiServer.port="+strconv.Itoa(apiPort),
 		"controller.blockReleaseGrace=5s",
+		// External IPs the lab allows: a slice of the fabric no one else
+		// uses, and the addresses the upstream ExternalIP conformance spec
+		// names. Everything else (the API server's address, the external
+		// host's) is refused, as in any install.
+		"services.externalIPs.allowedCIDRs={"+strings.Join(ExternalIPRanges(), ",")+"}",
 		// The machine is cgroup v1 with a cgroup2 hierarchy beside it; each
 		// node's processes and pods live below its own cgroup root there.
 		"agent.hostCgroup=/sys/fs/cgroup/unified/"+cgroupPrefix(c.Name)+"$(NODE_NAME)",

@@ -100,10 +100,29 @@ func nsLabels(nss []corev1.Namespace) map[string]map[string]string {
 func computeNode(node, zone string, addrs []netip.Addr, nets []lacev1.Network, nbps []lacev1.NetworkBindingPolicy, nss []corev1.Namespace,
 	svcs []corev1.Service, eps []discoveryv1.EndpointSlice, neps []lacev1.NetworkEndpoint) nodeServices {
 	st := model.ComputeServices(model.ServiceInput{Node: node, Zone: zone, Networks: nets, BindingPolicies: nbps,
-		Services: svcs, EndpointSlices: eps, NetworkEndpoints: neps, Namespaces: nsLabels(nss), NodeAddrs: addrs})
+		Services: svcs, EndpointSlices: eps, NetworkEndpoints: neps, Namespaces: nsLabels(nss), NodeAddrs: addrs,
+		AllowedExternalIPs: allowedExternalIPs(svcs)})
 	ns := nodeServices{node: node, zone: zone, state: st}
 	ns.index()
 	return ns
+}
+
+// allowedExternalIPs is the cluster's allow-list of external IPs as far as
+// the Services show it (lacectl cannot read the agents' flags): every
+// external IP the controller has not reported outside it.
+func allowedExternalIPs(svcs []corev1.Service) []netip.Prefix {
+	var out []netip.Prefix
+	for i := range svcs {
+		report := svcs[i].Annotations[lacev1.AnnotationExternalIPProblem]
+		for _, s := range svcs[i].Spec.ExternalIPs {
+			a, err := netip.ParseAddr(s)
+			if err != nil || strings.Contains(report, s+" ("+model.ExternalIPReasonNotAllowed) {
+				continue
+			}
+			out = append(out, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+		}
+	}
+	return out
 }
 
 func (ns *nodeServices) index() {
@@ -1046,6 +1065,10 @@ func printFrontends(tw io.Writer, e *svcEnv, svc *corev1.Service, shown []*nodeS
 		}
 		a = a.Unmap()
 		fmt.Fprintf(tw, "  external IP %s: announced by no Lace node; served by the node the network sends it to\n", a)
+		if report := svc.Annotations[lacev1.AnnotationExternalIPProblem]; strings.Contains(report, s+" (") {
+			fmt.Fprintf(tw, "    not served: %s\n", report)
+			continue
+		}
 		vip, ok := ofFamily(a)
 		if !ok {
 			fmt.Fprintf(tw, "    not served: the service has no %s ClusterIP\n", family(a.Is6()))

@@ -70,6 +70,8 @@ func TestServiceFrontends(t *testing.T) {
 		}),
 	}
 	in.Reserved = []netip.Prefix{netip.MustParsePrefix("172.18.0.9/32")}
+	// The operator allows all of them; the reserved one stays refused.
+	in.AllowedExternalIPs = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}
 	in.EndpointSlices = nil
 	for _, name := range []string{"web", "loc", "nonp", "xip", "aaa-thief"} {
 		in.EndpointSlices = append(in.EndpointSlices, svSlice(name, name+"-1", svHTTPSlicePorts, svEp("10.1.1.5", "n1"), svEp("10.1.2.5", "n2")))

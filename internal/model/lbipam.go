@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 )
@@ -37,6 +39,11 @@ const (
 	LBReasonUnsupportedFamily  = "UnsupportedFamily"
 	LBReasonNoClass            = "NoLoadBalancerClass"
 	LBReasonInvalidRequestedIP = "InvalidRequestedIP"
+	// The class's namespaceSelector does not select the Service's
+	// namespace; its addressRequestNamespaceSelector does not let it ask
+	// for a specific address. Either way the Service holds nothing.
+	LBReasonNamespaceNotAllowed      = "NamespaceNotAllowed"
+	LBReasonAddressRequestNotAllowed = "AddressRequestNotAllowed"
 )
 
 // IPRange is an inclusive range of addresses of one family.
@@ -136,6 +143,31 @@ type lbClass struct {
 	// overlapping class or a second default never takes VIPs away).
 	ready   bool
 	problem string
+	// Who may use the pool, and who may ask for a specific address in it
+	// (selectors of namespaces; nil use: every namespace; nil request:
+	// none).
+	use, request       labels.Selector
+	useErr, requestErr error
+}
+
+// admits says why the class refuses a Service of namespace ns ("" when it
+// does not): the namespace is not one its namespaceSelector selects, or
+// the Service asks for an address and addressRequestNamespaceSelector
+// does not let it.
+func (c *lbClass) admits(ns string, nsLabels map[string]string, asks bool) (reason, message string) {
+	switch {
+	case c.useErr != nil:
+		return LBReasonNamespaceNotAllowed, fmt.Sprintf("LoadBalancerClass %s: namespaceSelector: %v", c.name, c.useErr)
+	case c.use != nil && !c.use.Matches(labels.Set(nsLabels)):
+		return LBReasonNamespaceNotAllowed, fmt.Sprintf("LoadBalancerClass %s does not serve namespace %s (its namespaceSelector): no address, any held is released", c.name, ns)
+	case !asks:
+		return "", ""
+	case c.requestErr != nil:
+		return LBReasonAddressRequestNotAllowed, fmt.Sprintf("LoadBalancerClass %s: addressRequestNamespaceSelector: %v", c.name, c.requestErr)
+	case c.request == nil || !c.request.Matches(labels.Set(nsLabels)):
+		return LBReasonAddressRequestNotAllowed, fmt.Sprintf("LoadBalancerClass %s does not let namespace %s ask for a specific address (its addressRequestNamespaceSelector): no address, any held is released", c.name, ns)
+	}
+	return "", ""
 }
 
 // AllocateLoadBalancers decides every Lace LoadBalancer Service's VIPs.
@@ -147,7 +179,12 @@ type lbClass struct {
 // the same way every time. Addresses other implementations' Services hold
 // are never handed out; their Services (another class, or none while Lace
 // has no single default) are left alone.
-func AllocateLoadBalancers(classes []lacev1.LoadBalancerClass, svcs []corev1.Service) LBResult {
+//
+// A class serves only the namespaces its namespaceSelector selects, and
+// lets only those its addressRequestNamespaceSelector selects ask for a
+// specific address (namespaces: namespace -> labels); a Service it refuses
+// holds nothing, not even what it held.
+func AllocateLoadBalancers(classes []lacev1.LoadBalancerClass, svcs []corev1.Service, namespaces map[string]map[string]string) LBResult {
 	res := LBResult{Classes: map[string]LBClassState{}, Services: map[string]LBServiceState{}, Release: map[string]bool{}}
 	byName := map[string]*lbClass{}
 	var defaults []string
@@ -164,6 +201,12 @@ func AllocateLoadBalancers(classes []lacev1.LoadBalancerClass, svcs []corev1.Ser
 	for _, c := range sorted {
 		st := LBClassState{Ready: true, Reason: LBReasonReady, Message: "the pool is usable"}
 		lc := &lbClass{name: c.Name}
+		if sel := c.Spec.NamespaceSelector; sel != nil {
+			lc.use, lc.useErr = metav1.LabelSelectorAsSelector(sel)
+		}
+		if sel := c.Spec.AddressRequestNamespaceSelector; sel != nil {
+			lc.request, lc.requestErr = metav1.LabelSelectorAsSelector(sel)
+		}
 		for _, a := range c.Spec.Addresses {
 			r, err := ParseAddressRange(a)
 			if err != nil {
@@ -237,6 +280,7 @@ func AllocateLoadBalancers(classes []lacev1.LoadBalancerClass, svcs []corev1.Ser
 		got     map[bool]netip.Addr
 		reason  string // set: keep what it holds, hand out nothing new
 		message string
+		refused bool // the class refuses the Service: it keeps nothing either
 	}
 	var todo []*pending
 	for _, s := range order {
@@ -252,6 +296,11 @@ func AllocateLoadBalancers(classes []lacev1.LoadBalancerClass, svcs []corev1.Ser
 		case !p.class.ready:
 			p.reason, p.message = LBReasonNoClass, fmt.Sprintf("LoadBalancerClass %s is not Ready (%s): no new addresses", name, p.class.problem)
 		}
+		if p.class != nil {
+			if r, m := p.class.admits(s.Namespace, namespaces[s.Namespace], len(requested(s)) > 0); r != "" {
+				p.reason, p.message, p.refused = r, m, true
+			}
+		}
 		var bad []string
 		for _, r := range requested(s) {
 			a, err := netip.ParseAddr(r)
@@ -266,13 +315,16 @@ func AllocateLoadBalancers(classes []lacev1.LoadBalancerClass, svcs []corev1.Ser
 				p.request[a.Unmap().Is4()] = a.Unmap()
 			}
 		}
-		if len(bad) > 0 && p.reason == "" {
+		if len(bad) > 0 && p.reason == "" && !p.refused {
 			p.reason, p.message = LBReasonInvalidRequestedIP, "requested addresses: "+strings.Join(bad, "; ")
 		}
 		// What it holds and may keep: in its class's pool (any address,
 		// while the class is gone).
 		for _, a := range IngressAddrs(s) {
 			v4 := a.Is4()
+			if p.refused {
+				break
+			}
 			if !wantsFamily(p.want, v4) || held[a] != "" || p.got[v4].IsValid() || (p.class != nil && !inPool(p.class, a)) {
 				continue
 			}

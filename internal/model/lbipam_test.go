@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,7 +16,9 @@ import (
 )
 
 func lbPool(name string, def bool, addrs ...string) lacev1.LoadBalancerClass {
-	c := lacev1.LoadBalancerClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: lacev1.LoadBalancerClassSpec{Default: def}}
+	// Every namespace may ask for an address (the tests of requests).
+	c := lacev1.LoadBalancerClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: lacev1.LoadBalancerClassSpec{Default: def,
+		AddressRequestNamespaceSelector: &metav1.LabelSelector{}}}
 	for _, a := range addrs {
 		c.Spec.Addresses = append(c.Spec.Addresses, lacev1.AddressRange(a))
 	}
@@ -78,7 +81,7 @@ func TestAllocateLoadBalancers(t *testing.T) {
 
 	// The lowest free address, oldest Service first; the pool runs out.
 	res := AllocateLoadBalancers([]lacev1.LoadBalancerClass{small, dual}, []corev1.Service{
-		lbSvc("c", 3, nil, v4only), lbSvc("a", 1, nil, v4only), lbSvc("b", 2, nil, v4only)})
+		lbSvc("c", 3, nil, v4only), lbSvc("a", 1, nil, v4only), lbSvc("b", 2, nil, v4only)}, nil)
 	if ips(res.Services["ns/a"]) != "[192.0.2.1]" || ips(res.Services["ns/b"]) != "[192.0.2.2]" {
 		t.Errorf("a %v, b %v: want .1 and .2, oldest first", res.Services["ns/a"], res.Services["ns/b"])
 	}
@@ -92,13 +95,13 @@ func TestAllocateLoadBalancers(t *testing.T) {
 	// What a Service holds stays, whoever came first (a restart, a change
 	// elsewhere); a newer one gets what is free.
 	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{small}, []corev1.Service{
-		lbSvc("a", 1, nil, v4only), lbSvc("b", 2, nil, v4only, "192.0.2.2")})
+		lbSvc("a", 1, nil, v4only), lbSvc("b", 2, nil, v4only, "192.0.2.2")}, nil)
 	if ips(res.Services["ns/a"]) != "[192.0.2.1]" || ips(res.Services["ns/b"]) != "[192.0.2.2]" {
 		t.Errorf("held address moved: a %v, b %v", res.Services["ns/a"], res.Services["ns/b"])
 	}
 	// Two holding one address: the older keeps it, the newer moves.
 	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{small}, []corev1.Service{
-		lbSvc("b", 2, nil, v4only, "192.0.2.1"), lbSvc("a", 1, nil, v4only, "192.0.2.1")})
+		lbSvc("b", 2, nil, v4only, "192.0.2.1"), lbSvc("a", 1, nil, v4only, "192.0.2.1")}, nil)
 	if ips(res.Services["ns/a"]) != "[192.0.2.1]" || ips(res.Services["ns/b"]) != "[192.0.2.2]" {
 		t.Errorf("one address held twice: a %v, b %v, want the older keeping it", res.Services["ns/a"], res.Services["ns/b"])
 	}
@@ -106,7 +109,7 @@ func TestAllocateLoadBalancers(t *testing.T) {
 	// Families: one VIP per family asked for and offered, in the Service's
 	// order; a family the class lacks is reported.
 	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{small, dual}, []corev1.Service{
-		lbSvc("d", 1, dualName, v6v4), lbSvc("e", 2, nil, v6v4)})
+		lbSvc("d", 1, dualName, v6v4), lbSvc("e", 2, nil, v6v4)}, nil)
 	if ips(res.Services["ns/d"]) != "[2001:db8:1:: 198.51.100.10]" || res.Services["ns/d"].Reason != "" {
 		t.Errorf("dual-stack Service in a dual-stack class: %+v", res.Services["ns/d"])
 	}
@@ -122,7 +125,7 @@ func TestAllocateLoadBalancers(t *testing.T) {
 	g.Spec.LoadBalancerIP = "198.51.100.11"
 	h := lbSvc("h", 3, dualName, v4only)
 	h.Spec.LoadBalancerIP = "203.0.113.1"
-	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{small, dual}, []corev1.Service{h, g, f})
+	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{small, dual}, []corev1.Service{h, g, f}, nil)
 	if ips(res.Services["ns/f"]) != "[198.51.100.11]" {
 		t.Errorf("requested by annotation: %+v", res.Services["ns/f"])
 	}
@@ -137,7 +140,7 @@ func TestAllocateLoadBalancers(t *testing.T) {
 	// default; two defaults; overlapping and invalid pools.
 	other := lbSvc("o", 1, ptr.To("example.com/lb"), v4only)
 	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{small, lbPool("small2", true, "203.0.113.0/24")},
-		[]corev1.Service{other, lbSvc("p", 2, nil, v4only)})
+		[]corev1.Service{other, lbSvc("p", 2, nil, v4only)}, nil)
 	if _, ok := res.Services["ns/o"]; ok {
 		t.Errorf("a Service of another class was handled: %+v", res.Services["ns/o"])
 	}
@@ -150,7 +153,7 @@ func TestAllocateLoadBalancers(t *testing.T) {
 		}
 	}
 	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{lbPool("x", false, "192.0.2.0/29"), lbPool("y", false, "192.0.2.4-192.0.2.9"),
-		lbPool("z", false, "2001:db8::9-2001:db8::1")}, nil)
+		lbPool("z", false, "2001:db8::9-2001:db8::1")}, nil, nil)
 	for c, want := range map[string]string{"x": LBReasonReady, "y": LBReasonOverlap, "z": LBReasonInvalidRange} {
 		if got := res.Classes[c]; got.Ready != (want == LBReasonReady) || got.Reason != want {
 			t.Errorf("class %s: %+v, want %s (the older of two overlapping classes stays)", c, got, want)
@@ -161,7 +164,7 @@ func TestAllocateLoadBalancers(t *testing.T) {
 	// out; nor are Services naming no class touched without a Lace
 	// default.
 	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{lbPool("nodef", false, "192.0.2.0/30")}, []corev1.Service{
-		lbSvc("metallb", 1, nil, v4only, "192.0.2.1"), lbSvc("mine", 2, ptr.To("lace-cni.io/nodef"), v4only)})
+		lbSvc("metallb", 1, nil, v4only, "192.0.2.1"), lbSvc("mine", 2, ptr.To("lace-cni.io/nodef"), v4only)}, nil)
 	if _, ok := res.Services["ns/metallb"]; ok || ips(res.Services["ns/mine"]) != "[192.0.2.2]" {
 		t.Errorf("beside another implementation's Service: %+v", res.Services)
 	}
@@ -170,7 +173,7 @@ func TestAllocateLoadBalancers(t *testing.T) {
 	// what it handed out and hands out nothing new.
 	broken := lbPool("small", true, "192.0.2.0/30", "2001:db8::9-2001:db8::1")
 	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{broken}, []corev1.Service{
-		lbSvc("a", 1, nil, v4only, "192.0.2.2"), lbSvc("b", 2, nil, v4only)})
+		lbSvc("a", 1, nil, v4only, "192.0.2.2"), lbSvc("b", 2, nil, v4only)}, nil)
 	if a := res.Services["ns/a"]; ips(a) != "[192.0.2.2]" || a.Reason != LBReasonNoClass {
 		t.Errorf("held address in a class gone bad: %+v, want kept with a report", a)
 	}
@@ -183,7 +186,7 @@ func TestAllocateLoadBalancers(t *testing.T) {
 	two.Annotations = map[string]string{AnnotationLoadBalancerIPs: "192.0.2.1,192.0.2.2"}
 	fam := lbSvc("fam", 2, nil, v4only)
 	fam.Spec.LoadBalancerIP = "2001:db8::5"
-	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{small}, []corev1.Service{two, fam})
+	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{small}, []corev1.Service{two, fam}, nil)
 	for _, k := range []string{"ns/two", "ns/fam"} {
 		if st := res.Services[k]; st.Reason != LBReasonInvalidRequestedIP || len(st.IPs) != 0 {
 			t.Errorf("%s: %+v, want InvalidRequestedIP", k, st)
@@ -193,7 +196,7 @@ func TestAllocateLoadBalancers(t *testing.T) {
 	// Not a LoadBalancer (any more): nothing allocated.
 	np := lbSvc("n", 1, nil, v4only, "192.0.2.1")
 	np.Spec.Type = corev1.ServiceTypeNodePort
-	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{small}, []corev1.Service{np})
+	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{small}, []corev1.Service{np}, nil)
 	if _, ok := res.Services["ns/n"]; ok || res.Classes["small"].Allocated != 0 || !res.Release["ns/n"] {
 		t.Errorf("a NodePort Service holds a VIP: %+v, want it released", res)
 	}
@@ -222,7 +225,7 @@ func TestAllocateLoadBalancersNeverTwice(t *testing.T) {
 			}
 			svcs = append(svcs, s)
 		}
-		res := AllocateLoadBalancers(classes, svcs)
+		res := AllocateLoadBalancers(classes, svcs, nil)
 		seen := map[netip.Addr]string{}
 		for i := range svcs {
 			key := "ns/" + svcs[i].Name
@@ -241,11 +244,64 @@ func TestAllocateLoadBalancersNeverTwice(t *testing.T) {
 				svcs[i].Status.LoadBalancer.Ingress = append(svcs[i].Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: a.String()})
 			}
 		}
-		again := AllocateLoadBalancers(classes, svcs)
+		again := AllocateLoadBalancers(classes, svcs, nil)
 		for k, st := range res.Services {
 			if !slices.Equal(again.Services[k].IPs, st.IPs) {
 				t.Fatalf("seed %d: %s moved from %v to %v on a second pass", seed, k, st.IPs, again.Services[k].IPs)
 			}
 		}
 	}
+}
+
+// TestLoadBalancerClassNamespaces: a class serves only the namespaces its
+// namespaceSelector selects and lets only those its
+// addressRequestNamespaceSelector selects ask for an address (unset: no
+// one); a refused Service holds nothing, not even the address it held,
+// which another Service then gets.
+func TestLoadBalancerClassNamespaces(t *testing.T) {
+	c := lbPool("pool", true, "192.0.2.0/29")
+	c.Spec.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"lb": "yes"}}
+	c.Spec.AddressRequestNamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"lb-request": "yes"}}
+	nss := map[string]map[string]string{"ns": {"lb": "yes", "lb-request": "yes"}, "plain": {"lb": "yes"}, "other": nil}
+	in := func(ns string, s corev1.Service) corev1.Service { s.Namespace = ns; return s }
+	ask := func(s corev1.Service, ip string) corev1.Service { s.Spec.LoadBalancerIP = ip; return s }
+	v4 := []corev1.IPFamily{corev1.IPv4Protocol}
+	svcs := []corev1.Service{
+		in("other", lbSvc("squatter", 1, nil, v4, "192.0.2.1")), // held before the selector: released
+		in("plain", lbSvc("plain", 2, nil, v4)),
+		in("plain", ask(lbSvc("plain-asks", 3, nil, v4), "192.0.2.5")),
+		ask(lbSvc("asks", 4, nil, v4), "192.0.2.6"),
+	}
+	res := AllocateLoadBalancers([]lacev1.LoadBalancerClass{c}, svcs, nss)
+	for key, want := range map[string]struct{ ips, reason string }{
+		"other/squatter":   {"", LBReasonNamespaceNotAllowed},
+		"plain/plain":      {"192.0.2.1", ""},
+		"plain/plain-asks": {"", LBReasonAddressRequestNotAllowed},
+		"ns/asks":          {"192.0.2.6", ""},
+	} {
+		st := res.Services[key]
+		if got := joinAddrsForTest(st.IPs); got != want.ips || st.Reason != want.reason {
+			t.Errorf("%s: %q %s (%s), want %q %s", key, got, st.Reason, st.Message, want.ips, want.reason)
+		}
+	}
+	// Unset addressRequestNamespaceSelector: nobody may ask.
+	c.Spec.AddressRequestNamespaceSelector = nil
+	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{c}, svcs, nss)
+	if st := res.Services["ns/asks"]; st.Reason != LBReasonAddressRequestNotAllowed || len(st.IPs) != 0 {
+		t.Errorf("unset request selector: ns/asks got %+v", st)
+	}
+	// An invalid selector refuses everyone, with the parse error.
+	c.Spec.NamespaceSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "lb", Operator: "Bogus"}}}
+	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{c}, svcs, nss)
+	if st := res.Services["plain/plain"]; st.Reason != LBReasonNamespaceNotAllowed || !strings.Contains(st.Message, "namespaceSelector") {
+		t.Errorf("invalid selector: %+v", st)
+	}
+}
+
+func joinAddrsForTest(as []netip.Addr) string {
+	var out []string
+	for _, a := range as {
+		out = append(out, a.String())
+	}
+	return strings.Join(out, ",")
 }

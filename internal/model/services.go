@@ -48,6 +48,10 @@ type ServiceInput struct {
 	// external IP there would take over traffic that is somebody else's,
 	// CVE-2020-8554's man in the middle). ReservedFor builds them.
 	Reserved []netip.Prefix
+	// AllowedExternalIPs are the only addresses externalIPs may name (the
+	// operator's allow-list; empty refuses every external IP), reserved
+	// ones excepted (externalips.go).
+	AllowedExternalIPs []netip.Prefix
 }
 
 // ReservedFor lists the addresses externalIPs may not claim: every
@@ -156,6 +160,8 @@ type ServiceEnv struct {
 	pods       podAddrIndex
 	nodeAddrs  []netip.Addr
 	reserved   []netip.Prefix
+	// allowedXIPs is the operator's allow-list of external IPs.
+	allowedXIPs []netip.Prefix
 }
 
 // NewServiceEnv prepares the shared part of in (everything but Services
@@ -163,7 +169,8 @@ type ServiceEnv struct {
 func NewServiceEnv(in ServiceInput) *ServiceEnv {
 	e := &ServiceEnv{node: in.Node, zone: in.Zone, ids: NetworkIDs(in.Networks), exists: map[string]bool{},
 		binder: newBinder(in.BindingPolicies, lacev1.MatchKindService), namespaces: in.Namespaces,
-		pods: indexNetworkEndpoints(in.NetworkEndpoints), nodeAddrs: in.NodeAddrs, reserved: in.Reserved}
+		pods: indexNetworkEndpoints(in.NetworkEndpoints), nodeAddrs: in.NodeAddrs, reserved: in.Reserved,
+		allowedXIPs: in.AllowedExternalIPs}
 	for _, n := range in.Networks {
 		e.exists[n.Name] = true
 	}
@@ -188,6 +195,12 @@ type ServiceResult struct {
 	Services    []tables.Service
 	Excluded    []ExcludedEndpoint
 	HealthCheck *HealthCheck
+	// Age ranks the service's frontends against other Services' at one
+	// address (MergeServices).
+	Age ServiceAge
+	// RefusedExternalIPs are its external IPs never served whatever
+	// others hold (not allowed, reserved, invalid), set when it is bound.
+	RefusedExternalIPs []ExternalIPRefusal
 }
 
 // Compute is the result of one service, with the EndpointSlices that
@@ -216,6 +229,10 @@ func (e *ServiceEnv) Compute(svc *corev1.Service, svcSlices []*discoveryv1.Endpo
 	}
 	b.NetID = id
 	r.VIPs = clusterIPs(svc)
+	r.Age = ageOf(svc)
+	if len(svc.Spec.ExternalIPs) > 0 {
+		r.RefusedExternalIPs = e.refusedExternalIPs(svc, vips)
+	}
 
 	if len(svcSlices) > 1 && !slices.IsSortedFunc(svcSlices, bySliceName) {
 		svcSlices = slices.Clone(svcSlices)
@@ -308,14 +325,21 @@ func MergeServices(results []*ServiceResult) ServiceState {
 	// same external IP (or one another's load balancer address). A
 	// ClusterIP wins, then a NodePort, a load balancer address and last an
 	// external IP (no Service takes another's address by naming it); the
-	// first Service by namespace and name among equals.
+	// oldest Service among equals (creation time, then UID), never the
+	// first by name, so a newcomer cannot take an address that is served.
 	if n := len(st.Services); n > 1 {
 		out := st.Services[:1]
+		var own owners // made at the first contest: they are rare
 		for _, sv := range st.Services[1:] {
 			last := &out[len(out)-1]
 			if sv.VIP != last.VIP || sv.Proto != last.Proto || sv.Port != last.Port {
 				out = append(out, sv)
-			} else if sv.Frontend < last.Frontend {
+				continue
+			}
+			if own == nil {
+				own = newOwners(order)
+			}
+			if own.wins(&sv, last) {
 				*last = sv
 			}
 		}
@@ -641,11 +665,8 @@ func (c *serviceCtx) frontends(clusterIP netip.Addr) []tables.Service {
 			}
 		}
 	}
-	for _, s := range svc.Spec.ExternalIPs {
-		if a, ok := parseSloppyIP(s); ok && a.Is4() == clusterIP.Is4() &&
-			!slices.ContainsFunc(c.env.reserved, func(p netip.Prefix) bool { return p.Contains(a) }) {
-			fronts = append(fronts, front{a, tables.FrontendExternalIP})
-		}
+	for _, a := range c.externalIPs(clusterIP) {
+		fronts = append(fronts, front{a, tables.FrontendExternalIP})
 	}
 	if len(fronts) == 0 {
 		return nil
