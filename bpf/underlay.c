@@ -480,6 +480,32 @@ static __noinline int xlb_reply(struct __sk_buff *skb)
 	return send_fib(skb, p.family, x->rv.front, x->rv.client, FWD_REPLY_OUT);
 }
 
+/* foreign_source tells whether a decapsulated packet's inner source is a
+ * pod (inside a pod subnet) that the sending node (outer source osrc)
+ * does not hold: the source network's view must resolve it to a block of
+ * another node whose SID lies in the sender's locator. A node speaks for
+ * its own pods only; outside sources (transit it took from the fabric)
+ * and node addresses are not pods. Out of line: decap's frame is on the
+ * deepest chain. */
+static __noinline int foreign_source(__u32 src_net, struct pkt *p, const void *osrc)
+{
+	if (src_net == NODE_NET_ID)
+		return 0;
+	struct class_key ck = {.prefixlen = 32 + 128, .family = p->family};
+	__builtin_memcpy(ck.addr, p->saddr, 16);
+	__u32 *kind = bpf_map_lookup_elem(&lace_inside, &ck);
+	if (!kind || *kind != INSIDE_POD_SUBNET)
+		return 0;
+	struct host_key hk = {.family = LACE_FAMILY_V6};
+	__builtin_memcpy(hk.addr, osrc, 16);
+	__u64 *loc = bpf_map_lookup_elem(&lace_node_locs, &hk);
+	struct route_val *rv = view_lookup_src(src_net, p);
+	if (!loc || !rv || (rv->flags & (ROUTE_LOCAL | ROUTE_SUBNET | ROUTE_EXTERNAL | ROUTE_DENY | ROUTE_SERVICE)) ||
+	    rv->dst_net != src_net)
+		return 1;
+	return !eq8(rv->sid, loc);
+}
+
 static __noinline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 {
 	__u8 *sid = (__u8 *)&outer->daddr;
@@ -521,6 +547,8 @@ static __noinline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 	if (parse_ip(skb, inner_proto, ETH_HLEN + sizeof(struct ipv6hdr), &p))
 		return drop(DROP_DECAP_TRUNCATED);
 
+	if (foreign_source(src_net, &p, &outer->saddr))
+		return drop(DROP_DECAP_FOREIGN);
 	__u32 ifindex;
 	__u8 macs[12];
 	if (local_pod(net_id, p.family, p.daddr, &ifindex, macs))

@@ -15,6 +15,14 @@ static __always_inline struct route_val *view_lookup(__u32 view_net, struct pkt 
 	return bpf_map_lookup_elem(&lace_routes, &rk);
 }
 
+/* view_lookup_src resolves p's source in the view of network view_net. */
+static __always_inline struct route_val *view_lookup_src(__u32 view_net, struct pkt *p)
+{
+	struct route_key rk = {.prefixlen = 64 + 128, .net_id = view_net, .family = p->family};
+	__builtin_memcpy(rk.addr, p->saddr, 16);
+	return bpf_map_lookup_elem(&lace_routes, &rk);
+}
+
 /* classify returns the external network a plain-IP source belongs to (the
  * longest external prefix covering it), or 0. */
 static __always_inline __u32 classify(struct pkt *p)

@@ -80,7 +80,8 @@ enum drop_reason {
 	DROP_CT_OTHER_NET = 26, /* flow-of-another-network: a packet whose tuple is a live flow of another network: it neither refreshes nor takes that flow */
 	DROP_ICMP_NOT_OURS = 27, /* icmp-error-no-flow: an ICMP error from a pod about no flow conntrack holds for it with that peer */
 	DROP_NODE_FORGED = 28, /* node-forged-underlay: the node's own stack sent SRv6 to a locator, or a packet from another node's address: only Lace's encapsulation speaks for the node */
-	DROP_MAX = 29,
+	DROP_DECAP_FOREIGN = 29, /* decap-foreign-source: SRv6 whose inner source is a pod of a block the sending node does not own */
+	DROP_MAX = 30,
 };
 
 enum fwd_counter {
@@ -386,6 +387,17 @@ struct {
 	__type(value, __u32);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lace_host_addrs SEC(".maps"); /* this node's own addresses */
+
+/* A node's underlay address -> its /64 locator (the first 8 bytes, as a
+ * __u64 in memory order): decap checks that a pod source comes from the
+ * node owning its block. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct host_key);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_node_locs SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

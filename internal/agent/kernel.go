@@ -43,6 +43,9 @@ type dataplane interface {
 	UpsertNode(netip.Addr) error
 	DeleteNode(netip.Addr) error
 	Nodes() ([]netip.Addr, error)
+	UpsertNodeLocator(datapath.NodeLocator) error
+	DeleteNodeLocator(netip.Addr) error
+	NodeLocators() ([]datapath.NodeLocator, error)
 	UpsertHostAddr(netip.Addr) error
 	DeleteHostAddr(netip.Addr) error
 	HostAddrs() ([]netip.Addr, error)

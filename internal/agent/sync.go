@@ -370,6 +370,9 @@ func (a *Agent) apply(st model.NodeState) error {
 	var errs []error
 	curNodes, err := a.dp.Nodes()
 	errs = append(errs, err, syncSet(curNodes, st.Nodes, a.dp.UpsertNode, a.dp.DeleteNode))
+	curLocs, err := a.dp.NodeLocators()
+	errs = append(errs, err, syncListEq(curLocs, st.NodeLocators, func(n datapath.NodeLocator) netip.Addr { return n.Addr },
+		a.dp.UpsertNodeLocator, func(n datapath.NodeLocator) error { return a.dp.DeleteNodeLocator(n.Addr) }))
 	curNets, err := a.dp.Networks()
 	errs = append(errs, err, syncListEq(curNets, st.Networks, func(n datapath.Network) uint32 { return n.ID },
 		a.dp.UpsertNetwork, func(n datapath.Network) error { return a.dp.DeleteNetwork(n.ID) }))

@@ -33,6 +33,7 @@ func progWorldDatapath(t *testing.T) *Datapath {
 		d.UpsertInside(Inside{Prefix: netip.MustParsePrefix("fd00:70::/48"), Kind: tables.InsidePodSubnet}),
 		d.UpsertInside(Inside{Prefix: netip.MustParsePrefix("10.96.0.0/12"), Kind: tables.InsideServiceRange}),
 		d.UpsertInside(Inside{Prefix: progOther, Kind: tables.InsideLocator}),
+		d.UpsertNodeLocator(NodeLocator{Addr: progPeerV6, Locator: progOther}),
 	} {
 		if err != nil {
 			t.Fatal(err)
@@ -114,6 +115,11 @@ func TestProgOutsideSpoofedSource(t *testing.T) {
 func TestProgFlowOfAnotherNetwork(t *testing.T) {
 	d := progWorldDatapath(t)
 	peerPod := netip.MustParseAddr("10.70.2.2")
+	// Network 8 overlaps network 7: the same block on the peer node.
+	if err := d.UpsertRoute(Route{NetID: progNet + 1, DstNet: progNet + 1, Prefix: netip.MustParsePrefix("10.70.2.0/24"),
+		SID: SID(progOther, BehaviourL3Decap, progNet+1, progNet+1)}); err != nil {
+		t.Fatal(err)
+	}
 	underlayVerdict(t, d, srv6(progPeerV6, SID(progLocator, BehaviourL3Decap, progNet, progNet), ipv4(peerPod, progPodV4, 17, udp(1000, 7)), true), actRedirect)
 	other := SID(progLocator, BehaviourL3Decap, progNet+1, progNet)
 	rst := tcpSYN(1000, 7)
@@ -287,4 +293,45 @@ func TestProgNodeSpeaksForItself(t *testing.T) {
 		underlayVerdict(t, d, srv6(progNodeV6, SID(progLocator, BehaviourL3Decap, progNet, progNet),
 			ipv4(netip.MustParseAddr("10.70.2.2"), progPodV4, 17, udp(1000, 7)), true), actShot)
 	})
+}
+
+// TestProgDecapForeignSource: a node speaks for its own pods only. SRv6
+// whose inner source is a pod is accepted only from the node whose
+// locator holds that pod's block (in the source network's view); a third
+// node claiming it, a node claiming a pod of this node's block, or of no
+// block, is refused as decap-foreign-source. Outside sources (transit a
+// node took from the fabric) are not pods and pass.
+func TestProgDecapForeignSource(t *testing.T) {
+	d := progWorldDatapath(t)
+	third, thirdLoc := netip.MustParseAddr("fd00:99::3"), netip.MustParsePrefix("fd1a:ce:0:3::/64")
+	for _, err := range []error{
+		d.UpsertNode(third), d.UpsertNodeLocator(NodeLocator{Addr: third, Locator: thirdLoc}),
+		d.UpsertRoute(Route{NetID: progNet, DstNet: progNet, Prefix: netip.MustParsePrefix("10.70.1.0/24"), Kind: tables.RouteLocal}),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	sid := SID(progLocator, BehaviourL3Decap, progNet, progNet)
+	cases := []struct {
+		name   string
+		outer  netip.Addr
+		inner  netip.Addr
+		sid    netip.Addr
+		want   uint32
+		reason string
+	}{
+		{"its own pod", progPeerV6, netip.MustParseAddr("10.70.2.2"), sid, actRedirect, ""},
+		{"another node's pod", third, netip.MustParseAddr("10.70.2.2"), sid, actShot, "decap-foreign-source"},
+		{"a pod of this node's block", progPeerV6, netip.MustParseAddr("10.70.1.3"), sid, actShot, "decap-foreign-source"},
+		{"a pod subnet address of no block", progPeerV6, netip.MustParseAddr("10.70.9.9"), sid, actShot, "decap-foreign-source"},
+		{"an outside source it took from the fabric", third, netip.MustParseAddr("172.31.0.200"), SID(progLocator, BehaviourL3Decap, progWorld, progNet), actRedirect, ""},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			onlyDrop(t, d, c.reason, func() {
+				underlayVerdict(t, d, srv6(c.outer, c.sid, ipv4(c.inner, progPodV4, 17, udp(uint16(3000+i), 7)), true), c.want)
+			})
+		})
+	}
 }

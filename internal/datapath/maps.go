@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -388,6 +389,39 @@ func (d *Datapath) Insides() ([]Inside, error) {
 	it := d.pod.LaceInside.Iterate()
 	for it.Next(&k, &v) {
 		out = append(out, Inside{Kind: tables.InsideKind(v), Prefix: netip.PrefixFrom(fromAddr16(k.Family, k.Addr), int(k.Prefixlen)-32)})
+	}
+	return out, it.Err()
+}
+
+// NodeLocator is a node's underlay address and its locator.
+type NodeLocator = tables.NodeLocator
+
+// UpsertNodeLocator records that SRv6 from n.Addr speaks for the blocks
+// behind n.Locator.
+func (d *Datapath) UpsertNodeLocator(n NodeLocator) error {
+	loc := n.Locator.Masked().Addr().As16()
+	if err := d.pod.LaceNodeLocs.Put(hostKey(n.Addr), binary.LittleEndian.Uint64(loc[:8])); err != nil {
+		return fmt.Errorf("put locator of node %s: %w", n.Addr, err)
+	}
+	return nil
+}
+
+// DeleteNodeLocator forgets the locator of node address a; a missing one
+// is fine.
+func (d *Datapath) DeleteNodeLocator(a netip.Addr) error {
+	return ignoreMissing(d.pod.LaceNodeLocs.Delete(hostKey(a)))
+}
+
+// NodeLocators lists the nodes' addresses with their locators.
+func (d *Datapath) NodeLocators() ([]NodeLocator, error) {
+	var out []NodeLocator
+	var k podHostKey
+	var v uint64
+	it := d.pod.LaceNodeLocs.Iterate()
+	for it.Next(&k, &v) {
+		var loc [16]byte
+		binary.LittleEndian.PutUint64(loc[:8], v)
+		out = append(out, NodeLocator{Addr: fromAddr16(k.Family, k.Addr), Locator: netip.PrefixFrom(netip.AddrFrom16(loc), 64)})
 	}
 	return out, it.Err()
 }

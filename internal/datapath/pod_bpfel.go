@@ -198,6 +198,7 @@ const (
 	podMapLaceHostAddrs = "lace_host_addrs"
 	podMapLaceInside    = "lace_inside"
 	podMapLaceNetworks  = "lace_networks"
+	podMapLaceNodeLocs  = "lace_node_locs"
 	podMapLaceNodes     = "lace_nodes"
 	podMapLacePodNetns  = "lace_pod_netns"
 	podMapLacePorts     = "lace_ports"
@@ -270,6 +271,7 @@ type podMapSpecs struct {
 	LaceHostAddrs *ebpf.MapSpec `ebpf:"lace_host_addrs"`
 	LaceInside    *ebpf.MapSpec `ebpf:"lace_inside"`
 	LaceNetworks  *ebpf.MapSpec `ebpf:"lace_networks"`
+	LaceNodeLocs  *ebpf.MapSpec `ebpf:"lace_node_locs"`
 	LaceNodes     *ebpf.MapSpec `ebpf:"lace_nodes"`
 	LacePodNetns  *ebpf.MapSpec `ebpf:"lace_pod_netns"`
 	LacePorts     *ebpf.MapSpec `ebpf:"lace_ports"`
@@ -316,6 +318,7 @@ type podMaps struct {
 	LaceHostAddrs *ebpf.Map `ebpf:"lace_host_addrs"`
 	LaceInside    *ebpf.Map `ebpf:"lace_inside"`
 	LaceNetworks  *ebpf.Map `ebpf:"lace_networks"`
+	LaceNodeLocs  *ebpf.Map `ebpf:"lace_node_locs"`
 	LaceNodes     *ebpf.Map `ebpf:"lace_nodes"`
 	LacePodNetns  *ebpf.Map `ebpf:"lace_pod_netns"`
 	LacePorts     *ebpf.Map `ebpf:"lace_ports"`
@@ -338,6 +341,7 @@ func (m *podMaps) Close() error {
 		m.LaceHostAddrs,
 		m.LaceInside,
 		m.LaceNetworks,
+		m.LaceNodeLocs,
 		m.LaceNodes,
 		m.LacePodNetns,
 		m.LacePorts,

@@ -33,6 +33,7 @@ var DropReasons = []string{
 	"flow-of-another-network",
 	"icmp-error-no-flow",
 	"node-forged-underlay",
+	"decap-foreign-source",
 }
 
 // DropMeanings say what the drop reasons count, in the same order.
@@ -66,6 +67,7 @@ var DropMeanings = []string{
 	"a packet whose tuple is a live flow of another network: it neither refreshes nor takes that flow",
 	"an ICMP error from a pod about no flow conntrack holds for it with that peer",
 	"the node's own stack sent SRv6 to a locator, or a packet from another node's address: only Lace's encapsulation speaks for the node",
+	"SRv6 whose inner source is a pod of a block the sending node does not own",
 }
 
 // ForwardCounters name the counters, in the order of the C enum.

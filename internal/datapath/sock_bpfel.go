@@ -215,6 +215,7 @@ const (
 	sockMapLaceHostAddrs     = "lace_host_addrs"
 	sockMapLaceInside        = "lace_inside"
 	sockMapLaceNetworks      = "lace_networks"
+	sockMapLaceNodeLocs      = "lace_node_locs"
 	sockMapLaceNodes         = "lace_nodes"
 	sockMapLacePodNetns      = "lace_pod_netns"
 	sockMapLacePorts         = "lace_ports"
@@ -300,6 +301,7 @@ type sockMapSpecs struct {
 	LaceHostAddrs *ebpf.MapSpec `ebpf:"lace_host_addrs"`
 	LaceInside    *ebpf.MapSpec `ebpf:"lace_inside"`
 	LaceNetworks  *ebpf.MapSpec `ebpf:"lace_networks"`
+	LaceNodeLocs  *ebpf.MapSpec `ebpf:"lace_node_locs"`
 	LaceNodes     *ebpf.MapSpec `ebpf:"lace_nodes"`
 	LacePodNetns  *ebpf.MapSpec `ebpf:"lace_pod_netns"`
 	LacePorts     *ebpf.MapSpec `ebpf:"lace_ports"`
@@ -347,6 +349,7 @@ type sockMaps struct {
 	LaceHostAddrs *ebpf.Map `ebpf:"lace_host_addrs"`
 	LaceInside    *ebpf.Map `ebpf:"lace_inside"`
 	LaceNetworks  *ebpf.Map `ebpf:"lace_networks"`
+	LaceNodeLocs  *ebpf.Map `ebpf:"lace_node_locs"`
 	LaceNodes     *ebpf.Map `ebpf:"lace_nodes"`
 	LacePodNetns  *ebpf.Map `ebpf:"lace_pod_netns"`
 	LacePorts     *ebpf.Map `ebpf:"lace_ports"`
@@ -370,6 +373,7 @@ func (m *sockMaps) Close() error {
 		m.LaceHostAddrs,
 		m.LaceInside,
 		m.LaceNetworks,
+		m.LaceNodeLocs,
 		m.LaceNodes,
 		m.LacePodNetns,
 		m.LacePorts,

@@ -243,6 +243,7 @@ const (
 	underlayMapLaceHostAddrs  = "lace_host_addrs"
 	underlayMapLaceInside     = "lace_inside"
 	underlayMapLaceNetworks   = "lace_networks"
+	underlayMapLaceNodeLocs   = "lace_node_locs"
 	underlayMapLaceNodes      = "lace_nodes"
 	underlayMapLacePodNetns   = "lace_pod_netns"
 	underlayMapLacePorts      = "lace_ports"
@@ -318,6 +319,7 @@ type underlayMapSpecs struct {
 	LaceHostAddrs  *ebpf.MapSpec `ebpf:"lace_host_addrs"`
 	LaceInside     *ebpf.MapSpec `ebpf:"lace_inside"`
 	LaceNetworks   *ebpf.MapSpec `ebpf:"lace_networks"`
+	LaceNodeLocs   *ebpf.MapSpec `ebpf:"lace_node_locs"`
 	LaceNodes      *ebpf.MapSpec `ebpf:"lace_nodes"`
 	LacePodNetns   *ebpf.MapSpec `ebpf:"lace_pod_netns"`
 	LacePorts      *ebpf.MapSpec `ebpf:"lace_ports"`
@@ -367,6 +369,7 @@ type underlayMaps struct {
 	LaceHostAddrs  *ebpf.Map `ebpf:"lace_host_addrs"`
 	LaceInside     *ebpf.Map `ebpf:"lace_inside"`
 	LaceNetworks   *ebpf.Map `ebpf:"lace_networks"`
+	LaceNodeLocs   *ebpf.Map `ebpf:"lace_node_locs"`
 	LaceNodes      *ebpf.Map `ebpf:"lace_nodes"`
 	LacePodNetns   *ebpf.Map `ebpf:"lace_pod_netns"`
 	LacePorts      *ebpf.Map `ebpf:"lace_ports"`
@@ -392,6 +395,7 @@ func (m *underlayMaps) Close() error {
 		m.LaceHostAddrs,
 		m.LaceInside,
 		m.LaceNetworks,
+		m.LaceNodeLocs,
 		m.LaceNodes,
 		m.LacePodNetns,
 		m.LacePorts,

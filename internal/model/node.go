@@ -67,7 +67,10 @@ type NodeState struct {
 	// a source there is spoofed.
 	Inside []tables.Inside
 	// Nodes are the underlay addresses of every node (decap sources).
-	Nodes         []netip.Addr
+	Nodes []netip.Addr
+	// NodeLocators bind each node's IPv6 underlay addresses to its
+	// locator: a pod source is accepted only from its block's node.
+	NodeLocators  []tables.NodeLocator
 	LocatorRoutes []LocatorRoute
 	// Blocks are this node's blocks, for pod IPAM.
 	Blocks []Block
@@ -129,6 +132,7 @@ func ComputeNode(in NodeInput) NodeState {
 				continue
 			}
 			st.Nodes = append(st.Nodes, ip)
+			st.NodeLocators = append(st.NodeLocators, tables.NodeLocator{Addr: ip, Locator: loc.Masked()})
 			if !via.IsValid() {
 				via = ip
 			}
@@ -197,6 +201,7 @@ func sortState(st *NodeState) {
 	sort.Slice(st.Classifiers, func(i, j int) bool { return st.Classifiers[i].Prefix.String() < st.Classifiers[j].Prefix.String() })
 	sort.Slice(st.Inside, func(i, j int) bool { return st.Inside[i].Prefix.String() < st.Inside[j].Prefix.String() })
 	sort.Slice(st.Nodes, func(i, j int) bool { return st.Nodes[i].Less(st.Nodes[j]) })
+	sort.Slice(st.NodeLocators, func(i, j int) bool { return st.NodeLocators[i].Addr.Less(st.NodeLocators[j].Addr) })
 	sort.Slice(st.LocatorRoutes, func(i, j int) bool { return st.LocatorRoutes[i].Node < st.LocatorRoutes[j].Node })
 	sort.Slice(st.Blocks, func(i, j int) bool {
 		a, b := st.Blocks[i], st.Blocks[j]

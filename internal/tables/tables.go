@@ -95,6 +95,14 @@ type Inside struct {
 	Kind   InsideKind
 }
 
+// NodeLocator binds a node's underlay address (an outer source of SRv6) to
+// its locator: decapsulation accepts a pod source only from the node
+// whose locator holds the pod's block.
+type NodeLocator struct {
+	Addr    netip.Addr
+	Locator netip.Prefix
+}
+
 // Network is what the data plane knows of a network: that it exists (a SID
 // naming another is refused at decapsulation).
 type Network struct {
