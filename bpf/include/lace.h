@@ -76,12 +76,14 @@ enum drop_reason {
 	DROP_NO_LOCAL_BACKEND = 22, /* no-local-endpoints: internalTrafficPolicy Local and no endpoint on this node */
 	DROP_FRONTEND_CLOSED = 23, /* frontend-closed: a NodePort on a node address whose external network no policy opens to the service's network */
 	DROP_SOURCE_RANGE = 24, /* source-range: a source outside the service's loadBalancerSourceRanges */
-	DROP_OUTSIDE_SPOOF = 25, /* outside-spoofed-source: plain IP from the fabric with a source inside the cluster (a pod subnet, a service range, a node's locator) */
-	DROP_CT_OTHER_NET = 26, /* flow-of-another-network: a packet whose tuple is a live flow of another network: it neither refreshes nor takes that flow */
-	DROP_ICMP_NOT_OURS = 27, /* icmp-error-no-flow: an ICMP error from a pod about no flow conntrack holds for it with that peer */
-	DROP_NODE_FORGED = 28, /* node-forged-underlay: the node's own stack sent SRv6 to a locator, or a packet from another node's address: only Lace's encapsulation speaks for the node */
-	DROP_DECAP_FOREIGN = 29, /* decap-foreign-source: SRv6 whose inner source is a pod of a block the sending node does not own */
-	DROP_MAX = 30,
+	DROP_SNAT_CLOSED = 25, /* snat-closed: to a node SNAT port whose pod flow is over (its conntrack entry expired, was evicted or gave the port up) */
+	DROP_NO_FLOW = 26, /* no-flow: a TCP segment that is no SYN toward an outside address, of no flow the node tracks (an answer to a flow that is over): it takes no SNAT port */
+	DROP_OUTSIDE_SPOOF = 27, /* outside-spoofed-source: plain IP from the fabric with a source inside the cluster (a pod subnet, a service range, a node's locator) */
+	DROP_CT_OTHER_NET = 28, /* flow-of-another-network: a packet whose tuple is a live flow of another network: it neither refreshes nor takes that flow */
+	DROP_ICMP_NOT_OURS = 29, /* icmp-error-no-flow: an ICMP error from a pod about no flow conntrack holds for it with that peer */
+	DROP_NODE_FORGED = 30, /* node-forged-underlay: the node's own stack sent SRv6 to a locator, or a packet from another node's address: only Lace's encapsulation speaks for the node */
+	DROP_DECAP_FOREIGN = 31, /* decap-foreign-source: SRv6 whose inner source is a pod of a block the sending node does not own */
+	DROP_MAX = 32,
 };
 
 enum fwd_counter {
