@@ -196,7 +196,9 @@ func icmpFrom(f []byte, src netip.Addr) bool {
 }
 
 // udpFlowFrom opens a UDP flow from the namespace at nsPath to netexec at
-// dst:8081 and waits for its answer; it returns the local port.
+// dst:8081, waits for its answer and speaks once more, so the flow is
+// assured (held 120 s, not the few seconds of an unanswered one); it
+// returns the local port.
 func udpFlowFrom(t *testing.T, nsPath string, dst netip.Addr) uint16 {
 	t.Helper()
 	u, err := netutil.DialContext(context.Background(), nsPath, "udp", net.JoinHostPort(dst.String(), "8081"))
@@ -213,6 +215,9 @@ func udpFlowFrom(t *testing.T, nsPath string, dst netip.Addr) uint16 {
 		_, err := u.Read(buf)
 		return err
 	})
+	if _, err := u.Write([]byte("hostname")); err != nil {
+		t.Fatal(err)
+	}
 	return uint16(u.LocalAddr().(*net.UDPAddr).Port)
 }
 
