@@ -395,6 +395,9 @@ func (a *Agent) apply(st model.NodeState) error {
 	var errs []error
 	curNodes, err := a.dp.Nodes()
 	errs = append(errs, err, syncSet(curNodes, st.Nodes, a.dp.UpsertNode, a.dp.DeleteNode))
+	curLocs, err := a.dp.NodeLocators()
+	errs = append(errs, err, syncListEq(curLocs, st.NodeLocators, func(n datapath.NodeLocator) netip.Addr { return n.Addr },
+		a.dp.UpsertNodeLocator, func(n datapath.NodeLocator) error { return a.dp.DeleteNodeLocator(n.Addr) }))
 	curNets, err := a.dp.Networks()
 	errs = append(errs, err, syncListEq(curNets, st.Networks, func(n datapath.Network) uint32 { return n.ID },
 		a.dp.UpsertNetwork, func(n datapath.Network) error { return a.dp.DeleteNetwork(n.ID) }))
@@ -414,6 +417,9 @@ func (a *Agent) apply(st model.NodeState) error {
 	curCls, err := a.dp.Classifiers()
 	errs = append(errs, err, syncListEq(curCls, st.Classifiers, func(c datapath.Classifier) netip.Prefix { return c.Prefix },
 		a.dp.UpsertClassifier, func(c datapath.Classifier) error { return a.dp.DeleteClassifier(c.Prefix) }))
+	curInside, err := a.dp.Insides()
+	errs = append(errs, err, syncListEq(curInside, st.Inside, func(c datapath.Inside) netip.Prefix { return c.Prefix },
+		a.dp.UpsertInside, func(c datapath.Inside) error { return a.dp.DeleteInside(c.Prefix) }))
 
 	// Underlay routes to the other nodes' locators, and to their pod
 	// blocks for the node's own sockets (plain IP from the node address,
