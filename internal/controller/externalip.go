@@ -20,6 +20,7 @@ import (
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/model"
+	"github.com/lace-cni/lace/internal/predicates"
 )
 
 // ExternalIPReconciler reports the external IPs Lace does not serve: the
@@ -69,6 +70,8 @@ func (r *ExternalIPReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&corev1.Namespace{}, one, builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		Watches(&lacev1.UnderlayEndpoint{}, one, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&networkingv1.ServiceCIDR{}, one).
+		Watches(&corev1.Node{}, one, builder.WithPredicates(predicates.NodeChanged())).
+		Watches(&lacev1.LoadBalancerClass{}, one, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Complete(r)
 }
 
@@ -77,17 +80,22 @@ func (r *ExternalIPReconciler) Reconcile(ctx context.Context, _ reconcile.Reques
 	var nets lacev1.NetworkList
 	var nbps lacev1.NetworkBindingPolicyList
 	var nss corev1.NamespaceList
-	var ueps lacev1.UnderlayEndpointList
 	var cidrs networkingv1.ServiceCIDRList
 	var svcs corev1.ServiceList
-	for _, l := range []client.ObjectList{&nets, &nbps, &nss, &ueps, &cidrs, &svcs} {
+	for _, l := range []client.ObjectList{&nets, &nbps, &nss, &cidrs, &svcs} {
 		if err := r.Client.List(ctx, l); err != nil {
 			return reconcile.Result{}, fmt.Errorf("list %T: %w", l, err)
 		}
 	}
+	// Only the underlay addresses the agents believe are reserved: a node
+	// cannot take an external IP away by claiming it.
+	ueps, _, err := acceptedUnderlays(ctx, r.Client, r.Allowed)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
 	in := model.ExternalIPInput{Networks: nets.Items, BindingPolicies: nbps.Items, Allowed: r.Allowed,
 		Namespaces: make(map[string]map[string]string, len(nss.Items)),
-		Reserved:   model.ReservedFor(ueps.Items, nets.Items, model.ServiceCIDRPrefixes(cidrs.Items))}
+		Reserved:   model.ReservedFor(ueps, nets.Items, model.ServiceCIDRPrefixes(cidrs.Items))}
 	for _, ns := range nss.Items {
 		in.Namespaces[ns.Name] = ns.Labels
 	}
