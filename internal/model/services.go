@@ -201,6 +201,10 @@ type ServiceResult struct {
 	// RefusedExternalIPs are its external IPs never served whatever
 	// others hold (not allowed, reserved, invalid), set when it is bound.
 	RefusedExternalIPs []ExternalIPRefusal
+	// LoadBalancerAddrs are the addresses of its load balancer status
+	// (ipMode Proxy ones too, which have no entries): they claim the
+	// address against other Services' external IPs on any port.
+	LoadBalancerAddrs []netip.Addr
 }
 
 // Compute is the result of one service, with the EndpointSlices that
@@ -228,10 +232,19 @@ func (e *ServiceEnv) Compute(svc *corev1.Service, svcSlices []*discoveryv1.Endpo
 		return r
 	}
 	b.NetID = id
-	r.VIPs = clusterIPs(svc)
+	// The addresses the entries carry, parsed once: the owners
+	// (MergeServices) and the views must see the same ones.
+	r.VIPs = vips
 	r.Age = ageOf(svc)
 	if len(svc.Spec.ExternalIPs) > 0 {
 		r.RefusedExternalIPs = e.refusedExternalIPs(svc, vips)
+	}
+	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			if a, ok := parseSloppyIP(in.IP); ok {
+				r.LoadBalancerAddrs = append(r.LoadBalancerAddrs, a)
+			}
+		}
 	}
 
 	if len(svcSlices) > 1 && !slices.IsSortedFunc(svcSlices, bySliceName) {
@@ -306,9 +319,20 @@ func MergeServices(results []*ServiceResult) ServiceState {
 	if excl > 0 {
 		st.Excluded = make([]ExcludedEndpoint, 0, excl)
 	}
+	// An address an external IP names has one owner across ports and
+	// protocols: the other Services' external IP entries on it go.
+	xown := externalOwners(order)
 	for _, r := range order {
 		st.Bound = append(st.Bound, r.Binding)
-		st.Services = append(st.Services, r.Services...)
+		if xown == nil {
+			st.Services = append(st.Services, r.Services...)
+		} else {
+			for _, s := range r.Services {
+				if s.Frontend != tables.FrontendExternalIP || xown[s.VIP].r == r {
+					st.Services = append(st.Services, s)
+				}
+			}
+		}
 		st.Excluded = append(st.Excluded, r.Excluded...)
 		if r.HealthCheck != nil {
 			st.HealthChecks = append(st.HealthChecks, *r.HealthCheck)
@@ -1050,16 +1074,12 @@ func BoundServiceVIPs(svcs []corev1.Service, bound []ServiceBinding) []ServiceVI
 	return out
 }
 
-// clusterIPs are the service's spec.clusterIPs that parse, as the views
-// see them.
+// clusterIPs are the service's ClusterIPs as its entries carry them
+// (serviceVIPs: sloppy parsing, spec.clusterIP when clusterIPs is empty),
+// so the views reach every address a table entry serves.
 func clusterIPs(svc *corev1.Service) []netip.Addr {
-	var out []netip.Addr
-	for _, ip := range svc.Spec.ClusterIPs {
-		if a, err := netip.ParseAddr(ip); err == nil {
-			out = append(out, a.Unmap())
-		}
-	}
-	return out
+	vips, _ := serviceVIPs(svc)
+	return vips
 }
 
 // ServiceCIDRPrefixes are the prefixes of the cluster's ServiceCIDRs
