@@ -7,6 +7,9 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 )
 
 // Regression tests for a hostile review of the external IP rules: each
@@ -99,3 +102,20 @@ func TestExternalIPOneOwnerPerAddress(t *testing.T) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// TestLoadBalancerUnknownClassHoldsNothing: a Service naming a Lace class
+// that does not exist (made up, or deleted) holds no address: no class's
+// namespaceSelector was checked for it. It used to keep what it held, so
+// LoadBalancer -> NodePort -> LoadBalancer with a made-up class kept an
+// address the real class refuses its namespace.
+func TestLoadBalancerUnknownClassHoldsNothing(t *testing.T) {
+	c := lbPool("p", true, "192.0.2.0/28")
+	c.Spec.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"lb": "yes"}}
+	ghost := "lace-cni.io/ghost"
+	s := lbSvc("held", 1, &ghost, v4only, "192.0.2.7")
+	res := AllocateLoadBalancers([]lacev1.LoadBalancerClass{c}, []corev1.Service{s}, map[string]map[string]string{"ns": {}})
+	st, ok := res.Services["ns/held"]
+	if !ok || len(st.IPs) != 0 || st.Reason != LBReasonNoClass {
+		t.Errorf("Service of a made-up class: %+v (present %v), want no address and NoLoadBalancerClass", st, ok)
+	}
+}

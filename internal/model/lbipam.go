@@ -292,7 +292,11 @@ func AllocateLoadBalancers(classes []lacev1.LoadBalancerClass, svcs []corev1.Ser
 		}
 		switch {
 		case p.class == nil:
-			p.reason, p.message = LBReasonNoClass, fmt.Sprintf("LoadBalancerClass %s does not exist", name)
+			// Nobody checks a class that does not exist against the
+			// Service's namespace: it holds nothing (else a Service could
+			// keep an address through a made-up class forever).
+			p.reason, p.refused = LBReasonNoClass, true
+			p.message = fmt.Sprintf("LoadBalancerClass %s does not exist: no address, any held is released", name)
 		case !p.class.ready:
 			p.reason, p.message = LBReasonNoClass, fmt.Sprintf("LoadBalancerClass %s is not Ready (%s): no new addresses", name, p.class.problem)
 		}
@@ -318,14 +322,13 @@ func AllocateLoadBalancers(classes []lacev1.LoadBalancerClass, svcs []corev1.Ser
 		if len(bad) > 0 && p.reason == "" && !p.refused {
 			p.reason, p.message = LBReasonInvalidRequestedIP, "requested addresses: "+strings.Join(bad, "; ")
 		}
-		// What it holds and may keep: in its class's pool (any address,
-		// while the class is gone).
+		// What it holds and may keep: in its class's pool.
 		for _, a := range IngressAddrs(s) {
 			v4 := a.Is4()
 			if p.refused {
 				break
 			}
-			if !wantsFamily(p.want, v4) || held[a] != "" || p.got[v4].IsValid() || (p.class != nil && !inPool(p.class, a)) {
+			if !wantsFamily(p.want, v4) || held[a] != "" || p.got[v4].IsValid() || !inPool(p.class, a) {
 				continue
 			}
 			if r, ok := p.request[v4]; ok && r != a {
