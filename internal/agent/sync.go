@@ -116,6 +116,12 @@ func (a *Agent) desiredState(ctx context.Context) (model.NodeState, listed, []*d
 	if err != nil {
 		return model.NodeState{}, listed{}, nil, err
 	}
+	// Every Node's addresses are reserved (model.ReservedHosts): the
+	// controller reads the same to report what the agents refuse.
+	var nodes corev1.NodeList
+	if err := a.client.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
+		return model.NodeState{}, listed{}, nil, fmt.Errorf("list Nodes: %w", err)
+	}
 	in := listed{nets: nets.Items, ueps: ueps.Items}
 	in.addrs, in.addrsErr = a.node.UnderlayAddrs()
 	// The NodePorts are served on the first address of each family.
@@ -153,11 +159,14 @@ func (a *Agent) desiredState(ctx context.Context) (model.NodeState, listed, []*d
 	}
 	zoneChanged := !c.computed || zone != c.zone || !stdslices.Equal(nodeAddrs, c.nodeAddrs)
 	c.zone, c.nodeAddrs = zone, nodeAddrs
+	reserved := append(model.ReservedFor(ueps.Items, nets.Items, model.ServiceCIDRPrefixes(cidrs.Items)),
+		model.ReservedHosts(nodes.Items, slices)...)
+	reservedChanged := !stdslices.Equal(reserved, c.reserved)
+	c.reserved = reserved
 	svcState, vips, vipsChanged := c.services.update(model.ServiceInput{Node: a.opts.NodeName, Zone: zone,
 		Networks: nets.Items, BindingPolicies: nbps.Items, NetworkEndpoints: neps.Items, Namespaces: c.nsLabels,
-		NodeAddrs: nodeAddrs, Reserved: model.ReservedFor(ueps.Items, nets.Items, model.ServiceCIDRPrefixes(cidrs.Items)),
-		AllowedExternalIPs: a.opts.AllowedExternalIPs},
-		zoneChanged || netsChanged || nbpsChanged || nepsChanged || nssChanged || uepsChanged || cidrsChanged, svcs, slices)
+		NodeAddrs: nodeAddrs, Reserved: reserved, AllowedExternalIPs: a.opts.AllowedExternalIPs},
+		zoneChanged || reservedChanged || netsChanged || nbpsChanged || nepsChanged || nssChanged || uepsChanged || cidrsChanged, svcs, slices)
 	if !c.computed || vipsChanged || netsChanged || nssChanged || allocsChanged || uepsChanged || nrpsChanged || srpsChanged || cidrsChanged {
 		c.node = model.ComputeNode(model.NodeInput{Node: a.opts.NodeName, Networks: nets.Items, Allocations: allocs.Items,
 			Underlays: ueps.Items, RoutingPolicies: nrps.Items, Services: vips, ServiceRoutingPolicies: srps.Items,
@@ -179,6 +188,7 @@ type computeCache struct {
 	nsLabels                                               map[string]map[string]string
 	zone                                                   string
 	nodeAddrs                                              []netip.Addr
+	reserved                                               []netip.Prefix
 	nets, nbps, neps, nss, allocs, ueps, nrps, srps, cidrs versions
 }
 

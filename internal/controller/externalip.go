@@ -7,7 +7,6 @@ import (
 	"net/netip"
 
 	corev1 "k8s.io/api/core/v1"
-	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -59,17 +58,15 @@ func (r *ExternalIPReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			return contender(e.ObjectOld.(*corev1.Service)) || contender(e.ObjectNew.(*corev1.Service))
 		},
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("externalip").
 		Watches(&corev1.Service{}, one, builder.WithPredicates(svcPred)).
 		// What binds a Service (a Service bound to no network serves
 		// nothing) and what is reserved.
 		Watches(&lacev1.Network{}, one).
 		Watches(&lacev1.NetworkBindingPolicy{}, one, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&corev1.Namespace{}, one, builder.WithPredicates(predicate.LabelChangedPredicate{})).
-		Watches(&lacev1.UnderlayEndpoint{}, one, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&networkingv1.ServiceCIDR{}, one).
-		Complete(r)
+		Watches(&corev1.Namespace{}, one, builder.WithPredicates(predicate.LabelChangedPredicate{}))
+	return watchReserved(b, one).Complete(r)
 }
 
 // Reconcile judges every Service's external IPs.
@@ -77,17 +74,18 @@ func (r *ExternalIPReconciler) Reconcile(ctx context.Context, _ reconcile.Reques
 	var nets lacev1.NetworkList
 	var nbps lacev1.NetworkBindingPolicyList
 	var nss corev1.NamespaceList
-	var ueps lacev1.UnderlayEndpointList
-	var cidrs networkingv1.ServiceCIDRList
 	var svcs corev1.ServiceList
-	for _, l := range []client.ObjectList{&nets, &nbps, &nss, &ueps, &cidrs, &svcs} {
+	for _, l := range []client.ObjectList{&nets, &nbps, &nss, &svcs} {
 		if err := r.Client.List(ctx, l); err != nil {
 			return reconcile.Result{}, fmt.Errorf("list %T: %w", l, err)
 		}
 	}
+	reserved, err := listReserved(ctx, r.Client)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
 	in := model.ExternalIPInput{Networks: nets.Items, BindingPolicies: nbps.Items, Allowed: r.Allowed,
-		Namespaces: make(map[string]map[string]string, len(nss.Items)),
-		Reserved:   model.ReservedFor(ueps.Items, nets.Items, model.ServiceCIDRPrefixes(cidrs.Items))}
+		Namespaces: make(map[string]map[string]string, len(nss.Items)), Reserved: reserved}
 	for _, ns := range nss.Items {
 		in.Namespaces[ns.Name] = ns.Labels
 	}

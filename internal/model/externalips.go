@@ -61,9 +61,12 @@ func (r ExternalIPRefusal) String() string {
 }
 
 // ParseAllowedExternalIPs reads the operator's allow-list (CIDRs, as the
-// flags and the chart's values give them).
-func ParseAllowedExternalIPs(cidrs []string) ([]netip.Prefix, error) {
-	var out []netip.Prefix
+// flags and the chart's values give them). A CIDR with host bits set
+// (192.0.2.5/16) is refused, not silently widened to its network: the
+// operator meant either the address or the range, and guessing the wider
+// one would allow 65536 addresses for one. A /0 allows every address
+// that is not reserved: warnings says so.
+func ParseAllowedExternalIPs(cidrs []string) (out []netip.Prefix, warnings []string, err error) {
 	for _, c := range cidrs {
 		c = strings.TrimSpace(c)
 		if c == "" {
@@ -73,13 +76,23 @@ func ParseAllowedExternalIPs(cidrs []string) ([]netip.Prefix, error) {
 		if err != nil {
 			a, err2 := netip.ParseAddr(c)
 			if err2 != nil {
-				return nil, fmt.Errorf("allowed external IPs: %q is neither a CIDR nor an address", c)
+				return nil, nil, fmt.Errorf("allowed external IPs: %q is neither a CIDR nor an address", c)
 			}
 			p = netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())
 		}
-		out = append(out, p.Masked())
+		if p != p.Masked() {
+			return nil, nil, fmt.Errorf("allowed external IPs: %q has host bits set: write %s (the range) or %s/%d (the one address)",
+				c, p.Masked(), p.Addr(), p.Addr().BitLen())
+		}
+		if p.Addr().Is4In6() {
+			return nil, nil, fmt.Errorf("allowed external IPs: %q is an IPv4-mapped prefix: write the IPv4 one", c)
+		}
+		if p.Bits() == 0 {
+			warnings = append(warnings, fmt.Sprintf("allowed external IPs: %s allows every address of its family (reserved ones excepted): any tenant may name any outside address", c))
+		}
+		out = append(out, p)
 	}
-	return out, nil
+	return out, warnings, nil
 }
 
 // admitExternalIP is the one verdict on an external IP address by itself

@@ -7,7 +7,9 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 )
@@ -113,9 +115,104 @@ func TestLoadBalancerUnknownClassHoldsNothing(t *testing.T) {
 	c.Spec.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"lb": "yes"}}
 	ghost := "lace-cni.io/ghost"
 	s := lbSvc("held", 1, &ghost, v4only, "192.0.2.7")
-	res := AllocateLoadBalancers([]lacev1.LoadBalancerClass{c}, []corev1.Service{s}, map[string]map[string]string{"ns": {}})
+	res := AllocateLoadBalancers([]lacev1.LoadBalancerClass{c}, []corev1.Service{s}, map[string]map[string]string{"ns": {}}, LBAvoid{})
 	st, ok := res.Services["ns/held"]
 	if !ok || len(st.IPs) != 0 || st.Reason != LBReasonNoClass {
 		t.Errorf("Service of a made-up class: %+v (present %v), want no address and NoLoadBalancerClass", st, ok)
+	}
+}
+
+// TestLoadBalancerPoolAvoids: a pool never hands out a reserved address
+// (a node's, say) nor another Service's admitted external IP, whether
+// free for the taking or asked for; a held reserved address is released;
+// the class says what of its pool is excluded. A lone new Service's
+// address follows its UID, not the lowest free one, so creating and
+// deleting Services in order does not walk to a chosen address.
+func TestLoadBalancerPoolAvoids(t *testing.T) {
+	c := lbPool("p", true, "192.0.2.0/29") // .1 to .6
+	avoid := LBAvoid{Reserved: []netip.Prefix{netip.MustParsePrefix("192.0.2.1/32"), netip.MustParsePrefix("192.0.2.2/31")},
+		AllowedExternalIPs: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}}
+	xip := svService("xip", "10.96.0.10", svHTTP, xips("192.0.2.4"))
+	xip.Namespace = "ns"
+	node := lbSvc("onnode", 1, nil, v4only, "192.0.2.2")
+	ask := lbSvc("ask", 2, nil, v4only)
+	ask.Spec.LoadBalancerIP = "192.0.2.4"
+	var svcs = []corev1.Service{xip, node, ask}
+	for i := range 3 {
+		s := lbSvc("new"+string(rune('a'+i)), 10+i, nil, v4only)
+		s.UID = types.UID("uid-" + string(rune('a'+i)))
+		svcs = append(svcs, s)
+	}
+	res := AllocateLoadBalancers([]lacev1.LoadBalancerClass{c}, svcs, map[string]map[string]string{"ns": nil}, avoid)
+	for k, st := range res.Services {
+		for _, a := range st.IPs {
+			if a.Less(netip.MustParseAddr("192.0.2.4")) || a == netip.MustParseAddr("192.0.2.4") {
+				t.Errorf("%s got %s: reserved, or another Service's external IP", k, a)
+			}
+		}
+	}
+	if st := res.Services["ns/onnode"]; len(st.IPs) == 0 {
+		t.Errorf("onnode: %+v, want a new address for the reserved one it held", st)
+	}
+	if st := res.Services["ns/ask"]; len(st.IPs) != 0 || st.Reason != LBReasonAddressConflict || !strings.Contains(st.Message, "external IP of ns/xip") {
+		t.Errorf("ask for another Service's external IP: %+v, want AddressConflict", st)
+	}
+	if ex := res.Classes["p"].Excluded; !strings.Contains(ex, "192.0.2.1/32") || !strings.Contains(ex, "192.0.2.2/31") ||
+		!strings.Contains(ex, "192.0.2.4 (external IP of ns/xip)") {
+		t.Errorf("class p: Excluded %q", ex)
+	}
+
+	// Lone Services with different UIDs land all over the pool.
+	big := lbPool("big", true, "198.51.100.0/24")
+	seen := map[netip.Addr]bool{}
+	for i := range 20 {
+		s := lbSvc("lone", 1, nil, v4only)
+		s.UID = types.UID("lone-" + string(rune('a'+i)))
+		res := AllocateLoadBalancers([]lacev1.LoadBalancerClass{big}, []corev1.Service{s}, nil, LBAvoid{})
+		seen[res.Services["ns/lone"].IPs[0]] = true
+	}
+	if len(seen) < 15 {
+		t.Errorf("20 lone Services got %d distinct addresses: %v, want them spread by UID", len(seen), seen)
+	}
+}
+
+// TestReservedHostsNodesAndAPIServer: every Node's status addresses
+// (another NIC, a cloud ExternalIP) and the API server's (the
+// default/kubernetes EndpointSlice) are reserved: an allowed external IP
+// there is refused.
+func TestReservedHostsNodesAndAPIServer(t *testing.T) {
+	nodes := []corev1.Node{{Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
+		{Type: corev1.NodeInternalIP, Address: "172.30.0.11"}, {Type: corev1.NodeExternalIP, Address: "192.0.2.50"},
+		{Type: corev1.NodeHostName, Address: "n1"}}}}}
+	api := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "kubernetes",
+		Labels: map[string]string{discoveryv1.LabelServiceName: "kubernetes"}},
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"192.0.2.60"}}}}
+	other := api.DeepCopy()
+	other.Namespace, other.Endpoints[0].Addresses = "tenant", []string{"192.0.2.70"}
+	got := ReservedHosts(nodes, []*discoveryv1.EndpointSlice{api, other})
+	want := []netip.Prefix{netip.MustParsePrefix("172.30.0.11/32"), netip.MustParsePrefix("192.0.2.50/32"), netip.MustParsePrefix("192.0.2.60/32")}
+	if !slices.Equal(got, want) {
+		t.Fatalf("ReservedHosts %v, want %v (not a tenant's slice named kubernetes)", got, want)
+	}
+	in := svInput()
+	in.Reserved = got
+	in.AllowedExternalIPs = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
+	in.Services = []corev1.Service{svService("s", "10.96.0.10", svHTTP, xips("192.0.2.50", "192.0.2.60", "192.0.2.70"))}
+	if got := externalEntries(ComputeServices(in)); !slices.Equal(got, []string{"192.0.2.70:80 via 10.96.0.10"}) {
+		t.Errorf("served %v, want only 192.0.2.70 (not the node's ExternalIP nor the API server)", got)
+	}
+}
+
+// TestParseAllowedExternalIPsCanonical: a CIDR with host bits set is
+// refused with the two readings it may have meant, not silently widened.
+func TestParseAllowedExternalIPsCanonical(t *testing.T) {
+	_, _, err := ParseAllowedExternalIPs([]string{"198.51.100.0/24", "192.0.2.5/16"})
+	if err == nil || !strings.Contains(err.Error(), "host bits") || !strings.Contains(err.Error(), "192.0.0.0/16") ||
+		!strings.Contains(err.Error(), "192.0.2.5/32") {
+		t.Errorf("192.0.2.5/16: %v, want a host bits error naming 192.0.0.0/16 and 192.0.2.5/32", err)
+	}
+	got, warn, err := ParseAllowedExternalIPs([]string{" 198.51.100.0/24", "203.0.113.7", "0.0.0.0/0", ""})
+	if err != nil || len(got) != 3 || got[1] != netip.MustParsePrefix("203.0.113.7/32") || len(warn) != 1 {
+		t.Errorf("canonical list: %v %v %v", got, warn, err)
 	}
 }

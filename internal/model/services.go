@@ -56,7 +56,7 @@ type ServiceInput struct {
 
 // ReservedFor lists the addresses externalIPs may not claim: every
 // node's underlay addresses, the subnets of pod networks and the service
-// ranges.
+// ranges (ReservedHosts adds every Node's and the API server's).
 func ReservedFor(ueps []lacev1.UnderlayEndpoint, nets []lacev1.Network, serviceCIDRs []netip.Prefix) []netip.Prefix {
 	out := slices.Clone(serviceCIDRs)
 	for _, u := range ueps {
@@ -80,6 +80,38 @@ func ReservedFor(ueps []lacev1.UnderlayEndpoint, nets []lacev1.Network, serviceC
 		}
 	}
 	return out
+}
+
+// ReservedHosts are the addresses of every Node (status.addresses: the
+// underlay, other NICs, a cloud's ExternalIP) and of the API server (the
+// endpoints of the default/kubernetes Service's slices), one prefix each,
+// sorted: Reserved too, beside ReservedFor's. An external IP or a load
+// balancer address there would divert the kubelet's or the API server's
+// traffic.
+func ReservedHosts(nodes []corev1.Node, epSlices []*discoveryv1.EndpointSlice) []netip.Prefix {
+	var out []netip.Prefix
+	add := func(s string) {
+		if a, ok := parseSloppyIP(s); ok {
+			out = append(out, netip.PrefixFrom(a, a.BitLen()))
+		}
+	}
+	for i := range nodes {
+		for _, na := range nodes[i].Status.Addresses {
+			add(na.Address)
+		}
+	}
+	for _, sl := range epSlices {
+		if sl.Namespace != metav1.NamespaceDefault || sl.Labels[discoveryv1.LabelServiceName] != "kubernetes" {
+			continue
+		}
+		for _, ep := range sl.Endpoints {
+			for _, a := range ep.Addresses {
+				add(a)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+	return slices.Compact(out)
 }
 
 // ServiceState is what the node serves and what it left out, with why.

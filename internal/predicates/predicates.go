@@ -62,6 +62,12 @@ func NodeUpdate(old, new client.Object) bool {
 	if old == nil || new == nil {
 		return true
 	}
+	if on, ok := old.(*corev1.Node); ok {
+		// Every Node's addresses are reserved from external IPs.
+		if nn, ok := new.(*corev1.Node); ok && !slices.Equal(on.Status.Addresses, nn.Status.Addresses) {
+			return true
+		}
+	}
 	return !maps.Equal(old.GetLabels(), new.GetLabels()) || deleting(old) != deleting(new)
 }
 
