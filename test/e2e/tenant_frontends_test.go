@@ -220,8 +220,10 @@ func TestHostileExternalIPs(t *testing.T) {
 		}
 	}
 
-	waitServiceEvent(t, tenant, "hostile", lacev1.AnnotationExternalIPProblem, model.ExternalIPReasonNotAllowed,
-		api.String(), "8.8.8.8", extHost.String())
+	// The API server's address is reserved (the kubernetes Service's
+	// endpoint), whatever the allow-list; the others are not allowed.
+	waitServiceEvent(t, tenant, "hostile", lacev1.AnnotationExternalIPProblem, model.ExternalIPReasonReserved,
+		api.String()+" ("+model.ExternalIPReasonReserved, "8.8.8.8 ("+model.ExternalIPReasonNotAllowed, extHost.String())
 
 	// Two Services name one allowed address: the older keeps it, though
 	// the newer sorts first by name; the newer is told.
