@@ -27,7 +27,11 @@ func benchCNIAdd(ctx context.Context, name string, n int) error {
 	if err != nil {
 		return err
 	}
-	type pod struct{ name, uid, netns string }
+	// Each pod's namespace is made in n1 (its /proc shows only its own
+	// processes, so a machine's namespace file cannot be named there):
+	// lace-cni gets the node's path, the bridge plugin, run from the
+	// machine, the machine's path to the same namespace.
+	type pod struct{ name, uid, netns, nodePath, machinePath string }
 	var pods []pod
 	for i := range n {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("cni-%03d", i), Namespace: "default"},
@@ -38,15 +42,16 @@ func benchCNIAdd(ctx context.Context, name string, n int) error {
 			return err
 		}
 		ns := c.Name + "-p-" + string(uuid.NewUUID())
-		if err := netutil.CreateNamed(ns); err != nil {
+		nodePath, machinePath, err := lab.CreateNodeNetNS(c, "n1", ns)
+		if err != nil {
 			return err
 		}
-		pods = append(pods, pod{name: got.Name, uid: string(got.UID), netns: ns})
+		pods = append(pods, pod{name: got.Name, uid: string(got.UID), netns: ns, nodePath: nodePath, machinePath: machinePath})
 	}
 	defer func() {
 		for _, p := range pods {
 			_ = cs.CoreV1().Pods("default").Delete(context.Background(), p.name, metav1.DeleteOptions{})
-			_ = netutil.DeleteNamed(p.netns)
+			_ = lab.DeleteNodeNetNS(c, "n1", p.netns)
 		}
 	}()
 
@@ -69,10 +74,16 @@ func benchCNIAdd(ctx context.Context, name string, n int) error {
 	}
 	bridgeCNI := lab.NewNetNSCNI(peerNode, filepath.Join(peerDir, "net.d"), filepath.Join(peerDir, "cache"), []string{c.CNIBinDir})
 
-	run := func(cni *lab.NodeCNI, id string) ([]time.Duration, error) {
+	run := func(cni *lab.NodeCNI, id string, inNode bool) ([]time.Duration, error) {
+		path := func(p pod) string {
+			if inNode {
+				return p.nodePath
+			}
+			return p.machinePath
+		}
 		var lat []time.Duration
 		for _, p := range pods {
-			rt := lab.PodRuntimeConf(id+p.uid, lab.MachinePath(netutil.Path(p.netns)), "default", p.name, p.uid)
+			rt := lab.PodRuntimeConf(id+p.uid, path(p), "default", p.name, p.uid)
 			t := time.Now()
 			if _, err := cni.Add(ctx, rt); err != nil {
 				return nil, fmt.Errorf("ADD %s: %w", p.name, err)
@@ -80,18 +91,18 @@ func benchCNIAdd(ctx context.Context, name string, n int) error {
 			lat = append(lat, time.Since(t))
 		}
 		for _, p := range pods {
-			if err := cni.Del(ctx, lab.PodRuntimeConf(id+p.uid, lab.MachinePath(netutil.Path(p.netns)), "default", p.name, p.uid)); err != nil {
+			if err := cni.Del(ctx, lab.PodRuntimeConf(id+p.uid, path(p), "default", p.name, p.uid)); err != nil {
 				return nil, fmt.Errorf("DEL %s: %w", p.name, err)
 			}
 		}
 		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 		return lat, nil
 	}
-	laceLat, err := run(laceCNI, "lace-")
+	laceLat, err := run(laceCNI, "lace-", true)
 	if err != nil {
 		return fmt.Errorf("lace-cni: %w", err)
 	}
-	peerLat, err := run(bridgeCNI, "bridge-")
+	peerLat, err := run(bridgeCNI, "bridge-", false)
 	if err != nil {
 		return fmt.Errorf("bridge: %w", err)
 	}

@@ -151,6 +151,7 @@ struct xlb_scratch {
 	struct affinity_key ak;
 	struct affinity_val av;
 	struct route_key rtk;
+	struct snat_key fk; /* a destination without a free node port */
 	__u8 be[16];
 	__u8 front[16];
 	__u8 node[16];
@@ -214,8 +215,9 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 	__u64 now = bpf_ktime_get_ns();
 	/* Held as long as the client's conntrack entry, which starts as an
 	 * unanswered flow's and is copied here by every packet. */
-	x->rv.expires = now + (p->proto == IPPROTO_TCP ? CT_TCP_SYN : CT_UDP);
+	x->rv.expires = now + CT_NEW_IN;
 	__u32 h = bpf_get_prandom_u32();
+	__u16 steal = 0;
 	for (int i = 0; i < SNAT_TRIES; i++) {
 		x->rk.port = bpf_htons(SNAT_PORT_MIN + (h + i) % SNAT_PORT_RANGE);
 		if (!bpf_map_update_elem(&lace_xlb_rev, &x->rk, &x->rv, BPF_NOEXIST)) {
@@ -225,7 +227,7 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 		/* A port whose flow is over is taken again, once its client's
 		 * conntrack entry is gone too. */
 		struct xlb_rev_val *cur = bpf_map_lookup_elem(&lace_xlb_rev, &x->rk);
-		if (!cur || cur->expires >= now)
+		if (!cur)
 			continue;
 		__builtin_memset(&x->ek, 0, sizeof(x->ek));
 		x->ek.net_id = cur->ext_net;
@@ -236,13 +238,24 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 		__builtin_memcpy(x->ek.laddr, cur->front, 16);
 		__builtin_memcpy(x->ek.raddr, cur->client, 16);
 		struct ct_val *owner = ct_lookup(&x->ek);
-		if (owner && (owner->flags & CT_SNAT) && owner->snat_port == x->rk.port)
+		if (owner && (owner->flags & CT_SNAT) && owner->snat_port == x->rk.port) {
+			/* Early drop, as Linux's conntrack does when full: a flow
+			 * not assured yet (a bare SYN of a flood) gives its port up
+			 * when no port is free, an established one never. */
+			if (!steal && !(owner->flags & CT_ASSURED))
+				steal = x->rk.port;
 			continue;
+		}
 		bpf_map_update_elem(&lace_xlb_rev, &x->rk, &x->rv, BPF_ANY);
 		*port = x->rk.port;
 		return 0;
 	}
-	return -1;
+	if (!steal)
+		return -1;
+	x->rk.port = steal;
+	bpf_map_update_elem(&lace_xlb_rev, &x->rk, &x->rv, BPF_ANY);
+	*port = steal;
+	return 0;
 }
 
 /* xlb_port_held tells whether the node's port of a translated flow
@@ -323,8 +336,15 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 			 * all here). */
 			if (!(sv.flags & SVC_SNAT))
 				return drop(DROP_NO_LOCAL_BACKEND);
-			if (xlb_port(x, p, be_port, ext, &nport))
+			if (xlb_port(x, p, be_port, ext, &nport)) {
+				__builtin_memset(&x->fk, 0, sizeof(x->fk));
+				x->fk.family = p->family;
+				x->fk.proto = p->proto;
+				x->fk.rport = be_port;
+				__builtin_memcpy(x->fk.raddr, x->be, 16);
+				snat_exhausted(&x->fk);
 				return drop(DROP_SNAT);
+			}
 		}
 		__builtin_memset(&x->v, 0, sizeof(x->v));
 		x->v.peer_net = sv.net_id;
@@ -333,7 +353,7 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 		x->v.nat_port = be_port;
 		__builtin_memcpy(x->v.nat_addr, x->be, 16);
 		ct_refresh(&x->v, p, 1);
-		bpf_map_update_elem(&lace_ct, &x->k, &x->v, BPF_ANY);
+		ct_insert(&x->k, &x->v);
 		count(FWD_SERVICE);
 	}
 
@@ -357,9 +377,11 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 			/* The answers refresh the endpoint's entry only: the
 			 * client's takes its state (see to_service). */
 			if (ct && (fl->flags & CT_SEEN_REPLY)) {
-				ct->flags |= CT_SEEN_REPLY;
+				ct->flags |= CT_SEEN_REPLY | (fl->flags & CT_ASSURED);
 				ct->expires = fl->expires;
 			}
+			ct_settle(&x->ek);
+			ct_settle(&x->k);
 		} else {
 			__builtin_memset(&x->v, 0, sizeof(x->v));
 			x->v.peer_net = ext;
@@ -367,7 +389,7 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 			x->v.nat_port = fport;
 			__builtin_memcpy(x->v.nat_addr, x->front, 16);
 			ct_refresh(&x->v, p, 1);
-			bpf_map_update_elem(&lace_ct, &x->ek, &x->v, BPF_ANY);
+			ct_insert(&x->ek, &x->v);
 		}
 		if (set_macs(skb, macs, macs + 6))
 			return drop(DROP_ADJUST);
@@ -376,6 +398,7 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 	}
 
 	/* Elsewhere: from this node's address, in the nodes' context. */
+	ct_settle(&x->k);
 	__builtin_memset(&x->rtk, 0, sizeof(x->rtk));
 	x->rtk.prefixlen = 64 + 128;
 	x->rtk.net_id = sv.net_id;
@@ -558,20 +581,19 @@ static __noinline int snat_in(struct __sk_buff *skb, struct pkt *p)
 	if (!svp)
 		return TC_ACT_OK;
 	struct snat_val sv = *svp;
+	/* Only while the pod's flow lives: an old mapping is closed, even
+	 * before another flow takes its port. */
+	struct ct_key k;
+	struct ct_val *ct = snat_owner(&sk, &sv, &k);
+	if (!ct)
+		return drop(DROP_SNAT_CLOSED);
 	__u32 ifindex;
 	__u8 macs[12];
 	if (local_pod(sv.net_id, p->family, sv.laddr, &ifindex, macs))
 		return drop(DROP_NO_ENDPOINT);
 	if (p->ttl <= 1)
 		return drop(DROP_TTL);
-
-	struct ct_key k = {.net_id = sv.net_id, .family = p->family, .proto = p->proto,
-			   .lport = sv.lport, .rport = icmp ? sv.lport : p->sport};
-	__builtin_memcpy(k.laddr, sv.laddr, 16);
-	__builtin_memcpy(k.raddr, p->saddr, 16);
-	struct ct_val *ct = ct_lookup(&k);
-	if (ct)
-		ct_refresh(ct, p, 0);
+	ct_refresh(ct, p, 0);
 	/* An outside service endpoint (the API server behind the kubernetes
 	 * Service) answers from the VIP the client addressed. */
 	if (dec_ttl(skb, p) || nat_rewrite(skb, p, 0, sv.laddr, sv.lport) || unnat_reply(skb, p, ct) ||
@@ -630,6 +652,10 @@ static __noinline int snat_icmp_in(struct __sk_buff *skb, struct pkt *p)
 	if (!svp)
 		return TC_ACT_OK;
 	struct snat_val sv = *svp;
+	/* About a flow that is over: nobody to tell. */
+	struct ct_key k;
+	if (!snat_owner(&sk, &sv, &k))
+		return drop(DROP_SNAT_CLOSED);
 	__u32 ifindex;
 	__u8 macs[12];
 	if (local_pod(sv.net_id, p->family, sv.laddr, &ifindex, macs))

@@ -52,17 +52,29 @@ struct ct_val {
 #define CT_DNAT 128 /* a client's flow to an endpoint: replies come from nat_addr/port */
 #define CT_REV_NAT 512 /* a pod's side of a flow to an external frontend: its answers leave from nat_addr/port */
 #define CT_HAIRPIN 256 /* an endpoint's side of its own flow through its service: answers go back from nat_addr/port */
+/* The opener spoke again after the reply (TCP: the handshake's last ACK;
+ * UDP: a second datagram), as Linux's ASSURED: only then does a flow earn
+ * the long timeouts. */
+#define CT_ASSURED 1024
 
 #define NSEC 1000000000ULL
 /* Timeouts: TCP as the kernel's conntrack orders them (an unanswered
- * SYN short, established long, closing short); UDP longer once answered
- * (a stream, DNS retries stay on one entry); ICMP echo short. */
+ * SYN short, established long, closing short); UDP as Linux's since 5.x:
+ * an exchange (a request and its answer, a DNS query) is held 30 s, and
+ * only a stream, whose opener sends again after the answer (ASSURED),
+ * 120 s; ICMP echo short. A SNAT port is held exactly that long, so the
+ * UDP exchange's 30 s is what bounds the rate of new UDP flows toward one
+ * outside destination (4536 ports / 30 s, about 150 a second). */
 #define CT_TCP_SYN (60 * NSEC)
 #define CT_TCP_EST (21600 * NSEC)
 #define CT_TCP_CLOSE (10 * NSEC)
 #define CT_UDP (30 * NSEC)
 #define CT_UDP_REPLIED (120 * NSEC)
 #define CT_OTHER (30 * NSEC)
+/* A flow the other side opened and that is not assured yet (a bare SYN, a
+ * datagram nobody answered, a handshake whose last ACK never came): a few
+ * seconds, whatever its protocol. A flood is made of these. */
+#define CT_NEW_IN (5 * NSEC)
 
 #define TCP_FIN 0x01
 #define TCP_SYN 0x02
@@ -76,6 +88,21 @@ struct {
 	__type(value, struct ct_val);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lace_ct SEC(".maps");
+
+/* Flows the other side opened (from another node, from outside, to a
+ * frontend) live here until they are assured, then move to lace_ct. The
+ * maps are LRU: a flood of new flows (SYNs, spoofed datagrams) evicts only
+ * other unassured flows from this budget of its own, never an established
+ * flow from lace_ct; and its entries expire after CT_NEW_IN. Linux's
+ * conntrack gets the same from early_drop (a full table drops an
+ * unassured entry first); Cilium keeps one LRU map and relies on its GC. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 32768);
+	__type(key, struct ct_key);
+	__type(value, struct ct_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_ct_new SEC(".maps");
 
 /* SNAT: the node's address and a port of its own stand for a pod toward
  * an outside address. Keyed by what the replies carry. */
@@ -107,7 +134,23 @@ struct {
  * the node's own connections never collide with them. */
 #define SNAT_PORT_MIN 61000
 #define SNAT_PORT_RANGE 4536
-#define SNAT_TRIES 16
+#define SNAT_TRIES 32
+
+/* SNAT exhaustion, per destination: which outside address, port and
+ * protocol found no free port, how often and when last (the agent exports
+ * it: metric and lacectl status). Keyed by a snat_key whose port is 0. */
+struct snat_fail_val {
+	__u64 count;
+	__u64 last; /* bpf_ktime_get_ns() */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1024);
+	__type(key, struct snat_key);
+	__type(value, struct snat_fail_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_snat_exhausted SEC(".maps");
 
 static __always_inline int is_tcp_syn(struct pkt *p)
 {
@@ -135,13 +178,59 @@ static __always_inline void ct_key_of(struct ct_key *k, __u32 net_id, struct pkt
 	}
 }
 
+/* ct_settled tells whether an entry belongs in lace_ct: a flow this side
+ * opened (or its hairpin), or one the other side opened that is assured. */
+static __always_inline int ct_settled(__u16 flags)
+{
+	return flags & (CT_ORIGIN_LOCAL | CT_HAIRPIN | CT_ASSURED);
+}
+
+/* ct_promote moves k's assured entry v from lace_ct_new to lace_ct and
+ * returns it there. */
+static __always_inline struct ct_val *ct_promote(struct ct_key *k, struct ct_val *v)
+{
+	if (bpf_map_update_elem(&lace_ct, k, v, BPF_ANY))
+		return v;
+	bpf_map_delete_elem(&lace_ct_new, k);
+	return bpf_map_lookup_elem(&lace_ct, k);
+}
+
+/* ct_settle promotes k's entry once it is assured (called after a
+ * packet that may have assured it, so a flood never evicts it from
+ * lace_ct_new before its next packet). */
+static __always_inline void ct_settle(struct ct_key *k)
+{
+	struct ct_val *v = bpf_map_lookup_elem(&lace_ct_new, k);
+	if (v && (v->flags & CT_ASSURED))
+		ct_promote(k, v);
+}
+
+/* ct_insert records k's entry v in the map it belongs to, and forgets an
+ * older one of k in the other. */
+static __always_inline void ct_insert(struct ct_key *k, struct ct_val *v)
+{
+	if (ct_settled(v->flags)) {
+		bpf_map_update_elem(&lace_ct, k, v, BPF_ANY);
+		bpf_map_delete_elem(&lace_ct_new, k);
+	} else {
+		bpf_map_update_elem(&lace_ct_new, k, v, BPF_ANY);
+		bpf_map_delete_elem(&lace_ct, k);
+	}
+}
+
 /* ct_lookup returns the live entry of k, or NULL (an expired one counts as
  * none: the next packet of that tuple is a new flow). */
 static __always_inline struct ct_val *ct_lookup(struct ct_key *k)
 {
+	__u64 now = bpf_ktime_get_ns();
 	struct ct_val *v = bpf_map_lookup_elem(&lace_ct, k);
-	if (v && v->expires < bpf_ktime_get_ns())
+	if (v && v->expires >= now)
+		return v;
+	v = bpf_map_lookup_elem(&lace_ct_new, k);
+	if (!v || v->expires < now)
 		return NULL;
+	if (v->flags & CT_ASSURED)
+		return ct_promote(k, v);
 	return v;
 }
 
@@ -158,6 +247,11 @@ static __always_inline void ct_refresh(struct ct_val *v, struct pkt *p, int from
 			f |= CT_RST;
 		if (p->tcp_flags & TCP_FIN)
 			f |= from_origin ? CT_FIN_ORIG : CT_FIN_REPLY;
+		/* The handshake's last ACK assures it: an ACK, neither a SYN
+		 * again nor a reset (a flood's sources reset the answers they
+		 * never asked for). */
+		if (from_origin && (f & CT_SEEN_REPLY) && (p->tcp_flags & (TCP_SYN | TCP_RST | TCP_ACK)) == TCP_ACK)
+			f |= CT_ASSURED;
 		if ((f & CT_RST) || ((f & CT_FIN_ORIG) && (f & CT_FIN_REPLY)))
 			timeout = CT_TCP_CLOSE;
 		else if (f & CT_SEEN_REPLY)
@@ -165,8 +259,12 @@ static __always_inline void ct_refresh(struct ct_val *v, struct pkt *p, int from
 		else
 			timeout = CT_TCP_SYN;
 	} else if (p->proto == IPPROTO_UDP) {
-		timeout = (f & CT_SEEN_REPLY) ? CT_UDP_REPLIED : CT_UDP;
+		if (from_origin && (f & CT_SEEN_REPLY))
+			f |= CT_ASSURED;
+		timeout = (f & CT_ASSURED) ? CT_UDP_REPLIED : CT_UDP;
 	}
+	if (!ct_settled(f))
+		timeout = CT_NEW_IN;
 	v->flags = f;
 	v->expires = bpf_ktime_get_ns() + timeout;
 }
@@ -178,8 +276,10 @@ static __always_inline struct ct_val *ct_create(struct ct_key *k, __u32 peer_net
 {
 	struct ct_val v = {.peer_net = peer_net, .flags = flags, .snat_port = snat_port};
 	ct_refresh(&v, p, from_origin);
-	bpf_map_update_elem(&lace_ct, k, &v, BPF_ANY);
-	return bpf_map_lookup_elem(&lace_ct, k);
+	ct_insert(k, &v);
+	if (ct_settled(v.flags))
+		return bpf_map_lookup_elem(&lace_ct, k);
+	return bpf_map_lookup_elem(&lace_ct_new, k);
 }
 
 /* ct_closing tells whether a TCP entry is done, so that a SYN reusing
@@ -200,11 +300,53 @@ static __always_inline struct ct_val *ct_track_in(__u32 net_id, __u32 src_net, s
 	ct_key_of(&k, net_id, p, 0);
 	struct ct_val *v = ct_lookup(&k);
 	if (v && !(is_tcp_syn(p) && ct_closing(v))) {
+		int settled = ct_settled(v->flags);
 		ct_refresh(v, p, !(v->flags & CT_ORIGIN_LOCAL));
+		if (!settled && ct_settled(v->flags))
+			v = ct_promote(&k, v);
 		return v;
 	}
 	ct_create(&k, src_net, 0, 0, p, 1);
 	return NULL;
+}
+
+/* snat_exhausted counts a failed port pick toward sk's destination. */
+static __always_inline void snat_exhausted(struct snat_key *sk)
+{
+	__u16 port = sk->port;
+	sk->port = 0;
+	struct snat_fail_val *f = bpf_map_lookup_elem(&lace_snat_exhausted, sk);
+	if (f) {
+		__sync_fetch_and_add(&f->count, 1);
+		f->last = bpf_ktime_get_ns();
+	} else {
+		struct snat_fail_val nf = {.count = 1, .last = bpf_ktime_get_ns()};
+		bpf_map_update_elem(&lace_snat_exhausted, sk, &nf, BPF_NOEXIST);
+	}
+	sk->port = port;
+}
+
+/* snat_owner returns the live conntrack entry of the pod's flow the SNAT
+ * mapping sk -> sv stands for (k receives its key), or NULL when that flow
+ * is over: its entry expired, was evicted, or no longer holds this port.
+ * A mapping lives exactly as long as its flow: replies are delivered only
+ * while snat_owner finds it, and its port is free for another flow as soon
+ * as it does not. */
+static __always_inline struct ct_val *snat_owner(const struct snat_key *sk, const struct snat_val *sv, struct ct_key *k)
+{
+	int icmp = sk->proto == IPPROTO_ICMP || sk->proto == IPPROTO_ICMPV6;
+	k->net_id = sv->net_id;
+	k->family = sk->family;
+	k->proto = sk->proto;
+	k->pad = 0;
+	k->lport = sv->lport;
+	k->rport = icmp ? sv->lport : sk->rport;
+	__builtin_memcpy(k->laddr, sv->laddr, 16);
+	__builtin_memcpy(k->raddr, sk->raddr, 16);
+	struct ct_val *v = ct_lookup(k);
+	if (!v || !(v->flags & CT_SNAT) || v->snat_port != sk->port)
+		return NULL;
+	return v;
 }
 
 #endif

@@ -279,14 +279,31 @@ static __noinline __attribute__((unused)) int snat_out(struct __sk_buff *skb, st
 
 	struct ct_val *ct = ct_lookup(k);
 	__u16 port = 0;
+	struct snat_key sk = {.family = p->family, .proto = p->proto, .rport = icmp ? 0 : p->dport};
+	__builtin_memcpy(sk.raddr, p->daddr, 16);
+	struct snat_val sv = {.net_id = net_id, .lport = p->sport};
+	__builtin_memcpy(sv.laddr, p->saddr, 16);
 	if (ct && (ct->flags & CT_SNAT) && !(is_tcp_syn(p) && ct_closing(ct))) {
 		port = ct->snat_port;
 		ct_refresh(ct, p, 1);
+		/* The mapping the replies need: an LRU eviction of it would
+		 * hand them to the host, so a live flow puts it back (unless a
+		 * new flow took the port of this closing one). */
+		sk.port = port;
+		if (!bpf_map_lookup_elem(&lace_snat, &sk))
+			bpf_map_update_elem(&lace_snat, &sk, &sv, BPF_NOEXIST);
 	} else {
-		struct snat_key sk = {.family = p->family, .proto = p->proto, .rport = icmp ? 0 : p->dport};
-		__builtin_memcpy(sk.raddr, p->daddr, 16);
-		struct snat_val sv = {.net_id = net_id, .lport = p->sport};
-		__builtin_memcpy(sv.laddr, p->saddr, 16);
+		/* Only a SYN opens a TCP flow: a pod's answer to a flow whose
+		 * entry is gone (a flood's SYN evicted from lace_ct_new before
+		 * the pod answered it) would otherwise take a port and an
+		 * established entry for a minute. */
+		if (p->proto == IPPROTO_TCP && !is_tcp_syn(p))
+			return drop(DROP_NO_FLOW);
+		/* A port is free when no live flow holds it: never used, its
+		 * flow's conntrack entry expired or evicted, or (TCP) that
+		 * flow is closing, whose port a new connection takes at once,
+		 * as Linux's NAT reuses the tuple of a closing connection. */
+		struct ct_key ok;
 		__u32 h = bpf_get_prandom_u32();
 		int found = 0;
 		for (int i = 0; i < SNAT_TRIES; i++) {
@@ -297,13 +314,21 @@ static __noinline __attribute__((unused)) int snat_out(struct __sk_buff *skb, st
 				break;
 			}
 			struct snat_val *cur = bpf_map_lookup_elem(&lace_snat, &sk);
-			if (cur && cur->net_id == net_id && cur->lport == sv.lport && eq16(cur->laddr, sv.laddr)) {
-				found = 1;
-				break;
+			if (!cur)
+				continue;
+			if (!(cur->net_id == net_id && cur->lport == sv.lport && eq16(cur->laddr, sv.laddr))) {
+				struct ct_val *owner = snat_owner(&sk, cur, &ok);
+				if (owner && !(p->proto == IPPROTO_TCP && ct_closing(owner)))
+					continue;
 			}
+			bpf_map_update_elem(&lace_snat, &sk, &sv, BPF_ANY);
+			found = 1;
+			break;
 		}
-		if (!found)
+		if (!found) {
+			snat_exhausted(&sk);
 			return drop(DROP_SNAT);
+		}
 		if (ct && !(is_tcp_syn(p) && ct_closing(ct))) {
 			/* A service flow to an outside endpoint: its DNAT stays. */
 			ct->flags |= CT_SNAT;

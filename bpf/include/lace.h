@@ -76,7 +76,9 @@ enum drop_reason {
 	DROP_NO_LOCAL_BACKEND = 22, /* no-local-endpoints: internalTrafficPolicy Local and no endpoint on this node */
 	DROP_FRONTEND_CLOSED = 23, /* frontend-closed: a NodePort on a node address whose external network no policy opens to the service's network */
 	DROP_SOURCE_RANGE = 24, /* source-range: a source outside the service's loadBalancerSourceRanges */
-	DROP_MAX = 25,
+	DROP_SNAT_CLOSED = 25, /* snat-closed: to a node SNAT port whose pod flow is over (its conntrack entry expired, was evicted or gave the port up) */
+	DROP_NO_FLOW = 26, /* no-flow: a TCP segment that is no SYN toward an outside address, of no flow the node tracks (an answer to a flow that is over): it takes no SNAT port */
+	DROP_MAX = 27,
 };
 
 enum fwd_counter {

@@ -235,6 +235,10 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		dp.Close()
 		return nil, fmt.Errorf("register data plane metrics: %w", err)
 	}
+	if err := registerCollector(metrics.Registry, delQueueGauge(o.DelQueueDir)); err != nil {
+		dp.Close()
+		return nil, fmt.Errorf("register DEL queue metric: %w", err)
+	}
 	toNode := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{nodeKey}
 	})

@@ -56,21 +56,17 @@ func cniErr(code uint, format string, args ...any) error {
 
 // serveCNI serves lace-cni on the agent's unix socket until ctx ends.
 func (a *Agent) serveCNI(ctx context.Context) error {
-	sock := a.opts.CNISocket
-	if err := os.MkdirAll(filepath.Dir(sock), 0o755); err != nil {
-		return err
-	}
-	_ = os.Remove(sock)
-	ln, err := net.Listen("unix", sock)
+	ln, err := listenCNI(a.opts.CNISocket)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", sock, err)
+		return err
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /cni", func(w http.ResponseWriter, r *http.Request) {
 		var req cniapi.Request
 		resp := cniapi.Response{}
-		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
-			resp.Error = &cniapi.Error{Code: errInvalidConfig, Msg: "decode request: " + err.Error()}
+		if err := decodeCNIRequest(w, r, &req); err != nil {
+			resp.Error = &cniapi.Error{Code: errInvalidConfig, Msg: err.Error()}
+			a.log.Info("CNI request refused", "err", err)
 		} else {
 			start := time.Now()
 			res, err := a.handle(r.Context(), req)
@@ -90,7 +86,10 @@ func (a *Agent) serveCNI(ctx context.Context) error {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(resp)
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	// The body is read before the handler runs a request, so a slow or
+	// stuck writer holds a connection for ReadTimeout at most.
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+		MaxHeaderBytes: 16 << 10}
 	go func() {
 		<-ctx.Done()
 		_ = srv.Close()

@@ -120,6 +120,7 @@ func (f *fakeDP) DeleteHostAddr(a netip.Addr) error                             
 func (f *fakeDP) HostAddrs() ([]netip.Addr, error)                                 { return keys(&f.mu, f.host), nil }
 func (f *fakeDP) MapSizes() (map[string]int, error)                                { return map[string]int{}, nil }
 func (f *fakeDP) Drops() (map[string]uint64, error)                                { return map[string]uint64{}, nil }
+func (f *fakeDP) SNATExhaustedCounts() (map[string]uint64, error)                  { return nil, nil }
 func (f *fakeDP) Forwarded() (map[string]uint64, error)                            { return map[string]uint64{}, nil }
 func (f *fakeDP) Close() error                                                     { return nil }
 

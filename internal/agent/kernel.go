@@ -47,6 +47,7 @@ type dataplane interface {
 	SetAnnounced(vips []netip.Addr, mac net.HardwareAddr, ttl time.Duration) error
 	Drops() (map[string]uint64, error)
 	Forwarded() (map[string]uint64, error)
+	SNATExhaustedCounts() (map[string]uint64, error)
 	Close() error
 }
 

@@ -16,7 +16,7 @@ type dpCollector struct {
 	dp        dataplane
 	endpoints func() int
 
-	forwarded, dropped, maps, eps *prometheus.Desc
+	forwarded, dropped, maps, eps, snat *prometheus.Desc
 }
 
 func newDPCollector(dp dataplane, endpoints func() int) *dpCollector {
@@ -30,6 +30,9 @@ func newDPCollector(dp dataplane, endpoints func() int) *dpCollector {
 		maps: prometheus.NewDesc(dpmetrics.MapEntries,
 			"Entries in each eBPF data plane map.",
 			[]string{dpmetrics.LabelMap}, nil),
+		snat: prometheus.NewDesc(dpmetrics.SNATExhausted,
+			"New flows that found no free SNAT port, by outside destination (proto/address:port): the node's ports toward it were all held by live flows. The data plane keeps the last 1024 destinations.",
+			[]string{dpmetrics.LabelDestination}, nil),
 		eps: prometheus.NewDesc(dpmetrics.Endpoints,
 			"Pod attachments on the node (the agent's checkpoint).", nil, nil),
 	}
@@ -37,7 +40,7 @@ func newDPCollector(dp dataplane, endpoints func() int) *dpCollector {
 
 // Describe implements prometheus.Collector.
 func (c *dpCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.forwarded, c.dropped, c.maps, c.eps} {
+	for _, d := range []*prometheus.Desc{c.forwarded, c.dropped, c.maps, c.eps, c.snat} {
 		ch <- d
 	}
 }
@@ -58,6 +61,7 @@ func (c *dpCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	counters(c.forwarded, c.dp.Forwarded)
 	counters(c.dropped, c.dp.Drops)
+	counters(c.snat, c.dp.SNATExhaustedCounts)
 	sizes, err := c.dp.MapSizes()
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.maps, err)

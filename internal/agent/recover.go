@@ -40,6 +40,12 @@ func (a *Agent) replayQueuedDels(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("read DEL queue: %w", err)
 	}
+	if len(q) >= cniapi.MaxQueuedDels {
+		// lace-cni refuses further DELs ("try again later") until the
+		// replays below make room: pod deletions on the node wait.
+		a.log.Warn("DEL queue is full: new DELs are refused until queued ones are replayed",
+			"dir", a.opts.DelQueueDir, "bound", cniapi.MaxQueuedDels)
+	}
 	var errs []error
 	for _, d := range q {
 		if err := a.cmdDel(ctx, d.Request); err != nil {

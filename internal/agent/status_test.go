@@ -79,6 +79,9 @@ func (countingDP) Forwarded() (map[string]uint64, error) {
 }
 func (countingDP) Drops() (map[string]uint64, error) { return map[string]uint64{"isolated": 3}, nil }
 func (countingDP) MapSizes() (map[string]int, error) { return map[string]int{"endpoints": 4}, nil }
+func (countingDP) SNATExhaustedCounts() (map[string]uint64, error) {
+	return map[string]uint64{"udp/203.0.113.53:53": 9}, nil
+}
 
 func TestCollectorExposesCounters(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
@@ -95,9 +98,12 @@ lace_datapath_dropped_packets_total{reason="isolated"} 3
 # HELP lace_datapath_map_entries Entries in each eBPF data plane map.
 # TYPE lace_datapath_map_entries gauge
 lace_datapath_map_entries{map="endpoints"} 4
+# HELP lace_datapath_snat_exhausted_total New flows that found no free SNAT port, by outside destination (proto/address:port): the node's ports toward it were all held by live flows. The data plane keeps the last 1024 destinations.
+# TYPE lace_datapath_snat_exhausted_total counter
+lace_datapath_snat_exhausted_total{destination="udp/203.0.113.53:53"} 9
 `
 	if err := promtestutil.GatherAndCompare(reg, strings.NewReader(want),
-		"lace_agent_endpoints", "lace_datapath_dropped_packets_total", "lace_datapath_map_entries"); err != nil {
+		"lace_agent_endpoints", "lace_datapath_dropped_packets_total", "lace_datapath_map_entries", "lace_datapath_snat_exhausted_total"); err != nil {
 		t.Error(err)
 	}
 	if n := promtestutil.CollectAndCount(newDPCollector(countingDP{newFakeDP()}, func() int { return 0 }),

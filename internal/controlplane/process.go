@@ -75,20 +75,41 @@ func (p *Process) Exited() bool {
 	}
 }
 
-// Stop sends SIGTERM to the process group, then SIGKILL after grace. Stopping
-// an ended process is a no-op.
+// Stop sends SIGTERM to the process group, then SIGKILL after grace, and
+// returns once the process and the rest of its group have ended: a
+// program run through nsenter into a PID namespace is nsenter's child, in
+// its group, and may outlive nsenter by the time it takes to shut down.
+// Stopping an ended process whose group is gone is a no-op.
 func (p *Process) Stop(grace time.Duration) {
-	if p.Exited() {
+	pgid := p.cmd.Process.Pid
+	if p.Exited() && !groupAlive(pgid) {
 		return
 	}
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+	_ = syscall.Kill(-pgid, syscall.SIGTERM)
+	deadline := time.After(grace)
 	select {
 	case <-p.done:
-	case <-time.After(grace):
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	case <-deadline:
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
 		<-p.done
 	}
+	// The group's other members: the rest of grace, then SIGKILL, then a
+	// bounded wait (a killed process whose parent is slow to reap it stays
+	// a member until it is reaped).
+	killed := time.After(grace + 5*time.Second)
+	for groupAlive(pgid) {
+		select {
+		case <-deadline:
+			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		case <-killed:
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
+
+// groupAlive says whether process group pgid has a member.
+func groupAlive(pgid int) bool { return syscall.Kill(-pgid, 0) == nil }
 
 // LogTail returns the last n bytes of the process log, for error messages.
 func (p *Process) LogTail(n int) string {

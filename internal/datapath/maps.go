@@ -457,7 +457,7 @@ func (d *Datapath) MapSizes() (map[string]int, error) {
 	for name, m := range map[string]*ebpf.Map{
 		"endpoints": d.pod.LaceEndpoints, "ports": d.pod.LacePorts, "routes": d.pod.LaceRoutes,
 		"networks": d.pod.LaceNetworks, "classify": d.pod.LaceClassify, "nodes": d.pod.LaceNodes,
-		"conntrack": d.pod.LaceCt, "snat": d.pod.LaceSnat, "services": d.pod.LaceServices, "backends": d.pod.LaceBackends,
+		"conntrack": d.pod.LaceCt, "conntrack-new": d.pod.LaceCtNew, "snat": d.pod.LaceSnat, "services": d.pod.LaceServices, "backends": d.pod.LaceBackends,
 	} {
 		n, err := d.countEntries(m)
 		if err != nil {
@@ -493,6 +493,10 @@ type Flow struct {
 	// the endpoint): NAT is the VIP and port the replies come from.
 	Service, DNAT bool
 	NAT           netip.AddrPort
+	// Assured: the opener spoke again after the reply. A flow the other
+	// side opened is New until then (lace_ct_new: short-lived, its own
+	// budget).
+	Assured, New bool
 }
 
 // ct_val.flags (ct.h).
@@ -505,6 +509,9 @@ const (
 	ctSNAT
 	ctService
 	ctDNAT
+	ctHairpin
+	ctRevNAT
+	ctAssured
 )
 
 func ntohs(v uint16) uint16 { return v<<8 | v>>8 }
@@ -513,33 +520,40 @@ func ntohs(v uint16) uint16 { return v<<8 | v>>8 }
 // reclaims them; the programs ignore them).
 func (d *Datapath) Conntrack() ([]Flow, error) {
 	var out []Flow
-	var k podCtKey
-	var v podCtVal
-	it := d.pod.LaceCt.Iterate()
-	for it.Next(&k, &v) {
-		f := Flow{NetID: k.NetId, Proto: k.Proto, PeerNet: v.PeerNet,
-			Local:                 netip.AddrPortFrom(fromAddr16(k.Family, k.Laddr), ntohs(k.Lport)),
-			Remote:                netip.AddrPortFrom(fromAddr16(k.Family, k.Raddr), ntohs(k.Rport)),
-			OpenedLocally:         v.Flags&ctOriginLocal != 0,
-			SeenReply:             v.Flags&ctSeenReply != 0,
-			Reset:                 v.Flags&ctRST != 0,
-			ExpiresMonotonicNanos: v.Expires,
+	for _, m := range []*ebpf.Map{d.pod.LaceCt, d.pod.LaceCtNew} {
+		var k podCtKey
+		var v podCtVal
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			f := Flow{NetID: k.NetId, Proto: k.Proto, PeerNet: v.PeerNet,
+				Local:                 netip.AddrPortFrom(fromAddr16(k.Family, k.Laddr), ntohs(k.Lport)),
+				Remote:                netip.AddrPortFrom(fromAddr16(k.Family, k.Raddr), ntohs(k.Rport)),
+				OpenedLocally:         v.Flags&ctOriginLocal != 0,
+				SeenReply:             v.Flags&ctSeenReply != 0,
+				Reset:                 v.Flags&ctRST != 0,
+				Assured:               v.Flags&ctAssured != 0,
+				New:                   m == d.pod.LaceCtNew,
+				ExpiresMonotonicNanos: v.Expires,
+			}
+			// FIN flags are recorded by direction of the flow's opener.
+			fo, fr := v.Flags&ctFinOrig != 0, v.Flags&ctFinReply != 0
+			if f.OpenedLocally {
+				f.FinLocal, f.FinRemote = fo, fr
+			} else {
+				f.FinLocal, f.FinRemote = fr, fo
+			}
+			if v.Flags&ctSNAT != 0 {
+				f.SNATPort = ntohs(v.SnatPort)
+			}
+			f.Service, f.DNAT = v.Flags&ctService != 0, v.Flags&ctDNAT != 0
+			if f.Service || f.DNAT {
+				f.NAT = netip.AddrPortFrom(fromAddr16(k.Family, v.NatAddr), ntohs(v.NatPort))
+			}
+			out = append(out, f)
 		}
-		// FIN flags are recorded by direction of the flow's opener.
-		fo, fr := v.Flags&ctFinOrig != 0, v.Flags&ctFinReply != 0
-		if f.OpenedLocally {
-			f.FinLocal, f.FinRemote = fo, fr
-		} else {
-			f.FinLocal, f.FinRemote = fr, fo
+		if err := it.Err(); err != nil {
+			return nil, err
 		}
-		if v.Flags&ctSNAT != 0 {
-			f.SNATPort = ntohs(v.SnatPort)
-		}
-		f.Service, f.DNAT = v.Flags&ctService != 0, v.Flags&ctDNAT != 0
-		if f.Service || f.DNAT {
-			f.NAT = netip.AddrPortFrom(fromAddr16(k.Family, v.NatAddr), ntohs(v.NatPort))
-		}
-		out = append(out, f)
 	}
-	return out, it.Err()
+	return out, nil
 }

@@ -139,6 +139,12 @@ type podRouteVal struct {
 	DstNet uint32
 }
 
+type podSnatFailVal struct {
+	_     structs.HostLayout
+	Count uint64
+	Last  uint64
+}
+
 type podSnatKey struct {
 	_      structs.HostLayout
 	Family uint8
@@ -187,25 +193,27 @@ type podSvcVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	podMapLaceAffinity  = "lace_affinity"
-	podMapLaceBackends  = "lace_backends"
-	podMapLaceCfg       = "lace_cfg"
-	podMapLaceClassify  = "lace_classify"
-	podMapLaceCt        = "lace_ct"
-	podMapLaceDrops     = "lace_drops"
-	podMapLaceEndpoints = "lace_endpoints"
-	podMapLaceForwarded = "lace_forwarded"
-	podMapLaceHostAddrs = "lace_host_addrs"
-	podMapLaceNetworks  = "lace_networks"
-	podMapLaceNodes     = "lace_nodes"
-	podMapLacePodNetns  = "lace_pod_netns"
-	podMapLacePorts     = "lace_ports"
-	podMapLaceRoutes    = "lace_routes"
-	podMapLaceServices  = "lace_services"
-	podMapLaceSnat      = "lace_snat"
-	podMapLaceSrcRanges = "lace_src_ranges"
-	podProgFromPod      = "from_pod"
-	podProgToPod        = "to_pod"
+	podMapLaceAffinity      = "lace_affinity"
+	podMapLaceBackends      = "lace_backends"
+	podMapLaceCfg           = "lace_cfg"
+	podMapLaceClassify      = "lace_classify"
+	podMapLaceCt            = "lace_ct"
+	podMapLaceCtNew         = "lace_ct_new"
+	podMapLaceDrops         = "lace_drops"
+	podMapLaceEndpoints     = "lace_endpoints"
+	podMapLaceForwarded     = "lace_forwarded"
+	podMapLaceHostAddrs     = "lace_host_addrs"
+	podMapLaceNetworks      = "lace_networks"
+	podMapLaceNodes         = "lace_nodes"
+	podMapLacePodNetns      = "lace_pod_netns"
+	podMapLacePorts         = "lace_ports"
+	podMapLaceRoutes        = "lace_routes"
+	podMapLaceServices      = "lace_services"
+	podMapLaceSnat          = "lace_snat"
+	podMapLaceSnatExhausted = "lace_snat_exhausted"
+	podMapLaceSrcRanges     = "lace_src_ranges"
+	podProgFromPod          = "from_pod"
+	podProgToPod            = "to_pod"
 )
 
 // loadPod returns the embedded CollectionSpec for pod.
@@ -258,23 +266,25 @@ type podProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type podMapSpecs struct {
-	LaceAffinity  *ebpf.MapSpec `ebpf:"lace_affinity"`
-	LaceBackends  *ebpf.MapSpec `ebpf:"lace_backends"`
-	LaceCfg       *ebpf.MapSpec `ebpf:"lace_cfg"`
-	LaceClassify  *ebpf.MapSpec `ebpf:"lace_classify"`
-	LaceCt        *ebpf.MapSpec `ebpf:"lace_ct"`
-	LaceDrops     *ebpf.MapSpec `ebpf:"lace_drops"`
-	LaceEndpoints *ebpf.MapSpec `ebpf:"lace_endpoints"`
-	LaceForwarded *ebpf.MapSpec `ebpf:"lace_forwarded"`
-	LaceHostAddrs *ebpf.MapSpec `ebpf:"lace_host_addrs"`
-	LaceNetworks  *ebpf.MapSpec `ebpf:"lace_networks"`
-	LaceNodes     *ebpf.MapSpec `ebpf:"lace_nodes"`
-	LacePodNetns  *ebpf.MapSpec `ebpf:"lace_pod_netns"`
-	LacePorts     *ebpf.MapSpec `ebpf:"lace_ports"`
-	LaceRoutes    *ebpf.MapSpec `ebpf:"lace_routes"`
-	LaceServices  *ebpf.MapSpec `ebpf:"lace_services"`
-	LaceSnat      *ebpf.MapSpec `ebpf:"lace_snat"`
-	LaceSrcRanges *ebpf.MapSpec `ebpf:"lace_src_ranges"`
+	LaceAffinity      *ebpf.MapSpec `ebpf:"lace_affinity"`
+	LaceBackends      *ebpf.MapSpec `ebpf:"lace_backends"`
+	LaceCfg           *ebpf.MapSpec `ebpf:"lace_cfg"`
+	LaceClassify      *ebpf.MapSpec `ebpf:"lace_classify"`
+	LaceCt            *ebpf.MapSpec `ebpf:"lace_ct"`
+	LaceCtNew         *ebpf.MapSpec `ebpf:"lace_ct_new"`
+	LaceDrops         *ebpf.MapSpec `ebpf:"lace_drops"`
+	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
+	LaceForwarded     *ebpf.MapSpec `ebpf:"lace_forwarded"`
+	LaceHostAddrs     *ebpf.MapSpec `ebpf:"lace_host_addrs"`
+	LaceNetworks      *ebpf.MapSpec `ebpf:"lace_networks"`
+	LaceNodes         *ebpf.MapSpec `ebpf:"lace_nodes"`
+	LacePodNetns      *ebpf.MapSpec `ebpf:"lace_pod_netns"`
+	LacePorts         *ebpf.MapSpec `ebpf:"lace_ports"`
+	LaceRoutes        *ebpf.MapSpec `ebpf:"lace_routes"`
+	LaceServices      *ebpf.MapSpec `ebpf:"lace_services"`
+	LaceSnat          *ebpf.MapSpec `ebpf:"lace_snat"`
+	LaceSnatExhausted *ebpf.MapSpec `ebpf:"lace_snat_exhausted"`
+	LaceSrcRanges     *ebpf.MapSpec `ebpf:"lace_src_ranges"`
 }
 
 // podVariableSpecs contains global variables before they are loaded into the kernel.
@@ -303,23 +313,25 @@ func (o *podObjects) Close() error {
 //
 // It can be passed to loadPodObjects or ebpf.CollectionSpec.LoadAndAssign.
 type podMaps struct {
-	LaceAffinity  *ebpf.Map `ebpf:"lace_affinity"`
-	LaceBackends  *ebpf.Map `ebpf:"lace_backends"`
-	LaceCfg       *ebpf.Map `ebpf:"lace_cfg"`
-	LaceClassify  *ebpf.Map `ebpf:"lace_classify"`
-	LaceCt        *ebpf.Map `ebpf:"lace_ct"`
-	LaceDrops     *ebpf.Map `ebpf:"lace_drops"`
-	LaceEndpoints *ebpf.Map `ebpf:"lace_endpoints"`
-	LaceForwarded *ebpf.Map `ebpf:"lace_forwarded"`
-	LaceHostAddrs *ebpf.Map `ebpf:"lace_host_addrs"`
-	LaceNetworks  *ebpf.Map `ebpf:"lace_networks"`
-	LaceNodes     *ebpf.Map `ebpf:"lace_nodes"`
-	LacePodNetns  *ebpf.Map `ebpf:"lace_pod_netns"`
-	LacePorts     *ebpf.Map `ebpf:"lace_ports"`
-	LaceRoutes    *ebpf.Map `ebpf:"lace_routes"`
-	LaceServices  *ebpf.Map `ebpf:"lace_services"`
-	LaceSnat      *ebpf.Map `ebpf:"lace_snat"`
-	LaceSrcRanges *ebpf.Map `ebpf:"lace_src_ranges"`
+	LaceAffinity      *ebpf.Map `ebpf:"lace_affinity"`
+	LaceBackends      *ebpf.Map `ebpf:"lace_backends"`
+	LaceCfg           *ebpf.Map `ebpf:"lace_cfg"`
+	LaceClassify      *ebpf.Map `ebpf:"lace_classify"`
+	LaceCt            *ebpf.Map `ebpf:"lace_ct"`
+	LaceCtNew         *ebpf.Map `ebpf:"lace_ct_new"`
+	LaceDrops         *ebpf.Map `ebpf:"lace_drops"`
+	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
+	LaceForwarded     *ebpf.Map `ebpf:"lace_forwarded"`
+	LaceHostAddrs     *ebpf.Map `ebpf:"lace_host_addrs"`
+	LaceNetworks      *ebpf.Map `ebpf:"lace_networks"`
+	LaceNodes         *ebpf.Map `ebpf:"lace_nodes"`
+	LacePodNetns      *ebpf.Map `ebpf:"lace_pod_netns"`
+	LacePorts         *ebpf.Map `ebpf:"lace_ports"`
+	LaceRoutes        *ebpf.Map `ebpf:"lace_routes"`
+	LaceServices      *ebpf.Map `ebpf:"lace_services"`
+	LaceSnat          *ebpf.Map `ebpf:"lace_snat"`
+	LaceSnatExhausted *ebpf.Map `ebpf:"lace_snat_exhausted"`
+	LaceSrcRanges     *ebpf.Map `ebpf:"lace_src_ranges"`
 }
 
 func (m *podMaps) Close() error {
@@ -329,6 +341,7 @@ func (m *podMaps) Close() error {
 		m.LaceCfg,
 		m.LaceClassify,
 		m.LaceCt,
+		m.LaceCtNew,
 		m.LaceDrops,
 		m.LaceEndpoints,
 		m.LaceForwarded,
@@ -340,6 +353,7 @@ func (m *podMaps) Close() error {
 		m.LaceRoutes,
 		m.LaceServices,
 		m.LaceSnat,
+		m.LaceSnatExhausted,
 		m.LaceSrcRanges,
 	)
 }

@@ -29,6 +29,8 @@ var DropReasons = []string{
 	"no-local-endpoints",
 	"frontend-closed",
 	"source-range",
+	"snat-closed",
+	"no-flow",
 }
 
 // DropMeanings say what the drop reasons count, in the same order.
@@ -58,6 +60,8 @@ var DropMeanings = []string{
 	"internalTrafficPolicy Local and no endpoint on this node",
 	"a NodePort on a node address whose external network no policy opens to the service's network",
 	"a source outside the service's loadBalancerSourceRanges",
+	"to a node SNAT port whose pod flow is over (its conntrack entry expired, was evicted or gave the port up)",
+	"a TCP segment that is no SYN toward an outside address, of no flow the node tracks (an answer to a flow that is over): it takes no SNAT port",
 }
 
 // ForwardCounters name the counters, in the order of the C enum.

@@ -594,33 +594,38 @@ func (d *Datapath) FlushServiceFlows(gone map[ServiceKey][]Backend) (int, error)
 			dead[vipEP{netip.AddrPortFrom(k.VIP, k.Port), netip.AddrPortFrom(b.Addr, b.Port), k.Proto}] = true
 		}
 	}
-	var doomed []podCtKey
-	var k podCtKey
-	var v podCtVal
-	it := d.pod.LaceCt.Iterate()
-	for it.Next(&k, &v) {
-		nat := netip.AddrPortFrom(fromAddr16(k.Family, v.NatAddr), ntohs(v.NatPort))
-		remote := netip.AddrPortFrom(fromAddr16(k.Family, k.Raddr), ntohs(k.Rport))
-		switch {
-		case v.Flags&ctService != 0 && dead[vipEP{remote, nat, k.Proto}]:
-			doomed = append(doomed, k)
-		case v.Flags&ctService != 0 && dead[vipEP{netip.AddrPortFrom(fromAddr16(k.Family, k.Laddr), ntohs(k.Lport)), nat, k.Proto}]:
-			// An outside client's flow to a frontend, keyed from the
-			// frontend's side.
-			doomed = append(doomed, k)
-		case v.Flags&ctDNAT != 0 && dead[vipEP{nat, remote, k.Proto}]:
-			doomed = append(doomed, k)
+	n := 0
+	// Both conntrack maps: established flows and those not assured yet.
+	for _, m := range []*ebpf.Map{d.pod.LaceCt, d.pod.LaceCtNew} {
+		var doomed []podCtKey
+		var k podCtKey
+		var v podCtVal
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			nat := netip.AddrPortFrom(fromAddr16(k.Family, v.NatAddr), ntohs(v.NatPort))
+			remote := netip.AddrPortFrom(fromAddr16(k.Family, k.Raddr), ntohs(k.Rport))
+			switch {
+			case v.Flags&ctService != 0 && dead[vipEP{remote, nat, k.Proto}]:
+				doomed = append(doomed, k)
+			case v.Flags&ctService != 0 && dead[vipEP{netip.AddrPortFrom(fromAddr16(k.Family, k.Laddr), ntohs(k.Lport)), nat, k.Proto}]:
+				// An outside client's flow to a frontend, keyed from the
+				// frontend's side.
+				doomed = append(doomed, k)
+			case v.Flags&ctDNAT != 0 && dead[vipEP{nat, remote, k.Proto}]:
+				doomed = append(doomed, k)
+			}
 		}
-	}
-	if err := it.Err(); err != nil {
-		return 0, fmt.Errorf("walk conntrack: %w", err)
-	}
-	for _, k := range doomed {
-		if err := d.pod.LaceCt.Delete(k); err != nil && !isMissing(err) {
-			return 0, fmt.Errorf("forget flow: %w", err)
+		if err := it.Err(); err != nil {
+			return 0, fmt.Errorf("walk conntrack: %w", err)
 		}
+		for _, k := range doomed {
+			if err := m.Delete(k); err != nil && !isMissing(err) {
+				return 0, fmt.Errorf("forget flow: %w", err)
+			}
+		}
+		n += len(doomed)
 	}
-	return len(doomed), nil
+	return n, nil
 }
 
 func isMissing(err error) bool { return errors.Is(err, ebpf.ErrKeyNotExist) }

@@ -139,6 +139,12 @@ type sockRouteVal struct {
 	DstNet uint32
 }
 
+type sockSnatFailVal struct {
+	_     structs.HostLayout
+	Count uint64
+	Last  uint64
+}
+
 type sockSnatKey struct {
 	_      structs.HostLayout
 	Family uint8
@@ -209,6 +215,7 @@ const (
 	sockMapLaceCfg           = "lace_cfg"
 	sockMapLaceClassify      = "lace_classify"
 	sockMapLaceCt            = "lace_ct"
+	sockMapLaceCtNew         = "lace_ct_new"
 	sockMapLaceDrops         = "lace_drops"
 	sockMapLaceEndpoints     = "lace_endpoints"
 	sockMapLaceForwarded     = "lace_forwarded"
@@ -220,6 +227,7 @@ const (
 	sockMapLaceRoutes        = "lace_routes"
 	sockMapLaceServices      = "lace_services"
 	sockMapLaceSnat          = "lace_snat"
+	sockMapLaceSnatExhausted = "lace_snat_exhausted"
 	sockMapLaceSockRnat      = "lace_sock_rnat"
 	sockMapLaceSrcRanges     = "lace_src_ranges"
 	sockProgSockConnect4     = "sock_connect4"
@@ -288,24 +296,26 @@ type sockProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockMapSpecs struct {
-	LaceAffinity  *ebpf.MapSpec `ebpf:"lace_affinity"`
-	LaceBackends  *ebpf.MapSpec `ebpf:"lace_backends"`
-	LaceCfg       *ebpf.MapSpec `ebpf:"lace_cfg"`
-	LaceClassify  *ebpf.MapSpec `ebpf:"lace_classify"`
-	LaceCt        *ebpf.MapSpec `ebpf:"lace_ct"`
-	LaceDrops     *ebpf.MapSpec `ebpf:"lace_drops"`
-	LaceEndpoints *ebpf.MapSpec `ebpf:"lace_endpoints"`
-	LaceForwarded *ebpf.MapSpec `ebpf:"lace_forwarded"`
-	LaceHostAddrs *ebpf.MapSpec `ebpf:"lace_host_addrs"`
-	LaceNetworks  *ebpf.MapSpec `ebpf:"lace_networks"`
-	LaceNodes     *ebpf.MapSpec `ebpf:"lace_nodes"`
-	LacePodNetns  *ebpf.MapSpec `ebpf:"lace_pod_netns"`
-	LacePorts     *ebpf.MapSpec `ebpf:"lace_ports"`
-	LaceRoutes    *ebpf.MapSpec `ebpf:"lace_routes"`
-	LaceServices  *ebpf.MapSpec `ebpf:"lace_services"`
-	LaceSnat      *ebpf.MapSpec `ebpf:"lace_snat"`
-	LaceSockRnat  *ebpf.MapSpec `ebpf:"lace_sock_rnat"`
-	LaceSrcRanges *ebpf.MapSpec `ebpf:"lace_src_ranges"`
+	LaceAffinity      *ebpf.MapSpec `ebpf:"lace_affinity"`
+	LaceBackends      *ebpf.MapSpec `ebpf:"lace_backends"`
+	LaceCfg           *ebpf.MapSpec `ebpf:"lace_cfg"`
+	LaceClassify      *ebpf.MapSpec `ebpf:"lace_classify"`
+	LaceCt            *ebpf.MapSpec `ebpf:"lace_ct"`
+	LaceCtNew         *ebpf.MapSpec `ebpf:"lace_ct_new"`
+	LaceDrops         *ebpf.MapSpec `ebpf:"lace_drops"`
+	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
+	LaceForwarded     *ebpf.MapSpec `ebpf:"lace_forwarded"`
+	LaceHostAddrs     *ebpf.MapSpec `ebpf:"lace_host_addrs"`
+	LaceNetworks      *ebpf.MapSpec `ebpf:"lace_networks"`
+	LaceNodes         *ebpf.MapSpec `ebpf:"lace_nodes"`
+	LacePodNetns      *ebpf.MapSpec `ebpf:"lace_pod_netns"`
+	LacePorts         *ebpf.MapSpec `ebpf:"lace_ports"`
+	LaceRoutes        *ebpf.MapSpec `ebpf:"lace_routes"`
+	LaceServices      *ebpf.MapSpec `ebpf:"lace_services"`
+	LaceSnat          *ebpf.MapSpec `ebpf:"lace_snat"`
+	LaceSnatExhausted *ebpf.MapSpec `ebpf:"lace_snat_exhausted"`
+	LaceSockRnat      *ebpf.MapSpec `ebpf:"lace_sock_rnat"`
+	LaceSrcRanges     *ebpf.MapSpec `ebpf:"lace_src_ranges"`
 }
 
 // sockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -334,24 +344,26 @@ func (o *sockObjects) Close() error {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockMaps struct {
-	LaceAffinity  *ebpf.Map `ebpf:"lace_affinity"`
-	LaceBackends  *ebpf.Map `ebpf:"lace_backends"`
-	LaceCfg       *ebpf.Map `ebpf:"lace_cfg"`
-	LaceClassify  *ebpf.Map `ebpf:"lace_classify"`
-	LaceCt        *ebpf.Map `ebpf:"lace_ct"`
-	LaceDrops     *ebpf.Map `ebpf:"lace_drops"`
-	LaceEndpoints *ebpf.Map `ebpf:"lace_endpoints"`
-	LaceForwarded *ebpf.Map `ebpf:"lace_forwarded"`
-	LaceHostAddrs *ebpf.Map `ebpf:"lace_host_addrs"`
-	LaceNetworks  *ebpf.Map `ebpf:"lace_networks"`
-	LaceNodes     *ebpf.Map `ebpf:"lace_nodes"`
-	LacePodNetns  *ebpf.Map `ebpf:"lace_pod_netns"`
-	LacePorts     *ebpf.Map `ebpf:"lace_ports"`
-	LaceRoutes    *ebpf.Map `ebpf:"lace_routes"`
-	LaceServices  *ebpf.Map `ebpf:"lace_services"`
-	LaceSnat      *ebpf.Map `ebpf:"lace_snat"`
-	LaceSockRnat  *ebpf.Map `ebpf:"lace_sock_rnat"`
-	LaceSrcRanges *ebpf.Map `ebpf:"lace_src_ranges"`
+	LaceAffinity      *ebpf.Map `ebpf:"lace_affinity"`
+	LaceBackends      *ebpf.Map `ebpf:"lace_backends"`
+	LaceCfg           *ebpf.Map `ebpf:"lace_cfg"`
+	LaceClassify      *ebpf.Map `ebpf:"lace_classify"`
+	LaceCt            *ebpf.Map `ebpf:"lace_ct"`
+	LaceCtNew         *ebpf.Map `ebpf:"lace_ct_new"`
+	LaceDrops         *ebpf.Map `ebpf:"lace_drops"`
+	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
+	LaceForwarded     *ebpf.Map `ebpf:"lace_forwarded"`
+	LaceHostAddrs     *ebpf.Map `ebpf:"lace_host_addrs"`
+	LaceNetworks      *ebpf.Map `ebpf:"lace_networks"`
+	LaceNodes         *ebpf.Map `ebpf:"lace_nodes"`
+	LacePodNetns      *ebpf.Map `ebpf:"lace_pod_netns"`
+	LacePorts         *ebpf.Map `ebpf:"lace_ports"`
+	LaceRoutes        *ebpf.Map `ebpf:"lace_routes"`
+	LaceServices      *ebpf.Map `ebpf:"lace_services"`
+	LaceSnat          *ebpf.Map `ebpf:"lace_snat"`
+	LaceSnatExhausted *ebpf.Map `ebpf:"lace_snat_exhausted"`
+	LaceSockRnat      *ebpf.Map `ebpf:"lace_sock_rnat"`
+	LaceSrcRanges     *ebpf.Map `ebpf:"lace_src_ranges"`
 }
 
 func (m *sockMaps) Close() error {
@@ -361,6 +373,7 @@ func (m *sockMaps) Close() error {
 		m.LaceCfg,
 		m.LaceClassify,
 		m.LaceCt,
+		m.LaceCtNew,
 		m.LaceDrops,
 		m.LaceEndpoints,
 		m.LaceForwarded,
@@ -372,6 +385,7 @@ func (m *sockMaps) Close() error {
 		m.LaceRoutes,
 		m.LaceServices,
 		m.LaceSnat,
+		m.LaceSnatExhausted,
 		m.LaceSockRnat,
 		m.LaceSrcRanges,
 	)

@@ -146,6 +146,12 @@ type underlayRouteVal struct {
 	DstNet uint32
 }
 
+type underlaySnatFailVal struct {
+	_     structs.HostLayout
+	Count uint64
+	Last  uint64
+}
+
 type underlaySnatKey struct {
 	_      structs.HostLayout
 	Family uint8
@@ -220,6 +226,7 @@ type underlayXlbScratch struct {
 	Ak    underlayAffinityKey
 	Av    underlayAffinityVal
 	Rtk   underlayRouteKey
+	Fk    underlaySnatKey
 	Be    [16]uint8
 	Front [16]uint8
 	Node  [16]uint8
@@ -231,27 +238,29 @@ type underlayXlbScratch struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	underlayMapLaceAffinity   = "lace_affinity"
-	underlayMapLaceAnnounce   = "lace_announce"
-	underlayMapLaceBackends   = "lace_backends"
-	underlayMapLaceCfg        = "lace_cfg"
-	underlayMapLaceClassify   = "lace_classify"
-	underlayMapLaceCt         = "lace_ct"
-	underlayMapLaceDrops      = "lace_drops"
-	underlayMapLaceEndpoints  = "lace_endpoints"
-	underlayMapLaceForwarded  = "lace_forwarded"
-	underlayMapLaceHostAddrs  = "lace_host_addrs"
-	underlayMapLaceNetworks   = "lace_networks"
-	underlayMapLaceNodes      = "lace_nodes"
-	underlayMapLacePodNetns   = "lace_pod_netns"
-	underlayMapLacePorts      = "lace_ports"
-	underlayMapLaceRoutes     = "lace_routes"
-	underlayMapLaceServices   = "lace_services"
-	underlayMapLaceSnat       = "lace_snat"
-	underlayMapLaceSrcRanges  = "lace_src_ranges"
-	underlayMapLaceXlbRev     = "lace_xlb_rev"
-	underlayMapLaceXlbScratch = "lace_xlb_scratch"
-	underlayProgFromUnderlay  = "from_underlay"
+	underlayMapLaceAffinity      = "lace_affinity"
+	underlayMapLaceAnnounce      = "lace_announce"
+	underlayMapLaceBackends      = "lace_backends"
+	underlayMapLaceCfg           = "lace_cfg"
+	underlayMapLaceClassify      = "lace_classify"
+	underlayMapLaceCt            = "lace_ct"
+	underlayMapLaceCtNew         = "lace_ct_new"
+	underlayMapLaceDrops         = "lace_drops"
+	underlayMapLaceEndpoints     = "lace_endpoints"
+	underlayMapLaceForwarded     = "lace_forwarded"
+	underlayMapLaceHostAddrs     = "lace_host_addrs"
+	underlayMapLaceNetworks      = "lace_networks"
+	underlayMapLaceNodes         = "lace_nodes"
+	underlayMapLacePodNetns      = "lace_pod_netns"
+	underlayMapLacePorts         = "lace_ports"
+	underlayMapLaceRoutes        = "lace_routes"
+	underlayMapLaceServices      = "lace_services"
+	underlayMapLaceSnat          = "lace_snat"
+	underlayMapLaceSnatExhausted = "lace_snat_exhausted"
+	underlayMapLaceSrcRanges     = "lace_src_ranges"
+	underlayMapLaceXlbRev        = "lace_xlb_rev"
+	underlayMapLaceXlbScratch    = "lace_xlb_scratch"
+	underlayProgFromUnderlay     = "from_underlay"
 )
 
 // loadUnderlay returns the embedded CollectionSpec for underlay.
@@ -303,26 +312,28 @@ type underlayProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type underlayMapSpecs struct {
-	LaceAffinity   *ebpf.MapSpec `ebpf:"lace_affinity"`
-	LaceAnnounce   *ebpf.MapSpec `ebpf:"lace_announce"`
-	LaceBackends   *ebpf.MapSpec `ebpf:"lace_backends"`
-	LaceCfg        *ebpf.MapSpec `ebpf:"lace_cfg"`
-	LaceClassify   *ebpf.MapSpec `ebpf:"lace_classify"`
-	LaceCt         *ebpf.MapSpec `ebpf:"lace_ct"`
-	LaceDrops      *ebpf.MapSpec `ebpf:"lace_drops"`
-	LaceEndpoints  *ebpf.MapSpec `ebpf:"lace_endpoints"`
-	LaceForwarded  *ebpf.MapSpec `ebpf:"lace_forwarded"`
-	LaceHostAddrs  *ebpf.MapSpec `ebpf:"lace_host_addrs"`
-	LaceNetworks   *ebpf.MapSpec `ebpf:"lace_networks"`
-	LaceNodes      *ebpf.MapSpec `ebpf:"lace_nodes"`
-	LacePodNetns   *ebpf.MapSpec `ebpf:"lace_pod_netns"`
-	LacePorts      *ebpf.MapSpec `ebpf:"lace_ports"`
-	LaceRoutes     *ebpf.MapSpec `ebpf:"lace_routes"`
-	LaceServices   *ebpf.MapSpec `ebpf:"lace_services"`
-	LaceSnat       *ebpf.MapSpec `ebpf:"lace_snat"`
-	LaceSrcRanges  *ebpf.MapSpec `ebpf:"lace_src_ranges"`
-	LaceXlbRev     *ebpf.MapSpec `ebpf:"lace_xlb_rev"`
-	LaceXlbScratch *ebpf.MapSpec `ebpf:"lace_xlb_scratch"`
+	LaceAffinity      *ebpf.MapSpec `ebpf:"lace_affinity"`
+	LaceAnnounce      *ebpf.MapSpec `ebpf:"lace_announce"`
+	LaceBackends      *ebpf.MapSpec `ebpf:"lace_backends"`
+	LaceCfg           *ebpf.MapSpec `ebpf:"lace_cfg"`
+	LaceClassify      *ebpf.MapSpec `ebpf:"lace_classify"`
+	LaceCt            *ebpf.MapSpec `ebpf:"lace_ct"`
+	LaceCtNew         *ebpf.MapSpec `ebpf:"lace_ct_new"`
+	LaceDrops         *ebpf.MapSpec `ebpf:"lace_drops"`
+	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
+	LaceForwarded     *ebpf.MapSpec `ebpf:"lace_forwarded"`
+	LaceHostAddrs     *ebpf.MapSpec `ebpf:"lace_host_addrs"`
+	LaceNetworks      *ebpf.MapSpec `ebpf:"lace_networks"`
+	LaceNodes         *ebpf.MapSpec `ebpf:"lace_nodes"`
+	LacePodNetns      *ebpf.MapSpec `ebpf:"lace_pod_netns"`
+	LacePorts         *ebpf.MapSpec `ebpf:"lace_ports"`
+	LaceRoutes        *ebpf.MapSpec `ebpf:"lace_routes"`
+	LaceServices      *ebpf.MapSpec `ebpf:"lace_services"`
+	LaceSnat          *ebpf.MapSpec `ebpf:"lace_snat"`
+	LaceSnatExhausted *ebpf.MapSpec `ebpf:"lace_snat_exhausted"`
+	LaceSrcRanges     *ebpf.MapSpec `ebpf:"lace_src_ranges"`
+	LaceXlbRev        *ebpf.MapSpec `ebpf:"lace_xlb_rev"`
+	LaceXlbScratch    *ebpf.MapSpec `ebpf:"lace_xlb_scratch"`
 }
 
 // underlayVariableSpecs contains global variables before they are loaded into the kernel.
@@ -351,26 +362,28 @@ func (o *underlayObjects) Close() error {
 //
 // It can be passed to loadUnderlayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type underlayMaps struct {
-	LaceAffinity   *ebpf.Map `ebpf:"lace_affinity"`
-	LaceAnnounce   *ebpf.Map `ebpf:"lace_announce"`
-	LaceBackends   *ebpf.Map `ebpf:"lace_backends"`
-	LaceCfg        *ebpf.Map `ebpf:"lace_cfg"`
-	LaceClassify   *ebpf.Map `ebpf:"lace_classify"`
-	LaceCt         *ebpf.Map `ebpf:"lace_ct"`
-	LaceDrops      *ebpf.Map `ebpf:"lace_drops"`
-	LaceEndpoints  *ebpf.Map `ebpf:"lace_endpoints"`
-	LaceForwarded  *ebpf.Map `ebpf:"lace_forwarded"`
-	LaceHostAddrs  *ebpf.Map `ebpf:"lace_host_addrs"`
-	LaceNetworks   *ebpf.Map `ebpf:"lace_networks"`
-	LaceNodes      *ebpf.Map `ebpf:"lace_nodes"`
-	LacePodNetns   *ebpf.Map `ebpf:"lace_pod_netns"`
-	LacePorts      *ebpf.Map `ebpf:"lace_ports"`
-	LaceRoutes     *ebpf.Map `ebpf:"lace_routes"`
-	LaceServices   *ebpf.Map `ebpf:"lace_services"`
-	LaceSnat       *ebpf.Map `ebpf:"lace_snat"`
-	LaceSrcRanges  *ebpf.Map `ebpf:"lace_src_ranges"`
-	LaceXlbRev     *ebpf.Map `ebpf:"lace_xlb_rev"`
-	LaceXlbScratch *ebpf.Map `ebpf:"lace_xlb_scratch"`
+	LaceAffinity      *ebpf.Map `ebpf:"lace_affinity"`
+	LaceAnnounce      *ebpf.Map `ebpf:"lace_announce"`
+	LaceBackends      *ebpf.Map `ebpf:"lace_backends"`
+	LaceCfg           *ebpf.Map `ebpf:"lace_cfg"`
+	LaceClassify      *ebpf.Map `ebpf:"lace_classify"`
+	LaceCt            *ebpf.Map `ebpf:"lace_ct"`
+	LaceCtNew         *ebpf.Map `ebpf:"lace_ct_new"`
+	LaceDrops         *ebpf.Map `ebpf:"lace_drops"`
+	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
+	LaceForwarded     *ebpf.Map `ebpf:"lace_forwarded"`
+	LaceHostAddrs     *ebpf.Map `ebpf:"lace_host_addrs"`
+	LaceNetworks      *ebpf.Map `ebpf:"lace_networks"`
+	LaceNodes         *ebpf.Map `ebpf:"lace_nodes"`
+	LacePodNetns      *ebpf.Map `ebpf:"lace_pod_netns"`
+	LacePorts         *ebpf.Map `ebpf:"lace_ports"`
+	LaceRoutes        *ebpf.Map `ebpf:"lace_routes"`
+	LaceServices      *ebpf.Map `ebpf:"lace_services"`
+	LaceSnat          *ebpf.Map `ebpf:"lace_snat"`
+	LaceSnatExhausted *ebpf.Map `ebpf:"lace_snat_exhausted"`
+	LaceSrcRanges     *ebpf.Map `ebpf:"lace_src_ranges"`
+	LaceXlbRev        *ebpf.Map `ebpf:"lace_xlb_rev"`
+	LaceXlbScratch    *ebpf.Map `ebpf:"lace_xlb_scratch"`
 }
 
 func (m *underlayMaps) Close() error {
@@ -381,6 +394,7 @@ func (m *underlayMaps) Close() error {
 		m.LaceCfg,
 		m.LaceClassify,
 		m.LaceCt,
+		m.LaceCtNew,
 		m.LaceDrops,
 		m.LaceEndpoints,
 		m.LaceForwarded,
@@ -392,6 +406,7 @@ func (m *underlayMaps) Close() error {
 		m.LaceRoutes,
 		m.LaceServices,
 		m.LaceSnat,
+		m.LaceSnatExhausted,
 		m.LaceSrcRanges,
 		m.LaceXlbRev,
 		m.LaceXlbScratch,

@@ -23,12 +23,17 @@ const (
 	Dropped = "lace_datapath_dropped_packets_total"
 	// MapEntries is the number of entries of each data plane map: a gauge.
 	MapEntries = "lace_datapath_map_entries"
+	// SNATExhausted counts new flows that found no free SNAT port, by
+	// outside destination (proto/address:port): a counter.
+	SNATExhausted = "lace_datapath_snat_exhausted_total"
 	// Endpoints is the number of pod attachments on the node: a gauge.
 	Endpoints = "lace_agent_endpoints"
 
 	LabelKind   = "kind"
 	LabelReason = "reason"
 	LabelMap    = "map"
+
+	LabelDestination = "destination"
 )
 
 // Snapshot is one scrape of an agent's data plane metrics.
@@ -36,7 +41,9 @@ type Snapshot struct {
 	Forwarded  map[string]uint64
 	Dropped    map[string]uint64
 	MapEntries map[string]int64
-	Endpoints  int64
+	// SNATExhausted: failures by outside destination.
+	SNATExhausted map[string]uint64
+	Endpoints     int64
 }
 
 // Parse reads a Prometheus text exposition and keeps the data plane
@@ -48,7 +55,7 @@ func Parse(r io.Reader) (Snapshot, error) {
 	if err != nil {
 		return Snapshot{}, fmt.Errorf("parse metrics: %w", err)
 	}
-	s := Snapshot{Forwarded: map[string]uint64{}, Dropped: map[string]uint64{}, MapEntries: map[string]int64{}}
+	s := Snapshot{Forwarded: map[string]uint64{}, Dropped: map[string]uint64{}, MapEntries: map[string]int64{}, SNATExhausted: map[string]uint64{}}
 	for _, m := range fams[Forwarded].GetMetric() {
 		s.Forwarded[label(m, LabelKind)] = uint64(m.GetCounter().GetValue())
 	}
@@ -57,6 +64,9 @@ func Parse(r io.Reader) (Snapshot, error) {
 	}
 	for _, m := range fams[MapEntries].GetMetric() {
 		s.MapEntries[label(m, LabelMap)] = int64(m.GetGauge().GetValue())
+	}
+	for _, m := range fams[SNATExhausted].GetMetric() {
+		s.SNATExhausted[label(m, LabelDestination)] = uint64(m.GetCounter().GetValue())
 	}
 	for _, m := range fams[Endpoints].GetMetric() {
 		s.Endpoints = int64(m.GetGauge().GetValue())

@@ -24,20 +24,22 @@ import (
 // nodeExec runs CNI plugins the way a container runtime on the node
 // would: as processes in the node's network namespace (and, for a lab
 // node, its mount namespace, where the plugins, their config and the
-// agent's socket are), with the CNI environment and config on stdin.
+// agent's socket are, and its PID namespace, where the agent resolves the
+// plugin's PID), with the CNI environment and config on stdin.
 type nodeExec struct {
 	version.PluginDecoder
 	netns string
-	// root is the node's filesystem seen from the machine, and mntns its
-	// mount namespace; both empty for a plain network namespace.
-	root, mntns string
+	// root is the node's filesystem seen from the machine, mntns and pidns
+	// its mount and PID namespaces; all empty for a plain network
+	// namespace.
+	root, mntns, pidns string
 }
 
 func (e *nodeExec) ExecPlugin(ctx context.Context, pluginPath string, stdin []byte, environ []string) ([]byte, error) {
 	var stdout, stderr bytes.Buffer
 	var c *exec.Cmd
 	if e.mntns != "" {
-		c = exec.CommandContext(ctx, "nsenter", "--mount="+e.mntns, "--net="+netutil.Path(e.netns), "--", pluginPath)
+		c = exec.CommandContext(ctx, "nsenter", "--mount="+e.mntns, "--pid="+e.pidns, "--net="+netutil.Path(e.netns), "--", pluginPath)
 	} else {
 		// `ip netns exec` gives the plugin the namespace's own /sys.
 		c = exec.CommandContext(ctx, "ip", "netns", "exec", e.netns, pluginPath)
@@ -79,15 +81,15 @@ type NodeCNI struct {
 // NewNodeCNI invokes the CNI plugins of lab node as its runtime does, with
 // the node's config (the first in /etc/cni/net.d) and plugins
 // (/opt/cni/bin). Network namespace paths given to it must resolve in the
-// node's mount namespace: see MachinePath.
+// node's mount namespace: see CreateNodeNetNS.
 func NewNodeCNI(c Config, node, cacheDir string) (*NodeCNI, error) {
 	root := c.NodeRoot(node)
 	target, err := os.Readlink(root)
 	if err != nil {
 		return nil, fmt.Errorf("node %s is not running: %w", node, err)
 	}
-	mntns := filepath.Join(filepath.Dir(target), "ns", "mnt")
-	e := &nodeExec{netns: c.NetNS(node), root: root, mntns: mntns}
+	proc := filepath.Dir(target) // /proc/<holder>
+	e := &nodeExec{netns: c.NetNS(node), root: root, mntns: filepath.Join(proc, "ns", "mnt"), pidns: filepath.Join(proc, "ns", "pid")}
 	return &NodeCNI{
 		confDir: filepath.Join(root, nodeCNIConfDir),
 		cni:     libcni.NewCNIConfigWithCacheDir([]string{nodeCNIBinDir}, cacheDir, e),
@@ -104,9 +106,38 @@ func NewNetNSCNI(netns, confDir, cacheDir string, binDirs []string) *NodeCNI {
 	}
 }
 
-// MachinePath returns a path that names the machine's file p from inside
-// any lab node's mount namespace, for as long as the calling process runs.
-func MachinePath(p string) string { return fmt.Sprintf("/proc/%d/root%s", os.Getpid(), p) }
+// CreateNodeNetNS creates the named network namespace inside node, in its
+// /run/netns as its runtime makes pods' namespaces, and returns its path
+// as the node sees it (for the CNI plugins) and as the machine reaches
+// it. The node's /proc shows only the node's processes, so the machine's
+// own namespace files cannot be named from inside a node.
+func CreateNodeNetNS(c Config, node, name string) (nodePath, machinePath string, err error) {
+	if err := nodeIP(c, node, "netns", "add", name); err != nil {
+		return "", "", err
+	}
+	nodePath = filepath.Join("/run/netns", name)
+	return nodePath, filepath.Join(c.NodeRoot(node), nodePath), nil
+}
+
+// DeleteNodeNetNS removes a namespace CreateNodeNetNS made.
+func DeleteNodeNetNS(c Config, node, name string) error {
+	return nodeIP(c, node, "netns", "delete", name)
+}
+
+func nodeIP(c Config, node string, args ...string) error {
+	h, err := holderPID(c, node)
+	if err != nil {
+		return err
+	}
+	// The node's PID namespace too: ip reads /proc/self, and the node's
+	// /proc shows only the node's processes.
+	out, err := exec.Command("nsenter", append([]string{fmt.Sprintf("--mount=/proc/%d/ns/mnt", h),
+		fmt.Sprintf("--pid=/proc/%d/ns/pid", h), "--", "ip"}, args...)...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ip %s in node %s: %w: %s", strings.Join(args, " "), node, err, bytes.TrimSpace(out))
+	}
+	return nil
+}
 
 // confList loads the first config of the node's CNI directory in lexical
 // order, as kubelet runtimes do.

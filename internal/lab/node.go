@@ -32,7 +32,7 @@ const (
 )
 
 // node is one lab node: a network namespace on the fabric (made by
-// setupNetwork), a mount and UTS namespace held by a holder process, a
+// setupNetwork), a mount, UTS and PID namespace held by a holder process, a
 // cgroup root, and a real containerd and kubelet running inside them.
 type node struct {
 	cfg   Config
@@ -124,13 +124,15 @@ func (n *node) startKubelet() error {
 }
 
 // enter returns a command that runs argv inside the node: its network,
-// mount and UTS namespaces. nsenter, not `ip netns exec`, which would
-// remount /sys and hide the cgroup tree from the kubelet.
+// mount, UTS and PID namespaces. nsenter, not `ip netns exec`, which would
+// remount /sys and hide the cgroup tree from the kubelet. Entering a PID
+// namespace, nsenter forks argv as its child and waits for it; both share
+// the process group that controlplane.Process signals and waits for.
 func (n *node) enter(argv ...string) *exec.Cmd {
 	h := n.holder.PID()
 	args := append([]string{
 		fmt.Sprintf("--mount=/proc/%d/ns/mnt", h), fmt.Sprintf("--uts=/proc/%d/ns/uts", h),
-		"--net=" + n.netns(), "--",
+		fmt.Sprintf("--pid=/proc/%d/ns/pid", h), "--net=" + n.netns(), "--",
 	}, argv...)
 	cmd := exec.Command("nsenter", args...)
 	cmd.Env = append(os.Environ(), "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
@@ -151,7 +153,10 @@ func (n *node) startHolder() error {
 	defer r.Close()
 	cmd := exec.Command(self, "nodens", "--dir", string(n.fs), "--hostname", n.name)
 	cmd.Stdout = w
-	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS}
+	// A PID namespace is entered at clone, not unshare: the holder is its
+	// PID 1.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS,
+		Cloneflags: syscall.CLONE_NEWPID}
 	p, err := controlplane.StartCommand("nodens/"+n.name, cmd, n.logPath("nodens"))
 	w.Close()
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -92,9 +93,20 @@ func (d nodeFS) prepare() error {
 }
 
 // RunNodeNS is the holder of a node's mount namespace (`lace-lab nodens`),
-// started by the lab daemon in a fresh mount namespace: it mounts the
-// node's view, says "ready" on stdout and waits to be killed.
+// started by the lab daemon in a fresh mount, UTS and PID namespace: it
+// mounts the node's view, says "ready" on stdout and waits to be killed.
+//
+// The holder is PID 1 of the node's PID namespace, where its containerd,
+// kubelet and every container of the node run: a hostPID pod sees the
+// node's processes as on a real node, and none of the machine's (the
+// other nodes, the API server, etcd, the lab itself). As PID 1 it reaps
+// the orphans the namespace's processes leave (the runtime's shims,
+// processes whose nsenter is gone), and when it ends the kernel kills
+// everything left in the namespace, so a node never outlives its holder.
 func RunNodeNS(dir, hostname string) error {
+	// Subscribed before anything can be orphaned to this process.
+	sig := make(chan os.Signal, 16)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT, syscall.SIGCHLD)
 	if err := mountNode(nodeFS(dir)); err != nil {
 		return err
 	}
@@ -103,29 +115,64 @@ func RunNodeNS(dir, hostname string) error {
 		return fmt.Errorf("set hostname: %w", err)
 	}
 	fmt.Println("ready")
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-	<-sig
+	for s := range sig {
+		if s != syscall.SIGCHLD {
+			return nil
+		}
+		reapChildren()
+	}
 	return nil
 }
 
-func mountNode(d nodeFS) error {
-	// Mounts made below must not reach the machine: check rather than trust
-	// that the parent unshared the namespace.
-	self, err1 := os.Readlink("/proc/self/ns/mnt")
-	parent, err2 := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", os.Getppid()))
-	if err := errors.Join(err1, err2); err != nil {
-		return fmt.Errorf("read mount namespaces: %w", err)
+// reapChildren collects every child that has ended: as its namespace's
+// PID 1 the holder inherits the node's orphans, which would otherwise
+// stay zombies.
+func reapChildren() {
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		if pid <= 0 || err != nil {
+			return
+		}
 	}
-	if self == parent {
-		return errors.New("nodens must run in its own mount namespace")
-	}
-	uts, err := os.Readlink("/proc/self/ns/uts")
+}
+
+// parentPID is the parent's PID as the machine numbers it. In its own PID
+// namespace the holder's getppid is 0 (its parent is outside), but until
+// the node's /proc is mounted /proc is the machine's, which tells.
+func parentPID() (int, error) {
+	b, err := os.ReadFile("/proc/self/status")
 	if err != nil {
-		return err
+		return 0, err
 	}
-	if parentUTS, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/uts", os.Getppid())); uts == parentUTS {
-		return errors.New("nodens must run in its own UTS namespace")
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "PPid:"); ok {
+			return strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return 0, errors.New("no PPid in /proc/self/status")
+}
+
+func mountNode(d nodeFS) error {
+	// Mounts made below must not reach the machine, nor the node's /proc
+	// show the machine's processes: check rather than trust that the
+	// parent made the namespaces.
+	ppid, err := parentPID()
+	if err != nil {
+		return fmt.Errorf("parent of nodens: %w", err)
+	}
+	for _, ns := range []string{"mnt", "uts", "pid"} {
+		self, err1 := os.Readlink("/proc/self/ns/" + ns)
+		parent, err2 := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", ppid, ns))
+		if err := errors.Join(err1, err2); err != nil {
+			return fmt.Errorf("read %s namespaces: %w", ns, err)
+		}
+		if self == parent {
+			return fmt.Errorf("nodens must run in its own %s namespace", ns)
+		}
+	}
+	if os.Getpid() != 1 {
+		return fmt.Errorf("nodens must be PID 1 of its PID namespace, is %d", os.Getpid())
 	}
 	for _, o := range overlayDirs {
 		opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", o, d.upper(o), d.work(o))
@@ -143,6 +190,12 @@ func mountNode(d nodeFS) error {
 	}
 	if err := unix.Mount("bpffs", "/sys/fs/bpf", "bpf", 0, "mode=0700"); err != nil {
 		return fmt.Errorf("bpffs /sys/fs/bpf: %w", err)
+	}
+	// The node's own /proc: its processes only, as its kubelet, runc and
+	// containers resolve the PIDs they are given (runc opens
+	// /proc/<pid>/ns/* of the PIDs it forks, numbered in this namespace).
+	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("proc /proc: %w", err)
 	}
 	for _, t := range kubeletTunables {
 		if _, err := os.Stat(d.tunable(t)); err != nil {

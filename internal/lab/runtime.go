@@ -41,8 +41,18 @@ func PodNetNS(ctx context.Context, c Config, ns, name string) (string, error) {
 }
 
 // SandboxPID returns the PID of the ready sandbox of the pod with uid on
-// node, from the node's runtime.
+// node, from the node's runtime, as the machine numbers it.
 func SandboxPID(ctx context.Context, c Config, node, uid string) (int, error) {
+	pid, err := sandboxNodePID(ctx, c, node, uid)
+	if err != nil {
+		return 0, err
+	}
+	return machinePID(c, node, pid)
+}
+
+// sandboxNodePID is the sandbox's PID as its node's runtime numbers it, in
+// the node's PID namespace.
+func sandboxNodePID(ctx context.Context, c Config, node, uid string) (int, error) {
 	rt, closeConn, err := criClient(c, node)
 	if err != nil {
 		return 0, err

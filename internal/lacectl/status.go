@@ -80,6 +80,9 @@ func Status(ctx context.Context, c client.Client, counters CounterSource, out io
 		}
 		fmt.Fprintf(out, "  forwarded: %s\n", countsU64(snap.Forwarded, false))
 		fmt.Fprintf(out, "  dropped: %s\n", countsU64(snap.Dropped, true))
+		// Which outside destinations ran out of SNAT ports (the maps line
+		// above says how many mappings the node holds).
+		fmt.Fprintf(out, "  snat exhausted: %s\n", countsU64(snap.SNATExhausted, true))
 	}
 	return nil
 }

@@ -28,14 +28,16 @@ func TestStatusShowsCountersFromMetrics(t *testing.T) {
 			return dpmetrics.Snapshot{}, errors.New("no running lace-agent")
 		}
 		return dpmetrics.Snapshot{Forwarded: map[string]uint64{"local": 5, "encapsulated": 0},
-			Dropped: map[string]uint64{"isolated": 3, "no-endpoint": 0}}, nil
+			Dropped:       map[string]uint64{"isolated": 3, "no-endpoint": 0, "snat-failed": 7},
+			SNATExhausted: map[string]uint64{"tcp/203.0.113.5:443": 7}}, nil
 	}
 	var out bytes.Buffer
 	if err := Status(context.Background(), c, src, &out); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"data plane: 2 endpoints", "maps: endpoints=2", "forwarded: encapsulated=0 local=5", "dropped: isolated=3\n",
+		"data plane: 2 endpoints", "maps: endpoints=2", "forwarded: encapsulated=0 local=5", "dropped: isolated=3 snat-failed=7\n",
+		"snat exhausted: tcp/203.0.113.5:443=7\n",
 		"data plane: not reported", "counters: unavailable: no running lace-agent",
 	} {
 		if !strings.Contains(out.String(), want) {

@@ -8,6 +8,13 @@ import "encoding/json"
 // DefaultSocket is where the agent listens unless told otherwise.
 const DefaultSocket = "/run/lace/cni.sock"
 
+// MaxRequestBytes bounds one request the agent reads from its socket. A
+// CNI request is the network configuration, the arguments and, for GC,
+// the list of valid attachments (about a hundred bytes per pod): tens of
+// kilobytes on a full node. Anything far past that is refused before it
+// is buffered, so no caller can make the agent hold an unbounded body.
+const MaxRequestBytes = 1 << 20
+
 // Request carries one CNI invocation.
 type Request struct {
 	Command     string `json:"command"` // ADD, DEL, CHECK, STATUS, GC

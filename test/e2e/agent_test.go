@@ -16,7 +16,6 @@ import (
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/lab"
-	"github.com/lace-cni/lace/internal/netutil"
 )
 
 // residueMatchesPods waits until every node holds exactly what its pods
@@ -126,16 +125,17 @@ func TestCNIGarbageCollection(t *testing.T) {
 	defer client.CoreV1().Pods("default").Delete(ctx, "gc-stray", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
 	c := labConfig()
 	netns := labName + "-p-" + string(uuid.NewUUID())
-	if err := netutil.CreateNamed(netns); err != nil {
+	nodePath, _, err := lab.CreateNodeNetNS(c, "n3", netns)
+	if err != nil {
 		t.Fatal(err)
 	}
-	defer netutil.DeleteNamed(netns)
+	defer lab.DeleteNodeNetNS(c, "n3", netns)
 	// lace-cni runs as n3's containerd runs it, in the node's namespaces.
 	cni, err := lab.NewNodeCNI(c, "n3", t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	addrs, err := cni.Add(ctx, lab.PodRuntimeConf("stray-"+string(stray.UID), lab.MachinePath(netutil.Path(netns)), "default", "gc-stray", string(stray.UID)))
+	addrs, err := cni.Add(ctx, lab.PodRuntimeConf("stray-"+string(stray.UID), nodePath, "default", "gc-stray", string(stray.UID)))
 	if err != nil {
 		t.Fatalf("ADD behind the kubelet's back: %v", err)
 	}

@@ -5,6 +5,7 @@ once per cluster), so a second release would fight the first anyway.
 */}}
 {{- define "lace.agent.name" -}}lace-agent{{- end }}
 {{- define "lace.controller.name" -}}lace-controller{{- end }}
+{{- define "lace.agent.nodeRestriction" -}}lace-agent-node-restriction{{- end }}
 
 {{/* The label networks carry and routing policies select on. */}}
 {{- define "lace.networkLabel" -}}lace-cni.io/network{{- end }}
