@@ -30,8 +30,13 @@ import (
 // same reserved addresses. One pass judges every Service at once, since a
 // contest is between Services.
 type ExternalIPReconciler struct {
-	Client   client.Client
-	Recorder record.EventRecorder
+	Client client.Client
+	// APIReader lists the Services: a pass must see the annotation the
+	// pass before wrote, which the cache may not hold yet (a second
+	// Warning Event for one verdict otherwise; passes are frequent, since
+	// Node addresses and the API server's slice count).
+	APIReader client.Reader
+	Recorder  record.EventRecorder
 	// Allowed is the operator's allow-list (--allowed-external-ips).
 	Allowed []netip.Prefix
 }
@@ -75,10 +80,17 @@ func (r *ExternalIPReconciler) Reconcile(ctx context.Context, _ reconcile.Reques
 	var nbps lacev1.NetworkBindingPolicyList
 	var nss corev1.NamespaceList
 	var svcs corev1.ServiceList
-	for _, l := range []client.ObjectList{&nets, &nbps, &nss, &svcs} {
+	for _, l := range []client.ObjectList{&nets, &nbps, &nss} {
 		if err := r.Client.List(ctx, l); err != nil {
 			return reconcile.Result{}, fmt.Errorf("list %T: %w", l, err)
 		}
+	}
+	svcReader := client.Reader(r.Client)
+	if r.APIReader != nil {
+		svcReader = r.APIReader
+	}
+	if err := svcReader.List(ctx, &svcs); err != nil {
+		return reconcile.Result{}, fmt.Errorf("list services: %w", err)
 	}
 	reserved, err := listReserved(ctx, r.Client)
 	if err != nil {
