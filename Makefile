@@ -92,6 +92,9 @@ lint: $(STATICCHECK) ## gofmt, go vet and staticcheck.
 .PHONY: test
 test: deps k8s-bins cni-bins build images check-generated lint $(HELM) $(if $(DNS),coredns) ## All test tiers: unit, API, controller, datapath, lab end-to-end (root; DNS=1 adds cluster DNS).
 	LACE_BIN_DIR=$(BIN_DIR) $(if $(DNS),LACE_E2E_DNS=1) $(GO) test $(GOFLAGS_TEST) -count=1 -timeout 30m ./...
+	# The conntrack layout converter against the lace_ctv2 test build (the
+	# lab's upgrade test runs that build; this checks the conversion itself).
+	$(GO) test $(GOFLAGS_TEST) -count=1 -tags lace_ctv2 -run TestCTv2 ./internal/datapath
 
 .PHONY: bench
 bench: deps k8s-bins cni-bins build images $(HELM) ## Benchmarks on a lab, beside peers measured in the same run (root).

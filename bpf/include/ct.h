@@ -30,10 +30,19 @@ struct ct_key {
 };
 
 struct ct_val {
+#ifndef LACE_TEST_CT_V2
 	__u64 expires; /* bpf_ktime_get_ns() deadline */
+#endif
 	__u32 peer_net; /* the other side's network (pod or external) */
 	__u16 flags;
 	__u16 snat_port; /* network order, with CT_SNAT */
+#ifdef LACE_TEST_CT_V2
+	/* Only in the test build lace_ctv2 (internal/datapath/gen.go): the
+	 * same fields in another order, a layout the release would misread at
+	 * the same size. Only the layout version tells them apart; the
+	 * upgrade test migrates pinned flows to it. */
+	__u64 expires;
+#endif
 	/* CT_SERVICE: the endpoint the flow was sent to; CT_DNAT: the VIP and
 	 * port the client addressed, restored on the replies. */
 	__u8 nat_addr[16];

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -40,6 +41,11 @@ func main() {
 	flag.StringVar(&o.HealthAddr, "health-probe-bind-address", o.HealthAddr, "health endpoint (0 disables)")
 	flag.StringVar(&o.LeaseNamespace, "lease-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the agents' heartbeat Leases (L2 announcement of LoadBalancer VIPs); empty disables announcing")
 	flag.DurationVar(&o.AnnounceLeaseDuration, "announce-lease-duration", 2*time.Second, "how long an agent that stopped renewing its Lease still announces, and others wait before taking over its VIPs")
+	flag.Func("map-services", "entries of lace_services (VIP x protocol x port); 0 keeps the compiled size", uintFlag(&o.MapSizes.Services))
+	flag.Func("map-backends", "entries of lace_backends (endpoints of every service port); 0 keeps the compiled size", uintFlag(&o.MapSizes.Backends))
+	flag.Func("map-conntrack", "entries of lace_ct (flows of the node's pods); 0 keeps the compiled size", uintFlag(&o.MapSizes.Conntrack))
+	flag.IntVar(&o.ServiceFrontends, "service-max-frontends", 0, "lace_services entries one Service may take; a Service over it is refused whole (0: the map's size)")
+	flag.IntVar(&o.ServiceBackends, "service-max-backends", 0, "lace_backends entries one Service may take; a Service over it is refused whole (0: the map's size)")
 	var allowedXIPs string
 	flag.StringVar(&allowedXIPs, "allowed-external-ips", "", "comma-separated CIDRs Services' externalIPs may name (empty refuses every external IP); give the controller the same list")
 	flag.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
@@ -89,4 +95,13 @@ func installCNI(args []string) {
 		os.Exit(1)
 	}
 	fmt.Printf("installed %s/%s and %s/%s\n", o.BinDir, agent.CNIPluginName, o.ConfDir, agent.CNIConfName)
+}
+
+// uintFlag parses a uint32 flag into p.
+func uintFlag(p *uint32) func(string) error {
+	return func(s string) error {
+		v, err := strconv.ParseUint(s, 10, 32)
+		*p = uint32(v)
+		return err
+	}
 }

@@ -91,6 +91,13 @@ type Options struct {
 	AllowedExternalIPs []netip.Prefix
 	// SkipNameValidation allows several agents in one process (tests).
 	SkipNameValidation bool
+	// MapSizes are the sizes of the service and conntrack maps (the
+	// chart's values; zero keeps the compiled size).
+	MapSizes datapath.MapSizes
+	// ServiceFrontends and ServiceBackends bound what one Service may
+	// take of lace_services and lace_backends on a node (0: no bound but
+	// the maps' sizes). A Service over them is refused whole.
+	ServiceFrontends, ServiceBackends int
 	// Pprof serves net/http/pprof under /debug/pprof/ on the metrics
 	// address, to profile an agent in place. Off by default; the
 	// LACE_AGENT_PPROF environment variable turns it on.
@@ -153,7 +160,10 @@ type Agent struct {
 	// (nil when it could); the reconciler retries on it.
 	applyErr error
 	applied  bool
-	ownAddrs []netip.Addr
+	// reattachPods: the pods' programs are attached again at the next
+	// sync (the maps they used were replaced).
+	reattachPods bool
+	ownAddrs     []netip.Addr
 	// attachErr is why the data plane could not be attached to the
 	// underlay (nil once it is).
 	attachErr error
@@ -179,7 +189,7 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 	if err := netutil.EnsureBPFFS(o.BPFFS); err != nil {
 		return nil, err
 	}
-	dp, err := datapath.Load(o.BPFFS)
+	dp, err := datapath.LoadWith(o.BPFFS, datapath.LoadOptions{Sizes: o.MapSizes, Migrate: true, Log: log})
 	if err != nil {
 		return nil, err
 	}
@@ -211,6 +221,12 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		recorder: mgr.GetEventRecorderFor("lace-agent/" + o.NodeName), dp: newTableDP(dp), cp: cp, statusKick: make(chan struct{}, 1),
 		node: linuxNode{ns: o.NetNS, underlay: o.UnderlayInterface}}
 	a.health = newHealthChecks(a.log)
+	// Pods' programs attached by the agent before this one use the maps
+	// this Load replaced (another layout): they are attached again.
+	a.reattachPods = len(dp.ReplacedMaps()) > 0
+	svcMax, beMax, rangeMax := dp.MapCapacity()
+	a.compute.services.budget = model.Budget{ServiceFrontends: o.ServiceFrontends, ServiceBackends: o.ServiceBackends,
+		TotalFrontends: svcMax, TotalBackends: beMax, TotalSourceRanges: rangeMax}
 	if o.LeaseNamespace != "" {
 		a.l2 = &announcer{a: a, ns: o.LeaseNamespace, duration: cmp.Or(o.AnnounceLeaseDuration, 2*time.Second)}
 		if err := mgr.Add(manager.RunnableFunc(a.l2.run)); err != nil {

@@ -3,6 +3,7 @@ package agent
 import (
 	"cmp"
 	"slices"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -30,16 +31,22 @@ type serviceCache struct {
 	// state and vips are the merge of entries.
 	state model.ServiceState
 	vips  []model.ServiceVIPs
+	// budget bounds what the services take of the maps; refused are the
+	// services it leaves out of state, and why.
+	budget  model.Budget
+	refused map[model.ServiceKey]model.Refusal
 }
 
 type svcEntry struct {
-	key    model.ServiceKey
-	pos    int // in order; -1 until placed
-	uid    types.UID
-	rv     string
-	slices []objVersion // by name, as the result saw them
-	res    model.ServiceResult
-	gen    uint64
+	key     model.ServiceKey
+	pos     int // in order; -1 until placed
+	uid     types.UID
+	created time.Time
+	rv      string
+	slices  []objVersion // by name, as the result saw them
+	res     model.ServiceResult
+	cost    model.Cost
+	gen     uint64
 }
 
 // objVersion is an object of a known namespace and kind at a version.
@@ -90,7 +97,9 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool, svc
 			continue
 		}
 		changed = true
-		n := &svcEntry{key: k, pos: -1, uid: svc.UID, rv: svc.ResourceVersion, gen: c.gen, res: c.env.Compute(svc, group)}
+		n := &svcEntry{key: k, pos: -1, uid: svc.UID, created: svc.CreationTimestamp.Time, rv: svc.ResourceVersion, gen: c.gen,
+			res: c.env.Compute(svc, group)}
+		n.cost = model.CostOf(&n.res)
 		if e != nil && e.pos >= 0 {
 			n.pos, c.order[e.pos] = e.pos, n
 		} else {
@@ -125,9 +134,17 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool, svc
 			e.pos = i
 		}
 	}
+	c.refused = c.admit()
 	results := make([]*model.ServiceResult, len(c.order))
 	for i, e := range c.order {
 		results[i] = &e.res
+		if r, ok := c.refused[e.key]; ok {
+			// Refused whole: bound to nothing, so neither its frontends
+			// nor its VIPs reach the data plane.
+			b := e.res.Binding
+			b.Err = r.Message
+			results[i] = &model.ServiceResult{Binding: b}
+		}
 	}
 	c.state = model.MergeServices(results)
 	// The VIPs of the bound services, in Bound's order.
@@ -149,6 +166,18 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool, svc
 		c.vips = vips
 	}
 	return c.state, c.vips, vipsChanged
+}
+
+// admit judges the services against the budget.
+func (c *serviceCache) admit() map[model.ServiceKey]model.Refusal {
+	cands := make([]model.Candidate, 0, len(c.order))
+	for _, e := range c.order {
+		if e.res.Skipped || len(e.res.Services) == 0 {
+			continue
+		}
+		cands = append(cands, model.Candidate{Key: e.key, Created: e.created, UID: string(e.uid), Cost: e.cost})
+	}
+	return c.budget.Admit(cands)
 }
 
 func sameVersions(have []objVersion, now []*discoveryv1.EndpointSlice) bool {

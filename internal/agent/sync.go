@@ -173,6 +173,7 @@ func (a *Agent) desiredState(ctx context.Context) (model.NodeState, listed, []*d
 			Namespaces: c.nsLabels, ServiceCIDRs: model.ServiceCIDRPrefixes(cidrs.Items)})
 	}
 	c.computed = true
+	a.reportRefused(c)
 	st := c.node
 	st.Services = model.GateNodePorts(svcState.Services, &st)
 	st.HealthChecks = svcState.HealthChecks
@@ -190,6 +191,8 @@ type computeCache struct {
 	nodeAddrs                                              []netip.Addr
 	reserved                                               []netip.Prefix
 	nets, nbps, neps, nss, allocs, ueps, nrps, srps, cidrs versions
+	// reported are the refusals the agent made Events of.
+	reported map[model.ServiceKey]model.Refusal
 }
 
 // listServices lists the Services and EndpointSlices of the cache: the
@@ -525,16 +528,25 @@ func (a *Agent) applyEndpoints() error {
 		isPinned[h] = true
 	}
 	claimed := map[string]bool{}
+	a.mu.Lock()
+	reattach := a.reattachPods
+	a.mu.Unlock()
+	nErrs := len(errs)
 	for _, e := range a.cp.all() {
 		switch {
 		case e.Ready:
 			claimed[e.HostIf] = true
-			if !isPinned[e.HostIf] {
+			if !isPinned[e.HostIf] || reattach {
 				errs = append(errs, a.dp.AttachPod(a.opts.NetNS, e.HostIf))
 			}
 		case !e.Deleting:
 			claimed[e.HostIf] = true // an ADD in progress
 		}
+	}
+	if reattach && errors.Join(errs[nErrs:]...) == nil {
+		a.mu.Lock()
+		a.reattachPods = false
+		a.mu.Unlock()
 	}
 	for _, h := range pinned {
 		if !claimed[h] {

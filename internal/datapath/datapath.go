@@ -42,29 +42,8 @@ type Datapath struct {
 	pod      podObjects
 	underlay underlayObjects
 	sock     sockObjects
-}
-
-// Load loads the programs and opens (or creates) the maps pinned in pinDir,
-// which must be on a bpffs mount. State already pinned there is kept.
-func Load(pinDir string) (*Datapath, error) {
-	if err := os.MkdirAll(filepath.Join(pinDir, "links"), 0o700); err != nil {
-		return nil, fmt.Errorf("create pin dir: %w", err)
-	}
-	d := &Datapath{pinDir: pinDir}
-	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}
-	if err := loadPodObjects(&d.pod, opts); err != nil {
-		return nil, fmt.Errorf("load pod programs: %w", verifierDetail(err))
-	}
-	if err := loadUnderlayObjects(&d.underlay, opts); err != nil {
-		d.pod.Close()
-		return nil, fmt.Errorf("load underlay programs: %w", verifierDetail(err))
-	}
-	if err := loadSockObjects(&d.sock, opts); err != nil {
-		d.pod.Close()
-		d.underlay.Close()
-		return nil, fmt.Errorf("load socket programs: %w", verifierDetail(err))
-	}
-	return d, nil
+	// replacedMaps are the pinned maps Load migrated or recreated.
+	replacedMaps []string
 }
 
 func verifierDetail(err error) error {

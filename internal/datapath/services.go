@@ -303,10 +303,7 @@ func (d *Datapath) countEntries(m *ebpf.Map) (int, error) {
 }
 
 // Apply makes the services map equal want, writing only what differs from
-// what the table last wrote: new and changed services' backends first,
-// then the services, then the backends past a shrunk count, and last the
-// services no longer wanted and theirs, so the programs never pick an
-// index without a backend. It returns the endpoints that stopped being a
+// what the table last wrote, deletions before additions (mapWrites.flush). It returns the endpoints that stopped being a
 // backend of a service, so that their flows can be forgotten
 // (FlushServiceFlows). want's backends are kept, not copied: the caller
 // must not change them afterwards.
@@ -382,10 +379,21 @@ func (t *ServiceTable) Apply(want []Service) (gone map[ServiceKey][]Backend, err
 			}
 		}
 		v := svcVal(&s, a.id)
-		w.svcPuts = append(w.svcPuts, svcKey(s))
-		w.svcVals = append(w.svcVals, v)
-		for i := len(s.Backends); i < len(oldBackends); i++ {
-			w.backendDels = append(w.backendDels, podBackendKey{Id: a.id, Index: uint32(i)})
+		if old != nil && len(s.Backends) < len(oldBackends) && shrinkFirst(&old.svc, &s) {
+			// A service that loses backends frees their entries before
+			// anything is added: its count goes down first (the
+			// backends below it are there, old or new), then its tail.
+			w.shrinkPuts = append(w.shrinkPuts, svcKey(s))
+			w.shrinkVals = append(w.shrinkVals, v)
+			for i := len(s.Backends); i < len(oldBackends); i++ {
+				w.shrinkDels = append(w.shrinkDels, podBackendKey{Id: a.id, Index: uint32(i)})
+			}
+		} else {
+			w.svcPuts = append(w.svcPuts, svcKey(s))
+			w.svcVals = append(w.svcVals, v)
+			for i := len(s.Backends); i < len(oldBackends); i++ {
+				w.backendDels = append(w.backendDels, podBackendKey{Id: a.id, Index: uint32(i)})
+			}
 		}
 		if old != nil {
 			if lost := missing(oldBackends, s.Backends); len(lost) > 0 {
@@ -408,12 +416,12 @@ func (t *ServiceTable) Apply(want []Service) (gone map[ServiceKey][]Backend, err
 		}
 		w.svcDels = append(w.svcDels, svcKey(a.svc))
 		for i := range uint32(len(a.svc.Backends)) {
-			w.backendDels = append(w.backendDels, podBackendKey{Id: a.id, Index: i})
+			w.goneBackends = append(w.goneBackends, podBackendKey{Id: a.id, Index: i})
 		}
 		if a.svc.External() {
-			w.backendDels = append(w.backendDels, podBackendKey{Id: a.id, Index: backendClusterRef})
+			w.goneBackends = append(w.goneBackends, podBackendKey{Id: a.id, Index: backendClusterRef})
 			for _, p := range a.svc.SourceRanges {
-				w.rangeDels = append(w.rangeDels, srcRangeKey(a.id, p))
+				w.goneRanges = append(w.goneRanges, srcRangeKey(a.id, p))
 			}
 		}
 		gone[k] = a.svc.Backends
@@ -447,21 +455,70 @@ func (t *ServiceTable) Apply(want []Service) (gone map[ServiceKey][]Backend, err
 
 // mapWrites are the writes of one Apply, in the order they are made.
 type mapWrites struct {
+	// The services no longer wanted, and their entries.
+	svcDels      []podSvcKey
+	goneBackends []podBackendKey
+	goneRanges   []podSrcRangeKey
+	// Services that shrink: their new value, then their tail.
+	shrinkPuts []podSvcKey
+	shrinkVals []podSvcVal
+	shrinkDels []podBackendKey
+	// What is added or changed: backends and ranges before the services
+	// that point to them.
 	backendPuts []podBackendKey
 	backendVals []podBackendVal
+	rangePuts   []podSrcRangeKey
 	svcPuts     []podSvcKey
 	svcVals     []podSvcVal
-	svcDels     []podSvcKey
+	// What the services written above no longer point to.
 	backendDels []podBackendKey
-	rangePuts   []podSrcRangeKey
 	rangeDels   []podSrcRangeKey
 }
 
-// flush writes the backends, then the services, then removes the
-// services and backends no longer wanted: by batches (one syscall per few
-// thousand entries, which matters when thousands of services arrive at
-// once), entry by entry where the kernel has no batch operations.
+// shrinkFirst tells whether old can be rewritten as now before anything
+// now needs is added: now's frontend needs no ClusterIP reference or
+// source range old lacked.
+func shrinkFirst(old, now *Service) bool {
+	if !now.External() {
+		return true
+	}
+	if !old.External() || old.ClusterIP != now.ClusterIP || old.ClusterPort != now.ClusterPort {
+		return false
+	}
+	for _, p := range now.SourceRanges {
+		if !slices.Contains(old.SourceRanges, p) {
+			return false
+		}
+	}
+	return true
+}
+
+// flush removes what is no longer wanted before it adds anything, so a
+// full map takes a change that fits once done (a service replaced by
+// another of its size): first the services that went and their entries,
+// then the tails of services that shrink, then the new and changed
+// backends, the services pointing to them, and last what those no longer
+// point to. Every step keeps a service's count within the backends the
+// map holds, so the programs never pick an index without one. Writes go
+// by batches (one syscall per few thousand entries, which matters when
+// thousands of services arrive at once), entry by entry where the kernel
+// has no batch operations.
 func (w *mapWrites) flush(d *Datapath) error {
+	if err := deleteAll(d.pod.LaceServices, w.svcDels); err != nil {
+		return fmt.Errorf("delete services: %w", err)
+	}
+	if err := deleteAll(d.pod.LaceBackends, w.goneBackends); err != nil {
+		return fmt.Errorf("delete backends: %w", err)
+	}
+	if err := deleteRanges(d, w.goneRanges); err != nil {
+		return err
+	}
+	if err := putAll(d.pod.LaceServices, w.shrinkPuts, w.shrinkVals); err != nil {
+		return fmt.Errorf("put shrunk services: %w", err)
+	}
+	if err := deleteAll(d.pod.LaceBackends, w.shrinkDels); err != nil {
+		return fmt.Errorf("delete backends: %w", err)
+	}
 	if err := putAll(d.pod.LaceBackends, w.backendPuts, w.backendVals); err != nil {
 		return fmt.Errorf("put backends: %w", err)
 	}
@@ -473,13 +530,14 @@ func (w *mapWrites) flush(d *Datapath) error {
 	if err := putAll(d.pod.LaceServices, w.svcPuts, w.svcVals); err != nil {
 		return fmt.Errorf("put services: %w", err)
 	}
-	if err := deleteAll(d.pod.LaceServices, w.svcDels); err != nil {
-		return fmt.Errorf("delete services: %w", err)
-	}
 	if err := deleteAll(d.pod.LaceBackends, w.backendDels); err != nil {
 		return fmt.Errorf("delete backends: %w", err)
 	}
-	for _, k := range w.rangeDels {
+	return deleteRanges(d, w.rangeDels)
+}
+
+func deleteRanges(d *Datapath, keys []podSrcRangeKey) error {
+	for _, k := range keys {
 		if err := ignoreMissing(d.pod.LaceSrcRanges.Delete(k)); err != nil {
 			return fmt.Errorf("delete source range: %w", err)
 		}

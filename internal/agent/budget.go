@@ -1,0 +1,46 @@
+package agent
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/lace-cni/lace/internal/model"
+)
+
+// servicesRefused counts the Services the node's budget leaves out of its
+// data plane (model.Budget), by reason.
+var servicesRefused = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	Name: "lace_agent_services_refused",
+	Help: "Services this node does not program because they exceed the per-Service budget (" +
+		model.ReasonServiceOverBudget + ") or the maps are full (" + model.ReasonMapsFull + ").",
+}, []string{"reason"})
+
+func init() { _ = registerCollector(metrics.Registry, servicesRefused) }
+
+// reportRefused makes a Warning Event on every Service newly refused (or
+// refused for another reason), from this node's agent, and updates the
+// gauge. The other Services are programmed whatever the refused ones are.
+func (a *Agent) reportRefused(c *computeCache) {
+	now := c.services.refused
+	counts := map[string]float64{model.ReasonServiceOverBudget: 0, model.ReasonMapsFull: 0}
+	for k, r := range now {
+		counts[r.Reason]++
+		if old, ok := c.reported[k]; ok && old.Reason == r.Reason {
+			continue
+		}
+		a.log.Warn("service refused", "service", k.Namespace+"/"+k.Name, "reason", r.Reason, "message", r.Message)
+		if a.recorder != nil {
+			svc := &corev1.Service{}
+			svc.Namespace, svc.Name = k.Namespace, k.Name
+			if e := c.services.entries[k]; e != nil {
+				svc.UID = e.uid
+			}
+			a.recorder.Eventf(svc, corev1.EventTypeWarning, r.Reason, "node %s: %s", a.opts.NodeName, r.Message)
+		}
+	}
+	for reason, n := range counts {
+		servicesRefused.WithLabelValues(reason).Set(n)
+	}
+	c.reported = now
+}
