@@ -70,7 +70,9 @@ func (r *ExternalIPReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// nothing) and what is reserved.
 		Watches(&lacev1.Network{}, one).
 		Watches(&lacev1.NetworkBindingPolicy{}, one, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&corev1.Namespace{}, one, builder.WithPredicates(predicate.LabelChangedPredicate{}))
+		Watches(&corev1.Namespace{}, one, builder.WithPredicates(predicate.LabelChangedPredicate{})).
+		// Underlay acceptance depends on the pools (model.AcceptUnderlays).
+		Watches(&lacev1.LoadBalancerClass{}, one, builder.WithPredicates(predicate.GenerationChangedPredicate{}))
 	return watchReserved(b, one).Complete(r)
 }
 
@@ -92,7 +94,7 @@ func (r *ExternalIPReconciler) Reconcile(ctx context.Context, _ reconcile.Reques
 	if err := svcReader.List(ctx, &svcs); err != nil {
 		return reconcile.Result{}, fmt.Errorf("list services: %w", err)
 	}
-	reserved, err := listReserved(ctx, r.Client)
+	reserved, err := listReserved(ctx, r.Client, r.Allowed)
 	if err != nil {
 		return reconcile.Result{}, err
 	}

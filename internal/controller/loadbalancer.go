@@ -102,7 +102,7 @@ func (r *LoadBalancerReconciler) Reconcile(ctx context.Context, _ reconcile.Requ
 	for _, ns := range nss.Items {
 		nsLabels[ns.Name] = ns.Labels
 	}
-	reserved, err := listReserved(ctx, r.Client)
+	reserved, err := listReserved(ctx, r.Client, r.AllowedExternalIPs)
 	if err != nil {
 		return reconcile.Result{}, err
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -12,27 +11,31 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/model"
+	"github.com/lace-cni/lace/internal/predicates"
 )
 
 // listReserved is the cluster's reserved addresses, as every agent
-// computes them (internal/agent/sync.go): underlay endpoints, pod
-// subnets, service ranges, every Node's addresses and the API server's.
-func listReserved(ctx context.Context, c client.Client) ([]netip.Prefix, error) {
+// computes them (internal/agent/sync.go): the underlay addresses the
+// agents accept (acceptedUnderlays), pod subnets, service ranges, every
+// Node's addresses and the API server's.
+func listReserved(ctx context.Context, c client.Client, allowed []netip.Prefix) ([]netip.Prefix, error) {
 	var nets lacev1.NetworkList
-	var ueps lacev1.UnderlayEndpointList
 	var cidrs networkingv1.ServiceCIDRList
 	var nodes corev1.NodeList
 	var api discoveryv1.EndpointSliceList
-	for _, l := range []client.ObjectList{&nets, &ueps, &cidrs, &nodes} {
+	for _, l := range []client.ObjectList{&nets, &cidrs, &nodes} {
 		if err := c.List(ctx, l); err != nil {
 			return nil, fmt.Errorf("list %T: %w", l, err)
 		}
+	}
+	ueps, _, err := acceptedUnderlays(ctx, c, allowed)
+	if err != nil {
+		return nil, err
 	}
 	if err := c.List(ctx, &api, client.InNamespace(metav1.NamespaceDefault),
 		client.MatchingLabels{discoveryv1.LabelServiceName: "kubernetes"}); err != nil {
@@ -42,24 +45,19 @@ func listReserved(ctx context.Context, c client.Client) ([]netip.Prefix, error) 
 	for i := range api.Items {
 		ptrs[i] = &api.Items[i]
 	}
-	return append(model.ReservedFor(ueps.Items, nets.Items, model.ServiceCIDRPrefixes(cidrs.Items)),
+	return append(model.ReservedFor(ueps, nets.Items, model.ServiceCIDRPrefixes(cidrs.Items)),
 		model.ReservedHosts(nodes.Items, ptrs)...), nil
 }
 
 // watchReserved adds the watches of what listReserved reads (Networks are
 // watched by the callers for their own reasons).
 func watchReserved(b *builder.Builder, h handler.EventHandler) *builder.Builder {
-	nodeAddrs := predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
-		o, ok1 := e.ObjectOld.(*corev1.Node)
-		n, ok2 := e.ObjectNew.(*corev1.Node)
-		return !ok1 || !ok2 || !slices.Equal(o.Status.Addresses, n.Status.Addresses)
-	}}
 	apiSlice := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		return o.GetNamespace() == metav1.NamespaceDefault && o.GetLabels()[discoveryv1.LabelServiceName] == "kubernetes"
 	})
 	return b.
 		Watches(&lacev1.UnderlayEndpoint{}, h, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&networkingv1.ServiceCIDR{}, h).
-		Watches(&corev1.Node{}, h, builder.WithPredicates(nodeAddrs)).
+		Watches(&corev1.Node{}, h, builder.WithPredicates(predicates.NodeChanged())).
 		Watches(&discoveryv1.EndpointSlice{}, h, builder.WithPredicates(apiSlice, predicate.ResourceVersionChangedPredicate{}))
 }

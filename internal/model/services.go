@@ -572,14 +572,15 @@ func SliceService(s *discoveryv1.EndpointSlice) (ServiceKey, bool) {
 // podAddrIndex says which networks hold a pod address, from NetworkEndpoints.
 type podAddrIndex struct {
 	byAddr map[netip.Addr][]*lacev1.NetworkEndpoint
-	byPod  map[string]*lacev1.NetworkEndpoint // namespace/name (a NetworkEndpoint is named after its pod)
+	byPod  map[string][]*lacev1.NetworkEndpoint // namespace/name (a NetworkEndpoint is named after its pod)
 }
 
 func indexNetworkEndpoints(all []lacev1.NetworkEndpoint) podAddrIndex {
-	ix := podAddrIndex{byAddr: map[netip.Addr][]*lacev1.NetworkEndpoint{}, byPod: map[string]*lacev1.NetworkEndpoint{}}
+	ix := podAddrIndex{byAddr: map[netip.Addr][]*lacev1.NetworkEndpoint{}, byPod: map[string][]*lacev1.NetworkEndpoint{}}
 	for i := range all {
 		ne := &all[i]
-		ix.byPod[ne.Namespace+"/"+ne.Name] = ne
+		k := ne.Namespace + "/" + ne.Name
+		ix.byPod[k] = append(ix.byPod[k], ne)
 		for _, s := range ne.Spec.Addresses {
 			if a, ok := parseSloppyIP(string(s)); ok {
 				ix.byAddr[a] = append(ix.byAddr[a], ne)
@@ -605,28 +606,45 @@ const labelNEPodUID = "lace-cni.io/pod-uid"
 // otherNetwork returns "" when addr may be an endpoint of a service in
 // network, or the network(s) whose pod holds it instead.
 //
+// A NetworkEndpoint is written by the agent of the node it names, and the
+// admission policy can check only that: any agent may write
+// NetworkEndpoints for its own node, in any namespace, naming any address
+// and any pod. So a NetworkEndpoint counts only for an endpoint the
+// EndpointSlice (the endpoint controller, not an agent) places on that
+// node: spec.node must be the endpoint's nodeName. A node then speaks only
+// about endpoints it hosts, which it could misroute anyway; it can neither
+// take the API server's address out of the kubernetes Service (no
+// nodeName) nor squat the NetworkEndpoint of another node's pod.
+//
 // The pod the EndpointSlice names (targetRef) decides when its
-// NetworkEndpoint holds the address: with overlapping networks an address
-// can be a pod's in the service's network and another pod's elsewhere, and
-// the targetRef tells which pod the endpoint controller meant, so a service
-// never picks the namesake in its own network for a pod of another.
-// Otherwise the address decides: it is in the network when a NetworkEndpoint
-// of that network holds it, whatever others do; when no pod holds it, it is
-// an outside address (the kubernetes Service's API server address) reached
-// from the service's network like any outside address.
+// NetworkEndpoint (same name, same pod-uid label) holds the address: with
+// overlapping networks an address can be a pod's in the service's network
+// and another pod's elsewhere, and the targetRef tells which pod the
+// endpoint controller meant. Otherwise the address decides among the
+// node's NetworkEndpoints: it is in the network when one of that network
+// holds it, whatever others do. When none holds it (or the endpoint names
+// no node), it is an outside address (the kubernetes Service's API server
+// address) reached from the service's network like any outside address.
 func (ix podAddrIndex) otherNetwork(sliceNS string, ep *discoveryv1.Endpoint, addr netip.Addr, network string) string {
+	if ep.NodeName == nil || *ep.NodeName == "" {
+		return ""
+	}
+	node := *ep.NodeName
 	if r := ep.TargetRef; r != nil && (r.Kind == "" || r.Kind == "Pod") && r.Name != "" {
-		ns := cmp.Or(r.Namespace, sliceNS)
-		if ne, ok := ix.byPod[ns+"/"+r.Name]; ok && neHolds(ne, addr) &&
-			(r.UID == "" || ne.Labels[labelNEPodUID] == "" || string(r.UID) == ne.Labels[labelNEPodUID]) {
-			if ne.Spec.Network == network {
-				return ""
+		for _, ne := range ix.byPod[cmp.Or(r.Namespace, sliceNS)+"/"+r.Name] {
+			if ne.Spec.Node == node && neHolds(ne, addr) && (r.UID == "" || string(r.UID) == ne.Labels[labelNEPodUID]) {
+				if ne.Spec.Network == network {
+					return ""
+				}
+				return ne.Spec.Network
 			}
-			return ne.Spec.Network
 		}
 	}
 	var others []string
 	for _, ne := range ix.byAddr[addr] {
+		if ne.Spec.Node != node {
+			continue
+		}
 		if ne.Spec.Network == network {
 			return ""
 		}

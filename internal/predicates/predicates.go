@@ -62,11 +62,10 @@ func NodeUpdate(old, new client.Object) bool {
 	if old == nil || new == nil {
 		return true
 	}
-	if on, ok := old.(*corev1.Node); ok {
-		// Every Node's addresses are reserved from external IPs.
-		if nn, ok := new.(*corev1.Node); ok && !slices.Equal(on.Status.Addresses, nn.Status.Addresses) {
-			return true
-		}
+	on, ok1 := old.(*corev1.Node)
+	nn, ok2 := new.(*corev1.Node)
+	if ok1 && ok2 && !slices.Equal(on.Status.Addresses, nn.Status.Addresses) {
+		return true // the addresses it reports bound its UnderlayEndpoint's (model.AcceptUnderlays)
 	}
 	return !maps.Equal(old.GetLabels(), new.GetLabels()) || deleting(old) != deleting(new)
 }

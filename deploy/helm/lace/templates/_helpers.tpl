@@ -97,3 +97,24 @@ advice).
 {{- end -}}
 {{- join "," $cidrs -}}
 {{- end }}
+
+{{/*
+"true" when the controller must run on control-plane nodes: placement
+controlPlane, or auto and the cluster has a Node labelled
+node-role.kubernetes.io/control-plane (lookup sees nothing under `helm
+template` or --dry-run=client). Empty otherwise.
+*/}}
+{{- define "lace.controller.controlPlaneOnly" -}}
+{{- $placement := .Values.controller.placement | default "auto" -}}
+{{- if eq $placement "controlPlane" -}}
+true
+{{- else if eq $placement "auto" -}}
+{{- $found := false -}}
+{{- range (lookup "v1" "Node" "" "").items | default list -}}
+{{- if hasKey ((.metadata).labels | default dict) "node-role.kubernetes.io/control-plane" -}}
+{{- $found = true -}}
+{{- end -}}
+{{- end -}}
+{{- if $found -}}true{{- end -}}
+{{- end -}}
+{{- end }}
