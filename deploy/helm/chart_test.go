@@ -683,6 +683,19 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 	}
 }
 
+// TestExternalIPAllowListCanonical: an IPv4 CIDR with host bits set
+// fails the install with a clear message (it would be read as its whole
+// network); canonical ones of any length pass.
+func TestExternalIPAllowListCanonical(t *testing.T) {
+	for _, bad := range []string{"192.0.2.5/16", "198.51.100.1/24", "198.51.100.8/28", "10.0.0.1/31"} {
+		_, err := template(t, "services.externalIPs.allowedCIDRs={"+bad+"}")
+		if err == nil || !strings.Contains(err.Error(), bad+" has host bits set") {
+			t.Errorf("%s: err = %v, want a host bits failure", bad, err)
+		}
+	}
+	mustTemplate(t, "services.externalIPs.allowedCIDRs={198.51.100.16/28,192.0.2.5/32,10.0.0.0/8,0.0.0.0/0,2001:db8::/64}")
+}
+
 // TestExternalIPAllowList: the agent and the controller get the same
 // allow-list of external IPs, empty by default (every one refused).
 func TestExternalIPAllowList(t *testing.T) {

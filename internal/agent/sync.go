@@ -165,11 +165,17 @@ func (a *Agent) desiredState(ctx context.Context) (model.NodeState, listed, []*d
 	}
 	zoneChanged := !c.computed || zone != c.zone || !stdslices.Equal(nodeAddrs, c.nodeAddrs)
 	c.zone, c.nodeAddrs = zone, nodeAddrs
+	// Every Node's addresses are reserved too (model.ReservedHosts): the
+	// controller reads the same (listReserved) to report what the agents
+	// refuse.
+	reserved := append(model.ReservedFor(accepted, nets.Items, model.ServiceCIDRPrefixes(cidrs.Items)),
+		model.ReservedHosts(nodes.Items, slices)...)
+	reservedChanged := !stdslices.Equal(reserved, c.reserved)
+	c.reserved = reserved
 	svcState, vips, vipsChanged := c.services.update(model.ServiceInput{Node: a.opts.NodeName, Zone: zone,
 		Networks: nets.Items, BindingPolicies: nbps.Items, NetworkEndpoints: neps.Items, Namespaces: c.nsLabels,
-		NodeAddrs: nodeAddrs, Reserved: model.ReservedFor(accepted, nets.Items, model.ServiceCIDRPrefixes(cidrs.Items)),
-		AllowedExternalIPs: a.opts.AllowedExternalIPs},
-		zoneChanged || netsChanged || nbpsChanged || nepsChanged || nssChanged || uepsChanged || cidrsChanged, svcs, slices)
+		NodeAddrs: nodeAddrs, Reserved: reserved, AllowedExternalIPs: a.opts.AllowedExternalIPs},
+		zoneChanged || reservedChanged || netsChanged || nbpsChanged || nepsChanged || nssChanged || uepsChanged || cidrsChanged, svcs, slices)
 	if !c.computed || vipsChanged || netsChanged || nssChanged || allocsChanged || uepsChanged || nrpsChanged || srpsChanged || cidrsChanged {
 		c.node = model.ComputeNode(model.NodeInput{Node: a.opts.NodeName, Networks: nets.Items, Allocations: allocs.Items,
 			Underlays: accepted, RoutingPolicies: nrps.Items, Services: vips, ServiceRoutingPolicies: srps.Items,
@@ -192,6 +198,7 @@ type computeCache struct {
 	nsLabels                                               map[string]map[string]string
 	zone                                                   string
 	nodeAddrs                                              []netip.Addr
+	reserved                                               []netip.Prefix
 	nets, nbps, neps, nss, allocs, ueps, nrps, srps, cidrs versions
 	// reported are the refusals the agent made Events of.
 	reported map[model.ServiceKey]model.Refusal
