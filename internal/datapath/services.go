@@ -193,7 +193,6 @@ type ServiceTable struct {
 // that one bad Service never stops the others from being programmed.
 func (t *ServiceTable) Skipped() map[ServiceKey]string { return t.skipped }
 
-
 // appliedService is a service as the maps hold it.
 type appliedService struct {
 	id  uint32
