@@ -98,6 +98,11 @@ type Options struct {
 	// take of lace_services and lace_backends on a node (0: no bound but
 	// the maps' sizes). A Service over them is refused whole.
 	ServiceFrontends, ServiceBackends int
+	// NamespaceFrontends and NamespaceBackends bound the Services of one
+	// namespace together (its share of the maps, judged before the maps'
+	// sizes so one tenant cannot push another's Services out). 0: a
+	// quarter of the map; negative: no share.
+	NamespaceFrontends, NamespaceBackends int
 	// Pprof serves net/http/pprof under /debug/pprof/ on the metrics
 	// address, to profile an agent in place. Off by default; the
 	// LACE_AGENT_PPROF environment variable turns it on.
@@ -226,7 +231,12 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 	a.reattachPods = len(dp.ReplacedMaps()) > 0
 	svcMax, beMax, rangeMax := dp.MapCapacity()
 	a.compute.services.budget = model.Budget{ServiceFrontends: o.ServiceFrontends, ServiceBackends: o.ServiceBackends,
-		TotalFrontends: svcMax, TotalBackends: beMax, TotalSourceRanges: rangeMax}
+		// loadBalancerSourceRanges have no bound in Kubernetes: one
+		// Service may take a sixteenth of lace_src_ranges.
+		ServiceSourceRanges: max(rangeMax/16, 1),
+		NamespaceFrontends:  share(o.NamespaceFrontends, svcMax), NamespaceBackends: share(o.NamespaceBackends, beMax),
+		NamespaceSourceRanges: share(0, rangeMax),
+		TotalFrontends:        svcMax, TotalBackends: beMax, TotalSourceRanges: rangeMax}
 	if o.LeaseNamespace != "" {
 		a.l2 = &announcer{a: a, ns: o.LeaseNamespace, duration: cmp.Or(o.AnnounceLeaseDuration, 2*time.Second)}
 		if err := mgr.Add(manager.RunnableFunc(a.l2.run)); err != nil {

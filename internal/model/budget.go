@@ -28,7 +28,7 @@ type Budget struct {
 	// NamespaceFrontends and NamespaceBackends bound the Services of one
 	// namespace together (a tenant's share): judged before the totals,
 	// so one namespace cannot push another's Services out.
-	NamespaceFrontends, NamespaceBackends int
+	NamespaceFrontends, NamespaceBackends, NamespaceSourceRanges int
 	// TotalFrontends and TotalBackends bound all Services together: the
 	// maps' sizes.
 	TotalFrontends, TotalBackends int
@@ -119,12 +119,12 @@ func (b Budget) Admit(cands []Candidate) map[ServiceKey]Refusal {
 		return cmp.Or(x.Created.Compare(y.Created), cmp.Compare(x.UID, y.UID),
 			cmp.Compare(x.Key.Namespace, y.Key.Namespace), cmp.Compare(x.Key.Name, y.Key.Name))
 	})
-	if b.NamespaceFrontends > 0 || b.NamespaceBackends > 0 {
+	if b.NamespaceFrontends > 0 || b.NamespaceBackends > 0 || b.NamespaceSourceRanges > 0 {
 		byNS := map[string][]*Candidate{}
 		for _, c := range order {
 			byNS[c.Key.Namespace] = append(byNS[c.Key.Namespace], c)
 		}
-		limit := Cost{Frontends: b.NamespaceFrontends, Backends: b.NamespaceBackends}
+		limit := Cost{Frontends: b.NamespaceFrontends, Backends: b.NamespaceBackends, SourceRanges: b.NamespaceSourceRanges}
 		for ns, cs := range byNS {
 			fit(cs, limit, out, ReasonNamespaceShare, "namespace "+ns+"'s share of the node's service maps is full")
 		}
