@@ -165,9 +165,13 @@ type Agent struct {
 	// (nil when it could); the reconciler retries on it.
 	applyErr error
 	applied  bool
-	// reattachPods: the pods' programs are attached again at the next
-	// sync (the maps they used were replaced).
-	reattachPods bool
+	// podsReattached: this agent's first sync has attached every pod's
+	// programs again. Until then each sync does: a pod's programs may
+	// use maps a Load replaced (another layout), by this start or by an
+	// earlier one that died before re-attaching, and nothing pinned
+	// tells which (attaching replaces the classic tc filters in place,
+	// so doing it once per start is cheap).
+	podsReattached bool
 	ownAddrs     []netip.Addr
 	// attachErr is why the data plane could not be attached to the
 	// underlay (nil once it is).
@@ -226,9 +230,6 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		recorder: mgr.GetEventRecorderFor("lace-agent/" + o.NodeName), dp: newTableDP(dp), cp: cp, statusKick: make(chan struct{}, 1),
 		node: linuxNode{ns: o.NetNS, underlay: o.UnderlayInterface}}
 	a.health = newHealthChecks(a.log)
-	// Pods' programs attached by the agent before this one use the maps
-	// this Load replaced (another layout): they are attached again.
-	a.reattachPods = len(dp.ReplacedMaps()) > 0
 	svcMax, beMax, rangeMax := dp.MapCapacity()
 	a.compute.services.budget = model.Budget{ServiceFrontends: o.ServiceFrontends, ServiceBackends: o.ServiceBackends,
 		// loadBalancerSourceRanges have no bound in Kubernetes: one
