@@ -172,7 +172,7 @@ type Agent struct {
 	// tells which (attaching replaces the classic tc filters in place,
 	// so doing it once per start is cheap).
 	podsReattached bool
-	ownAddrs     []netip.Addr
+	ownAddrs       []netip.Addr
 	// attachErr is why the data plane could not be attached to the
 	// underlay (nil once it is).
 	attachErr error
