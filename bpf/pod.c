@@ -43,7 +43,14 @@ static __always_inline int is_reply_to_host(struct pkt *p)
 
 /* quoted_key builds the conntrack key of the flow an ICMP error from a pod
  * is about: the error quotes a packet the pod received, so the pod is the
- * quoted destination. */
+ * quoted destination, and the error goes back to its source.
+ *
+ * Anything else is refused (-1): a quote of another pod's flow, of a flow
+ * that never was, or an error sent elsewhere than the quoted source, would
+ * carry what the pod chose to whoever the flow's peer network reaches (a
+ * channel out of an isolated network, or into another network). So is an
+ * error about a flow that came through an external frontend: it would
+ * leave from the pod's own address, which its client never addressed. */
 static __noinline int quoted_key(struct __sk_buff *skb, struct pkt *p, __u32 net_id, struct ct_key *k)
 {
 	__u32 off = p->l4_off + 8;
@@ -73,6 +80,8 @@ static __noinline int quoted_key(struct __sk_buff *skb, struct pkt *p, __u32 net
 	__u16 ports[3];
 	if (bpf_skb_load_bytes(skb, l4, ports, sizeof(ports)))
 		return -1;
+	if (!eq16(k->laddr, p->saddr) || !eq16(k->raddr, p->daddr))
+		return -1;
 	if (k->proto == IPPROTO_TCP || k->proto == IPPROTO_UDP) {
 		k->lport = ports[1];
 		k->rport = ports[0];
@@ -80,6 +89,9 @@ static __noinline int quoted_key(struct __sk_buff *skb, struct pkt *p, __u32 net
 		k->lport = ports[2]; /* an echo's identifier */
 		k->rport = ports[2];
 	}
+	struct ct_val *ct = ct_lookup(k);
+	if (!ct || (ct->flags & CT_REV_NAT))
+		return -1;
 	return 0;
 }
 
@@ -378,7 +390,7 @@ int from_pod(struct __sk_buff *skb)
 	 * closing flow opens a new one. */
 	if (icmp_err) {
 		if (quoted_key(skb, &p, net_id, &k))
-			return drop(DROP_ISOLATED);
+			return drop(DROP_ICMP_NOT_OURS);
 	} else {
 		ct_key_of(&k, net_id, &p, 1);
 	}

@@ -64,6 +64,19 @@ static __always_inline int host_addr(__u8 family, const void *addr)
 	return bpf_map_lookup_elem(&lace_host_addrs, &k) != NULL;
 }
 
+/* outside_spoofed tells whether a plain-IP source from the fabric claims
+ * an address inside the cluster (lace_inside): a pod subnet, a service
+ * range or a node's locator. Pods' traffic leaves a node encapsulated or
+ * from the node's address (SNAT); only their replies to outside sources
+ * and to other nodes' own sockets leave raw, and those go to an outside
+ * address or to a node's own (to_host, which hands them to the host). */
+static __always_inline int outside_spoofed(struct pkt *p)
+{
+	struct class_key ck = {.prefixlen = 32 + 128, .family = p->family};
+	__builtin_memcpy(ck.addr, p->saddr, 16);
+	return bpf_map_lookup_elem(&lace_inside, &ck) != NULL;
+}
+
 /* mark_ce sets ECN CE on the (decapsulated) IP header after Ethernet. */
 static __always_inline int mark_ce(struct __sk_buff *skb, struct pkt *p)
 {
@@ -490,6 +503,32 @@ static __noinline int xlb_reply(struct __sk_buff *skb)
 	return send_fib(skb, p.family, x->rv.front, x->rv.client, FWD_REPLY_OUT);
 }
 
+/* foreign_source tells whether a decapsulated packet's inner source is a
+ * pod (inside a pod subnet) that the sending node (outer source osrc)
+ * does not hold: the source network's view must resolve it to a block of
+ * another node whose SID lies in the sender's locator. A node speaks for
+ * its own pods only; outside sources (transit it took from the fabric)
+ * and node addresses are not pods. Out of line: decap's frame is on the
+ * deepest chain. */
+static __noinline int foreign_source(__u32 src_net, struct pkt *p, const void *osrc)
+{
+	if (src_net == NODE_NET_ID)
+		return 0;
+	struct class_key ck = {.prefixlen = 32 + 128, .family = p->family};
+	__builtin_memcpy(ck.addr, p->saddr, 16);
+	__u32 *kind = bpf_map_lookup_elem(&lace_inside, &ck);
+	if (!kind || *kind != INSIDE_POD_SUBNET)
+		return 0;
+	struct host_key hk = {.family = LACE_FAMILY_V6};
+	__builtin_memcpy(hk.addr, osrc, 16);
+	__u64 *loc = bpf_map_lookup_elem(&lace_node_locs, &hk);
+	struct route_val *rv = view_lookup_src(src_net, p);
+	if (!loc || !rv || (rv->flags & (ROUTE_LOCAL | ROUTE_SUBNET | ROUTE_EXTERNAL | ROUTE_DENY | ROUTE_SERVICE)) ||
+	    rv->dst_net != src_net)
+		return 1;
+	return !eq8(rv->sid, loc);
+}
+
 static __noinline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 {
 	__u8 *sid = (__u8 *)&outer->daddr;
@@ -499,10 +538,13 @@ static __noinline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 		       ((__u32)sid[SID_NET_BYTE + 2] << 8) | sid[SID_NET_BYTE + 3];
 	__u32 src_net = ((__u32)sid[SID_SRC_NET_BYTE] << 8) | sid[SID_SRC_NET_BYTE + 1];
 
-	/* Only nodes of the cluster may inject into pods. */
+	/* Only nodes of the cluster may inject into pods, and never this
+	 * one through the fabric: its own SRv6 never comes back to it. (That
+	 * the outer source is the node that sent it is to_underlay's work, on
+	 * every node.) */
 	struct host_key src = {.family = LACE_FAMILY_V6};
 	__builtin_memcpy(src.addr, &outer->saddr, 16);
-	if (!bpf_map_lookup_elem(&lace_nodes, &src))
+	if (!bpf_map_lookup_elem(&lace_nodes, &src) || bpf_map_lookup_elem(&lace_host_addrs, &src))
 		return drop(DROP_DECAP_SOURCE);
 	if (!bpf_map_lookup_elem(&lace_networks, &net_id) || !bpf_map_lookup_elem(&lace_networks, &src_net))
 		return drop(DROP_DECAP_SID);
@@ -528,11 +570,15 @@ static __noinline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 	if (parse_ip(skb, inner_proto, ETH_HLEN + sizeof(struct ipv6hdr), &p))
 		return drop(DROP_DECAP_TRUNCATED);
 
+	if (foreign_source(src_net, &p, &outer->saddr))
+		return drop(DROP_DECAP_FOREIGN);
 	__u32 ifindex;
 	__u8 macs[12];
 	if (local_pod(net_id, p.family, p.daddr, &ifindex, macs))
 		return drop(DROP_NO_ENDPOINT);
 	struct ct_val *ct = ct_track_in(net_id, src_net, &p, is_icmp_error(&p));
+	if (ct_other_net(ct, src_net))
+		return drop(DROP_CT_OTHER_NET);
 	/* A reply from a service endpoint to its client comes from the VIP. */
 	int unnat = ct && (ct->flags & (CT_DNAT | CT_ORIGIN_LOCAL)) == (CT_DNAT | CT_ORIGIN_LOCAL);
 	__u8 vip[16];
@@ -742,9 +788,13 @@ static __always_inline int to_host(struct __sk_buff *skb, __u16 proto)
 	if (is_icmp_error(&p))
 		return snat_icmp_in(skb, &p);
 	/* The node's SNAT ports (the top of the port range) carry answers
-	 * to its pods' flows: no frontend on the node's address takes them. */
-	if (bpf_ntohs(p.dport) < SNAT_PORT_MIN && frontend(p.family, p.proto, p.dport, p.daddr))
+	 * to its pods' flows: no frontend on the node's address takes them.
+	 * A frontend's client is outside: never at an inside address. */
+	if (bpf_ntohs(p.dport) < SNAT_PORT_MIN && frontend(p.family, p.proto, p.dport, p.daddr)) {
+		if (outside_spoofed(&p))
+			return drop(DROP_OUTSIDE_SPOOF);
 		return xlb_in(skb, &p);
+	}
 	return snat_in(skb, &p);
 }
 
@@ -753,6 +803,11 @@ static __always_inline int outside(struct __sk_buff *skb, __u16 proto)
 	struct pkt p = {};
 	if (parse_ip(skb, proto, ETH_HLEN, &p))
 		return drop(DROP_NOT_IP);
+	/* Before classification: an inside source would otherwise pass as
+	 * the external network whose prefix covers it, and take or answer
+	 * the flows of the pod it claims to be. */
+	if (outside_spoofed(&p))
+		return drop(DROP_OUTSIDE_SPOOF);
 	if (frontend(p.family, p.proto, p.dport, p.daddr))
 		return xlb_in(skb, &p);
 	return from_outside(skb, &p);
@@ -813,6 +868,57 @@ int from_underlay(struct __sk_buff *skb)
 	if (host_addr(LACE_FAMILY_V6, &outer->daddr))
 		return to_host(skb, bpf_htons(ETH_P_IPV6));
 	return outside(skb, bpf_htons(ETH_P_IPV6));
+}
+
+/* to_underlay (tcx egress of the node's underlay interface) keeps the
+ * node speaking only for itself. Another node believes SRv6 from an outer
+ * source that is a node's address (decap): so nothing but Lace's own
+ * encapsulation (LACE_MARK_ENCAP) may leave toward a node's locator, and
+ * nothing may leave from another node's address. What it stops: a
+ * hostNetwork pod or a node process forging SRv6 with another node's
+ * outer source (raw sockets need only CAP_NET_RAW), or any other packet
+ * impersonating another node. What it cannot stop: a process that
+ * bypasses the qdisc layer (AF_PACKET with PACKET_QDISC_BYPASS, also
+ * CAP_NET_RAW) or that holds CAP_NET_ADMIN (sets the mark, detaches this
+ * program); and a host on the fabric, which no program here sees:
+ * docs/security.md section 8. Before the agent has written the nodes and
+ * locators, everything passes. */
+SEC("tcx/egress")
+int to_underlay(struct __sk_buff *skb)
+{
+	if (skb->mark == LACE_MARK_ENCAP) {
+		skb->mark = 0;
+		return TC_ACT_OK;
+	}
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end)
+		return TC_ACT_OK;
+	struct host_key src = {};
+	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+		if ((void *)(ip6 + 1) > end)
+			return TC_ACT_OK;
+		struct class_key ck = {.prefixlen = 32 + 128, .family = LACE_FAMILY_V6};
+		__builtin_memcpy(ck.addr, &ip6->daddr, 16);
+		__u32 *kind = bpf_map_lookup_elem(&lace_inside, &ck);
+		if (kind && *kind == INSIDE_LOCATOR)
+			return drop(DROP_NODE_FORGED);
+		src.family = LACE_FAMILY_V6;
+		__builtin_memcpy(src.addr, &ip6->saddr, 16);
+	} else if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+		if ((void *)(ip + 1) > end)
+			return TC_ACT_OK;
+		src.family = LACE_FAMILY_V4;
+		__builtin_memcpy(src.addr, &ip->saddr, 4);
+	} else {
+		return TC_ACT_OK;
+	}
+	if (bpf_map_lookup_elem(&lace_nodes, &src) && !bpf_map_lookup_elem(&lace_host_addrs, &src))
+		return drop(DROP_NODE_FORGED);
+	return TC_ACT_OK;
 }
 
 char __license[] SEC("license") = "GPL";

@@ -59,7 +59,10 @@ type LoadBalancerClassStatus struct {
 	// +optional
 	Allocated int32 `json:"allocated,omitempty"`
 	// Conditions: Ready is False with reason InvalidRange, Overlap or
-	// MultipleDefaults when the pool cannot be used as written.
+	// MultipleDefaults when the pool cannot be used as written;
+	// AddressesExcluded is True (reason ReservedOverlap) when addresses of
+	// the pool are never handed out: node or API server addresses, pod
+	// subnets, service ranges, other Services' external IPs.
 	// +optional
 	// +listType=map
 	// +listMapKey=type

@@ -300,7 +300,17 @@ static __always_inline int ct_closing(struct ct_val *v)
 
 /* ct_track_in records packet p arriving for a local pod in network
  * net_id from network src_net (a pod network, or the external network a
- * plain-IP source was classified into). ICMP errors update nothing. */
+ * plain-IP source was classified into), and returns the flow's entry when
+ * it was there before. ICMP errors update nothing.
+ *
+ * A live entry belongs to its peer network: a packet from another network
+ * with the same tuple (overlapping subnets, or a forged source) neither
+ * refreshes it, closes it nor takes it over, whatever its TCP flags. The
+ * entry is returned untouched, and the caller, seeing its peer_net is not
+ * src_net, refuses the packet (ct_other_net): it could only be delivered
+ * as part of a flow that is not its own. The key cannot carry the peer
+ * network instead: the pod's side of a flow learns that network from the
+ * entry (replies in an overlapping network's context). */
 static __always_inline struct ct_val *ct_track_in(__u32 net_id, __u32 src_net, struct pkt *p, int icmp_err)
 {
 	if (icmp_err)
@@ -308,6 +318,8 @@ static __always_inline struct ct_val *ct_track_in(__u32 net_id, __u32 src_net, s
 	struct ct_key k;
 	ct_key_of(&k, net_id, p, 0);
 	struct ct_val *v = ct_lookup(&k);
+	if (v && v->peer_net != src_net)
+		return v;
 	if (v && !(is_tcp_syn(p) && ct_closing(v))) {
 		int settled = ct_settled(v->flags);
 		ct_refresh(v, p, !(v->flags & CT_ORIGIN_LOCAL));
@@ -317,6 +329,13 @@ static __always_inline struct ct_val *ct_track_in(__u32 net_id, __u32 src_net, s
 	}
 	ct_create(&k, src_net, 0, 0, p, 1);
 	return NULL;
+}
+
+/* ct_other_net tells whether ct_track_in's answer is another network's
+ * flow. */
+static __always_inline int ct_other_net(struct ct_val *ct, __u32 src_net)
+{
+	return ct && ct->peer_net != src_net;
 }
 
 /* snat_exhausted counts a failed port pick toward sk's destination. */

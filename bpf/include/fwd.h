@@ -15,6 +15,14 @@ static __always_inline struct route_val *view_lookup(__u32 view_net, struct pkt 
 	return bpf_map_lookup_elem(&lace_routes, &rk);
 }
 
+/* view_lookup_src resolves p's source in the view of network view_net. */
+static __always_inline struct route_val *view_lookup_src(__u32 view_net, struct pkt *p)
+{
+	struct route_key rk = {.prefixlen = 64 + 128, .net_id = view_net, .family = p->family};
+	__builtin_memcpy(rk.addr, p->saddr, 16);
+	return bpf_map_lookup_elem(&lace_routes, &rk);
+}
+
 /* classify returns the external network a plain-IP source belongs to (the
  * longest external prefix covering it), or 0. */
 static __always_inline __u32 classify(struct pkt *p)
@@ -152,6 +160,8 @@ static __noinline __attribute__((unused)) int encap_and_send(struct __sk_buff *s
 	__u16 proto = bpf_htons(ETH_P_IPV6);
 	if (bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_proto), &proto, 2, 0))
 		return drop(DROP_ADJUST);
+	/* The node's own SRv6, for to_underlay. */
+	skb->mark = LACE_MARK_ENCAP;
 	return send_fib(skb, LACE_FAMILY_V6, cfg->underlay_ip6, sid, FWD_ENCAP);
 }
 
@@ -248,6 +258,8 @@ static __noinline __attribute__((unused)) int deliver_local(struct __sk_buff *sk
 	if (local_pod(dst_net, p->family, p->daddr, &ifindex, macs))
 		return drop(DROP_NO_ENDPOINT);
 	struct ct_val *ct = ct_track_in(dst_net, src_net, p, is_icmp_error(p));
+	if (ct_other_net(ct, src_net))
+		return drop(DROP_CT_OTHER_NET);
 	if (dec_ttl(skb, p) || unnat_reply(skb, p, ct) || set_macs(skb, macs, macs + 6))
 		return drop(DROP_ADJUST);
 	count(what);

@@ -78,7 +78,12 @@ enum drop_reason {
 	DROP_SOURCE_RANGE = 24, /* source-range: a source outside the service's loadBalancerSourceRanges */
 	DROP_SNAT_CLOSED = 25, /* snat-closed: to a node SNAT port whose pod flow is over (its conntrack entry expired, was evicted or gave the port up) */
 	DROP_NO_FLOW = 26, /* no-flow: a TCP segment that is no SYN toward an outside address, of no flow the node tracks (an answer to a flow that is over): it takes no SNAT port */
-	DROP_MAX = 27,
+	DROP_OUTSIDE_SPOOF = 27, /* outside-spoofed-source: plain IP from the fabric with a source inside the cluster (a pod subnet, a service range, a node's locator) */
+	DROP_CT_OTHER_NET = 28, /* flow-of-another-network: a packet whose tuple is a live flow of another network: it neither refreshes nor takes that flow */
+	DROP_ICMP_NOT_OURS = 29, /* icmp-error-no-flow: an ICMP error from a pod about no flow conntrack holds for it with that peer */
+	DROP_NODE_FORGED = 30, /* node-forged-underlay: the node's own stack sent SRv6 to a locator, or a packet from another node's address: only Lace's encapsulation speaks for the node */
+	DROP_DECAP_FOREIGN = 31, /* decap-foreign-source: SRv6 whose inner source is a pod of a block the sending node does not own */
+	DROP_MAX = 32,
 };
 
 enum fwd_counter {
@@ -94,6 +99,12 @@ enum fwd_counter {
 	FWD_ANNOUNCE = 9, /* announced: an ARP or neighbour solicitation for a LoadBalancer VIP this node announces, answered */
 	FWD_MAX = 10,
 };
+
+/* skb->mark of what Lace's own encapsulation sends (encap_and_send):
+ * to_underlay lets only such packets reach another node's locator. The
+ * host stack sets a mark only with CAP_NET_ADMIN (SO_MARK), which also
+ * detaches programs: that is a compromised node (docs/security.md). */
+#define LACE_MARK_ENCAP 0x1ace5a00
 
 /* lace_config.flags */
 #define LACE_CFG_UNDERLAY_GUARD (1U << 0) /* lace_host_addrs is complete: drop plain IP to anything else */
@@ -180,6 +191,15 @@ struct class_key {
 	__u8 pad[3];
 	__u8 addr[16];
 };
+
+/* lace_inside: what lies inside the cluster (the subnets of pod
+ * networks, the service ranges, the nodes' locators), keyed like
+ * lace_classify. No outside host has such an address: plain IP from the
+ * fabric with a source here is spoofed (underlay.c, outside_spoofed). The
+ * value is the kind, for operators' listings. */
+#define INSIDE_POD_SUBNET 1
+#define INSIDE_SERVICE_RANGE 2
+#define INSIDE_LOCATOR 3
 
 struct net_val {
 	__u32 flags;
@@ -346,6 +366,15 @@ struct {
 } lace_src_ranges SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 16384);
+	__type(key, struct class_key);
+	__type(value, __u32);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_inside SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
 	__type(key, struct host_key);
@@ -360,6 +389,17 @@ struct {
 	__type(value, __u32);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lace_host_addrs SEC(".maps"); /* this node's own addresses */
+
+/* A node's underlay address -> its /64 locator (the first 8 bytes, as a
+ * __u64 in memory order): decap checks that a pod source comes from the
+ * node owning its block. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct host_key);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_node_locs SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

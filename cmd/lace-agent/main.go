@@ -53,9 +53,13 @@ func main() {
 	flag.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	flag.Parse()
 	var err error
-	if o.AllowedExternalIPs, err = model.ParseAllowedExternalIPs(strings.Split(allowedXIPs, ",")); err != nil {
+	var warnings []string
+	if o.AllowedExternalIPs, warnings, err = model.ParseAllowedExternalIPs(strings.Split(allowedXIPs, ",")); err != nil {
 		fmt.Fprintln(os.Stderr, "lace-agent:", err)
 		os.Exit(2)
+	}
+	for _, w := range warnings {
+		fmt.Fprintln(os.Stderr, "lace-agent: warning:", w)
 	}
 	if err := run(ctrl.SetupSignalHandler(), logLevel, o); err != nil {
 		fmt.Fprintln(os.Stderr, "lace-agent:", err)

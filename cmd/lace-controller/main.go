@@ -35,9 +35,13 @@ func main() {
 	flag.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	flag.Parse()
 	var err error
-	if o.AllowedExternalIPs, err = model.ParseAllowedExternalIPs(strings.Split(allowedXIPs, ",")); err != nil {
+	var warnings []string
+	if o.AllowedExternalIPs, warnings, err = model.ParseAllowedExternalIPs(strings.Split(allowedXIPs, ",")); err != nil {
 		fmt.Fprintln(os.Stderr, "lace-controller:", err)
 		os.Exit(2)
+	}
+	for _, w := range warnings {
+		fmt.Fprintln(os.Stderr, "lace-controller: warning:", w)
 	}
 
 	if err := run(ctrl.SetupSignalHandler(), pool, logLevel, o); err != nil {

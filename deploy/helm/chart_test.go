@@ -683,6 +683,19 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 	}
 }
 
+// TestExternalIPAllowListCanonical: an IPv4 CIDR with host bits set
+// fails the install with a clear message (it would be read as its whole
+// network); canonical ones of any length pass.
+func TestExternalIPAllowListCanonical(t *testing.T) {
+	for _, bad := range []string{"192.0.2.5/16", "198.51.100.1/24", "198.51.100.8/28", "10.0.0.1/31"} {
+		_, err := template(t, "services.externalIPs.allowedCIDRs={"+bad+"}")
+		if err == nil || !strings.Contains(err.Error(), bad+" has host bits set") {
+			t.Errorf("%s: err = %v, want a host bits failure", bad, err)
+		}
+	}
+	mustTemplate(t, "services.externalIPs.allowedCIDRs={198.51.100.16/28,192.0.2.5/32,10.0.0.0/8,0.0.0.0/0,2001:db8::/64}")
+}
+
 // TestExternalIPAllowList: the agent and the controller get the same
 // allow-list of external IPs, empty by default (every one refused).
 func TestExternalIPAllowList(t *testing.T) {
@@ -720,5 +733,54 @@ func TestWriteChart(t *testing.T) {
 		if err != nil || !bytes.Equal(got, want) {
 			t.Errorf("written %s differs from the tree's (%v)", f, err)
 		}
+	}
+}
+
+// TestControllerPlacement: the controller's token rules Lace, so by
+// default it runs on control-plane nodes when the cluster has them (auto
+// looks them up; `helm template` sees no cluster and renders the
+// preference), and controlPlane requires them.
+func TestControllerPlacement(t *testing.T) {
+	cpTerm := func(a *corev1.Affinity) (required, preferred bool) {
+		if a == nil || a.NodeAffinity == nil {
+			return false, false
+		}
+		is := func(r corev1.NodeSelectorRequirement) bool {
+			return r.Key == "node-role.kubernetes.io/control-plane" && r.Operator == corev1.NodeSelectorOpExists
+		}
+		if rq := a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution; rq != nil {
+			for _, term := range rq.NodeSelectorTerms {
+				required = required || slices.ContainsFunc(term.MatchExpressions, is)
+			}
+		}
+		for _, p := range a.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution {
+			preferred = preferred || slices.ContainsFunc(p.Preference.MatchExpressions, is)
+		}
+		return required, preferred
+	}
+	for _, c := range []struct {
+		set                 []string
+		required, preferred bool
+	}{
+		{nil, false, true},
+		{[]string{"controller.placement=auto"}, false, true},
+		{[]string{"controller.placement=any"}, false, true},
+		{[]string{"controller.placement=controlPlane"}, true, false},
+		{[]string{"controller.placement=controlPlane", "controller.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].weight=1",
+			"controller.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].preference.matchExpressions[0].key=pool",
+			"controller.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].preference.matchExpressions[0].operator=Exists"}, false, false},
+	} {
+		var d appsv1.Deployment
+		mustTemplate(t, c.set...).get(t, "Deployment", "lace-controller", &d)
+		req, pref := cpTerm(d.Spec.Template.Spec.Affinity)
+		if req != c.required || pref != c.preferred {
+			t.Errorf("%v: control-plane required %v preferred %v, want %v %v", c.set, req, pref, c.required, c.preferred)
+		}
+		if a := d.Spec.Template.Spec.Affinity; a == nil || a.PodAntiAffinity == nil {
+			t.Errorf("%v: no pod anti-affinity", c.set)
+		}
+	}
+	if _, err := template(t, "controller.placement=workers"); err == nil {
+		t.Error("controller.placement=workers accepted")
 	}
 }

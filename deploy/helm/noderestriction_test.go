@@ -11,6 +11,7 @@ import (
 
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -48,7 +49,7 @@ func TestAgentNodeRestrictionRendered(t *testing.T) {
 		}
 	}
 	// Every resource the agent's RBAC lets it write, and every write verb.
-	for _, res := range []string{"underlayendpoints", "underlayendpoints/status", "networkendpoints", "leases"} {
+	for _, res := range []string{"underlayendpoints", "underlayendpoints/status", "networkendpoints", "leases", "events"} {
 		for _, op := range []string{"CREATE", "UPDATE", "DELETE"} {
 			if !covered[res+" "+op] {
 				t.Errorf("policy does not check %s %s", op, res)
@@ -217,6 +218,53 @@ func TestAgentNodeRestrictionAPI(t *testing.T) {
 	mustRefuse("n1 renews n2's Lease", n1.Update(ctx, l2.DeepCopy()))
 	l2.Spec.HolderIdentity = ptr.To("n1")
 	mustRefuse("n1 takes n2's Lease", n1.Update(ctx, l2.DeepCopy()))
+
+	// What the policy cannot stop, since CEL cannot look up the pod, and
+	// the consumers answer instead: n1 writing its own objects with
+	// anything in them. A NetworkEndpoint of n1 under the name of n2's next
+	// pod takes the name (n2's agent cannot create or rewrite it); the
+	// model ignores it for n2's pod and lace-controller deletes it
+	// (internal/model TestNetworkEndpointSquatIgnored, internal/controller
+	// TestForeignNetworkEndpointsDeleted). n1 claiming n2's underlay
+	// address passes here and is refused by model.AcceptUnderlays
+	// (TestUnderlayClaimOfAnotherNodeRefused).
+	n2 := as("n2")
+	mustOK("n1 squats the NetworkEndpoint name of n2's next pod", n1.Create(ctx, neps("web-0", "n1")))
+	if err := n2.Create(ctx, neps("web-0", "n2")); !apierrors.IsAlreadyExists(err) {
+		t.Errorf("n2 creates its pod's NetworkEndpoint over the squat: %v, want AlreadyExists", err)
+	}
+	var sq lacev1.NetworkEndpoint
+	if err := n2.Get(ctx, client.ObjectKey{Namespace: "default", Name: "web-0"}, &sq); err != nil {
+		t.Fatal(err)
+	}
+	sq.Spec.Node, sq.Labels["lace-cni.io/node"] = "n2", "n2"
+	mustRefuse("n2 rewrites n1's squat (lace-controller removes it instead)", n2.Update(ctx, &sq))
+
+	// Events: an agent writes its recorder's own (source.component
+	// lace-agent/<node>), not another component's.
+	ev := func(name, component string) *corev1.Event {
+		return &corev1.Event{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+			InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: "web-0"},
+			Reason:         "X", Message: "m", Type: corev1.EventTypeNormal, Count: 1,
+			Source: corev1.EventSource{Component: component}}
+	}
+	own1 := ev("e-n1", "lace-agent/n1")
+	mustOK("n1 creates its own Event", n1.Create(ctx, own1))
+	base1 := own1.DeepCopy()
+	own1.Count = 2
+	mustOK("n1 patches its own Event's count", n1.Patch(ctx, own1, client.MergeFrom(base1)))
+	mustRefuse("n1 creates an Event as the kubelet", n1.Create(ctx, ev("e-kubelet", "kubelet")))
+	mustRefuse("n1 creates an Event as n2's agent", n1.Create(ctx, ev("e-n2", "lace-agent/n2")))
+	other := ev("e-ctrl", "lace-controller")
+	if err := admin.Create(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	base2 := other.DeepCopy()
+	other.Message = "nothing to see"
+	mustRefuse("n1 rewrites the controller's Event", n1.Patch(ctx, other, client.MergeFrom(base2)))
+	other = base2.DeepCopy()
+	other.Source.Component = "lace-agent/n1"
+	mustRefuse("n1 takes over the controller's Event", n1.Patch(ctx, other, client.MergeFrom(base2)))
 
 	// A token that names no node writes nothing.
 	mustRefuse("a nodeless agent token creates its own-looking Lease", anon.Create(ctx, lease("n1x")))

@@ -287,6 +287,8 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		Watches(&corev1.Service{}, toNode, builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
 		Watches(&discoveryv1.EndpointSlice{}, toNode, builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
 		Watches(&networkingv1.ServiceCIDR{}, toNode, specOnly).
+		// Pools are never a node's underlay address (model.AcceptUnderlays).
+		Watches(&lacev1.LoadBalancerClass{}, toNode, specOnly).
 		Watches(&corev1.Pod{}, toNode, builder.WithPredicates(predicates.PodChanged())).
 		Watches(&corev1.Node{}, toNode, builder.WithPredicates(predicates.NodeChanged())).
 		// A NetworkEndpoint deleted or changed behind the agent's back is

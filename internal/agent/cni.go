@@ -348,6 +348,10 @@ func (a *Agent) networkEndpointSpec(e Endpoint) lacev1.NetworkEndpointSpec {
 		MAC: lacev1.MACAddress(e.PodMAC), Interface: e.IfName}
 }
 
+// errNetworkEndpointTaken: a pod's NetworkEndpoint name holds another
+// node's object (a squatter, or the stale record of a namesake pod).
+var errNetworkEndpointTaken = errors.New("NetworkEndpoint taken by another node")
+
 func (a *Agent) writeNetworkEndpoint(ctx context.Context, pod *corev1.Pod, e Endpoint) error {
 	ne := &lacev1.NetworkEndpoint{}
 	ne.Namespace, ne.Name = pod.Namespace, pod.Name
@@ -362,6 +366,16 @@ func (a *Agent) writeNetworkEndpoint(ctx context.Context, pod *corev1.Pod, e End
 	}
 	if err != nil {
 		return err
+	}
+	if ne.Spec.Node != a.opts.NodeName || ne.Labels[labelNode] != a.opts.NodeName {
+		// Another node's object under this pod's name: this agent may not
+		// touch it (the admission policy refuses), and consumers ignore it
+		// for a pod that is not on that node; lace-controller deletes it.
+		// Say so on the pod rather than only in this log.
+		a.recorder.Eventf(pod, corev1.EventTypeWarning, "NetworkEndpointTaken",
+			"NetworkEndpoint %s/%s is held by node %q, not %s (the pod's node): left to lace-controller to remove",
+			ne.Namespace, ne.Name, ne.Spec.Node, a.opts.NodeName)
+		return fmt.Errorf("NetworkEndpoint %s/%s is held by node %q: %w", ne.Namespace, ne.Name, ne.Spec.Node, errNetworkEndpointTaken)
 	}
 	owner := metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID, Controller: ptr.To(true)}
 	if ne.Labels[labelPodUID] == string(pod.UID) && ne.Labels["lace-cni.io/network"] == e.Network &&

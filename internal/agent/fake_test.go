@@ -35,6 +35,8 @@ type fakeDP struct {
 	routes   map[string]datapath.Route
 	nets     map[uint32]datapath.Network
 	cls      map[netip.Prefix]datapath.Classifier
+	inside   map[netip.Prefix]datapath.Inside
+	nodeLocs map[netip.Addr]datapath.NodeLocator
 	nodes    map[netip.Addr]bool
 	host     map[netip.Addr]bool
 	attached map[string]bool
@@ -45,7 +47,8 @@ type fakeDP struct {
 
 func newFakeDP() *fakeDP {
 	return &fakeDP{eps: map[string]datapath.Endpoint{}, ports: map[uint32]datapath.Port{}, routes: map[string]datapath.Route{},
-		nets: map[uint32]datapath.Network{}, cls: map[netip.Prefix]datapath.Classifier{}, nodes: map[netip.Addr]bool{},
+		nets: map[uint32]datapath.Network{}, cls: map[netip.Prefix]datapath.Classifier{},
+		inside: map[netip.Prefix]datapath.Inside{}, nodeLocs: map[netip.Addr]datapath.NodeLocator{}, nodes: map[netip.Addr]bool{},
 		host: map[netip.Addr]bool{}, attached: map[string]bool{}, attaches: map[string]int{}}
 }
 
@@ -101,6 +104,18 @@ func (f *fakeDP) UpsertClassifier(c datapath.Classifier) error {
 }
 func (f *fakeDP) DeleteClassifier(p netip.Prefix) error       { return f.w(func() { delete(f.cls, p) }) }
 func (f *fakeDP) Classifiers() ([]datapath.Classifier, error) { return values(&f.mu, f.cls), nil }
+func (f *fakeDP) UpsertInside(c datapath.Inside) error {
+	return f.w(func() { f.inside[c.Prefix] = c })
+}
+func (f *fakeDP) DeleteInside(p netip.Prefix) error   { return f.w(func() { delete(f.inside, p) }) }
+func (f *fakeDP) Insides() ([]datapath.Inside, error) { return values(&f.mu, f.inside), nil }
+func (f *fakeDP) UpsertNodeLocator(n datapath.NodeLocator) error {
+	return f.w(func() { f.nodeLocs[n.Addr] = n })
+}
+func (f *fakeDP) DeleteNodeLocator(a netip.Addr) error { return f.w(func() { delete(f.nodeLocs, a) }) }
+func (f *fakeDP) NodeLocators() ([]datapath.NodeLocator, error) {
+	return values(&f.mu, f.nodeLocs), nil
+}
 
 func (f *fakeDP) ApplyServices(s []datapath.Service) (map[datapath.ServiceKey][]datapath.Backend, error) {
 	f.mu.Lock()

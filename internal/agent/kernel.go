@@ -34,12 +34,18 @@ type dataplane interface {
 	UpsertClassifier(datapath.Classifier) error
 	DeleteClassifier(p netip.Prefix) error
 	Classifiers() ([]datapath.Classifier, error)
+	UpsertInside(datapath.Inside) error
+	DeleteInside(p netip.Prefix) error
+	Insides() ([]datapath.Inside, error)
 	AttachHostSockets(cgroupPath string) error
 	ApplyServices([]datapath.Service) (map[datapath.ServiceKey][]datapath.Backend, error)
 	FlushServiceFlows(map[datapath.ServiceKey][]datapath.Backend) (int, error)
 	UpsertNode(netip.Addr) error
 	DeleteNode(netip.Addr) error
 	Nodes() ([]netip.Addr, error)
+	UpsertNodeLocator(datapath.NodeLocator) error
+	DeleteNodeLocator(netip.Addr) error
+	NodeLocators() ([]datapath.NodeLocator, error)
 	UpsertHostAddr(netip.Addr) error
 	DeleteHostAddr(netip.Addr) error
 	HostAddrs() ([]netip.Addr, error)

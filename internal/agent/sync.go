@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	stdslices "slices"
@@ -107,7 +108,9 @@ func (a *Agent) desiredState(ctx context.Context) (model.NodeState, listed, []*d
 	var neps lacev1.NetworkEndpointList
 	var nss corev1.NamespaceList
 	var cidrs networkingv1.ServiceCIDRList
-	for _, l := range []client.ObjectList{&nets, &allocs, &ueps, &nrps, &srps, &nbps, &neps, &nss, &cidrs} {
+	var nodes corev1.NodeList
+	var lbcs lacev1.LoadBalancerClassList
+	for _, l := range []client.ObjectList{&nets, &allocs, &ueps, &nrps, &srps, &nbps, &neps, &nss, &cidrs, &nodes, &lbcs} {
 		if err := a.client.List(ctx, l, client.UnsafeDisableDeepCopy); err != nil {
 			return model.NodeState{}, listed{}, nil, fmt.Errorf("list %T: %w", l, err)
 		}
@@ -142,6 +145,15 @@ func (a *Agent) desiredState(ctx context.Context) (model.NodeState, listed, []*d
 	nssChanged := c.nss.update(len(nss.Items), func(i int) client.Object { return &nss.Items[i] })
 	allocsChanged := c.allocs.update(len(allocs.Items), func(i int) client.Object { return &allocs.Items[i] })
 	uepsChanged := c.ueps.update(len(ueps.Items), func(i int) client.Object { return &ueps.Items[i] })
+	// Only the underlay addresses the model accepts are believed (a node
+	// writes its own UnderlayEndpoint and could claim anything); they
+	// depend on the Nodes' reported addresses and the reserved ranges
+	// too, so the result is compared, not the objects' versions.
+	accepted, _ := model.AcceptUnderlays(model.UnderlayInput{Underlays: ueps.Items, Nodes: nodes.Items, Networks: nets.Items,
+		ServiceCIDRs: model.ServiceCIDRPrefixes(cidrs.Items), LoadBalancerPools: lbcs.Items, AllowedExternalIPs: a.opts.AllowedExternalIPs})
+	if acc := acceptedAddrs(accepted); !maps.EqualFunc(acc, c.accepted, stdslices.Equal[[]lacev1.IPAddress]) {
+		c.accepted, uepsChanged = acc, true
+	}
 	nrpsChanged := c.nrps.update(len(nrps.Items), func(i int) client.Object { return &nrps.Items[i] })
 	srpsChanged := c.srps.update(len(srps.Items), func(i int) client.Object { return &srps.Items[i] })
 	cidrsChanged := c.cidrs.update(len(cidrs.Items), func(i int) client.Object { return &cidrs.Items[i] })
@@ -153,14 +165,20 @@ func (a *Agent) desiredState(ctx context.Context) (model.NodeState, listed, []*d
 	}
 	zoneChanged := !c.computed || zone != c.zone || !stdslices.Equal(nodeAddrs, c.nodeAddrs)
 	c.zone, c.nodeAddrs = zone, nodeAddrs
+	// Every Node's addresses are reserved too (model.ReservedHosts): the
+	// controller reads the same (listReserved) to report what the agents
+	// refuse.
+	reserved := append(model.ReservedFor(accepted, nets.Items, model.ServiceCIDRPrefixes(cidrs.Items)),
+		model.ReservedHosts(nodes.Items, slices)...)
+	reservedChanged := !stdslices.Equal(reserved, c.reserved)
+	c.reserved = reserved
 	svcState, vips, vipsChanged := c.services.update(model.ServiceInput{Node: a.opts.NodeName, Zone: zone,
 		Networks: nets.Items, BindingPolicies: nbps.Items, NetworkEndpoints: neps.Items, Namespaces: c.nsLabels,
-		NodeAddrs: nodeAddrs, Reserved: model.ReservedFor(ueps.Items, nets.Items, model.ServiceCIDRPrefixes(cidrs.Items)),
-		AllowedExternalIPs: a.opts.AllowedExternalIPs},
-		zoneChanged || netsChanged || nbpsChanged || nepsChanged || nssChanged || uepsChanged || cidrsChanged, svcs, slices)
+		NodeAddrs: nodeAddrs, Reserved: reserved, AllowedExternalIPs: a.opts.AllowedExternalIPs},
+		zoneChanged || reservedChanged || netsChanged || nbpsChanged || nepsChanged || nssChanged || uepsChanged || cidrsChanged, svcs, slices)
 	if !c.computed || vipsChanged || netsChanged || nssChanged || allocsChanged || uepsChanged || nrpsChanged || srpsChanged || cidrsChanged {
 		c.node = model.ComputeNode(model.NodeInput{Node: a.opts.NodeName, Networks: nets.Items, Allocations: allocs.Items,
-			Underlays: ueps.Items, RoutingPolicies: nrps.Items, Services: vips, ServiceRoutingPolicies: srps.Items,
+			Underlays: accepted, RoutingPolicies: nrps.Items, Services: vips, ServiceRoutingPolicies: srps.Items,
 			Namespaces: c.nsLabels, ServiceCIDRs: model.ServiceCIDRPrefixes(cidrs.Items)})
 	}
 	c.computed = true
@@ -180,9 +198,20 @@ type computeCache struct {
 	nsLabels                                               map[string]map[string]string
 	zone                                                   string
 	nodeAddrs                                              []netip.Addr
+	reserved                                               []netip.Prefix
 	nets, nbps, neps, nss, allocs, ueps, nrps, srps, cidrs versions
 	// reported are the refusals the agent made Events of.
 	reported map[model.ServiceKey]model.Refusal
+	// accepted are the underlay addresses believed, by endpoint name.
+	accepted map[string][]lacev1.IPAddress
+}
+
+func acceptedAddrs(ueps []lacev1.UnderlayEndpoint) map[string][]lacev1.IPAddress {
+	out := make(map[string][]lacev1.IPAddress, len(ueps))
+	for _, u := range ueps {
+		out[u.Name] = u.Spec.Addresses
+	}
+	return out
 }
 
 // listServices lists the Services and EndpointSlices of the cache: the
@@ -373,6 +402,9 @@ func (a *Agent) apply(st model.NodeState) error {
 	var errs []error
 	curNodes, err := a.dp.Nodes()
 	errs = append(errs, err, syncSet(curNodes, st.Nodes, a.dp.UpsertNode, a.dp.DeleteNode))
+	curLocs, err := a.dp.NodeLocators()
+	errs = append(errs, err, syncListEq(curLocs, st.NodeLocators, func(n datapath.NodeLocator) netip.Addr { return n.Addr },
+		a.dp.UpsertNodeLocator, func(n datapath.NodeLocator) error { return a.dp.DeleteNodeLocator(n.Addr) }))
 	curNets, err := a.dp.Networks()
 	errs = append(errs, err, syncListEq(curNets, st.Networks, func(n datapath.Network) uint32 { return n.ID },
 		a.dp.UpsertNetwork, func(n datapath.Network) error { return a.dp.DeleteNetwork(n.ID) }))
@@ -392,6 +424,9 @@ func (a *Agent) apply(st model.NodeState) error {
 	curCls, err := a.dp.Classifiers()
 	errs = append(errs, err, syncListEq(curCls, st.Classifiers, func(c datapath.Classifier) netip.Prefix { return c.Prefix },
 		a.dp.UpsertClassifier, func(c datapath.Classifier) error { return a.dp.DeleteClassifier(c.Prefix) }))
+	curInside, err := a.dp.Insides()
+	errs = append(errs, err, syncListEq(curInside, st.Inside, func(c datapath.Inside) netip.Prefix { return c.Prefix },
+		a.dp.UpsertInside, func(c datapath.Inside) error { return a.dp.DeleteInside(c.Prefix) }))
 
 	// Underlay routes to the other nodes' locators, and to their pod
 	// blocks for the node's own sockets (plain IP from the node address,

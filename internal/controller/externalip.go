@@ -7,7 +7,6 @@ import (
 	"net/netip"
 
 	corev1 "k8s.io/api/core/v1"
-	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -31,8 +30,13 @@ import (
 // same reserved addresses. One pass judges every Service at once, since a
 // contest is between Services.
 type ExternalIPReconciler struct {
-	Client   client.Client
-	Recorder record.EventRecorder
+	Client client.Client
+	// APIReader lists the Services: a pass must see the annotation the
+	// pass before wrote, which the cache may not hold yet (a second
+	// Warning Event for one verdict otherwise; passes are frequent, since
+	// Node addresses and the API server's slice count).
+	APIReader client.Reader
+	Recorder  record.EventRecorder
 	// Allowed is the operator's allow-list (--allowed-external-ips).
 	Allowed []netip.Prefix
 }
@@ -59,7 +63,7 @@ func (r *ExternalIPReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			return contender(e.ObjectOld.(*corev1.Service)) || contender(e.ObjectNew.(*corev1.Service))
 		},
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("externalip").
 		Watches(&corev1.Service{}, one, builder.WithPredicates(svcPred)).
 		// What binds a Service (a Service bound to no network serves
@@ -67,9 +71,9 @@ func (r *ExternalIPReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&lacev1.Network{}, one).
 		Watches(&lacev1.NetworkBindingPolicy{}, one, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&corev1.Namespace{}, one, builder.WithPredicates(predicate.LabelChangedPredicate{})).
-		Watches(&lacev1.UnderlayEndpoint{}, one, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&networkingv1.ServiceCIDR{}, one).
-		Complete(r)
+		// Underlay acceptance depends on the pools (model.AcceptUnderlays).
+		Watches(&lacev1.LoadBalancerClass{}, one, builder.WithPredicates(predicate.GenerationChangedPredicate{}))
+	return watchReserved(b, one).Complete(r)
 }
 
 // Reconcile judges every Service's external IPs.
@@ -77,17 +81,25 @@ func (r *ExternalIPReconciler) Reconcile(ctx context.Context, _ reconcile.Reques
 	var nets lacev1.NetworkList
 	var nbps lacev1.NetworkBindingPolicyList
 	var nss corev1.NamespaceList
-	var ueps lacev1.UnderlayEndpointList
-	var cidrs networkingv1.ServiceCIDRList
 	var svcs corev1.ServiceList
-	for _, l := range []client.ObjectList{&nets, &nbps, &nss, &ueps, &cidrs, &svcs} {
+	for _, l := range []client.ObjectList{&nets, &nbps, &nss} {
 		if err := r.Client.List(ctx, l); err != nil {
 			return reconcile.Result{}, fmt.Errorf("list %T: %w", l, err)
 		}
 	}
+	svcReader := client.Reader(r.Client)
+	if r.APIReader != nil {
+		svcReader = r.APIReader
+	}
+	if err := svcReader.List(ctx, &svcs); err != nil {
+		return reconcile.Result{}, fmt.Errorf("list services: %w", err)
+	}
+	reserved, err := listReserved(ctx, r.Client, r.Allowed)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
 	in := model.ExternalIPInput{Networks: nets.Items, BindingPolicies: nbps.Items, Allowed: r.Allowed,
-		Namespaces: make(map[string]map[string]string, len(nss.Items)),
-		Reserved:   model.ReservedFor(ueps.Items, nets.Items, model.ServiceCIDRPrefixes(cidrs.Items))}
+		Namespaces: make(map[string]map[string]string, len(nss.Items)), Reserved: reserved}
 	for _, ns := range nss.Items {
 		in.Namespaces[ns.Name] = ns.Labels
 	}

@@ -43,6 +43,10 @@ type LoadBalancerReconciler struct {
 	// out twice otherwise).
 	APIReader client.Reader
 	Recorder  record.EventRecorder
+	// AllowedExternalIPs is the operator's allow-list
+	// (--allowed-external-ips): pools never hand out another Service's
+	// admitted external IP.
+	AllowedExternalIPs []netip.Prefix
 }
 
 // lbKey is the one key every change enqueues: allocation is global.
@@ -54,16 +58,21 @@ func (r *LoadBalancerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return []reconcile.Request{lbKey}
 	})
 	// Only Services that are or were LoadBalancers (or still hold an
-	// address) count: ten thousand ClusterIPs changing enqueue nothing.
+	// address, or name external IPs, which pools avoid) count: ten thousand ClusterIPs changing enqueue nothing.
 	lbOnly := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		s, ok := o.(*corev1.Service)
-		return ok && (s.Spec.Type == corev1.ServiceTypeLoadBalancer || len(s.Status.LoadBalancer.Ingress) > 0)
+		return ok && (s.Spec.Type == corev1.ServiceTypeLoadBalancer || len(s.Status.LoadBalancer.Ingress) > 0 ||
+			len(s.Spec.ExternalIPs) > 0)
 	})
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("loadbalancer").
 		Watches(&lacev1.LoadBalancerClass{}, one).
 		// Classes select namespaces by their labels.
 		Watches(&corev1.Namespace{}, one, builder.WithPredicates(predicate.LabelChangedPredicate{})).
+		// Pools never hand out reserved addresses (pod subnets are the
+		// Networks').
+		Watches(&lacev1.Network{}, one, builder.WithPredicates(predicate.GenerationChangedPredicate{}))
+	return watchReserved(b, one).
 		Watches(&corev1.Service{}, one, builder.WithPredicates(predicate.Funcs{
 			CreateFunc:  func(e event.CreateEvent) bool { return lbOnly.Create(e) },
 			DeleteFunc:  func(e event.DeleteEvent) bool { return lbOnly.Delete(e) },
@@ -93,7 +102,12 @@ func (r *LoadBalancerReconciler) Reconcile(ctx context.Context, _ reconcile.Requ
 	for _, ns := range nss.Items {
 		nsLabels[ns.Name] = ns.Labels
 	}
-	res := model.AllocateLoadBalancers(classes.Items, svcs.Items, nsLabels)
+	reserved, err := listReserved(ctx, r.Client, r.AllowedExternalIPs)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	res := model.AllocateLoadBalancers(classes.Items, svcs.Items, nsLabels,
+		model.LBAvoid{Reserved: reserved, AllowedExternalIPs: r.AllowedExternalIPs})
 	var errs []error
 	for i := range svcs.Items {
 		s := &svcs.Items[i]
@@ -185,16 +199,28 @@ func (r *LoadBalancerReconciler) classStatus(ctx context.Context, c *lacev1.Load
 	if st.Ready {
 		cond.Status = metav1.ConditionTrue
 	}
-	if c.Status.Allocated == int32(st.Allocated) && conditionUnchanged(c.Status.Conditions, cond) {
+	// What of the pool is never handed out (reserved addresses, other
+	// Services' external IPs): said, not fatal.
+	excl := metav1.Condition{Type: model.LBConditionAddressesExcluded, Status: metav1.ConditionFalse,
+		Reason: model.LBReasonNoneExcluded, Message: "every address of the pool may be handed out", ObservedGeneration: c.Generation}
+	if st.Excluded != "" {
+		excl.Status, excl.Reason, excl.Message = metav1.ConditionTrue, model.LBReasonReservedOverlap, st.Excluded
+	}
+	exclChanged := !conditionUnchanged(c.Status.Conditions, excl)
+	if c.Status.Allocated == int32(st.Allocated) && conditionUnchanged(c.Status.Conditions, cond) && !exclChanged {
 		return nil
 	}
 	c.Status.Allocated = int32(st.Allocated)
 	meta.SetStatusCondition(&c.Status.Conditions, cond)
+	meta.SetStatusCondition(&c.Status.Conditions, excl)
 	if err := r.Client.Status().Update(ctx, c); err != nil {
 		return fmt.Errorf("update status of LoadBalancerClass %s: %w", c.Name, err)
 	}
 	if !st.Ready {
 		r.Recorder.Event(c, corev1.EventTypeWarning, st.Reason, st.Message)
+	}
+	if exclChanged && st.Excluded != "" {
+		r.Recorder.Event(c, corev1.EventTypeWarning, model.LBReasonReservedOverlap, st.Excluded)
 	}
 	return nil
 }

@@ -48,8 +48,30 @@ func waitIngress(t *testing.T, c client.Client, name string, want ...string) *co
 	return &s
 }
 
+// waitIngressCount waits until Service name holds n addresses, and
+// returns them.
+func waitIngressCount(t *testing.T, c client.Client, name string, n int) []string {
+	t.Helper()
+	var got []string
+	eventually(t, 30*time.Second, fmt.Sprintf("%s holding %d addresses", name, n), func() error {
+		var s corev1.Service
+		if err := c.Get(context.Background(), types.NamespacedName{Namespace: "default", Name: name}, &s); err != nil {
+			return err
+		}
+		got = got[:0]
+		for _, ing := range s.Status.LoadBalancer.Ingress {
+			got = append(got, ing.IP)
+		}
+		if len(got) != n {
+			return fmt.Errorf("holds %v", got)
+		}
+		return nil
+	})
+	return got
+}
+
 // TestLoadBalancerVIPs: VIPs from LoadBalancerClass pools into
-// status.loadBalancer.ingress, the lowest free first; an exhausted pool is
+// status.loadBalancer.ingress; an exhausted pool is
 // a Warning Event and an annotation on the Service; a deleted Service's or
 // a Service's that stops being a LoadBalancer address goes back to the
 // pool; a Service of another class is left alone; the class reports how
@@ -64,9 +86,16 @@ func TestLoadBalancerVIPs(t *testing.T) {
 	create(t, c, &lacev1.LoadBalancerClass{ObjectMeta: metav1.ObjectMeta{Name: "dual"},
 		Spec: lacev1.LoadBalancerClassSpec{Addresses: []lacev1.AddressRange{"198.51.100.10-198.51.100.11", "2001:db8:1::/127"}}})
 
+	// Where in the pool a new Service lands follows its UID (not the
+	// lowest free address): lb-a and lb-b share the two addresses.
+	got := map[string]string{}
 	for _, n := range []string{"lb-a", "lb-b"} {
 		create(t, c, lbService(n, nil, corev1.IPFamilyPolicySingleStack))
-		waitIngress(t, c, n, map[string]string{"lb-a": "192.0.2.1", "lb-b": "192.0.2.2"}[n])
+		got[n] = waitIngressCount(t, c, n, 1)[0]
+	}
+	if !slices.Contains([]string{"192.0.2.1", "192.0.2.2"}, got["lb-a"]) || !slices.Contains([]string{"192.0.2.1", "192.0.2.2"}, got["lb-b"]) ||
+		got["lb-a"] == got["lb-b"] {
+		t.Fatalf("lb-a and lb-b hold %v, want the pool's two addresses", got)
 	}
 	create(t, c, lbService("lb-c", nil, corev1.IPFamilyPolicySingleStack))
 	other := lbService("lb-other", ptr.To("example.com/lb"), corev1.IPFamilyPolicySingleStack)
@@ -75,11 +104,13 @@ func TestLoadBalancerVIPs(t *testing.T) {
 	create(t, c, d)
 
 	// lb-d: one VIP per family the cluster gave it, in its order.
-	var want []string
-	for _, f := range d.Spec.IPFamilies {
-		want = append(want, map[corev1.IPFamily]string{corev1.IPv4Protocol: "198.51.100.10", corev1.IPv6Protocol: "2001:db8:1::"}[f])
+	want := waitIngressCount(t, c, "lb-d", len(d.Spec.IPFamilies))
+	for i, f := range d.Spec.IPFamilies {
+		ok := map[corev1.IPFamily][]string{corev1.IPv4Protocol: {"198.51.100.10", "198.51.100.11"}, corev1.IPv6Protocol: {"2001:db8:1::", "2001:db8:1::1"}}[f]
+		if !slices.Contains(ok, want[i]) {
+			t.Fatalf("lb-d holds %v, want one of %v for %s", want, ok, f)
+		}
 	}
-	waitIngress(t, c, "lb-d", want...)
 
 	// lb-c: the pool is exhausted.
 	eventually(t, 30*time.Second, "lb-c reported PoolExhausted", func() error {
@@ -116,7 +147,7 @@ func TestLoadBalancerVIPs(t *testing.T) {
 	if err := c.Delete(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "lb-a"}}); err != nil {
 		t.Fatal(err)
 	}
-	s := waitIngress(t, c, "lb-c", "192.0.2.1")
+	s := waitIngress(t, c, "lb-c", got["lb-a"])
 	eventually(t, 30*time.Second, "lb-c's problem cleared", func() error {
 		if err := c.Get(ctx, types.NamespacedName{Namespace: "default", Name: "lb-c"}, s); err != nil {
 			return err
@@ -156,7 +187,7 @@ func TestLoadBalancerVIPs(t *testing.T) {
 	stop()
 	startController(t, env, nil)
 	create(t, c, lbService("lb-e", nil, corev1.IPFamilyPolicySingleStack))
-	waitIngress(t, c, "lb-e", "192.0.2.2")
-	waitIngress(t, c, "lb-c", "192.0.2.1")
+	waitIngress(t, c, "lb-e", got["lb-b"])
+	waitIngress(t, c, "lb-c", got["lb-a"])
 	waitIngress(t, c, "lb-d", want...)
 }

@@ -102,13 +102,20 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 	if err := (&ServiceReconciler{Client: mgr.GetClient(), Recorder: recorder}).SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("setup service controller: %w", err)
 	}
+	if err := (&UnderlayAddressReconciler{Client: mgr.GetClient(), Recorder: recorder, Allowed: o.AllowedExternalIPs}).SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("setup underlay address controller: %w", err)
+	}
+	if err := (&NetworkEndpointReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: recorder}).SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("setup network endpoint controller: %w", err)
+	}
 	if err := (&RoutingPolicyReconciler{Client: mgr.GetClient(), Recorder: recorder}).SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("setup routing policy controller: %w", err)
 	}
-	if err := (&ExternalIPReconciler{Client: mgr.GetClient(), Recorder: recorder, Allowed: o.AllowedExternalIPs}).SetupWithManager(mgr); err != nil {
+	if err := (&ExternalIPReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: recorder, Allowed: o.AllowedExternalIPs}).SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("setup external IP controller: %w", err)
 	}
-	if err := (&LoadBalancerReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: recorder}).SetupWithManager(mgr); err != nil {
+	if err := (&LoadBalancerReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: recorder,
+		AllowedExternalIPs: o.AllowedExternalIPs}).SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("setup load balancer controller: %w", err)
 	}
 	return mgr, nil

@@ -203,11 +203,18 @@ func (d *Datapath) DetachPod(hostIf string) error {
 	return errors.Join(errs...)
 }
 
-// AttachUnderlay attaches from_underlay to the node's underlay interface.
+// AttachUnderlay attaches from_underlay to the ingress of the node's
+// underlay interface, and to_underlay to its egress (only Lace's own
+// encapsulation reaches other nodes' locators; nothing leaves from another
+// node's address). Egress first: once the node takes SRv6 in, nothing
+// forged leaves it.
 func (d *Datapath) AttachUnderlay(nsPath, ifName string) error {
 	d.mu.Lock()
 	d.podNS = nsPath
 	d.mu.Unlock()
+	if err := d.attach(nsPath, ifName, Egress, d.underlay.ToUnderlay); err != nil {
+		return err
+	}
 	return d.attach(nsPath, ifName, Ingress, d.underlay.FromUnderlay)
 }
 

@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -363,6 +364,68 @@ func (d *Datapath) Classifiers() ([]Classifier, error) {
 	return out, it.Err()
 }
 
+// Inside is a prefix inside the cluster (lace_inside).
+type Inside = tables.Inside
+
+// UpsertInside marks sources in in.Prefix as inside the cluster: plain IP
+// from the fabric with such a source is dropped (outside-spoofed-source).
+func (d *Datapath) UpsertInside(in Inside) error {
+	if err := d.pod.LaceInside.Put(classKey(in.Prefix), uint32(in.Kind)); err != nil {
+		return fmt.Errorf("put inside prefix %s: %w", in.Prefix, err)
+	}
+	return nil
+}
+
+// DeleteInside forgets the inside prefix p; a missing one is fine.
+func (d *Datapath) DeleteInside(p netip.Prefix) error {
+	return ignoreMissing(d.pod.LaceInside.Delete(classKey(p)))
+}
+
+// Insides lists the prefixes inside the cluster.
+func (d *Datapath) Insides() ([]Inside, error) {
+	var out []Inside
+	var k podClassKey
+	var v uint32
+	it := d.pod.LaceInside.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, Inside{Kind: tables.InsideKind(v), Prefix: netip.PrefixFrom(fromAddr16(k.Family, k.Addr), int(k.Prefixlen)-32)})
+	}
+	return out, it.Err()
+}
+
+// NodeLocator is a node's underlay address and its locator.
+type NodeLocator = tables.NodeLocator
+
+// UpsertNodeLocator records that SRv6 from n.Addr speaks for the blocks
+// behind n.Locator.
+func (d *Datapath) UpsertNodeLocator(n NodeLocator) error {
+	loc := n.Locator.Masked().Addr().As16()
+	if err := d.pod.LaceNodeLocs.Put(hostKey(n.Addr), binary.LittleEndian.Uint64(loc[:8])); err != nil {
+		return fmt.Errorf("put locator of node %s: %w", n.Addr, err)
+	}
+	return nil
+}
+
+// DeleteNodeLocator forgets the locator of node address a; a missing one
+// is fine.
+func (d *Datapath) DeleteNodeLocator(a netip.Addr) error {
+	return ignoreMissing(d.pod.LaceNodeLocs.Delete(hostKey(a)))
+}
+
+// NodeLocators lists the nodes' addresses with their locators.
+func (d *Datapath) NodeLocators() ([]NodeLocator, error) {
+	var out []NodeLocator
+	var k podHostKey
+	var v uint64
+	it := d.pod.LaceNodeLocs.Iterate()
+	for it.Next(&k, &v) {
+		var loc [16]byte
+		binary.LittleEndian.PutUint64(loc[:8], v)
+		out = append(out, NodeLocator{Addr: fromAddr16(k.Family, k.Addr), Locator: netip.PrefixFrom(netip.AddrFrom16(loc), 64)})
+	}
+	return out, it.Err()
+}
+
 // UpsertNetwork adds or replaces a network.
 func (d *Datapath) UpsertNetwork(n Network) error {
 	v := podNetVal{}
@@ -456,7 +519,7 @@ func (d *Datapath) MapSizes() (map[string]int, error) {
 	out := map[string]int{}
 	for name, m := range map[string]*ebpf.Map{
 		"endpoints": d.pod.LaceEndpoints, "ports": d.pod.LacePorts, "routes": d.pod.LaceRoutes,
-		"networks": d.pod.LaceNetworks, "classify": d.pod.LaceClassify, "nodes": d.pod.LaceNodes,
+		"networks": d.pod.LaceNetworks, "classify": d.pod.LaceClassify, "inside": d.pod.LaceInside, "nodes": d.pod.LaceNodes,
 		"conntrack": d.pod.LaceCt, "conntrack-new": d.pod.LaceCtNew, "snat": d.pod.LaceSnat, "services": d.pod.LaceServices, "backends": d.pod.LaceBackends,
 	} {
 		n, err := d.countEntries(m)

@@ -203,7 +203,9 @@ const (
 	podMapLaceEndpoints     = "lace_endpoints"
 	podMapLaceForwarded     = "lace_forwarded"
 	podMapLaceHostAddrs     = "lace_host_addrs"
+	podMapLaceInside        = "lace_inside"
 	podMapLaceNetworks      = "lace_networks"
+	podMapLaceNodeLocs      = "lace_node_locs"
 	podMapLaceNodes         = "lace_nodes"
 	podMapLacePodNetns      = "lace_pod_netns"
 	podMapLacePorts         = "lace_ports"
@@ -276,7 +278,9 @@ type podMapSpecs struct {
 	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
 	LaceForwarded     *ebpf.MapSpec `ebpf:"lace_forwarded"`
 	LaceHostAddrs     *ebpf.MapSpec `ebpf:"lace_host_addrs"`
+	LaceInside        *ebpf.MapSpec `ebpf:"lace_inside"`
 	LaceNetworks      *ebpf.MapSpec `ebpf:"lace_networks"`
+	LaceNodeLocs      *ebpf.MapSpec `ebpf:"lace_node_locs"`
 	LaceNodes         *ebpf.MapSpec `ebpf:"lace_nodes"`
 	LacePodNetns      *ebpf.MapSpec `ebpf:"lace_pod_netns"`
 	LacePorts         *ebpf.MapSpec `ebpf:"lace_ports"`
@@ -323,7 +327,9 @@ type podMaps struct {
 	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
 	LaceForwarded     *ebpf.Map `ebpf:"lace_forwarded"`
 	LaceHostAddrs     *ebpf.Map `ebpf:"lace_host_addrs"`
+	LaceInside        *ebpf.Map `ebpf:"lace_inside"`
 	LaceNetworks      *ebpf.Map `ebpf:"lace_networks"`
+	LaceNodeLocs      *ebpf.Map `ebpf:"lace_node_locs"`
 	LaceNodes         *ebpf.Map `ebpf:"lace_nodes"`
 	LacePodNetns      *ebpf.Map `ebpf:"lace_pod_netns"`
 	LacePorts         *ebpf.Map `ebpf:"lace_ports"`
@@ -346,7 +352,9 @@ func (m *podMaps) Close() error {
 		m.LaceEndpoints,
 		m.LaceForwarded,
 		m.LaceHostAddrs,
+		m.LaceInside,
 		m.LaceNetworks,
+		m.LaceNodeLocs,
 		m.LaceNodes,
 		m.LacePodNetns,
 		m.LacePorts,

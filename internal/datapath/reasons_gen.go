@@ -31,6 +31,11 @@ var DropReasons = []string{
 	"source-range",
 	"snat-closed",
 	"no-flow",
+	"outside-spoofed-source",
+	"flow-of-another-network",
+	"icmp-error-no-flow",
+	"node-forged-underlay",
+	"decap-foreign-source",
 }
 
 // DropMeanings say what the drop reasons count, in the same order.
@@ -62,6 +67,11 @@ var DropMeanings = []string{
 	"a source outside the service's loadBalancerSourceRanges",
 	"to a node SNAT port whose pod flow is over (its conntrack entry expired, was evicted or gave the port up)",
 	"a TCP segment that is no SYN toward an outside address, of no flow the node tracks (an answer to a flow that is over): it takes no SNAT port",
+	"plain IP from the fabric with a source inside the cluster (a pod subnet, a service range, a node's locator)",
+	"a packet whose tuple is a live flow of another network: it neither refreshes nor takes that flow",
+	"an ICMP error from a pod about no flow conntrack holds for it with that peer",
+	"the node's own stack sent SRv6 to a locator, or a packet from another node's address: only Lace's encapsulation speaks for the node",
+	"SRv6 whose inner source is a pod of a block the sending node does not own",
 }
 
 // ForwardCounters name the counters, in the order of the C enum.

@@ -220,7 +220,9 @@ const (
 	sockMapLaceEndpoints     = "lace_endpoints"
 	sockMapLaceForwarded     = "lace_forwarded"
 	sockMapLaceHostAddrs     = "lace_host_addrs"
+	sockMapLaceInside        = "lace_inside"
 	sockMapLaceNetworks      = "lace_networks"
+	sockMapLaceNodeLocs      = "lace_node_locs"
 	sockMapLaceNodes         = "lace_nodes"
 	sockMapLacePodNetns      = "lace_pod_netns"
 	sockMapLacePorts         = "lace_ports"
@@ -306,7 +308,9 @@ type sockMapSpecs struct {
 	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
 	LaceForwarded     *ebpf.MapSpec `ebpf:"lace_forwarded"`
 	LaceHostAddrs     *ebpf.MapSpec `ebpf:"lace_host_addrs"`
+	LaceInside        *ebpf.MapSpec `ebpf:"lace_inside"`
 	LaceNetworks      *ebpf.MapSpec `ebpf:"lace_networks"`
+	LaceNodeLocs      *ebpf.MapSpec `ebpf:"lace_node_locs"`
 	LaceNodes         *ebpf.MapSpec `ebpf:"lace_nodes"`
 	LacePodNetns      *ebpf.MapSpec `ebpf:"lace_pod_netns"`
 	LacePorts         *ebpf.MapSpec `ebpf:"lace_ports"`
@@ -354,7 +358,9 @@ type sockMaps struct {
 	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
 	LaceForwarded     *ebpf.Map `ebpf:"lace_forwarded"`
 	LaceHostAddrs     *ebpf.Map `ebpf:"lace_host_addrs"`
+	LaceInside        *ebpf.Map `ebpf:"lace_inside"`
 	LaceNetworks      *ebpf.Map `ebpf:"lace_networks"`
+	LaceNodeLocs      *ebpf.Map `ebpf:"lace_node_locs"`
 	LaceNodes         *ebpf.Map `ebpf:"lace_nodes"`
 	LacePodNetns      *ebpf.Map `ebpf:"lace_pod_netns"`
 	LacePorts         *ebpf.Map `ebpf:"lace_ports"`
@@ -378,7 +384,9 @@ func (m *sockMaps) Close() error {
 		m.LaceEndpoints,
 		m.LaceForwarded,
 		m.LaceHostAddrs,
+		m.LaceInside,
 		m.LaceNetworks,
+		m.LaceNodeLocs,
 		m.LaceNodes,
 		m.LacePodNetns,
 		m.LacePorts,

@@ -249,7 +249,9 @@ const (
 	underlayMapLaceEndpoints     = "lace_endpoints"
 	underlayMapLaceForwarded     = "lace_forwarded"
 	underlayMapLaceHostAddrs     = "lace_host_addrs"
+	underlayMapLaceInside        = "lace_inside"
 	underlayMapLaceNetworks      = "lace_networks"
+	underlayMapLaceNodeLocs      = "lace_node_locs"
 	underlayMapLaceNodes         = "lace_nodes"
 	underlayMapLacePodNetns      = "lace_pod_netns"
 	underlayMapLacePorts         = "lace_ports"
@@ -261,6 +263,7 @@ const (
 	underlayMapLaceXlbRev        = "lace_xlb_rev"
 	underlayMapLaceXlbScratch    = "lace_xlb_scratch"
 	underlayProgFromUnderlay     = "from_underlay"
+	underlayProgToUnderlay       = "to_underlay"
 )
 
 // loadUnderlay returns the embedded CollectionSpec for underlay.
@@ -306,6 +309,7 @@ type underlaySpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type underlayProgramSpecs struct {
 	FromUnderlay *ebpf.ProgramSpec `ebpf:"from_underlay"`
+	ToUnderlay   *ebpf.ProgramSpec `ebpf:"to_underlay"`
 }
 
 // underlayMapSpecs contains maps before they are loaded into the kernel.
@@ -323,7 +327,9 @@ type underlayMapSpecs struct {
 	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
 	LaceForwarded     *ebpf.MapSpec `ebpf:"lace_forwarded"`
 	LaceHostAddrs     *ebpf.MapSpec `ebpf:"lace_host_addrs"`
+	LaceInside        *ebpf.MapSpec `ebpf:"lace_inside"`
 	LaceNetworks      *ebpf.MapSpec `ebpf:"lace_networks"`
+	LaceNodeLocs      *ebpf.MapSpec `ebpf:"lace_node_locs"`
 	LaceNodes         *ebpf.MapSpec `ebpf:"lace_nodes"`
 	LacePodNetns      *ebpf.MapSpec `ebpf:"lace_pod_netns"`
 	LacePorts         *ebpf.MapSpec `ebpf:"lace_ports"`
@@ -373,7 +379,9 @@ type underlayMaps struct {
 	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
 	LaceForwarded     *ebpf.Map `ebpf:"lace_forwarded"`
 	LaceHostAddrs     *ebpf.Map `ebpf:"lace_host_addrs"`
+	LaceInside        *ebpf.Map `ebpf:"lace_inside"`
 	LaceNetworks      *ebpf.Map `ebpf:"lace_networks"`
+	LaceNodeLocs      *ebpf.Map `ebpf:"lace_node_locs"`
 	LaceNodes         *ebpf.Map `ebpf:"lace_nodes"`
 	LacePodNetns      *ebpf.Map `ebpf:"lace_pod_netns"`
 	LacePorts         *ebpf.Map `ebpf:"lace_ports"`
@@ -399,7 +407,9 @@ func (m *underlayMaps) Close() error {
 		m.LaceEndpoints,
 		m.LaceForwarded,
 		m.LaceHostAddrs,
+		m.LaceInside,
 		m.LaceNetworks,
+		m.LaceNodeLocs,
 		m.LaceNodes,
 		m.LacePodNetns,
 		m.LacePorts,
@@ -424,11 +434,13 @@ type underlayVariables struct {
 // It can be passed to loadUnderlayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type underlayPrograms struct {
 	FromUnderlay *ebpf.Program `ebpf:"from_underlay"`
+	ToUnderlay   *ebpf.Program `ebpf:"to_underlay"`
 }
 
 func (p *underlayPrograms) Close() error {
 	return _UnderlayClose(
 		p.FromUnderlay,
+		p.ToUnderlay,
 	)
 }
 

@@ -656,8 +656,11 @@ type svcEnv struct {
 }
 
 func (in ServicesInput) env() *svcEnv {
+	// The underlay addresses the agents believe, not all a node wrote.
+	ueps, _ := model.AcceptUnderlays(model.UnderlayInput{Underlays: in.UnderlayEndpoints, Nodes: in.Nodes, Networks: in.Networks,
+		LoadBalancerPools: in.Classes, AllowedExternalIPs: allowedExternalIPs(in.Services)})
 	return &svcEnv{networks: in.Networks, nbps: in.BindingPolicies, nss: in.Namespaces, nodes: in.Nodes, svcs: in.Services,
-		eps: in.EndpointSlices, neps: in.NetworkEndpoints, ueps: in.UnderlayEndpoints, nrps: in.RoutingPolicies,
+		eps: in.EndpointSlices, neps: in.NetworkEndpoints, ueps: ueps, nrps: in.RoutingPolicies,
 		srps: in.ServiceRoutingPolicies, classes: in.Classes, leases: in.Leases, now: in.Now}
 }
 

@@ -814,6 +814,16 @@ func ReadTraceInput(ctx context.Context, c client.Client, in *TraceInput) error 
 	}
 	in.Networks, in.RoutingPolicies, in.ServiceRoutingPolicies = nets.Items, nrps.Items, srps.Items
 	in.BindingPolicies, in.Namespaces, in.UnderlayEndpoints, in.Services = nbps.Items, nss.Items, ueps.Items, svcs.Items
+	// Only the underlay addresses the agents believe (model.AcceptUnderlays).
+	var uepNodes corev1.NodeList
+	var uepClasses lacev1.LoadBalancerClassList
+	for _, l := range []client.ObjectList{&uepNodes, &uepClasses} {
+		if err := c.List(ctx, l); err != nil {
+			return fmt.Errorf("list %T: %w", l, err)
+		}
+	}
+	in.UnderlayEndpoints, _ = model.AcceptUnderlays(model.UnderlayInput{Underlays: ueps.Items, Nodes: uepNodes.Items, Networks: nets.Items,
+		LoadBalancerPools: uepClasses.Items, AllowedExternalIPs: allowedExternalIPs(svcs.Items)})
 
 	ns := in.Namespace
 	if ns == "" {

@@ -61,9 +61,12 @@ func (r ExternalIPRefusal) String() string {
 }
 
 // ParseAllowedExternalIPs reads the operator's allow-list (CIDRs, as the
-// flags and the chart's values give them).
-func ParseAllowedExternalIPs(cidrs []string) ([]netip.Prefix, error) {
-	var out []netip.Prefix
+// flags and the chart's values give them). A CIDR with host bits set
+// (192.0.2.5/16) is refused, not silently widened to its network: the
+// operator meant either the address or the range, and guessing the wider
+// one would allow 65536 addresses for one. A /0 allows every address
+// that is not reserved: warnings says so.
+func ParseAllowedExternalIPs(cidrs []string) (out []netip.Prefix, warnings []string, err error) {
 	for _, c := range cidrs {
 		c = strings.TrimSpace(c)
 		if c == "" {
@@ -73,13 +76,23 @@ func ParseAllowedExternalIPs(cidrs []string) ([]netip.Prefix, error) {
 		if err != nil {
 			a, err2 := netip.ParseAddr(c)
 			if err2 != nil {
-				return nil, fmt.Errorf("allowed external IPs: %q is neither a CIDR nor an address", c)
+				return nil, nil, fmt.Errorf("allowed external IPs: %q is neither a CIDR nor an address", c)
 			}
 			p = netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())
 		}
-		out = append(out, p.Masked())
+		if p != p.Masked() {
+			return nil, nil, fmt.Errorf("allowed external IPs: %q has host bits set: write %s (the range) or %s/%d (the one address)",
+				c, p.Masked(), p.Addr(), p.Addr().BitLen())
+		}
+		if p.Addr().Is4In6() {
+			return nil, nil, fmt.Errorf("allowed external IPs: %q is an IPv4-mapped prefix: write the IPv4 one", c)
+		}
+		if p.Bits() == 0 {
+			warnings = append(warnings, fmt.Sprintf("allowed external IPs: %s allows every address of its family (reserved ones excepted): any tenant may name any outside address", c))
+		}
+		out = append(out, p)
 	}
-	return out, nil
+	return out, warnings, nil
 }
 
 // admitExternalIP is the one verdict on an external IP address by itself
@@ -176,16 +189,82 @@ func entryOwnerAddr(s *tables.Service) netip.Addr {
 
 // wins tells whether entry a takes the (address, protocol, port) both
 // claim from b: the lower frontend kind (ClusterIP, NodePort, load
-// balancer, external IP), then the older Service.
+// balancer, external IP), then the older Service. An entry whose Service
+// is unknown never wins against a known one.
 func (o owners) wins(a, b *tables.Service) bool {
 	if a.Frontend != b.Frontend {
 		return a.Frontend < b.Frontend
 	}
 	ra, rb := o[entryOwnerAddr(a)], o[entryOwnerAddr(b)]
-	if ra == nil || rb == nil || ra == rb {
+	switch {
+	case ra == rb || ra == nil:
 		return false
+	case rb == nil:
+		return true
 	}
 	return ra.Age.Compare(rb.Age) < 0
+}
+
+// addrClaim is a Service's strongest claim on an address: the lowest
+// frontend kind it has there.
+type addrClaim struct {
+	r    *ServiceResult
+	kind tables.Frontend
+}
+
+// before tells whether claim a outranks b: the lower kind, the older
+// Service, then (same age: a broken or hand-made object) namespace/name.
+func (a addrClaim) before(b addrClaim) bool {
+	if a.kind != b.kind {
+		return a.kind < b.kind
+	}
+	if c := a.r.Age.Compare(b.r.Age); c != 0 {
+		return c < 0
+	}
+	return cmp.Or(cmp.Compare(a.r.Binding.Namespace, b.r.Binding.Namespace), cmp.Compare(a.r.Binding.Name, b.r.Binding.Name)) < 0
+}
+
+// externalOwners gives every address that some bound Service serves as an
+// external IP its one owner, across ports and protocols: the Service with
+// the strongest claim on it (any frontend there, or a load balancer
+// status address, ipMode Proxy too). Only the owner's external IP entries
+// on the address are served; a newer Service cannot add a port or a
+// protocol to an address another holds. nil when no Service has an
+// external IP entry (the common case costs one pass).
+func externalOwners(results []*ServiceResult) map[netip.Addr]addrClaim {
+	var own map[netip.Addr]addrClaim
+	for _, r := range results {
+		for i := range r.Services {
+			if s := &r.Services[i]; s.Frontend == tables.FrontendExternalIP {
+				if own == nil {
+					own = map[netip.Addr]addrClaim{}
+				}
+				own[s.VIP] = addrClaim{}
+			}
+		}
+	}
+	if own == nil {
+		return nil
+	}
+	claim := func(a netip.Addr, c addrClaim) {
+		cur, ok := own[a]
+		if ok && (cur.r == nil || c.before(cur)) {
+			own[a] = c
+		}
+	}
+	for _, r := range results {
+		if r.Skipped {
+			continue
+		}
+		for i := range r.Services {
+			s := &r.Services[i]
+			claim(s.VIP, addrClaim{r, s.Frontend})
+		}
+		for _, a := range r.LoadBalancerAddrs {
+			claim(a, addrClaim{r, tables.FrontendLoadBalancer})
+		}
+	}
+	return own
 }
 
 // ExternalIPInput is what the verdict on every Service's external IPs
@@ -229,8 +308,10 @@ func ExternalIPProblems(in ExternalIPInput) map[ServiceKey][]ExternalIPRefusal {
 		served[slot{s.VIP, s.Proto, s.Port}] = s
 	}
 	own := newOwners(ptrs)
+	xown := externalOwners(ptrs)
 	out := map[ServiceKey][]ExternalIPRefusal{}
-	for i, r := range results {
+	for i := range results {
+		r := &results[i]
 		svc := &in.Services[i]
 		if r.Skipped {
 			continue
@@ -248,11 +329,17 @@ func ExternalIPProblems(in ExternalIPInput) map[ServiceKey][]ExternalIPRefusal {
 			if s.Frontend != tables.FrontendExternalIP {
 				continue
 			}
-			w := served[slot{s.VIP, s.Proto, s.Port}]
-			if w == nil || w.ClusterIP == s.ClusterIP && w.Frontend == s.Frontend {
+			if _, done := lost[s.VIP]; done {
 				continue
 			}
-			if _, done := lost[s.VIP]; done {
+			// The address is another Service's (MergeServices drops
+			// every external IP entry of this one on it).
+			if o := xown[s.VIP]; o.r != nil && o.r != &results[i] {
+				lost[s.VIP] = fmt.Sprintf("the address is held by Service %s/%s (%s)", o.r.Binding.Namespace, o.r.Binding.Name, o.kind)
+				continue
+			}
+			w := served[slot{s.VIP, s.Proto, s.Port}]
+			if w == nil || w.ClusterIP == s.ClusterIP && w.Frontend == s.Frontend {
 				continue
 			}
 			holder := "another Service"

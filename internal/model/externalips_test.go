@@ -127,7 +127,13 @@ func TestExternalIPProblemsMatchTheAgents(t *testing.T) {
 		in.AllowedExternalIPs = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("172.30.0.0/24")}
 		n := 2 + rng.IntN(6)
 		for i := range n {
-			ports := []corev1.ServicePort{svPort("http", corev1.ProtocolTCP, int32(80+rng.IntN(2)))}
+			// Mixed ports and protocols: an address is owned across
+			// them, never shared port by port.
+			protos := []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolSCTP}
+			var ports []corev1.ServicePort
+			for k := range 1 + rng.IntN(3) {
+				ports = append(ports, svPort(fmt.Sprintf("p%d", k), protos[rng.IntN(len(protos))], int32(80+rng.IntN(3))))
+			}
 			opts := []svcOpt{born(rng.IntN(4), fmt.Sprintf("uid-%d", rng.IntN(100)))}
 			var x []string
 			for range rng.IntN(3) {
@@ -137,16 +143,20 @@ func TestExternalIPProblemsMatchTheAgents(t *testing.T) {
 			if rng.IntN(4) == 0 {
 				opts = append(opts, func(s *corev1.Service) {
 					s.Spec.Type = corev1.ServiceTypeLoadBalancer
-					s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: addrs[rng.IntN(3)]}}
+					in := corev1.LoadBalancerIngress{IP: addrs[rng.IntN(3)]}
+					if rng.IntN(3) == 0 {
+						in.IPMode = ptrTo(corev1.LoadBalancerIPModeProxy)
+					}
+					s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{in}
 				})
 			}
 			in.Services = append(in.Services, svService(fmt.Sprintf("s%d", i), fmt.Sprintf("10.96.1.%d", i), ports, opts...))
 		}
 		st := ComputeServices(in)
-		served := map[string]bool{} // "svc ClusterIP|addr|port"
+		served := map[string]bool{} // "svc ClusterIP|addr|proto|port"
 		for _, s := range st.Services {
 			if s.Frontend == tables.FrontendExternalIP {
-				served[fmt.Sprintf("%s|%s|%d", s.ClusterIP, s.VIP, s.Port)] = true
+				served[fmt.Sprintf("%s|%s|%d|%d", s.ClusterIP, s.VIP, s.Proto, s.Port)] = true
 			}
 		}
 		problems := ExternalIPProblems(ExternalIPInput{Networks: in.Networks, BindingPolicies: in.BindingPolicies,
@@ -157,9 +167,18 @@ func TestExternalIPProblemsMatchTheAgents(t *testing.T) {
 				reported[r.Addr] = true
 			}
 			for _, x := range svc.Spec.ExternalIPs {
-				ok := served[fmt.Sprintf("%s|%s|%d", svc.Spec.ClusterIP, x, svc.Spec.Ports[0].Port)]
-				if ok == reported[x] {
-					t.Fatalf("seed %d: %s's %s served %v, reported %v (problems %v)", seed, svc.Name, x, ok, reported[x], problems)
+				// Served on every port of the Service, or on none and
+				// reported: never part of them.
+				n := 0
+				for _, sp := range svc.Spec.Ports {
+					proto, _ := protoNum(sp.Protocol)
+					if served[fmt.Sprintf("%s|%s|%d|%d", svc.Spec.ClusterIP, x, proto, sp.Port)] {
+						n++
+					}
+				}
+				all := n == len(svc.Spec.Ports)
+				if n != 0 && !all || all == reported[x] {
+					t.Fatalf("seed %d: %s's %s served on %d of %d ports, reported %v (problems %v)", seed, svc.Name, x, n, len(svc.Spec.Ports), reported[x], problems)
 				}
 			}
 		}

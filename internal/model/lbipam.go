@@ -114,6 +114,9 @@ type LBClassState struct {
 	Reason    string // of the Ready condition
 	Message   string
 	Allocated int
+	// Excluded says which addresses of the pool are never handed out
+	// (reserved ones, other Services' external IPs): "" when none.
+	Excluded string
 }
 
 // LBServiceState is what the allocation decides for one Service it
@@ -174,7 +177,8 @@ func (c *lbClass) admits(ns string, nsLabels map[string]string, asks bool) (reas
 // What a Service holds (status.loadBalancer.ingress) is kept while it is
 // valid (in its class's pool, of a family it asks for, not held by an older
 // Service, matching what it requests), so a controller restart or another
-// Service's change never moves a VIP; new ones get the lowest free address.
+// Service's change never moves a VIP; a new one is a free address found
+// from a place in the pool the Service's UID gives (pickFree).
 // Services are served oldest first, so two asking for one address resolve
 // the same way every time. Addresses other implementations' Services hold
 // are never handed out; their Services (another class, or none while Lace
@@ -184,7 +188,10 @@ func (c *lbClass) admits(ns string, nsLabels map[string]string, asks bool) (reas
 // lets only those its addressRequestNamespaceSelector selects ask for a
 // specific address (namespaces: namespace -> labels); a Service it refuses
 // holds nothing, not even what it held.
-func AllocateLoadBalancers(classes []lacev1.LoadBalancerClass, svcs []corev1.Service, namespaces map[string]map[string]string) LBResult {
+//
+// Addresses avoid says are never handed out (LBAvoid), and what of a pool
+// they exclude is said on its class (LBClassState.Excluded).
+func AllocateLoadBalancers(classes []lacev1.LoadBalancerClass, svcs []corev1.Service, namespaces map[string]map[string]string, avoid LBAvoid) LBResult {
 	res := LBResult{Classes: map[string]LBClassState{}, Services: map[string]LBServiceState{}, Release: map[string]bool{}}
 	byName := map[string]*lbClass{}
 	var defaults []string
@@ -198,6 +205,7 @@ func AllocateLoadBalancers(classes []lacev1.LoadBalancerClass, svcs []corev1.Ser
 		return cmp.Compare(a.Name, b.Name)
 	})
 	var earlier []*lbClass
+	xips := externalIPClaims(svcs, avoid)
 	for _, c := range sorted {
 		st := LBClassState{Ready: true, Reason: LBReasonReady, Message: "the pool is usable"}
 		lc := &lbClass{name: c.Name}
@@ -227,6 +235,7 @@ func AllocateLoadBalancers(classes []lacev1.LoadBalancerClass, svcs []corev1.Ser
 			defaults = append(defaults, c.Name)
 		}
 		lc.ready, lc.problem = st.Ready, st.Message
+		st.Excluded = excludedFrom(lc, avoid, xips)
 		res.Classes[c.Name] = st
 		byName[c.Name] = lc
 		earlier = append(earlier, lc)
@@ -281,18 +290,23 @@ func AllocateLoadBalancers(classes []lacev1.LoadBalancerClass, svcs []corev1.Ser
 		reason  string // set: keep what it holds, hand out nothing new
 		message string
 		refused bool // the class refuses the Service: it keeps nothing either
+		svc     *corev1.Service
 	}
 	var todo []*pending
 	for _, s := range order {
 		name := className(s, defaultClass)
-		p := &pending{key: s.Namespace + "/" + s.Name, class: byName[name], name: name, want: s.Spec.IPFamilies,
+		p := &pending{key: s.Namespace + "/" + s.Name, class: byName[name], name: name, want: s.Spec.IPFamilies, svc: s,
 			request: map[bool]netip.Addr{}, got: map[bool]netip.Addr{}}
 		if len(p.want) == 0 {
 			p.want = []corev1.IPFamily{corev1.IPv4Protocol}
 		}
 		switch {
 		case p.class == nil:
-			p.reason, p.message = LBReasonNoClass, fmt.Sprintf("LoadBalancerClass %s does not exist", name)
+			// Nobody checks a class that does not exist against the
+			// Service's namespace: it holds nothing (else a Service could
+			// keep an address through a made-up class forever).
+			p.reason, p.refused = LBReasonNoClass, true
+			p.message = fmt.Sprintf("LoadBalancerClass %s does not exist: no address, any held is released", name)
 		case !p.class.ready:
 			p.reason, p.message = LBReasonNoClass, fmt.Sprintf("LoadBalancerClass %s is not Ready (%s): no new addresses", name, p.class.problem)
 		}
@@ -318,14 +332,14 @@ func AllocateLoadBalancers(classes []lacev1.LoadBalancerClass, svcs []corev1.Ser
 		if len(bad) > 0 && p.reason == "" && !p.refused {
 			p.reason, p.message = LBReasonInvalidRequestedIP, "requested addresses: "+strings.Join(bad, "; ")
 		}
-		// What it holds and may keep: in its class's pool (any address,
-		// while the class is gone).
+		// What it holds and may keep: in its class's pool.
 		for _, a := range IngressAddrs(s) {
 			v4 := a.Is4()
 			if p.refused {
 				break
 			}
-			if !wantsFamily(p.want, v4) || held[a] != "" || p.got[v4].IsValid() || (p.class != nil && !inPool(p.class, a)) {
+			if !wantsFamily(p.want, v4) || held[a] != "" || p.got[v4].IsValid() || !inPool(p.class, a) ||
+				reservedIn(a, avoid.Reserved) != "" {
 				continue
 			}
 			if r, ok := p.request[v4]; ok && r != a {
@@ -371,13 +385,17 @@ func AllocateLoadBalancers(classes []lacev1.LoadBalancerClass, svcs []corev1.Ser
 				case held[r] != "":
 					st.Reason = LBReasonAddressConflict
 					problems = append(problems, fmt.Sprintf("%s is held by %s", r, held[r]))
+				case avoidProblem(r, p.key, avoid, xips) != "":
+					st.Reason = LBReasonAddressConflict
+					problems = append(problems, avoidProblem(r, p.key, avoid, xips))
 				default:
 					held[r] = p.key
 					st.IPs = append(st.IPs, r)
 				}
 				continue
 			}
-			a, ok := lowestFree(p.class, v4, held)
+			taken := func(a netip.Addr) bool { return held[a] != "" || xips[a] != "" && xips[a] != p.key }
+			a, ok := pickFree(p.class, v4, allocSeed(p.svc, v4), avoid.Reserved, taken, len(held)+len(xips))
 			if !ok {
 				st.Reason = LBReasonPoolExhausted
 				problems = append(problems, fmt.Sprintf("class %s has no free %s address", p.class.name, fam))
@@ -463,21 +481,4 @@ func inPool(c *lbClass, a netip.Addr) bool {
 
 func poolHasFamily(c *lbClass, v4 bool) bool {
 	return slices.ContainsFunc(c.ranges, func(r IPRange) bool { return r.First.Is4() == v4 })
-}
-
-// lowestFree is the first address of the class's ranges (in their order)
-// of the family that nobody holds. Held addresses are few (one per Service
-// and family), so the walk skips at most that many.
-func lowestFree(c *lbClass, v4 bool, held map[netip.Addr]string) (netip.Addr, bool) {
-	for _, r := range c.ranges {
-		if r.First.Is4() != v4 {
-			continue
-		}
-		for a := r.First; a.IsValid() && !r.Last.Less(a); a = a.Next() {
-			if held[a] == "" {
-				return a, true
-			}
-		}
-	}
-	return netip.Addr{}, false
 }

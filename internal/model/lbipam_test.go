@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
@@ -81,7 +82,7 @@ func TestAllocateLoadBalancers(t *testing.T) {
 
 	// The lowest free address, oldest Service first; the pool runs out.
 	res := AllocateLoadBalancers([]lacev1.LoadBalancerClass{small, dual}, []corev1.Service{
-		lbSvc("c", 3, nil, v4only), lbSvc("a", 1, nil, v4only), lbSvc("b", 2, nil, v4only)}, nil)
+		lbSvc("c", 3, nil, v4only), lbSvc("a", 1, nil, v4only), lbSvc("b", 2, nil, v4only)}, nil, LBAvoid{})
 	if ips(res.Services["ns/a"]) != "[192.0.2.1]" || ips(res.Services["ns/b"]) != "[192.0.2.2]" {
 		t.Errorf("a %v, b %v: want .1 and .2, oldest first", res.Services["ns/a"], res.Services["ns/b"])
 	}
@@ -95,13 +96,13 @@ func TestAllocateLoadBalancers(t *testing.T) {
 	// What a Service holds stays, whoever came first (a restart, a change
 	// elsewhere); a newer one gets what is free.
 	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{small}, []corev1.Service{
-		lbSvc("a", 1, nil, v4only), lbSvc("b", 2, nil, v4only, "192.0.2.2")}, nil)
+		lbSvc("a", 1, nil, v4only), lbSvc("b", 2, nil, v4only, "192.0.2.2")}, nil, LBAvoid{})
 	if ips(res.Services["ns/a"]) != "[192.0.2.1]" || ips(res.Services["ns/b"]) != "[192.0.2.2]" {
 		t.Errorf("held address moved: a %v, b %v", res.Services["ns/a"], res.Services["ns/b"])
 	}
 	// Two holding one address: the older keeps it, the newer moves.
 	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{small}, []corev1.Service{
-		lbSvc("b", 2, nil, v4only, "192.0.2.1"), lbSvc("a", 1, nil, v4only, "192.0.2.1")}, nil)
+		lbSvc("b", 2, nil, v4only, "192.0.2.1"), lbSvc("a", 1, nil, v4only, "192.0.2.1")}, nil, LBAvoid{})
 	if ips(res.Services["ns/a"]) != "[192.0.2.1]" || ips(res.Services["ns/b"]) != "[192.0.2.2]" {
 		t.Errorf("one address held twice: a %v, b %v, want the older keeping it", res.Services["ns/a"], res.Services["ns/b"])
 	}
@@ -109,7 +110,7 @@ func TestAllocateLoadBalancers(t *testing.T) {
 	// Families: one VIP per family asked for and offered, in the Service's
 	// order; a family the class lacks is reported.
 	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{small, dual}, []corev1.Service{
-		lbSvc("d", 1, dualName, v6v4), lbSvc("e", 2, nil, v6v4)}, nil)
+		lbSvc("d", 1, dualName, v6v4), lbSvc("e", 2, nil, v6v4)}, nil, LBAvoid{})
 	if ips(res.Services["ns/d"]) != "[2001:db8:1:: 198.51.100.10]" || res.Services["ns/d"].Reason != "" {
 		t.Errorf("dual-stack Service in a dual-stack class: %+v", res.Services["ns/d"])
 	}
@@ -125,7 +126,7 @@ func TestAllocateLoadBalancers(t *testing.T) {
 	g.Spec.LoadBalancerIP = "198.51.100.11"
 	h := lbSvc("h", 3, dualName, v4only)
 	h.Spec.LoadBalancerIP = "203.0.113.1"
-	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{small, dual}, []corev1.Service{h, g, f}, nil)
+	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{small, dual}, []corev1.Service{h, g, f}, nil, LBAvoid{})
 	if ips(res.Services["ns/f"]) != "[198.51.100.11]" {
 		t.Errorf("requested by annotation: %+v", res.Services["ns/f"])
 	}
@@ -140,7 +141,7 @@ func TestAllocateLoadBalancers(t *testing.T) {
 	// default; two defaults; overlapping and invalid pools.
 	other := lbSvc("o", 1, ptr.To("example.com/lb"), v4only)
 	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{small, lbPool("small2", true, "203.0.113.0/24")},
-		[]corev1.Service{other, lbSvc("p", 2, nil, v4only)}, nil)
+		[]corev1.Service{other, lbSvc("p", 2, nil, v4only)}, nil, LBAvoid{})
 	if _, ok := res.Services["ns/o"]; ok {
 		t.Errorf("a Service of another class was handled: %+v", res.Services["ns/o"])
 	}
@@ -153,7 +154,7 @@ func TestAllocateLoadBalancers(t *testing.T) {
 		}
 	}
 	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{lbPool("x", false, "192.0.2.0/29"), lbPool("y", false, "192.0.2.4-192.0.2.9"),
-		lbPool("z", false, "2001:db8::9-2001:db8::1")}, nil, nil)
+		lbPool("z", false, "2001:db8::9-2001:db8::1")}, nil, nil, LBAvoid{})
 	for c, want := range map[string]string{"x": LBReasonReady, "y": LBReasonOverlap, "z": LBReasonInvalidRange} {
 		if got := res.Classes[c]; got.Ready != (want == LBReasonReady) || got.Reason != want {
 			t.Errorf("class %s: %+v, want %s (the older of two overlapping classes stays)", c, got, want)
@@ -164,7 +165,7 @@ func TestAllocateLoadBalancers(t *testing.T) {
 	// out; nor are Services naming no class touched without a Lace
 	// default.
 	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{lbPool("nodef", false, "192.0.2.0/30")}, []corev1.Service{
-		lbSvc("metallb", 1, nil, v4only, "192.0.2.1"), lbSvc("mine", 2, ptr.To("lace-cni.io/nodef"), v4only)}, nil)
+		lbSvc("metallb", 1, nil, v4only, "192.0.2.1"), lbSvc("mine", 2, ptr.To("lace-cni.io/nodef"), v4only)}, nil, LBAvoid{})
 	if _, ok := res.Services["ns/metallb"]; ok || ips(res.Services["ns/mine"]) != "[192.0.2.2]" {
 		t.Errorf("beside another implementation's Service: %+v", res.Services)
 	}
@@ -173,7 +174,7 @@ func TestAllocateLoadBalancers(t *testing.T) {
 	// what it handed out and hands out nothing new.
 	broken := lbPool("small", true, "192.0.2.0/30", "2001:db8::9-2001:db8::1")
 	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{broken}, []corev1.Service{
-		lbSvc("a", 1, nil, v4only, "192.0.2.2"), lbSvc("b", 2, nil, v4only)}, nil)
+		lbSvc("a", 1, nil, v4only, "192.0.2.2"), lbSvc("b", 2, nil, v4only)}, nil, LBAvoid{})
 	if a := res.Services["ns/a"]; ips(a) != "[192.0.2.2]" || a.Reason != LBReasonNoClass {
 		t.Errorf("held address in a class gone bad: %+v, want kept with a report", a)
 	}
@@ -186,7 +187,7 @@ func TestAllocateLoadBalancers(t *testing.T) {
 	two.Annotations = map[string]string{AnnotationLoadBalancerIPs: "192.0.2.1,192.0.2.2"}
 	fam := lbSvc("fam", 2, nil, v4only)
 	fam.Spec.LoadBalancerIP = "2001:db8::5"
-	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{small}, []corev1.Service{two, fam}, nil)
+	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{small}, []corev1.Service{two, fam}, nil, LBAvoid{})
 	for _, k := range []string{"ns/two", "ns/fam"} {
 		if st := res.Services[k]; st.Reason != LBReasonInvalidRequestedIP || len(st.IPs) != 0 {
 			t.Errorf("%s: %+v, want InvalidRequestedIP", k, st)
@@ -196,7 +197,7 @@ func TestAllocateLoadBalancers(t *testing.T) {
 	// Not a LoadBalancer (any more): nothing allocated.
 	np := lbSvc("n", 1, nil, v4only, "192.0.2.1")
 	np.Spec.Type = corev1.ServiceTypeNodePort
-	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{small}, []corev1.Service{np}, nil)
+	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{small}, []corev1.Service{np}, nil, LBAvoid{})
 	if _, ok := res.Services["ns/n"]; ok || res.Classes["small"].Allocated != 0 || !res.Release["ns/n"] {
 		t.Errorf("a NodePort Service holds a VIP: %+v, want it released", res)
 	}
@@ -208,6 +209,10 @@ func TestAllocateLoadBalancers(t *testing.T) {
 // over the result changes nothing (stable across restarts).
 func TestAllocateLoadBalancersNeverTwice(t *testing.T) {
 	classes := []lacev1.LoadBalancerClass{lbPool("a", true, "192.0.2.0/28", "2001:db8::/124"), lbPool("b", false, "198.51.100.0-198.51.100.3")}
+	// A node address and a slice of a pod subnet inside the pools, and an
+	// allow-list under which some Services name pool addresses.
+	avoid := LBAvoid{Reserved: []netip.Prefix{netip.MustParsePrefix("192.0.2.6/32"), netip.MustParsePrefix("2001:db8::8/126")},
+		AllowedExternalIPs: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}}
 	for seed := range 200 {
 		var svcs []corev1.Service
 		for i := range 8 + seed%13 {
@@ -217,6 +222,10 @@ func TestAllocateLoadBalancersNeverTwice(t *testing.T) {
 			}
 			fam := [][]corev1.IPFamily{v4only, v6v4, {corev1.IPv6Protocol}}[(seed*7+i)%3]
 			s := lbSvc(fmt.Sprint("s", i), (seed*31+i*17)%50, class, fam)
+			s.UID = types.UID(fmt.Sprintf("uid-%d-%d", seed, i))
+			if i%5 == 4 {
+				s.Spec.ExternalIPs = []string{fmt.Sprintf("192.0.2.%d", (seed+i)%16)}
+			}
 			switch (seed + i*5) % 4 {
 			case 0:
 				s.Spec.LoadBalancerIP = fmt.Sprintf("192.0.2.%d", (seed+i)%16)
@@ -225,7 +234,8 @@ func TestAllocateLoadBalancersNeverTwice(t *testing.T) {
 			}
 			svcs = append(svcs, s)
 		}
-		res := AllocateLoadBalancers(classes, svcs, nil)
+		res := AllocateLoadBalancers(classes, svcs, nil, avoid)
+		xips := externalIPClaims(svcs, avoid)
 		seen := map[netip.Addr]string{}
 		for i := range svcs {
 			key := "ns/" + svcs[i].Name
@@ -238,13 +248,19 @@ func TestAllocateLoadBalancersNeverTwice(t *testing.T) {
 				if !wantsFamily(svcs[i].Spec.IPFamilies, a.Is4()) {
 					t.Fatalf("seed %d: %s got %s, a family it did not ask for", seed, key, a)
 				}
+				if reservedIn(a, avoid.Reserved) != "" {
+					t.Fatalf("seed %d: %s got the reserved %s", seed, key, a)
+				}
+				if o := xips[a]; o != "" && o != key && !slices.Contains(IngressAddrs(&svcs[i]), a) {
+					t.Fatalf("seed %d: %s was handed %s, an external IP of %s", seed, key, a, o)
+				}
 			}
 			svcs[i].Status.LoadBalancer.Ingress = nil
 			for _, a := range st.IPs {
 				svcs[i].Status.LoadBalancer.Ingress = append(svcs[i].Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: a.String()})
 			}
 		}
-		again := AllocateLoadBalancers(classes, svcs, nil)
+		again := AllocateLoadBalancers(classes, svcs, nil, avoid)
 		for k, st := range res.Services {
 			if !slices.Equal(again.Services[k].IPs, st.IPs) {
 				t.Fatalf("seed %d: %s moved from %v to %v on a second pass", seed, k, st.IPs, again.Services[k].IPs)
@@ -272,7 +288,7 @@ func TestLoadBalancerClassNamespaces(t *testing.T) {
 		in("plain", ask(lbSvc("plain-asks", 3, nil, v4), "192.0.2.5")),
 		ask(lbSvc("asks", 4, nil, v4), "192.0.2.6"),
 	}
-	res := AllocateLoadBalancers([]lacev1.LoadBalancerClass{c}, svcs, nss)
+	res := AllocateLoadBalancers([]lacev1.LoadBalancerClass{c}, svcs, nss, LBAvoid{})
 	for key, want := range map[string]struct{ ips, reason string }{
 		"other/squatter":   {"", LBReasonNamespaceNotAllowed},
 		"plain/plain":      {"192.0.2.1", ""},
@@ -286,13 +302,13 @@ func TestLoadBalancerClassNamespaces(t *testing.T) {
 	}
 	// Unset addressRequestNamespaceSelector: nobody may ask.
 	c.Spec.AddressRequestNamespaceSelector = nil
-	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{c}, svcs, nss)
+	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{c}, svcs, nss, LBAvoid{})
 	if st := res.Services["ns/asks"]; st.Reason != LBReasonAddressRequestNotAllowed || len(st.IPs) != 0 {
 		t.Errorf("unset request selector: ns/asks got %+v", st)
 	}
 	// An invalid selector refuses everyone, with the parse error.
 	c.Spec.NamespaceSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "lb", Operator: "Bogus"}}}
-	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{c}, svcs, nss)
+	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{c}, svcs, nss, LBAvoid{})
 	if st := res.Services["plain/plain"]; st.Reason != LBReasonNamespaceNotAllowed || !strings.Contains(st.Message, "namespaceSelector") {
 		t.Errorf("invalid selector: %+v", st)
 	}

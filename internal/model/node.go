@@ -62,8 +62,15 @@ type NodeState struct {
 	Routes []tables.Route
 	// Classifiers assign plain-IP sources to external networks.
 	Classifiers []tables.Classifier
+	// Inside are the prefixes no outside host has an address in (pod
+	// subnets, service ranges, locators): plain IP from the fabric with
+	// a source there is spoofed.
+	Inside []tables.Inside
 	// Nodes are the underlay addresses of every node (decap sources).
-	Nodes         []netip.Addr
+	Nodes []netip.Addr
+	// NodeLocators bind each node's IPv6 underlay addresses to its
+	// locator: a pod source is accepted only from its block's node.
+	NodeLocators  []tables.NodeLocator
 	LocatorRoutes []LocatorRoute
 	// Blocks are this node's blocks, for pod IPAM.
 	Blocks []Block
@@ -125,6 +132,7 @@ func ComputeNode(in NodeInput) NodeState {
 				continue
 			}
 			st.Nodes = append(st.Nodes, ip)
+			st.NodeLocators = append(st.NodeLocators, tables.NodeLocator{Addr: ip, Locator: loc.Masked()})
 			if !via.IsValid() {
 				via = ip
 			}
@@ -158,6 +166,7 @@ func ComputeNode(in NodeInput) NodeState {
 	st.HostRoutes = hostRoutes(in, ids, byName)
 	vt := readViewTopology(in, locators)
 	st.Classifiers = vt.classifiers()
+	st.Inside = insidePrefixes(in, locators)
 	for _, v := range vt.nets {
 		st.Routes = append(st.Routes, vt.view(v)...)
 	}
@@ -190,7 +199,9 @@ func sortState(st *NodeState) {
 		st.Routes[i] = rs[i].r
 	}
 	sort.Slice(st.Classifiers, func(i, j int) bool { return st.Classifiers[i].Prefix.String() < st.Classifiers[j].Prefix.String() })
+	sort.Slice(st.Inside, func(i, j int) bool { return st.Inside[i].Prefix.String() < st.Inside[j].Prefix.String() })
 	sort.Slice(st.Nodes, func(i, j int) bool { return st.Nodes[i].Less(st.Nodes[j]) })
+	sort.Slice(st.NodeLocators, func(i, j int) bool { return st.NodeLocators[i].Addr.Less(st.NodeLocators[j].Addr) })
 	sort.Slice(st.LocatorRoutes, func(i, j int) bool { return st.LocatorRoutes[i].Node < st.LocatorRoutes[j].Node })
 	sort.Slice(st.Blocks, func(i, j int) bool {
 		a, b := st.Blocks[i], st.Blocks[j]
@@ -756,5 +767,44 @@ func hostRoutes(in NodeInput, ids map[string]uint32, byName map[string]*lacev1.N
 		out = append(out, r)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Prefix.String() < out[j].Prefix.String() })
+	return out
+}
+
+// insidePrefixes lists what lies inside the cluster: every pod network's
+// subnets (all of them, not only routable blocks: a source anywhere in a
+// subnet is a pod's or nobody's), the service ranges and every node's
+// locator. One entry per prefix: a prefix that is two kinds keeps the
+// lowest.
+func insidePrefixes(in NodeInput, locators map[string]netip.Prefix) []tables.Inside {
+	kinds := map[netip.Prefix]tables.InsideKind{}
+	add := func(p netip.Prefix, k tables.InsideKind) {
+		p = p.Masked()
+		if cur, ok := kinds[p]; !ok || k < cur {
+			kinds[p] = k
+		}
+	}
+	for _, n := range in.Networks {
+		if n.Spec.Type == lacev1.NetworkTypeExternal {
+			continue
+		}
+		for _, s := range []*lacev1.Subnet{n.Spec.IPv4Subnet, n.Spec.IPv6Subnet} {
+			if s == nil {
+				continue
+			}
+			if p, err := netip.ParsePrefix(string(s.Prefix)); err == nil {
+				add(p, tables.InsidePodSubnet)
+			}
+		}
+	}
+	for _, p := range in.ServiceCIDRs {
+		add(p, tables.InsideServiceRange)
+	}
+	for _, loc := range locators {
+		add(loc, tables.InsideLocator)
+	}
+	out := make([]tables.Inside, 0, len(kinds))
+	for p, k := range kinds {
+		out = append(out, tables.Inside{Prefix: p, Kind: k})
+	}
 	return out
 }

@@ -56,7 +56,7 @@ type ServiceInput struct {
 
 // ReservedFor lists the addresses externalIPs may not claim: every
 // node's underlay addresses, the subnets of pod networks and the service
-// ranges.
+// ranges (ReservedHosts adds every Node's and the API server's).
 func ReservedFor(ueps []lacev1.UnderlayEndpoint, nets []lacev1.Network, serviceCIDRs []netip.Prefix) []netip.Prefix {
 	out := slices.Clone(serviceCIDRs)
 	for _, u := range ueps {
@@ -80,6 +80,38 @@ func ReservedFor(ueps []lacev1.UnderlayEndpoint, nets []lacev1.Network, serviceC
 		}
 	}
 	return out
+}
+
+// ReservedHosts are the addresses of every Node (status.addresses: the
+// underlay, other NICs, a cloud's ExternalIP) and of the API server (the
+// endpoints of the default/kubernetes Service's slices), one prefix each,
+// sorted: Reserved too, beside ReservedFor's. An external IP or a load
+// balancer address there would divert the kubelet's or the API server's
+// traffic.
+func ReservedHosts(nodes []corev1.Node, epSlices []*discoveryv1.EndpointSlice) []netip.Prefix {
+	var out []netip.Prefix
+	add := func(s string) {
+		if a, ok := parseSloppyIP(s); ok {
+			out = append(out, netip.PrefixFrom(a, a.BitLen()))
+		}
+	}
+	for i := range nodes {
+		for _, na := range nodes[i].Status.Addresses {
+			add(na.Address)
+		}
+	}
+	for _, sl := range epSlices {
+		if sl.Namespace != metav1.NamespaceDefault || sl.Labels[discoveryv1.LabelServiceName] != "kubernetes" {
+			continue
+		}
+		for _, ep := range sl.Endpoints {
+			for _, a := range ep.Addresses {
+				add(a)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+	return slices.Compact(out)
 }
 
 // ServiceState is what the node serves and what it left out, with why.
@@ -201,6 +233,10 @@ type ServiceResult struct {
 	// RefusedExternalIPs are its external IPs never served whatever
 	// others hold (not allowed, reserved, invalid), set when it is bound.
 	RefusedExternalIPs []ExternalIPRefusal
+	// LoadBalancerAddrs are the addresses of its load balancer status
+	// (ipMode Proxy ones too, which have no entries): they claim the
+	// address against other Services' external IPs on any port.
+	LoadBalancerAddrs []netip.Addr
 }
 
 // Compute is the result of one service, with the EndpointSlices that
@@ -228,10 +264,19 @@ func (e *ServiceEnv) Compute(svc *corev1.Service, svcSlices []*discoveryv1.Endpo
 		return r
 	}
 	b.NetID = id
-	r.VIPs = clusterIPs(svc)
+	// The addresses the entries carry, parsed once: the owners
+	// (MergeServices) and the views must see the same ones.
+	r.VIPs = vips
 	r.Age = ageOf(svc)
 	if len(svc.Spec.ExternalIPs) > 0 {
 		r.RefusedExternalIPs = e.refusedExternalIPs(svc, vips)
+	}
+	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			if a, ok := parseSloppyIP(in.IP); ok {
+				r.LoadBalancerAddrs = append(r.LoadBalancerAddrs, a)
+			}
+		}
 	}
 
 	if len(svcSlices) > 1 && !slices.IsSortedFunc(svcSlices, bySliceName) {
@@ -306,9 +351,20 @@ func MergeServices(results []*ServiceResult) ServiceState {
 	if excl > 0 {
 		st.Excluded = make([]ExcludedEndpoint, 0, excl)
 	}
+	// An address an external IP names has one owner across ports and
+	// protocols: the other Services' external IP entries on it go.
+	xown := externalOwners(order)
 	for _, r := range order {
 		st.Bound = append(st.Bound, r.Binding)
-		st.Services = append(st.Services, r.Services...)
+		if xown == nil {
+			st.Services = append(st.Services, r.Services...)
+		} else {
+			for _, s := range r.Services {
+				if s.Frontend != tables.FrontendExternalIP || xown[s.VIP].r == r {
+					st.Services = append(st.Services, s)
+				}
+			}
+		}
 		st.Excluded = append(st.Excluded, r.Excluded...)
 		if r.HealthCheck != nil {
 			st.HealthChecks = append(st.HealthChecks, *r.HealthCheck)
@@ -516,14 +572,15 @@ func SliceService(s *discoveryv1.EndpointSlice) (ServiceKey, bool) {
 // podAddrIndex says which networks hold a pod address, from NetworkEndpoints.
 type podAddrIndex struct {
 	byAddr map[netip.Addr][]*lacev1.NetworkEndpoint
-	byPod  map[string]*lacev1.NetworkEndpoint // namespace/name (a NetworkEndpoint is named after its pod)
+	byPod  map[string][]*lacev1.NetworkEndpoint // namespace/name (a NetworkEndpoint is named after its pod)
 }
 
 func indexNetworkEndpoints(all []lacev1.NetworkEndpoint) podAddrIndex {
-	ix := podAddrIndex{byAddr: map[netip.Addr][]*lacev1.NetworkEndpoint{}, byPod: map[string]*lacev1.NetworkEndpoint{}}
+	ix := podAddrIndex{byAddr: map[netip.Addr][]*lacev1.NetworkEndpoint{}, byPod: map[string][]*lacev1.NetworkEndpoint{}}
 	for i := range all {
 		ne := &all[i]
-		ix.byPod[ne.Namespace+"/"+ne.Name] = ne
+		k := ne.Namespace + "/" + ne.Name
+		ix.byPod[k] = append(ix.byPod[k], ne)
 		for _, s := range ne.Spec.Addresses {
 			if a, ok := parseSloppyIP(string(s)); ok {
 				ix.byAddr[a] = append(ix.byAddr[a], ne)
@@ -549,28 +606,45 @@ const labelNEPodUID = "lace-cni.io/pod-uid"
 // otherNetwork returns "" when addr may be an endpoint of a service in
 // network, or the network(s) whose pod holds it instead.
 //
+// A NetworkEndpoint is written by the agent of the node it names, and the
+// admission policy can check only that: any agent may write
+// NetworkEndpoints for its own node, in any namespace, naming any address
+// and any pod. So a NetworkEndpoint counts only for an endpoint the
+// EndpointSlice (the endpoint controller, not an agent) places on that
+// node: spec.node must be the endpoint's nodeName. A node then speaks only
+// about endpoints it hosts, which it could misroute anyway; it can neither
+// take the API server's address out of the kubernetes Service (no
+// nodeName) nor squat the NetworkEndpoint of another node's pod.
+//
 // The pod the EndpointSlice names (targetRef) decides when its
-// NetworkEndpoint holds the address: with overlapping networks an address
-// can be a pod's in the service's network and another pod's elsewhere, and
-// the targetRef tells which pod the endpoint controller meant, so a service
-// never picks the namesake in its own network for a pod of another.
-// Otherwise the address decides: it is in the network when a NetworkEndpoint
-// of that network holds it, whatever others do; when no pod holds it, it is
-// an outside address (the kubernetes Service's API server address) reached
-// from the service's network like any outside address.
+// NetworkEndpoint (same name, same pod-uid label) holds the address: with
+// overlapping networks an address can be a pod's in the service's network
+// and another pod's elsewhere, and the targetRef tells which pod the
+// endpoint controller meant. Otherwise the address decides among the
+// node's NetworkEndpoints: it is in the network when one of that network
+// holds it, whatever others do. When none holds it (or the endpoint names
+// no node), it is an outside address (the kubernetes Service's API server
+// address) reached from the service's network like any outside address.
 func (ix podAddrIndex) otherNetwork(sliceNS string, ep *discoveryv1.Endpoint, addr netip.Addr, network string) string {
+	if ep.NodeName == nil || *ep.NodeName == "" {
+		return ""
+	}
+	node := *ep.NodeName
 	if r := ep.TargetRef; r != nil && (r.Kind == "" || r.Kind == "Pod") && r.Name != "" {
-		ns := cmp.Or(r.Namespace, sliceNS)
-		if ne, ok := ix.byPod[ns+"/"+r.Name]; ok && neHolds(ne, addr) &&
-			(r.UID == "" || ne.Labels[labelNEPodUID] == "" || string(r.UID) == ne.Labels[labelNEPodUID]) {
-			if ne.Spec.Network == network {
-				return ""
+		for _, ne := range ix.byPod[cmp.Or(r.Namespace, sliceNS)+"/"+r.Name] {
+			if ne.Spec.Node == node && neHolds(ne, addr) && (r.UID == "" || string(r.UID) == ne.Labels[labelNEPodUID]) {
+				if ne.Spec.Network == network {
+					return ""
+				}
+				return ne.Spec.Network
 			}
-			return ne.Spec.Network
 		}
 	}
 	var others []string
 	for _, ne := range ix.byAddr[addr] {
+		if ne.Spec.Node != node {
+			continue
+		}
 		if ne.Spec.Network == network {
 			return ""
 		}
@@ -1050,16 +1124,12 @@ func BoundServiceVIPs(svcs []corev1.Service, bound []ServiceBinding) []ServiceVI
 	return out
 }
 
-// clusterIPs are the service's spec.clusterIPs that parse, as the views
-// see them.
+// clusterIPs are the service's ClusterIPs as its entries carry them
+// (serviceVIPs: sloppy parsing, spec.clusterIP when clusterIPs is empty),
+// so the views reach every address a table entry serves.
 func clusterIPs(svc *corev1.Service) []netip.Addr {
-	var out []netip.Addr
-	for _, ip := range svc.Spec.ClusterIPs {
-		if a, err := netip.ParseAddr(ip); err == nil {
-			out = append(out, a.Unmap())
-		}
-	}
-	return out
+	vips, _ := serviceVIPs(svc)
+	return vips
 }
 
 // ServiceCIDRPrefixes are the prefixes of the cluster's ServiceCIDRs

@@ -591,7 +591,7 @@ func svcCases() []svcCase {
 			want:   []string{"10.96.0.10 tcp/80 net2 10.9.0.5:8080"}},
 		{name: "overlapping address held only by other networks excluded", svcs: web(svLabel("net", "red")),
 			slices:   []discoveryv1.EndpointSlice{svWeb(svEp("10.9.0.5", "n1"))},
-			neps:     []lacev1.NetworkEndpoint{svNE("b", "blue", "n2", "ub", "10.9.0.5"), svNE("a", "default", "n1", "ua", "10.9.0.5")},
+			neps:     []lacev1.NetworkEndpoint{svNE("b", "blue", "n1", "ub", "10.9.0.5"), svNE("a", "default", "n1", "ua", "10.9.0.5")},
 			want:     []string{"10.96.0.10 tcp/80 net2 none"},
 			excluded: []string{"default/web 10.9.0.5 in blue,default, not red"}},
 		{name: "overlapping address, targetRef to the pod of the service's network kept", svcs: web(svLabel("net", "red")),

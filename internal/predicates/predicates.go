@@ -62,6 +62,11 @@ func NodeUpdate(old, new client.Object) bool {
 	if old == nil || new == nil {
 		return true
 	}
+	on, ok1 := old.(*corev1.Node)
+	nn, ok2 := new.(*corev1.Node)
+	if ok1 && ok2 && !slices.Equal(on.Status.Addresses, nn.Status.Addresses) {
+		return true // the addresses it reports bound its UnderlayEndpoint's (model.AcceptUnderlays)
+	}
 	return !maps.Equal(old.GetLabels(), new.GetLabels()) || deleting(old) != deleting(new)
 }
 

@@ -77,6 +77,32 @@ type Classifier struct {
 	Prefix netip.Prefix
 }
 
+// InsideKind says why a prefix is inside the cluster.
+type InsideKind uint32
+
+// Inside kinds (lace.h INSIDE_*).
+const (
+	InsidePodSubnet    InsideKind = 1
+	InsideServiceRange InsideKind = 2
+	InsideLocator      InsideKind = 3
+)
+
+// Inside is a prefix no outside host has an address in: a pod network's
+// subnet, a service range or a node's SRv6 locator. Plain IP from the
+// fabric with a source in it is spoofed and dropped.
+type Inside struct {
+	Prefix netip.Prefix
+	Kind   InsideKind
+}
+
+// NodeLocator binds a node's underlay address (an outer source of SRv6) to
+// its locator: decapsulation accepts a pod source only from the node
+// whose locator holds the pod's block.
+type NodeLocator struct {
+	Addr    netip.Addr
+	Locator netip.Prefix
+}
+
 // Network is what the data plane knows of a network: that it exists (a SID
 // naming another is refused at decapsulation).
 type Network struct {

@@ -118,7 +118,8 @@ func waitServiceEvent(t *testing.T, ns, name, annotation, reason string, want ..
 // server at 172.30.0.1 and its port (it answers an HTTP request on its TLS port
 // with "Client sent an HTTP request to an HTTPS server"), the pod the real
 // external host. Of two Services naming one allowed address, the older
-// keeps it although the newer sorts first by name.
+// keeps it although the newer sorts first by name, on every port: a newer
+// Service naming it on another port is refused and not served.
 func TestHostileExternalIPs(t *testing.T) {
 	needLab(t)
 	ctx := context.Background()
@@ -219,8 +220,10 @@ func TestHostileExternalIPs(t *testing.T) {
 		}
 	}
 
-	waitServiceEvent(t, tenant, "hostile", lacev1.AnnotationExternalIPProblem, model.ExternalIPReasonNotAllowed,
-		api.String(), "8.8.8.8", extHost.String())
+	// The API server's address is reserved (the kubernetes Service's
+	// endpoint), whatever the allow-list; the others are not allowed.
+	waitServiceEvent(t, tenant, "hostile", lacev1.AnnotationExternalIPProblem, model.ExternalIPReasonReserved,
+		api.String()+" ("+model.ExternalIPReasonReserved, "8.8.8.8 ("+model.ExternalIPReasonNotAllowed, extHost.String())
 
 	// Two Services name one allowed address: the older keeps it, though
 	// the newer sorts first by name; the newer is told.
@@ -259,6 +262,30 @@ func TestHostileExternalIPs(t *testing.T) {
 	svc, err := client.CoreV1().Services(tenant).Get(ctx, "zz-older", metav1.GetOptions{})
 	if err != nil || svc.Annotations[lacev1.AnnotationExternalIPProblem] != "" {
 		t.Errorf("the older Service is reported: %v %v", svc.Annotations, err)
+	}
+
+	// An address has one owner across ports: a newer Service naming the
+	// older one's external IP on a port the older does not use is refused
+	// too (reported, not served), and the older one's port still works.
+	tenantService(t, tenant, "aa-otherport", "new", []int32{81}, func(s *corev1.Service) { s.Spec.ExternalIPs = []string{allowed.String()} })
+	waitServiceEvent(t, tenant, "aa-otherport", lacev1.AnnotationExternalIPProblem, model.ExternalIPReasonContested,
+		allowed.String(), tenant+"/zz-older")
+	for _, node := range []string{"n1", "n2", "n3"} {
+		table, err := semTable(node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e := semEntry(table, allowed, semTCP, 81); e != nil {
+			t.Errorf("%s serves the newer Service on the older one's address %s:81: %s", node, allowed, semDescribe(e))
+		}
+	}
+	for range 3 {
+		if got, err := semAsk(podNS, "tcp", netip.AddrPortFrom(allowed, 81), "/hostname"); err == nil || got == "xip-new" {
+			t.Fatalf("default pod -> %s:81 answered %q (%v), want no answer (the address is zz-older's)", allowed, got, err)
+		}
+		if got, err := semAsk(podNS, "tcp", netip.AddrPortFrom(allowed, 80), "/hostname"); err != nil || got != "xip-old" {
+			t.Fatalf("default pod -> %s:80 answered %q (%v), want xip-old", allowed, got, err)
+		}
 	}
 }
 

@@ -73,3 +73,48 @@ server through it.
 {{- $d := $ctx.Values.defaults -}}
 {{- if and $d.enabled (index $d (index . 1)).enabled -}}true{{- end -}}
 {{- end }}
+
+{{/*
+The external IP allow-list, comma-separated, for the agent's and the
+controller's --allowed-external-ips. An IPv4 CIDR with host bits set
+(192.0.2.5/16) fails the install: it would otherwise be read as its whole
+network (the binaries refuse it too, IPv6 ones included, with the same
+advice).
+*/}}
+{{- define "lace.allowedExternalIPs" -}}
+{{- $cidrs := dig "externalIPs" "allowedCIDRs" (list) (.Values.services | default dict) -}}
+{{- range $c := $cidrs -}}
+{{- if not (contains ":" $c) -}}
+{{- $parts := splitList "/" $c -}}
+{{- $o := splitList "." (first $parts) -}}
+{{- $v := add (mul (atoi (index $o 0)) 16777216) (mul (atoi (index $o 1)) 65536) (mul (atoi (index $o 2)) 256) (atoi (index $o 3)) -}}
+{{- $m := 1 -}}
+{{- range until (int (sub 32 (atoi (last $parts)))) }}{{ $m = mul $m 2 }}{{ end -}}
+{{- if ne (mod $v $m) 0 -}}
+{{- fail (printf "services.externalIPs.allowedCIDRs: %s has host bits set: write the network address of the range, or the address with /32" $c) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- join "," $cidrs -}}
+{{- end }}
+
+{{/*
+"true" when the controller must run on control-plane nodes: placement
+controlPlane, or auto and the cluster has a Node labelled
+node-role.kubernetes.io/control-plane (lookup sees nothing under `helm
+template` or --dry-run=client). Empty otherwise.
+*/}}
+{{- define "lace.controller.controlPlaneOnly" -}}
+{{- $placement := .Values.controller.placement | default "auto" -}}
+{{- if eq $placement "controlPlane" -}}
+true
+{{- else if eq $placement "auto" -}}
+{{- $found := false -}}
+{{- range (lookup "v1" "Node" "" "").items | default list -}}
+{{- if hasKey ((.metadata).labels | default dict) "node-role.kubernetes.io/control-plane" -}}
+{{- $found = true -}}
+{{- end -}}
+{{- end -}}
+{{- if $found -}}true{{- end -}}
+{{- end -}}
+{{- end }}
