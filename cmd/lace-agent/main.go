@@ -46,6 +46,8 @@ func main() {
 	flag.Func("map-conntrack", "entries of lace_ct (flows of the node's pods); 0 keeps the compiled size", uintFlag(&o.MapSizes.Conntrack))
 	flag.IntVar(&o.ServiceFrontends, "service-max-frontends", 0, "lace_services entries one Service may take; a Service over it is refused whole (0: the map's size)")
 	flag.IntVar(&o.ServiceBackends, "service-max-backends", 0, "lace_backends entries one Service may take; a Service over it is refused whole (0: the map's size)")
+	flag.IntVar(&o.NamespaceFrontends, "namespace-max-frontends", 0, "lace_services entries the Services of one namespace may take together (0: a quarter of the map; -1: no share)")
+	flag.IntVar(&o.NamespaceBackends, "namespace-max-backends", 0, "lace_backends entries the Services of one namespace may take together (0: a quarter of the map; -1: no share)")
 	var allowedXIPs string
 	flag.StringVar(&allowedXIPs, "allowed-external-ips", "", "comma-separated CIDRs Services' externalIPs may name (empty refuses every external IP); give the controller the same list")
 	flag.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")

@@ -98,6 +98,11 @@ type Options struct {
 	// take of lace_services and lace_backends on a node (0: no bound but
 	// the maps' sizes). A Service over them is refused whole.
 	ServiceFrontends, ServiceBackends int
+	// NamespaceFrontends and NamespaceBackends bound the Services of one
+	// namespace together (its share of the maps, judged before the maps'
+	// sizes so one tenant cannot push another's Services out). 0: a
+	// quarter of the map; negative: no share.
+	NamespaceFrontends, NamespaceBackends int
 	// Pprof serves net/http/pprof under /debug/pprof/ on the metrics
 	// address, to profile an agent in place. Off by default; the
 	// LACE_AGENT_PPROF environment variable turns it on.
@@ -160,10 +165,14 @@ type Agent struct {
 	// (nil when it could); the reconciler retries on it.
 	applyErr error
 	applied  bool
-	// reattachPods: the pods' programs are attached again at the next
-	// sync (the maps they used were replaced).
-	reattachPods bool
-	ownAddrs     []netip.Addr
+	// podsReattached: this agent's first sync has attached every pod's
+	// programs again. Until then each sync does: a pod's programs may
+	// use maps a Load replaced (another layout), by this start or by an
+	// earlier one that died before re-attaching, and nothing pinned
+	// tells which (attaching replaces the classic tc filters in place,
+	// so doing it once per start is cheap).
+	podsReattached bool
+	ownAddrs       []netip.Addr
 	// attachErr is why the data plane could not be attached to the
 	// underlay (nil once it is).
 	attachErr error
@@ -221,12 +230,14 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		recorder: mgr.GetEventRecorderFor("lace-agent/" + o.NodeName), dp: newTableDP(dp), cp: cp, statusKick: make(chan struct{}, 1),
 		node: linuxNode{ns: o.NetNS, underlay: o.UnderlayInterface}}
 	a.health = newHealthChecks(a.log)
-	// Pods' programs attached by the agent before this one use the maps
-	// this Load replaced (another layout): they are attached again.
-	a.reattachPods = len(dp.ReplacedMaps()) > 0
 	svcMax, beMax, rangeMax := dp.MapCapacity()
 	a.compute.services.budget = model.Budget{ServiceFrontends: o.ServiceFrontends, ServiceBackends: o.ServiceBackends,
-		TotalFrontends: svcMax, TotalBackends: beMax, TotalSourceRanges: rangeMax}
+		// loadBalancerSourceRanges have no bound in Kubernetes: one
+		// Service may take a sixteenth of lace_src_ranges.
+		ServiceSourceRanges: max(rangeMax/16, 1),
+		NamespaceFrontends:  share(o.NamespaceFrontends, svcMax), NamespaceBackends: share(o.NamespaceBackends, beMax),
+		NamespaceSourceRanges: share(0, rangeMax),
+		TotalFrontends:        svcMax, TotalBackends: beMax, TotalSourceRanges: rangeMax}
 	if o.LeaseNamespace != "" {
 		a.l2 = &announcer{a: a, ns: o.LeaseNamespace, duration: cmp.Or(o.AnnounceLeaseDuration, 2*time.Second)}
 		if err := mgr.Add(manager.RunnableFunc(a.l2.run)); err != nil {

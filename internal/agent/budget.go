@@ -13,7 +13,8 @@ import (
 var servicesRefused = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 	Name: "lace_agent_services_refused",
 	Help: "Services this node does not program because they exceed the per-Service budget (" +
-		model.ReasonServiceOverBudget + ") or the maps are full (" + model.ReasonMapsFull + ").",
+		model.ReasonServiceOverBudget + "), their namespace's share (" + model.ReasonNamespaceShare +
+		") or the maps (" + model.ReasonMapsFull + ").",
 }, []string{"reason"})
 
 func init() { _ = registerCollector(metrics.Registry, servicesRefused) }
@@ -23,7 +24,7 @@ func init() { _ = registerCollector(metrics.Registry, servicesRefused) }
 // gauge. The other Services are programmed whatever the refused ones are.
 func (a *Agent) reportRefused(c *computeCache) {
 	now := c.services.refused
-	counts := map[string]float64{model.ReasonServiceOverBudget: 0, model.ReasonMapsFull: 0}
+	counts := map[string]float64{model.ReasonServiceOverBudget: 0, model.ReasonNamespaceShare: 0, model.ReasonMapsFull: 0}
 	for k, r := range now {
 		counts[r.Reason]++
 		if old, ok := c.reported[k]; ok && old.Reason == r.Reason {
@@ -43,4 +44,16 @@ func (a *Agent) reportRefused(c *computeCache) {
 		servicesRefused.WithLabelValues(reason).Set(n)
 	}
 	c.reported = now
+}
+
+// share is a namespace's bound: n, a quarter of the map (size) when n is
+// 0, none when n is negative.
+func share(n, size int) int {
+	switch {
+	case n < 0:
+		return 0
+	case n == 0:
+		return max(size/4, 1)
+	}
+	return n
 }

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"errors"
+	"log/slog"
 	"net/netip"
 
 	"github.com/lace-cni/lace/internal/datapath"
@@ -30,6 +31,11 @@ func (d tableDP) ApplyServices(want []datapath.Service) (map[datapath.ServiceKey
 		return nil, nil
 	}
 	gone, err := d.services.Apply(want)
+	for k, why := range d.services.Skipped() {
+		// The budget refuses such a Service (with an Event) before it
+		// gets here; this is the last guard.
+		slog.Warn("service frontend left out of the data plane", "frontend", k.VIP.String(), "port", k.Port, "why", why)
+	}
 	d.applied.set(want, err == nil)
 	return gone, err
 }

@@ -40,6 +40,7 @@ type fakeDP struct {
 	nodes    map[netip.Addr]bool
 	host     map[netip.Addr]bool
 	attached map[string]bool
+	attaches map[string]int // AttachPod calls by interface
 	cfg      datapath.Config
 	services []datapath.Service
 }
@@ -48,7 +49,7 @@ func newFakeDP() *fakeDP {
 	return &fakeDP{eps: map[string]datapath.Endpoint{}, ports: map[uint32]datapath.Port{}, routes: map[string]datapath.Route{},
 		nets: map[uint32]datapath.Network{}, cls: map[netip.Prefix]datapath.Classifier{},
 		inside: map[netip.Prefix]datapath.Inside{}, nodeLocs: map[netip.Addr]datapath.NodeLocator{}, nodes: map[netip.Addr]bool{},
-		host: map[netip.Addr]bool{}, attached: map[string]bool{}}
+		host: map[netip.Addr]bool{}, attached: map[string]bool{}, attaches: map[string]int{}}
 }
 
 func (f *fakeDP) w(fn func()) error { f.mu.Lock(); defer f.mu.Unlock(); f.writes++; fn(); return nil }
@@ -63,8 +64,10 @@ func (f *fakeDP) Config() (datapath.Config, error) {
 func (f *fakeDP) AttachUnderlay(string, string) error {
 	return f.w(func() { f.attached["underlay"] = true })
 }
-func (f *fakeDP) AttachPod(_ string, h string) error { return f.w(func() { f.attached[h] = true }) }
-func (f *fakeDP) DetachPod(h string) error           { return f.w(func() { delete(f.attached, h) }) }
+func (f *fakeDP) AttachPod(_ string, h string) error {
+	return f.w(func() { f.attached[h] = true; f.attaches[h]++ })
+}
+func (f *fakeDP) DetachPod(h string) error { return f.w(func() { delete(f.attached, h) }) }
 func (f *fakeDP) PinnedPodLinks() ([]string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

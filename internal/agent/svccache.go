@@ -35,6 +35,15 @@ type serviceCache struct {
 	// services it leaves out of state, and why.
 	budget  model.Budget
 	refused map[model.ServiceKey]model.Refusal
+	// admitted is what each programmed Service was last admitted with
+	// (by UID): it keeps that much by its age, and only its growth is
+	// judged as new demand (model.Candidate.Admitted).
+	admitted map[model.ServiceKey]admittedCost
+}
+
+type admittedCost struct {
+	uid  types.UID
+	cost model.Cost
 }
 
 type svcEntry struct {
@@ -175,9 +184,22 @@ func (c *serviceCache) admit() map[model.ServiceKey]model.Refusal {
 		if e.res.Skipped || len(e.res.Services) == 0 {
 			continue
 		}
-		cands = append(cands, model.Candidate{Key: e.key, Created: e.created, UID: string(e.uid), Cost: e.cost})
+		var was model.Cost
+		if a, ok := c.admitted[e.key]; ok && a.uid == e.uid {
+			was = a.cost
+		}
+		cands = append(cands, model.Candidate{Key: e.key, Created: e.created, UID: string(e.uid), Cost: e.cost, Admitted: was})
 	}
-	return c.budget.Admit(cands)
+	refused := c.budget.Admit(cands)
+	// Remember what is programmed now; a refused or deleted Service
+	// starts again as new.
+	c.admitted = make(map[model.ServiceKey]admittedCost, len(cands))
+	for _, cd := range cands {
+		if _, ok := refused[cd.Key]; !ok {
+			c.admitted[cd.Key] = admittedCost{types.UID(cd.UID), cd.Cost}
+		}
+	}
+	return refused
 }
 
 func sameVersions(have []objVersion, now []*discoveryv1.EndpointSlice) bool {

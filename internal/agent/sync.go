@@ -554,7 +554,7 @@ func (a *Agent) applyEndpoints() error {
 	}
 	claimed := map[string]bool{}
 	a.mu.Lock()
-	reattach := a.reattachPods
+	reattach := !a.podsReattached
 	a.mu.Unlock()
 	nErrs := len(errs)
 	for _, e := range a.cp.all() {
@@ -570,7 +570,7 @@ func (a *Agent) applyEndpoints() error {
 	}
 	if reattach && errors.Join(errs[nErrs:]...) == nil {
 		a.mu.Lock()
-		a.reattachPods = false
+		a.podsReattached = true
 		a.mu.Unlock()
 	}
 	for _, h := range pinned {

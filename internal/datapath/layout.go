@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -74,22 +75,131 @@ func layoutKeyOf(name string) layoutKey {
 	return k
 }
 
+// layoutRecord is lace_layout's value: the layout version of a pinned map
+// and the ID of the map it was recorded for. A record is trusted only for
+// that very map: a pin replaced by anyone who did not record (a crash
+// halfway, a build from before the records) is of the unversioned layout
+// (1). The first builds recorded the version alone (4 bytes); their
+// records are trusted as they were and converted on the agent's start.
+type layoutRecord struct {
+	Version uint32
+	MapID   uint32
+}
+
 // openLayoutMap opens lace_layout, creating it when create is set (else
-// a missing one is nil: every map is at version 1).
+// a missing one is nil: every map is at version 1). A lace_layout of the
+// first builds (versions alone) is converted, its records given the IDs
+// of the maps pinned now, when create is set.
 func openLayoutMap(pinDir string, create bool) (*ebpf.Map, error) {
-	if !create {
-		m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, layoutMapName), nil)
-		if errors.Is(err, os.ErrNotExist) {
+	path := filepath.Join(pinDir, layoutMapName)
+	m, err := ebpf.LoadPinnedMap(path, nil)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		if !create {
 			return nil, nil
 		}
-		return m, err
-	}
-	m, err := ebpf.NewMapWithOptions(&ebpf.MapSpec{Name: layoutMapName, Type: ebpf.Hash, KeySize: 32, ValueSize: 4,
-		MaxEntries: 256, Pinning: ebpf.PinByName}, ebpf.MapOptions{PinPath: pinDir})
-	if err != nil {
+	case err != nil:
 		return nil, fmt.Errorf("open %s: %w", layoutMapName, err)
+	case m.ValueSize() == 8 || !create:
+		return m, nil
 	}
-	return m, nil
+	fresh, err := ebpf.NewMap(&ebpf.MapSpec{Name: layoutMapName, Type: ebpf.Hash, KeySize: 32, ValueSize: 8, MaxEntries: 256})
+	if err != nil {
+		if m != nil {
+			m.Close()
+		}
+		return nil, fmt.Errorf("create %s: %w", layoutMapName, err)
+	}
+	if m != nil {
+		// The first builds' records: trusted for the maps pinned now.
+		var k layoutKey
+		var v uint32
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			id, ok := pinnedMapID(filepath.Join(pinDir, string(bytes.TrimRight(k[:], "\x00"))))
+			if !ok {
+				continue
+			}
+			if err := fresh.Put(k, layoutRecord{v, id}); err != nil {
+				m.Close()
+				fresh.Close()
+				return nil, fmt.Errorf("convert %s: %w", layoutMapName, err)
+			}
+		}
+		err := it.Err()
+		m.Close()
+		if err != nil {
+			fresh.Close()
+			return nil, fmt.Errorf("read %s: %w", layoutMapName, err)
+		}
+	}
+	if err := pinOver(fresh, path); err != nil {
+		fresh.Close()
+		return nil, err
+	}
+	return fresh, nil
+}
+
+// pinOver pins m at path in one step: pinned under a temporary name,
+// then renamed over whatever path held (bpffs supports rename(2)), so
+// that path names the old map or the new one, never none.
+func pinOver(m *ebpf.Map, path string) error {
+	tmp := path + tmpPinSuffix
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove stale pin %s: %w", tmp, err)
+	}
+	if err := m.Pin(tmp); err != nil {
+		return fmt.Errorf("pin %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("pin %s: %w", path, err)
+	}
+	return nil
+}
+
+// tmpPinSuffix names a map being migrated before it takes its pin.
+const tmpPinSuffix = "_migrating" // bpffs refuses names with a dot
+
+// pinnedMapID is the kernel ID of the map pinned at path.
+func pinnedMapID(path string) (uint32, bool) {
+	m, err := ebpf.LoadPinnedMap(path, nil)
+	if err != nil {
+		return 0, false
+	}
+	defer m.Close()
+	return mapID(m)
+}
+
+func mapID(m *ebpf.Map) (uint32, bool) {
+	info, err := m.Info()
+	if err != nil {
+		return 0, false
+	}
+	id, ok := info.ID()
+	return uint32(id), ok
+}
+
+// recordedVersion is the layout version of m, pinned as name: the one
+// recorded for m itself, else 1.
+func recordedVersion(meta *ebpf.Map, name string, m *ebpf.Map) uint32 {
+	if meta == nil {
+		return 1
+	}
+	if meta.ValueSize() == 4 { // the first builds' record (a reader)
+		var v uint32
+		if meta.Lookup(layoutKeyOf(name), &v) == nil {
+			return v
+		}
+		return 1
+	}
+	var r layoutRecord
+	if meta.Lookup(layoutKeyOf(name), &r) != nil {
+		return 1
+	}
+	if id, ok := mapID(m); ok && id == r.MapID {
+		return r.Version
+	}
+	return 1
 }
 
 // pinnedSpecs are the pinned maps of specs, once each, by name.
@@ -124,18 +234,26 @@ func reconcileLayouts(pinDir string, specs []*ebpf.CollectionSpec, migrate bool,
 	var replaced []string
 	for name, ms := range pinnedSpecs(specs) {
 		path := filepath.Join(pinDir, name)
+		if migrate {
+			if err := finishSwitch(meta, name, path); err != nil {
+				return nil, err
+			}
+		}
 		old, err := ebpf.LoadPinnedMap(path, nil)
 		if errors.Is(err, os.ErrNotExist) {
+			if migrate {
+				// Created here with its record, not by the load:
+				// a map is never pinned without a record of it.
+				if err := createPinned(meta, name, path, ms); err != nil {
+					return nil, err
+				}
+			}
 			continue
 		}
 		if err != nil {
 			return nil, fmt.Errorf("open pinned map %s: %w", name, err)
 		}
-		have := uint32(1)
-		var v uint32
-		if meta != nil && meta.Lookup(layoutKeyOf(name), &v) == nil {
-			have = v
-		}
+		have := recordedVersion(meta, name, old)
 		want := layoutVersion(name)
 		incompatible := ms.Compatible(old)
 		if have == want && incompatible == nil {
@@ -147,8 +265,11 @@ func reconcileLayouts(pinDir string, specs []*ebpf.CollectionSpec, migrate bool,
 			return nil, fmt.Errorf("pinned map %s has layout version %d (%v), this build reads version %d: %w",
 				name, have, incompatible, want, ebpf.ErrMapIncompatible)
 		}
-		n, dropped, err := migrateMap(name, path, old, ms, have, want)
+		n, dropped, err := migrateMap(meta, name, path, old, ms, have, want)
 		old.Close()
+		if err == nil && n < 0 {
+			err = createPinned(meta, name, path, ms)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -168,7 +289,14 @@ func reconcileLayouts(pinDir string, specs []*ebpf.CollectionSpec, migrate bool,
 // one of ms's layout (version want) holding old's entries converted, and
 // returns how many it copied and dropped; -1 when name has no way from
 // have to want and the pin was only removed (loading creates it empty).
-func migrateMap(name, path string, old *ebpf.Map, ms *ebpf.MapSpec, have, want uint32) (int, int, error) {
+//
+// The switch is atomic and idempotent: the new map is pinned under a
+// temporary name, its {version, ID} recorded in meta, then renamed over
+// the old pin. A crash before the rename leaves the old map pinned, its
+// record not trusted for it... so the migration runs again from the old
+// map, whose entries were never converted; after it the new map and its
+// record agree. Converting twice is impossible.
+func migrateMap(meta *ebpf.Map, name, path string, old *ebpf.Map, ms *ebpf.MapSpec, have, want uint32) (int, int, error) {
 	var steps []func(k, v []byte) ([]byte, []byte, bool)
 	ok := statefulMaps[name] && have <= want && copyableType(old.Type(), ms.Type) && !isPerCPU(ms.Type)
 	for from := have; ok && from < want; from++ {
@@ -222,10 +350,27 @@ func migrateMap(name, path string, old *ebpf.Map, ms *ebpf.MapSpec, have, want u
 	}
 	// The new map takes the pin; the old one lives on while the programs
 	// attached before hold it, and goes with them.
-	if err := os.Remove(path); err != nil {
-		return 0, 0, fmt.Errorf("unpin map %s: %w", name, err)
+	id, ok := mapID(m)
+	if !ok {
+		return 0, 0, fmt.Errorf("migrated map %s has no ID", name)
 	}
-	if err := m.Pin(path); err != nil {
+	tmp := path + tmpPinSuffix
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return 0, 0, fmt.Errorf("remove stale pin %s: %w", tmp, err)
+	}
+	if err := m.Pin(tmp); err != nil {
+		return 0, 0, fmt.Errorf("pin migrated map %s: %w", name, err)
+	}
+	if err := meta.Put(layoutKeyOf(name), layoutRecord{want, id}); err != nil {
+		_ = os.Remove(tmp)
+		return 0, 0, fmt.Errorf("record layout of %s: %w", name, err)
+	}
+	if afterMigrationRecordForTest != nil {
+		if err := afterMigrationRecordForTest(name); err != nil {
+			return 0, 0, err // a crash, for a test: the pins stay as they are
+		}
+	}
+	if err := os.Rename(tmp, path); err != nil {
 		return 0, 0, fmt.Errorf("pin migrated map %s: %w", name, err)
 	}
 	return copied, dropped, nil
@@ -254,7 +399,7 @@ func unpinned(pinDir string, specs []*ebpf.CollectionSpec) map[string]bool {
 }
 
 // recordLayouts records this build's layout version of the pinned maps
-// which says.
+// which says, each with the ID of the map pinned now.
 func recordLayouts(pinDir string, specs []*ebpf.CollectionSpec, which func(string) bool) error {
 	var names []string
 	for name := range pinnedSpecs(specs) {
@@ -271,9 +416,62 @@ func recordLayouts(pinDir string, specs []*ebpf.CollectionSpec, which func(strin
 	}
 	defer meta.Close()
 	for _, name := range names {
-		if err := meta.Put(layoutKeyOf(name), layoutVersion(name)); err != nil {
+		id, ok := pinnedMapID(filepath.Join(pinDir, name))
+		if !ok {
+			continue
+		}
+		if err := meta.Put(layoutKeyOf(name), layoutRecord{layoutVersion(name), id}); err != nil {
 			return fmt.Errorf("record layout of %s: %w", name, err)
 		}
 	}
 	return nil
 }
+
+// finishSwitch completes a switch a crash interrupted: a map pinned under
+// the temporary name whose ID the record names is the converted one and
+// takes the pin; any other is a leftover and goes.
+func finishSwitch(meta *ebpf.Map, name, path string) error {
+	tmp := path + tmpPinSuffix
+	id, ok := pinnedMapID(tmp)
+	if !ok {
+		if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("remove stale pin %s: %w", tmp, err)
+		}
+		return nil
+	}
+	var r layoutRecord
+	if meta.Lookup(layoutKeyOf(name), &r) == nil && r.MapID == id {
+		if err := os.Rename(tmp, path); err != nil {
+			return fmt.Errorf("finish the switch of map %s: %w", name, err)
+		}
+		return nil
+	}
+	if err := os.Remove(tmp); err != nil {
+		return fmt.Errorf("remove stale pin %s: %w", tmp, err)
+	}
+	return nil
+}
+
+// createPinned creates name's map of ms's layout, records it and pins it
+// at path (in that order: a crash leaves no pin without its record).
+func createPinned(meta *ebpf.Map, name, path string, ms *ebpf.MapSpec) error {
+	fresh := ms.Copy()
+	fresh.Pinning = ebpf.PinNone
+	m, err := ebpf.NewMap(fresh)
+	if err != nil {
+		return fmt.Errorf("create map %s: %w", name, err)
+	}
+	defer m.Close()
+	id, ok := mapID(m)
+	if !ok {
+		return fmt.Errorf("map %s has no ID", name)
+	}
+	if err := meta.Put(layoutKeyOf(name), layoutRecord{layoutVersion(name), id}); err != nil {
+		return fmt.Errorf("record layout of %s: %w", name, err)
+	}
+	return pinOver(m, path)
+}
+
+// afterMigrationRecordForTest, when set, runs between a migration's
+// record and its rename (a test crashes there).
+var afterMigrationRecordForTest func(name string) error

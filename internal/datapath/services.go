@@ -28,6 +28,9 @@ const (
 	svcKindShift = 6
 	// backendClusterRef is the backend index of a frontend's ClusterIP.
 	backendClusterRef = 1<<32 - 1
+	// maxFrontendBackends is the most backends one frontend holds: the
+	// count in lace_services is 16 bits (model.MaxFrontendBackends).
+	maxFrontendBackends = 1<<16 - 1
 )
 
 // svcVal is the map value of s (ID id).
@@ -180,7 +183,15 @@ type ServiceTable struct {
 	used   map[uint32]bool
 	// gen marks the services of the Apply in progress.
 	gen uint64
+	// skipped are the services the last Apply left out, and why.
+	skipped map[ServiceKey]string
 }
+
+// Skipped are the services the last Apply could not write (more backends
+// than the data plane holds on one frontend) and left out, and why: the
+// budget (model.Budget) refuses them before, this is the last guard, so
+// that one bad Service never stops the others from being programmed.
+func (t *ServiceTable) Skipped() map[ServiceKey]string { return t.skipped }
 
 // appliedService is a service as the maps hold it.
 type appliedService struct {
@@ -320,6 +331,7 @@ func (t *ServiceTable) Apply(want []Service) (gone map[ServiceKey][]Backend, err
 		}
 	}()
 	t.gen++
+	t.skipped = nil
 	next := uint32(1)
 	newID := func() uint32 {
 		for t.used[next] {
@@ -341,8 +353,14 @@ func (t *ServiceTable) Apply(want []Service) (gone map[ServiceKey][]Backend, err
 			old.gen = t.gen
 			continue
 		}
-		if len(s.Backends) > 1<<16-1 {
-			return nil, fmt.Errorf("service %s:%d has %d backends, more than the data plane holds", s.VIP, s.Port, len(s.Backends))
+		if len(s.Backends) > maxFrontendBackends {
+			// Left out (and removed if it was there), the others written.
+			if t.skipped == nil {
+				t.skipped = map[ServiceKey]string{}
+			}
+			t.skipped[k] = fmt.Sprintf("service %s:%d has %d backends, more than the %d the data plane holds on one frontend",
+				s.VIP, s.Port, len(s.Backends), maxFrontendBackends)
+			continue
 		}
 		a := &appliedService{svc: s, gen: t.gen}
 		var oldBackends []Backend

@@ -4,18 +4,31 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
+// MaxFrontendBackends is the most endpoints one frontend (VIP, protocol,
+// port) can have in the data plane: the backend count of lace_services is
+// 16 bits. A Service with more on one frontend is refused whole, so
+// ServiceTable.Apply is never handed one it cannot write.
+const MaxFrontendBackends = 1<<16 - 1
+
 // Budget bounds what the Services of a node may take of the data plane's
-// maps: one Service can never fill a map and stop every other Service
-// (and endpoint change) from being programmed. Zero fields are no bound.
+// maps: one Service, or one namespace, can never fill a map and stop every
+// other Service (and endpoint change) from being programmed. Zero fields
+// are no bound.
 type Budget struct {
 	// ServiceFrontends and ServiceBackends bound one Service: its
 	// entries in lace_services (one per VIP, protocol and port) and in
 	// lace_backends (one per endpoint of each of them, plus a ClusterIP
-	// reference per external frontend).
-	ServiceFrontends, ServiceBackends int
+	// reference per external frontend). ServiceSourceRanges bounds its
+	// loadBalancerSourceRanges entries (lace_src_ranges).
+	ServiceFrontends, ServiceBackends, ServiceSourceRanges int
+	// NamespaceFrontends and NamespaceBackends bound the Services of one
+	// namespace together (a tenant's share): judged before the totals,
+	// so one namespace cannot push another's Services out.
+	NamespaceFrontends, NamespaceBackends, NamespaceSourceRanges int
 	// TotalFrontends and TotalBackends bound all Services together: the
 	// maps' sizes.
 	TotalFrontends, TotalBackends int
@@ -24,8 +37,9 @@ type Budget struct {
 	TotalSourceRanges int
 }
 
-// Cost is what one Service takes of the maps.
-type Cost struct{ Frontends, Backends, SourceRanges int }
+// Cost is what one Service takes of the maps. FrontendBackends is the
+// most endpoints any one of its frontends has (not summed).
+type Cost struct{ Frontends, Backends, SourceRanges, FrontendBackends int }
 
 // CostOf is what r's services take of the maps (an upper bound: two
 // Services naming the same frontend share one entry).
@@ -34,6 +48,7 @@ func CostOf(r *ServiceResult) Cost {
 	for i := range r.Services {
 		s := &r.Services[i]
 		c.Backends += len(s.Backends)
+		c.FrontendBackends = max(c.FrontendBackends, len(s.Backends))
 		if s.External() {
 			c.Backends++
 			c.SourceRanges += len(s.SourceRanges)
@@ -42,9 +57,24 @@ func CostOf(r *ServiceResult) Cost {
 	return c
 }
 
+func (c Cost) add(d Cost) Cost {
+	return Cost{c.Frontends + d.Frontends, c.Backends + d.Backends, c.SourceRanges + d.SourceRanges, 0}
+}
+
+func (c Cost) sub(d Cost) Cost {
+	return Cost{c.Frontends - d.Frontends, c.Backends - d.Backends, c.SourceRanges - d.SourceRanges, 0}
+}
+
+// kept is the part of c already admitted as a: what a Service keeps of
+// its room whatever came after it.
+func (c Cost) kept(a Cost) Cost {
+	return Cost{min(c.Frontends, a.Frontends), min(c.Backends, a.Backends), min(c.SourceRanges, a.SourceRanges), 0}
+}
+
 // Reasons of a refusal (Event reasons and metric labels).
 const (
 	ReasonServiceOverBudget = "ServiceOverBudget"
+	ReasonNamespaceShare    = "ServiceNamespaceShareFull"
 	ReasonMapsFull          = "ServiceMapsFull"
 )
 
@@ -54,34 +84,33 @@ type Refusal struct {
 }
 
 // Candidate is one Service before the budget: its age orders who keeps
-// room when the maps are short (the oldest first).
+// room when the maps are short (the oldest first). Admitted is what it
+// was last admitted with (zero if it was not programmed): that much it
+// keeps by its age, and only what it grew by is judged as the newest
+// demand, so an old Service that grows cannot push out a working one.
 type Candidate struct {
-	Key     ServiceKey
-	Created time.Time
-	UID     string
-	Cost    Cost
+	Key      ServiceKey
+	Created  time.Time
+	UID      string
+	Cost     Cost
+	Admitted Cost
 }
 
 // Admit judges every candidate: a Service over the per-Service budget is
-// refused whole, and when the rest exceeds the totals the newest Services
-// (by creation time, then UID) are refused until the others fit, so a
-// Service that works keeps working whatever is created after it. Services
-// are never half-programmed. It returns the refused ones.
+// refused whole; then each namespace's Services, and then all of them,
+// must fit their share (the namespace share, then the maps): what each
+// Service was admitted with before is kept oldest first, and what is new
+// (new Services, growth) is admitted oldest first after all of it, the
+// Services that do not fit being refused. A Service that works keeps
+// working whatever is created, or grows, after it. Services are never
+// half-programmed. It returns the refused ones.
 func (b Budget) Admit(cands []Candidate) map[ServiceKey]Refusal {
 	out := map[ServiceKey]Refusal{}
 	order := make([]*Candidate, 0, len(cands))
 	for i := range cands {
 		c := &cands[i]
-		if b.ServiceFrontends > 0 && c.Cost.Frontends > b.ServiceFrontends {
-			out[c.Key] = Refusal{ReasonServiceOverBudget, fmt.Sprintf(
-				"the service needs %d frontend entries (addresses x ports), more than the %d one Service may take on a node",
-				c.Cost.Frontends, b.ServiceFrontends)}
-			continue
-		}
-		if b.ServiceBackends > 0 && c.Cost.Backends > b.ServiceBackends {
-			out[c.Key] = Refusal{ReasonServiceOverBudget, fmt.Sprintf(
-				"the service needs %d backend entries (frontends x endpoints), more than the %d one Service may take on a node",
-				c.Cost.Backends, b.ServiceBackends)}
+		if msg := b.serviceOver(c.Cost); msg != "" {
+			out[c.Key] = Refusal{ReasonServiceOverBudget, msg}
 			continue
 		}
 		order = append(order, c)
@@ -90,18 +119,91 @@ func (b Budget) Admit(cands []Candidate) map[ServiceKey]Refusal {
 		return cmp.Or(x.Created.Compare(y.Created), cmp.Compare(x.UID, y.UID),
 			cmp.Compare(x.Key.Namespace, y.Key.Namespace), cmp.Compare(x.Key.Name, y.Key.Name))
 	})
+	if b.NamespaceFrontends > 0 || b.NamespaceBackends > 0 || b.NamespaceSourceRanges > 0 {
+		byNS := map[string][]*Candidate{}
+		for _, c := range order {
+			byNS[c.Key.Namespace] = append(byNS[c.Key.Namespace], c)
+		}
+		limit := Cost{Frontends: b.NamespaceFrontends, Backends: b.NamespaceBackends, SourceRanges: b.NamespaceSourceRanges}
+		for ns, cs := range byNS {
+			fit(cs, limit, out, ReasonNamespaceShare, "namespace "+ns+"'s share of the node's service maps is full")
+		}
+	}
+	fit(order, Cost{Frontends: b.TotalFrontends, Backends: b.TotalBackends, SourceRanges: b.TotalSourceRanges},
+		out, ReasonMapsFull, "the node's service maps are full")
+	return out
+}
+
+// serviceOver says which per-Service bound c exceeds, or "".
+func (b Budget) serviceOver(c Cost) string {
+	switch {
+	case c.FrontendBackends > MaxFrontendBackends:
+		return fmt.Sprintf("a port of the service has %d endpoints, more than the %d one frontend (address x port) holds in the data plane",
+			c.FrontendBackends, MaxFrontendBackends)
+	case b.ServiceFrontends > 0 && c.Frontends > b.ServiceFrontends:
+		return fmt.Sprintf("the service needs %d frontend entries (addresses x ports), more than the %d one Service may take on a node",
+			c.Frontends, b.ServiceFrontends)
+	case b.ServiceBackends > 0 && c.Backends > b.ServiceBackends:
+		return fmt.Sprintf("the service needs %d backend entries (frontends x endpoints), more than the %d one Service may take on a node",
+			c.Backends, b.ServiceBackends)
+	case b.ServiceSourceRanges > 0 && c.SourceRanges > b.ServiceSourceRanges:
+		return fmt.Sprintf("the service needs %d loadBalancerSourceRanges entries (external frontends x ranges), more than the %d one Service may take on a node",
+			c.SourceRanges, b.ServiceSourceRanges)
+	}
+	return ""
+}
+
+// fit admits order (oldest first, refused ones skipped) within limit:
+// first every Service's kept part (what it was admitted with), then what
+// is new. A Service that does not fit is refused whole (and its kept part
+// given back) with reason and what, naming the full resource.
+func fit(order []*Candidate, limit Cost, out map[ServiceKey]Refusal, reason, what string) {
 	var used Cost
+	refuse := func(c *Candidate, next Cost) {
+		out[c.Key] = Refusal{reason, what + ": " + overWhat(next, limit) + " (Services admitted before keep theirs)"}
+	}
 	for _, c := range order {
-		next := Cost{used.Frontends + c.Cost.Frontends, used.Backends + c.Cost.Backends, used.SourceRanges + c.Cost.SourceRanges}
-		if over(next.Frontends, b.TotalFrontends) || over(next.Backends, b.TotalBackends) || over(next.SourceRanges, b.TotalSourceRanges) {
-			out[c.Key] = Refusal{ReasonMapsFull, fmt.Sprintf(
-				"the node's service maps are full: %d frontend and %d backend entries would exceed %d and %d (older Services keep theirs)",
-				next.Frontends, next.Backends, b.TotalFrontends, b.TotalBackends)}
+		if _, ok := out[c.Key]; ok {
+			continue
+		}
+		next := used.add(c.Cost.kept(c.Admitted))
+		if overWhat(next, limit) != "" {
+			refuse(c, next)
 			continue
 		}
 		used = next
 	}
-	return out
+	for _, c := range order {
+		if _, ok := out[c.Key]; ok {
+			continue
+		}
+		k := c.Cost.kept(c.Admitted)
+		if k == c.Cost.kept(c.Cost) { // nothing new
+			continue
+		}
+		next := used.add(c.Cost.sub(k))
+		if overWhat(next, limit) != "" {
+			refuse(c, next)
+			used = used.sub(k)
+			continue
+		}
+		used = next
+	}
+}
+
+// overWhat names the entries of n over limit, or "".
+func overWhat(n, limit Cost) string {
+	var parts []string
+	if over(n.Frontends, limit.Frontends) {
+		parts = append(parts, fmt.Sprintf("%d frontend entries (lace_services) would exceed %d", n.Frontends, limit.Frontends))
+	}
+	if over(n.Backends, limit.Backends) {
+		parts = append(parts, fmt.Sprintf("%d backend entries (lace_backends) would exceed %d", n.Backends, limit.Backends))
+	}
+	if over(n.SourceRanges, limit.SourceRanges) {
+		parts = append(parts, fmt.Sprintf("%d source range entries (lace_src_ranges) would exceed %d", n.SourceRanges, limit.SourceRanges))
+	}
+	return strings.Join(parts, ", ")
 }
 
 func over(n, limit int) bool { return limit > 0 && n > limit }
