@@ -91,7 +91,7 @@ lint: $(STATICCHECK) ## gofmt, go vet and staticcheck.
 # first), so that its DNS test runs instead of skipping.
 .PHONY: test
 test: deps k8s-bins cni-bins build images check-generated lint $(HELM) $(if $(DNS),coredns) ## All test tiers: unit, API, controller, datapath, lab end-to-end (root; DNS=1 adds cluster DNS).
-	LACE_BIN_DIR=$(BIN_DIR) $(if $(DNS),LACE_E2E_DNS=1) $(GO) test $(GOFLAGS_TEST) -count=1 -timeout 30m ./...
+	LACE_BIN_DIR=$(BIN_DIR) $(if $(DNS),LACE_E2E_DNS=1) $(GO) test $(GOFLAGS_TEST) -count=1 -timeout 40m ./...
 	# The conntrack layout converter against the lace_ctv2 test build (the
 	# lab's upgrade test runs that build; this checks the conversion itself).
 	$(GO) test $(GOFLAGS_TEST) -count=1 -tags lace_ctv2 -run TestCTv2 ./internal/datapath
