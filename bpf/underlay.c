@@ -879,22 +879,28 @@ int from_underlay(struct __sk_buff *skb)
  * outer source (raw sockets need only CAP_NET_RAW), or any other packet
  * impersonating another node. What it cannot stop: a process that
  * bypasses the qdisc layer (AF_PACKET with PACKET_QDISC_BYPASS, also
- * CAP_NET_RAW) or that holds CAP_NET_ADMIN (sets the mark, detaches this
- * program); and a host on the fabric, which no program here sees:
+ * CAP_NET_RAW) or that holds CAP_NET_ADMIN (detaches this program); a
+ * raw socket that sets the mark (CAP_NET_RAW) and this node's own outer
+ * source reaches a locator, but speaks only for this node; and a host on the fabric, which no program here sees:
  * docs/security.md section 8. Before the agent has written the nodes and
  * locators, everything passes. */
 SEC("tcx/egress")
 int to_underlay(struct __sk_buff *skb)
 {
-	if (skb->mark == LACE_MARK_ENCAP) {
+	/* The mark alone proves nothing: SO_MARK needs only CAP_NET_RAW
+	 * since Linux 5.17, which containers hold by default. So a marked
+	 * packet skips only the locator check, and must still be IPv6 from
+	 * one of this node's own addresses (encap_and_send always uses
+	 * underlay_ip6): a raw socket may mark, but not speak for another
+	 * node. */
+	int marked = skb->mark == LACE_MARK_ENCAP;
+	if (marked)
 		skb->mark = 0;
-		return TC_ACT_OK;
-	}
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
 	if ((void *)(eth + 1) > end)
-		return TC_ACT_OK;
+		return marked ? drop(DROP_NODE_FORGED) : TC_ACT_OK;
 	struct host_key src = {};
 	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = (void *)(eth + 1);
@@ -902,11 +908,18 @@ int to_underlay(struct __sk_buff *skb)
 			return TC_ACT_OK;
 		struct class_key ck = {.prefixlen = 32 + 128, .family = LACE_FAMILY_V6};
 		__builtin_memcpy(ck.addr, &ip6->daddr, 16);
+		src.family = LACE_FAMILY_V6;
+		__builtin_memcpy(src.addr, &ip6->saddr, 16);
+		if (marked) {
+			if (!bpf_map_lookup_elem(&lace_host_addrs, &src))
+				return drop(DROP_NODE_FORGED);
+			return TC_ACT_OK;
+		}
 		__u32 *kind = bpf_map_lookup_elem(&lace_inside, &ck);
 		if (kind && *kind == INSIDE_LOCATOR)
 			return drop(DROP_NODE_FORGED);
-		src.family = LACE_FAMILY_V6;
-		__builtin_memcpy(src.addr, &ip6->saddr, 16);
+	} else if (marked) {
+		return drop(DROP_NODE_FORGED); /* Lace encapsulates only in IPv6 */
 	} else if (eth->h_proto == bpf_htons(ETH_P_IP)) {
 		struct iphdr *ip = (void *)(eth + 1);
 		if ((void *)(ip + 1) > end)
