@@ -512,11 +512,14 @@ static __noinline int xlb_reply(struct __sk_buff *skb)
  * deepest chain. */
 static __noinline int foreign_source(__u32 src_net, struct pkt *p, const void *osrc)
 {
-	if (src_net == NODE_NET_ID)
-		return 0;
 	struct class_key ck = {.prefixlen = 32 + 128, .family = p->family};
 	__builtin_memcpy(ck.addr, p->saddr, 16);
 	__u32 *kind = bpf_map_lookup_elem(&lace_inside, &ck);
+	/* The nodes' context carries what xlb_in sends: the sending node's
+	 * own address as inner source, never a pod, service or locator
+	 * address. Without this, any node could claim any pod through it. */
+	if (src_net == NODE_NET_ID)
+		return kind != 0;
 	if (!kind || *kind != INSIDE_POD_SUBNET)
 		return 0;
 	struct host_key hk = {.family = LACE_FAMILY_V6};
