@@ -905,8 +905,22 @@ int to_underlay(struct __sk_buff *skb)
 	if ((void *)(eth + 1) > end)
 		return marked ? drop(DROP_NODE_FORGED) : TC_ACT_OK;
 	struct host_key src = {};
-	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
-		struct ipv6hdr *ip6 = (void *)(eth + 1);
+	/* A VLAN tag (802.1Q, 802.1ad; up to two) hides nothing: the checks
+	 * below apply to what it carries. A receiver strips a priority tag
+	 * before its programs run, so a tagged forgery is still a forgery. */
+	void *l3 = eth + 1;
+	__be16 proto = eth->h_proto;
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		if (proto != bpf_htons(ETH_P_8021Q) && proto != bpf_htons(ETH_P_8021AD))
+			break;
+		if (l3 + 4 > end)
+			return drop(DROP_NODE_FORGED);
+		proto = *(__be16 *)(l3 + 2);
+		l3 += 4;
+	}
+	if (proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = l3;
 		if ((void *)(ip6 + 1) > end)
 			return TC_ACT_OK;
 		struct class_key ck = {.prefixlen = 32 + 128, .family = LACE_FAMILY_V6};
@@ -921,14 +935,28 @@ int to_underlay(struct __sk_buff *skb)
 		__u32 *kind = bpf_map_lookup_elem(&lace_inside, &ck);
 		if (kind && *kind == INSIDE_LOCATOR)
 			return drop(DROP_NODE_FORGED);
+		/* A Neighbour Advertisement (from a link-local source) must
+		 * not claim another node's address: its target is checked as
+		 * the source. No extension headers: the kernel sends ND bare. */
+		struct icmp6hdr *ic = (void *)(ip6 + 1);
+		if (ip6->nexthdr == IPPROTO_ICMPV6 && (void *)ic + 24 <= end && ic->icmp6_type == 136)
+			__builtin_memcpy(src.addr, (__u8 *)ic + 8, 16);
 	} else if (marked) {
 		return drop(DROP_NODE_FORGED); /* Lace encapsulates only in IPv6 */
-	} else if (eth->h_proto == bpf_htons(ETH_P_IP)) {
-		struct iphdr *ip = (void *)(eth + 1);
+	} else if (proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = l3;
 		if ((void *)(ip + 1) > end)
 			return TC_ACT_OK;
 		src.family = LACE_FAMILY_V4;
 		__builtin_memcpy(src.addr, &ip->saddr, 4);
+	} else if (proto == bpf_htons(ETH_P_ARP_)) {
+		/* ARP (gratuitous or not) must not claim another node's
+		 * address as its sender. */
+		struct arp_eth4 *arp = l3;
+		if ((void *)(arp + 1) > end)
+			return TC_ACT_OK;
+		src.family = LACE_FAMILY_V4;
+		__builtin_memcpy(src.addr, arp->spa, 4);
 	} else {
 		return TC_ACT_OK;
 	}
