@@ -127,6 +127,8 @@ static __noinline int route_in(struct __sk_buff *skb, struct pkt *p, __u32 net_i
  * RET_PORT_UNREACH otherwise. */
 static __noinline int to_service(struct __sk_buff *skb, struct pkt *p, struct ct_key *k, __u32 *svc_net, int sock_lb)
 {
+	if (p->frag)
+		return drop(DROP_FRAGMENT);
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
 		return drop(DROP_NO_SERVICE_PORT);
 	struct svc_key sk = {.family = p->family, .proto = p->proto, .port = p->dport};
@@ -206,7 +208,7 @@ static __noinline int to_service(struct __sk_buff *skb, struct pkt *p, struct ct
 		struct ct_val v = {.peer_net = net, .flags = CT_ORIGIN_LOCAL | CT_SERVICE, .nat_port = be_port};
 		__builtin_memcpy(v.nat_addr, be_addr, 16);
 		ct_refresh(&v, p, 1);
-		bpf_map_update_elem(&lace_ct, k, &v, BPF_ANY);
+		ct_insert(k, &v);
 		count(FWD_SERVICE);
 	}
 	__u8 vip[16];
@@ -252,7 +254,7 @@ static __noinline int to_service(struct __sk_buff *skb, struct pkt *p, struct ct
 		struct ct_val v = {.peer_net = net, .flags = CT_ORIGIN_LOCAL | CT_DNAT, .nat_port = vport};
 		__builtin_memcpy(v.nat_addr, vip, 16);
 		ct_refresh(&v, p, 1);
-		bpf_map_update_elem(&lace_ct, k, &v, BPF_ANY);
+		ct_insert(k, &v);
 	}
 	return 0;
 }
@@ -271,6 +273,16 @@ static __noinline int rev_nat(struct __sk_buff *skb, struct pkt *p, struct ct_va
 	__u8 fa[16];
 	__builtin_memcpy(fa, ct->nat_addr, 16);
 	__u16 fp = ct->nat_port;
+	/* The answer moves the client's entry on too (xlb_in: keyed from
+	 * the frontend in the client's external network): its reset closes
+	 * it, so a blind handshake from a spoofed source that the pod
+	 * refuses never leaves an established entry behind. */
+	struct ct_key ck = {.net_id = ct->peer_net, .family = p->family, .proto = p->proto, .lport = fp, .rport = p->dport};
+	__builtin_memcpy(ck.laddr, fa, 16);
+	__builtin_memcpy(ck.raddr, p->daddr, 16);
+	struct ct_val *cl = ct_lookup(&ck);
+	if (cl && (cl->flags & (CT_SERVICE | CT_SNAT)) == CT_SERVICE)
+		ct_update(&ck, cl, p, 0);
 	if (nat_rewrite(skb, p, 1, fa, fp))
 		return -1;
 	__builtin_memcpy(p->saddr, fa, 16);
@@ -507,7 +519,7 @@ int to_pod(struct __sk_buff *skb)
 	struct ct_val *ct = ct_lookup(&k);
 	if (!ct || (ct->flags & (CT_DNAT | CT_ORIGIN_LOCAL)) != (CT_DNAT | CT_ORIGIN_LOCAL))
 		return TC_ACT_OK;
-	ct_refresh(ct, &p, 0);
+	ct = ct_update(&k, ct, &p, 0);
 	if (unnat_reply(skb, &p, ct))
 		return drop(DROP_ADJUST);
 	return TC_ACT_OK;

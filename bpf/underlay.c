@@ -303,6 +303,8 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 	struct xlb_scratch *x = bpf_map_lookup_elem(&lace_xlb_scratch, &zero);
 	if (!x)
 		return drop(DROP_ADJUST);
+	if (p->frag)
+		return drop(DROP_FRAGMENT);
 	struct svc_val *svp = frontend(p->family, p->proto, p->dport, p->daddr);
 	if (!svp)
 		return drop(DROP_NO_SERVICE_PORT);
@@ -386,13 +388,9 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 		ct_key_of(&x->ek, sv.net_id, p, 0);
 		struct ct_val *fl = ct_lookup(&x->ek);
 		if (fl && (fl->flags & CT_REV_NAT) && !(is_tcp_syn(p) && ct_closing(fl))) {
+			/* The client's entry moves on by itself: the pod's
+			 * answers update it too (rev_nat in pod.c). */
 			ct_refresh(fl, p, 1);
-			/* The answers refresh the endpoint's entry only: the
-			 * client's takes its state (see to_service). */
-			if (ct && (fl->flags & CT_SEEN_REPLY)) {
-				ct->flags |= CT_SEEN_REPLY | (fl->flags & CT_ASSURED);
-				ct->expires = fl->expires;
-			}
 			ct_settle(&x->ek);
 			ct_settle(&x->k);
 		} else {
@@ -642,7 +640,7 @@ static __noinline int snat_in(struct __sk_buff *skb, struct pkt *p)
 		return drop(DROP_NO_ENDPOINT);
 	if (p->ttl <= 1)
 		return drop(DROP_TTL);
-	ct_refresh(ct, p, 0);
+	ct = ct_update(&k, ct, p, 0);
 	/* An outside service endpoint (the API server behind the kubernetes
 	 * Service) answers from the VIP the client addressed. */
 	if (dec_ttl(skb, p) || nat_rewrite(skb, p, 0, sv.laddr, sv.lport) || unnat_reply(skb, p, ct) ||

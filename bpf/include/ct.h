@@ -65,6 +65,13 @@ struct ct_val {
  * UDP: a second datagram), as Linux's ASSURED: only then does a flow earn
  * the long timeouts. */
 #define CT_ASSURED 1024
+/* With CT_RST: the reset came from the side that did not open the flow.
+ * Nothing checks a reset's sequence number, so anybody on the path can
+ * forge one: a reset is believed only until the side it was sent to
+ * speaks again (its stack refused it: out of window), and a port whose
+ * flow the remote side reset is handed to another flow only once the
+ * entry expired, never at once (see ct_port_free). */
+#define CT_RST_REPLY 2048
 
 #define NSEC 1000000000ULL
 /* Timeouts: TCP as the kernel's conntrack orders them (an unanswered
@@ -131,8 +138,13 @@ struct snat_val {
 	__u8 laddr[16];
 };
 
+/* Not an LRU: an eviction would free the port of a live flow for the next
+ * one toward the same destination, which would get the first one's
+ * replies. Full, it fails closed (snat-failed); a mapping whose flow is
+ * over is taken again by the next flow that picks its port, and the
+ * agent sweeps the others out (Datapath.ReclaimSNAT). */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
 	__type(key, struct snat_key);
 	__type(value, struct snat_val);
@@ -188,10 +200,14 @@ static __always_inline void ct_key_of(struct ct_key *k, __u32 net_id, struct pkt
 }
 
 /* ct_settled tells whether an entry belongs in lace_ct: a flow this side
- * opened (or its hairpin), or one the other side opened that is assured. */
+ * opened once it was answered (or its hairpin), or one the other side
+ * opened that is assured. Until then, a flow waits in lace_ct_new,
+ * whoever opened it: a pod sending to a thousand silent destinations
+ * (or its answers to clients whose flows are gone) evicts only other
+ * unanswered flows, never an established one. */
 static __always_inline int ct_settled(__u16 flags)
 {
-	return flags & (CT_ORIGIN_LOCAL | CT_HAIRPIN | CT_ASSURED);
+	return (flags & (CT_HAIRPIN | CT_ASSURED)) || (flags & (CT_ORIGIN_LOCAL | CT_SEEN_REPLY)) == (CT_ORIGIN_LOCAL | CT_SEEN_REPLY);
 }
 
 /* ct_promote moves k's assured entry v from lace_ct_new to lace_ct and
@@ -210,7 +226,7 @@ static __always_inline struct ct_val *ct_promote(struct ct_key *k, struct ct_val
 static __always_inline void ct_settle(struct ct_key *k)
 {
 	struct ct_val *v = bpf_map_lookup_elem(&lace_ct_new, k);
-	if (v && (v->flags & CT_ASSURED))
+	if (v && ct_settled(v->flags))
 		ct_promote(k, v);
 }
 
@@ -238,7 +254,7 @@ static __always_inline struct ct_val *ct_lookup(struct ct_key *k)
 	v = bpf_map_lookup_elem(&lace_ct_new, k);
 	if (!v || v->expires < now)
 		return NULL;
-	if (v->flags & CT_ASSURED)
+	if (ct_settled(v->flags))
 		return ct_promote(k, v);
 	return v;
 }
@@ -252,8 +268,13 @@ static __always_inline void ct_refresh(struct ct_val *v, struct pkt *p, int from
 	if (!from_origin)
 		f |= CT_SEEN_REPLY;
 	if (p->proto == IPPROTO_TCP) {
-		if (p->tcp_flags & TCP_RST)
-			f |= CT_RST;
+		if (p->tcp_flags & TCP_RST) {
+			f = (f & ~CT_RST_REPLY) | CT_RST | (from_origin ? 0 : CT_RST_REPLY);
+		} else if ((f & CT_RST) && !(p->tcp_flags & TCP_SYN) && !!from_origin == !!(f & CT_RST_REPLY)) {
+			/* The side the reset was sent to speaks on: its stack
+			 * refused it (out of window), the flow lives. */
+			f &= ~(CT_RST | CT_RST_REPLY);
+		}
 		if (p->tcp_flags & TCP_FIN)
 			f |= from_origin ? CT_FIN_ORIG : CT_FIN_REPLY;
 		/* The handshake's last ACK assures it: an ACK, neither a SYN
@@ -263,8 +284,8 @@ static __always_inline void ct_refresh(struct ct_val *v, struct pkt *p, int from
 			f |= CT_ASSURED;
 		if ((f & CT_RST) || ((f & CT_FIN_ORIG) && (f & CT_FIN_REPLY)))
 			timeout = CT_TCP_CLOSE;
-		else if (f & CT_SEEN_REPLY)
-			timeout = CT_TCP_EST;
+		else if (f & CT_ASSURED)
+			timeout = CT_TCP_EST; /* a forged answer never earns it */
 		else
 			timeout = CT_TCP_SYN;
 	} else if (p->proto == IPPROTO_UDP) {
@@ -272,7 +293,7 @@ static __always_inline void ct_refresh(struct ct_val *v, struct pkt *p, int from
 			f |= CT_ASSURED;
 		timeout = (f & CT_ASSURED) ? CT_UDP_REPLIED : CT_UDP;
 	}
-	if (!ct_settled(f))
+	if (!ct_settled(f) && !(f & CT_ORIGIN_LOCAL))
 		timeout = CT_NEW_IN;
 	v->flags = f;
 	v->expires = bpf_ktime_get_ns() + timeout;
@@ -298,6 +319,30 @@ static __always_inline int ct_closing(struct ct_val *v)
 	return (v->flags & CT_RST) || ((v->flags & CT_FIN_ORIG) && (v->flags & CT_FIN_REPLY));
 }
 
+/* ct_port_free tells whether a live TCP entry's node port may go to
+ * another flow at once: closed by FINs both ways, or reset by the side
+ * that opened it (a pod of this node: the fabric cannot forge it). A
+ * reset from the other side (which anybody on the path can forge) frees
+ * the port only when the entry expires, CT_TCP_CLOSE after it if the
+ * flow stays silent. */
+static __always_inline int ct_port_free(struct ct_val *v)
+{
+	return ((v->flags & CT_RST) && !(v->flags & CT_RST_REPLY)) ||
+	       ((v->flags & CT_FIN_ORIG) && (v->flags & CT_FIN_REPLY));
+}
+
+/* ct_update moves k's entry v on for packet p (sent by the opener or
+ * not) and moves it to lace_ct once that settles it; returns it where it
+ * is then. */
+static __always_inline struct ct_val *ct_update(struct ct_key *k, struct ct_val *v, struct pkt *p, int from_origin)
+{
+	int settled = ct_settled(v->flags);
+	ct_refresh(v, p, from_origin);
+	if (!settled && ct_settled(v->flags))
+		return ct_promote(k, v);
+	return v;
+}
+
 /* ct_track_in records packet p arriving for a local pod in network
  * net_id from network src_net (a pod network, or the external network a
  * plain-IP source was classified into), and returns the flow's entry when
@@ -320,13 +365,8 @@ static __always_inline struct ct_val *ct_track_in(__u32 net_id, __u32 src_net, s
 	struct ct_val *v = ct_lookup(&k);
 	if (v && v->peer_net != src_net)
 		return v;
-	if (v && !(is_tcp_syn(p) && ct_closing(v))) {
-		int settled = ct_settled(v->flags);
-		ct_refresh(v, p, !(v->flags & CT_ORIGIN_LOCAL));
-		if (!settled && ct_settled(v->flags))
-			v = ct_promote(&k, v);
-		return v;
-	}
+	if (v && !(is_tcp_syn(p) && ct_closing(v)))
+		return ct_update(&k, v, p, !(v->flags & CT_ORIGIN_LOCAL));
 	ct_create(&k, src_net, 0, 0, p, 1);
 	return NULL;
 }

@@ -284,6 +284,8 @@ static __noinline __attribute__((unused)) int snat_out(struct __sk_buff *skb, st
 	} else {
 		__builtin_memcpy(node, cfg->underlay_ip6, 16);
 	}
+	if (p->frag)
+		return drop(DROP_FRAGMENT);
 	int icmp = p->proto == IPPROTO_ICMP || p->proto == IPPROTO_ICMPV6;
 	if (!(p->proto == IPPROTO_TCP || p->proto == IPPROTO_UDP ||
 	      (icmp && (p->icmp_type == 8 || p->icmp_type == 128))))
@@ -298,12 +300,16 @@ static __noinline __attribute__((unused)) int snat_out(struct __sk_buff *skb, st
 	if (ct && (ct->flags & CT_SNAT) && !(is_tcp_syn(p) && ct_closing(ct))) {
 		port = ct->snat_port;
 		ct_refresh(ct, p, 1);
-		/* The mapping the replies need: an LRU eviction of it would
-		 * hand them to the host, so a live flow puts it back (unless a
-		 * new flow took the port of this closing one). */
+		/* The mapping the replies need (the agent's sweep removes only
+		 * those of flows that are over; put back if it raced). A port
+		 * another flow holds now is never shared: that flow gets the
+		 * replies, this one is over. */
 		sk.port = port;
-		if (!bpf_map_lookup_elem(&lace_snat, &sk))
+		struct snat_val *cur = bpf_map_lookup_elem(&lace_snat, &sk);
+		if (!cur)
 			bpf_map_update_elem(&lace_snat, &sk, &sv, BPF_NOEXIST);
+		else if (!(cur->net_id == net_id && cur->lport == sv.lport && eq16(cur->laddr, sv.laddr)))
+			return drop(DROP_SNAT_CLOSED);
 	} else {
 		/* Only a SYN opens a TCP flow: a pod's answer to a flow whose
 		 * entry is gone (a flood's SYN evicted from lace_ct_new before
@@ -313,8 +319,11 @@ static __noinline __attribute__((unused)) int snat_out(struct __sk_buff *skb, st
 			return drop(DROP_NO_FLOW);
 		/* A port is free when no live flow holds it: never used, its
 		 * flow's conntrack entry expired or evicted, or (TCP) that
-		 * flow is closing, whose port a new connection takes at once,
-		 * as Linux's NAT reuses the tuple of a closing connection. */
+		 * flow closed by FINs both ways or its pod's reset, whose port
+		 * a new connection takes at once, as Linux's NAT reuses the
+		 * tuple of a closing connection (a reset from outside, which
+		 * anybody can forge, frees it only at expiry: ct_port_free).
+		 * lace_snat is no LRU: when it is full, no port is free. */
 		struct ct_key ok;
 		__u32 h = bpf_get_prandom_u32();
 		int found = 0;
@@ -330,7 +339,7 @@ static __noinline __attribute__((unused)) int snat_out(struct __sk_buff *skb, st
 				continue;
 			if (!(cur->net_id == net_id && cur->lport == sv.lport && eq16(cur->laddr, sv.laddr))) {
 				struct ct_val *owner = snat_owner(&sk, cur, &ok);
-				if (owner && !(p->proto == IPPROTO_TCP && ct_closing(owner)))
+				if (owner && !(p->proto == IPPROTO_TCP && ct_port_free(owner)))
 					continue;
 			}
 			bpf_map_update_elem(&lace_snat, &sk, &sv, BPF_ANY);

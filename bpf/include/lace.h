@@ -83,7 +83,8 @@ enum drop_reason {
 	DROP_ICMP_NOT_OURS = 29, /* icmp-error-no-flow: an ICMP error from a pod about no flow conntrack holds for it with that peer */
 	DROP_NODE_FORGED = 30, /* node-forged-underlay: the node's own stack sent SRv6 to a locator, or a packet from another node's address: only Lace's encapsulation speaks for the node */
 	DROP_DECAP_FOREIGN = 31, /* decap-foreign-source: SRv6 whose inner source is a pod of a block the sending node does not own */
-	DROP_MAX = 32,
+	DROP_FRAGMENT = 32, /* fragment: a later IPv4 fragment (no ports) on a path that translates addresses or ports (SNAT, a service, an external frontend) */
+	DROP_MAX = 33,
 };
 
 enum fwd_counter {
@@ -453,7 +454,8 @@ struct pkt {
 	__u16 dport;
 	__u8 tcp_flags;
 	__u8 icmp_type; /* ICMP and ICMPv6 */
-	__u8 pad[2];
+	__u8 frag; /* an IPv4 fragment other than the first: no L4 header, ports 0 */
+	__u8 pad;
 	__u8 saddr[16];
 	__u8 daddr[16];
 	__u32 l3_off;
@@ -523,6 +525,13 @@ static __always_inline int parse_ip(struct __sk_buff *skb, __u16 eth_proto, __u3
 		__builtin_memcpy(p->saddr, &ip->saddr, 4);
 		__builtin_memcpy(p->daddr, &ip->daddr, 4);
 		p->l4_off = l3_off + ip->ihl * 4;
+		/* A later fragment carries payload where a header would be:
+		 * read as ports, it would be translated (and its bytes
+		 * rewritten). It has none; what translates drops it. */
+		if (ip->frag_off & bpf_htons(0x1fff)) {
+			p->frag = 1;
+			return 0;
+		}
 		return parse_l4(skb, p, p->l4_off);
 	}
 	if (eth_proto == bpf_htons(ETH_P_IPV6)) {

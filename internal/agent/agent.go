@@ -349,6 +349,25 @@ func (a *Agent) Run(ctx context.Context) error {
 	return a.mgr.Start(ctx)
 }
 
+// snatSweepPeriod is how often the SNAT mappings of flows that are over
+// are deleted: lace_snat never evicts (an eviction would hand a live
+// flow's port to another), so a node whose pods open many short flows to
+// many destinations fills it (snat-failed) unless they are swept.
+const snatSweepPeriod = 10 * time.Second
+
+// reclaimSNAT deletes the SNAT mappings whose flows are over.
+func (a *Agent) reclaimSNAT() {
+	r, ok := a.dp.(interface{ ReclaimSNAT() (int, error) })
+	if !ok {
+		return
+	}
+	if n, err := r.ReclaimSNAT(); err != nil {
+		a.log.Info("reclaim SNAT mappings", "err", err)
+	} else if n > 0 {
+		a.log.Debug("reclaimed SNAT mappings", "count", n)
+	}
+}
+
 // resync replays the DELs queued while the agent was unreachable (at
 // start, and periodically for one queued while it restarted) and triggers
 // a full reconcile periodically, so a missed event never leaves the node
@@ -359,10 +378,14 @@ func (a *Agent) resync(ctx context.Context) error {
 	}
 	t := time.NewTicker(a.opts.ResyncPeriod)
 	defer t.Stop()
+	sweep := time.NewTicker(snatSweepPeriod)
+	defer sweep.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-sweep.C:
+			a.reclaimSNAT()
 		case <-t.C:
 			if err := a.replayQueuedDels(ctx); err != nil {
 				a.log.Info("replay queued DELs", "err", err)

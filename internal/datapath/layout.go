@@ -170,7 +170,7 @@ func reconcileLayouts(pinDir string, specs []*ebpf.CollectionSpec, migrate bool,
 // have to want and the pin was only removed (loading creates it empty).
 func migrateMap(name, path string, old *ebpf.Map, ms *ebpf.MapSpec, have, want uint32) (int, int, error) {
 	var steps []func(k, v []byte) ([]byte, []byte, bool)
-	ok := statefulMaps[name] && have <= want && old.Type() == ms.Type && !isPerCPU(ms.Type)
+	ok := statefulMaps[name] && have <= want && copyableType(old.Type(), ms.Type) && !isPerCPU(ms.Type)
 	for from := have; ok && from < want; from++ {
 		m, found := migrations[name][from]
 		if !found {
@@ -229,6 +229,13 @@ func migrateMap(name, path string, old *ebpf.Map, ms *ebpf.MapSpec, have, want u
 		return 0, 0, fmt.Errorf("pin migrated map %s: %w", name, err)
 	}
 	return copied, dropped, nil
+}
+
+// copyableType tells whether entries of a map of type from can be copied
+// as they are into one of type to: the same type, or an LRU hash become a
+// plain hash (lace_snat: an eviction there handed a live flow's port away).
+func copyableType(from, to ebpf.MapType) bool {
+	return from == to || (from == ebpf.LRUHash && to == ebpf.Hash)
 }
 
 func isPerCPU(t ebpf.MapType) bool {

@@ -36,6 +36,7 @@ var DropReasons = []string{
 	"icmp-error-no-flow",
 	"node-forged-underlay",
 	"decap-foreign-source",
+	"fragment",
 }
 
 // DropMeanings say what the drop reasons count, in the same order.
@@ -72,6 +73,7 @@ var DropMeanings = []string{
 	"an ICMP error from a pod about no flow conntrack holds for it with that peer",
 	"the node's own stack sent SRv6 to a locator, or a packet from another node's address: only Lace's encapsulation speaks for the node",
 	"SRv6 whose inner source is a pod of a block the sending node does not own",
+	"a later IPv4 fragment (no ports) on a path that translates addresses or ports (SNAT, a service, an external frontend)",
 }
 
 // ForwardCounters name the counters, in the order of the C enum.

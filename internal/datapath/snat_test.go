@@ -108,13 +108,19 @@ func ctOf(t *testing.T, d *Datapath, proto byte, sport uint16, dst netip.AddrPor
 	t.Helper()
 	var k podCtKey
 	var v podCtVal
-	it := d.pod.LaceCt.Iterate()
-	for it.Next(&k, &v) {
-		if k.Proto == proto && ntohs(k.Lport) == sport && ntohs(k.Rport) == dst.Port() && fromAddr16(k.Family, k.Raddr) == dst.Addr() {
-			return k, v
+	// Unanswered, it waits in lace_ct_new; answered, it is in lace_ct.
+	for _, m := range []*ebpf.Map{d.pod.LaceCt, d.pod.LaceCtNew} {
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			if k.Proto == proto && ntohs(k.Lport) == sport && ntohs(k.Rport) == dst.Port() && fromAddr16(k.Family, k.Raddr) == dst.Addr() {
+				return k, v
+			}
+		}
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
 		}
 	}
-	t.Fatalf("no conntrack entry for %d -> %s (%v)", sport, dst, it.Err())
+	t.Fatalf("no conntrack entry for %d -> %s", sport, dst)
 	return k, v
 }
 
