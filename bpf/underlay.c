@@ -510,11 +510,14 @@ static __noinline int xlb_reply(struct __sk_buff *skb)
  * deepest chain. */
 static __noinline int foreign_source(__u32 src_net, struct pkt *p, const void *osrc)
 {
-	if (src_net == NODE_NET_ID)
-		return 0;
 	struct class_key ck = {.prefixlen = 32 + 128, .family = p->family};
 	__builtin_memcpy(ck.addr, p->saddr, 16);
 	__u32 *kind = bpf_map_lookup_elem(&lace_inside, &ck);
+	/* The nodes' context carries what xlb_in sends: the sending node's
+	 * own address as inner source, never a pod, service or locator
+	 * address. Without this, any node could claim any pod through it. */
+	if (src_net == NODE_NET_ID)
+		return kind != 0;
 	if (!kind || *kind != INSIDE_POD_SUBNET)
 		return 0;
 	struct host_key hk = {.family = LACE_FAMILY_V6};
@@ -877,40 +880,81 @@ int from_underlay(struct __sk_buff *skb)
  * outer source (raw sockets need only CAP_NET_RAW), or any other packet
  * impersonating another node. What it cannot stop: a process that
  * bypasses the qdisc layer (AF_PACKET with PACKET_QDISC_BYPASS, also
- * CAP_NET_RAW) or that holds CAP_NET_ADMIN (sets the mark, detaches this
- * program); and a host on the fabric, which no program here sees:
+ * CAP_NET_RAW) or that holds CAP_NET_ADMIN (detaches this program); a
+ * raw socket that sets the mark (CAP_NET_RAW) and this node's own outer
+ * source reaches a locator, but speaks only for this node; and a host on the fabric, which no program here sees:
  * docs/security.md section 8. Before the agent has written the nodes and
  * locators, everything passes. */
 SEC("tcx/egress")
 int to_underlay(struct __sk_buff *skb)
 {
-	if (skb->mark == LACE_MARK_ENCAP) {
+	/* The mark alone proves nothing: SO_MARK needs only CAP_NET_RAW
+	 * since Linux 5.17, which containers hold by default. So a marked
+	 * packet skips only the locator check, and must still be IPv6 from
+	 * one of this node's own addresses (encap_and_send always uses
+	 * underlay_ip6): a raw socket may mark, but not speak for another
+	 * node. */
+	int marked = skb->mark == LACE_MARK_ENCAP;
+	if (marked)
 		skb->mark = 0;
-		return TC_ACT_OK;
-	}
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
 	if ((void *)(eth + 1) > end)
-		return TC_ACT_OK;
+		return marked ? drop(DROP_NODE_FORGED) : TC_ACT_OK;
 	struct host_key src = {};
-	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
-		struct ipv6hdr *ip6 = (void *)(eth + 1);
+	/* A VLAN tag (802.1Q, 802.1ad; up to two) hides nothing: the checks
+	 * below apply to what it carries. A receiver strips a priority tag
+	 * before its programs run, so a tagged forgery is still a forgery. */
+	void *l3 = eth + 1;
+	__be16 proto = eth->h_proto;
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		if (proto != bpf_htons(ETH_P_8021Q) && proto != bpf_htons(ETH_P_8021AD))
+			break;
+		if (l3 + 4 > end)
+			return drop(DROP_NODE_FORGED);
+		proto = *(__be16 *)(l3 + 2);
+		l3 += 4;
+	}
+	if (proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = l3;
 		if ((void *)(ip6 + 1) > end)
 			return TC_ACT_OK;
 		struct class_key ck = {.prefixlen = 32 + 128, .family = LACE_FAMILY_V6};
 		__builtin_memcpy(ck.addr, &ip6->daddr, 16);
+		src.family = LACE_FAMILY_V6;
+		__builtin_memcpy(src.addr, &ip6->saddr, 16);
+		if (marked) {
+			if (!bpf_map_lookup_elem(&lace_host_addrs, &src))
+				return drop(DROP_NODE_FORGED);
+			return TC_ACT_OK;
+		}
 		__u32 *kind = bpf_map_lookup_elem(&lace_inside, &ck);
 		if (kind && *kind == INSIDE_LOCATOR)
 			return drop(DROP_NODE_FORGED);
-		src.family = LACE_FAMILY_V6;
-		__builtin_memcpy(src.addr, &ip6->saddr, 16);
-	} else if (eth->h_proto == bpf_htons(ETH_P_IP)) {
-		struct iphdr *ip = (void *)(eth + 1);
+		/* A Neighbour Advertisement (from a link-local source) must
+		 * not claim another node's address: its target is checked as
+		 * the source. No extension headers: the kernel sends ND bare. */
+		struct icmp6hdr *ic = (void *)(ip6 + 1);
+		if (ip6->nexthdr == IPPROTO_ICMPV6 && (void *)ic + 24 <= end && ic->icmp6_type == 136)
+			__builtin_memcpy(src.addr, (__u8 *)ic + 8, 16);
+	} else if (marked) {
+		return drop(DROP_NODE_FORGED); /* Lace encapsulates only in IPv6 */
+	} else if (proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = l3;
 		if ((void *)(ip + 1) > end)
 			return TC_ACT_OK;
 		src.family = LACE_FAMILY_V4;
 		__builtin_memcpy(src.addr, &ip->saddr, 4);
+	} else if (proto == bpf_htons(ETH_P_ARP_)) {
+		/* ARP (gratuitous or not) must not claim another node's
+		 * address as its sender. */
+		struct arp_eth4 *arp = l3;
+		if ((void *)(arp + 1) > end)
+			return TC_ACT_OK;
+		src.family = LACE_FAMILY_V4;
+		__builtin_memcpy(src.addr, arp->spa, 4);
 	} else {
 		return TC_ACT_OK;
 	}

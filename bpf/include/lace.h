@@ -102,10 +102,12 @@ enum fwd_counter {
 };
 
 /* skb->mark of what Lace's own encapsulation sends (encap_and_send):
- * to_underlay lets only such packets reach another node's locator. The
- * host stack sets a mark only with CAP_NET_ADMIN (SO_MARK), which also
- * detaches programs: that is a compromised node (docs/security.md). */
-#define LACE_MARK_ENCAP 0x1ace5a00
+ * to_underlay lets only such packets reach another node's locator, and
+ * only from this node's own address. The mark is no secret: SO_MARK needs
+ * only CAP_NET_RAW since Linux 5.17 (docs/security.md section 8). The
+ * value keeps clear of kube-proxy's 0x4000/0x8000 bits and Cilium's
+ * 0x0F00 nibble, so neither reads our packets as theirs. */
+#define LACE_MARK_ENCAP 0x1ace0001
 
 /* lace_config.flags */
 #define LACE_CFG_UNDERLAY_GUARD (1U << 0) /* lace_host_addrs is complete: drop plain IP to anything else */

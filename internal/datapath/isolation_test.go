@@ -264,7 +264,7 @@ func TestProgNodeSpeaksForItself(t *testing.T) {
 		pkt  []byte
 		mark uint32
 	}{
-		{"Lace's own encapsulation", srv6(progNodeV6, peerSID, inner, true), 0x1ace5a00},
+		{"Lace's own encapsulation", srv6(progNodeV6, peerSID, inner, true), laceMarkEncap},
 		{"the host's own plain IPv6", ether(unicastMAC, 0x86dd, ipv6(progNodeV6, netip.MustParseAddr("fd00:99::c8"), 6, tcpSYN(1, 2))), 0},
 		{"the host's own IPv4", ether(unicastMAC, 0x0800, ipv4(progNodeV4, netip.MustParseAddr("172.31.0.200"), 6, tcpSYN(1, 2))), 0},
 		{"the host to a pod block (plain IP)", ether(unicastMAC, 0x0800, ipv4(progNodeV4, netip.MustParseAddr("10.70.2.2"), 6, tcpSYN(1, 2))), 0},
@@ -286,7 +286,7 @@ func TestProgNodeSpeaksForItself(t *testing.T) {
 	if _, err := d.pod.FromPod.Run(opts); err != nil {
 		t.Fatal(err)
 	}
-	if m := binary.LittleEndian.Uint32(ctxOut[8:12]); m != 0x1ace5a00 {
+	if m := binary.LittleEndian.Uint32(ctxOut[8:12]); m != laceMarkEncap {
 		t.Errorf("encapsulated packet's mark %#x, want LACE_MARK_ENCAP", m)
 	}
 	onlyDrop(t, d, "decap-unknown-source", func() {
@@ -335,3 +335,6 @@ func TestProgDecapForeignSource(t *testing.T) {
 		})
 	}
 }
+
+// laceMarkEncap is LACE_MARK_ENCAP (bpf/include/lace.h).
+const laceMarkEncap = 0x1ace0001
