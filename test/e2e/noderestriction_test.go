@@ -55,16 +55,7 @@ func TestAgentSpeaksOnlyForItself(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	admin := laceClient(t)
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ac := rest.AnonymousClientConfig(cfg)
-	ac.BearerToken = agentToken(t, "n1")
-	n1, err := crclient.New(ac, crclient.Options{Scheme: scheme.Scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
+	n1 := agentClient(t, "n1")
 	dry := crclient.DryRunAll
 
 	// A pod on each node, so that each has a NetworkEndpoint.
@@ -170,4 +161,21 @@ func nodeRestricted(err error) error {
 		return fmt.Errorf("%w: refused, but not by the agent node restriction", err)
 	}
 	return nil
+}
+
+// agentClient is a client with the token the kubelet gave node's agent:
+// what a compromised node holds.
+func agentClient(t *testing.T, node string) crclient.Client {
+	t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ac := rest.AnonymousClientConfig(cfg)
+	ac.BearerToken = agentToken(t, node)
+	c, err := crclient.New(ac, crclient.Options{Scheme: scheme.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

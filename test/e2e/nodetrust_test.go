@@ -8,12 +8,9 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
-	"github.com/lace-cni/lace/pkg/scheme"
 )
 
 // TestNodeCannotClaimOthers writes, with agent n1's own token, what the
@@ -28,16 +25,7 @@ func TestNodeCannotClaimOthers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	admin := laceClient(t)
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ac := rest.AnonymousClientConfig(cfg)
-	ac.BearerToken = agentToken(t, "n1")
-	n1, err := crclient.New(ac, crclient.Options{Scheme: scheme.Scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
+	n1 := agentClient(t, "n1")
 	k, err := client.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
