@@ -148,7 +148,9 @@ func TestHostEndpointSliceForged(t *testing.T) {
 		if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, sl, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = client.DiscoveryV1().EndpointSlices("default").Delete(ctx, sl.Name, metav1.DeleteOptions{}) })
+		t.Cleanup(func() {
+			_ = client.DiscoveryV1().EndpointSlices("default").Delete(ctx, sl.Name, metav1.DeleteOptions{})
+		})
 		return created
 	}
 	ep := func(addr netip.Addr, node string, pod *corev1.Pod) discoveryv1.Endpoint {
