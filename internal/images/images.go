@@ -10,9 +10,9 @@ package images
 
 import (
 	"bytes"
-	_ "embed"
 	"context"
 	"debug/elf"
+	_ "embed"
 	"fmt"
 	"os"
 	"os/exec"
