@@ -219,7 +219,9 @@ func (c *serviceCache) admit() map[model.ServiceKey]model.Refusal {
 // Service gained while no agent ran are then judged as growth, what it
 // lost is given back, as they would have been by the agent before.
 func programmedCost(r *model.ServiceResult, prog map[datapath.ServiceKey]datapath.ProgrammedFrontend) model.Cost {
-	key := func(s *tables.Service) datapath.ServiceKey { return datapath.ServiceKey{VIP: s.VIP, Proto: s.Proto, Port: s.Port} }
+	key := func(s *tables.Service) datapath.ServiceKey {
+		return datapath.ServiceKey{VIP: s.VIP, Proto: s.Proto, Port: s.Port}
+	}
 	if !slices.ContainsFunc(r.Services, func(s tables.Service) bool {
 		p, ok := prog[key(&s)]
 		return ok && !s.External() && !p.External
