@@ -214,6 +214,9 @@ func BuildE2E(ctx context.Context, o Options) ([]Built, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkBusybox(busybox); err != nil {
+		return nil, err
+	}
 	applets, err := BusyboxApplets(ctx, o.Busybox)
 	if err != nil {
 		return nil, err
@@ -226,11 +229,25 @@ func BuildE2E(ctx context.Context, o Options) ([]Built, error) {
 		}
 		tools = append(tools, fs...)
 	}
+	if o.CoreDNS != "" {
+		// Upstream's agnhost carries CoreDNS at /coredns: the DNS specs
+		// run it in an agnhost pod as a test name server.
+		bin, err := readStatic(o.CoreDNS)
+		if err != nil {
+			return nil, err
+		}
+		tools = append(tools, File{Path: "coredns", Mode: 0o755, Data: bin})
+	}
 	img, err := E2EAgnhostImage(agnhost, busybox, applets, tools)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", E2EAgnhostRef, err)
 	}
-	return writeBuilt(o.Out, E2EAgnhostTar, E2EAgnhostRef, img)
+	built, err := writeBuilt(o.Out, E2EAgnhostTar, E2EAgnhostRef, img)
+	if err != nil || o.K8sSrc == "" {
+		return built, err
+	}
+	more, err := buildE2EMore(ctx, o, agnhost, busybox, applets)
+	return append(built, more...), err
 }
 
 func writeBuilt(dir, name, ref string, img v1.Image) ([]Built, error) {
