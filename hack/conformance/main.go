@@ -1,7 +1,8 @@
 // Command conformance runs the upstream Kubernetes e2e suite (e2e.test of
-// the pinned release, `make conformance` builds it) against a lab: the
-// [sig-network] Services specs by default, minus the checked-in skip list
-// (skip.txt: what Lace does not build yet, or what needs a cloud provider).
+// the pinned release, `make conformance` builds it) against a lab: every
+// [sig-network] describe that applies to a CNI and a kube-proxy
+// replacement by default (DefaultFocus), minus the checked-in skip list
+// (skip.txt: what the kernel, the lab or a cloud-less cluster cannot do).
 //
 // It brings a lab up with cluster DNS (or uses one that runs: it then
 // leaves it up), loads the extra images e2e.test asks for (mkimages --e2e)
@@ -36,8 +37,18 @@ import (
 	"time"
 )
 
-// DefaultFocus is the issue's scope: every spec of the Services describe.
-const DefaultFocus = `\[sig-network\] Services`
+// DefaultFocus is every [sig-network] describe that a CNI and a kube-proxy
+// replacement answer for: Services, Conntrack, Networking (and its
+// Granular Checks), dual-stack, Traffic Distribution and Topology Hints,
+// HostPort, Proxy, EndpointSlice(Mirroring), DNS, Service endpoints
+// latency, pod connectivity through termination, NoSNAT, Service CIDRs,
+// and the Ingress/IngressClass/ServiceCIDR API specs of [Conformance].
+// Left out: Netpol and NetworkPolicy (Lace enforces no NetworkPolicy yet),
+// LoadBalancers and ESIPP (a cloud's load balancer), KubeProxy and
+// KubeProxyNFAcct and the kube-proxy migration (kube-proxy itself), the
+// [Feature:PerformanceDNS] scale test, and IngressClass [Feature:Ingress]
+// (an ingress controller's defaulting).
+const DefaultFocus = `\[sig-network\] (Services|Conntrack|Networking|\[Feature:IPv6DualStack\]|Traffic Distribution|Topology Hints|HostPort|Proxy|EndpointSlice|DNS|Service endpoints latency|Connectivity Pod Lifecycle|NoSNAT|Service CIDRs|ServiceCIDR and IPAddress API|Ingress API|IngressClass API)`
 
 type options struct {
 	lab, laceLab, e2eTest, kubectl, images string
@@ -410,7 +421,7 @@ func summarize(o options, focus *regexp.Regexp, skips []SkipEntry, out io.Writer
 	w := io.MultiWriter(out, sum)
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	counts := map[string]int{}
-	prefix := "[sig-network] Services "
+	prefix := "[sig-network] "
 	for _, r := range results {
 		counts[r.Outcome]++
 		outcome := r.Outcome
