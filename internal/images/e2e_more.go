@@ -117,7 +117,8 @@ func e2eMoreImages(in e2eMoreInputs) (map[string]v1.Image, error) {
 		// libraries) and dash as /bin/sh (busybox's sh would run its own
 		// nslookup applet whatever PATH says).
 		func() error {
-			dns := append(append(busyboxFilesWithout(in.busybox, in.applets, in.dnsTools), E2EShell), in.dnsTools...)
+			tools := append([]File{E2EShell}, in.dnsTools...)
+			dns := append(busyboxFilesWithout(in.busybox, in.applets, tools), tools...)
 			dns = append(dns, File{Path: "etc/nsswitch.conf", Mode: 0o644, Data: []byte("hosts: files dns\n")})
 			return add(E2EDnsutilsRef, dns, v1.Config{Cmd: []string{"sh"}})
 		},
