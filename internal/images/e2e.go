@@ -45,6 +45,13 @@ var E2ETools = []E2ETool{
 	{Name: "ss", Host: "/bin/ss"},
 	{Name: "bash", Host: "/bin/bash"},
 	{Name: "dash", Host: "/bin/dash"},
+	// Upstream's alpine adds bind-tools, and musl's getent: the DNS specs'
+	// probes run `dig ... +search NAME` and `getent hosts NAME` in agnhost
+	// as in jessie-dnsutils. Debian: bind9-dnsutils, libc-bin.
+	{Name: "dig", Host: "/usr/bin/dig"},
+	{Name: "host", Host: "/usr/bin/host"},
+	{Name: "nslookup", Host: "/usr/bin/nslookup"},
+	{Name: "getent", Host: "/usr/bin/getent"},
 }
 
 // E2EShell makes /bin/sh Debian's dash. The specs exec everything through
@@ -237,6 +244,16 @@ func BuildE2E(ctx context.Context, o Options) ([]Built, error) {
 			return nil, err
 		}
 		tools = append(tools, File{Path: "coredns", Mode: 0o755, Data: bin})
+	}
+	if o.K8sSrc != "" {
+		// porter's TLS pair, which upstream's image carries at /.
+		for _, f := range []string{"localhost.crt", "localhost.key"} {
+			data, err := os.ReadFile(filepath.Join(o.K8sSrc, "test", "images", "agnhost", "porter", f))
+			if err != nil {
+				return nil, err
+			}
+			tools = append(tools, File{Path: f, Mode: 0o644, Data: data})
+		}
 	}
 	img, err := E2EAgnhostImage(agnhost, busybox, applets, tools)
 	if err != nil {
