@@ -209,7 +209,7 @@ $(COREDNS_TAR): $(COREDNS) internal/images/coredns.go
 	$(GO) run ./hack/mkimages --coredns $(COREDNS) --out $(LACE_IMAGES)
 
 .PHONY: coredns
-coredns: $(COREDNS_TAR) ## Build CoreDNS (the lab's cluster DNS: lace-lab up --dns) and its image into bin/images.
+coredns: $(COREDNS_TAR) ## Build CoreDNS (the labs' cluster DNS, on by default) and its image into bin/images.
 
 .PHONY: k8s-bins
 k8s-bins: $(K8S_BIN)/.stamp ## Build etcd and the pinned Kubernetes binaries into $(CACHE_DIR).
