@@ -54,7 +54,7 @@ type options struct {
 	lab, laceLab, e2eTest, kubectl, images string
 	skipFile, focus, reportDir             string
 	timeout                                time.Duration
-	zones                                  int
+	nodes, zones                           int
 	keep, dryRun                           bool
 	extra                                  []string
 }
@@ -79,7 +79,8 @@ func main() {
 	flag.StringVar(&o.skipFile, "skip-file", "hack/conformance/skip.txt", "skip list: one `REGEXP  # REASON` a line")
 	flag.StringVar(&o.focus, "focus", DefaultFocus, "--ginkgo.focus")
 	flag.StringVar(&o.reportDir, "report-dir", filepath.Join(binDir, "conformance"), "where the reports go (emptied first)")
-	flag.IntVar(&o.zones, "zones", 3, "zones of the lab it brings up (3 nodes): the Traffic Distribution specs skip themselves below 3")
+	flag.IntVar(&o.nodes, "nodes", 3, "nodes of the lab it brings up; three Traffic Distribution specs skip themselves below 6 (two in each of 3 zones)")
+	flag.IntVar(&o.zones, "zones", 3, "zones of the lab it brings up; the Traffic Distribution specs skip themselves below 3")
 	flag.DurationVar(&o.timeout, "timeout", 90*time.Minute, "--ginkgo.timeout: the whole suite's limit")
 	flag.BoolVar(&o.dryRun, "dry-run", false, "list what the focus and skip list select, without a lab")
 	flag.Parse()
@@ -198,9 +199,9 @@ func ensureLab(ctx context.Context, o options, out io.Writer) (kubeconfig string
 	if exec.CommandContext(ctx, o.laceLab, "status", "--name", o.lab).Run() != nil {
 		up = true
 		fmt.Fprintf(out, "bringing lab %s up\n", o.lab)
-		// Cluster DNS: the specs name Services (curl, nc, nslookup). One
-		// node a zone: Traffic Distribution needs three zones.
-		c := exec.CommandContext(ctx, o.laceLab, "up", "--name", o.lab, "--dns", "--nodes", "3", "--zones", fmt.Sprint(o.zones))
+		// Cluster DNS: the specs name Services (curl, nc, nslookup). Three
+		// zones: Traffic Distribution needs them.
+		c := exec.CommandContext(ctx, o.laceLab, "up", "--name", o.lab, "--dns", "--nodes", fmt.Sprint(o.nodes), "--zones", fmt.Sprint(o.zones))
 		c.Stdout, c.Stderr = out, os.Stderr
 		if err := c.Run(); err != nil {
 			return "", up, fmt.Errorf("lace-lab up --name %s: %w", o.lab, err)
