@@ -108,8 +108,8 @@ bench: deps k8s-bins cni-bins build images $(HELM) ## Benchmarks on a lab, besid
 	$(GO) run ./bench --bin $(BIN_DIR)
 
 # Upstream's e2e suite of the pinned release, run on a lab by
-# hack/conformance (docs/conformance.md): the [sig-network] Services specs
-# minus hack/conformance/skip.txt. It uses LAB_NAME when given and up (and
+# hack/conformance (docs/conformance.md): every [sig-network] describe a CNI
+# and a kube-proxy replacement answer for, minus hack/conformance/skip.txt. It uses LAB_NAME when given and up (and
 # leaves it up; it must run cluster DNS), else brings up CONFORMANCE_LAB
 # with cluster DNS and takes it down after (KEEP=1 keeps it). Reports go to
 # $(BIN_DIR)/conformance.
