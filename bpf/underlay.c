@@ -32,6 +32,7 @@
 #include "fwd.h"
 #include "frontend.h"
 #include "announce.h"
+#include "icmp.h"
 
 /* decap's answer that the SID names the nodes' context (xlb_reply). */
 #define RET_NODE_CTX 0x7002
@@ -367,6 +368,21 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 		ct_refresh(&x->v, p, 1);
 		ct_insert(&x->k, &x->v);
 		count(FWD_SERVICE);
+	}
+
+	/* Elsewhere, it goes encapsulated: one that would not fit earns its
+	 * sender fragmentation needed / packet too big (the caller sends it,
+	 * quoting the packet as it came) while it is untouched. A later
+	 * fragment quotes no ports: the first's error taught the sender. */
+	if (nport) {
+		struct lace_config *cfg = config();
+		__u32 mtu = 0;
+		if (cfg && too_big(skb, p, cfg->underlay_ifindex, &mtu)) {
+			if (p->frag == PKT_FRAG_LATER)
+				return drop(DROP_MTU);
+			p->mtu = mtu;
+			return RET_TOO_BIG;
+		}
 	}
 
 	__builtin_memcpy(x->front, p->daddr, 16);
@@ -800,7 +816,8 @@ static __always_inline int to_host(struct __sk_buff *skb, __u16 proto)
 	if (bpf_ntohs(p.dport) < SNAT_PORT_MIN && frontend(p.family, p.proto, p.dport, p.daddr)) {
 		if (outside_spoofed(&p))
 			return drop(DROP_OUTSIDE_SPOOF);
-		return xlb_in(skb, &p);
+		int rc = xlb_in(skb, &p);
+		return rc == RET_TOO_BIG ? too_big_out(skb, &p, p.mtu) : rc;
 	}
 	return snat_in(skb, &p);
 }
@@ -817,8 +834,10 @@ static __always_inline int outside(struct __sk_buff *skb, __u16 proto)
 		return drop(DROP_OUTSIDE_SPOOF);
 	if (frag_track(&p, classify(&p), 0))
 		return drop(DROP_FRAG_NO_FIRST);
-	if (frontend(p.family, p.proto, p.dport, p.daddr))
-		return xlb_in(skb, &p);
+	if (frontend(p.family, p.proto, p.dport, p.daddr)) {
+		int rc = xlb_in(skb, &p);
+		return rc == RET_TOO_BIG ? too_big_out(skb, &p, p.mtu) : rc;
+	}
 	return from_outside(skb, &p);
 }
 

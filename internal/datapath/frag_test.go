@@ -2,12 +2,15 @@ package datapath
 
 import (
 	"bytes"
+	"crypto/rand"
 	"encoding/binary"
+	"encoding/hex"
 	"net/netip"
 	"testing"
 
 	"github.com/cilium/ebpf"
 
+	"github.com/lace-cni/lace/internal/netutil"
 	"github.com/lace-cni/lace/internal/tables"
 )
 
@@ -296,5 +299,67 @@ func fragMust(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// An outside host's fragments to a NodePort whose endpoint is on another
+// node must cross the fabric encapsulated: a first fragment that would
+// not fit then is answered with fragmentation needed from the node, out
+// of the interface it came in by, quoting it untouched (its sender
+// fragments smaller from then on); a later one is dropped (too-big). The
+// "underlay" is a veth of MTU 1400 in a namespace of the test's own.
+func TestProgFragNodePortTooBigAnswered(t *testing.T) {
+	d := progPodDatapath(t)
+	suffix := make([]byte, 3)
+	_, _ = rand.Read(suffix)
+	ns := "lprog" + hex.EncodeToString(suffix)
+	fragMust(t, netutil.CreateNamed(ns))
+	t.Cleanup(func() { _ = netutil.DeleteNamed(ns) })
+	fragMust(t, netutil.EnsureVeth(netutil.VethSpec{NSPath: netutil.Path(ns), Name: "ul0", PeerNSPath: netutil.Path(ns), PeerName: "ul1", MTU: 1400}))
+	ul, err := netutil.GetLink(netutil.Path(ns), "ul0")
+	fragMust(t, err)
+	fragMust(t, d.SetConfig(Config{UnderlayIP: progNodeV6, UnderlayIPv4: progNodeV4, Locator: progLocator, UnderlayIfIndex: uint32(ul.Index), GuardUnderlay: true}))
+	cip, be := netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("10.70.2.5")
+	fragMust(t, d.UpsertNetwork(Network{ID: snatWorld}))
+	fragMust(t, d.UpsertClassifier(Classifier{NetID: snatWorld, Prefix: netip.MustParsePrefix("0.0.0.0/0")}))
+	fragMust(t, d.UpsertRoute(Route{NetID: snatWorld, Prefix: netip.MustParsePrefix("0.0.0.0/0"), Kind: tables.RouteExternal, DstNet: snatWorld}))
+	fragMust(t, d.UpsertRoute(Route{NetID: snatWorld, Prefix: netip.PrefixFrom(cip, 32), Kind: tables.RouteService, DstNet: progNet}))
+	bes := []tables.Backend{{Addr: be, Port: 9300}}
+	if _, err := d.ApplyServices([]Service{
+		{VIP: cip, Proto: 17, Port: 82, NetID: progNet, Backends: bes},
+		{VIP: progNodeV4, Proto: 17, Port: 30082, NetID: progNet, Backends: bes, Frontend: tables.FrontendNodePort, ClusterIP: cip, ClusterPort: 82},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	client := netip.MustParseAddr("203.0.113.5")
+	big := make([]byte, 1480-8)
+	run := func(pkt []byte) (v uint32, out []byte) {
+		t.Helper()
+		fragMust(t, netutil.Do(netutil.Path(ns), func() error {
+			v, out = runUnder(t, d, pkt)
+			return nil
+		}))
+		return v, out
+	}
+	first := fragIP(client, progNodeV4, 0x3333, true, append(udp(5555, 30082), big...))
+	var v uint32
+	var out []byte
+	moved := snatDrops(t, d, func() { v, out = run(first) })
+	if v != actRedirect || moved["too-big"] != 1 {
+		t.Fatalf("verdict %d, drops %v; want the first fragment answered (redirect), counted too-big", v, moved)
+	}
+	src, dst := ipAddrs(out, 14)
+	if out[14+9] != 1 || out[34] != 3 || out[35] != 4 || src != progNodeV4 || dst != client {
+		t.Fatalf("answer %s -> %s proto %d type %d/%d; want ICMP fragmentation needed from the node to the client", src, dst, out[14+9], out[34], out[35])
+	}
+	if mtu := binary.BigEndian.Uint16(out[40:42]); mtu != 1360 {
+		t.Errorf("fragmentation needed carries MTU %d, want 1360 (1400 less the encapsulation)", mtu)
+	}
+	if q, _ := ipAddrs(out, 42); q != client || binary.BigEndian.Uint16(out[62+2:62+4]) != 30082 {
+		t.Errorf("the error quotes %s port %d, want the client's packet to the NodePort as sent", q, binary.BigEndian.Uint16(out[62+2:62+4]))
+	}
+	moved = snatDrops(t, d, func() { v, _ = run(fragIP(client, progNodeV4, 0x3333, false, big)) })
+	if v != actShot || moved["too-big"] != 1 {
+		t.Errorf("later fragment: verdict %d, drops %v; want dropped too-big", v, moved)
 	}
 }
