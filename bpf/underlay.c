@@ -806,7 +806,7 @@ static __always_inline int to_host(struct __sk_buff *skb, __u16 proto)
 	/* Keyed in the source's external network (0: none). A later
 	 * fragment without its first is the host's, whose reassembly decides
 	 * (the node's own datagrams are fragmented too). */
-	if (frag_track(&p, classify(&p), 0))
+	if (p.frag && frag_track(&p, classify(&p), 0))
 		return TC_ACT_OK;
 	if (is_icmp_error(&p))
 		return snat_icmp_in(skb, &p);
@@ -832,7 +832,7 @@ static __always_inline int outside(struct __sk_buff *skb, __u16 proto)
 	 * the flows of the pod it claims to be. */
 	if (outside_spoofed(&p))
 		return drop(DROP_OUTSIDE_SPOOF);
-	if (frag_track(&p, classify(&p), 0))
+	if (p.frag && frag_track(&p, classify(&p), 0))
 		return drop(DROP_FRAG_NO_FIRST);
 	if (frontend(p.family, p.proto, p.dport, p.daddr)) {
 		int rc = xlb_in(skb, &p);
