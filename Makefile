@@ -12,7 +12,7 @@ K8S_BIN   := $(CACHE_DIR)/k8s-v1.34.4
 CNI_BIN   := $(CACHE_DIR)/cni-v1.9.1
 # The upstream e2e suite (make conformance).
 E2E_TEST  := $(K8S_BIN)/e2e.test
-# The lab's cluster DNS (lace-lab up --dns): CoreDNS of the version kubeadm
+# The labs' cluster DNS (on by default): CoreDNS of the version kubeadm
 # 1.34 deploys, and its image beside the lab's.
 COREDNS_VERSION := v1.12.1
 COREDNS   := $(CACHE_DIR)/coredns-$(COREDNS_VERSION)/coredns
