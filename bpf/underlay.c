@@ -905,7 +905,9 @@ int to_underlay(struct __sk_buff *skb)
 	struct host_key src = {};
 	/* A VLAN tag (802.1Q, 802.1ad; up to two) hides nothing: the checks
 	 * below apply to what it carries. A receiver strips a priority tag
-	 * before its programs run, so a tagged forgery is still a forgery. */
+	 * before its programs run, so a tagged forgery is still a forgery.
+	 * A frame still tagged after two is refused: the checks would not see
+	 * what it carries, and no node sends one (QinQ is two tags). */
 	void *l3 = eth + 1;
 	__be16 proto = eth->h_proto;
 #pragma unroll
@@ -917,6 +919,8 @@ int to_underlay(struct __sk_buff *skb)
 		proto = *(__be16 *)(l3 + 2);
 		l3 += 4;
 	}
+	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD))
+		return drop(DROP_NODE_FORGED);
 	if (proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = l3;
 		if ((void *)(ip6 + 1) > end)
