@@ -577,7 +577,10 @@ static __noinline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 	__u8 macs[12];
 	if (local_pod(net_id, p.family, p.daddr, &ifindex, macs))
 		return drop(DROP_NO_ENDPOINT);
-	struct ct_val *ct = ct_track_in(net_id, src_net, &p, is_icmp_error(&p));
+	int icmp_err = is_icmp_error(&p);
+	if (icmp_err && icmp_in_refused(skb, &p, net_id, src_net))
+		return drop(DROP_ICMP_IN_NOT_OURS);
+	struct ct_val *ct = ct_track_in(net_id, src_net, &p, icmp_err);
 	if (ct_other_net(ct, src_net))
 		return drop(DROP_CT_OTHER_NET);
 	/* A reply from a service endpoint to its client comes from the VIP. */
@@ -771,8 +774,11 @@ static __noinline int from_outside(struct __sk_buff *skb, struct pkt *p)
 	__u32 flags = rv->flags, dst_net = rv->dst_net;
 	__u8 sid[16];
 	__builtin_memcpy(sid, rv->sid, 16);
-	if (flags & ROUTE_LOCAL)
+	if (flags & ROUTE_LOCAL) {
+		if (is_icmp_error(p) && icmp_in_refused(skb, p, dst_net, ext))
+			return drop(DROP_ICMP_IN_NOT_OURS);
 		return deliver_local(skb, p, dst_net, ext, FWD_FROM_EXTERNAL);
+	}
 	if (dec_ttl(skb, p))
 		return drop(DROP_ADJUST);
 	count(FWD_FROM_EXTERNAL);

@@ -84,7 +84,8 @@ enum drop_reason {
 	DROP_NODE_FORGED = 30, /* node-forged-underlay: the node's own stack sent SRv6 to a locator, or a packet from another node's address: only Lace's encapsulation speaks for the node */
 	DROP_DECAP_FOREIGN = 31, /* decap-foreign-source: SRv6 whose inner source is a pod of a block the sending node does not own */
 	DROP_FRAGMENT = 32, /* fragment: a later IPv4 fragment (no ports) on a path that translates addresses or ports (SNAT, a service, an external frontend) */
-	DROP_MAX = 33,
+	DROP_ICMP_IN_NOT_OURS = 33, /* icmp-error-in-no-flow: an ICMP error toward a pod about no live flow of that pod whose peer is the error's sender (its network, or outside for an outside flow) */
+	DROP_MAX = 34,
 };
 
 enum fwd_counter {

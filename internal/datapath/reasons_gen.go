@@ -37,6 +37,7 @@ var DropReasons = []string{
 	"node-forged-underlay",
 	"decap-foreign-source",
 	"fragment",
+	"icmp-error-in-no-flow",
 }
 
 // DropMeanings say what the drop reasons count, in the same order.
@@ -74,6 +75,7 @@ var DropMeanings = []string{
 	"the node's own stack sent SRv6 to a locator, or a packet from another node's address: only Lace's encapsulation speaks for the node",
 	"SRv6 whose inner source is a pod of a block the sending node does not own",
 	"a later IPv4 fragment (no ports) on a path that translates addresses or ports (SNAT, a service, an external frontend)",
+	"an ICMP error toward a pod about no live flow of that pod whose peer is the error's sender (its network, or outside for an outside flow)",
 }
 
 // ForwardCounters name the counters, in the order of the C enum.
