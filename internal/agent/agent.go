@@ -231,6 +231,9 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		node: linuxNode{ns: o.NetNS, underlay: o.UnderlayInterface}}
 	a.health = newHealthChecks(a.log)
 	svcMax, beMax, rangeMax := dp.MapCapacity()
+	// What the agent before this one admitted stays admitted, what it
+	// refused stays refused: a restart changes no verdict.
+	a.compute.services.programmed = dp.ProgrammedFrontends()
 	a.compute.services.budget = model.Budget{ServiceFrontends: o.ServiceFrontends, ServiceBackends: o.ServiceBackends,
 		// loadBalancerSourceRanges have no bound in Kubernetes: one
 		// Service may take a sixteenth of lace_src_ranges.
