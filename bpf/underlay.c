@@ -32,8 +32,8 @@
 #include "fwd.h"
 #include "frontend.h"
 #include "announce.h"
+#include "icmp.h"
 
-#define IPV6_FRAGMENT 44
 /* decap's answer that the SID names the nodes' context (xlb_reply). */
 #define RET_NODE_CTX 0x7002
 
@@ -278,8 +278,6 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 	struct xlb_scratch *x = bpf_map_lookup_elem(&lace_xlb_scratch, &zero);
 	if (!x)
 		return drop(DROP_ADJUST);
-	if (p->frag)
-		return drop(DROP_FRAGMENT);
 	struct svc_val *svp = frontend(p->family, p->proto, p->dport, p->daddr);
 	if (!svp)
 		return drop(DROP_NO_SERVICE_PORT);
@@ -346,6 +344,21 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 		ct_refresh(&x->v, p, 1);
 		ct_insert(&x->k, &x->v);
 		count(FWD_SERVICE);
+	}
+
+	/* Elsewhere, it goes encapsulated: one that would not fit earns its
+	 * sender fragmentation needed / packet too big (the caller sends it,
+	 * quoting the packet as it came) while it is untouched. A later
+	 * fragment quotes no ports: the first's error taught the sender. */
+	if (nport) {
+		struct lace_config *cfg = config();
+		__u32 mtu = 0;
+		if (cfg && too_big(skb, p, cfg->underlay_ifindex, &mtu)) {
+			if (p->frag == PKT_FRAG_LATER)
+				return drop(DROP_MTU);
+			p->mtu = mtu;
+			return RET_TOO_BIG;
+		}
 	}
 
 	__builtin_memcpy(x->front, p->daddr, 16);
@@ -453,6 +466,10 @@ static __noinline int xlb_back(struct __sk_buff *skb, struct pkt *p, __u64 flags
 		return drop(DROP_ADJUST);
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
 		return flags ? drop(DROP_NO_ENDPOINT) : RET_NOT_XLB;
+	/* An answer over SRv6 may come in fragments: later ones take the
+	 * first one's ports (frag.h). */
+	if (flags && frag_track(p, NODE_NET_ID, NODE_NET_ID))
+		return drop(DROP_FRAG_NO_FIRST);
 	__builtin_memset(&x->rk, 0, sizeof(x->rk));
 	x->rk.family = p->family;
 	x->rk.proto = p->proto;
@@ -591,11 +608,16 @@ static __noinline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 
 	if (foreign_source(src_net, &p, &outer->saddr))
 		return drop(DROP_DECAP_FOREIGN);
+	if (frag_track(&p, src_net, net_id))
+		return drop(DROP_FRAG_NO_FIRST);
 	__u32 ifindex;
 	__u8 macs[12];
 	if (local_pod(net_id, p.family, p.daddr, &ifindex, macs))
 		return drop(DROP_NO_ENDPOINT);
-	struct ct_val *ct = ct_track_in(net_id, src_net, &p, is_icmp_error(&p));
+	int icmp_err = is_icmp_error(&p);
+	if (icmp_err && icmp_in_refused(skb, &p, net_id, src_net))
+		return drop(DROP_ICMP_IN_NOT_OURS);
+	struct ct_val *ct = ct_track_in(net_id, src_net, &p, icmp_err);
 	if (ct_other_net(ct, src_net))
 		return drop(DROP_CT_OTHER_NET);
 	/* A reply from a service endpoint to its client comes from the VIP. */
@@ -789,8 +811,11 @@ static __noinline int from_outside(struct __sk_buff *skb, struct pkt *p)
 	__u32 flags = rv->flags, dst_net = rv->dst_net;
 	__u8 sid[16];
 	__builtin_memcpy(sid, rv->sid, 16);
-	if (flags & ROUTE_LOCAL)
+	if (flags & ROUTE_LOCAL) {
+		if (is_icmp_error(p) && icmp_in_refused(skb, p, dst_net, ext))
+			return drop(DROP_ICMP_IN_NOT_OURS);
 		return deliver_local(skb, p, dst_net, ext, FWD_FROM_EXTERNAL);
+	}
 	if (dec_ttl(skb, p))
 		return drop(DROP_ADJUST);
 	count(FWD_FROM_EXTERNAL);
@@ -804,6 +829,11 @@ static __always_inline int to_host(struct __sk_buff *skb, __u16 proto)
 	struct pkt p = {};
 	if (parse_ip(skb, proto, ETH_HLEN, &p))
 		return TC_ACT_OK; /* the host drops what it cannot parse */
+	/* Keyed in the source's external network (0: none). A later
+	 * fragment without its first is the host's, whose reassembly decides
+	 * (the node's own datagrams are fragmented too). */
+	if (p.frag && frag_track(&p, classify(&p), 0))
+		return TC_ACT_OK;
 	if (is_icmp_error(&p))
 		return snat_icmp_in(skb, &p);
 	/* The node's SNAT ports (the top of the port range) carry answers
@@ -812,7 +842,8 @@ static __always_inline int to_host(struct __sk_buff *skb, __u16 proto)
 	if (bpf_ntohs(p.dport) < SNAT_PORT_MIN && frontend(p.family, p.proto, p.dport, p.daddr)) {
 		if (outside_spoofed(&p))
 			return drop(DROP_OUTSIDE_SPOOF);
-		return xlb_in(skb, &p);
+		int rc = xlb_in(skb, &p);
+		return rc == RET_TOO_BIG ? too_big_out(skb, &p, p.mtu) : rc;
 	}
 	/* An endpoint outside the cluster answering a frontend's flow this
 	 * node sent it (a hostNetwork pod on another node). */
@@ -834,8 +865,12 @@ static __always_inline int outside(struct __sk_buff *skb, __u16 proto)
 	 * the flows of the pod it claims to be. */
 	if (outside_spoofed(&p))
 		return drop(DROP_OUTSIDE_SPOOF);
-	if (frontend(p.family, p.proto, p.dport, p.daddr))
-		return xlb_in(skb, &p);
+	if (p.frag && frag_track(&p, classify(&p), 0))
+		return drop(DROP_FRAG_NO_FIRST);
+	if (frontend(p.family, p.proto, p.dport, p.daddr)) {
+		int rc = xlb_in(skb, &p);
+		return rc == RET_TOO_BIG ? too_big_out(skb, &p, p.mtu) : rc;
+	}
 	return from_outside(skb, &p);
 }
 
@@ -962,7 +997,9 @@ int to_underlay(struct __sk_buff *skb)
 	struct host_key src = {};
 	/* A VLAN tag (802.1Q, 802.1ad; up to two) hides nothing: the checks
 	 * below apply to what it carries. A receiver strips a priority tag
-	 * before its programs run, so a tagged forgery is still a forgery. */
+	 * before its programs run, so a tagged forgery is still a forgery.
+	 * A frame still tagged after two is refused: the checks would not see
+	 * what it carries, and no node sends one (QinQ is two tags). */
 	void *l3 = eth + 1;
 	__be16 proto = eth->h_proto;
 #pragma unroll
@@ -974,6 +1011,8 @@ int to_underlay(struct __sk_buff *skb)
 		proto = *(__be16 *)(l3 + 2);
 		l3 += 4;
 	}
+	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD))
+		return drop(DROP_NODE_FORGED);
 	if (proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = l3;
 		if ((void *)(ip6 + 1) > end)

@@ -6,6 +6,7 @@
 
 #include "lace.h"
 #include "ct.h"
+#include "frag.h"
 
 /* view_lookup resolves p's destination in the view of network view_net. */
 static __always_inline struct route_val *view_lookup(__u32 view_net, struct pkt *p)
@@ -40,12 +41,12 @@ static __always_inline __u32 l4_header_len(struct __sk_buff *skb, struct pkt *p)
 		return sizeof(struct udphdr);
 	if (p->proto != IPPROTO_TCP)
 		return 0;
-	void *data = (void *)(long)skb->data;
-	void *end = (void *)(long)skb->data_end;
-	struct tcphdr *th = data + p->l4_off;
-	if ((void *)(th + 1) > end)
+	/* Loaded, not read in place: l4_off passed through frag_track's
+	 * frame, and the verifier no longer bounds it for packet access. */
+	__u8 doff;
+	if (bpf_skb_load_bytes(skb, p->l4_off + 12, &doff, 1))
 		return sizeof(struct tcphdr);
-	return th->doff * 4;
+	return (doff >> 4) * 4;
 }
 
 /* too_big tells whether the packet, encapsulated, would not fit the
@@ -175,6 +176,21 @@ static __always_inline __u32 l4_csum_off(struct pkt *p)
 	return p->l4_off + 2;
 }
 
+/* nat_rewrite_l3 replaces the source (is_src) or destination address of
+ * a later fragment: it has no L4 header, and the first fragment's
+ * checksum, over the whole datagram, took the change. */
+static __always_inline int nat_rewrite_l3(struct __sk_buff *skb, struct pkt *p, int is_src, const __u8 *addr)
+{
+	__u8 *old = is_src ? p->saddr : p->daddr;
+	if (p->family == LACE_FAMILY_V4) {
+		__u32 o = *(__u32 *)old, n = *(__u32 *)addr;
+		if (bpf_l3_csum_replace(skb, p->l3_off + offsetof(struct iphdr, check), o, n, 4))
+			return -1;
+		return bpf_skb_store_bytes(skb, p->l3_off + (is_src ? offsetof(struct iphdr, saddr) : offsetof(struct iphdr, daddr)), &n, 4, 0);
+	}
+	return bpf_skb_store_bytes(skb, p->l3_off + (is_src ? offsetof(struct ipv6hdr, saddr) : offsetof(struct ipv6hdr, daddr)), addr, 16, 0);
+}
+
 /* nat_rewrite replaces the source (is_src) or destination address and
  * port (ICMP echo: identifier) of p with addr and port, keeping the IP
  * and L4 checksums right (incremental, so checksum offload still works). */
@@ -183,6 +199,8 @@ static __always_inline int nat_rewrite(struct __sk_buff *skb, struct pkt *p, int
 	__u32 csum = l4_csum_off(p);
 	__u64 mangled = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 	int l4_pseudo = p->proto != IPPROTO_ICMP; /* ICMPv4 has no pseudo header */
+	if (p->frag == PKT_FRAG_LATER)
+		return nat_rewrite_l3(skb, p, is_src, addr);
 	__u8 *old = is_src ? p->saddr : p->daddr;
 	if (p->family == LACE_FAMILY_V4) {
 		__u32 off = p->l3_off + (is_src ? offsetof(struct iphdr, saddr) : offsetof(struct iphdr, daddr));
@@ -248,6 +266,72 @@ static __always_inline int local_pod(__u32 net_id, __u8 family, const __u8 *addr
 	return 0;
 }
 
+/* icmp_in_refused tells whether an ICMP error p toward a local pod of
+ * network net_id, from network src_net, is about nothing of the pod's
+ * with that sender. The error quotes a packet the pod sent: its source is
+ * the pod (the error's destination) and its tuple, seen from the pod, a
+ * live flow of the pod. The flow's peer must be the sender: the same
+ * network, or, for a flow whose remote side is outside the cluster, any
+ * outside source (a router on the path sends fragmentation needed or time
+ * exceeded from its own address, which may classify into another external
+ * network than the flow's peer). Otherwise a host on the fabric, or a pod
+ * of another network, could abort the pod's connects or lower its path MTU
+ * by quoting its flows. Called where errors enter from another node
+ * (decap) or from the fabric (from_outside); a pod's error to a pod of the
+ * same node was checked against the sender's own flow (quoted_key,
+ * pod.c), and from_pod's chain has no stack left for this frame. */
+static __noinline __attribute__((unused)) int icmp_in_refused(struct __sk_buff *skb, struct pkt *p, __u32 net_id, __u32 src_net)
+{
+	/* Loaded field by field into the key: a small frame. */
+	union {
+		struct ct_key k;
+		struct class_key ck; /* after the lookup, the same room */
+	} u = {.k = {.net_id = net_id, .family = p->family}};
+	struct ct_key *kp = &u.k;
+	__u32 off = p->l4_off + 8;
+	__u8 b = 0;
+	if (bpf_skb_load_bytes(skb, off, &b, 1))
+		return 1;
+	if (p->family == LACE_FAMILY_V4) {
+		if (bpf_skb_load_bytes(skb, off + 9, &kp->proto, 1) || bpf_skb_load_bytes(skb, off + 12, kp->laddr, 4) ||
+		    bpf_skb_load_bytes(skb, off + 16, kp->raddr, 4))
+			return 1;
+		off += (b & 0x0f) * 4;
+	} else {
+		if (bpf_skb_load_bytes(skb, off + 6, &kp->proto, 1) || bpf_skb_load_bytes(skb, off + 8, kp->laddr, 16) ||
+		    bpf_skb_load_bytes(skb, off + 24, kp->raddr, 16))
+			return 1;
+		off += 40;
+	}
+	if (!eq16(kp->laddr, p->daddr))
+		return 1; /* not a packet of this pod */
+	if (kp->proto == IPPROTO_TCP || kp->proto == IPPROTO_UDP) {
+		if (bpf_skb_load_bytes(skb, off, &kp->lport, 4)) /* lport, rport */
+			return 1;
+	} else if (kp->proto == IPPROTO_ICMP || kp->proto == IPPROTO_ICMPV6) {
+		if (bpf_skb_load_bytes(skb, off + 4, &kp->lport, 2)) /* an echo's identifier */
+			return 1;
+		kp->rport = kp->lport;
+	} else {
+		return 1;
+	}
+	struct ct_val *ct = ct_lookup(kp);
+	if (!ct)
+		return 1;
+	if (ct->peer_net == src_net)
+		return 0;
+	/* An outside flow, an outside sender: a router on its path. */
+	struct class_key *ck = &u.ck;
+	__builtin_memcpy(ck->addr, kp->raddr, 16); /* bytes 8-23 from 28-43 */
+	ck->prefixlen = 32 + 128;
+	ck->family = p->family;
+	ck->pad[0] = ck->pad[1] = ck->pad[2] = 0;
+	if (bpf_map_lookup_elem(&lace_inside, ck))
+		return 1;
+	__builtin_memcpy(ck->addr, p->saddr, 16);
+	return bpf_map_lookup_elem(&lace_inside, ck) != NULL;
+}
+
 /* deliver_local hands the packet to the pod holding its destination in
  * network dst_net on this node, recording the flow (from src_net) so the
  * pod's replies go back in that context. */
@@ -284,8 +368,6 @@ static __noinline __attribute__((unused)) int snat_out(struct __sk_buff *skb, st
 	} else {
 		__builtin_memcpy(node, cfg->underlay_ip6, 16);
 	}
-	if (p->frag)
-		return drop(DROP_FRAGMENT);
 	int icmp = p->proto == IPPROTO_ICMP || p->proto == IPPROTO_ICMPV6;
 	if (!(p->proto == IPPROTO_TCP || p->proto == IPPROTO_UDP ||
 	      (icmp && (p->icmp_type == 8 || p->icmp_type == 128))))

@@ -90,6 +90,27 @@ type podEpVal struct {
 	Flags   uint32
 }
 
+type podFragKey struct {
+	_      structs.HostLayout
+	SrcNet uint32
+	DstNet uint32
+	Family uint8
+	Proto  uint8
+	Pad    uint16
+	Id     uint32
+	Saddr  [16]uint8
+	Daddr  [16]uint8
+}
+
+type podFragVal struct {
+	_        structs.HostLayout
+	Expires  uint64
+	Sport    uint16
+	Dport    uint16
+	IcmpType uint8
+	Pad      [3]uint8
+}
+
 type podHostKey struct {
 	_      structs.HostLayout
 	Family uint8
@@ -218,10 +239,12 @@ const (
 	podMapLaceCfg           = "lace_cfg"
 	podMapLaceClassify      = "lace_classify"
 	podMapLaceCt            = "lace_ct"
+	podMapLaceCtLocal       = "lace_ct_local"
 	podMapLaceCtNew         = "lace_ct_new"
 	podMapLaceDrops         = "lace_drops"
 	podMapLaceEndpoints     = "lace_endpoints"
 	podMapLaceForwarded     = "lace_forwarded"
+	podMapLaceFrags         = "lace_frags"
 	podMapLaceHostAddrs     = "lace_host_addrs"
 	podMapLaceInside        = "lace_inside"
 	podMapLaceNetworks      = "lace_networks"
@@ -294,10 +317,12 @@ type podMapSpecs struct {
 	LaceCfg           *ebpf.MapSpec `ebpf:"lace_cfg"`
 	LaceClassify      *ebpf.MapSpec `ebpf:"lace_classify"`
 	LaceCt            *ebpf.MapSpec `ebpf:"lace_ct"`
+	LaceCtLocal       *ebpf.MapSpec `ebpf:"lace_ct_local"`
 	LaceCtNew         *ebpf.MapSpec `ebpf:"lace_ct_new"`
 	LaceDrops         *ebpf.MapSpec `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
 	LaceForwarded     *ebpf.MapSpec `ebpf:"lace_forwarded"`
+	LaceFrags         *ebpf.MapSpec `ebpf:"lace_frags"`
 	LaceHostAddrs     *ebpf.MapSpec `ebpf:"lace_host_addrs"`
 	LaceInside        *ebpf.MapSpec `ebpf:"lace_inside"`
 	LaceNetworks      *ebpf.MapSpec `ebpf:"lace_networks"`
@@ -344,10 +369,12 @@ type podMaps struct {
 	LaceCfg           *ebpf.Map `ebpf:"lace_cfg"`
 	LaceClassify      *ebpf.Map `ebpf:"lace_classify"`
 	LaceCt            *ebpf.Map `ebpf:"lace_ct"`
+	LaceCtLocal       *ebpf.Map `ebpf:"lace_ct_local"`
 	LaceCtNew         *ebpf.Map `ebpf:"lace_ct_new"`
 	LaceDrops         *ebpf.Map `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
 	LaceForwarded     *ebpf.Map `ebpf:"lace_forwarded"`
+	LaceFrags         *ebpf.Map `ebpf:"lace_frags"`
 	LaceHostAddrs     *ebpf.Map `ebpf:"lace_host_addrs"`
 	LaceInside        *ebpf.Map `ebpf:"lace_inside"`
 	LaceNetworks      *ebpf.Map `ebpf:"lace_networks"`
@@ -370,10 +397,12 @@ func (m *podMaps) Close() error {
 		m.LaceCfg,
 		m.LaceClassify,
 		m.LaceCt,
+		m.LaceCtLocal,
 		m.LaceCtNew,
 		m.LaceDrops,
 		m.LaceEndpoints,
 		m.LaceForwarded,
+		m.LaceFrags,
 		m.LaceHostAddrs,
 		m.LaceInside,
 		m.LaceNetworks,

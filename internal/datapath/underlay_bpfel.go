@@ -97,6 +97,27 @@ type underlayEpVal struct {
 	Flags   uint32
 }
 
+type underlayFragKey struct {
+	_      structs.HostLayout
+	SrcNet uint32
+	DstNet uint32
+	Family uint8
+	Proto  uint8
+	Pad    uint16
+	Id     uint32
+	Saddr  [16]uint8
+	Daddr  [16]uint8
+}
+
+type underlayFragVal struct {
+	_        structs.HostLayout
+	Expires  uint64
+	Sport    uint16
+	Dport    uint16
+	IcmpType uint8
+	Pad      [3]uint8
+}
+
 type underlayHostKey struct {
 	_      structs.HostLayout
 	Family uint8
@@ -244,10 +265,12 @@ const (
 	underlayMapLaceCfg           = "lace_cfg"
 	underlayMapLaceClassify      = "lace_classify"
 	underlayMapLaceCt            = "lace_ct"
+	underlayMapLaceCtLocal       = "lace_ct_local"
 	underlayMapLaceCtNew         = "lace_ct_new"
 	underlayMapLaceDrops         = "lace_drops"
 	underlayMapLaceEndpoints     = "lace_endpoints"
 	underlayMapLaceForwarded     = "lace_forwarded"
+	underlayMapLaceFrags         = "lace_frags"
 	underlayMapLaceHostAddrs     = "lace_host_addrs"
 	underlayMapLaceInside        = "lace_inside"
 	underlayMapLaceNetworks      = "lace_networks"
@@ -322,10 +345,12 @@ type underlayMapSpecs struct {
 	LaceCfg           *ebpf.MapSpec `ebpf:"lace_cfg"`
 	LaceClassify      *ebpf.MapSpec `ebpf:"lace_classify"`
 	LaceCt            *ebpf.MapSpec `ebpf:"lace_ct"`
+	LaceCtLocal       *ebpf.MapSpec `ebpf:"lace_ct_local"`
 	LaceCtNew         *ebpf.MapSpec `ebpf:"lace_ct_new"`
 	LaceDrops         *ebpf.MapSpec `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
 	LaceForwarded     *ebpf.MapSpec `ebpf:"lace_forwarded"`
+	LaceFrags         *ebpf.MapSpec `ebpf:"lace_frags"`
 	LaceHostAddrs     *ebpf.MapSpec `ebpf:"lace_host_addrs"`
 	LaceInside        *ebpf.MapSpec `ebpf:"lace_inside"`
 	LaceNetworks      *ebpf.MapSpec `ebpf:"lace_networks"`
@@ -374,10 +399,12 @@ type underlayMaps struct {
 	LaceCfg           *ebpf.Map `ebpf:"lace_cfg"`
 	LaceClassify      *ebpf.Map `ebpf:"lace_classify"`
 	LaceCt            *ebpf.Map `ebpf:"lace_ct"`
+	LaceCtLocal       *ebpf.Map `ebpf:"lace_ct_local"`
 	LaceCtNew         *ebpf.Map `ebpf:"lace_ct_new"`
 	LaceDrops         *ebpf.Map `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
 	LaceForwarded     *ebpf.Map `ebpf:"lace_forwarded"`
+	LaceFrags         *ebpf.Map `ebpf:"lace_frags"`
 	LaceHostAddrs     *ebpf.Map `ebpf:"lace_host_addrs"`
 	LaceInside        *ebpf.Map `ebpf:"lace_inside"`
 	LaceNetworks      *ebpf.Map `ebpf:"lace_networks"`
@@ -402,10 +429,12 @@ func (m *underlayMaps) Close() error {
 		m.LaceCfg,
 		m.LaceClassify,
 		m.LaceCt,
+		m.LaceCtLocal,
 		m.LaceCtNew,
 		m.LaceDrops,
 		m.LaceEndpoints,
 		m.LaceForwarded,
+		m.LaceFrags,
 		m.LaceHostAddrs,
 		m.LaceInside,
 		m.LaceNetworks,
