@@ -176,8 +176,8 @@ struct {
  * Keyed by what those answers carry: the node's port and the endpoint,
  * laid out as struct snat_key: an endpoint outside the cluster (a node's
  * address, for a hostNetwork pod) answers as plain IP to a port of the
- * node, like a pod's SNAT flow, so neither map hands out a port the other
- * holds (xlb_port, snat_out). */
+ * node, like a pod's SNAT flow, so xlb_port skips a port lace_snat holds
+ * toward the same endpoint. */
 struct xlb_rev_key {
 	__u8 family;
 	__u8 proto;
@@ -496,17 +496,6 @@ static __always_inline struct ct_val *snat_owner(const struct snat_key *sk, cons
 	if (!v || !(v->flags & CT_SNAT) || v->snat_port != sk->port)
 		return NULL;
 	return v;
-}
-
-/* xlb_port_live tells whether a frontend's flow to an endpoint outside the
- * cluster (a hostNetwork pod at another node's address) holds the node's
- * port sk->port toward sk->raddr:sk->rport: its answers arrive as plain IP
- * to that port, as a pod's SNAT flow's do, so snat_out must not hand it
- * out too. */
-static __always_inline int xlb_port_live(const struct snat_key *sk)
-{
-	struct xlb_rev_val *v = bpf_map_lookup_elem(&lace_xlb_rev, sk);
-	return v && v->expires >= bpf_ktime_get_ns();
 }
 
 #endif

@@ -412,8 +412,6 @@ static __noinline __attribute__((unused)) int snat_out(struct __sk_buff *skb, st
 		for (int i = 0; i < SNAT_TRIES; i++) {
 			port = bpf_htons(SNAT_PORT_MIN + (h + i) % SNAT_PORT_RANGE);
 			sk.port = port;
-			if (xlb_port_live(&sk))
-				continue;
 			if (!bpf_map_update_elem(&lace_snat, &sk, &sv, BPF_NOEXIST)) {
 				found = 1;
 				break;

@@ -176,26 +176,3 @@ func TestProgHostEndpointOutsideView(t *testing.T) {
 		}
 	})
 }
-
-// TestProgHostEndpointPortsNotShared: a node port a frontend's flow to an
-// outside endpoint holds is never handed to a pod's SNAT flow toward the
-// same endpoint (both answers arrive as plain IP to that port).
-func TestProgHostEndpointPortsNotShared(t *testing.T) {
-	f := hostEPFamilies[0]
-	d := hostEPDatapath(t, f)
-	var held []uint16
-	for c := uint16(5000); c < 5040; c++ {
-		_, out := runUnder(t, d, f.ip(f.client, f.node, seg4(c, 30081, 0x02)))
-		src, _ := f.addrs(out)
-		held = append(held, src.Port())
-	}
-	taken := map[uint16]bool{}
-	for _, p := range held {
-		taken[p] = true
-	}
-	for s := uint16(20000); s < 21000; s++ {
-		if p := snatOut(t, d, 6, s, netip.AddrPortFrom(f.peer, 8080)); taken[p] {
-			t.Fatalf("a pod's SNAT flow to %s:8080 got node port %d, which a NodePort flow to that endpoint holds", f.peer, p)
-		}
-	}
-}
