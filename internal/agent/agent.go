@@ -139,6 +139,9 @@ type Agent struct {
 	reader   client.Reader
 	recorder record.EventRecorder
 	dp       dataplane
+	// hostPortReported are the hostPort refusals already made Events of.
+	hostPortMu       sync.Mutex
+	hostPortReported map[model.HostPortRefusal]bool
 	node     nodeKernel
 	cp       *checkpoint
 
