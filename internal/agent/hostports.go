@@ -31,6 +31,11 @@ func (a *Agent) hostPorts(ctx context.Context, node *corev1.Node, addrs []netip.
 	}
 	var eps map[string]ep
 	in := model.HostPortInput{NodeAddrs: addrs, Reserved: a.reservedPorts(node, addrs, healthChecks, slices)}
+	listeners, err := nodeListeners("/proc/self/net")
+	if err != nil {
+		return svcs, fmt.Errorf("the node's listening sockets: %w", err)
+	}
+	in.Reserved = append(in.Reserved, listeners...)
 	for i := range pods.Items {
 		p := &pods.Items[i]
 		if p.Spec.NodeName != a.opts.NodeName || p.Spec.HostNetwork || p.DeletionTimestamp != nil ||

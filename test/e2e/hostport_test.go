@@ -45,7 +45,9 @@ func TestHostPort(t *testing.T) {
 		corev1.ContainerPort{ContainerPort: 8080, HostPort: 40081, HostIP: n1v4.String(), Protocol: corev1.ProtocolTCP},
 		corev1.ContainerPort{ContainerPort: 8080, HostPort: 40082, HostIP: "127.0.0.1", Protocol: corev1.ProtocolTCP},
 		corev1.ContainerPort{ContainerPort: 8081, HostPort: 40083, HostIP: n1v6.String(), Protocol: corev1.ProtocolUDP},
-		corev1.ContainerPort{ContainerPort: 8080, HostPort: 40084, HostIP: "192.0.2.1", Protocol: corev1.ProtocolTCP})
+		corev1.ContainerPort{ContainerPort: 8080, HostPort: 40084, HostIP: "192.0.2.1", Protocol: corev1.ProtocolTCP},
+		// hp-node's own port on n1: the node's listening socket keeps it.
+		corev1.ContainerPort{ContainerPort: 8080, HostPort: 18190, Protocol: corev1.ProtocolTCP})
 	hostNet := netexecPod("hp-node", "n1")
 	hostNet.Spec.HostNetwork = true
 	hostNet.Spec.Containers[0].Args = []string{"netexec", "--http-port=18190", "--udp-port=18191"}
@@ -129,18 +131,29 @@ func TestHostPort(t *testing.T) {
 		})
 	}
 
-	// A hostIP that is not the node's: a Warning Event on the pod.
-	eventually(t, 30*time.Second, "a HostPortHostIP event on hp-a", func() error {
-		evs, err := client.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=hp-a"})
-		if err != nil {
-			return err
-		}
-		for _, e := range evs.Items {
-			if e.Reason == "HostPortHostIP" && e.Type == corev1.EventTypeWarning {
-				return nil
+	// A hostIP that is not the node's, a port a node socket listens on:
+	// Warning Events on the pod, and the node's socket keeps its port.
+	for _, reason := range []string{"HostPortHostIP", "HostPortReserved"} {
+		eventually(t, 60*time.Second, "a "+reason+" event on hp-a", func() error {
+			evs, err := client.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=hp-a"})
+			if err != nil {
+				return err
+			}
+			for _, e := range evs.Items {
+				if e.Reason == reason && e.Type == corev1.EventTypeWarning {
+					return nil
+				}
+			}
+			return fmt.Errorf("%d events, none %s", len(evs.Items), reason)
+		})
+	}
+	eventually(t, 60*time.Second, "n1's own netexec answering on its port 18190", func() error {
+		for range 4 {
+			if got, err := semAsk(ext, "tcp", netip.AddrPortFrom(n1v4, 18190), "/hostname"); err != nil || got != "n1" {
+				return fmt.Errorf("answered by %q (%v), want the node's own n1", got, err)
 			}
 		}
-		return fmt.Errorf("%d events, none HostPortHostIP", len(evs.Items))
+		return nil
 	})
 
 	// A network that reaches the outside (so the node's address) but not
