@@ -139,11 +139,12 @@ type Agent struct {
 	reader   client.Reader
 	recorder record.EventRecorder
 	dp       dataplane
+	node     nodeKernel
+	cp       *checkpoint
+
 	// hostPortReported are the hostPort refusals already made Events of.
 	hostPortMu       sync.Mutex
 	hostPortReported map[model.HostPortRefusal]bool
-	node     nodeKernel
-	cp       *checkpoint
 
 	// applier is the one writer of the data plane.
 	applier *applier
