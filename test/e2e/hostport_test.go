@@ -13,6 +13,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/tables"
@@ -51,7 +52,11 @@ func TestHostPort(t *testing.T) {
 	hostNet := netexecPod("hp-node", "n1")
 	hostNet.Spec.HostNetwork = true
 	hostNet.Spec.Containers[0].Args = []string{"netexec", "--http-port=18190", "--udp-port=18191"}
-	hostNet.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 18190}}
+	// No declared port: the kubelet would refuse hp-a or hp-node for
+	// two hostPorts 18190; an undeclared node socket is what the agent
+	// must notice by itself.
+	hostNet.Spec.Containers[0].Ports = nil
+	hostNet.Spec.Containers[0].ReadinessProbe.HTTPGet.Port = intstr.FromInt32(18190)
 	pods := semStart(t, srv, semPod("hp-near", "hp-near", "n1"), semPod("hp-far", "hp-far", "n2"), hostNet)
 
 	eventually(t, 60*time.Second, "n1 serving hp-a's hostPorts", func() error {
