@@ -101,12 +101,15 @@ func TestHostPort(t *testing.T) {
 		}
 	}
 
-	// From pods: on the node and on another node.
-	near, far := semClientOf(t, pods["hp-near"]), semClientOf(t, pods["hp-far"])
+	// From pods: on the node, on another node, and the pod itself.
+	near, far, self := semClientOf(t, pods["hp-near"]), semClientOf(t, pods["hp-far"]), semClientOf(t, pods["hp-a"])
 	for _, ap := range []netip.AddrPort{netip.AddrPortFrom(n1v4, 40080), netip.AddrPortFrom(n1v6, 40080)} {
 		askAll(t, near.ns, "tcp", ap, "/hostname", "hp-a")
 		askAll(t, near.ns, "udp", ap, "hostname", "hp-a")
 		askAll(t, far.ns, "tcp", ap, "/hostname", "hp-a")
+		// hp-a through its own hostPort (hairpin).
+		askAll(t, self.ns, "tcp", ap, "/hostname", "hp-a")
+		askAll(t, self.ns, "udp", ap, "hostname", "hp-a")
 	}
 
 	// From the node's own processes (netexec's /dial runs in the node's
