@@ -30,7 +30,7 @@ func (a *Agent) hostPorts(ctx context.Context, node *corev1.Node, addrs []netip.
 		addrs []netip.Addr
 	}
 	var eps map[string]ep
-	in := model.HostPortInput{NodeAddrs: addrs, Reserved: a.reservedPorts(node, addrs, healthChecks, slices)}
+	in := model.HostPortInput{NodeAddrs: addrs, Reserved: a.reservedPorts(node, addrs, healthChecks, slices), MaxEntries: a.hostPortMax}
 	listeners, err := nodeListeners("/proc/self/net")
 	if err != nil {
 		return svcs, fmt.Errorf("the node's listening sockets: %w", err)

@@ -25,6 +25,16 @@ const (
 	HostPortReserved    = "HostPortReserved"    // a port of the node itself (API server, kubelet, Lace, SNAT range)
 	HostPortHostIP      = "HostPortHostIP"      // hostIP is not an address of this node
 	HostPortUnsupported = "HostPortUnsupported" // a protocol the data plane does not translate (SCTP), or no address of hostIP's family
+	HostPortLimit       = "HostPortLimit"       // past the pod's or the node's share of the service maps
+)
+
+// The service maps' room for hostPorts: the node's share (the agent
+// takes it out of the Services' budget, so hostPorts never crowd
+// Services out, nor Services hostPorts) and one pod's part of it (a pod
+// may declare thousands of ports; the oldest pods keep theirs).
+const (
+	MaxHostPortEntries       = 1024
+	MaxHostPortEntriesPerPod = 64
 )
 
 // HostPortPod is a pod of this node as its hostPorts need it.
@@ -56,6 +66,9 @@ type HostPortInput struct {
 	NodeAddrs []netip.Addr
 	Reserved  []ReservedPort
 	Pods      []HostPortPod
+	// MaxEntries bounds the node's hostPort entries (0:
+	// MaxHostPortEntries).
+	MaxEntries int
 }
 
 // HostPortRefusal is one hostPort of a pod not served, and why.
@@ -108,8 +121,13 @@ func ComputeHostPorts(in HostPortInput, svcs []tables.Service) ([]tables.Service
 		refused = append(refused, HostPortRefusal{Namespace: p.Namespace, Name: p.Name, UID: p.UID, Reason: reason,
 			Message: fmt.Sprintf(format, args...)})
 	}
+	limit := in.MaxEntries
+	if limit <= 0 {
+		limit = MaxHostPortEntries
+	}
 	for i := range pods {
 		p := &pods[i]
+		mine := 0
 		for _, cp := range p.Ports {
 			if cp.HostPort <= 0 || cp.HostPort > 65535 || cp.ContainerPort <= 0 || cp.ContainerPort > 65535 {
 				continue
@@ -153,6 +171,12 @@ func ComputeHostPorts(in HostPortInput, svcs []tables.Service) ([]tables.Service
 					}
 					continue
 				}
+				if mine >= MaxHostPortEntriesPerPod || len(out) >= limit {
+					refuse(p, HostPortLimit, "%s on %s: past the %d entries a pod and %d a node may have", what, at,
+						MaxHostPortEntriesPerPod, limit)
+					continue
+				}
+				mine++
 				pod := podAddrOf(p.Addrs, at.Is4())
 				owner[k] = p
 				out = append(out, tables.Service{VIP: at, Proto: proto, Port: port, NetID: p.NetID,

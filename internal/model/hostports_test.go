@@ -109,4 +109,21 @@ func TestComputeHostPorts(t *testing.T) {
 		len(refused2) != len(refused) {
 		t.Errorf("another input order changed the result")
 	}
+
+	// Bounds: one pod's 64 entries, the node's limit across pods (the
+	// oldest first).
+	var many []corev1.ContainerPort
+	for port := int32(1000); port < 1100; port++ {
+		many = append(many, hp(n4.String(), corev1.ProtocolTCP, port))
+	}
+	big := pod("big", 1, dual, many...)
+	got, refused = ComputeHostPorts(HostPortInput{NodeAddrs: in.NodeAddrs, Pods: []HostPortPod{big}}, nil)
+	if len(got) != MaxHostPortEntriesPerPod || len(refused) != 100-MaxHostPortEntriesPerPod || refused[0].Reason != HostPortLimit {
+		t.Errorf("a pod with 100 hostPorts got %d entries and %d refusals, want %d and the rest HostPortLimit", len(got), len(refused), MaxHostPortEntriesPerPod)
+	}
+	younger := pod("younger", 2, dual, hp(n4.String(), corev1.ProtocolTCP, 2000))
+	got, refused = ComputeHostPorts(HostPortInput{NodeAddrs: in.NodeAddrs, Pods: []HostPortPod{younger, big}, MaxEntries: 64}, nil)
+	if len(got) != 64 || len(refused) != 37 || refused[len(refused)-1].Name != "younger" {
+		t.Errorf("node limit 64: %d entries, %d refusals (last %+v), want big's 64 and younger refused", len(got), len(refused), refused[len(refused)-1])
+	}
 }
