@@ -241,6 +241,9 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 	// two backends each: the pod and its reference), out of the Services'.
 	a.hostPortMax = max(min(model.MaxHostPortEntries, svcMax/8, beMax/16), 1)
 	svcMax, beMax = svcMax-a.hostPortMax, beMax-2*a.hostPortMax
+	// What the agent before this one admitted stays admitted, what it
+	// refused stays refused: a restart changes no verdict.
+	a.compute.services.programmed = dp.ProgrammedFrontends()
 	a.compute.services.budget = model.Budget{ServiceFrontends: o.ServiceFrontends, ServiceBackends: o.ServiceBackends,
 		// loadBalancerSourceRanges have no bound in Kubernetes: one
 		// Service may take a sixteenth of lace_src_ranges.

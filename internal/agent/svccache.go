@@ -10,7 +10,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/model"
+	"github.com/lace-cni/lace/internal/tables"
 )
 
 // serviceCache computes the node's services incrementally. Each service's
@@ -39,6 +41,10 @@ type serviceCache struct {
 	// (by UID): it keeps that much by its age, and only its growth is
 	// judged as new demand (model.Candidate.Admitted).
 	admitted map[model.ServiceKey]admittedCost
+	// programmed is lace_services as the agent found it at start
+	// (datapath.ProgrammedFrontends): the first admit takes what each
+	// Service was admitted with from it (seedAdmitted), then drops it.
+	programmed map[datapath.ServiceKey]datapath.ProgrammedFrontend
 }
 
 type admittedCost struct {
@@ -187,10 +193,13 @@ func (c *serviceCache) admit() map[model.ServiceKey]model.Refusal {
 		var was model.Cost
 		if a, ok := c.admitted[e.key]; ok && a.uid == e.uid {
 			was = a.cost
+		} else if c.programmed != nil {
+			was = programmedCost(&e.res, c.programmed)
 		}
 		cands = append(cands, model.Candidate{Key: e.key, Created: e.created, UID: string(e.uid), Cost: e.cost, Admitted: was})
 	}
 	refused := c.budget.Admit(cands)
+	c.programmed = nil
 	// Remember what is programmed now; a refused or deleted Service
 	// starts again as new.
 	c.admitted = make(map[model.ServiceKey]admittedCost, len(cands))
@@ -200,6 +209,39 @@ func (c *serviceCache) admit() map[model.ServiceKey]model.Refusal {
 		}
 	}
 	return refused
+}
+
+// programmedCost is what the agent before this one admitted r with, as the
+// data plane holds it: nothing unless one of r's ClusterIP frontends is
+// programmed (a ClusterIP is the Service's alone; a refused Service has
+// no entry), else each of its frontends in lace_services with the
+// endpoints and source ranges programmed there. Endpoints or ports the
+// Service gained while no agent ran are then judged as growth, what it
+// lost is given back, as they would have been by the agent before.
+func programmedCost(r *model.ServiceResult, prog map[datapath.ServiceKey]datapath.ProgrammedFrontend) model.Cost {
+	key := func(s *tables.Service) datapath.ServiceKey {
+		return datapath.ServiceKey{VIP: s.VIP, Proto: s.Proto, Port: s.Port}
+	}
+	if !slices.ContainsFunc(r.Services, func(s tables.Service) bool {
+		p, ok := prog[key(&s)]
+		return ok && !s.External() && !p.External
+	}) {
+		return model.Cost{}
+	}
+	var c model.Cost
+	for i := range r.Services {
+		p, ok := prog[key(&r.Services[i])]
+		if !ok {
+			continue
+		}
+		c.Frontends++
+		c.Backends += p.Backends
+		if p.External {
+			c.Backends++
+			c.SourceRanges += p.SourceRanges
+		}
+	}
+	return c
 }
 
 func sameVersions(have []objVersion, now []*discoveryv1.EndpointSlice) bool {

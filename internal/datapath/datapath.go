@@ -44,6 +44,9 @@ type Datapath struct {
 	sock     sockObjects
 	// replacedMaps are the pinned maps Load migrated or recreated.
 	replacedMaps []string
+	// programmed is lace_services as the agent found it at load
+	// (ProgrammedFrontends).
+	programmed map[ServiceKey]ProgrammedFrontend
 }
 
 func verifierDetail(err error) error {

@@ -85,11 +85,19 @@ func LoadWith(pinDir string, o LoadOptions) (*Datapath, error) {
 		return nil, err
 	}
 	fresh := unpinned(pinDir, specs)
+	// What the agent before this one programmed, read before a resize
+	// recreates the services map: the services' budget starts from it.
+	var programmed map[ServiceKey]ProgrammedFrontend
+	if o.Migrate {
+		if programmed, err = snapshotFrontends(pinDir, podSpec.Maps, log); err != nil {
+			return nil, err
+		}
+	}
 	replaced, err := reconcileLayouts(pinDir, specs, o.Migrate, log)
 	if err != nil {
 		return nil, err
 	}
-	d := &Datapath{pinDir: pinDir, replacedMaps: replaced}
+	d := &Datapath{pinDir: pinDir, replacedMaps: replaced, programmed: programmed}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}
 	if err := podSpec.LoadAndAssign(&d.pod, opts); err != nil {
 		return nil, fmt.Errorf("load pod programs: %w", verifierDetail(err))
