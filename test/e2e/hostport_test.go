@@ -22,13 +22,16 @@ import (
 // TestHostPort: a pod's hostPorts (ports[].hostPort with hostIP and
 // protocol) are served by the data plane on its node, both families:
 //   - hostIP empty: on the node's addresses, TCP and UDP, from the lab's
-//     external host (the client's address kept), from a pod on the node
-//     and one on another node, and from the node's own processes (node
-//     addresses and loopback, through the socket hooks);
+//     external host (the client's address kept), from a pod on the node,
+//     one on another node and the pod itself (hairpin), and from the
+//     node's own processes (node addresses and loopback, through the
+//     socket hooks);
 //   - hostIP a node address: on that address only; hostIP 127.0.0.1: from
 //     the node itself only (as the upstream HostPort spec reaches it);
 //   - never on another node's address;
-//   - a hostIP that is not the node's is refused with a Warning Event;
+//   - a hostIP that is not the node's, and a port a node socket listens
+//     on, are refused with Warning Events (the node's socket keeps
+//     answering);
 //   - a pod of a network that reaches the outside but not the hostPort's
 //     pod is refused: a timeout, and the node counts it isolated.
 func TestHostPort(t *testing.T) {
