@@ -127,8 +127,6 @@ static __noinline int route_in(struct __sk_buff *skb, struct pkt *p, __u32 net_i
  * RET_PORT_UNREACH otherwise. */
 static __noinline int to_service(struct __sk_buff *skb, struct pkt *p, struct ct_key *k, __u32 *svc_net, int sock_lb)
 {
-	if (p->frag)
-		return drop(DROP_FRAGMENT);
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
 		return drop(DROP_NO_SERVICE_PORT);
 	struct svc_key sk = {.family = p->family, .proto = p->proto, .port = p->dport};
@@ -359,6 +357,11 @@ int from_pod(struct __sk_buff *skb)
 			return drop(DROP_SPOOF);
 	}
 
+	/* A later fragment is its datagram's first as the pod sent it in its
+	 * network (frag.h): the same view, flow and translation. */
+	if (frag_track(&p, net_id, 0))
+		return drop(DROP_FRAG_NO_FIRST);
+
 	/* An external frontend (a NodePort of this node, a LoadBalancer or
 	 * external IP) is a service to a pod, whatever else its address is. */
 	int front = is_frontend(&p);
@@ -513,6 +516,10 @@ int to_pod(struct __sk_buff *skb)
 	if (parse_ip(skb, eth->h_proto, ETH_HLEN, &p))
 		return TC_ACT_OK;
 	if (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP)
+		return TC_ACT_OK;
+	/* The node's stack sends its fragments in order; one without its
+	 * first is left as it is (the pod's reassembly drops it). */
+	if (frag_track(&p, NODE_NET_ID, net_id))
 		return TC_ACT_OK;
 	struct ct_key k;
 	ct_key_of(&k, net_id, &p, 0);

@@ -32,8 +32,8 @@
 #include "fwd.h"
 #include "frontend.h"
 #include "announce.h"
+#include "icmp.h"
 
-#define IPV6_FRAGMENT 44
 /* decap's answer that the SID names the nodes' context (xlb_reply). */
 #define RET_NODE_CTX 0x7002
 
@@ -303,8 +303,6 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 	struct xlb_scratch *x = bpf_map_lookup_elem(&lace_xlb_scratch, &zero);
 	if (!x)
 		return drop(DROP_ADJUST);
-	if (p->frag)
-		return drop(DROP_FRAGMENT);
 	struct svc_val *svp = frontend(p->family, p->proto, p->dport, p->daddr);
 	if (!svp)
 		return drop(DROP_NO_SERVICE_PORT);
@@ -370,6 +368,21 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 		ct_refresh(&x->v, p, 1);
 		ct_insert(&x->k, &x->v);
 		count(FWD_SERVICE);
+	}
+
+	/* Elsewhere, it goes encapsulated: one that would not fit earns its
+	 * sender fragmentation needed / packet too big (the caller sends it,
+	 * quoting the packet as it came) while it is untouched. A later
+	 * fragment quotes no ports: the first's error taught the sender. */
+	if (nport) {
+		struct lace_config *cfg = config();
+		__u32 mtu = 0;
+		if (cfg && too_big(skb, p, cfg->underlay_ifindex, &mtu)) {
+			if (p->frag == PKT_FRAG_LATER)
+				return drop(DROP_MTU);
+			p->mtu = mtu;
+			return RET_TOO_BIG;
+		}
 	}
 
 	__builtin_memcpy(x->front, p->daddr, 16);
@@ -460,6 +473,8 @@ static __noinline int xlb_reply(struct __sk_buff *skb)
 		return drop(DROP_DECAP_TRUNCATED);
 	if (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP)
 		return drop(DROP_NO_ENDPOINT);
+	if (frag_track(&p, NODE_NET_ID, NODE_NET_ID))
+		return drop(DROP_FRAG_NO_FIRST);
 	__builtin_memset(&x->rk, 0, sizeof(x->rk));
 	x->rk.family = p.family;
 	x->rk.proto = p.proto;
@@ -573,6 +588,8 @@ static __noinline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 
 	if (foreign_source(src_net, &p, &outer->saddr))
 		return drop(DROP_DECAP_FOREIGN);
+	if (frag_track(&p, src_net, net_id))
+		return drop(DROP_FRAG_NO_FIRST);
 	__u32 ifindex;
 	__u8 macs[12];
 	if (local_pod(net_id, p.family, p.daddr, &ifindex, macs))
@@ -786,6 +803,11 @@ static __always_inline int to_host(struct __sk_buff *skb, __u16 proto)
 	struct pkt p = {};
 	if (parse_ip(skb, proto, ETH_HLEN, &p))
 		return TC_ACT_OK; /* the host drops what it cannot parse */
+	/* Keyed in the source's external network (0: none). A later
+	 * fragment without its first is the host's, whose reassembly decides
+	 * (the node's own datagrams are fragmented too). */
+	if (p.frag && frag_track(&p, classify(&p), 0))
+		return TC_ACT_OK;
 	if (is_icmp_error(&p))
 		return snat_icmp_in(skb, &p);
 	/* The node's SNAT ports (the top of the port range) carry answers
@@ -794,7 +816,8 @@ static __always_inline int to_host(struct __sk_buff *skb, __u16 proto)
 	if (bpf_ntohs(p.dport) < SNAT_PORT_MIN && frontend(p.family, p.proto, p.dport, p.daddr)) {
 		if (outside_spoofed(&p))
 			return drop(DROP_OUTSIDE_SPOOF);
-		return xlb_in(skb, &p);
+		int rc = xlb_in(skb, &p);
+		return rc == RET_TOO_BIG ? too_big_out(skb, &p, p.mtu) : rc;
 	}
 	return snat_in(skb, &p);
 }
@@ -809,8 +832,12 @@ static __always_inline int outside(struct __sk_buff *skb, __u16 proto)
 	 * the flows of the pod it claims to be. */
 	if (outside_spoofed(&p))
 		return drop(DROP_OUTSIDE_SPOOF);
-	if (frontend(p.family, p.proto, p.dport, p.daddr))
-		return xlb_in(skb, &p);
+	if (p.frag && frag_track(&p, classify(&p), 0))
+		return drop(DROP_FRAG_NO_FIRST);
+	if (frontend(p.family, p.proto, p.dport, p.daddr)) {
+		int rc = xlb_in(skb, &p);
+		return rc == RET_TOO_BIG ? too_big_out(skb, &p, p.mtu) : rc;
+	}
 	return from_outside(skb, &p);
 }
 

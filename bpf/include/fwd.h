@@ -6,6 +6,7 @@
 
 #include "lace.h"
 #include "ct.h"
+#include "frag.h"
 
 /* view_lookup resolves p's destination in the view of network view_net. */
 static __always_inline struct route_val *view_lookup(__u32 view_net, struct pkt *p)
@@ -40,12 +41,12 @@ static __always_inline __u32 l4_header_len(struct __sk_buff *skb, struct pkt *p)
 		return sizeof(struct udphdr);
 	if (p->proto != IPPROTO_TCP)
 		return 0;
-	void *data = (void *)(long)skb->data;
-	void *end = (void *)(long)skb->data_end;
-	struct tcphdr *th = data + p->l4_off;
-	if ((void *)(th + 1) > end)
+	/* Loaded, not read in place: l4_off passed through frag_track's
+	 * frame, and the verifier no longer bounds it for packet access. */
+	__u8 doff;
+	if (bpf_skb_load_bytes(skb, p->l4_off + 12, &doff, 1))
 		return sizeof(struct tcphdr);
-	return th->doff * 4;
+	return (doff >> 4) * 4;
 }
 
 /* too_big tells whether the packet, encapsulated, would not fit the
@@ -175,6 +176,21 @@ static __always_inline __u32 l4_csum_off(struct pkt *p)
 	return p->l4_off + 2;
 }
 
+/* nat_rewrite_l3 replaces the source (is_src) or destination address of
+ * a later fragment: it has no L4 header, and the first fragment's
+ * checksum, over the whole datagram, took the change. */
+static __always_inline int nat_rewrite_l3(struct __sk_buff *skb, struct pkt *p, int is_src, const __u8 *addr)
+{
+	__u8 *old = is_src ? p->saddr : p->daddr;
+	if (p->family == LACE_FAMILY_V4) {
+		__u32 o = *(__u32 *)old, n = *(__u32 *)addr;
+		if (bpf_l3_csum_replace(skb, p->l3_off + offsetof(struct iphdr, check), o, n, 4))
+			return -1;
+		return bpf_skb_store_bytes(skb, p->l3_off + (is_src ? offsetof(struct iphdr, saddr) : offsetof(struct iphdr, daddr)), &n, 4, 0);
+	}
+	return bpf_skb_store_bytes(skb, p->l3_off + (is_src ? offsetof(struct ipv6hdr, saddr) : offsetof(struct ipv6hdr, daddr)), addr, 16, 0);
+}
+
 /* nat_rewrite replaces the source (is_src) or destination address and
  * port (ICMP echo: identifier) of p with addr and port, keeping the IP
  * and L4 checksums right (incremental, so checksum offload still works). */
@@ -183,6 +199,8 @@ static __always_inline int nat_rewrite(struct __sk_buff *skb, struct pkt *p, int
 	__u32 csum = l4_csum_off(p);
 	__u64 mangled = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 	int l4_pseudo = p->proto != IPPROTO_ICMP; /* ICMPv4 has no pseudo header */
+	if (p->frag == PKT_FRAG_LATER)
+		return nat_rewrite_l3(skb, p, is_src, addr);
 	__u8 *old = is_src ? p->saddr : p->daddr;
 	if (p->family == LACE_FAMILY_V4) {
 		__u32 off = p->l3_off + (is_src ? offsetof(struct iphdr, saddr) : offsetof(struct iphdr, daddr));
@@ -284,8 +302,6 @@ static __noinline __attribute__((unused)) int snat_out(struct __sk_buff *skb, st
 	} else {
 		__builtin_memcpy(node, cfg->underlay_ip6, 16);
 	}
-	if (p->frag)
-		return drop(DROP_FRAGMENT);
 	int icmp = p->proto == IPPROTO_ICMP || p->proto == IPPROTO_ICMPV6;
 	if (!(p->proto == IPPROTO_TCP || p->proto == IPPROTO_UDP ||
 	      (icmp && (p->icmp_type == 8 || p->icmp_type == 128))))

@@ -83,8 +83,9 @@ enum drop_reason {
 	DROP_ICMP_NOT_OURS = 29, /* icmp-error-no-flow: an ICMP error from a pod about no flow conntrack holds for it with that peer */
 	DROP_NODE_FORGED = 30, /* node-forged-underlay: the node's own stack sent SRv6 to a locator, or a packet from another node's address: only Lace's encapsulation speaks for the node */
 	DROP_DECAP_FOREIGN = 31, /* decap-foreign-source: SRv6 whose inner source is a pod of a block the sending node does not own */
-	DROP_FRAGMENT = 32, /* fragment: a later IPv4 fragment (no ports) on a path that translates addresses or ports (SNAT, a service, an external frontend) */
-	DROP_MAX = 33,
+	DROP_FRAGMENT = 32, /* fragment: retired: a later fragment now takes its first fragment's ports (frag.h); see fragment-before-first */
+	DROP_FRAG_NO_FIRST = 33, /* fragment-before-first: a later IP fragment whose first fragment (with the ports) was not seen: out of order, lost, forged, or of another network */
+	DROP_MAX = 34,
 };
 
 enum fwd_counter {
@@ -461,14 +462,26 @@ struct pkt {
 	__u16 dport;
 	__u8 tcp_flags;
 	__u8 icmp_type; /* ICMP and ICMPv6 */
-	__u8 frag; /* an IPv4 fragment other than the first: no L4 header, ports 0 */
+	__u8 frag; /* PKT_FRAG_FIRST or PKT_FRAG_LATER (no L4 header: ports from frag.h) */
 	__u8 pad;
 	__u8 saddr[16];
 	__u8 daddr[16];
 	__u32 l3_off;
 	__u32 l4_off;
-	__u32 mtu; /* with RET_TOO_BIG: what the sender may send */
+	/* One word for two uses that never meet (the stack is tight): a
+	 * fragment's ID is read by frag_track right after parsing, the MTU
+	 * is set only with RET_TOO_BIG, when the packet is done with. */
+	union {
+		__u32 mtu; /* with RET_TOO_BIG: what the sender may send */
+		__u32 frag_id; /* a fragment's IP ID (IPv4: 16 bits; IPv6: the fragment header's 32), network order */
+	};
 };
+/* pkt.frag: the first fragment (offset 0, more to come) has the L4
+ * header; a later one carries payload where a header would be: its ports
+ * come from the first (frag.h), and nothing of its payload is rewritten. */
+#define PKT_FRAG_LATER 1
+#define PKT_FRAG_FIRST 2
+#define IPV6_FRAGMENT 44
 
 /* A forwarding function's answer that the packet needs an ICMP error
  * (too big), sent by the program itself so that the error's large stack
@@ -534,11 +547,14 @@ static __always_inline int parse_ip(struct __sk_buff *skb, __u16 eth_proto, __u3
 		p->l4_off = l3_off + ip->ihl * 4;
 		/* A later fragment carries payload where a header would be:
 		 * read as ports, it would be translated (and its bytes
-		 * rewritten). It has none; what translates drops it. */
+		 * rewritten). It has none: frag_track gives it the first's. */
+		p->frag_id = ip->id;
 		if (ip->frag_off & bpf_htons(0x1fff)) {
-			p->frag = 1;
+			p->frag = PKT_FRAG_LATER;
 			return 0;
 		}
+		if (ip->frag_off & bpf_htons(0x2000))
+			p->frag = PKT_FRAG_FIRST;
 		return parse_l4(skb, p, p->l4_off);
 	}
 	if (eth_proto == bpf_htons(ETH_P_IPV6)) {
@@ -552,6 +568,25 @@ static __always_inline int parse_ip(struct __sk_buff *skb, __u16 eth_proto, __u3
 		__builtin_memcpy(p->saddr, &ip6->saddr, 16);
 		__builtin_memcpy(p->daddr, &ip6->daddr, 16);
 		p->l4_off = l3_off + sizeof(*ip6);
+		/* A fragment header right after the fixed one (what a host's
+		 * stack sends for a datagram larger than the MTU): the L4
+		 * protocol is its next header, the L4 header follows it in the
+		 * first fragment only. */
+		if (p->proto == IPV6_FRAGMENT) {
+			__u8 *fh = data + p->l4_off;
+			if ((void *)(fh + 8) > end)
+				return -1;
+			p->proto = fh[0];
+			p->l4_off += 8;
+			__builtin_memcpy(&p->frag_id, fh + 4, 4);
+			__u16 off = ((__u16)fh[2] << 8) | fh[3];
+			if (off & 0xfff8) {
+				p->frag = PKT_FRAG_LATER;
+				return 0;
+			}
+			if (off & 1)
+				p->frag = PKT_FRAG_FIRST;
+		}
 		return parse_l4(skb, p, p->l4_off);
 	}
 	return -1;

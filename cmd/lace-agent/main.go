@@ -44,6 +44,7 @@ func main() {
 	flag.Func("map-services", "entries of lace_services (VIP x protocol x port); 0 keeps the compiled size", uintFlag(&o.MapSizes.Services))
 	flag.Func("map-backends", "entries of lace_backends (endpoints of every service port); 0 keeps the compiled size", uintFlag(&o.MapSizes.Backends))
 	flag.Func("map-conntrack", "entries of lace_ct (flows of the node's pods); 0 keeps the compiled size", uintFlag(&o.MapSizes.Conntrack))
+	flag.Func("map-fragments", "entries of lace_frags (large datagrams in flight through the node); 0 keeps the compiled size", uintFlag(&o.MapSizes.Fragments))
 	flag.IntVar(&o.ServiceFrontends, "service-max-frontends", 0, "lace_services entries one Service may take; a Service over it is refused whole (0: the map's size)")
 	flag.IntVar(&o.ServiceBackends, "service-max-backends", 0, "lace_backends entries one Service may take; a Service over it is refused whole (0: the map's size)")
 	flag.IntVar(&o.NamespaceFrontends, "namespace-max-frontends", 0, "lace_services entries the Services of one namespace may take together (0: a quarter of the map; -1: no share)")

@@ -245,7 +245,7 @@ func TestAgentDaemonSet(t *testing.T) {
 	}
 	for _, a := range []string{"--health-probe-bind-address=:9879", "--metrics-bind-address=:9962",
 		"--cni-socket=/run/lace/cni.sock", "--bpffs=/sys/fs/bpf/lace", "--state-dir=/var/lib/lace", "--log-level=info",
-		"--map-services=65536", "--map-backends=262144", "--map-conntrack=131072", "--service-max-frontends=8192", "--service-max-backends=65536"} {
+		"--map-services=65536", "--map-backends=262144", "--map-conntrack=131072", "--map-fragments=8192", "--service-max-frontends=8192", "--service-max-backends=65536"} {
 		if !slices.Contains(c.Args, a) {
 			t.Errorf("agent args %q lack %s", c.Args, a)
 		}

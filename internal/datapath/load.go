@@ -23,6 +23,9 @@ type MapSizes struct {
 	SourceRanges uint32
 	// Conntrack is lace_ct, the flows of the node's pods.
 	Conntrack uint32
+	// Fragments is lace_frags: the ports of datagrams whose later
+	// fragments are still to come (frag.h).
+	Fragments uint32
 }
 
 func (s MapSizes) of(name string) uint32 {
@@ -35,6 +38,8 @@ func (s MapSizes) of(name string) uint32 {
 		return s.SourceRanges
 	case "lace_ct":
 		return s.Conntrack
+	case "lace_frags":
+		return s.Fragments
 	}
 	return 0
 }

@@ -521,6 +521,7 @@ func (d *Datapath) MapSizes() (map[string]int, error) {
 		"endpoints": d.pod.LaceEndpoints, "ports": d.pod.LacePorts, "routes": d.pod.LaceRoutes,
 		"networks": d.pod.LaceNetworks, "classify": d.pod.LaceClassify, "inside": d.pod.LaceInside, "nodes": d.pod.LaceNodes,
 		"conntrack": d.pod.LaceCt, "conntrack-new": d.pod.LaceCtNew, "snat": d.pod.LaceSnat, "services": d.pod.LaceServices, "backends": d.pod.LaceBackends,
+		"fragments": d.pod.LaceFrags,
 	} {
 		n, err := d.countEntries(m)
 		if err != nil {

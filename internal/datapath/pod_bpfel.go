@@ -90,6 +90,27 @@ type podEpVal struct {
 	Flags   uint32
 }
 
+type podFragKey struct {
+	_      structs.HostLayout
+	SrcNet uint32
+	DstNet uint32
+	Family uint8
+	Proto  uint8
+	Pad    uint16
+	Id     uint32
+	Saddr  [16]uint8
+	Daddr  [16]uint8
+}
+
+type podFragVal struct {
+	_        structs.HostLayout
+	Expires  uint64
+	Sport    uint16
+	Dport    uint16
+	IcmpType uint8
+	Pad      [3]uint8
+}
+
 type podHostKey struct {
 	_      structs.HostLayout
 	Family uint8
@@ -202,6 +223,7 @@ const (
 	podMapLaceDrops         = "lace_drops"
 	podMapLaceEndpoints     = "lace_endpoints"
 	podMapLaceForwarded     = "lace_forwarded"
+	podMapLaceFrags         = "lace_frags"
 	podMapLaceHostAddrs     = "lace_host_addrs"
 	podMapLaceInside        = "lace_inside"
 	podMapLaceNetworks      = "lace_networks"
@@ -277,6 +299,7 @@ type podMapSpecs struct {
 	LaceDrops         *ebpf.MapSpec `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
 	LaceForwarded     *ebpf.MapSpec `ebpf:"lace_forwarded"`
+	LaceFrags         *ebpf.MapSpec `ebpf:"lace_frags"`
 	LaceHostAddrs     *ebpf.MapSpec `ebpf:"lace_host_addrs"`
 	LaceInside        *ebpf.MapSpec `ebpf:"lace_inside"`
 	LaceNetworks      *ebpf.MapSpec `ebpf:"lace_networks"`
@@ -326,6 +349,7 @@ type podMaps struct {
 	LaceDrops         *ebpf.Map `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
 	LaceForwarded     *ebpf.Map `ebpf:"lace_forwarded"`
+	LaceFrags         *ebpf.Map `ebpf:"lace_frags"`
 	LaceHostAddrs     *ebpf.Map `ebpf:"lace_host_addrs"`
 	LaceInside        *ebpf.Map `ebpf:"lace_inside"`
 	LaceNetworks      *ebpf.Map `ebpf:"lace_networks"`
@@ -351,6 +375,7 @@ func (m *podMaps) Close() error {
 		m.LaceDrops,
 		m.LaceEndpoints,
 		m.LaceForwarded,
+		m.LaceFrags,
 		m.LaceHostAddrs,
 		m.LaceInside,
 		m.LaceNetworks,

@@ -246,8 +246,9 @@ func TestCTEstablishedOnlyAssured(t *testing.T) {
 	}
 }
 
-// A later IPv4 fragment has no L4 header: on a translating path it is
-// dropped (fragment) and nothing of it is rewritten nor a port taken.
+// A later IPv4 fragment has no L4 header: without its first fragment
+// (frag.h) it is dropped (fragment-before-first) and nothing of it is
+// rewritten nor a port taken.
 func TestCTLaterFragmentNotTranslated(t *testing.T) {
 	d := snatDatapath(t)
 	dst := netip.MustParseAddr("198.51.100.7")
@@ -259,8 +260,8 @@ func TestCTLaterFragmentNotTranslated(t *testing.T) {
 	if string(out[34:46]) != string(payload) {
 		t.Errorf("MANGLED: fragment payload % x became % x", payload, out[34:46])
 	}
-	if moved["fragment"] != 1 {
-		t.Errorf("drops %v; want one fragment drop", moved)
+	if moved["fragment-before-first"] != 1 {
+		t.Errorf("drops %v; want one fragment-before-first drop", moved)
 	}
 	if flows, _ := d.Conntrack(); len(flows) != 0 {
 		t.Errorf("a fragment opened flows: %+v", flows)

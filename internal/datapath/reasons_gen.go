@@ -37,6 +37,7 @@ var DropReasons = []string{
 	"node-forged-underlay",
 	"decap-foreign-source",
 	"fragment",
+	"fragment-before-first",
 }
 
 // DropMeanings say what the drop reasons count, in the same order.
@@ -73,7 +74,8 @@ var DropMeanings = []string{
 	"an ICMP error from a pod about no flow conntrack holds for it with that peer",
 	"the node's own stack sent SRv6 to a locator, or a packet from another node's address: only Lace's encapsulation speaks for the node",
 	"SRv6 whose inner source is a pod of a block the sending node does not own",
-	"a later IPv4 fragment (no ports) on a path that translates addresses or ports (SNAT, a service, an external frontend)",
+	"retired: a later fragment now takes its first fragment's ports (frag.h); see fragment-before-first",
+	"a later IP fragment whose first fragment (with the ports) was not seen: out of order, lost, forged, or of another network",
 }
 
 // ForwardCounters name the counters, in the order of the C enum.

@@ -97,6 +97,27 @@ type underlayEpVal struct {
 	Flags   uint32
 }
 
+type underlayFragKey struct {
+	_      structs.HostLayout
+	SrcNet uint32
+	DstNet uint32
+	Family uint8
+	Proto  uint8
+	Pad    uint16
+	Id     uint32
+	Saddr  [16]uint8
+	Daddr  [16]uint8
+}
+
+type underlayFragVal struct {
+	_        structs.HostLayout
+	Expires  uint64
+	Sport    uint16
+	Dport    uint16
+	IcmpType uint8
+	Pad      [3]uint8
+}
+
 type underlayHostKey struct {
 	_      structs.HostLayout
 	Family uint8
@@ -248,6 +269,7 @@ const (
 	underlayMapLaceDrops         = "lace_drops"
 	underlayMapLaceEndpoints     = "lace_endpoints"
 	underlayMapLaceForwarded     = "lace_forwarded"
+	underlayMapLaceFrags         = "lace_frags"
 	underlayMapLaceHostAddrs     = "lace_host_addrs"
 	underlayMapLaceInside        = "lace_inside"
 	underlayMapLaceNetworks      = "lace_networks"
@@ -326,6 +348,7 @@ type underlayMapSpecs struct {
 	LaceDrops         *ebpf.MapSpec `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
 	LaceForwarded     *ebpf.MapSpec `ebpf:"lace_forwarded"`
+	LaceFrags         *ebpf.MapSpec `ebpf:"lace_frags"`
 	LaceHostAddrs     *ebpf.MapSpec `ebpf:"lace_host_addrs"`
 	LaceInside        *ebpf.MapSpec `ebpf:"lace_inside"`
 	LaceNetworks      *ebpf.MapSpec `ebpf:"lace_networks"`
@@ -378,6 +401,7 @@ type underlayMaps struct {
 	LaceDrops         *ebpf.Map `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
 	LaceForwarded     *ebpf.Map `ebpf:"lace_forwarded"`
+	LaceFrags         *ebpf.Map `ebpf:"lace_frags"`
 	LaceHostAddrs     *ebpf.Map `ebpf:"lace_host_addrs"`
 	LaceInside        *ebpf.Map `ebpf:"lace_inside"`
 	LaceNetworks      *ebpf.Map `ebpf:"lace_networks"`
@@ -406,6 +430,7 @@ func (m *underlayMaps) Close() error {
 		m.LaceDrops,
 		m.LaceEndpoints,
 		m.LaceForwarded,
+		m.LaceFrags,
 		m.LaceHostAddrs,
 		m.LaceInside,
 		m.LaceNetworks,
