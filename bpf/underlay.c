@@ -313,7 +313,7 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 	if (!ext)
 		return drop(DROP_UNCLASSIFIED);
 	struct backend_val *ref = cluster_ref(sv.id);
-	if (!ref || !reaches_service(ext, p->family, ref->addr, sv.net_id))
+	if (!ref || !frontend_admits(ext, p->family, sv.flags, ref->addr, sv.net_id))
 		return drop(DROP_ISOLATED);
 	if ((sv.flags & SVC_SRC_RANGES) && !source_admitted(sv.id, p->family, p->saddr))
 		return drop(DROP_SOURCE_RANGE);
