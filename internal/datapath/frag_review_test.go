@@ -1,5 +1,3 @@
-//go:build revfrag
-
 package datapath
 
 import (
