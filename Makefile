@@ -12,12 +12,17 @@ K8S_BIN   := $(CACHE_DIR)/k8s-v1.34.4
 CNI_BIN   := $(CACHE_DIR)/cni-v1.9.1
 # The upstream e2e suite (make conformance).
 E2E_TEST  := $(K8S_BIN)/e2e.test
-# The lab's cluster DNS (lace-lab up --dns): CoreDNS of the version kubeadm
+# The labs' cluster DNS (on by default): CoreDNS of the version kubeadm
 # 1.34 deploys, and its image beside the lab's.
 COREDNS_VERSION := v1.12.1
 COREDNS   := $(CACHE_DIR)/coredns-$(COREDNS_VERSION)/coredns
 GO        ?= go
 GOFLAGS_TEST ?=
+# Cluster DNS in the labs of make lab and make test (DNS=0 goes without).
+DNS ?= 1
+DNS_ON := $(filter 1,$(DNS))
+# The static programs of the e2e images beyond agnhost (mkimages --e2e).
+E2E_IMAGE_BINS := $(K8S_BIN)/regression-issue-74839 $(K8S_BIN)/nonewprivs
 
 export LACE_K8S_BIN := $(K8S_BIN)
 export LACE_CNI_BIN := $(CNI_BIN)
@@ -41,6 +46,8 @@ K8S_VERSION := v1.34.4
 # Upstream's pause.c, from the pinned Kubernetes module (deferred: only the
 # images target runs go list).
 PAUSE_SRC = $(shell cd hack/tools/k8s && $(GO) list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux
+# The pinned Kubernetes module's directory (deferred, as PAUSE_SRC).
+K8S_SRC = $(shell cd hack/tools/k8s && $(GO) list -m -f '{{.Dir}}' k8s.io/kubernetes)
 K8S_PKGS  := k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
              k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-proxy \
              k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl
@@ -87,11 +94,11 @@ lint: $(STATICCHECK) ## gofmt, go vet and staticcheck.
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
 
-# DNS=1 brings the end-to-end lab up with cluster DNS (building CoreDNS
-# first), so that its DNS test runs instead of skipping.
+# The end-to-end lab runs cluster DNS, as every lab does (building CoreDNS
+# first); DNS=0 brings it up without, and its DNS test then skips.
 .PHONY: test
-test: deps k8s-bins cni-bins build images check-generated lint $(HELM) $(if $(DNS),coredns) ## All test tiers: unit, API, controller, datapath, lab end-to-end (root; DNS=1 adds cluster DNS).
-	LACE_BIN_DIR=$(BIN_DIR) $(if $(DNS),LACE_E2E_DNS=1) $(GO) test $(GOFLAGS_TEST) -count=1 -timeout 40m ./...
+test: deps k8s-bins cni-bins build images check-generated lint $(HELM) $(if $(DNS_ON),coredns) ## All test tiers: unit, API, controller, datapath, lab end-to-end (root; DNS=0 leaves cluster DNS out).
+	LACE_BIN_DIR=$(BIN_DIR) LACE_E2E_DNS=$(if $(DNS_ON),1,0) $(GO) test $(GOFLAGS_TEST) -count=1 -timeout 40m ./...
 	# The conntrack layout converter against the lace_ctv2 test build (the
 	# lab's upgrade test runs that build; this checks the conversion itself).
 	$(GO) test $(GOFLAGS_TEST) -count=1 -tags lace_ctv2 -run TestCTv2 ./internal/datapath
@@ -101,17 +108,18 @@ bench: deps k8s-bins cni-bins build images $(HELM) ## Benchmarks on a lab, besid
 	$(GO) run ./bench --bin $(BIN_DIR)
 
 # Upstream's e2e suite of the pinned release, run on a lab by
-# hack/conformance (docs/conformance.md): the [sig-network] Services specs
-# minus hack/conformance/skip.txt. It uses LAB_NAME when given and up (and
+# hack/conformance (docs/conformance.md): every [sig-network] describe a CNI
+# and a kube-proxy replacement answer for, minus hack/conformance/skip.txt. It uses LAB_NAME when given and up (and
 # leaves it up; it must run cluster DNS), else brings up CONFORMANCE_LAB
 # with cluster DNS and takes it down after (KEEP=1 keeps it). Reports go to
 # $(BIN_DIR)/conformance.
 CONFORMANCE_LAB ?= $(if $(filter command line environment,$(origin LAB_NAME)),$(LAB_NAME),conf)
 CONFORMANCE_FLAGS ?=
 .PHONY: conformance
-conformance: deps k8s-bins cni-bins build images coredns $(HELM) $(E2E_TEST) ## Upstream e2e [sig-network] Services specs on a lab (root; KEEP=1 keeps the lab).
+conformance: deps k8s-bins cni-bins build images coredns $(HELM) $(E2E_TEST) $(E2E_IMAGE_BINS) ## Upstream e2e [sig-network] specs on a lab (root; KEEP=1 keeps the lab).
 	bash hack/conformance/deps.sh
-	$(GO) run ./hack/mkimages --e2e --out $(LACE_IMAGES) --agnhost $(K8S_BIN)/agnhost
+	$(GO) run ./hack/mkimages --e2e --out $(LACE_IMAGES) --agnhost $(K8S_BIN)/agnhost --coredns $(COREDNS) \
+		--k8s-src $(K8S_SRC) --e2e-bin $(K8S_BIN)
 	LACE_BIN_DIR=$(BIN_DIR) $(GO) run ./hack/conformance --lab $(CONFORMANCE_LAB) --report-dir $(BIN_DIR)/conformance \
 		--e2e-test $(E2E_TEST) --kubectl $(K8S_BIN)/kubectl $(if $(KEEP),--keep) $(CONFORMANCE_FLAGS)
 
@@ -126,8 +134,8 @@ soak: deps k8s-bins cni-bins build images $(HELM) ## Compare N random topologies
 ##@ Lab
 
 .PHONY: lab
-lab: deps k8s-bins cni-bins build images $(HELM) $(if $(DNS),coredns) ## Bring up a 3-node lab (LAB_NAME=lace; DNS=1 adds cluster DNS) and run a short demo.
-	$(BIN_DIR)/lace-lab up --name $(LAB_NAME) $(if $(DNS),--dns)
+lab: deps k8s-bins cni-bins build images $(HELM) $(if $(DNS_ON),coredns) ## Bring up a 3-node lab (LAB_NAME=lace) with cluster DNS (DNS=0: without) and run a short demo.
+	$(BIN_DIR)/lace-lab up --name $(LAB_NAME) --dns=$(if $(DNS_ON),true,false)
 	$(BIN_DIR)/lace-lab demo --name $(LAB_NAME)
 	KUBECONFIG=$$($(BIN_DIR)/lace-lab kubeconfig --name $(LAB_NAME)) $(BIN_DIR)/lacectl trace frontend-n2 backend-n3 tcp/8080
 	KUBECONFIG=$$($(BIN_DIR)/lace-lab kubeconfig --name $(LAB_NAME)) $(BIN_DIR)/lacectl trace backend-n3 frontend-n2 tcp/8080
@@ -176,21 +184,32 @@ $(E2E_TEST): hack/tools/k8s/go.mod hack/tools/k8s/go.sum hack/tools/k8s/e2e.go
 .PHONY: e2e-test
 e2e-test: $(E2E_TEST) ## Build the upstream e2e.test of the pinned Kubernetes into $(CACHE_DIR).
 
+# Two e2e images hold a program of upstream's test/images (static, as
+# agnhost): regression-issue-74839 (a Conntrack spec) and nonewprivs.
+$(E2E_IMAGE_BINS) &: hack/tools/k8s/go.mod hack/tools/k8s/go.sum
+	mkdir -p $(K8S_BIN)
+	cd hack/tools/k8s && CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(K8S_BIN)/ \
+		k8s.io/kubernetes/test/images/regression-issue-74839 k8s.io/kubernetes/test/images/nonewprivs
+	touch $(E2E_IMAGE_BINS)
+
+.PHONY: e2e-image-bins
+e2e-image-bins: $(E2E_IMAGE_BINS) ## Build the static programs of the e2e images (regression-issue-74839, nonewprivs).
+
 # CoreDNS has its own module (hack/tools/coredns) so that its dependencies
 # never move the other tools'. Built as upstream's Makefile does (static,
-# stripped); the target is the binary, remade only when the module changes.
-# A cold build takes about ten minutes on two cores, which is why only the
-# labs that ask for DNS need it.
-$(COREDNS): hack/tools/coredns/go.mod hack/tools/coredns/go.sum
+# stripped) from our own main (hack/tools/coredns/main.go), which links only
+# the plugins kubeadm's Corefile uses (docs/conformance.md: the cold build
+# time); the target is the binary, remade only when the module changes.
+$(COREDNS): hack/tools/coredns/go.mod hack/tools/coredns/go.sum hack/tools/coredns/main.go
 	mkdir -p $(dir $@)
-	cd hack/tools/coredns && CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $@ github.com/coredns/coredns
+	cd hack/tools/coredns && CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $@ .
 	touch $@
 
 $(COREDNS_TAR): $(COREDNS) internal/images/coredns.go
 	$(GO) run ./hack/mkimages --coredns $(COREDNS) --out $(LACE_IMAGES)
 
 .PHONY: coredns
-coredns: $(COREDNS_TAR) ## Build CoreDNS (the lab's cluster DNS: lace-lab up --dns) and its image into bin/images.
+coredns: $(COREDNS_TAR) ## Build CoreDNS (the labs' cluster DNS, on by default) and its image into bin/images.
 
 .PHONY: k8s-bins
 k8s-bins: $(K8S_BIN)/.stamp ## Build etcd and the pinned Kubernetes binaries into $(CACHE_DIR).

@@ -90,7 +90,7 @@ func run(ctx context.Context, bin, name string, want map[string]bool, dur time.D
 		_, _ = rand.Read(suffix)
 		name = "bench" + hex.EncodeToString(suffix)
 		labBin := filepath.Join(bin, "lace-lab")
-		up := exec.Command(labBin, "up", "--name", name, "--nodes", "2", "--zones", "1")
+		up := exec.Command(labBin, "up", "--name", name, "--nodes", "2", "--zones", "1", "--dns=false")
 		up.Stdout, up.Stderr = os.Stderr, os.Stderr
 		// Down even when up fails half-way; it removes what exists.
 		defer func() {

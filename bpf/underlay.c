@@ -600,7 +600,10 @@ static __noinline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 	__u8 macs[12];
 	if (local_pod(net_id, p.family, p.daddr, &ifindex, macs))
 		return drop(DROP_NO_ENDPOINT);
-	struct ct_val *ct = ct_track_in(net_id, src_net, &p, is_icmp_error(&p));
+	int icmp_err = is_icmp_error(&p);
+	if (icmp_err && icmp_in_refused(skb, &p, net_id, src_net))
+		return drop(DROP_ICMP_IN_NOT_OURS);
+	struct ct_val *ct = ct_track_in(net_id, src_net, &p, icmp_err);
 	if (ct_other_net(ct, src_net))
 		return drop(DROP_CT_OTHER_NET);
 	/* A reply from a service endpoint to its client comes from the VIP. */
@@ -794,8 +797,11 @@ static __noinline int from_outside(struct __sk_buff *skb, struct pkt *p)
 	__u32 flags = rv->flags, dst_net = rv->dst_net;
 	__u8 sid[16];
 	__builtin_memcpy(sid, rv->sid, 16);
-	if (flags & ROUTE_LOCAL)
+	if (flags & ROUTE_LOCAL) {
+		if (is_icmp_error(p) && icmp_in_refused(skb, p, dst_net, ext))
+			return drop(DROP_ICMP_IN_NOT_OURS);
 		return deliver_local(skb, p, dst_net, ext, FWD_FROM_EXTERNAL);
+	}
 	if (dec_ttl(skb, p))
 		return drop(DROP_ADJUST);
 	count(FWD_FROM_EXTERNAL);
@@ -938,7 +944,9 @@ int to_underlay(struct __sk_buff *skb)
 	struct host_key src = {};
 	/* A VLAN tag (802.1Q, 802.1ad; up to two) hides nothing: the checks
 	 * below apply to what it carries. A receiver strips a priority tag
-	 * before its programs run, so a tagged forgery is still a forgery. */
+	 * before its programs run, so a tagged forgery is still a forgery.
+	 * A frame still tagged after two is refused: the checks would not see
+	 * what it carries, and no node sends one (QinQ is two tags). */
 	void *l3 = eth + 1;
 	__be16 proto = eth->h_proto;
 #pragma unroll
@@ -950,6 +958,8 @@ int to_underlay(struct __sk_buff *skb)
 		proto = *(__be16 *)(l3 + 2);
 		l3 += 4;
 	}
+	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD))
+		return drop(DROP_NODE_FORGED);
 	if (proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = l3;
 		if ((void *)(ip6 + 1) > end)

@@ -120,6 +120,24 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lace_ct_new SEC(".maps");
 
+/* Flows a local pod opened that are not answered yet wait here, apart from
+ * those the other side opened (lace_ct_new): a host outside sending each
+ * tuple of a flood twice sets the LRU's reference bit on its entries and
+ * beats the second chance the kernel's LRU gives older entries, so in a
+ * shared map it would evict the pods' pending connects, whose answers
+ * would then find no flow (snat-closed, no-flow). Here a flood from
+ * outside evicts only flows opened from outside, and a pod's flows to
+ * silent destinations evict only pods' pending flows. There is no share
+ * per pod: an LRU map has no per-key budget, and a count per pod cannot
+ * be kept exact (eviction tells nobody); see docs/security.md, item 7. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 32768);
+	__type(key, struct ct_key);
+	__type(value, struct ct_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_ct_local SEC(".maps");
+
 /* SNAT: the node's address and a port of its own stand for a pod toward
  * an outside address. Keyed by what the replies carry. */
 struct snat_key {
@@ -201,44 +219,70 @@ static __always_inline void ct_key_of(struct ct_key *k, __u32 net_id, struct pkt
 
 /* ct_settled tells whether an entry belongs in lace_ct: a flow this side
  * opened once it was answered (or its hairpin), or one the other side
- * opened that is assured. Until then, a flow waits in lace_ct_new,
- * whoever opened it: a pod sending to a thousand silent destinations
- * (or its answers to clients whose flows are gone) evicts only other
- * unanswered flows, never an established one. */
+ * opened that is assured. Until then, a flow waits in a pending map
+ * (lace_ct_local if the pod opened it, else lace_ct_new): a pod sending to
+ * a thousand silent destinations (or its answers to clients whose flows
+ * are gone) evicts only other unanswered flows, never an established one. */
 static __always_inline int ct_settled(__u16 flags)
 {
 	return (flags & (CT_HAIRPIN | CT_ASSURED)) || (flags & (CT_ORIGIN_LOCAL | CT_SEEN_REPLY)) == (CT_ORIGIN_LOCAL | CT_SEEN_REPLY);
 }
 
-/* ct_promote moves k's assured entry v from lace_ct_new to lace_ct and
+/* ct_forget_pending forgets k's unsettled entry, in whichever pending map
+ * it waits (its origin picks the map; an agent of before lace_ct_local
+ * left pods' pending flows in lace_ct_new). */
+static __always_inline void ct_forget_pending(struct ct_key *k)
+{
+	bpf_map_delete_elem(&lace_ct_new, k);
+	bpf_map_delete_elem(&lace_ct_local, k);
+}
+
+/* ct_promote moves k's assured entry v from its pending map to lace_ct and
  * returns it there. */
 static __always_inline struct ct_val *ct_promote(struct ct_key *k, struct ct_val *v)
 {
 	if (bpf_map_update_elem(&lace_ct, k, v, BPF_ANY))
 		return v;
-	bpf_map_delete_elem(&lace_ct_new, k);
+	ct_forget_pending(k);
 	return bpf_map_lookup_elem(&lace_ct, k);
+}
+
+/* ct_pending returns k's entry in the pending maps (the other side's
+ * flows first: a tuple has one entry). */
+static __always_inline struct ct_val *ct_pending(struct ct_key *k)
+{
+	struct ct_val *v = bpf_map_lookup_elem(&lace_ct_new, k);
+	if (!v)
+		v = bpf_map_lookup_elem(&lace_ct_local, k);
+	return v;
 }
 
 /* ct_settle promotes k's entry once it is assured (called after a
  * packet that may have assured it, so a flood never evicts it from
- * lace_ct_new before its next packet). */
+ * its pending map before its next packet). */
 static __always_inline void ct_settle(struct ct_key *k)
 {
-	struct ct_val *v = bpf_map_lookup_elem(&lace_ct_new, k);
+	struct ct_val *v = ct_pending(k);
 	if (v && ct_settled(v->flags))
 		ct_promote(k, v);
 }
 
-/* ct_insert records k's entry v in the map it belongs to, and forgets an
- * older one of k in the other. */
+/* ct_insert records k's entry v in the map it belongs to (lace_ct once
+ * settled; pending: lace_ct_local for a flow the pod opened, lace_ct_new
+ * for one the other side opened), and forgets an older one of k in the
+ * others. */
 static __always_inline void ct_insert(struct ct_key *k, struct ct_val *v)
 {
 	if (ct_settled(v->flags)) {
 		bpf_map_update_elem(&lace_ct, k, v, BPF_ANY);
+		ct_forget_pending(k);
+	} else if (v->flags & CT_ORIGIN_LOCAL) {
+		bpf_map_update_elem(&lace_ct_local, k, v, BPF_ANY);
 		bpf_map_delete_elem(&lace_ct_new, k);
+		bpf_map_delete_elem(&lace_ct, k);
 	} else {
 		bpf_map_update_elem(&lace_ct_new, k, v, BPF_ANY);
+		bpf_map_delete_elem(&lace_ct_local, k);
 		bpf_map_delete_elem(&lace_ct, k);
 	}
 }
@@ -251,7 +295,7 @@ static __always_inline struct ct_val *ct_lookup(struct ct_key *k)
 	struct ct_val *v = bpf_map_lookup_elem(&lace_ct, k);
 	if (v && v->expires >= now)
 		return v;
-	v = bpf_map_lookup_elem(&lace_ct_new, k);
+	v = ct_pending(k);
 	if (!v || v->expires < now)
 		return NULL;
 	if (ct_settled(v->flags))
@@ -309,6 +353,8 @@ static __always_inline struct ct_val *ct_create(struct ct_key *k, __u32 peer_net
 	ct_insert(k, &v);
 	if (ct_settled(v.flags))
 		return bpf_map_lookup_elem(&lace_ct, k);
+	if (v.flags & CT_ORIGIN_LOCAL)
+		return bpf_map_lookup_elem(&lace_ct_local, k);
 	return bpf_map_lookup_elem(&lace_ct_new, k);
 }
 

@@ -266,6 +266,72 @@ static __always_inline int local_pod(__u32 net_id, __u8 family, const __u8 *addr
 	return 0;
 }
 
+/* icmp_in_refused tells whether an ICMP error p toward a local pod of
+ * network net_id, from network src_net, is about nothing of the pod's
+ * with that sender. The error quotes a packet the pod sent: its source is
+ * the pod (the error's destination) and its tuple, seen from the pod, a
+ * live flow of the pod. The flow's peer must be the sender: the same
+ * network, or, for a flow whose remote side is outside the cluster, any
+ * outside source (a router on the path sends fragmentation needed or time
+ * exceeded from its own address, which may classify into another external
+ * network than the flow's peer). Otherwise a host on the fabric, or a pod
+ * of another network, could abort the pod's connects or lower its path MTU
+ * by quoting its flows. Called where errors enter from another node
+ * (decap) or from the fabric (from_outside); a pod's error to a pod of the
+ * same node was checked against the sender's own flow (quoted_key,
+ * pod.c), and from_pod's chain has no stack left for this frame. */
+static __noinline __attribute__((unused)) int icmp_in_refused(struct __sk_buff *skb, struct pkt *p, __u32 net_id, __u32 src_net)
+{
+	/* Loaded field by field into the key: a small frame. */
+	union {
+		struct ct_key k;
+		struct class_key ck; /* after the lookup, the same room */
+	} u = {.k = {.net_id = net_id, .family = p->family}};
+	struct ct_key *kp = &u.k;
+	__u32 off = p->l4_off + 8;
+	__u8 b = 0;
+	if (bpf_skb_load_bytes(skb, off, &b, 1))
+		return 1;
+	if (p->family == LACE_FAMILY_V4) {
+		if (bpf_skb_load_bytes(skb, off + 9, &kp->proto, 1) || bpf_skb_load_bytes(skb, off + 12, kp->laddr, 4) ||
+		    bpf_skb_load_bytes(skb, off + 16, kp->raddr, 4))
+			return 1;
+		off += (b & 0x0f) * 4;
+	} else {
+		if (bpf_skb_load_bytes(skb, off + 6, &kp->proto, 1) || bpf_skb_load_bytes(skb, off + 8, kp->laddr, 16) ||
+		    bpf_skb_load_bytes(skb, off + 24, kp->raddr, 16))
+			return 1;
+		off += 40;
+	}
+	if (!eq16(kp->laddr, p->daddr))
+		return 1; /* not a packet of this pod */
+	if (kp->proto == IPPROTO_TCP || kp->proto == IPPROTO_UDP) {
+		if (bpf_skb_load_bytes(skb, off, &kp->lport, 4)) /* lport, rport */
+			return 1;
+	} else if (kp->proto == IPPROTO_ICMP || kp->proto == IPPROTO_ICMPV6) {
+		if (bpf_skb_load_bytes(skb, off + 4, &kp->lport, 2)) /* an echo's identifier */
+			return 1;
+		kp->rport = kp->lport;
+	} else {
+		return 1;
+	}
+	struct ct_val *ct = ct_lookup(kp);
+	if (!ct)
+		return 1;
+	if (ct->peer_net == src_net)
+		return 0;
+	/* An outside flow, an outside sender: a router on its path. */
+	struct class_key *ck = &u.ck;
+	__builtin_memcpy(ck->addr, kp->raddr, 16); /* bytes 8-23 from 28-43 */
+	ck->prefixlen = 32 + 128;
+	ck->family = p->family;
+	ck->pad[0] = ck->pad[1] = ck->pad[2] = 0;
+	if (bpf_map_lookup_elem(&lace_inside, ck))
+		return 1;
+	__builtin_memcpy(ck->addr, p->saddr, 16);
+	return bpf_map_lookup_elem(&lace_inside, ck) != NULL;
+}
+
 /* deliver_local hands the packet to the pod holding its destination in
  * network dst_net on this node, recording the flow (from src_net) so the
  * pod's replies go back in that context. */

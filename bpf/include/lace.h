@@ -85,7 +85,8 @@ enum drop_reason {
 	DROP_DECAP_FOREIGN = 31, /* decap-foreign-source: SRv6 whose inner source is a pod of a block the sending node does not own */
 	DROP_FRAGMENT = 32, /* fragment: retired: a later fragment now takes its first fragment's ports (frag.h); see fragment-before-first */
 	DROP_FRAG_NO_FIRST = 33, /* fragment-before-first: a later IP fragment whose first fragment (with the ports) was not seen: out of order, lost, forged, or of another network */
-	DROP_MAX = 34,
+	DROP_ICMP_IN_NOT_OURS = 34, /* icmp-error-in-no-flow: an ICMP error toward a pod about no live flow of that pod whose peer is the error's sender (its network, or outside for an outside flow) */
+	DROP_MAX = 35,
 };
 
 enum fwd_counter {

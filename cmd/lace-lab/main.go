@@ -23,9 +23,10 @@ import (
 const usage = `usage: lace-lab COMMAND [flags]
 
 commands:
-  up [--name N] [--nodes 3] [--zones 2] [--dns]
-                                          start a lab (a no-op when it runs); --dns adds cluster
-                                          DNS (CoreDNS, kube-system/kube-dns), as kubeadm deploys it
+  up [--name N] [--nodes 3] [--zones 2] [--dns=false]
+                                          start a lab (a no-op when it runs) with cluster DNS
+                                          (CoreDNS, kube-system/kube-dns) as kubeadm deploys it;
+                                          --dns=false leaves DNS out (the default with --cni bridge)
   down [--name N] [--all]                 stop a lab and remove all it made
   status [--name N]                       show nodes and processes
   kubeconfig [--name N]                   print the path of the lab's kubeconfig
@@ -79,7 +80,9 @@ func run(ctx context.Context, args []string, out io.Writer) (int, error) {
 		fs.StringVar(&cfg.ImageDir, "images", cfg.ImageDir, "directory of the image tarballs every node imports (make images)")
 		fs.StringVar(&cfg.Helm, "helm", cfg.Helm, "helm binary that installs Lace's chart")
 		fs.StringVar(&cfg.LaceTag, "lace-tag", cfg.LaceTag, "tag of the Lace image the chart runs")
-		fs.BoolVar(&cfg.DNS, "dns", cfg.DNS, "run cluster DNS (CoreDNS behind kube-system/kube-dns; make coredns builds its image)")
+		// Cluster DNS is on by default, as in kubeadm and kind; only Lace
+		// serves kube-dns (no kube-proxy), so a bridge lab goes without.
+		fs.BoolVar(&cfg.DNS, "dns", true, "run cluster DNS (CoreDNS behind kube-system/kube-dns; make coredns builds its image); --dns=false leaves it out")
 	case "down":
 		fs.BoolVar(&all, "all", false, "remove every lab, including what crashed runs left")
 	}
@@ -90,6 +93,9 @@ func run(ctx context.Context, args []string, out io.Writer) (int, error) {
 		return 2, err
 	}
 	rest := fs.Args()
+	if (cmd == "up" || cmd == "daemon") && cfg.CNI != lab.CNILace && !flagSet(fs, "dns") {
+		cfg.DNS = false
+	}
 
 	switch cmd {
 	case "nodens":
@@ -218,4 +224,11 @@ func printStatus(out io.Writer, st *lab.Status) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\n", p.Name, s, p.Log)
 	}
 	tw.Flush()
+}
+
+// flagSet tells whether the command line gave the flag name.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }

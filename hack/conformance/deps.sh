@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
-# Installs the Debian packages whose programs the e2e agnhost image carries
-# (internal/images.E2ETools: curl, GNU wget, OpenBSD nc, ss, bash), only when one is
-# missing. Run by `make conformance` after `make deps`.
+# Installs the Debian packages whose programs the e2e images carry
+# (internal/images: E2ETools for agnhost: curl, GNU wget, OpenBSD nc, ss,
+# bash, dash; E2EDnsTools for jessie-dnsutils: dig, host, nslookup, getent),
+# only when one is missing, and checks that busybox-static is the version
+# the images pin (internal/images.BusyboxDebVersion, whose /bin/busybox
+# checksum mkimages verifies). Run by `make conformance` after `make deps`.
 set -euo pipefail
 
 # file:package pairs.
-need=(/usr/bin/curl:curl /usr/bin/wget:wget /bin/nc.openbsd:netcat-openbsd /bin/ss:iproute2 /bin/bash:bash)
+need=(/usr/bin/curl:curl /usr/bin/wget:wget /bin/nc.openbsd:netcat-openbsd /bin/ss:iproute2 /bin/bash:bash
+  /bin/dash:dash /usr/bin/dig:bind9-dnsutils /usr/bin/getent:libc-bin /bin/busybox:busybox-static)
+busybox_version='1:1.35.0-4+deb12u1+b1'
 
 missing=()
 for pair in "${need[@]}"; do
   [ -x "${pair%%:*}" ] || missing+=("${pair##*:}")
 done
+have=$(dpkg-query -W -f '${Version}' busybox-static 2>/dev/null || true)
+if [ -n "$have" ] && [ "$have" != "$busybox_version" ]; then
+  missing+=("busybox-static=$busybox_version")
+fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
@@ -20,4 +29,4 @@ fi
 echo "installing: ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+apt-get install -y -qq --no-install-recommends --allow-downgrades "${missing[@]}" >/dev/null

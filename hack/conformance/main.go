@@ -1,7 +1,8 @@
 // Command conformance runs the upstream Kubernetes e2e suite (e2e.test of
-// the pinned release, `make conformance` builds it) against a lab: the
-// [sig-network] Services specs by default, minus the checked-in skip list
-// (skip.txt: what Lace does not build yet, or what needs a cloud provider).
+// the pinned release, `make conformance` builds it) against a lab: every
+// [sig-network] describe that applies to a CNI and a kube-proxy
+// replacement by default (DefaultFocus), minus the checked-in skip list
+// (skip.txt: what the kernel, the lab or a cloud-less cluster cannot do).
 //
 // It brings a lab up with cluster DNS (or uses one that runs: it then
 // leaves it up), loads the extra images e2e.test asks for (mkimages --e2e)
@@ -36,13 +37,24 @@ import (
 	"time"
 )
 
-// DefaultFocus is the issue's scope: every spec of the Services describe.
-const DefaultFocus = `\[sig-network\] Services`
+// DefaultFocus is every [sig-network] describe that a CNI and a kube-proxy
+// replacement answer for: Services, Conntrack, Networking (and its
+// Granular Checks), dual-stack, Traffic Distribution and Topology Hints,
+// HostPort, Proxy, EndpointSlice(Mirroring), DNS, Service endpoints
+// latency, pod connectivity through termination, NoSNAT, Service CIDRs,
+// and the Ingress/IngressClass/ServiceCIDR API specs of [Conformance].
+// Left out: Netpol and NetworkPolicy (Lace enforces no NetworkPolicy yet),
+// LoadBalancers and ESIPP (a cloud's load balancer), KubeProxy and
+// KubeProxyNFAcct and the kube-proxy migration (kube-proxy itself), the
+// [Feature:PerformanceDNS] scale test, and IngressClass [Feature:Ingress]
+// (an ingress controller's defaulting).
+const DefaultFocus = `\[sig-network\] (Services|Conntrack|Networking|\[Feature:IPv6DualStack\]|Traffic Distribution|Topology Hints|HostPort|Proxy|EndpointSlice|DNS|Service endpoints latency|Connectivity Pod Lifecycle|NoSNAT|Service CIDRs|ServiceCIDR and IPAddress API|Ingress API|IngressClass API)`
 
 type options struct {
 	lab, laceLab, e2eTest, kubectl, images string
 	skipFile, focus, reportDir             string
 	timeout                                time.Duration
+	nodes, zones                           int
 	keep, dryRun                           bool
 	extra                                  []string
 }
@@ -67,7 +79,9 @@ func main() {
 	flag.StringVar(&o.skipFile, "skip-file", "hack/conformance/skip.txt", "skip list: one `REGEXP  # REASON` a line")
 	flag.StringVar(&o.focus, "focus", DefaultFocus, "--ginkgo.focus")
 	flag.StringVar(&o.reportDir, "report-dir", filepath.Join(binDir, "conformance"), "where the reports go (emptied first)")
-	flag.DurationVar(&o.timeout, "timeout", 90*time.Minute, "--ginkgo.timeout: the whole suite's limit")
+	flag.IntVar(&o.nodes, "nodes", 3, "nodes of the lab it brings up; three Traffic Distribution specs skip themselves below 6 (two in each of 3 zones)")
+	flag.IntVar(&o.zones, "zones", 3, "zones of the lab it brings up; the Traffic Distribution specs skip themselves below 3")
+	flag.DurationVar(&o.timeout, "timeout", 3*time.Hour, "--ginkgo.timeout: the whole suite's limit")
 	flag.BoolVar(&o.dryRun, "dry-run", false, "list what the focus and skip list select, without a lab")
 	flag.Parse()
 	o.extra = flag.Args()
@@ -185,8 +199,9 @@ func ensureLab(ctx context.Context, o options, out io.Writer) (kubeconfig string
 	if exec.CommandContext(ctx, o.laceLab, "status", "--name", o.lab).Run() != nil {
 		up = true
 		fmt.Fprintf(out, "bringing lab %s up\n", o.lab)
-		// Cluster DNS: the specs name Services (curl, nc, nslookup).
-		c := exec.CommandContext(ctx, o.laceLab, "up", "--name", o.lab, "--dns")
+		// Cluster DNS: the specs name Services (curl, nc, nslookup). Three
+		// zones: Traffic Distribution needs them.
+		c := exec.CommandContext(ctx, o.laceLab, "up", "--name", o.lab, "--dns", "--nodes", fmt.Sprint(o.nodes), "--zones", fmt.Sprint(o.zones))
 		c.Stdout, c.Stderr = out, os.Stderr
 		if err := c.Run(); err != nil {
 			return "", up, fmt.Errorf("lace-lab up --name %s: %w", o.lab, err)
@@ -410,7 +425,7 @@ func summarize(o options, focus *regexp.Regexp, skips []SkipEntry, out io.Writer
 	w := io.MultiWriter(out, sum)
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	counts := map[string]int{}
-	prefix := "[sig-network] Services "
+	prefix := "[sig-network] "
 	for _, r := range results {
 		counts[r.Outcome]++
 		outcome := r.Outcome

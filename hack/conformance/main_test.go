@@ -86,3 +86,36 @@ func TestClassify(t *testing.T) {
 		}
 	}
 }
+
+// TestDefaultFocus: the focus takes every describe the issue names and
+// leaves NetworkPolicy, cloud load balancers and kube-proxy's own specs.
+func TestDefaultFocus(t *testing.T) {
+	re := regexp.MustCompile(DefaultFocus)
+	for _, in := range []string{
+		"[sig-network] Services should serve a basic endpoint from pods [Conformance]",
+		"[sig-network] Conntrack should be able to preserve UDP traffic when server pod cycles for a NodePort service",
+		"[sig-network] Networking Granular Checks: Services should be able to handle large requests: udp",
+		"[sig-network] [Feature:IPv6DualStack] Granular Checks: Services Secondary IP Family [LinuxOnly] should function for service endpoints using hostNetwork",
+		"[sig-network] Traffic Distribution should route traffic to an endpoint in the same zone when using PreferClose",
+		"[sig-network] HostPort validates that there is no conflict between pods with same hostPort but different hostIP and protocol [LinuxOnly] [Conformance]",
+		"[sig-network] Proxy version v1 should proxy through a service and a pod [Conformance]",
+		"[sig-network] EndpointSlice should support creating EndpointSlice API operations [Conformance]",
+		"[sig-network] DNS should provide DNS for services [Conformance]",
+		"[sig-network] Service endpoints latency should not be very high [Conformance]",
+	} {
+		if !re.MatchString(in) {
+			t.Errorf("focus misses %q", in)
+		}
+	}
+	for _, out := range []string{
+		"[sig-network] Netpol NetworkPolicy between server and client should support a 'default-deny-ingress' policy [Feature:NetworkPolicy]",
+		"[sig-network] LoadBalancers [Feature:LoadBalancer] should be able to change the type and ports of a TCP service [Slow]",
+		"[sig-network] KubeProxy should set TCP CLOSE_WAIT timeout [Privileged]",
+		"[sig-network] [Feature:PerformanceDNS] [Serial] Should answer DNS query for maximum number of services per cluster",
+		"[sig-node] Pods should be submitted and removed [NodeConformance] [Conformance]",
+	} {
+		if re.MatchString(out) {
+			t.Errorf("focus takes %q", out)
+		}
+	}
+}

@@ -26,18 +26,20 @@ func main() {
 	flag.StringVar(&o.PauseSrc, "pause-src", "", "directory holding upstream pause.c (k8s.io/kubernetes build/pause/linux)")
 	flag.StringVar(&o.LaceBin, "lace-bin", "", "directory holding static lace-agent, lace-controller, lace-cni and lacectl")
 	flag.StringVar(&o.LaceTag, "lace-tag", "dev", "tag of "+images.LaceRepo)
-	e2e := flag.Bool("e2e", false, "build only "+images.E2EAgnhostTar+" ("+images.E2EAgnhostRef+"; needs --agnhost)")
-	flag.StringVar(&o.CoreDNS, "coredns", "", "build only "+images.CoreDNSTar+" ("+images.CoreDNSRef+") from this static coredns binary")
+	e2e := flag.Bool("e2e", false, "build only the images e2e.test asks for: "+images.E2EAgnhostTar+" ("+images.E2EAgnhostRef+"; needs --agnhost) and, with --k8s-src and --e2e-bin, busybox, jessie-dnsutils, nginx, httpd and the rest (e2e-*.tar)")
+	flag.StringVar(&o.CoreDNS, "coredns", "", "build only "+images.CoreDNSTar+" ("+images.CoreDNSRef+") from this static coredns binary; with --e2e, put it into the e2e agnhost image as /coredns")
+	flag.StringVar(&o.K8sSrc, "k8s-src", "", "with --e2e: the pinned k8s.io/kubernetes module directory (pause.c, kitten and nautilus pages)")
+	flag.StringVar(&o.E2EBin, "e2e-bin", "", "with --e2e: directory holding static regression-issue-74839 and nonewprivs")
 	flag.Parse()
 	build := images.Build
-	if o.CoreDNS != "" {
-		build = images.BuildCoreDNS
-	} else if *e2e {
+	if *e2e {
 		build = images.BuildE2E
-		if o.Agnhost == "" {
-			fmt.Fprintln(os.Stderr, "mkimages: --e2e needs --agnhost")
+		if o.Agnhost == "" || (o.K8sSrc == "") != (o.E2EBin == "") {
+			fmt.Fprintln(os.Stderr, "mkimages: --e2e needs --agnhost, and --k8s-src and --e2e-bin together")
 			os.Exit(2)
 		}
+	} else if o.CoreDNS != "" {
+		build = images.BuildCoreDNS
 	} else if o.Agnhost == "" || o.PauseSrc == "" || o.LaceBin == "" {
 		fmt.Fprintln(os.Stderr, "mkimages: --agnhost, --pause-src and --lace-bin are required")
 		flag.Usage()

@@ -275,6 +275,9 @@ func TestStreamSurvivesAgentRestart(t *testing.T) {
 	}
 	echo := func(msg string) {
 		t.Helper()
+		// Each echo within 20 s: the reloads between them take what the
+		// verifier takes, which is no part of the stream's survival.
+		_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
 		if _, err := conn.Write([]byte(msg + "\n")); err != nil {
 			t.Fatalf("write %q: %v", msg, err)
 		}

@@ -32,7 +32,7 @@ var layoutVersions = map[string]uint32{
 // exists. Without one they are recreated, which resets their flows: a
 // loss, never a misreading.
 var statefulMaps = map[string]bool{
-	"lace_ct": true, "lace_ct_new": true, "lace_snat": true, "lace_affinity": true, "lace_sock_rnat": true,
+	"lace_ct": true, "lace_ct_new": true, "lace_ct_local": true, "lace_snat": true, "lace_affinity": true, "lace_sock_rnat": true,
 	"lace_xlb_rev": true,
 }
 

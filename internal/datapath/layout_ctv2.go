@@ -9,7 +9,7 @@ package datapath
 // It is one version past the release's, whatever that is, for both maps
 // of struct ct_val.
 func init() {
-	for _, name := range []string{"lace_ct", "lace_ct_new"} {
+	for _, name := range []string{"lace_ct", "lace_ct_new", "lace_ct_local"} {
 		release := layoutVersion(name)
 		layoutVersions[name] = release + 1
 		RegisterMigration(Migration{Map: name, From: release, Convert: func(k, v []byte) ([]byte, []byte, bool) {

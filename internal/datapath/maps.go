@@ -520,7 +520,7 @@ func (d *Datapath) MapSizes() (map[string]int, error) {
 	for name, m := range map[string]*ebpf.Map{
 		"endpoints": d.pod.LaceEndpoints, "ports": d.pod.LacePorts, "routes": d.pod.LaceRoutes,
 		"networks": d.pod.LaceNetworks, "classify": d.pod.LaceClassify, "inside": d.pod.LaceInside, "nodes": d.pod.LaceNodes,
-		"conntrack": d.pod.LaceCt, "conntrack-new": d.pod.LaceCtNew, "snat": d.pod.LaceSnat, "services": d.pod.LaceServices, "backends": d.pod.LaceBackends,
+		"conntrack": d.pod.LaceCt, "conntrack-new": d.pod.LaceCtNew, "conntrack-local": d.pod.LaceCtLocal, "snat": d.pod.LaceSnat, "services": d.pod.LaceServices, "backends": d.pod.LaceBackends,
 		"fragments": d.pod.LaceFrags,
 	} {
 		n, err := d.countEntries(m)
@@ -557,9 +557,9 @@ type Flow struct {
 	// the endpoint): NAT is the VIP and port the replies come from.
 	Service, DNAT bool
 	NAT           netip.AddrPort
-	// Assured: the opener spoke again after the reply. A flow the other
-	// side opened is New until then (lace_ct_new: short-lived, its own
-	// budget).
+	// Assured: the opener spoke again after the reply. A flow waits
+	// New until it settles (the other side's: lace_ct_new, short-lived;
+	// the pod's, until answered: lace_ct_local; each its own budget).
 	Assured, New bool
 }
 
@@ -580,11 +580,17 @@ const (
 
 func ntohs(v uint16) uint16 { return v<<8 | v>>8 }
 
+// ctMaps are the conntrack maps: settled flows, and the pending flows
+// opened from the other side and by the node's pods.
+func (d *Datapath) ctMaps() []*ebpf.Map {
+	return []*ebpf.Map{d.pod.LaceCt, d.pod.LaceCtNew, d.pod.LaceCtLocal}
+}
+
 // Conntrack lists the tracked flows, expired ones included (the LRU
 // reclaims them; the programs ignore them).
 func (d *Datapath) Conntrack() ([]Flow, error) {
 	var out []Flow
-	for _, m := range []*ebpf.Map{d.pod.LaceCt, d.pod.LaceCtNew} {
+	for _, m := range d.ctMaps() {
 		var k podCtKey
 		var v podCtVal
 		it := m.Iterate()
@@ -596,7 +602,7 @@ func (d *Datapath) Conntrack() ([]Flow, error) {
 				SeenReply:             v.Flags&ctSeenReply != 0,
 				Reset:                 v.Flags&ctRST != 0,
 				Assured:               v.Flags&ctAssured != 0,
-				New:                   m == d.pod.LaceCtNew,
+				New:                   m != d.pod.LaceCt,
 				ExpiresMonotonicNanos: v.Expires,
 			}
 			// FIN flags are recorded by direction of the flow's opener.

@@ -220,6 +220,7 @@ const (
 	podMapLaceCfg           = "lace_cfg"
 	podMapLaceClassify      = "lace_classify"
 	podMapLaceCt            = "lace_ct"
+	podMapLaceCtLocal       = "lace_ct_local"
 	podMapLaceCtNew         = "lace_ct_new"
 	podMapLaceDrops         = "lace_drops"
 	podMapLaceEndpoints     = "lace_endpoints"
@@ -296,6 +297,7 @@ type podMapSpecs struct {
 	LaceCfg           *ebpf.MapSpec `ebpf:"lace_cfg"`
 	LaceClassify      *ebpf.MapSpec `ebpf:"lace_classify"`
 	LaceCt            *ebpf.MapSpec `ebpf:"lace_ct"`
+	LaceCtLocal       *ebpf.MapSpec `ebpf:"lace_ct_local"`
 	LaceCtNew         *ebpf.MapSpec `ebpf:"lace_ct_new"`
 	LaceDrops         *ebpf.MapSpec `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
@@ -346,6 +348,7 @@ type podMaps struct {
 	LaceCfg           *ebpf.Map `ebpf:"lace_cfg"`
 	LaceClassify      *ebpf.Map `ebpf:"lace_classify"`
 	LaceCt            *ebpf.Map `ebpf:"lace_ct"`
+	LaceCtLocal       *ebpf.Map `ebpf:"lace_ct_local"`
 	LaceCtNew         *ebpf.Map `ebpf:"lace_ct_new"`
 	LaceDrops         *ebpf.Map `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
@@ -372,6 +375,7 @@ func (m *podMaps) Close() error {
 		m.LaceCfg,
 		m.LaceClassify,
 		m.LaceCt,
+		m.LaceCtLocal,
 		m.LaceCtNew,
 		m.LaceDrops,
 		m.LaceEndpoints,

@@ -38,6 +38,7 @@ var DropReasons = []string{
 	"decap-foreign-source",
 	"fragment",
 	"fragment-before-first",
+	"icmp-error-in-no-flow",
 }
 
 // DropMeanings say what the drop reasons count, in the same order.
@@ -76,6 +77,7 @@ var DropMeanings = []string{
 	"SRv6 whose inner source is a pod of a block the sending node does not own",
 	"retired: a later fragment now takes its first fragment's ports (frag.h); see fragment-before-first",
 	"a later IP fragment whose first fragment (with the ports) was not seen: out of order, lost, forged, or of another network",
+	"an ICMP error toward a pod about no live flow of that pod whose peer is the error's sender (its network, or outside for an outside flow)",
 }
 
 // ForwardCounters name the counters, in the order of the C enum.

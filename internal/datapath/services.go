@@ -672,7 +672,7 @@ func (d *Datapath) FlushServiceFlows(gone map[ServiceKey][]Backend) (int, error)
 	}
 	n := 0
 	// Both conntrack maps: established flows and those not assured yet.
-	for _, m := range []*ebpf.Map{d.pod.LaceCt, d.pod.LaceCtNew} {
+	for _, m := range d.ctMaps() {
 		var doomed []podCtKey
 		var k podCtKey
 		var v podCtVal

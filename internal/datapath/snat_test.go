@@ -108,8 +108,8 @@ func ctOf(t *testing.T, d *Datapath, proto byte, sport uint16, dst netip.AddrPor
 	t.Helper()
 	var k podCtKey
 	var v podCtVal
-	// Unanswered, it waits in lace_ct_new; answered, it is in lace_ct.
-	for _, m := range []*ebpf.Map{d.pod.LaceCt, d.pod.LaceCtNew} {
+	// Unanswered, it waits in a pending map; answered, it is in lace_ct.
+	for _, m := range d.ctMaps() {
 		it := m.Iterate()
 		for it.Next(&k, &v) {
 			if k.Proto == proto && ntohs(k.Lport) == sport && ntohs(k.Rport) == dst.Port() && fromAddr16(k.Family, k.Raddr) == dst.Addr() {

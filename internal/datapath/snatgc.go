@@ -39,7 +39,7 @@ func (d *Datapath) ReclaimSNAT() (int, error) {
 			ck.Rport = v.Lport
 		}
 		live := false
-		for _, m := range []*ebpf.Map{d.pod.LaceCt, d.pod.LaceCtNew} {
+		for _, m := range d.ctMaps() {
 			var cv podCtVal
 			err := m.Lookup(&ck, &cv)
 			if errors.Is(err, ebpf.ErrKeyNotExist) {

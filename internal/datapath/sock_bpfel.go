@@ -215,6 +215,7 @@ const (
 	sockMapLaceCfg           = "lace_cfg"
 	sockMapLaceClassify      = "lace_classify"
 	sockMapLaceCt            = "lace_ct"
+	sockMapLaceCtLocal       = "lace_ct_local"
 	sockMapLaceCtNew         = "lace_ct_new"
 	sockMapLaceDrops         = "lace_drops"
 	sockMapLaceEndpoints     = "lace_endpoints"
@@ -303,6 +304,7 @@ type sockMapSpecs struct {
 	LaceCfg           *ebpf.MapSpec `ebpf:"lace_cfg"`
 	LaceClassify      *ebpf.MapSpec `ebpf:"lace_classify"`
 	LaceCt            *ebpf.MapSpec `ebpf:"lace_ct"`
+	LaceCtLocal       *ebpf.MapSpec `ebpf:"lace_ct_local"`
 	LaceCtNew         *ebpf.MapSpec `ebpf:"lace_ct_new"`
 	LaceDrops         *ebpf.MapSpec `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
@@ -353,6 +355,7 @@ type sockMaps struct {
 	LaceCfg           *ebpf.Map `ebpf:"lace_cfg"`
 	LaceClassify      *ebpf.Map `ebpf:"lace_classify"`
 	LaceCt            *ebpf.Map `ebpf:"lace_ct"`
+	LaceCtLocal       *ebpf.Map `ebpf:"lace_ct_local"`
 	LaceCtNew         *ebpf.Map `ebpf:"lace_ct_new"`
 	LaceDrops         *ebpf.Map `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
@@ -379,6 +382,7 @@ func (m *sockMaps) Close() error {
 		m.LaceCfg,
 		m.LaceClassify,
 		m.LaceCt,
+		m.LaceCtLocal,
 		m.LaceCtNew,
 		m.LaceDrops,
 		m.LaceEndpoints,

@@ -266,6 +266,7 @@ const (
 	underlayMapLaceCfg           = "lace_cfg"
 	underlayMapLaceClassify      = "lace_classify"
 	underlayMapLaceCt            = "lace_ct"
+	underlayMapLaceCtLocal       = "lace_ct_local"
 	underlayMapLaceCtNew         = "lace_ct_new"
 	underlayMapLaceDrops         = "lace_drops"
 	underlayMapLaceEndpoints     = "lace_endpoints"
@@ -345,6 +346,7 @@ type underlayMapSpecs struct {
 	LaceCfg           *ebpf.MapSpec `ebpf:"lace_cfg"`
 	LaceClassify      *ebpf.MapSpec `ebpf:"lace_classify"`
 	LaceCt            *ebpf.MapSpec `ebpf:"lace_ct"`
+	LaceCtLocal       *ebpf.MapSpec `ebpf:"lace_ct_local"`
 	LaceCtNew         *ebpf.MapSpec `ebpf:"lace_ct_new"`
 	LaceDrops         *ebpf.MapSpec `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
@@ -398,6 +400,7 @@ type underlayMaps struct {
 	LaceCfg           *ebpf.Map `ebpf:"lace_cfg"`
 	LaceClassify      *ebpf.Map `ebpf:"lace_classify"`
 	LaceCt            *ebpf.Map `ebpf:"lace_ct"`
+	LaceCtLocal       *ebpf.Map `ebpf:"lace_ct_local"`
 	LaceCtNew         *ebpf.Map `ebpf:"lace_ct_new"`
 	LaceDrops         *ebpf.Map `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
@@ -427,6 +430,7 @@ func (m *underlayMaps) Close() error {
 		m.LaceCfg,
 		m.LaceClassify,
 		m.LaceCt,
+		m.LaceCtLocal,
 		m.LaceCtNew,
 		m.LaceDrops,
 		m.LaceEndpoints,

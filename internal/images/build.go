@@ -24,8 +24,15 @@ type Options struct {
 	LaceBin string
 	// LaceTag is the tag of Lace's image.
 	LaceTag string
-	// CoreDNS is a static coredns binary (BuildCoreDNS only).
+	// CoreDNS is a static coredns binary (BuildCoreDNS; BuildE2E puts it
+	// into the e2e agnhost image as /coredns, as upstream's has one).
 	CoreDNS string
+	// K8sSrc is the pinned k8s.io/kubernetes module's directory (BuildE2E:
+	// pause.c, the kitten and nautilus pages).
+	K8sSrc string
+	// E2EBin holds the static regression-issue-74839 and nonewprivs
+	// (BuildE2E; make e2e-image-bins).
+	E2EBin string
 }
 
 // Built is one image tarball Build wrote.

@@ -8,13 +8,13 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 )
 
-// The lab's cluster DNS (lace-lab up --dns): CoreDNS under the reference
+// The lab's cluster DNS (on by default in lace-lab up): CoreDNS under the reference
 // kubeadm 1.34 deploys, so that the manifest is kubeadm's.
 const (
 	CoreDNSRef = "registry.k8s.io/coredns/coredns:v1.12.1"
 	// CoreDNSTar is the tarball of CoreDNSRef inside Options.Out. `make
-	// images` does not build it (CoreDNS takes ten minutes to compile on a
-	// cold cache); `make coredns` does, and a lab with DNS imports it.
+	// images` does not build it (it has a module and a compile of its own);
+	// `make coredns` does, and a lab with DNS imports it.
 	CoreDNSTar = "coredns.tar"
 )
 

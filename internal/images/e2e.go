@@ -45,6 +45,13 @@ var E2ETools = []E2ETool{
 	{Name: "ss", Host: "/bin/ss"},
 	{Name: "bash", Host: "/bin/bash"},
 	{Name: "dash", Host: "/bin/dash"},
+	// Upstream's alpine adds bind-tools, and musl's getent: the DNS specs'
+	// probes run `dig ... +search NAME` and `getent hosts NAME` in agnhost
+	// as in jessie-dnsutils. Debian: bind9-dnsutils, libc-bin.
+	{Name: "dig", Host: "/usr/bin/dig"},
+	{Name: "host", Host: "/usr/bin/host"},
+	{Name: "nslookup", Host: "/usr/bin/nslookup"},
+	{Name: "getent", Host: "/usr/bin/getent"},
 }
 
 // E2EShell makes /bin/sh Debian's dash. The specs exec everything through
@@ -214,6 +221,9 @@ func BuildE2E(ctx context.Context, o Options) ([]Built, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkBusybox(busybox); err != nil {
+		return nil, err
+	}
 	applets, err := BusyboxApplets(ctx, o.Busybox)
 	if err != nil {
 		return nil, err
@@ -226,11 +236,35 @@ func BuildE2E(ctx context.Context, o Options) ([]Built, error) {
 		}
 		tools = append(tools, fs...)
 	}
+	if o.CoreDNS != "" {
+		// Upstream's agnhost carries CoreDNS at /coredns: the DNS specs
+		// run it in an agnhost pod as a test name server.
+		bin, err := readStatic(o.CoreDNS)
+		if err != nil {
+			return nil, err
+		}
+		tools = append(tools, File{Path: "coredns", Mode: 0o755, Data: bin})
+	}
+	if o.K8sSrc != "" {
+		// porter's TLS pair, which upstream's image carries at /.
+		for _, f := range []string{"localhost.crt", "localhost.key"} {
+			data, err := os.ReadFile(filepath.Join(o.K8sSrc, "test", "images", "agnhost", "porter", f))
+			if err != nil {
+				return nil, err
+			}
+			tools = append(tools, File{Path: f, Mode: 0o644, Data: data})
+		}
+	}
 	img, err := E2EAgnhostImage(agnhost, busybox, applets, tools)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", E2EAgnhostRef, err)
 	}
-	return writeBuilt(o.Out, E2EAgnhostTar, E2EAgnhostRef, img)
+	built, err := writeBuilt(o.Out, E2EAgnhostTar, E2EAgnhostRef, img)
+	if err != nil || o.K8sSrc == "" {
+		return built, err
+	}
+	more, err := buildE2EMore(ctx, o, agnhost, busybox, applets)
+	return append(built, more...), err
 }
 
 func writeBuilt(dir, name, ref string, img v1.Image) ([]Built, error) {

@@ -136,12 +136,18 @@ func BusyboxApplets(ctx context.Context, busybox string) ([]string, error) {
 // upstream's build/pause/Makefile does (CFLAGS -Os -Wall -Werror -static
 // -DVERSION=...), with VERSION v3.10 to match PauseRef.
 func CompilePause(ctx context.Context, srcDir, out string) error {
+	return CompilePauseVersion(ctx, srcDir, out, "v3.10")
+}
+
+// CompilePauseVersion is CompilePause stamping another version (e2e.test
+// asks for pause:3.10.1 by name).
+func CompilePauseVersion(ctx context.Context, srcDir, out, version string) error {
 	src := filepath.Join(srcDir, "pause.c")
 	if _, err := os.Stat(src); err != nil {
 		return fmt.Errorf("pause source: %w", err)
 	}
 	for _, args := range [][]string{
-		{"gcc", "-Os", "-Wall", "-Werror", "-static", "-DVERSION=v3.10", "-o", out, src},
+		{"gcc", "-Os", "-Wall", "-Werror", "-static", "-DVERSION=" + version, "-o", out, src},
 		{"strip", out},
 	} {
 		cmd := exec.CommandContext(ctx, args[0], args[1:]...)

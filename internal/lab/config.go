@@ -45,9 +45,9 @@ type Config struct {
 	// LaceTag is the tag of the Lace image the chart runs.
 	LaceTag string
 	// DNS runs cluster DNS: CoreDNS behind kube-system/kube-dns (DNSAddrs),
-	// as kubeadm deploys it, and kubelets that point pods at it. Off by
-	// default, for CoreDNS takes ten minutes to build on a cold cache
-	// (make coredns); the conformance run turns it on.
+	// as kubeadm deploys it, and kubelets that point pods at it. lace-lab
+	// up turns it on unless given --dns=false (or --cni bridge); this
+	// zero value is off so that callers building a Config say which.
 	DNS bool
 }
 

@@ -12,16 +12,18 @@ import (
 	"github.com/lace-cni/lace/internal/netutil"
 )
 
-// TestClusterDNS (a lab up with --dns): pods resolve through CoreDNS
+// TestClusterDNS (every lab runs cluster DNS unless LACE_E2E_DNS=0 / make
+// test DNS=0): pods resolve through CoreDNS
 // behind kube-system/kube-dns, which Lace serves like any Service: the
 // kubelet writes the cluster's resolv.conf, the kubernetes Service's name
 // resolves, a Service's short name resolves through the search path and
 // answers through its VIP, and kube-dns answers over TCP on its IPv6
-// address too (the Service is dual-stack, as the lab is).
+// address too (the Service is dual-stack, as the lab is): a Service's name
+// resolves to its address of each family, from either VIP, UDP and TCP.
 func TestClusterDNS(t *testing.T) {
 	needLab(t)
 	if !labDNS {
-		t.Skip("the lab runs without cluster DNS: `make test DNS=1` (which builds CoreDNS) or LACE_E2E_DNS=1 with bin/images/coredns.tar from `make coredns` brings it up with --dns")
+		t.Skip("the lab runs without cluster DNS (LACE_E2E_DNS=0, make test DNS=0)")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -57,22 +59,30 @@ func TestClusterDNS(t *testing.T) {
 		return nil
 	})
 
-	// The Go resolver in the client pod's network namespace, over TCP to
-	// kube-dns's IPv6 VIP: the AAAA record is the Service's IPv6 address.
+	// The Go resolver in the client pod's network namespace, asking each of
+	// kube-dns's VIPs over UDP and TCP for the Service's address of each
+	// family: A is its IPv4 ClusterIP, AAAA its IPv6 one.
 	ns := podNetNS(t, clientPod)
-	r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return netutil.DialContext(ctx, ns, "tcp", net.JoinHostPort(dnsV6.String(), "53"))
-	}}
-	eventually(t, 30*time.Second, "AAAA of dnsweb over TCP to "+dnsV6.String(), func() error {
-		lctx, lcancel := context.WithTimeout(ctx, 3*time.Second)
-		defer lcancel()
-		ips, err := r.LookupIP(lctx, "ip6", "dnsweb.default.svc.cluster.local.")
-		if err != nil {
-			return err
+	for _, server := range []string{dnsV4.String(), dnsV6.String()} {
+		for _, proto := range []string{"udp", "tcp"} {
+			r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				return netutil.DialContext(ctx, ns, proto, net.JoinHostPort(server, "53"))
+			}}
+			for i, family := range []string{"ip4", "ip6"} {
+				want := svc.Spec.ClusterIPs[i]
+				eventually(t, 30*time.Second, fmt.Sprintf("%s of dnsweb over %s to %s", family, proto, server), func() error {
+					lctx, lcancel := context.WithTimeout(ctx, 3*time.Second)
+					defer lcancel()
+					ips, err := r.LookupIP(lctx, family, "dnsweb.default.svc.cluster.local.")
+					if err != nil {
+						return err
+					}
+					if len(ips) != 1 || ips[0].String() != want {
+						return fmt.Errorf("%s %v, want [%s]", family, ips, want)
+					}
+					return nil
+				})
+			}
 		}
-		if len(ips) != 1 || ips[0].String() != svc.Spec.ClusterIPs[1] {
-			return fmt.Errorf("AAAA %v, want [%s]", ips, svc.Spec.ClusterIPs[1])
-		}
-		return nil
-	})
+	}
 }

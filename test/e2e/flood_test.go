@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/netutil"
@@ -95,10 +96,14 @@ func tcpSum(src, dst [4]byte, seg []byte) uint16 {
 // apart from it.
 const floodPorts = 30000
 
-// synFlood sends TCP SYNs from src (random ports and sequence numbers) to
-// dst from a raw socket in the namespace at nsPath, as fast as it can,
-// until stop closes; it returns how many it sent.
-func synFlood(nsPath string, src, dst netip.Addr, dport uint16, stop <-chan struct{}) (uint64, error) {
+// synFlood sends TCP SYNs from src to dst from a raw socket in the
+// namespace at nsPath, as fast as it can, until stop closes; it returns
+// how many it sent. It sweeps its floodPorts source ports toward each of
+// dports in turn (more distinct flows than conntrack's pending budget),
+// each SYN twice: the second finds the first's entry and marks it
+// referenced in the LRU, so the flood's entries are not the first the
+// kernel's LRU evicts (they defeat its second chance).
+func synFlood(nsPath string, src, dst netip.Addr, dports []uint16, stop <-chan struct{}) (uint64, error) {
 	var fd int
 	err := netutil.Do(nsPath, func() error {
 		var err error
@@ -116,24 +121,26 @@ func synFlood(nsPath string, src, dst netip.Addr, dport uint16, stop <-chan stru
 	copy(pkt[12:16], s4[:])
 	copy(pkt[16:20], d4[:])
 	seg := pkt[20:]
-	binary.BigEndian.PutUint16(seg[2:], dport)
 	seg[12], seg[13] = 5<<4, 0x02
 	binary.BigEndian.PutUint16(seg[14:], 64240)
 	to := &unix.SockaddrInet4{Addr: d4}
 	var sent uint64
-	for {
+	for i := 0; ; i++ {
 		select {
 		case <-stop:
 			return sent, nil
 		default:
 		}
-		for range 256 {
-			binary.BigEndian.PutUint16(seg[0:], uint16(1024+rand.IntN(floodPorts)))
+		binary.BigEndian.PutUint16(seg[2:], dports[i%len(dports)])
+		for j := range 256 {
+			binary.BigEndian.PutUint16(seg[0:], uint16(1024+(i/len(dports)*256+j)%floodPorts))
 			binary.BigEndian.PutUint32(seg[4:], rand.Uint32())
 			seg[16], seg[17] = 0, 0
 			binary.BigEndian.PutUint16(seg[16:], tcpSum(s4, d4, seg))
-			if err := unix.Sendto(fd, pkt, 0, to); err == nil {
-				sent++
+			for range 2 {
+				if err := unix.Sendto(fd, pkt, 0, to); err == nil {
+					sent++
+				}
 			}
 		}
 	}
@@ -142,18 +149,32 @@ func synFlood(nsPath string, src, dst netip.Addr, dport uint16, stop <-chan stru
 // TestSYNFloodKeepsStreams: 50 established streams cross n1 — 25 from a pod
 // on n1 to a ClusterIP whose endpoints are on n1 and n2, and 25 from the
 // external host to the service's NodePort on n1 — while the external host
-// floods that NodePort with SYNs from random ports for 30 s, at the
-// highest rate one sender sustains here. The flood's flows wait unassured
-// in their own short-lived conntrack budget: no stream breaks, neither the
-// busy ones (a question every 3 s) nor those idle through the flood (asked
-// before and after), on the same connection, of the same endpoint; and a
-// new connection every 1.5 s during the flood is answered within 3 s
-// (bare SYNs no longer hold the node ports toward the remote endpoint).
+// floods two of the service's NodePorts with SYNs for 30 s (60,000
+// distinct flows, each SYN twice), at the highest rate one sender
+// sustains here. The flood's flows wait unassured in their own
+// short-lived conntrack budget: no stream breaks, neither the busy ones (a
+// question every 3 s) nor those idle through the flood (asked before and
+// after), on the same connection, of the same endpoint; a new connection
+// every 1.5 s during the flood is answered within 3 s (bare SYNs no
+// longer hold the node ports toward the remote endpoint); and 50 UDP
+// flows the client pod opens toward the external host during the flood,
+// which a server there answers 20 s later, all get their answers (the
+// pods' pending flows have a budget the flood cannot evict from).
 func TestSYNFloodKeepsStreams(t *testing.T) {
 	needLab(t)
 	pods := semStart(t, semPod("flood-a", "flood", "n1"), semPod("flood-b", "flood", "n2"), semPod("flood-client", "flood-client", "n1"))
-	svc := semService(t, "flood", "flood", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeNodePort })
+	svc := semService(t, "flood", "flood", func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeNodePort
+		// A second TCP NodePort: the flood's second target.
+		s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: "http2", Port: 82, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP})
+	})
 	nodePort, _ := nodePorts(t, svc)
+	var nodePort2 uint16
+	for _, p := range svc.Spec.Ports {
+		if p.Name == "http2" {
+			nodePort2 = uint16(p.NodePort)
+		}
+	}
 	ext := externalNS()
 	extV4, _ := lab.ExternalUnderlay()
 	n1v4, _ := lab.NodeUnderlay(1)
@@ -192,7 +213,7 @@ func TestSYNFloodKeepsStreams(t *testing.T) {
 	// it (its own table, in its own namespace, removed at the end). Its
 	// own clients' answers pass.
 	extName := labConfig().NetNS("external")
-	rules := fmt.Sprintf("table ip laceflood {\n chain in {\n type filter hook input priority 0;\n tcp sport %d tcp dport 1024-%d tcp flags & (syn|ack) == syn|ack drop\n }\n}\n", nodePort, 1024+floodPorts)
+	rules := fmt.Sprintf("table ip laceflood {\n chain in {\n type filter hook input priority 0;\n tcp sport { %d, %d } tcp dport 1024-%d tcp flags & (syn|ack) == syn|ack drop\n }\n}\n", nodePort, nodePort2, 1024+floodPorts)
 	nft := exec.Command("ip", "netns", "exec", extName, "nft", "-f", "-")
 	nft.Stdin = strings.NewReader(rules)
 	if out, err := nft.CombinedOutput(); err != nil {
@@ -202,6 +223,10 @@ func TestSYNFloodKeepsStreams(t *testing.T) {
 		_ = exec.Command("ip", "netns", "exec", extName, "nft", "delete", "table", "ip", "laceflood").Run()
 	}()
 
+	// A server on the external host that answers each datagram 20 s later:
+	// the pod's flows to it wait unanswered through the flood.
+	delayed := delayedUDPServer(t, ext, netip.AddrPortFrom(extV4, 9123), 20*time.Second)
+
 	before := nodeDrops(t, "n1")
 	stop := make(chan struct{})
 	var sent uint64
@@ -210,7 +235,14 @@ func TestSYNFloodKeepsStreams(t *testing.T) {
 	fw.Add(1)
 	go func() {
 		defer fw.Done()
-		sent, floodErr = synFlood(ext, extV4, n1v4, nodePort, stop)
+		sent, floodErr = synFlood(ext, extV4, n1v4, []uint16{nodePort, nodePort2}, stop)
+	}()
+	// 3 s into the flood (its entries fill the pending budget by then), the
+	// client pod opens 50 UDP flows toward the delayed server.
+	pendingDone := make(chan pendingResult, 1)
+	go func() {
+		time.Sleep(3 * time.Second)
+		pendingDone <- pendingUDP(cl.ns, delayed, 50, 35*time.Second)
 	}()
 	var broken atomic.Int64
 	var wg sync.WaitGroup
@@ -256,14 +288,21 @@ func TestSYNFloodKeepsStreams(t *testing.T) {
 	if floodErr != nil {
 		t.Fatal(floodErr)
 	}
+	pend := <-pendingDone
 	after := nodeDrops(t, "n1")
 	sizes, err := nodeDatapath(t, "n1").MapSizes()
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("flood: %d SYNs in %v (%.0f/s) to %s; n1 conntrack %d established, %d new; snat-failed +%d",
-		sent, elapsed.Round(time.Millisecond), float64(sent)/elapsed.Seconds(), front,
-		sizes["conntrack"], sizes["conntrack-new"], after["snat-failed"]-before["snat-failed"])
+	t.Logf("flood: %d SYNs in %v (%.0f/s) to %s and :%d; n1 conntrack %d established, %d pending from outside, %d pending of pods; snat-failed +%d, snat-closed +%d",
+		sent, elapsed.Round(time.Millisecond), float64(sent)/elapsed.Seconds(), front, nodePort2,
+		sizes["conntrack"], sizes["conntrack-new"], sizes["conntrack-local"],
+		after["snat-failed"]-before["snat-failed"], after["snat-closed"]-before["snat-closed"])
+	t.Logf("the pod's flows opened during the flood: %d of %d answered after 20 s", pend.answered, pend.opened)
+	if pend.err != nil || pend.answered != pend.opened {
+		t.Errorf("EVICTED: %d of the %d UDP flows the pod opened during the flood got their delayed answer (%v); n1 snat-closed +%d",
+			pend.answered, pend.opened, pend.err, after["snat-closed"]-before["snat-closed"])
+	}
 	for _, node := range []string{"n1", "n2"} {
 		ex, err := nodeDatapath(t, node).SNATExhausted()
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -317,9 +318,11 @@ func TestICMPErrorsIsolated(t *testing.T) {
 
 // TestForgedSRv6FromNode: a process on n1 (what a hostNetwork pod with
 // CAP_NET_RAW can do) forges SRv6 toward n3's SID of the default network,
-// with n2's underlay address as outer source, and with n1's own: n1's
-// to_underlay drops both (node-forged-underlay) and nothing reaches the
-// pod on n3. Before, n3 took n2's packet for n2's and delivered it.
+// with n2's underlay address as outer source, and with n1's own, and the
+// same behind three VLAN tags: n1's to_underlay drops them all
+// (node-forged-underlay) and nothing reaches the pod on n3. Before, n3
+// took n2's packet for n2's and delivered it, and a third tag passed
+// n1's check unread.
 func TestForgedSRv6FromNode(t *testing.T) {
 	needLab(t)
 	c := laceClient(t)
@@ -351,9 +354,27 @@ func TestForgedSRv6FromNode(t *testing.T) {
 		copy(b[24:40], d[:])
 		return append(b, inner...)
 	}
+	// The same SRv6 from n2's address behind three VLAN tags (802.1ad,
+	// 802.1Q, 802.1Q), sent as raw frames: to_underlay reads two tags, and
+	// a frame still tagged after them is refused, not passed unread.
+	tagged := func(pkt []byte) []byte {
+		f := []byte{0x02, 0, 0, 0, 0x17, 0x03, 0x02, 0, 0, 0, 0x17, 0x01}
+		for _, tpid := range []uint16{0x88a8, 0x8100, 0x8100} {
+			f = binary.BigEndian.AppendUint16(f, tpid)
+			f = append(f, 0, 0)
+		}
+		return append(binary.BigEndian.AppendUint16(f, 0x86dd), pkt...)
+	}
 	before := nodeDrops(t, "n1")
 	frames, err := netutil.Capture(podNetNS(t, target), "eth0", func() {
 		rawSend(t, n1, sid, srv6(n2v6), srv6(n2v6), srv6(n2v6), srv6(n1v6))
+		for range 2 {
+			// A frame the egress program drops fails the send with
+			// ENOBUFS; the counter below says what happened to it.
+			if err := netutil.SendFrames(n1, "eth0", [][]byte{tagged(srv6(n2v6))}); err != nil && !errors.Is(err, unix.ENOBUFS) {
+				t.Fatal(err)
+			}
+		}
 		time.Sleep(500 * time.Millisecond)
 	})
 	if err != nil {
@@ -365,7 +386,7 @@ func TestForgedSRv6FromNode(t *testing.T) {
 		}
 	}
 	after := nodeDrops(t, "n1")
-	if got := after["node-forged-underlay"] - before["node-forged-underlay"]; got < 4 {
-		t.Errorf("n1 counted %d forged packets as node-forged-underlay, want the 4 sent", got)
+	if got := after["node-forged-underlay"] - before["node-forged-underlay"]; got < 6 {
+		t.Errorf("n1 counted %d forged packets as node-forged-underlay, want the 6 sent (4 plain, 2 behind three VLAN tags)", got)
 	}
 }
