@@ -473,7 +473,13 @@ static __noinline int xlb_reply(struct __sk_buff *skb)
 		return drop(DROP_DECAP_TRUNCATED);
 	if (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP)
 		return drop(DROP_NO_ENDPOINT);
-	if (frag_track(&p, NODE_NET_ID, NODE_NET_ID))
+	/* Keyed in the SID's source network (the endpoint's): endpoints of
+	 * different networks may share an address (overlapping subnets),
+	 * and one must not take the other's datagram's ports. */
+	__u8 sn[2];
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, daddr) + SID_SRC_NET_BYTE, sn, 2))
+		return drop(DROP_DECAP_TRUNCATED);
+	if (frag_track(&p, ((__u32)sn[0] << 8) | sn[1], NODE_NET_ID))
 		return drop(DROP_FRAG_NO_FIRST);
 	__builtin_memset(&x->rk, 0, sizeof(x->rk));
 	x->rk.family = p.family;

@@ -512,6 +512,11 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct pkt *p, __u32 
 		p->sport = ports[0];
 		p->dport = ports[1];
 		if (p->proto == IPPROTO_TCP) {
+			/* A first fragment holds the whole TCP header, or its
+			 * flags (a SYN) would come in a later one unseen (RFC
+			 * 1858's tiny fragment; no stack cuts a header). */
+			if (p->frag == PKT_FRAG_FIRST && data + l4_off + sizeof(struct tcphdr) > end)
+				return -1;
 			__u8 *fl = data + l4_off + 13;
 			if ((void *)(fl + 1) <= end)
 				p->tcp_flags = *fl;
