@@ -142,7 +142,7 @@ static __noinline int to_service(struct __sk_buff *skb, struct pkt *p, struct ct
 		if (sv->flags & SVC_CLOSED)
 			return drop(DROP_FRONTEND_CLOSED);
 		struct backend_val *ref = cluster_ref(sv->id);
-		if (!ref || !reaches_service(k->net_id, p->family, ref->addr, sv->net_id))
+		if (!ref || !frontend_admits(k->net_id, p->family, sv->flags, ref->addr, sv->net_id))
 			return drop(DROP_ISOLATED);
 		if ((sv->flags & SVC_SRC_RANGES) && !source_admitted(sv->id, p->family, p->saddr))
 			return drop(DROP_SOURCE_RANGE);

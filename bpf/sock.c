@@ -84,6 +84,9 @@ static __always_inline void remember_vip(struct bpf_sock_addr *ctx, __u8 family,
  * elsewhere the pod's address may be another pod's. */
 static __always_inline int pod_hairpin(struct bpf_sock_addr *ctx, __u64 netns, __u8 family, __u8 *addr, __u16 *port)
 {
+	/* A pod's loopback is its own: a node's loopback hostPort is not. */
+	if (is_loopback(family, addr))
+		return 1;
 	__u32 *ifindex = bpf_map_lookup_elem(&lace_pod_netns, &netns);
 	if (!ifindex)
 		return 1;
@@ -113,7 +116,7 @@ static __always_inline int pod_hairpin(struct bpf_sock_addr *ctx, __u64 netns, _
 		if (sv->flags & (SVC_CLOSED | SVC_SRC_RANGES))
 			return 1;
 		struct backend_val *ref = cluster_ref(sv->id);
-		if (!ref || !reaches_service(net_id, family, ref->addr, sv->net_id))
+		if (!ref || !frontend_admits(net_id, family, sv->flags, ref->addr, sv->net_id))
 			return 1;
 		if ((sv->flags & SVC_LOCAL) && !(sv = cluster_service(family, IPPROTO_TCP, ref)))
 			return 1;
@@ -179,7 +182,7 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 family, __u
 	/* An external IP is a Service author's claim on an address; the
 	 * node's own processes (kubelet, the agent, host-network pods) keep
 	 * reaching the real one (CVE-2020-8554): never translated here. */
-	if ((sv->flags & SVC_EXTERNAL) && ((sv->flags >> SVC_KIND_SHIFT) & 3) == SVC_KIND_EXTERNAL_IP)
+	if ((sv->flags & SVC_EXTERNAL) && ((sv->flags >> SVC_KIND_SHIFT) & SVC_KIND_MASK) == SVC_KIND_EXTERNAL_IP)
 		return 1;
 	__u32 view = family == LACE_FAMILY_V4 ? cfg->host_net4 : cfg->host_net6;
 	if (sv->flags & SVC_EXTERNAL) {
@@ -190,7 +193,7 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 family, __u
 			return 0;
 		}
 		struct backend_val *ref = cluster_ref(sv->id);
-		if (!ref || !reaches_service(view, family, ref->addr, sv->net_id)) {
+		if (!ref || !frontend_admits(view, family, sv->flags, ref->addr, sv->net_id)) {
 			drop(DROP_ISOLATED);
 			return 0;
 		}

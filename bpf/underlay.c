@@ -288,7 +288,7 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 	if (!ext)
 		return drop(DROP_UNCLASSIFIED);
 	struct backend_val *ref = cluster_ref(sv.id);
-	if (!ref || !reaches_service(ext, p->family, ref->addr, sv.net_id))
+	if (!ref || !frontend_admits(ext, p->family, sv.flags, ref->addr, sv.net_id))
 		return drop(DROP_ISOLATED);
 	if ((sv.flags & SVC_SRC_RANGES) && !source_admitted(sv.id, p->family, p->saddr))
 		return drop(DROP_SOURCE_RANGE);
@@ -466,10 +466,6 @@ static __noinline int xlb_back(struct __sk_buff *skb, struct pkt *p, __u64 flags
 		return drop(DROP_ADJUST);
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
 		return flags ? drop(DROP_NO_ENDPOINT) : RET_NOT_XLB;
-	/* An answer over SRv6 may come in fragments: later ones take the
-	 * first one's ports (frag.h). */
-	if (flags && frag_track(p, NODE_NET_ID, NODE_NET_ID))
-		return drop(DROP_FRAG_NO_FIRST);
 	__builtin_memset(&x->rk, 0, sizeof(x->rk));
 	x->rk.family = p->family;
 	x->rk.proto = p->proto;
@@ -533,6 +529,16 @@ static __noinline int xlb_reply(struct __sk_buff *skb)
 	struct pkt p = {};
 	if (parse_ip(skb, inner_proto, ETH_HLEN + sizeof(struct ipv6hdr), &p))
 		return drop(DROP_DECAP_TRUNCATED);
+	if (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP)
+		return drop(DROP_NO_ENDPOINT);
+	/* Keyed in the SID's source network (the endpoint's): endpoints of
+	 * different networks may share an address (overlapping subnets),
+	 * and one must not take the other's datagram's ports. */
+	__u8 sn[2];
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, daddr) + SID_SRC_NET_BYTE, sn, 2))
+		return drop(DROP_DECAP_TRUNCATED);
+	if (frag_track(&p, ((__u32)sn[0] << 8) | sn[1], NODE_NET_ID))
+		return drop(DROP_FRAG_NO_FIRST);
 	return xlb_back(skb, &p, flags, inner_proto);
 }
 

@@ -44,7 +44,10 @@ struct frag_val {
 	__u16 sport;
 	__u16 dport;
 	__u8 icmp_type;
-	__u8 pad[3];
+	/* The first's TCP flags: a SYN's later fragment is a SYN to every
+	 * decision (is_reply_to_host lets "answers" to the node). */
+	__u8 tcp_flags;
+	__u8 pad[2];
 };
 
 /* A datagram's fragments follow each other within milliseconds; a record
@@ -77,7 +80,7 @@ static __noinline __attribute__((unused)) int frag_track(struct pkt *p, __u32 sr
 	__builtin_memcpy(k.daddr, p->daddr, 16);
 	__u64 now = bpf_ktime_get_ns();
 	if (p->frag == PKT_FRAG_FIRST) {
-		struct frag_val v = {.expires = now + FRAG_TIMEOUT, .sport = p->sport, .dport = p->dport, .icmp_type = p->icmp_type};
+		struct frag_val v = {.expires = now + FRAG_TIMEOUT, .sport = p->sport, .dport = p->dport, .icmp_type = p->icmp_type, .tcp_flags = p->tcp_flags};
 		bpf_map_update_elem(&lace_frags, &k, &v, BPF_ANY);
 		return 0;
 	}
@@ -87,6 +90,7 @@ static __noinline __attribute__((unused)) int frag_track(struct pkt *p, __u32 sr
 	p->sport = v->sport;
 	p->dport = v->dport;
 	p->icmp_type = v->icmp_type;
+	p->tcp_flags = v->tcp_flags;
 	return 0;
 }
 

@@ -295,8 +295,15 @@ struct svc_val {
 #define SVC_LOCAL 8       /* externalTrafficPolicy Local: in-cluster clients use the ClusterIP's backends */
 #define SVC_CLOSED 16     /* a NodePort no policy opens on this node address: dropped */
 #define SVC_SRC_RANGES 32 /* loadBalancerSourceRanges: lace_src_ranges lists the admitted sources */
-#define SVC_KIND_SHIFT 6 /* bits 6-7: the frontend's kind (NodePort, LoadBalancer, ExternalIP), for the agent's views */
+#define SVC_KIND_SHIFT 6 /* bits 6-8: the frontend's kind (NodePort, LoadBalancer, ExternalIP, HostPort), for the agent's views */
+#define SVC_KIND_MASK 7
 #define SVC_KIND_EXTERNAL_IP 3 /* tables.FrontendExternalIP */
+/* A pod's hostPort on a node address (or loopback, for the node's own
+ * sockets only): its one backend is the pod, and BACKEND_CLUSTER_REF holds
+ * the pod's address and container port. Who may reach it is who may reach
+ * that pod (a view routing the address to the pod's network, a block of
+ * this node), as a NodePort is who may reach its ClusterIP. */
+#define SVC_KIND_HOSTPORT 4 /* tables.FrontendHostPort */
 #define BACKEND_CLUSTER_REF 0xffffffff
 
 struct backend_key {
@@ -505,6 +512,11 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct pkt *p, __u32 
 		p->sport = ports[0];
 		p->dport = ports[1];
 		if (p->proto == IPPROTO_TCP) {
+			/* A first fragment holds the whole TCP header, or its
+			 * flags (a SYN) would come in a later one unseen (RFC
+			 * 1858's tiny fragment; no stack cuts a header). */
+			if (p->frag == PKT_FRAG_FIRST && data + l4_off + sizeof(struct tcphdr) > end)
+				return -1;
 			__u8 *fl = data + l4_off + 13;
 			if ((void *)(fl + 1) <= end)
 				p->tcp_flags = *fl;

@@ -145,6 +145,11 @@ type Agent struct {
 
 	// hostPods caches the cluster's hostNetwork pods (nil in tests).
 	hostPods client.Reader
+	// hostPortReported are the hostPort refusals already made Events of.
+	hostPortMu       sync.Mutex
+	hostPortReported map[model.HostPortRefusal]bool
+	// hostPortMax is the node's share of the service maps for hostPorts.
+	hostPortMax int
 
 	// applier is the one writer of the data plane.
 	applier *applier
@@ -248,6 +253,10 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		node: linuxNode{ns: o.NetNS, underlay: o.UnderlayInterface}}
 	a.health = newHealthChecks(a.log)
 	svcMax, beMax, rangeMax := dp.MapCapacity()
+	// hostPorts have their own share of the service maps (an entry and
+	// two backends each: the pod and its reference), out of the Services'.
+	a.hostPortMax = max(min(model.MaxHostPortEntries, svcMax/8, beMax/16), 1)
+	svcMax, beMax = svcMax-a.hostPortMax, beMax-2*a.hostPortMax
 	// What the agent before this one admitted stays admitted, what it
 	// refused stays refused: a restart changes no verdict.
 	a.compute.services.programmed = dp.ProgrammedFrontends()

@@ -196,6 +196,9 @@ func (a *Agent) desiredState(ctx context.Context) (model.NodeState, listed, []*d
 	st := c.node
 	st.Services = model.GateNodePorts(svcState.Services, &st)
 	st.HealthChecks = svcState.HealthChecks
+	if st.Services, err = a.hostPorts(ctx, in.node, in.addrs, st.Services, st.HealthChecks, slices); err != nil {
+		return model.NodeState{}, listed{}, nil, err
+	}
 	return st, in, slices, nil
 }
 

@@ -108,7 +108,8 @@ type podFragVal struct {
 	Sport    uint16
 	Dport    uint16
 	IcmpType uint8
-	Pad      [3]uint8
+	TcpFlags uint8
+	Pad      [2]uint8
 }
 
 type podHostKey struct {

@@ -26,6 +26,7 @@ const (
 	svcClosed    = 16
 	svcSrcRanges = 32
 	svcKindShift = 6
+	svcKindMask  = 7
 	// backendClusterRef is the backend index of a frontend's ClusterIP.
 	backendClusterRef = 1<<32 - 1
 	// maxFrontendBackends is the most backends one frontend holds: the
@@ -41,9 +42,11 @@ func svcVal(s *Service, id uint32) podSvcVal {
 	}
 	if s.External() {
 		v.Flags |= svcExternal | uint16(s.Frontend)<<svcKindShift
+		// A hostPort's one backend is on this node: neither Local's
+		// in-cluster redirection nor Cluster's SNAT applies.
 		if s.Local {
 			v.Flags |= svcLocal
-		} else {
+		} else if s.Frontend != tables.FrontendHostPort {
 			v.Flags |= svcSNAT
 		}
 		if s.Closed {
@@ -61,7 +64,7 @@ func serviceOf(k podSvcKey, v podSvcVal) Service {
 	s := Service{VIP: fromAddr16(k.Family, k.Vip), Proto: k.Proto, Port: ntohs(k.Port),
 		NetID: v.NetId, Drop: v.Flags&svcDrop != 0, AffinitySeconds: v.Affinity}
 	if v.Flags&svcExternal != 0 {
-		s.Frontend = tables.Frontend(v.Flags >> svcKindShift & 3)
+		s.Frontend = tables.Frontend(v.Flags >> svcKindShift & svcKindMask)
 		s.Local = v.Flags&svcLocal != 0
 		s.Closed = v.Flags&svcClosed != 0
 	}

@@ -115,7 +115,8 @@ type underlayFragVal struct {
 	Sport    uint16
 	Dport    uint16
 	IcmpType uint8
-	Pad      [3]uint8
+	TcpFlags uint8
+	Pad      [2]uint8
 }
 
 type underlayHostKey struct {

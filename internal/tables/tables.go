@@ -161,6 +161,12 @@ const (
 	FrontendNodePort
 	FrontendLoadBalancer
 	FrontendExternalIP
+	// FrontendHostPort is a pod's hostPort on a node address, or on the
+	// loopback address for the node's own sockets only. Its one backend
+	// is the pod; ClusterIP and ClusterPort are the pod's address and
+	// container port, and a source reaches it only when its view reaches
+	// that pod.
+	FrontendHostPort
 )
 
 func (f Frontend) String() string {
@@ -171,6 +177,8 @@ func (f Frontend) String() string {
 		return "LoadBalancer"
 	case FrontendExternalIP:
 		return "ExternalIP"
+	case FrontendHostPort:
+		return "HostPort"
 	}
 	return "ClusterIP"
 }

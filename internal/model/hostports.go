@@ -1,0 +1,248 @@
+package model
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/lace-cni/lace/internal/tables"
+)
+
+// SNATPortMin is the first port of the node's SNAT range (SNAT_PORT_MIN in
+// ct.h): the data plane never serves a frontend there (its answers would
+// be taken for a pod flow's), so no hostPort may ask for one.
+const SNATPortMin = 61000
+
+// Reasons of hostPort refusals (Warning Events on the pod).
+const (
+	HostPortConflict    = "HostPortConflict"    // an older pod holds the address, protocol and port
+	HostPortTaken       = "HostPortTaken"       // a Service's frontend (NodePort, load balancer, external IP) holds it
+	HostPortReserved    = "HostPortReserved"    // a port of the node itself (API server, kubelet, Lace, SNAT range)
+	HostPortHostIP      = "HostPortHostIP"      // hostIP is not an address of this node
+	HostPortUnsupported = "HostPortUnsupported" // a protocol the data plane does not translate (SCTP), or no address of hostIP's family
+	HostPortLimit       = "HostPortLimit"       // past the pod's or the node's share of the service maps
+)
+
+// The service maps' room for hostPorts: the node's share (the agent
+// takes it out of the Services' budget, so hostPorts never crowd
+// Services out, nor Services hostPorts) and one pod's part of it (a pod
+// may declare thousands of ports; the oldest pods keep theirs).
+const (
+	MaxHostPortEntries       = 1024
+	MaxHostPortEntriesPerPod = 64
+)
+
+// HostPortPod is a pod of this node as its hostPorts need it.
+type HostPortPod struct {
+	Namespace, Name string
+	UID             types.UID
+	Created         metav1.Time
+	// NetID is the pod's network; Addrs its addresses (one per family),
+	// from the node's own endpoint records.
+	NetID uint32
+	Addrs []netip.Addr
+	Ports []corev1.ContainerPort
+}
+
+// ReservedPort is a port of the node's own that no hostPort may take.
+type ReservedPort struct {
+	Proto uint8
+	Port  uint16
+	// Addr is the address it is reserved on; invalid for every address.
+	Addr netip.Addr
+	What string // what listens there, for the Event
+}
+
+// HostPortInput is everything a node's hostPorts depend on.
+type HostPortInput struct {
+	// NodeAddrs are the node's underlay addresses: the addresses an empty
+	// hostIP publishes on (with loopback) and the only ones a specific
+	// hostIP may name.
+	NodeAddrs []netip.Addr
+	Reserved  []ReservedPort
+	Pods      []HostPortPod
+	// MaxEntries bounds the node's hostPort entries (0:
+	// MaxHostPortEntries).
+	MaxEntries int
+}
+
+// HostPortRefusal is one hostPort of a pod not served, and why.
+type HostPortRefusal struct {
+	Namespace, Name string
+	UID             types.UID
+	Reason, Message string
+}
+
+var (
+	loopback4 = netip.MustParseAddr("127.0.0.1")
+	loopback6 = netip.IPv6Loopback()
+)
+
+// ComputeHostPorts adds the hostPorts of the node's pods to svcs (sorted
+// by address, protocol and port, as MergeServices leaves them) and lists
+// what it refuses. A hostPort is a frontend of kind HostPort whose one
+// backend is its pod (containerPort) and whose ClusterIP is the pod's
+// address: the data plane admits a source when its view reaches the pod.
+//
+// hostIP empty, 0.0.0.0 or :: publishes on each node address of a family
+// the pod has and on that family's loopback (the node's own sockets only:
+// portmap's DNAT of localhost does the same); a loopback hostIP on
+// loopback only; another hostIP only when it is one of NodeAddrs.
+// Services own their addresses first: a hostPort never takes the
+// address, protocol and port of a NodePort, load balancer or external IP
+// (HostPortTaken), nor a port the node reserves for itself (the API
+// server, the kubelet, Lace's own, the SNAT range: HostPortReserved).
+// Among pods the oldest (creation time, then UID) keeps an entry, as the
+// scheduler's NodePorts filter means no two pods to share it; each
+// loser's refusal names the winner.
+func ComputeHostPorts(in HostPortInput, svcs []tables.Service) ([]tables.Service, []HostPortRefusal) {
+	pods := slices.Clone(in.Pods)
+	slices.SortFunc(pods, func(a, b HostPortPod) int {
+		return cmp.Or(a.Created.Time.Compare(b.Created.Time), cmp.Compare(a.UID, b.UID))
+	})
+	type key struct {
+		addr  netip.Addr
+		proto uint8
+		port  uint16
+	}
+	taken := map[key]tables.Frontend{}
+	for _, s := range svcs {
+		taken[key{s.VIP, s.Proto, s.Port}] = s.Frontend
+	}
+	owner := map[key]*HostPortPod{}
+	var out []tables.Service
+	var refused []HostPortRefusal
+	refuse := func(p *HostPortPod, reason, format string, args ...any) {
+		refused = append(refused, HostPortRefusal{Namespace: p.Namespace, Name: p.Name, UID: p.UID, Reason: reason,
+			Message: fmt.Sprintf(format, args...)})
+	}
+	limit := in.MaxEntries
+	if limit <= 0 {
+		limit = MaxHostPortEntries
+	}
+	for i := range pods {
+		p := &pods[i]
+		mine := 0
+		for _, cp := range p.Ports {
+			if cp.HostPort <= 0 || cp.HostPort > 65535 || cp.ContainerPort <= 0 || cp.ContainerPort > 65535 {
+				continue
+			}
+			what := fmt.Sprintf("hostPort %d/%s", cp.HostPort, hostPortProto(cp.Protocol))
+			proto, ok := protoNum(cp.Protocol)
+			if !ok || proto == protoSCTP {
+				refuse(p, HostPortUnsupported, "%s: the data plane translates TCP and UDP only", what)
+				continue
+			}
+			port := uint16(cp.HostPort)
+			if port >= SNATPortMin {
+				refuse(p, HostPortReserved, "%s: ports from %d are the node's SNAT range", what, SNATPortMin)
+				continue
+			}
+			addrs, why := hostPortAddrs(cp.HostIP, in.NodeAddrs, p.Addrs)
+			if why != "" {
+				reason := HostPortHostIP
+				if len(addrs) == 0 && why == errNoFamily {
+					reason = HostPortUnsupported
+				}
+				refuse(p, reason, "%s on %q: %s", what, cp.HostIP, why)
+				continue
+			}
+		addrs:
+			for _, at := range addrs {
+				for _, r := range in.Reserved {
+					if r.Proto == proto && r.Port == port && (!r.Addr.IsValid() || r.Addr == at) {
+						refuse(p, HostPortReserved, "%s on %s: the node's %s listens there", what, at, r.What)
+						continue addrs
+					}
+				}
+				k := key{at, proto, port}
+				if f, ok := taken[k]; ok {
+					refuse(p, HostPortTaken, "%s on %s: a Service's %s holds it", what, at, f)
+					continue
+				}
+				if o := owner[k]; o != nil {
+					if o.UID != p.UID {
+						refuse(p, HostPortConflict, "%s on %s: pod %s/%s, older, holds it", what, at, o.Namespace, o.Name)
+					}
+					continue
+				}
+				if mine >= MaxHostPortEntriesPerPod || len(out) >= limit {
+					refuse(p, HostPortLimit, "%s on %s: past the %d entries a pod and %d a node may have", what, at,
+						MaxHostPortEntriesPerPod, limit)
+					continue
+				}
+				mine++
+				pod := podAddrOf(p.Addrs, at.Is4())
+				owner[k] = p
+				out = append(out, tables.Service{VIP: at, Proto: proto, Port: port, NetID: p.NetID,
+					Backends: []tables.Backend{{Addr: pod, Port: uint16(cp.ContainerPort)}}, Frontend: tables.FrontendHostPort,
+					ClusterIP: pod, ClusterPort: uint16(cp.ContainerPort)})
+			}
+		}
+	}
+	if len(out) == 0 {
+		return svcs, refused
+	}
+	merged := append(slices.Clone(svcs), out...)
+	slices.SortStableFunc(merged, func(a, b tables.Service) int {
+		return cmp.Or(a.VIP.Compare(b.VIP), cmp.Compare(a.Proto, b.Proto), cmp.Compare(a.Port, b.Port))
+	})
+	return merged, refused
+}
+
+const protoSCTP = 132
+
+const errNoFamily = "the pod has no address of its family"
+
+// hostPortAddrs are the addresses hostIP publishes on, or why none.
+func hostPortAddrs(hostIP string, nodeAddrs, podAddrs []netip.Addr) ([]netip.Addr, string) {
+	has := func(v4 bool) bool { return podAddrOf(podAddrs, v4).IsValid() }
+	if hostIP == "" || hostIP == "0.0.0.0" || hostIP == "::" {
+		var out []netip.Addr
+		for _, a := range nodeAddrs {
+			if has(a.Is4()) && !slices.Contains(out, a) {
+				out = append(out, a)
+			}
+		}
+		if has(true) {
+			out = append(out, loopback4)
+		}
+		if has(false) {
+			out = append(out, loopback6)
+		}
+		return out, ""
+	}
+	a, err := netip.ParseAddr(hostIP)
+	if err != nil {
+		return nil, "not an IP address"
+	}
+	a = a.Unmap()
+	if !a.IsLoopback() && !slices.Contains(nodeAddrs, a) {
+		return nil, "not an address of this node"
+	}
+	if !has(a.Is4()) {
+		return nil, errNoFamily
+	}
+	return []netip.Addr{a}, ""
+}
+
+func podAddrOf(addrs []netip.Addr, v4 bool) netip.Addr {
+	for _, a := range addrs {
+		if a.Is4() == v4 {
+			return a
+		}
+	}
+	return netip.Addr{}
+}
+
+func hostPortProto(p corev1.Protocol) corev1.Protocol {
+	if p == "" {
+		return corev1.ProtocolTCP
+	}
+	return p
+}
