@@ -100,37 +100,6 @@ static __always_inline int mark_ce(struct __sk_buff *skb, struct pkt *p)
 	return bpf_skb_store_bytes(skb, ETH_HLEN + 1, &b1, 1, 0);
 }
 
-/* External frontends, externalTrafficPolicy Cluster with an endpoint on
- * another node: the flow leaves this node from its own address and a port
- * of it (the endpoint answers the node, over SRv6 in the nodes' context
- * NODE_NET_ID), and xlb_reply turns the answers back into the frontend's.
- * Keyed by what those answers carry: the node's port and the endpoint. */
-struct xlb_rev_key {
-	__u8 family;
-	__u8 proto;
-	__u16 port;  /* the node's port (network order) */
-	__u16 rport; /* the endpoint's port */
-	__u16 pad;
-	__u8 raddr[16]; /* the endpoint */
-};
-
-struct xlb_rev_val {
-	__u8 client[16];
-	__u8 front[16];
-	__u16 cport;
-	__u16 fport;
-	__u32 ext_net; /* the client's external network (its conntrack entry's) */
-	__u64 expires;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
-	__type(key, struct xlb_rev_key);
-	__type(value, struct xlb_rev_val);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} lace_xlb_rev SEC(".maps");
-
 /* decap_inner gives the inner protocol and the room adjustment flags of
  * an SRv6 packet carrying nexthdr, or -1 when that is neither IPv4 nor
  * IPv6. FIXED_GSO as at encapsulation: the segment size was kept then, so
@@ -233,6 +202,12 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 	__u16 steal = 0;
 	for (int i = 0; i < SNAT_TRIES; i++) {
 		x->rk.port = bpf_htons(SNAT_PORT_MIN + (h + i) % SNAT_PORT_RANGE);
+		/* A pod's SNAT flow to the same endpoint (outside the cluster:
+		 * a hostNetwork pod's node) holds it: its answers are that
+		 * flow's. */
+		struct snat_val *sn = bpf_map_lookup_elem(&lace_snat, &x->rk);
+		if (sn && snat_owner((struct snat_key *)&x->rk, sn, &x->ek))
+			continue;
 		if (!bpf_map_update_elem(&lace_xlb_rev, &x->rk, &x->rv, BPF_NOEXIST)) {
 			*port = x->rk.port;
 			return 0;
@@ -344,9 +319,10 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 			return drop(DROP_NO_BACKEND);
 		struct ep_key ek = {.net_id = sv.net_id, .family = p->family};
 		__builtin_memcpy(ek.addr, x->be, 16);
-		if (!bpf_map_lookup_elem(&lace_endpoints, &ek)) {
+		if (!bpf_map_lookup_elem(&lace_endpoints, &ek) && !host_addr(p->family, x->be)) {
 			/* Elsewhere: only Cluster's endpoints are (Local's are
-			 * all here). */
+			 * all here; a hostNetwork pod of this node is at one of
+			 * its addresses). */
 			if (!(sv.flags & SVC_SNAT))
 				return drop(DROP_NO_LOCAL_BACKEND);
 			if (xlb_port(x, p, be_port, ext, &nport)) {
@@ -393,12 +369,17 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 	p->dport = be_port;
 
 	if (!nport) {
-		__u32 ifindex;
-		__u8 macs[12];
-		if (local_pod(sv.net_id, p->family, x->be, &ifindex, macs))
+		__u32 ifindex = 0;
+		__u8 macs[12] = {};
+		/* An endpoint at this node's own address (a hostNetwork pod):
+		 * the node's stack takes the packet, and to_underlay turns its
+		 * answers back into the frontend's (host_answer), by the
+		 * endpoint's side keyed in the nodes' context. */
+		int host = host_addr(p->family, x->be);
+		if (!host && local_pod(sv.net_id, p->family, x->be, &ifindex, macs))
 			return drop(DROP_NO_ENDPOINT);
 		/* The endpoint's side: its answers leave from the frontend. */
-		ct_key_of(&x->ek, sv.net_id, p, 0);
+		ct_key_of(&x->ek, host ? NODE_NET_ID : sv.net_id, p, 0);
 		struct ct_val *fl = ct_lookup(&x->ek);
 		if (fl && (fl->flags & CT_REV_NAT) && !(is_tcp_syn(p) && ct_closing(fl))) {
 			/* The client's entry moves on by itself: the pod's
@@ -415,6 +396,10 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 			ct_refresh(&x->v, p, 1);
 			ct_insert(&x->ek, &x->v);
 		}
+		if (host) {
+			count(FWD_HOST);
+			return TC_ACT_OK;
+		}
 		if (set_macs(skb, macs, macs + 6))
 			return drop(DROP_ADJUST);
 		count(FWD_FROM_EXTERNAL);
@@ -423,18 +408,6 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 
 	/* Elsewhere: from this node's address, in the nodes' context. */
 	ct_settle(&x->k);
-	__builtin_memset(&x->rtk, 0, sizeof(x->rtk));
-	x->rtk.prefixlen = 64 + 128;
-	x->rtk.net_id = sv.net_id;
-	x->rtk.family = p->family;
-	__builtin_memcpy(x->rtk.addr, x->be, 16);
-	struct route_val *rv = bpf_map_lookup_elem(&lace_routes, &x->rtk);
-	if (!rv || (rv->flags & (ROUTE_LOCAL | ROUTE_SUBNET | ROUTE_EXTERNAL | ROUTE_DENY | ROUTE_CLOSED | ROUTE_SERVICE)) ||
-	    rv->dst_net != sv.net_id)
-		return drop(DROP_ISOLATED);
-	__builtin_memcpy(x->sid, rv->sid, 16);
-	x->sid[SID_SRC_NET_BYTE] = NODE_NET_ID >> 8;
-	x->sid[SID_SRC_NET_BYTE + 1] = NODE_NET_ID & 0xff;
 	struct lace_config *cfg = config();
 	if (!cfg)
 		return drop(DROP_FIB);
@@ -446,24 +419,109 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 	} else {
 		__builtin_memcpy(x->node, cfg->underlay_ip6, 16);
 	}
+	__builtin_memset(&x->rtk, 0, sizeof(x->rtk));
+	x->rtk.prefixlen = 64 + 128;
+	x->rtk.net_id = sv.net_id;
+	x->rtk.family = p->family;
+	__builtin_memcpy(x->rtk.addr, x->be, 16);
+	struct route_val *rv = bpf_map_lookup_elem(&lace_routes, &x->rtk);
+	if (rv && (rv->flags & (ROUTE_EXTERNAL | ROUTE_DENY | ROUTE_SERVICE)) == ROUTE_EXTERNAL) {
+		/* An endpoint outside the cluster that the service's network
+		 * reaches (a hostNetwork pod at another node's address: the
+		 * model admits no other node address, docs/security.md): plain
+		 * IP from this node's address and port, as the service's pods
+		 * reach it with SNAT; its answers come back to that port
+		 * (xlb_back from to_host). */
+		if (nat_rewrite(skb, p, 1, x->node, nport))
+			return drop(DROP_ADJUST);
+		return send_fib(skb, p->family, x->node, x->be, FWD_FROM_EXTERNAL);
+	}
+	if (!rv || (rv->flags & (ROUTE_LOCAL | ROUTE_SUBNET | ROUTE_EXTERNAL | ROUTE_DENY | ROUTE_CLOSED | ROUTE_SERVICE)) ||
+	    rv->dst_net != sv.net_id)
+		return drop(DROP_ISOLATED);
+	__builtin_memcpy(x->sid, rv->sid, 16);
+	x->sid[SID_SRC_NET_BYTE] = NODE_NET_ID >> 8;
+	x->sid[SID_SRC_NET_BYTE + 1] = NODE_NET_ID & 0xff;
 	if (nat_rewrite(skb, p, 1, x->node, nport))
 		return drop(DROP_ADJUST);
 	count(FWD_FROM_EXTERNAL);
 	return encap_and_send(skb, p, x->sid, 0);
 }
 
-/* xlb_reply turns an endpoint's answer to a flow xlb_in sent it from this
- * node (decapsulated in the nodes' context) into the frontend's answer to
- * its outside client, and sends it out of the underlay. */
+/* RET_NOT_XLB: xlb_back found no frontend flow the plain packet answers. */
+#define RET_NOT_XLB 0x7003
+
+/* xlb_back turns an endpoint's answer p to a flow xlb_in sent it from
+ * this node into the frontend's answer to its outside client, and sends
+ * it out of the underlay. flags: the decapsulation of an answer over SRv6
+ * in the nodes' context (a pod's, p parsed after the outer header), or 0
+ * for a plain one (an endpoint outside the cluster, a hostNetwork pod at
+ * another node's address), which is RET_NOT_XLB when it answers no such
+ * flow (a pod's SNAT flow, or the host's). */
+static __noinline int xlb_back(struct __sk_buff *skb, struct pkt *p, __u64 flags, __u16 inner_proto)
+{
+	__u32 zero = 0;
+	struct xlb_scratch *x = bpf_map_lookup_elem(&lace_xlb_scratch, &zero);
+	if (!x)
+		return drop(DROP_ADJUST);
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+		return flags ? drop(DROP_NO_ENDPOINT) : RET_NOT_XLB;
+	__builtin_memset(&x->rk, 0, sizeof(x->rk));
+	x->rk.family = p->family;
+	x->rk.proto = p->proto;
+	x->rk.port = p->dport;
+	x->rk.rport = p->sport;
+	__builtin_memcpy(x->rk.raddr, p->saddr, 16);
+	struct xlb_rev_val *rvp = bpf_map_lookup_elem(&lace_xlb_rev, &x->rk);
+	if (!flags && !rvp)
+		return RET_NOT_XLB;
+	if (!rvp || !host_addr(p->family, p->daddr))
+		return drop(DROP_NO_ENDPOINT);
+	x->rv = *rvp;
+	if (p->ttl <= 1)
+		return drop(DROP_TTL);
+
+	/* The client's entry sees the answer (its TCP state and timeout). */
+	__builtin_memset(&x->k, 0, sizeof(x->k));
+	x->k.net_id = x->rv.ext_net;
+	x->k.family = p->family;
+	x->k.proto = p->proto;
+	x->k.lport = x->rv.fport;
+	x->k.rport = x->rv.cport;
+	__builtin_memcpy(x->k.laddr, x->rv.front, 16);
+	__builtin_memcpy(x->k.raddr, x->rv.client, 16);
+	struct ct_val *ct = ct_lookup(&x->k);
+	if (!ct || !(ct->flags & CT_SNAT) || ct->snat_port != x->rk.port)
+		return drop(DROP_NO_ENDPOINT); /* the flow is over */
+	/* A plain answer comes from outside the cluster, never from an
+	 * inside address (a pod's answers come over SRv6, from its node). */
+	if (!flags && outside_spoofed(p))
+		return drop(DROP_OUTSIDE_SPOOF);
+	ct_refresh(ct, p, 0);
+	rvp->expires = ct->expires;
+
+	if (flags) {
+		if (bpf_skb_adjust_room(skb, -(int)sizeof(struct ipv6hdr), BPF_ADJ_ROOM_MAC, flags) ||
+		    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_proto), &inner_proto, 2, 0))
+			return drop(DROP_ADJUST);
+		p->l3_off = ETH_HLEN;
+		p->l4_off -= sizeof(struct ipv6hdr);
+	}
+	if (dec_ttl(skb, p) || nat_rewrite(skb, p, 0, x->rv.client, x->rv.cport))
+		return drop(DROP_ADJUST);
+	__builtin_memcpy(p->daddr, x->rv.client, 16);
+	if (nat_rewrite(skb, p, 1, x->rv.front, x->rv.fport))
+		return drop(DROP_ADJUST);
+	return send_fib(skb, p->family, x->rv.front, x->rv.client, FWD_REPLY_OUT);
+}
+
+/* xlb_reply turns an endpoint's answer over SRv6 in the nodes' context
+ * into the frontend's (xlb_back). */
 static __noinline int xlb_reply(struct __sk_buff *skb)
 {
 	__u8 nexthdr;
 	if (bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, nexthdr), &nexthdr, 1))
 		return drop(DROP_DECAP_TRUNCATED);
-	__u32 zero = 0;
-	struct xlb_scratch *x = bpf_map_lookup_elem(&lace_xlb_scratch, &zero);
-	if (!x)
-		return drop(DROP_ADJUST);
 	__u16 inner_proto;
 	__u64 flags;
 	if (decap_inner(nexthdr, &inner_proto, &flags))
@@ -481,45 +539,7 @@ static __noinline int xlb_reply(struct __sk_buff *skb)
 		return drop(DROP_DECAP_TRUNCATED);
 	if (frag_track(&p, ((__u32)sn[0] << 8) | sn[1], NODE_NET_ID))
 		return drop(DROP_FRAG_NO_FIRST);
-	__builtin_memset(&x->rk, 0, sizeof(x->rk));
-	x->rk.family = p.family;
-	x->rk.proto = p.proto;
-	x->rk.port = p.dport;
-	x->rk.rport = p.sport;
-	__builtin_memcpy(x->rk.raddr, p.saddr, 16);
-	struct xlb_rev_val *rvp = bpf_map_lookup_elem(&lace_xlb_rev, &x->rk);
-	if (!rvp || !host_addr(p.family, p.daddr))
-		return drop(DROP_NO_ENDPOINT);
-	x->rv = *rvp;
-	if (p.ttl <= 1)
-		return drop(DROP_TTL);
-
-	/* The client's entry sees the answer (its TCP state and timeout). */
-	__builtin_memset(&x->k, 0, sizeof(x->k));
-	x->k.net_id = x->rv.ext_net;
-	x->k.family = p.family;
-	x->k.proto = p.proto;
-	x->k.lport = x->rv.fport;
-	x->k.rport = x->rv.cport;
-	__builtin_memcpy(x->k.laddr, x->rv.front, 16);
-	__builtin_memcpy(x->k.raddr, x->rv.client, 16);
-	struct ct_val *ct = ct_lookup(&x->k);
-	if (!ct || !(ct->flags & CT_SNAT) || ct->snat_port != x->rk.port)
-		return drop(DROP_NO_ENDPOINT); /* the flow is over */
-	ct_refresh(ct, &p, 0);
-	rvp->expires = ct->expires;
-
-	if (bpf_skb_adjust_room(skb, -(int)sizeof(struct ipv6hdr), BPF_ADJ_ROOM_MAC, flags) ||
-	    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_proto), &inner_proto, 2, 0))
-		return drop(DROP_ADJUST);
-	p.l3_off = ETH_HLEN;
-	p.l4_off -= sizeof(struct ipv6hdr);
-	if (dec_ttl(skb, &p) || nat_rewrite(skb, &p, 0, x->rv.client, x->rv.cport))
-		return drop(DROP_ADJUST);
-	__builtin_memcpy(p.daddr, x->rv.client, 16);
-	if (nat_rewrite(skb, &p, 1, x->rv.front, x->rv.fport))
-		return drop(DROP_ADJUST);
-	return send_fib(skb, p.family, x->rv.front, x->rv.client, FWD_REPLY_OUT);
+	return xlb_back(skb, &p, flags, inner_proto);
 }
 
 /* foreign_source tells whether a decapsulated packet's inner source is a
@@ -831,6 +851,13 @@ static __always_inline int to_host(struct __sk_buff *skb, __u16 proto)
 		int rc = xlb_in(skb, &p);
 		return rc == RET_TOO_BIG ? too_big_out(skb, &p, p.mtu) : rc;
 	}
+	/* An endpoint outside the cluster answering a frontend's flow this
+	 * node sent it (a hostNetwork pod on another node). */
+	if (bpf_ntohs(p.dport) >= SNAT_PORT_MIN && !p.frag) {
+		int rc = xlb_back(skb, &p, 0, 0);
+		if (rc != RET_NOT_XLB)
+			return rc;
+	}
 	return snat_in(skb, &p);
 }
 
@@ -908,6 +935,38 @@ int from_underlay(struct __sk_buff *skb)
 	if (host_addr(LACE_FAMILY_V6, &outer->daddr))
 		return to_host(skb, bpf_htons(ETH_P_IPV6));
 	return outside(skb, bpf_htons(ETH_P_IPV6));
+}
+
+/* host_answer turns the node stack's answer to a frontend's flow whose
+ * endpoint is this node's own address (a hostNetwork pod; xlb_in handed
+ * the client's packet to the stack) into the frontend's answer: from the
+ * address and port the client addressed. The endpoint's side is keyed in
+ * the nodes' context; the client's entry sees the answer too, as rev_nat
+ * makes a pod's. Anything else the node sends passes untouched. */
+static __noinline int host_answer(struct __sk_buff *skb, __u16 proto)
+{
+	struct pkt p = {};
+	if (parse_ip(skb, proto, ETH_HLEN, &p) || p.frag || (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP))
+		return TC_ACT_OK;
+	struct ct_key k;
+	ct_key_of(&k, NODE_NET_ID, &p, 1);
+	struct ct_val *ct = ct_lookup(&k);
+	if (!ct || !(ct->flags & CT_REV_NAT))
+		return TC_ACT_OK;
+	__u8 fa[16];
+	__builtin_memcpy(fa, ct->nat_addr, 16);
+	__u16 fp = ct->nat_port;
+	__u32 peer = ct->peer_net;
+	ct_update(&k, ct, &p, 0);
+	struct ct_key ck = {.net_id = peer, .family = p.family, .proto = p.proto, .lport = fp, .rport = p.dport};
+	__builtin_memcpy(ck.laddr, fa, 16);
+	__builtin_memcpy(ck.raddr, p.daddr, 16);
+	struct ct_val *cl = ct_lookup(&ck);
+	if (cl && (cl->flags & (CT_SERVICE | CT_SNAT)) == CT_SERVICE)
+		ct_update(&ck, cl, &p, 0);
+	if (nat_rewrite(skb, &p, 1, fa, fp))
+		return drop(DROP_ADJUST);
+	return TC_ACT_OK;
 }
 
 /* to_underlay (tcx egress of the node's underlay interface) keeps the
@@ -1001,8 +1060,12 @@ int to_underlay(struct __sk_buff *skb)
 	} else {
 		return TC_ACT_OK;
 	}
-	if (bpf_map_lookup_elem(&lace_nodes, &src) && !bpf_map_lookup_elem(&lace_host_addrs, &src))
-		return drop(DROP_NODE_FORGED);
+	if (!bpf_map_lookup_elem(&lace_host_addrs, &src))
+		return bpf_map_lookup_elem(&lace_nodes, &src) ? drop(DROP_NODE_FORGED) : TC_ACT_OK;
+	/* From the node's own address, untagged: maybe a hostNetwork
+	 * endpoint's answer to a frontend's client. */
+	if (l3 == (void *)(eth + 1) && (proto == bpf_htons(ETH_P_IP) || proto == bpf_htons(ETH_P_IPV6)))
+		return host_answer(skb, proto);
 	return TC_ACT_OK;
 }
 

@@ -169,6 +169,41 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lace_snat SEC(".maps");
 
+/* External frontends, externalTrafficPolicy Cluster with an endpoint on
+ * another node: the flow leaves this node from its own address and a port
+ * of it (the endpoint answers the node, over SRv6 in the nodes' context
+ * NODE_NET_ID), and xlb_reply turns the answers back into the frontend's.
+ * Keyed by what those answers carry: the node's port and the endpoint,
+ * laid out as struct snat_key: an endpoint outside the cluster (a node's
+ * address, for a hostNetwork pod) answers as plain IP to a port of the
+ * node, like a pod's SNAT flow, so xlb_port skips a port lace_snat holds
+ * toward the same endpoint. */
+struct xlb_rev_key {
+	__u8 family;
+	__u8 proto;
+	__u16 port;  /* the node's port (network order) */
+	__u16 rport; /* the endpoint's port */
+	__u16 pad;
+	__u8 raddr[16]; /* the endpoint */
+};
+
+struct xlb_rev_val {
+	__u8 client[16];
+	__u8 front[16];
+	__u16 cport;
+	__u16 fport;
+	__u32 ext_net; /* the client's external network (its conntrack entry's) */
+	__u64 expires;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct xlb_rev_key);
+	__type(value, struct xlb_rev_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_xlb_rev SEC(".maps");
+
 /* SNAT ports lie above Linux's default ephemeral range (32768-60999), so
  * the node's own connections never collide with them. */
 #define SNAT_PORT_MIN 61000

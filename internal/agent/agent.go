@@ -41,6 +41,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/datapath"
@@ -142,6 +143,8 @@ type Agent struct {
 	node     nodeKernel
 	cp       *checkpoint
 
+	// hostPods caches the cluster's hostNetwork pods (nil in tests).
+	hostPods client.Reader
 	// hostPortReported are the hostPort refusals already made Events of.
 	hostPortMu       sync.Mutex
 	hostPortReported map[model.HostPortRefusal]bool
@@ -232,7 +235,20 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		dp.Close()
 		return nil, fmt.Errorf("create manager: %w", err)
 	}
-	a := &Agent{opts: o, log: log.With("node", o.NodeName), mgr: mgr, client: mgr.GetClient(), reader: mgr.GetAPIReader(),
+	// The cluster's hostNetwork pods (a few per node), apart from the
+	// node's own pods: an endpoint at a node's address is served only
+	// when it names one of them on that node (model.HostEndpoints).
+	hostPods, err := cache.New(cfg, cache.Options{Scheme: scheme.Scheme, HTTPClient: mgr.GetHTTPClient(), Mapper: mgr.GetRESTMapper(),
+		DefaultTransform: trimHostPod,
+		ByObject:         map[client.Object]cache.ByObject{&corev1.Pod{}: {Field: fields.OneTermEqualSelector("spec.hostNetwork", "true")}}})
+	if err == nil {
+		err = mgr.Add(hostPods)
+	}
+	if err != nil {
+		dp.Close()
+		return nil, fmt.Errorf("hostNetwork pods cache: %w", err)
+	}
+	a := &Agent{opts: o, log: log.With("node", o.NodeName), mgr: mgr, hostPods: hostPods, client: mgr.GetClient(), reader: mgr.GetAPIReader(),
 		recorder: mgr.GetEventRecorderFor("lace-agent/" + o.NodeName), dp: newTableDP(dp), cp: cp, statusKick: make(chan struct{}, 1),
 		node: linuxNode{ns: o.NetNS, underlay: o.UnderlayInterface}}
 	a.health = newHealthChecks(a.log)
@@ -304,6 +320,13 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		Watches(&lacev1.LoadBalancerClass{}, toNode, specOnly).
 		Watches(&corev1.Pod{}, toNode, builder.WithPredicates(predicates.PodChanged())).
 		Watches(&corev1.Node{}, toNode, builder.WithPredicates(predicates.NodeChanged())).
+		// hostNetwork pods: which node each is on, and when it leaves.
+		WatchesRawSource(source.Kind[client.Object](hostPods, &corev1.Pod{}, toNode, predicate.Funcs{
+			UpdateFunc: func(e event.UpdateEvent) bool {
+				o, n := e.ObjectOld.(*corev1.Pod), e.ObjectNew.(*corev1.Pod)
+				return o.Spec.NodeName != n.Spec.NodeName || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)
+			},
+		})).
 		// A NetworkEndpoint deleted or changed behind the agent's back is
 		// written again (its own creations need no reconcile).
 		Watches(&lacev1.NetworkEndpoint{}, toNode, builder.WithPredicates(predicate.Funcs{

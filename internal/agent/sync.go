@@ -172,10 +172,20 @@ func (a *Agent) desiredState(ctx context.Context) (model.NodeState, listed, []*d
 		model.ReservedHosts(nodes.Items, slices)...)
 	reservedChanged := !stdslices.Equal(reserved, c.reserved)
 	c.reserved = reserved
+	var hostEPs model.HostEndpoints
+	if a.hostPods != nil {
+		var hpods corev1.PodList
+		if err := a.hostPods.List(ctx, &hpods, client.UnsafeDisableDeepCopy); err != nil {
+			return model.NodeState{}, listed{}, nil, fmt.Errorf("list hostNetwork pods: %w", err)
+		}
+		hostEPs = model.NewHostEndpoints(nodes.Items, accepted, slices, hpods.Items)
+	}
+	hostEPsChanged := !hostEPs.Equal(c.hostEPs)
+	c.hostEPs = hostEPs
 	svcState, vips, vipsChanged := c.services.update(model.ServiceInput{Node: a.opts.NodeName, Zone: zone,
 		Networks: nets.Items, BindingPolicies: nbps.Items, NetworkEndpoints: neps.Items, Namespaces: c.nsLabels,
-		NodeAddrs: nodeAddrs, Reserved: reserved, AllowedExternalIPs: a.opts.AllowedExternalIPs},
-		zoneChanged || reservedChanged || netsChanged || nbpsChanged || nepsChanged || nssChanged || uepsChanged || cidrsChanged, svcs, slices)
+		NodeAddrs: nodeAddrs, Reserved: reserved, AllowedExternalIPs: a.opts.AllowedExternalIPs, HostEndpoints: hostEPs},
+		hostEPsChanged || zoneChanged || reservedChanged || netsChanged || nbpsChanged || nepsChanged || nssChanged || uepsChanged || cidrsChanged, svcs, slices)
 	if !c.computed || vipsChanged || netsChanged || nssChanged || allocsChanged || uepsChanged || nrpsChanged || srpsChanged || cidrsChanged {
 		c.node = model.ComputeNode(model.NodeInput{Node: a.opts.NodeName, Networks: nets.Items, Allocations: allocs.Items,
 			Underlays: accepted, RoutingPolicies: nrps.Items, Services: vips, ServiceRoutingPolicies: srps.Items,
@@ -195,6 +205,8 @@ func (a *Agent) desiredState(ctx context.Context) (model.NodeState, listed, []*d
 // computeCache is what desiredState keeps between computations.
 type computeCache struct {
 	computed bool
+	// hostEPs gates endpoints at node addresses (model.HostEndpoints).
+	hostEPs  model.HostEndpoints
 	services serviceCache
 	// node is the last ComputeNode result (its Services unset).
 	node                                                   model.NodeState

@@ -211,6 +211,26 @@ type podSvcVal struct {
 	Affinity uint32
 }
 
+type podXlbRevKey struct {
+	_      structs.HostLayout
+	Family uint8
+	Proto  uint8
+	Port   uint16
+	Rport  uint16
+	Pad    uint16
+	Raddr  [16]uint8
+}
+
+type podXlbRevVal struct {
+	_       structs.HostLayout
+	Client  [16]uint8
+	Front   [16]uint8
+	Cport   uint16
+	Fport   uint16
+	ExtNet  uint32
+	Expires uint64
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -238,6 +258,7 @@ const (
 	podMapLaceSnat          = "lace_snat"
 	podMapLaceSnatExhausted = "lace_snat_exhausted"
 	podMapLaceSrcRanges     = "lace_src_ranges"
+	podMapLaceXlbRev        = "lace_xlb_rev"
 	podProgFromPod          = "from_pod"
 	podProgToPod            = "to_pod"
 )
@@ -315,6 +336,7 @@ type podMapSpecs struct {
 	LaceSnat          *ebpf.MapSpec `ebpf:"lace_snat"`
 	LaceSnatExhausted *ebpf.MapSpec `ebpf:"lace_snat_exhausted"`
 	LaceSrcRanges     *ebpf.MapSpec `ebpf:"lace_src_ranges"`
+	LaceXlbRev        *ebpf.MapSpec `ebpf:"lace_xlb_rev"`
 }
 
 // podVariableSpecs contains global variables before they are loaded into the kernel.
@@ -366,6 +388,7 @@ type podMaps struct {
 	LaceSnat          *ebpf.Map `ebpf:"lace_snat"`
 	LaceSnatExhausted *ebpf.Map `ebpf:"lace_snat_exhausted"`
 	LaceSrcRanges     *ebpf.Map `ebpf:"lace_src_ranges"`
+	LaceXlbRev        *ebpf.Map `ebpf:"lace_xlb_rev"`
 }
 
 func (m *podMaps) Close() error {
@@ -393,6 +416,7 @@ func (m *podMaps) Close() error {
 		m.LaceSnat,
 		m.LaceSnatExhausted,
 		m.LaceSrcRanges,
+		m.LaceXlbRev,
 	)
 }
 

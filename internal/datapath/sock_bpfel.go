@@ -206,6 +206,26 @@ type sockSvcVal struct {
 	Affinity uint32
 }
 
+type sockXlbRevKey struct {
+	_      structs.HostLayout
+	Family uint8
+	Proto  uint8
+	Port   uint16
+	Rport  uint16
+	Pad    uint16
+	Raddr  [16]uint8
+}
+
+type sockXlbRevVal struct {
+	_       structs.HostLayout
+	Client  [16]uint8
+	Front   [16]uint8
+	Cport   uint16
+	Fport   uint16
+	ExtNet  uint32
+	Expires uint64
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -233,6 +253,7 @@ const (
 	sockMapLaceSnatExhausted = "lace_snat_exhausted"
 	sockMapLaceSockRnat      = "lace_sock_rnat"
 	sockMapLaceSrcRanges     = "lace_src_ranges"
+	sockMapLaceXlbRev        = "lace_xlb_rev"
 	sockProgSockConnect4     = "sock_connect4"
 	sockProgSockConnect6     = "sock_connect6"
 	sockProgSockGetpeername4 = "sock_getpeername4"
@@ -322,6 +343,7 @@ type sockMapSpecs struct {
 	LaceSnatExhausted *ebpf.MapSpec `ebpf:"lace_snat_exhausted"`
 	LaceSockRnat      *ebpf.MapSpec `ebpf:"lace_sock_rnat"`
 	LaceSrcRanges     *ebpf.MapSpec `ebpf:"lace_src_ranges"`
+	LaceXlbRev        *ebpf.MapSpec `ebpf:"lace_xlb_rev"`
 }
 
 // sockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -373,6 +395,7 @@ type sockMaps struct {
 	LaceSnatExhausted *ebpf.Map `ebpf:"lace_snat_exhausted"`
 	LaceSockRnat      *ebpf.Map `ebpf:"lace_sock_rnat"`
 	LaceSrcRanges     *ebpf.Map `ebpf:"lace_src_ranges"`
+	LaceXlbRev        *ebpf.Map `ebpf:"lace_xlb_rev"`
 }
 
 func (m *sockMaps) Close() error {
@@ -400,6 +423,7 @@ func (m *sockMaps) Close() error {
 		m.LaceSnatExhausted,
 		m.LaceSockRnat,
 		m.LaceSrcRanges,
+		m.LaceXlbRev,
 	)
 }
 

@@ -245,16 +245,8 @@ func BuildE2E(ctx context.Context, o Options) ([]Built, error) {
 		}
 		tools = append(tools, File{Path: "coredns", Mode: 0o755, Data: bin})
 	}
-	if o.K8sSrc != "" {
-		// porter's TLS pair, which upstream's image carries at /.
-		for _, f := range []string{"localhost.crt", "localhost.key"} {
-			data, err := os.ReadFile(filepath.Join(o.K8sSrc, "test", "images", "agnhost", "porter", f))
-			if err != nil {
-				return nil, err
-			}
-			tools = append(tools, File{Path: f, Mode: 0o644, Data: data})
-		}
-	}
+	// porter's TLS pair, which upstream's image carries at /, comes with
+	// every agnhost image (agnhostFiles).
 	img, err := E2EAgnhostImage(agnhost, busybox, applets, tools)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", E2EAgnhostRef, err)

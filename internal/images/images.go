@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"context"
 	"debug/elf"
+	_ "embed"
 	"fmt"
 	"os"
 	"os/exec"
@@ -58,9 +59,28 @@ func AgnhostImage(agnhost, busybox []byte, applets []string) (v1.Image, error) {
 }
 
 // agnhostFiles are the files of AgnhostImage.
+// porterCert and porterKey are upstream's test certificate of agnhost's
+// porter (k8s.io/kubernetes v1.34.4 test/images/agnhost/porter, SAN
+// 127.0.0.1 and ::1, valid until 2084, a public test key), which upstream's
+// agnhost image carries at /localhost.crt and /localhost.key: without them
+// porter's SERVE_TLS_PORT_* listeners never start, and the Proxy spec's
+// https paths (pods/https:NAME:443/proxy, services/https:NAME:tlsportname1)
+// get "proxy error ... 502" from the lab's egress proxy, a 503 from the API
+// server.
+var (
+	//go:embed porter/localhost.crt
+	porterCert []byte
+	//go:embed porter/localhost.key
+	porterKey []byte
+)
+
 func agnhostFiles(agnhost, busybox []byte, applets []string) []File {
 	files := []File{
 		{Path: "agnhost", Mode: 0o755, Data: agnhost},
+		// porter's TLS ports read these, relative to / (its working
+		// directory), as upstream's Dockerfile adds them.
+		{Path: "localhost.crt", Mode: 0o644, Data: porterCert},
+		{Path: "localhost.key", Mode: 0o644, Data: porterKey},
 		// Upstream links agnhost-2 for specs that need a second binary name.
 		{Path: "agnhost-2", Link: "agnhost"},
 		{Path: "bin/busybox", Mode: 0o755, Data: busybox},

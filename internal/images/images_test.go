@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"errors"
 	"io"
 	"os"
@@ -197,7 +198,7 @@ func TestAgnhostImage(t *testing.T) {
 	img, files := readBack(t, p, AgnhostRef)
 
 	want := []string{"agnhost", "agnhost-2", "bin", "bin/busybox", "bin/sh", "etc", "etc/group", "etc/passwd",
-		"root", "sbin", "sbin/ip", "tmp", "uploads", "usr", "usr/bin", "usr/bin/wget", "usr/sbin", "usr/sbin/chroot"}
+		"localhost.crt", "localhost.key", "root", "sbin", "sbin/ip", "tmp", "uploads", "usr", "usr/bin", "usr/bin/wget", "usr/sbin", "usr/sbin/chroot"}
 	if got := names(files); !reflect.DeepEqual(got, want) {
 		t.Errorf("files:\n got %q\nwant %q", got, want)
 	}
@@ -498,5 +499,13 @@ func TestCoreDNSImage(t *testing.T) {
 	// be the binary, as upstream's is.
 	if c := cf.Config; !reflect.DeepEqual(c.Entrypoint, []string{"/coredns"}) || c.Cmd != nil || c.User != "" {
 		t.Errorf("config: entrypoint %q cmd %q user %q, want [/coredns], none, root", c.Entrypoint, c.Cmd, c.User)
+	}
+}
+
+// TestPorterCertificate: the agnhost images carry a key pair porter's TLS
+// ports can serve with (upstream's test certificate).
+func TestPorterCertificate(t *testing.T) {
+	if _, err := tls.X509KeyPair(porterCert, porterKey); err != nil {
+		t.Fatalf("porter's localhost.crt and localhost.key: %v", err)
 	}
 }

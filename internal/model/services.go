@@ -52,6 +52,9 @@ type ServiceInput struct {
 	// operator's allow-list; empty refuses every external IP), reserved
 	// ones excepted (externalips.go).
 	AllowedExternalIPs []netip.Prefix
+	// HostEndpoints gates endpoints at node addresses and at the API
+	// server's (hostendpoints.go); the zero value gates nothing.
+	HostEndpoints HostEndpoints
 }
 
 // ReservedFor lists the addresses externalIPs may not claim: every
@@ -194,6 +197,7 @@ type ServiceEnv struct {
 	reserved   []netip.Prefix
 	// allowedXIPs is the operator's allow-list of external IPs.
 	allowedXIPs []netip.Prefix
+	hostEPs     HostEndpoints
 }
 
 // NewServiceEnv prepares the shared part of in (everything but Services
@@ -202,7 +206,7 @@ func NewServiceEnv(in ServiceInput) *ServiceEnv {
 	e := &ServiceEnv{node: in.Node, zone: in.Zone, ids: NetworkIDs(in.Networks), exists: map[string]bool{},
 		binder: newBinder(in.BindingPolicies, lacev1.MatchKindService), namespaces: in.Namespaces,
 		pods: indexNetworkEndpoints(in.NetworkEndpoints), nodeAddrs: in.NodeAddrs, reserved: in.Reserved,
-		allowedXIPs: in.AllowedExternalIPs}
+		allowedXIPs: in.AllowedExternalIPs, hostEPs: in.HostEndpoints}
 	for _, n := range in.Networks {
 		e.exists[n.Name] = true
 	}
@@ -860,6 +864,9 @@ func (c *serviceCtx) endpoints(vip netip.Addr, sp corev1.ServicePort) []svcEndpo
 				}
 				addr, ok := parseSloppyIP(ep.Addresses[0])
 				if !ok || addr.Is6() != vip.Is6() {
+					continue
+				}
+				if sl.Namespace != c.svc.Namespace || c.env.hostEPs.Refused(c.svc, ep, addr) != "" {
 					continue
 				}
 				if other := c.env.pods.otherNetwork(sl.Namespace, ep, addr, c.network); other != "" {

@@ -1,0 +1,138 @@
+package model
+
+import (
+	"cmp"
+	"net/netip"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+)
+
+// HostEndpoints is what decides whether an endpoint at a node's address
+// or at the API server's may be served (docs/security.md, "Endpoints at
+// node addresses"). EndpointSlices are written by anyone who may write
+// them in a namespace (a selector-less Service's slices by its author),
+// and an endpoint there is trusted with the node's address as the source
+// of its traffic (a frontend's flow to another node leaves from the entry
+// node's address) and with the node's stack as its server. So:
+//
+//   - an endpoint at the API server's address (the kubernetes Service's
+//     endpoints) is served for default/kubernetes only;
+//   - an endpoint at a node's address is served only when it names
+//     (targetRef) a hostNetwork pod of the Service's own namespace running
+//     on that very node (and its UID, when the slice gives one): what the
+//     endpoint controller writes for a hostNetwork pod, and what a tenant
+//     cannot make up for another namespace's or another node's address.
+//
+// The zero value (Nodes nil) checks nothing: callers that do not read Pods
+// (lacectl) show what the slices say.
+type HostEndpoints struct {
+	// Nodes maps every node's address (Node status.addresses and accepted
+	// underlay addresses) to the node's name.
+	Nodes map[netip.Addr]string
+	// APIServer are the kubernetes Service's endpoint addresses.
+	APIServer map[netip.Addr]bool
+	// Pods are the cluster's hostNetwork pods by namespace/name.
+	Pods map[types.NamespacedName]HostPod
+}
+
+// HostPod is a hostNetwork pod: its node and UID.
+type HostPod struct {
+	Node string
+	UID  types.UID
+}
+
+// NewHostEndpoints builds HostEndpoints from the Nodes, the accepted
+// UnderlayEndpoints, the EndpointSlices (the kubernetes Service's) and
+// the hostNetwork pods (others are ignored).
+func NewHostEndpoints(nodes []corev1.Node, ueps []lacev1.UnderlayEndpoint, epSlices []*discoveryv1.EndpointSlice, pods []corev1.Pod) HostEndpoints {
+	h := HostEndpoints{Nodes: map[netip.Addr]string{}, APIServer: map[netip.Addr]bool{}, Pods: map[types.NamespacedName]HostPod{}}
+	for i := range nodes {
+		for _, na := range nodes[i].Status.Addresses {
+			if a, ok := parseSloppyIP(na.Address); ok {
+				h.Nodes[a] = nodes[i].Name
+			}
+		}
+	}
+	for i := range ueps {
+		for _, s := range ueps[i].Spec.Addresses {
+			if a, ok := parseSloppyIP(string(s)); ok {
+				h.Nodes[a] = ueps[i].Spec.Node
+			}
+		}
+	}
+	for _, sl := range epSlices {
+		if !isKubernetesService(sl.Namespace, sl.Labels[discoveryv1.LabelServiceName]) {
+			continue
+		}
+		for _, ep := range sl.Endpoints {
+			for _, s := range ep.Addresses {
+				if a, ok := parseSloppyIP(s); ok {
+					h.APIServer[a] = true
+				}
+			}
+		}
+	}
+	for i := range pods {
+		p := &pods[i]
+		if p.Spec.HostNetwork && p.Spec.NodeName != "" && p.DeletionTimestamp == nil {
+			h.Pods[types.NamespacedName{Namespace: p.Namespace, Name: p.Name}] = HostPod{Node: p.Spec.NodeName, UID: p.UID}
+		}
+	}
+	return h
+}
+
+func isKubernetesService(ns, name string) bool {
+	return ns == metav1.NamespaceDefault && name == "kubernetes"
+}
+
+// Refused tells why the endpoint ep at addr, in a slice of Service
+// svc's namespace, is not served ("" when it may be).
+func (h HostEndpoints) Refused(svc *corev1.Service, ep *discoveryv1.Endpoint, addr netip.Addr) string {
+	if h.Nodes == nil || isKubernetesService(svc.Namespace, svc.Name) {
+		return ""
+	}
+	if h.APIServer[addr] {
+		return "the API server's address"
+	}
+	node, ok := h.Nodes[addr]
+	if !ok {
+		return ""
+	}
+	r := ep.TargetRef
+	if r == nil || cmp.Or(r.Kind, "Pod") != "Pod" || cmp.Or(r.Namespace, svc.Namespace) != svc.Namespace {
+		return "node " + node + "'s address, naming no hostNetwork pod of the namespace"
+	}
+	p, ok := h.Pods[types.NamespacedName{Namespace: svc.Namespace, Name: r.Name}]
+	if !ok || p.Node != node || (r.UID != "" && r.UID != p.UID) {
+		return "node " + node + "'s address, but " + r.Name + " is no hostNetwork pod on " + node
+	}
+	return ""
+}
+
+// Equal tells whether h and o decide alike.
+func (h HostEndpoints) Equal(o HostEndpoints) bool {
+	if (h.Nodes == nil) != (o.Nodes == nil) || len(h.Nodes) != len(o.Nodes) || len(h.APIServer) != len(o.APIServer) || len(h.Pods) != len(o.Pods) {
+		return false
+	}
+	for k, v := range h.Nodes {
+		if w, ok := o.Nodes[k]; !ok || w != v {
+			return false
+		}
+	}
+	for k := range h.APIServer {
+		if !o.APIServer[k] {
+			return false
+		}
+	}
+	for k, v := range h.Pods {
+		if w, ok := o.Pods[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
