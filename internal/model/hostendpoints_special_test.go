@@ -1,5 +1,3 @@
-//go:build revhost
-
 package model
 
 import (
