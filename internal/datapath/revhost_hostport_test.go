@@ -1,32 +1,36 @@
-//go:build revhost
-
 package datapath
 
 import (
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
 	"net/netip"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/lace-cni/lace/internal/netutil"
 	"github.com/lace-cni/lace/internal/tables"
 )
 
 // TestProgHostPortNodeFlowAnswers: a hostPort may be any port below the
 // SNAT range (the upstream spec itself uses 54323), so inside the node's
 // ephemeral range (32768-60999), where the node's own sockets (kubelet,
-// containerd, the agent) connect from. The answers to such a connection
-// reach to_host addressed to the node's port, find the hostPort's
-// frontend there and go to the pod (xlb_in): the tenant's pod receives
-// the server's SYN-ACK and data and the node's connection dies.
-// portmap's DNAT never does this (conntrack matches the node's own flow
-// first). A TCP packet that opens nothing (no SYN) and belongs to no
-// frontend flow is not the hostPort's: the host must get it as it came.
-// (UDP has the same hole, e.g. a DNS answer to the node's resolver; no
-// packet test can tell it from a client's first datagram: it takes the
-// node's sockets, bpf_sk_lookup_udp.)
+// containerd, the resolver) connect from. The answers to such a
+// connection reach to_host addressed to the node's port and must go to
+// the node's socket, not to the hostPort's pod through xlb_in (portmap's
+// DNAT never takes them: conntrack matches the node's flow first). The
+// "node" is a namespace of the test's own holding the node's address, a
+// TCP socket connecting from the hostPort's port and a connected UDP
+// socket on another; the programs run there (their socket lookups see
+// its sockets). A client's new flow to the same ports still reaches the
+// pod.
 func TestProgHostPortNodeFlowAnswers(t *testing.T) {
 	d := progPodDatapath(t)
 	const world = 100
 	srv4 := netip.MustParseAddr("10.70.1.3")
-	server := netip.MustParseAddr("172.31.0.200")
+	server, client := netip.MustParseAddr("172.31.0.200"), netip.MustParseAddr("172.31.0.201")
 	mac := []byte{2, 0, 0, 0, 0, 3}
 	for _, err := range []error{
 		d.UpsertNetwork(Network{ID: world}),
@@ -40,26 +44,79 @@ func TestProgHostPortNodeFlowAnswers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	const eph = 45000 // a port of the node's ephemeral range
-	if _, err := d.ApplyServices([]Service{{VIP: progNodeV4, Proto: 6, Port: eph, NetID: progNet,
-		Backends: []Backend{{Addr: srv4, Port: 80}}, Frontend: tables.FrontendHostPort, ClusterIP: srv4, ClusterPort: 80}}); err != nil {
+	const tcpPort, udpPort = 45000, 45001 // ports of the node's ephemeral range
+	hp := func(proto uint8, port uint16) Service {
+		return Service{VIP: progNodeV4, Proto: proto, Port: port, NetID: progNet, Backends: []Backend{{Addr: srv4, Port: 80}},
+			Frontend: tables.FrontendHostPort, ClusterIP: srv4, ClusterPort: 80}
+	}
+	if _, err := d.ApplyServices([]Service{hp(6, tcpPort), hp(17, udpPort)}); err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []struct {
-		name  string
-		flags byte
-	}{{"SYN-ACK", 0x12}, {"ACK", 0x10}, {"data", 0x18}} {
-		t.Run(c.name, func(t *testing.T) {
-			v, out := runUnder(t, d, ether(unicastMAC, 0x0800, ipv4(server, progNodeV4, 6, seg4(443, eph, c.flags))))
-			if v != actOK || pktDst(out) != netip.AddrPortFrom(progNodeV4, eph) {
-				t.Errorf("the server's %s to the node's own connection (port %d): verdict %d to %s, want it passed to the host untouched",
-					c.name, eph, v, pktDst(out))
+
+	suffix := make([]byte, 3)
+	_, _ = rand.Read(suffix)
+	ns := "lrvh" + hex.EncodeToString(suffix)
+	fragMust(t, netutil.CreateNamed(ns))
+	t.Cleanup(func() { _ = netutil.DeleteNamed(ns) })
+	fragMust(t, netutil.EnsureVeth(netutil.VethSpec{NSPath: netutil.Path(ns), Name: "ul0", PeerNSPath: netutil.Path(ns), PeerName: "ul1", MTU: 1500}))
+	fragMust(t, netutil.EnsureAddr(netutil.Path(ns), "ul0", netip.PrefixFrom(progNodeV4, 24)))
+
+	cases := []struct {
+		name string
+		pkt  []byte
+		node bool // the node's socket's: passed to the host untouched
+	}{
+		{"the server's SYN-ACK to the node's connection", ipv4(server, progNodeV4, 6, seg4(443, tcpPort, 0x12)), true},
+		{"the server's data to the node's connection", ipv4(server, progNodeV4, 6, seg4(443, tcpPort, 0x18)), true},
+		{"the resolver's answer to the node's connected UDP socket", ipv4(server, progNodeV4, 17, udp20(53, udpPort)), true},
+		{"a client's SYN to the TCP hostPort", ipv4(client, progNodeV4, 6, seg4(5555, tcpPort, 0x02)), false},
+		{"a client's datagram to the UDP hostPort", ipv4(client, progNodeV4, 17, udp20(5555, udpPort)), false},
+	}
+	err := netutil.Do(netutil.Path(ns), func() error {
+		tfd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(tfd)
+		ufd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(ufd)
+		node := progNodeV4.As4()
+		if err := unix.Bind(tfd, &unix.SockaddrInet4{Port: tcpPort, Addr: node}); err != nil {
+			return err
+		}
+		if err := unix.Connect(tfd, &unix.SockaddrInet4{Port: 443, Addr: server.As4()}); err != nil && !errors.Is(err, unix.EINPROGRESS) {
+			return err
+		}
+		if err := unix.Bind(ufd, &unix.SockaddrInet4{Port: udpPort, Addr: node}); err != nil {
+			return err
+		}
+		if err := unix.Connect(ufd, &unix.SockaddrInet4{Port: 53, Addr: server.As4()}); err != nil {
+			return err
+		}
+		for _, c := range cases {
+			v, out := runUnder(t, d, ether(unicastMAC, 0x0800, c.pkt))
+			dst := pktDst(out)
+			if c.node && (v != actOK || dst.Addr() != progNodeV4) {
+				t.Errorf("%s: verdict %d to %s, want it passed to the host untouched", c.name, v, dst)
 			}
-		})
-	}
-	// A client's SYN still opens a flow to the pod.
-	if v, out := runUnder(t, d, ether(unicastMAC, 0x0800, ipv4(server, progNodeV4, 6, seg4(5555, eph, 0x02)))); v != actRedirect ||
-		pktDst(out) != netip.AddrPortFrom(srv4, 80) {
-		t.Errorf("a client's SYN to the hostPort: verdict %d to %s, want redirected to the pod", v, pktDst(out))
-	}
+			if !c.node && (v != actRedirect || dst != netip.AddrPortFrom(srv4, 80)) {
+				t.Errorf("%s: verdict %d to %s, want redirected to the pod", c.name, v, dst)
+			}
+		}
+		return nil
+	})
+	fragMust(t, err)
+}
+
+// udp20 is a UDP datagram with 12 bytes of payload (long enough for
+// pktDst to read an IPv4 frame back).
+func udp20(sport, dport uint16) []byte {
+	b := make([]byte, 8+12)
+	binary.BigEndian.PutUint16(b[0:2], sport)
+	binary.BigEndian.PutUint16(b[2:4], dport)
+	binary.BigEndian.PutUint16(b[4:6], uint16(len(b)))
+	return b
 }
