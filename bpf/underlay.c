@@ -828,6 +828,50 @@ static __noinline int from_outside(struct __sk_buff *skb, struct pkt *p)
 	return encap_and_send(skb, p, sid, 0);
 }
 
+/* node_flow tells whether p (to the node) belongs to a flow of one of the
+ * node's own sockets: a TCP socket past LISTEN (connecting, established,
+ * closing, TIME_WAIT) or a connected UDP socket of exactly this address
+ * and port pair. A frontend on the node's address (a hostPort may sit in
+ * the ephemeral range the node connects from) must not take the answers
+ * to the node's own connections: portmap's DNAT never does, conntrack
+ * matching the node's flow first. Listeners and unbound UDP sockets are
+ * left to the agent (a hostPort never takes a port a node socket serves).
+ * Out of line: the tuple would not fit in from_underlay's frame. */
+static __noinline int node_flow(struct __sk_buff *skb, struct pkt *p)
+{
+	struct bpf_sock_tuple t = {};
+	__u32 len;
+	if (p->family == LACE_FAMILY_V4) {
+		__builtin_memcpy(&t.ipv4.saddr, p->saddr, 4);
+		__builtin_memcpy(&t.ipv4.daddr, p->daddr, 4);
+		t.ipv4.sport = p->sport;
+		t.ipv4.dport = p->dport;
+		len = sizeof(t.ipv4);
+	} else {
+		__builtin_memcpy(t.ipv6.saddr, p->saddr, 16);
+		__builtin_memcpy(t.ipv6.daddr, p->daddr, 16);
+		t.ipv6.sport = p->sport;
+		t.ipv6.dport = p->dport;
+		len = sizeof(t.ipv6);
+	}
+	struct bpf_sock *sk;
+	int own = 0;
+	if (p->proto == IPPROTO_TCP) {
+		sk = bpf_skc_lookup_tcp(skb, &t, len, BPF_F_CURRENT_NETNS, 0);
+		if (sk) {
+			own = sk->state != BPF_TCP_LISTEN;
+			bpf_sk_release(sk);
+		}
+	} else if (p->proto == IPPROTO_UDP) {
+		sk = bpf_sk_lookup_udp(skb, &t, len, BPF_F_CURRENT_NETNS, 0);
+		if (sk) {
+			own = sk->dst_port != 0;
+			bpf_sk_release(sk);
+		}
+	}
+	return own;
+}
+
 /* to_host handles plain IP addressed to the node: SNAT replies go back to
  * their pods, the rest to the host stack. */
 static __always_inline int to_host(struct __sk_buff *skb, __u16 proto)
@@ -846,6 +890,8 @@ static __always_inline int to_host(struct __sk_buff *skb, __u16 proto)
 	 * to its pods' flows: no frontend on the node's address takes them.
 	 * A frontend's client is outside: never at an inside address. */
 	if (bpf_ntohs(p.dport) < SNAT_PORT_MIN && frontend(p.family, p.proto, p.dport, p.daddr)) {
+		if (node_flow(skb, &p))
+			return TC_ACT_OK;
 		if (outside_spoofed(&p))
 			return drop(DROP_OUTSIDE_SPOOF);
 		int rc = xlb_in(skb, &p);

@@ -20,6 +20,8 @@ import (
 // of its traffic (a frontend's flow to another node leaves from the entry
 // node's address) and with the node's stack as its server. So:
 //
+//   - an endpoint at a loopback, link-local, unspecified or multicast
+//     address is never served (what Endpoints validation refuses);
 //   - an endpoint at the API server's address (the kubernetes Service's
 //     endpoints) is served for default/kubernetes only;
 //   - an endpoint at a node's address is served only when it names
@@ -95,6 +97,15 @@ func isKubernetesService(ns, name string) bool {
 func (h HostEndpoints) Refused(svc *corev1.Service, ep *discoveryv1.Endpoint, addr netip.Addr) string {
 	if h.Nodes == nil || isKubernetesService(svc.Namespace, svc.Name) {
 		return ""
+	}
+	// Endpoints (v1) validation refuses these (ValidateNonSpecialIP);
+	// EndpointSlice validation does not. Served, one would point the
+	// node's own sockets at its loopback services, or a frontend's flow
+	// from outside at a link-local server (cloud metadata) from the
+	// node's address.
+	if addr.IsUnspecified() || addr.IsLoopback() || addr.IsLinkLocalUnicast() || addr.IsLinkLocalMulticast() ||
+		addr.IsInterfaceLocalMulticast() || addr.IsMulticast() {
+		return "a loopback, link-local, unspecified or multicast address"
 	}
 	if h.APIServer[addr] {
 		return "the API server's address"
