@@ -19,22 +19,7 @@ import (
 // refused. Before, creation time alone decided and the working Service
 // was pushed out.
 func TestServiceBudgetGrowthIsNew(t *testing.T) {
-	nets := []lacev1.Network{{ObjectMeta: metav1.ObjectMeta{Name: "default", ResourceVersion: "1"}, Status: lacev1.NetworkStatus{ID: 1}}}
-	nbps := []lacev1.NetworkBindingPolicy{{ObjectMeta: metav1.ObjectMeta{Name: "default", ResourceVersion: "1"},
-		Spec: lacev1.NetworkBindingPolicySpec{Network: "default", Priority: model.CatchAllPriority}}}
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	svc := func(ns, name string, age, ports int, rv string) *corev1.Service {
-		s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID("uid-" + name), ResourceVersion: rv,
-			CreationTimestamp: metav1.NewTime(t0.Add(time.Duration(age) * time.Minute))},
-			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP}}
-		vip := fmt.Sprintf("10.96.0.%d", 10+age)
-		s.Spec.ClusterIP, s.Spec.ClusterIPs = vip, []string{vip}
-		for p := range ports {
-			s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: fmt.Sprint("p", p), Protocol: corev1.ProtocolTCP, Port: int32(1000 + p)})
-		}
-		return s
-	}
-	in := model.ServiceInput{Node: "n1", Networks: nets, BindingPolicies: nbps}
+	in, svc := budgetFixture()
 	c := &serviceCache{budget: model.Budget{ServiceFrontends: 25, TotalFrontends: 30}}
 	old := svc("a", "old", 0, 1, "1")
 	victim := svc("b", "web", 5, 10, "1")
@@ -58,4 +43,26 @@ func TestServiceBudgetGrowthIsNew(t *testing.T) {
 	if c.update(in, false, []*corev1.Service{svc("a", "old", 0, 1, "3"), victim}, nil); len(c.refused) != 0 {
 		t.Errorf("after shrinking: %v", c.refused)
 	}
+}
+
+// budgetFixture is the default network and a Service maker the budget
+// tests share: svc(ns, name, age, ports, rv) is a ClusterIP Service
+// created age minutes after t0 with ports TCP ports from 1000.
+func budgetFixture() (model.ServiceInput, func(ns, name string, age, ports int, rv string) *corev1.Service) {
+	nets := []lacev1.Network{{ObjectMeta: metav1.ObjectMeta{Name: "default", ResourceVersion: "1"}, Status: lacev1.NetworkStatus{ID: 1}}}
+	nbps := []lacev1.NetworkBindingPolicy{{ObjectMeta: metav1.ObjectMeta{Name: "default", ResourceVersion: "1"},
+		Spec: lacev1.NetworkBindingPolicySpec{Network: "default", Priority: model.CatchAllPriority}}}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	svc := func(ns, name string, age, ports int, rv string) *corev1.Service {
+		s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID("uid-" + name), ResourceVersion: rv,
+			CreationTimestamp: metav1.NewTime(t0.Add(time.Duration(age) * time.Minute))},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP}}
+		vip := fmt.Sprintf("10.96.0.%d", 10+age)
+		s.Spec.ClusterIP, s.Spec.ClusterIPs = vip, []string{vip}
+		for p := range ports {
+			s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: fmt.Sprint("p", p), Protocol: corev1.ProtocolTCP, Port: int32(1000 + p)})
+		}
+		return s
+	}
+	return model.ServiceInput{Node: "n1", Networks: nets, BindingPolicies: nbps}, svc
 }

@@ -1,15 +1,10 @@
 package agent
 
 import (
-	"fmt"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
-	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/model"
 	"github.com/lace-cni/lace/internal/tables"
@@ -35,22 +30,7 @@ func programmedOf(svcs []tables.Service) map[datapath.ServiceKey]datapath.Progra
 // admitted whole and tenant b's Service, programmed until then, was
 // dropped.
 func TestServiceBudgetRestartKeepsVerdicts(t *testing.T) {
-	nets := []lacev1.Network{{ObjectMeta: metav1.ObjectMeta{Name: "default", ResourceVersion: "1"}, Status: lacev1.NetworkStatus{ID: 1}}}
-	nbps := []lacev1.NetworkBindingPolicy{{ObjectMeta: metav1.ObjectMeta{Name: "default", ResourceVersion: "1"},
-		Spec: lacev1.NetworkBindingPolicySpec{Network: "default", Priority: model.CatchAllPriority}}}
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	svc := func(ns, name string, age, ports int, rv string) *corev1.Service {
-		s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID("uid-" + name), ResourceVersion: rv,
-			CreationTimestamp: metav1.NewTime(t0.Add(time.Duration(age) * time.Minute))},
-			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP}}
-		vip := fmt.Sprintf("10.96.0.%d", 10+age)
-		s.Spec.ClusterIP, s.Spec.ClusterIPs = vip, []string{vip}
-		for p := range ports {
-			s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: fmt.Sprint("p", p), Protocol: corev1.ProtocolTCP, Port: int32(1000 + p)})
-		}
-		return s
-	}
-	in := model.ServiceInput{Node: "n1", Networks: nets, BindingPolicies: nbps}
+	in, svc := budgetFixture()
 	budget := model.Budget{ServiceFrontends: 25, TotalFrontends: 30}
 	old, victim, grown := svc("a", "old", 0, 1, "1"), svc("b", "web", 5, 10, "1"), svc("a", "old", 0, 21, "2")
 	oldKey, victimKey := model.ServiceKey{Namespace: "a", Name: "old"}, model.ServiceKey{Namespace: "b", Name: "web"}
