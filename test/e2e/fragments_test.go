@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/netip"
 	"net/url"
 	"strings"
@@ -28,26 +27,7 @@ const bigUDP = 8192
 // in the namespace at nsPath with the same bytes, whatever their size.
 func bigUDPEcho(t *testing.T, nsPath string, port uint16) {
 	t.Helper()
-	var pc net.PacketConn
-	err := netutil.Do(nsPath, func() error {
-		c, err := net.ListenPacket("udp", fmt.Sprintf("[::]:%d", port))
-		pc = c
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pc.Close() })
-	go func() {
-		buf := make([]byte, 65536)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			_, _ = pc.WriteTo(buf[:n], from)
-		}
-	}()
+	udpEchoServer(t, nsPath, netip.AddrPortFrom(netip.IPv6Unspecified(), port))
 }
 
 // bigExchange sends one bigUDP-byte datagram from the namespace at ns to

@@ -62,7 +62,7 @@ func shortTCPServer(t *testing.T, nsPath string, addr netip.AddrPort) {
 }
 
 // udpEchoServer answers every datagram to addr in the namespace at nsPath
-// with the same bytes.
+// with the same bytes, whatever their size.
 func udpEchoServer(t *testing.T, nsPath string, addr netip.AddrPort) {
 	t.Helper()
 	var pc net.PacketConn
@@ -76,7 +76,7 @@ func udpEchoServer(t *testing.T, nsPath string, addr netip.AddrPort) {
 	}
 	t.Cleanup(func() { pc.Close() })
 	go func() {
-		buf := make([]byte, 256)
+		buf := make([]byte, 65536)
 		for {
 			n, from, err := pc.ReadFrom(buf)
 			if err != nil {
