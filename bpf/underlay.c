@@ -200,6 +200,7 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 	x->rv.expires = now + CT_NEW_IN;
 	__u32 h = bpf_get_prandom_u32();
 	__u16 steal = 0;
+	__u64 steal_expires = ~0ULL;
 	for (int i = 0; i < SNAT_TRIES; i++) {
 		x->rk.port = bpf_htons(SNAT_PORT_MIN + (h + i) % SNAT_PORT_RANGE);
 		/* A pod's SNAT flow to the same endpoint (outside the cluster:
@@ -229,9 +230,15 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 		if (owner && (owner->flags & CT_SNAT) && owner->snat_port == x->rk.port) {
 			/* Early drop, as Linux's conntrack does when full: a flow
 			 * not assured yet (a bare SYN of a flood) gives its port up
-			 * when no port is free, an established one never. */
-			if (!steal && !(owner->flags & CT_ASSURED))
+			 * when no port is free, an established one never. Of those
+			 * tried, the one silent longest: an honest handshake just
+			 * answered (its last ACK on the way) is the youngest, and
+			 * losing its port between SYN and ACK would send that ACK
+			 * to another endpoint, which resets it. */
+			if (!(owner->flags & CT_ASSURED) && owner->expires < steal_expires) {
 				steal = x->rk.port;
+				steal_expires = owner->expires;
+			}
 			continue;
 		}
 		bpf_map_update_elem(&lace_xlb_rev, &x->rk, &x->rv, BPF_ANY);
