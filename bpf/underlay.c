@@ -999,13 +999,23 @@ int from_underlay(struct __sk_buff *skb)
 static __noinline int host_answer(struct __sk_buff *skb, __u16 proto)
 {
 	struct pkt p = {};
-	if (parse_ip(skb, proto, ETH_HLEN, &p) || p.frag || (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP))
+	if (parse_ip(skb, proto, ETH_HLEN, &p) || (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP))
+		return TC_ACT_OK;
+	/* An answer larger than the MTU (a node-local DNS cache's) leaves in
+	 * fragments: a later one takes its first's ports, and so its
+	 * translation; one whose first was no frontend's answer is the
+	 * node's own. */
+	if (p.frag == PKT_FRAG_LATER && frag_track(&p, NODE_NET_ID, 0))
 		return TC_ACT_OK;
 	struct ct_key k;
 	ct_key_of(&k, NODE_NET_ID, &p, 1);
 	struct ct_val *ct = ct_lookup(&k);
 	if (!ct || !(ct->flags & CT_REV_NAT))
 		return TC_ACT_OK;
+	/* Only a frontend's answer is recorded: the node's other large
+	 * datagrams never churn lace_frags. */
+	if (p.frag == PKT_FRAG_FIRST)
+		frag_track(&p, NODE_NET_ID, 0);
 	__u8 fa[16];
 	__builtin_memcpy(fa, ct->nat_addr, 16);
 	__u16 fp = ct->nat_port;

@@ -35,6 +35,7 @@ func main() {
 	flag.StringVar(&o.CNISocket, "cni-socket", o.CNISocket, "unix socket lace-cni connects to")
 	flag.StringVar(&o.BPFFS, "bpffs", o.BPFFS, "bpffs directory for pinned maps and links")
 	flag.StringVar(&o.StateDir, "state-dir", o.StateDir, "directory of the endpoint checkpoint")
+	flag.StringVar(&o.LocalReservedPorts, "local-reserved-ports", o.LocalReservedPorts, "the node's net.ipv4.ip_local_reserved_ports, where served hostPorts and the SNAT range are kept out of the node's ephemeral ports (empty leaves it alone)")
 	flag.StringVar(&o.DelQueueDir, "del-queue-dir", o.DelQueueDir, "directory where lace-cni queues DELs the agent could not be reached for")
 	flag.IntVar(&o.MTU, "mtu", o.MTU, "pod interface MTU; 0 derives it at each ADD from the underlay interface's MTU less the 40-byte SRv6 encapsulation")
 	flag.StringVar(&o.MetricsAddr, "metrics-bind-address", o.MetricsAddr, "metrics endpoint (0 disables)")

@@ -104,6 +104,11 @@ type Options struct {
 	// sizes so one tenant cannot push another's Services out). 0: a
 	// quarter of the map; negative: no share.
 	NamespaceFrontends, NamespaceBackends int
+	// LocalReservedPorts is the node's net.ipv4.ip_local_reserved_ports
+	// file, where the agent reserves the hostPorts it serves and the SNAT
+	// range from the node's ephemeral ports (localports.go); empty leaves
+	// it alone.
+	LocalReservedPorts string
 	// Pprof serves net/http/pprof under /debug/pprof/ on the metrics
 	// address, to profile an agent in place. Off by default; the
 	// LACE_AGENT_PPROF environment variable turns it on.
@@ -113,16 +118,17 @@ type Options struct {
 // DefaultOptions are the flag defaults of lace-agent.
 func DefaultOptions() Options {
 	return Options{
-		NetNS:             "/proc/self/ns/net",
-		UnderlayInterface: "eth0",
-		CNISocket:         cniapi.DefaultSocket,
-		BPFFS:             "/sys/fs/bpf/lace",
-		StateDir:          "/var/lib/lace",
-		DelQueueDir:       cniapi.DefaultDelQueueDir,
-		MetricsAddr:       "0",
-		HealthAddr:        "0",
-		ResyncPeriod:      30 * time.Second,
-		Pprof:             os.Getenv("LACE_AGENT_PPROF") != "",
+		NetNS:              "/proc/self/ns/net",
+		UnderlayInterface:  "eth0",
+		CNISocket:          cniapi.DefaultSocket,
+		BPFFS:              "/sys/fs/bpf/lace",
+		StateDir:           "/var/lib/lace",
+		DelQueueDir:        cniapi.DefaultDelQueueDir,
+		MetricsAddr:        "0",
+		HealthAddr:         "0",
+		ResyncPeriod:       30 * time.Second,
+		LocalReservedPorts: "/proc/sys/net/ipv4/ip_local_reserved_ports",
+		Pprof:              os.Getenv("LACE_AGENT_PPROF") != "",
 	}
 }
 
@@ -150,6 +156,11 @@ type Agent struct {
 	hostPortReported map[model.HostPortRefusal]bool
 	// hostPortMax is the node's share of the service maps for hostPorts.
 	hostPortMax int
+	// localPorts keeps served hostPorts and the SNAT range out of the
+	// node's ephemeral ports; localPortsErr is its last failure, logged
+	// once.
+	localPorts    *localPorts
+	localPortsErr string
 
 	// applier is the one writer of the data plane.
 	applier *applier
@@ -250,7 +261,7 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 	}
 	a := &Agent{opts: o, log: log.With("node", o.NodeName), mgr: mgr, hostPods: hostPods, client: mgr.GetClient(), reader: mgr.GetAPIReader(),
 		recorder: mgr.GetEventRecorderFor("lace-agent/" + o.NodeName), dp: newTableDP(dp), cp: cp, statusKick: make(chan struct{}, 1),
-		node: linuxNode{ns: o.NetNS, underlay: o.UnderlayInterface}}
+		node: linuxNode{ns: o.NetNS, underlay: o.UnderlayInterface}, localPorts: newLocalPorts(o.LocalReservedPorts, o.StateDir)}
 	a.health = newHealthChecks(a.log)
 	svcMax, beMax, rangeMax := dp.MapCapacity()
 	// hostPorts have their own share of the service maps (an entry and

@@ -73,7 +73,32 @@ func (a *Agent) hostPorts(ctx context.Context, node *corev1.Node, addrs []netip.
 	}
 	out, refused := model.ComputeHostPorts(in, svcs)
 	a.reportHostPorts(refused)
+	var served []uint16
+	for _, s := range out {
+		if s.Frontend == tables.FrontendHostPort {
+			served = append(served, s.Port)
+		}
+	}
+	a.reserveLocalPorts(served)
 	return out, nil
+}
+
+// reserveLocalPorts keeps the served hostPorts and the SNAT range out of
+// the node's ephemeral ports. A failure leaves the node's clients able to
+// pick one (their answers would be taken) but serves the hostPorts: it is
+// logged when it changes, not at every sync.
+func (a *Agent) reserveLocalPorts(ports []uint16) {
+	err := a.localPorts.reserve(ports)
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	a.hostPortMu.Lock()
+	defer a.hostPortMu.Unlock()
+	if msg != a.localPortsErr && err != nil {
+		a.log.Warn("reserve the node's hostPorts and SNAT range from its ephemeral ports", "err", err)
+	}
+	a.localPortsErr = msg
 }
 
 func appendHostPorts(out, ports []corev1.ContainerPort) []corev1.ContainerPort {

@@ -16,30 +16,23 @@ import (
 
 // nodeListeners are the ports the node's own sockets serve (the agent
 // runs in the node's network namespace, so /proc/net is the node's): TCP
-// sockets in LISTEN, and unconnected UDP sockets bound outside the
-// ephemeral range (a client's unconnected socket there is no server, and
-// would make hostPorts come and go). A hostPort never takes one of them:
-// a pod publishing 127.0.0.1:53 must not capture the node's resolver
-// (kubenet's hostport manager refused a port already in use, too). A
-// socket bound to the wildcard address reserves the port on every
-// address, of both families.
+// sockets in LISTEN, and unconnected UDP sockets, whatever their port: a
+// UDP server inside the ephemeral range (WireGuard's 51820, Tailscale's
+// 41641) looks like a client's unconnected socket, and both lose their
+// traffic to a hostPort on their port. A client cannot make a served
+// hostPort go away by drawing its port: the agent keeps served hostPorts
+// out of the node's ephemeral ports (localports.go). A hostPort never
+// takes one of them: a pod publishing 127.0.0.1:53 must not capture the
+// node's resolver (kubenet's hostport manager refused a port already in
+// use, too). A socket bound to the wildcard address reserves the port on
+// every address, of both families.
 func nodeListeners(procNet string) ([]model.ReservedPort, error) {
-	lo, hi := 32768, 60999
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		if f := strings.Fields(string(b)); len(f) == 2 {
-			l, err1 := strconv.Atoi(f[0])
-			h, err2 := strconv.Atoi(f[1])
-			if err1 == nil && err2 == nil {
-				lo, hi = l, h
-			}
-		}
-	}
 	var out []model.ReservedPort
 	for _, f := range []struct {
 		file  string
 		proto uint8
 	}{{"tcp", 6}, {"tcp6", 6}, {"udp", 17}, {"udp6", 17}} {
-		got, err := readListeners(filepath.Join(procNet, f.file), f.proto, lo, hi)
+		got, err := readListeners(filepath.Join(procNet, f.file), f.proto)
 		if err != nil {
 			if os.IsNotExist(err) {
 				continue
@@ -51,7 +44,7 @@ func nodeListeners(procNet string) ([]model.ReservedPort, error) {
 	return out, nil
 }
 
-func readListeners(path string, proto uint8, lo, hi int) ([]model.ReservedPort, error) {
+func readListeners(path string, proto uint8) ([]model.ReservedPort, error) {
 	fh, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -77,7 +70,7 @@ func readListeners(path string, proto uint8, lo, hi int) ([]model.ReservedPort, 
 		switch {
 		case proto == 6 && f[3] != "0A":
 			continue
-		case proto == 17 && (rport != 0 || (int(port) >= lo && int(port) <= hi)):
+		case proto == 17 && rport != 0:
 			continue
 		}
 		r := model.ReservedPort{Proto: proto, Port: port, What: "listening socket"}

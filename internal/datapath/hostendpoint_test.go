@@ -176,3 +176,73 @@ func TestProgHostEndpointOutsideView(t *testing.T) {
 		}
 	})
 }
+
+// TestProgHostAnswerFragments: a hostNetwork UDP server behind a
+// NodePort (a node-local DNS cache) answers an outside client with a
+// datagram larger than the MTU, which leaves the node's stack in
+// fragments. The first, which carries the ports, must leave from the
+// NodePort as an unfragmented answer does (passed untranslated, it left
+// from the server's own port: the client matches nothing and learns the
+// endpoint's port); its later fragment passes with the frontend's
+// address. A node's own large datagram (no frontend's answer) is
+// untouched and recorded nowhere: its later fragment passes as it came.
+func TestProgHostAnswerFragments(t *testing.T) {
+	for _, f := range hostEPFamilies {
+		t.Run(f.name, func(t *testing.T) {
+			d := hostEPDatapath(t, f)
+			here := []tables.Backend{{Addr: f.node, Port: 53}}
+			if _, err := d.ApplyServices([]Service{
+				{VIP: f.clusterIP, Proto: 17, Port: 53, NetID: progNet, Backends: here},
+				{VIP: f.node, Proto: 17, Port: 30053, NetID: progNet, Backends: here, Frontend: tables.FrontendNodePort, ClusterIP: f.clusterIP, ClusterPort: 53},
+			}); err != nil {
+				t.Fatal(err)
+			}
+			ip := func(src, dst netip.Addr, l4 []byte) []byte {
+				if src.Is4() {
+					return ether(unicastMAC, f.ethType, ipv4(src, dst, 17, l4))
+				}
+				return ether(unicastMAC, f.ethType, ipv6(src, dst, 17, l4))
+			}
+			v, out := runUnder(t, d, ip(f.client, f.node, udp20(5555, 30053)))
+			if dst := pktDst(out); v != actOK || dst != netip.AddrPortFrom(f.node, 53) {
+				t.Fatalf("query to the NodePort: verdict %d to %s, want the host stack on :53", v, dst)
+			}
+			_, out = runToUnderlay(t, d, ip(f.node, f.client, udp20(53, 5555)))
+			if src, _ := f.addrs(out); src != netip.AddrPortFrom(f.node, 30053) {
+				t.Fatalf("unfragmented answer leaves from %s, want the NodePort", src)
+			}
+			// In IPv6 the fragment header comes before the ports.
+			fragSport := func(pkt []byte) netip.AddrPort {
+				src, _ := f.addrs(pkt)
+				at := f.l4At
+				if !f.node.Is4() {
+					at += 8
+				}
+				return netip.AddrPortFrom(src.Addr(), binary.BigEndian.Uint16(pkt[at:]))
+			}
+			payload := append(udp20(53, 5555), make([]byte, 28)...)
+			v, out = runToUnderlay(t, d, fragPkt(f.node, f.client, 17, 0x4242, 0, true, payload))
+			if src := fragSport(out); v != actOK || src != netip.AddrPortFrom(f.node, 30053) {
+				t.Errorf("the answer's first fragment: verdict %d from %s, want it to leave from the NodePort %s:30053", v, src, f.node)
+			}
+			v, out = runToUnderlay(t, d, fragPkt(f.node, f.client, 17, 0x4242, 48, false, make([]byte, 16)))
+			if src, _ := f.addrs(out); v != actOK || src.Addr() != f.node {
+				t.Errorf("the answer's later fragment: verdict %d from %s, want it to leave from %s", v, src.Addr(), f.node)
+			}
+			// The node's own large datagram from port 54 (no frontend's).
+			own := append(udp20(54, 5555), make([]byte, 28)...)
+			_, out = runToUnderlay(t, d, fragPkt(f.node, f.client, 17, 0x4343, 0, true, own))
+			if src := fragSport(out); src != netip.AddrPortFrom(f.node, 54) {
+				t.Errorf("the node's own first fragment left from %s, want it untouched", src)
+			}
+			var n int
+			var k, val []byte
+			for it := d.pod.LaceFrags.Iterate(); it.Next(&k, &val); {
+				n++
+			}
+			if n != 1 {
+				t.Errorf("lace_frags holds %d records, want only the frontend answer's", n)
+			}
+		})
+	}
+}

@@ -30,11 +30,20 @@ const (
 
 // The service maps' room for hostPorts: the node's share (the agent
 // takes it out of the Services' budget, so hostPorts never crowd
-// Services out, nor Services hostPorts) and one pod's part of it (a pod
-// may declare thousands of ports; the oldest pods keep theirs).
+// Services out, nor Services hostPorts), one pod's part of it (a pod
+// may declare thousands of ports; the oldest pods keep theirs) and one
+// namespace's: a tenant may pin any number of pods to a node
+// (spec.nodeName skips the scheduler) and nothing in Kubernetes counts
+// hostPorts per namespace (ResourceQuota counts no ports), so without it
+// one namespace's old pods would hold the node's whole share and every
+// other namespace's hostPort there would be refused for as long as they
+// live.
 const (
 	MaxHostPortEntries       = 1024
 	MaxHostPortEntriesPerPod = 64
+	// A quarter of the node's share: four namespaces at their limit
+	// leave nothing, but a tenant holds one namespace.
+	hostPortNamespaceShareDiv = 4
 )
 
 // HostPortPod is a pod of this node as its hostPorts need it.
@@ -67,7 +76,8 @@ type HostPortInput struct {
 	Reserved  []ReservedPort
 	Pods      []HostPortPod
 	// MaxEntries bounds the node's hostPort entries (0:
-	// MaxHostPortEntries).
+	// MaxHostPortEntries); a namespace's entries on the node are bounded
+	// by a quarter of it.
 	MaxEntries int
 }
 
@@ -125,6 +135,8 @@ func ComputeHostPorts(in HostPortInput, svcs []tables.Service) ([]tables.Service
 	if limit <= 0 {
 		limit = MaxHostPortEntries
 	}
+	nsLimit := max(limit/hostPortNamespaceShareDiv, 1)
+	perNamespace := map[string]int{}
 	for i := range pods {
 		p := &pods[i]
 		mine := 0
@@ -171,12 +183,13 @@ func ComputeHostPorts(in HostPortInput, svcs []tables.Service) ([]tables.Service
 					}
 					continue
 				}
-				if mine >= MaxHostPortEntriesPerPod || len(out) >= limit {
-					refuse(p, HostPortLimit, "%s on %s: past the %d entries a pod and %d a node may have", what, at,
-						MaxHostPortEntriesPerPod, limit)
+				if mine >= MaxHostPortEntriesPerPod || perNamespace[p.Namespace] >= nsLimit || len(out) >= limit {
+					refuse(p, HostPortLimit, "%s on %s: past the %d entries a pod, %d a namespace and %d a node may have", what, at,
+						MaxHostPortEntriesPerPod, nsLimit, limit)
 					continue
 				}
 				mine++
+				perNamespace[p.Namespace]++
 				pod := podAddrOf(p.Addrs, at.Is4())
 				owner[k] = p
 				out = append(out, tables.Service{VIP: at, Proto: proto, Port: port, NetID: p.NetID,

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"testing"
@@ -121,9 +122,64 @@ func TestComputeHostPorts(t *testing.T) {
 	if len(got) != MaxHostPortEntriesPerPod || len(refused) != 100-MaxHostPortEntriesPerPod || refused[0].Reason != HostPortLimit {
 		t.Errorf("a pod with 100 hostPorts got %d entries and %d refusals, want %d and the rest HostPortLimit", len(got), len(refused), MaxHostPortEntriesPerPod)
 	}
-	younger := pod("younger", 2, dual, hp(n4.String(), corev1.ProtocolTCP, 2000))
-	got, refused = ComputeHostPorts(HostPortInput{NodeAddrs: in.NodeAddrs, Pods: []HostPortPod{younger, big}, MaxEntries: 64}, nil)
-	if len(got) != 64 || len(refused) != 37 || refused[len(refused)-1].Name != "younger" {
-		t.Errorf("node limit 64: %d entries, %d refusals (last %+v), want big's 64 and younger refused", len(got), len(refused), refused[len(refused)-1])
+	// Node limit 64: a namespace holds at most 16 of them, so four
+	// namespaces' big pods take it all and a fifth's younger pod is
+	// refused; a second pod of a full namespace is refused too.
+	var pods []HostPortPod
+	for i, ns := range []string{"a", "b", "c", "d"} {
+		b := pod("big-"+ns, 1+i, dual, many...)
+		b.Namespace = ns
+		pods = append(pods, b)
+	}
+	younger := pod("younger", 9, dual, hp(n4.String(), corev1.ProtocolTCP, 2000))
+	younger.Namespace = "e"
+	sibling := pod("sibling", 8, dual, hp(n4.String(), corev1.ProtocolTCP, 2001))
+	sibling.Namespace = "a"
+	got, refused = ComputeHostPorts(HostPortInput{NodeAddrs: in.NodeAddrs, Pods: append(pods, younger, sibling), MaxEntries: 64}, nil)
+	refusedOf := map[string]int{}
+	for _, r := range refused {
+		refusedOf[r.Name]++
+	}
+	if len(got) != 64 || refusedOf["big-a"] != 100-16 || refusedOf["younger"] != 1 || refusedOf["sibling"] != 1 {
+		t.Errorf("node limit 64: %d entries, refusals %v; want 16 of each namespace's big pod, younger and sibling refused", len(got), refusedOf)
+	}
+}
+
+// TestHostPortBudgetPerTenant: one tenant pins 16 pods of 64 entries
+// each (16 hostPorts on an empty hostIP: two node addresses and two
+// loopbacks) to a node, as many as the node's whole share; another
+// namespace's one hostPort there is still served, and the tenant keeps
+// its namespace's quarter.
+func TestHostPortBudgetPerTenant(t *testing.T) {
+	n4, n6 := netip.MustParseAddr("172.30.0.11"), netip.MustParseAddr("fd00:30::11")
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	in := HostPortInput{NodeAddrs: []netip.Addr{n4, n6}}
+	for i := range 16 {
+		p := HostPortPod{Namespace: "hog", Name: fmt.Sprintf("hog-%d", i), UID: types.UID(fmt.Sprintf("hog-%d", i)), NetID: 7,
+			Created: metav1.NewTime(t0.Add(time.Duration(i) * time.Second)),
+			Addrs:   []netip.Addr{netip.AddrFrom4([4]byte{10, 0, 1, byte(10 + i)}), netip.MustParseAddr(fmt.Sprintf("fd00::1:%x", 10+i))}}
+		for j := range 16 {
+			p.Ports = append(p.Ports, corev1.ContainerPort{HostPort: int32(20000 + 16*i + j), ContainerPort: 80})
+		}
+		in.Pods = append(in.Pods, p)
+	}
+	victim := HostPortPod{Namespace: "victim", Name: "web", UID: "victim", NetID: 7, Created: metav1.NewTime(t0.Add(time.Hour)),
+		Addrs: []netip.Addr{netip.MustParseAddr("10.0.2.2")},
+		Ports: []corev1.ContainerPort{{HostPort: 8080, ContainerPort: 80, HostIP: n4.String()}}}
+	in.Pods = append(in.Pods, victim)
+	got, refused := ComputeHostPorts(in, nil)
+	for _, r := range refused {
+		if r.Namespace == "victim" {
+			t.Errorf("another namespace's one hostPort refused (%s: %s): one tenant took the node's whole share", r.Reason, r.Message)
+		}
+	}
+	hog := 0
+	for _, s := range got {
+		if s.VIP != n4 || s.Port != 8080 {
+			hog++
+		}
+	}
+	if hog != MaxHostPortEntries/4 {
+		t.Errorf("the tenant holds %d entries, want its namespace's share %d", hog, MaxHostPortEntries/4)
 	}
 }

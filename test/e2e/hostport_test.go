@@ -7,7 +7,9 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
+	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -50,11 +52,13 @@ func TestHostPort(t *testing.T) {
 		corev1.ContainerPort{ContainerPort: 8080, HostPort: 40082, HostIP: "127.0.0.1", Protocol: corev1.ProtocolTCP},
 		corev1.ContainerPort{ContainerPort: 8081, HostPort: 40083, HostIP: n1v6.String(), Protocol: corev1.ProtocolUDP},
 		corev1.ContainerPort{ContainerPort: 8080, HostPort: 40084, HostIP: "192.0.2.1", Protocol: corev1.ProtocolTCP},
-		// hp-node's own port on n1: the node's listening socket keeps it.
-		corev1.ContainerPort{ContainerPort: 8080, HostPort: 18190, Protocol: corev1.ProtocolTCP})
+		// hp-node's own ports on n1: the node's sockets keep them, its
+		// UDP server inside the ephemeral range too (WireGuard's port).
+		corev1.ContainerPort{ContainerPort: 8080, HostPort: 18190, Protocol: corev1.ProtocolTCP},
+		corev1.ContainerPort{ContainerPort: 8081, HostPort: 51820, Protocol: corev1.ProtocolUDP})
 	hostNet := netexecPod("hp-node", "n1")
 	hostNet.Spec.HostNetwork = true
-	hostNet.Spec.Containers[0].Args = []string{"netexec", "--http-port=18190", "--udp-port=18191"}
+	hostNet.Spec.Containers[0].Args = []string{"netexec", "--http-port=18190", "--udp-port=51820"}
 	// No declared port: the kubelet would refuse hp-a or hp-node for
 	// two hostPorts 18190; an undeclared node socket is what the agent
 	// must notice by itself.
@@ -158,14 +162,36 @@ func TestHostPort(t *testing.T) {
 			return fmt.Errorf("%d events, none %s", len(evs.Items), reason)
 		})
 	}
-	eventually(t, 60*time.Second, "n1's own netexec answering on its port 18190", func() error {
+	eventually(t, 60*time.Second, "n1's own netexec answering on its ports 18190/TCP and 51820/UDP", func() error {
 		for range 4 {
-			if got, err := semAsk(ext, "tcp", netip.AddrPortFrom(n1v4, 18190), "/hostname"); err != nil || got != "n1" {
-				return fmt.Errorf("answered by %q (%v), want the node's own n1", got, err)
+			for _, p := range []semProbe{{"tcp", netip.AddrPortFrom(n1v4, 18190)}, {"udp", netip.AddrPortFrom(n1v4, 51820)}} {
+				if got, err := semAsk(ext, p.proto, p.ap, semReq(p.proto)); err != nil || got != "n1" {
+					return fmt.Errorf("%s answered by %q (%v), want the node's own n1", p, got, err)
+				}
 			}
 		}
 		return nil
 	})
+	// The served hostPorts and the SNAT range are out of the node's
+	// ephemeral ports: none of its clients draws one.
+	out, err := exec.Command("ip", "netns", "exec", labConfig().NetNS("n1"), "cat", "/proc/sys/net/ipv4/ip_local_reserved_ports").CombinedOutput()
+	reserved := map[int]bool{}
+	for _, r := range strings.Split(strings.TrimSpace(string(out)), ",") {
+		lo, hi, _ := strings.Cut(r, "-")
+		l, _ := strconv.Atoi(lo)
+		h, herr := strconv.Atoi(hi)
+		if herr != nil {
+			h = l
+		}
+		for p := l; p > 0 && p <= h; p++ {
+			reserved[p] = true
+		}
+	}
+	for _, p := range []int{40080, 40081, 40082, 40083, 61000, 63000, 65535} {
+		if err != nil || !reserved[p] {
+			t.Errorf("n1's ip_local_reserved_ports %q (%v) lacks %d; want the served hostPorts and the SNAT range 61000-65535", out, err, p)
+		}
+	}
 
 	// A network that reaches the outside (so the node's address) but not
 	// network default's pods: its pod's flows to the hostPort are
