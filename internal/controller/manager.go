@@ -5,8 +5,11 @@ import (
 	"net/netip"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -75,6 +78,7 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 		LeaderElectionID:              o.LeaderElectionID,
 		LeaderElectionReleaseOnCancel: true,
 		Controller:                    config.Controller{SkipNameValidation: &o.SkipNameValidation},
+		Cache:                         cache.Options{ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: hostPodsCache()}},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create manager: %w", err)
@@ -99,7 +103,7 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 	if err := (&BindingPolicyReconciler{Client: mgr.GetClient(), Recorder: recorder}).SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("setup binding policy controller: %w", err)
 	}
-	if err := (&ServiceReconciler{Client: mgr.GetClient(), Recorder: recorder}).SetupWithManager(mgr); err != nil {
+	if err := (&ServiceReconciler{Client: mgr.GetClient(), Recorder: recorder, Allowed: o.AllowedExternalIPs}).SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("setup service controller: %w", err)
 	}
 	if err := (&UnderlayAddressReconciler{Client: mgr.GetClient(), Recorder: recorder, Allowed: o.AllowedExternalIPs}).SetupWithManager(mgr); err != nil {

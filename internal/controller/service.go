@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -32,6 +33,11 @@ const (
 	// AnnotationBindingError says why a Service is bound to no network
 	// (and so not served).
 	AnnotationBindingError = "lace-cni.io/binding-error"
+	// AnnotationRefusedEndpoints lists the endpoint addresses no agent
+	// serves (model.HostEndpoints: a node's address naming no hostNetwork
+	// pod of the namespace on it, the API server's, loopback and the
+	// like), comma-separated.
+	AnnotationRefusedEndpoints = "lace-cni.io/refused-endpoints"
 )
 
 // Event reasons on Services.
@@ -39,6 +45,7 @@ const (
 	ReasonServiceBound           = "NetworkBound"
 	ReasonServiceUnbound         = "NoNetwork"
 	ReasonEndpointInOtherNetwork = "EndpointInOtherNetwork"
+	ReasonEndpointRefused        = "EndpointRefused"
 )
 
 // ServiceReconciler makes each Service's binding visible: the network it
@@ -51,6 +58,9 @@ const (
 type ServiceReconciler struct {
 	Client   client.Client
 	Recorder record.EventRecorder
+	// Allowed is the externalIP allow-list, which the agents' acceptance
+	// of underlay addresses (and so the host endpoint gate) reads.
+	Allowed []netip.Prefix
 }
 
 // SetupWithManager registers the reconciler.
@@ -69,12 +79,27 @@ func (r *ServiceReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&discoveryv1.EndpointSlice{}, sliceOwner).
 		Watches(&lacev1.NetworkBindingPolicy{}, all, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&lacev1.Network{}, all).
+		// A hostNetwork pod (the only ones cached) may make its
+		// namespace's endpoints at its node's address served, or not.
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.namespaceServices)).
 		Complete(r)
 }
 
 func (r *ServiceReconciler) allServices(ctx context.Context, _ client.Object) []reconcile.Request {
 	var l corev1.ServiceList
 	if err := r.Client.List(ctx, &l); err != nil {
+		return nil
+	}
+	out := make([]reconcile.Request, 0, len(l.Items))
+	for _, s := range l.Items {
+		out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: s.Namespace, Name: s.Name}})
+	}
+	return out
+}
+
+func (r *ServiceReconciler) namespaceServices(ctx context.Context, o client.Object) []reconcile.Request {
+	var l corev1.ServiceList
+	if err := r.Client.List(ctx, &l, client.InNamespace(o.GetNamespace())); err != nil {
 		return nil
 	}
 	out := make([]reconcile.Request, 0, len(l.Items))
@@ -109,20 +134,29 @@ func (r *ServiceReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	if err := r.Client.Get(ctx, types.NamespacedName{Name: svc.Namespace}, &ns); err != nil && !apierrors.IsNotFound(err) {
 		return reconcile.Result{}, fmt.Errorf("get namespace %s: %w", svc.Namespace, err)
 	}
+	hostEPs, err := hostEndpoints(ctx, r.Client, r.Allowed)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
 	st := model.ComputeServices(model.ServiceInput{Networks: nets.Items, BindingPolicies: nbps.Items,
 		Services: []corev1.Service{svc}, EndpointSlices: slices.Items, NetworkEndpoints: neps.Items,
-		Namespaces: map[string]map[string]string{svc.Namespace: ns.Labels}})
+		Namespaces: map[string]map[string]string{svc.Namespace: ns.Labels}, HostEndpoints: hostEPs})
 	if len(st.Bound) == 0 {
 		return reconcile.Result{}, nil // not Lace's: headless, ExternalName, another proxy's
 	}
 	b := st.Bound[0]
-	var excluded, excludedFrom []string
+	var excluded, excludedFrom, refused, refusedWhy []string
 	for _, e := range st.Excluded {
+		if e.Refused != "" {
+			refused = append(refused, e.Addr.String())
+			refusedWhy = append(refusedWhy, fmt.Sprintf("%s (%s)", e.Addr, e.Refused))
+			continue
+		}
 		excluded = append(excluded, e.Addr.String())
 		excludedFrom = append(excludedFrom, fmt.Sprintf("%s (network %s)", e.Addr, e.Network))
 	}
 	want := map[string]string{AnnotationServiceNetwork: b.Network, AnnotationBindingError: b.Err,
-		AnnotationExcludedEndpoints: strings.Join(excluded, ",")}
+		AnnotationExcludedEndpoints: strings.Join(excluded, ","), AnnotationRefusedEndpoints: strings.Join(refused, ",")}
 	old := map[string]string{}
 	changed := false
 	for k, v := range want {
@@ -151,6 +185,9 @@ func (r *ServiceReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	if ex := want[AnnotationExcludedEndpoints]; ex != "" && ex != old[AnnotationExcludedEndpoints] {
 		r.Recorder.Eventf(&svc, corev1.EventTypeWarning, ReasonEndpointInOtherNetwork,
 			"endpoints left out, their pods are not in the service's network %s: %s", b.Network, strings.Join(excludedFrom, ", "))
+	}
+	if rf := want[AnnotationRefusedEndpoints]; rf != "" && rf != old[AnnotationRefusedEndpoints] {
+		r.Recorder.Eventf(&svc, corev1.EventTypeWarning, ReasonEndpointRefused, "endpoints not served: %s", strings.Join(refusedWhy, ", "))
 	}
 	return reconcile.Result{}, nil
 }

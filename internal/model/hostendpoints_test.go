@@ -65,6 +65,17 @@ func TestHostEndpointsGate(t *testing.T) {
 			if !served["10.96.0.1->172.30.0.1"] {
 				t.Errorf("default/kubernetes lost its API server endpoint")
 			}
+			// A refused endpoint is reported left out, with why (the
+			// controller's annotation and Event).
+			var reported []ExcludedEndpoint
+			for _, x := range st.Excluded {
+				if x.Refused != "" {
+					reported = append(reported, x)
+				}
+			}
+			if c.serve && len(reported) != 0 || !c.serve && (len(reported) != 1 || reported[0].Addr.String() != c.ep.Addresses[0] || reported[0].Service != "web") {
+				t.Errorf("refused endpoints reported %+v; want %v", reported, map[bool]string{true: "none", false: c.ep.Addresses[0] + " of web"}[c.serve])
+			}
 		})
 	}
 	if (HostEndpoints{}).Refused(&corev1.Service{}, &discoveryv1.Endpoint{}, netip.MustParseAddr("172.30.0.12")) != "" {

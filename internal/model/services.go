@@ -151,15 +151,17 @@ type ServiceBinding struct {
 	Err                              string
 }
 
-// ExcludedEndpoint is an endpoint address of a service that belongs to a pod
-// of Network, not of the service's network ServiceNetwork. Network names
-// every other network holding the address, comma-separated, when it is
-// known only by address.
+// ExcludedEndpoint is an endpoint address of a service left out: one
+// that belongs to a pod of Network, not of the service's network
+// ServiceNetwork (Network names every other network holding the address,
+// comma-separated, when it is known only by address), or one the host
+// endpoint gate refuses (Refused says why: HostEndpoints.Refused).
 type ExcludedEndpoint struct {
 	Namespace, Service string
 	Addr               netip.Addr
 	Network            string
 	ServiceNetwork     string
+	Refused            string
 }
 
 // ComputeServices decides which service ports this node serves, in which
@@ -676,6 +678,19 @@ type serviceCtx struct {
 	excluded *map[excludedEndpointKey]ExcludedEndpoint
 }
 
+// exclude records x (its address and why) as left out of the service, once
+// per address.
+func (c *serviceCtx) exclude(x ExcludedEndpoint) {
+	k := excludedEndpointKey{c.svc.Namespace, c.svc.Name, x.Addr}
+	if *c.excluded == nil {
+		*c.excluded = map[excludedEndpointKey]ExcludedEndpoint{}
+	}
+	if _, ok := (*c.excluded)[k]; !ok {
+		x.Namespace, x.Service, x.ServiceNetwork = c.svc.Namespace, c.svc.Name, c.network
+		(*c.excluded)[k] = x
+	}
+}
+
 // svcEndpoint is one (address, port) of a service port with what eligibility
 // needs to know of it.
 type svcEndpoint struct {
@@ -866,18 +881,15 @@ func (c *serviceCtx) endpoints(vip netip.Addr, sp corev1.ServicePort) []svcEndpo
 				if !ok || addr.Is6() != vip.Is6() {
 					continue
 				}
-				if sl.Namespace != c.svc.Namespace || c.env.hostEPs.Refused(c.svc, ep, addr) != "" {
+				if sl.Namespace != c.svc.Namespace {
+					continue
+				}
+				if why := c.env.hostEPs.Refused(c.svc, ep, addr); why != "" {
+					c.exclude(ExcludedEndpoint{Addr: addr, Refused: why})
 					continue
 				}
 				if other := c.env.pods.otherNetwork(sl.Namespace, ep, addr, c.network); other != "" {
-					k := excludedEndpointKey{c.svc.Namespace, c.svc.Name, addr}
-					if *c.excluded == nil {
-						*c.excluded = map[excludedEndpointKey]ExcludedEndpoint{}
-					}
-					if _, ok := (*c.excluded)[k]; !ok {
-						(*c.excluded)[k] = ExcludedEndpoint{Namespace: c.svc.Namespace, Service: c.svc.Name, Addr: addr,
-							Network: other, ServiceNetwork: c.network}
-					}
+					c.exclude(ExcludedEndpoint{Addr: addr, Network: other})
 					continue
 				}
 				e := svcEndpoint{addr: addr, port: uint16(*p.Port), zone: derefString(ep.Zone), node: derefString(ep.NodeName),

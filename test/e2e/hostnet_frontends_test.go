@@ -190,4 +190,33 @@ func TestHostEndpointSliceForged(t *testing.T) {
 	if got, err := semAsk(ext, p.proto, p.ap, "/hostname"); err == nil || strings.TrimSpace(got) != "" {
 		t.Errorf("the forged Service's NodePort %s answered %q (%v); want nothing", p.ap, got, err)
 	}
+	// Its author is told: the refused addresses on the Service, and a
+	// Warning Event saying why; the good one has neither.
+	eventually(t, 60*time.Second, "hnx-forged's refused endpoints reported", func() error {
+		s, err := client.CoreV1().Services("default").Get(ctx, "hnx-forged", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		want := strings.Join([]string{n1v4.String(), n2v4.String(), api.String()}, ",")
+		got := strings.Split(s.Annotations["lace-cni.io/refused-endpoints"], ",")
+		slices.Sort(got)
+		ws := strings.Split(want, ",")
+		slices.Sort(ws)
+		if !slices.Equal(got, ws) {
+			return fmt.Errorf("lace-cni.io/refused-endpoints %q, want %q", s.Annotations["lace-cni.io/refused-endpoints"], want)
+		}
+		evs, err := client.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=hnx-forged"})
+		if err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if e.Reason == "EndpointRefused" && e.Type == corev1.EventTypeWarning && strings.Contains(e.Message, "naming no hostNetwork pod") {
+				return nil
+			}
+		}
+		return fmt.Errorf("%d events, none EndpointRefused", len(evs.Items))
+	})
+	if s, err := client.CoreV1().Services("default").Get(ctx, "hnx-good", metav1.GetOptions{}); err != nil || s.Annotations["lace-cni.io/refused-endpoints"] != "" {
+		t.Errorf("hnx-good: refused endpoints %q (%v), want none", s.Annotations["lace-cni.io/refused-endpoints"], err)
+	}
 }
