@@ -279,8 +279,11 @@ static __noinline int rev_nat(struct __sk_buff *skb, struct pkt *p, struct ct_va
 	__builtin_memcpy(ck.laddr, fa, 16);
 	__builtin_memcpy(ck.raddr, p->daddr, 16);
 	struct ct_val *cl = ct_lookup(&ck);
-	if (cl && (cl->flags & (CT_SERVICE | CT_SNAT)) == CT_SERVICE)
-		ct_update(&ck, cl, p, 0);
+	if (cl && (cl->flags & (CT_SERVICE | CT_SNAT)) == CT_SERVICE) {
+		cl = ct_update(&ck, cl, p, 0);
+		if (cl && (p->tcp_flags & TCP_RST))
+			cl->flags |= CT_RST_LOCAL; /* the pod's own: final */
+	}
 	if (nat_rewrite(skb, p, 1, fa, fp))
 		return -1;
 	__builtin_memcpy(p->saddr, fa, 16);
@@ -415,6 +418,9 @@ int from_pod(struct __sk_buff *skb)
 	if (ct && !(ct->flags & CT_ORIGIN_LOCAL) && !(is_tcp_syn(&p) && ct_closing(ct))) {
 		if (!icmp_err) {
 			ct_refresh(ct, &p, 0);
+			/* The pod's reset is its own (nobody forged it): final. */
+			if (p.proto == IPPROTO_TCP && (p.tcp_flags & TCP_RST))
+				ct->flags |= CT_RST_LOCAL;
 			/* An answer to an outside client of an external
 			 * frontend leaves from the frontend it addressed. */
 			if ((ct->flags & CT_REV_NAT) && rev_nat(skb, &p, ct))

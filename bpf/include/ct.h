@@ -72,6 +72,13 @@ struct ct_val {
  * flow the remote side reset is handed to another flow only once the
  * entry expired, never at once (see ct_port_free). */
 #define CT_RST_REPLY 2048
+/* With CT_RST: the reset left a pod of this node (from_pod saw it), so
+ * nobody on the path forged it. It is final: the side it was sent to
+ * speaking on does not revive the flow. Otherwise a spoofed outside host
+ * could handshake blindly (SYN, an ACK for a SYN-ACK it never saw: the
+ * flow is assured), ignore the pod's reset and send one more ACK, and
+ * hold an established 6 h entry in lace_ct for four packets. */
+#define CT_RST_LOCAL 4096
 
 #define NSEC 1000000000ULL
 /* Timeouts: TCP as the kernel's conntrack orders them (an unanswered
@@ -348,8 +355,8 @@ static __always_inline void ct_refresh(struct ct_val *v, struct pkt *p, int from
 		f |= CT_SEEN_REPLY;
 	if (p->proto == IPPROTO_TCP) {
 		if (p->tcp_flags & TCP_RST) {
-			f = (f & ~CT_RST_REPLY) | CT_RST | (from_origin ? 0 : CT_RST_REPLY);
-		} else if ((f & CT_RST) && !(p->tcp_flags & TCP_SYN) && !!from_origin == !!(f & CT_RST_REPLY)) {
+			f = (f & ~(CT_RST_REPLY | CT_RST_LOCAL)) | CT_RST | (from_origin ? 0 : CT_RST_REPLY);
+		} else if ((f & (CT_RST | CT_RST_LOCAL)) == CT_RST && !(p->tcp_flags & TCP_SYN) && !!from_origin == !!(f & CT_RST_REPLY)) {
 			/* The side the reset was sent to speaks on: its stack
 			 * refused it (out of window), the flow lives. */
 			f &= ~(CT_RST | CT_RST_REPLY);

@@ -270,9 +270,9 @@ static __always_inline int local_pod(__u32 net_id, __u8 family, const __u8 *addr
  * network net_id, from network src_net, is about nothing of the pod's
  * with that sender. The error quotes a packet the pod sent: its source is
  * the pod (the error's destination) and its tuple, seen from the pod, a
- * live flow of the pod. The flow's peer must be the sender: the same
- * network, or, for a flow whose remote side is outside the cluster, any
- * outside source (a router on the path sends fragmentation needed or time
+ * live flow of the pod. The flow's peer must be the sender: the peer's
+ * address in the same network, or, for a flow whose remote side is
+ * outside the cluster, any outside source (a router on the path sends fragmentation needed or time
  * exceeded from its own address, which may classify into another external
  * network than the flow's peer). Otherwise a host on the fabric, or a pod
  * of another network, could abort the pod's connects or lower its path MTU
@@ -316,9 +316,18 @@ static __noinline __attribute__((unused)) int icmp_in_refused(struct __sk_buff *
 		return 1;
 	}
 	struct ct_val *ct = ct_lookup(kp);
-	if (!ct)
+	/* A pod's side of its flow to a VIP or an external frontend
+	 * (CT_SERVICE): to_service translated every packet of it here, so
+	 * nobody beyond this node saw that address, and an error naming it
+	 * is forged (its remote, a LoadBalancer address, is no inside one
+	 * and would pass as an outside flow below). */
+	if (!ct || (ct->flags & CT_SERVICE))
 		return 1;
-	if (ct->peer_net == src_net)
+	/* The peer itself, in the flow's network. Not any source of that
+	 * network: over SRv6 an outside inner source is not checked
+	 * (foreign_source checks pods), so any node could otherwise speak
+	 * about flows between pods of two others. */
+	if (ct->peer_net == src_net && eq16(kp->raddr, p->saddr))
 		return 0;
 	/* An outside flow, an outside sender: a router on its path. */
 	struct class_key *ck = &u.ck;
