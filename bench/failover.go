@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/model"
 	"github.com/lace-cni/lace/internal/netutil"
@@ -37,8 +38,8 @@ func benchFailover(ctx context.Context, name, bin string, rounds int) error {
 	}
 	const class, svcName = "bench-l2", "bench-l2"
 	first, last := netip.MustParseAddr("172.30.0.248"), netip.MustParseAddr("172.30.0.251")
-	classObj := fmt.Sprintf(`{"apiVersion":"lace-cni.io/v1alpha1","kind":"LoadBalancerClass","metadata":{"name":%q},"spec":{"addresses":[%q]}}`,
-		class, first.String()+"-"+last.String())
+	classObj := fmt.Sprintf(`{"apiVersion":%q,"kind":"LoadBalancerClass","metadata":{"name":%q},"spec":{"addresses":[%q]}}`,
+		lacev1.GroupVersion.String(), class, first.String()+"-"+last.String())
 	kubectl := func(stdin string, args ...string) error {
 		cmd := exec.CommandContext(ctx, filepath.Join(c.K8sBinDir, "kubectl"), args...)
 		cmd.Env = append(cmd.Environ(), "KUBECONFIG="+c.Kubeconfig())
@@ -66,7 +67,7 @@ func benchFailover(ctx context.Context, name, bin string, rounds int) error {
 		}()
 	}
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: svcName}, Spec: corev1.ServiceSpec{
-		Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: ptr.To(model.LoadBalancerClassPrefix + class),
+		Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: ptr.To(lacev1.LoadBalancerClassPrefix + class),
 		Selector: map[string]string{"app": "bench-l2"},
 		Ports:    []corev1.ServicePort{{Name: "udp", Port: 81, TargetPort: intstr.FromInt32(8081), Protocol: corev1.ProtocolUDP}}}}
 	if _, err := cs.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{}); err != nil {

@@ -13,11 +13,6 @@ type IPAddress string
 // +kubebuilder:validation:Pattern=`^([0-9a-f]{2}:){5}[0-9a-f]{2}$`
 type MACAddress string
 
-// FinalizerBlockRelease keeps an Allocation's prefixes reserved until the
-// nodes have withdrawn their routes to it, so a block is never handed to a
-// new node while traffic may still be routed to the old one.
-const FinalizerBlockRelease = "lace-cni.io/block-release"
-
 // AllocationSpec is the prefix(es) of one l3 network given to one node.
 type AllocationSpec struct {
 	// Network is the name of the l3 Network the prefixes come from.

@@ -235,7 +235,7 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 			&corev1.Pod{}: {Field: fields.OneTermEqualSelector("spec.nodeName", o.NodeName)},
 			// The agents' heartbeats only.
 			&coordinationv1.Lease{}: {Namespaces: map[string]cache.Config{o.LeaseNamespace: {}},
-				Label: labels.SelectorFromSet(labels.Set{LabelAgentLease: "true"})},
+				Label: labels.SelectorFromSet(labels.Set{lacev1.LabelAgentLease: "true"})},
 			// Every NetworkEndpoint: services resolve their endpoints'
 			// networks from them (this node's own records are read by
 			// name, or listed by label from the API).

@@ -22,9 +22,6 @@ import (
 	"github.com/lace-cni/lace/internal/netutil"
 )
 
-// LabelAgentLease marks the agents' heartbeat Leases.
-const LabelAgentLease = "lace-cni.io/agent-lease"
-
 // AgentLeaseName is the heartbeat Lease of node's agent.
 func AgentLeaseName(node string) string { return "lace-agent-" + node }
 
@@ -103,7 +100,7 @@ func (an *announcer) renew(ctx context.Context, now time.Time) bool {
 	switch {
 	case apierrors.IsNotFound(err):
 		l = coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: an.ns, Name: name,
-			Labels: map[string]string{LabelAgentLease: "true"}},
+			Labels: map[string]string{lacev1.LabelAgentLease: "true"}},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(an.a.opts.NodeName),
 				LeaseDurationSeconds: ptr.To(int32((an.duration + time.Second - 1) / time.Second)),
 				RenewTime:            &metav1.MicroTime{Time: now}}}
@@ -134,7 +131,7 @@ func (an *announcer) apiDown(ctx context.Context) bool {
 // duration, as seen from here.
 func (an *announcer) alive(ctx context.Context, now time.Time) (map[string]bool, error) {
 	var leases coordinationv1.LeaseList
-	if err := an.a.client.List(ctx, &leases, client.InNamespace(an.ns), client.MatchingLabels{LabelAgentLease: "true"}); err != nil {
+	if err := an.a.client.List(ctx, &leases, client.InNamespace(an.ns), client.MatchingLabels{lacev1.LabelAgentLease: "true"}); err != nil {
 		return nil, fmt.Errorf("list agent leases: %w", err)
 	}
 	out := map[string]bool{}

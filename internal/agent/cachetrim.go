@@ -9,7 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/lace-cni/lace/internal/model"
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 )
 
 // The agent caches every Service and EndpointSlice of the cluster: tens of
@@ -58,7 +58,7 @@ func trimService(in any) (any, error) {
 	if !ok {
 		return in, nil
 	}
-	trimMeta(&s.ObjectMeta, model.AnnotationTrafficDistribution)
+	trimMeta(&s.ObjectMeta, lacev1.AnnotationTrafficDistribution)
 	// The load balancer's addresses and their mode are the frontends'.
 	var ingress []corev1.LoadBalancerIngress
 	for _, in := range s.Status.LoadBalancer.Ingress {

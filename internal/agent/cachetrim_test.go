@@ -19,7 +19,7 @@ import (
 func TestCacheTrimKeepsWhatTheAgentReads(t *testing.T) {
 	meta := metav1.ObjectMeta{Namespace: "a", Name: "web", UID: "u", ResourceVersion: "7", Generation: 3,
 		Labels: map[string]string{"net": "red", discoveryv1.LabelServiceName: "web"},
-		Annotations: map[string]string{model.AnnotationTrafficDistribution: model.TrafficDistributionPreferClosest,
+		Annotations: map[string]string{lacev1.AnnotationTrafficDistribution: model.TrafficDistributionPreferClosest,
 			corev1.EndpointsLastChangeTriggerTime: "2026-11-21T10:00:00Z", "kubectl.kubernetes.io/last-applied-configuration": "{...}"},
 		ManagedFields:   []metav1.ManagedFieldsEntry{{Manager: "kubectl"}},
 		OwnerReferences: []metav1.OwnerReference{{Name: "web"}}}
@@ -60,7 +60,7 @@ func TestCacheTrimKeepsWhatTheAgentReads(t *testing.T) {
 			t.Errorf("metadata %+v", m)
 		}
 	}
-	if s.Annotations[model.AnnotationTrafficDistribution] == "" || e.Annotations[corev1.EndpointsLastChangeTriggerTime] == "" ||
+	if s.Annotations[lacev1.AnnotationTrafficDistribution] == "" || e.Annotations[corev1.EndpointsLastChangeTriggerTime] == "" ||
 		s.Spec.Selector != nil || e.Endpoints[0].Hostname != nil {
 		t.Errorf("trimmed Service %+v, EndpointSlice %+v", s, e)
 	}

@@ -27,13 +27,6 @@ import (
 	"github.com/lace-cni/lace/pkg/cniapi"
 )
 
-const (
-	labelPodUID = "lace-cni.io/pod-uid"
-	// labelNode is on every NetworkEndpoint: the agent caches only its
-	// node's.
-	labelNode = "lace-cni.io/node"
-)
-
 // CNI error codes (the spec's well-known ones and Lace's own >= 100).
 const (
 	errInvalidConfig  = 7
@@ -358,7 +351,7 @@ func (a *Agent) writeNetworkEndpoint(ctx context.Context, pod *corev1.Pod, e End
 	spec := a.networkEndpointSpec(e)
 	err := a.client.Get(ctx, client.ObjectKeyFromObject(ne), ne)
 	if apierrors.IsNotFound(err) {
-		ne.Labels = map[string]string{labelPodUID: string(pod.UID), "lace-cni.io/network": e.Network, labelNode: a.opts.NodeName}
+		ne.Labels = map[string]string{lacev1.LabelPodUID: string(pod.UID), lacev1.LabelNetwork: e.Network, lacev1.LabelNode: a.opts.NodeName}
 		ne.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID,
 			Controller: ptr.To(true)}}
 		ne.Spec = spec
@@ -367,7 +360,7 @@ func (a *Agent) writeNetworkEndpoint(ctx context.Context, pod *corev1.Pod, e End
 	if err != nil {
 		return err
 	}
-	if ne.Spec.Node != a.opts.NodeName || ne.Labels[labelNode] != a.opts.NodeName {
+	if ne.Spec.Node != a.opts.NodeName || ne.Labels[lacev1.LabelNode] != a.opts.NodeName {
 		// Another node's object under this pod's name: this agent may not
 		// touch it (the admission policy refuses), and consumers ignore it
 		// for a pod that is not on that node; lace-controller deletes it.
@@ -378,16 +371,16 @@ func (a *Agent) writeNetworkEndpoint(ctx context.Context, pod *corev1.Pod, e End
 		return fmt.Errorf("NetworkEndpoint %s/%s is held by node %q: %w", ne.Namespace, ne.Name, ne.Spec.Node, errNetworkEndpointTaken)
 	}
 	owner := metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID, Controller: ptr.To(true)}
-	if ne.Labels[labelPodUID] == string(pod.UID) && ne.Labels["lace-cni.io/network"] == e.Network &&
-		ne.Labels[labelNode] == a.opts.NodeName && len(ne.OwnerReferences) == 1 &&
+	if ne.Labels[lacev1.LabelPodUID] == string(pod.UID) && ne.Labels[lacev1.LabelNetwork] == e.Network &&
+		ne.Labels[lacev1.LabelNode] == a.opts.NodeName && len(ne.OwnerReferences) == 1 &&
 		ne.OwnerReferences[0].UID == owner.UID && ne.OwnerReferences[0].Name == owner.Name && equalSpec(ne.Spec, spec) {
 		return nil // as it should be: an idle cluster sees no write
 	}
 	if ne.Labels == nil {
 		ne.Labels = map[string]string{}
 	}
-	ne.Labels[labelPodUID] = string(pod.UID)
-	ne.Labels["lace-cni.io/network"], ne.Labels[labelNode] = e.Network, a.opts.NodeName
+	ne.Labels[lacev1.LabelPodUID] = string(pod.UID)
+	ne.Labels[lacev1.LabelNetwork], ne.Labels[lacev1.LabelNode] = e.Network, a.opts.NodeName
 	ne.OwnerReferences = []metav1.OwnerReference{owner}
 	ne.Spec = spec
 	return a.client.Update(ctx, ne)

@@ -153,7 +153,7 @@ func (a *Agent) adoptKernelEndpoints(ctx context.Context, st model.NodeState, ne
 	// Who they are: the API's NetworkEndpoints of this node first, then
 	// its Pods by IP. Uncached reads, once per agent start.
 	var neps lacev1.NetworkEndpointList
-	if err := a.reader.List(ctx, &neps, client.MatchingLabels{labelNode: a.opts.NodeName}); err != nil {
+	if err := a.reader.List(ctx, &neps, client.MatchingLabels{lacev1.LabelNode: a.opts.NodeName}); err != nil {
 		return fmt.Errorf("list network endpoints: %w", err)
 	}
 	var pods corev1.PodList
@@ -169,7 +169,7 @@ func (a *Agent) adoptKernelEndpoints(ctx context.Context, st model.NodeState, ne
 		e.Network = netName[e.NetID]
 		for _, ne := range neps.Items {
 			if ne.Spec.Node == a.opts.NodeName && sameAddrs(ne.Spec.Addresses, e.Addrs) {
-				e.PodNS, e.PodName, e.PodUID, e.Network = ne.Namespace, ne.Name, ne.Labels[labelPodUID], ne.Spec.Network
+				e.PodNS, e.PodName, e.PodUID, e.Network = ne.Namespace, ne.Name, ne.Labels[lacev1.LabelPodUID], ne.Spec.Network
 				if ne.Spec.Interface != "" {
 					e.IfName = ne.Spec.Interface
 				}
@@ -240,7 +240,7 @@ func (a *Agent) ensureNetworkEndpoints(ctx context.Context) error {
 		}
 		var ne lacev1.NetworkEndpoint
 		err := a.client.Get(ctx, types.NamespacedName{Namespace: e.PodNS, Name: e.PodName}, &ne)
-		if err == nil && ne.Labels[labelPodUID] == e.PodUID && equalSpec(ne.Spec, a.networkEndpointSpec(e)) {
+		if err == nil && ne.Labels[lacev1.LabelPodUID] == e.PodUID && equalSpec(ne.Spec, a.networkEndpointSpec(e)) {
 			continue
 		}
 		if err != nil && !apierrors.IsNotFound(err) {

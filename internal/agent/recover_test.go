@@ -226,7 +226,7 @@ func TestMissingNetworkEndpointIsRecreated(t *testing.T) {
 	}
 	e, _ := a.cp.get("c1")
 	if ne.Spec.Network != "default" || ne.Spec.Node != "n1" || len(ne.Spec.Addresses) != 1 || string(ne.Spec.Addresses[0]) != e.Addrs[0].String() ||
-		string(ne.Spec.MAC) != e.PodMAC || ne.Labels[labelPodUID] != "uid-p1" || len(ne.OwnerReferences) != 1 {
+		string(ne.Spec.MAC) != e.PodMAC || ne.Labels[lacev1.LabelPodUID] != "uid-p1" || len(ne.OwnerReferences) != 1 {
 		t.Errorf("recreated %+v", ne)
 	}
 	rv := ne.ResourceVersion

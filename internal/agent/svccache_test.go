@@ -77,7 +77,7 @@ func TestServiceCacheMatchesComputeServices(t *testing.T) {
 		case 2:
 			s.Spec.InternalTrafficPolicy = ptr.To(corev1.ServiceInternalTrafficPolicyLocal)
 		case 3:
-			s.Annotations = map[string]string{model.AnnotationTrafficDistribution: model.TrafficDistributionPreferClosest}
+			s.Annotations = map[string]string{lacev1.AnnotationTrafficDistribution: model.TrafficDistributionPreferClosest}
 		}
 		bump(&s.ObjectMeta)
 		return s

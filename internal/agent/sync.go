@@ -691,7 +691,7 @@ func (a *Agent) teardown(ctx context.Context, e Endpoint) error {
 	ne.Namespace, ne.Name = e.PodNS, e.PodName
 	// An endpoint adopted without a pod has no record to remove.
 	if e.PodName != "" {
-		if err := a.client.Get(ctx, client.ObjectKeyFromObject(ne), ne); err == nil && ne.Labels[labelPodUID] == e.PodUID {
+		if err := a.client.Get(ctx, client.ObjectKeyFromObject(ne), ne); err == nil && ne.Labels[lacev1.LabelPodUID] == e.PodUID {
 			if err := a.client.Delete(ctx, ne); client.IgnoreNotFound(err) != nil {
 				errs = append(errs, err)
 			}

@@ -10,15 +10,11 @@
 // election keeps a second controller from deciding at the same time.
 package controller
 
-// Labels the controller puts on what it creates, to list them by owner.
-const (
-	LabelNetwork    = "lace-cni.io/network"
-	LabelNetworkUID = "lace-cni.io/network-uid"
-	LabelNode       = "lace-cni.io/node"
+// The labels, annotations and finalizers the controller writes are in
+// api/v1alpha1 (keys.go).
 
-	// FieldManager is the server-side-apply field manager of the controller.
-	FieldManager = "lace-controller"
-)
+// FieldManager is the server-side-apply field manager of the controller.
+const FieldManager = "lace-controller"
 
 // Condition types and reasons written by the controller.
 const (

@@ -25,11 +25,6 @@ import (
 	"github.com/lace-cni/lace/internal/model"
 )
 
-// AnnotationLoadBalancerProblem remembers the last allocation problem of a
-// Service (reason: message), so its Warning is emitted once per change, not
-// at every pass: an idle cluster stays quiet.
-const AnnotationLoadBalancerProblem = "lace-cni.io/load-balancer-problem"
-
 // LoadBalancerReconciler hands out LoadBalancer VIPs from LoadBalancerClass
 // pools into status.loadBalancer.ingress (model.AllocateLoadBalancers) and
 // reports each class's state. One pass decides every Service at once, from
@@ -118,7 +113,7 @@ func (r *LoadBalancerReconciler) Reconcile(ctx context.Context, _ reconcile.Requ
 			if res.Release[s.Namespace+"/"+s.Name] {
 				errs = append(errs, r.setIngress(ctx, s, nil))
 			}
-			if s.Annotations[AnnotationLoadBalancerProblem] != "" {
+			if s.Annotations[lacev1.AnnotationLoadBalancerProblem] != "" {
 				errs = append(errs, r.setProblem(ctx, s, ""))
 			}
 			continue
@@ -146,7 +141,7 @@ func (r *LoadBalancerReconciler) apply(ctx context.Context, s *corev1.Service, s
 	if st.Reason != "" {
 		problem = st.Reason + ": " + st.Message
 	}
-	if s.Annotations[AnnotationLoadBalancerProblem] == problem {
+	if s.Annotations[lacev1.AnnotationLoadBalancerProblem] == problem {
 		return nil
 	}
 	if err := r.setProblem(ctx, s, problem); err != nil {
@@ -163,7 +158,7 @@ func (r *LoadBalancerReconciler) setProblem(ctx context.Context, s *corev1.Servi
 	if s.Annotations == nil {
 		s.Annotations = map[string]string{}
 	}
-	setOrDelete(s.Annotations, AnnotationLoadBalancerProblem, problem)
+	setOrDelete(s.Annotations, lacev1.AnnotationLoadBalancerProblem, problem)
 	if err := r.Client.Patch(ctx, s, patch); client.IgnoreNotFound(err) != nil {
 		return fmt.Errorf("annotate service %s/%s: %w", s.Namespace, s.Name, err)
 	}

@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
-	"github.com/lace-cni/lace/internal/controller"
 	"github.com/lace-cni/lace/internal/controlplane/cptest"
 	"github.com/lace-cni/lace/internal/model"
 )
@@ -118,7 +117,7 @@ func TestLoadBalancerVIPs(t *testing.T) {
 		if err := c.Get(ctx, types.NamespacedName{Namespace: "default", Name: "lb-c"}, &s); err != nil {
 			return err
 		}
-		if p := s.Annotations[controller.AnnotationLoadBalancerProblem]; !strings.HasPrefix(p, model.LBReasonPoolExhausted) {
+		if p := s.Annotations[lacev1.AnnotationLoadBalancerProblem]; !strings.HasPrefix(p, model.LBReasonPoolExhausted) {
 			return fmt.Errorf("problem annotation %q", p)
 		}
 		var evs corev1.EventList
@@ -152,7 +151,7 @@ func TestLoadBalancerVIPs(t *testing.T) {
 		if err := c.Get(ctx, types.NamespacedName{Namespace: "default", Name: "lb-c"}, s); err != nil {
 			return err
 		}
-		if p := s.Annotations[controller.AnnotationLoadBalancerProblem]; p != "" {
+		if p := s.Annotations[lacev1.AnnotationLoadBalancerProblem]; p != "" {
 			return fmt.Errorf("problem annotation %q", p)
 		}
 		return nil
@@ -178,7 +177,7 @@ func TestLoadBalancerVIPs(t *testing.T) {
 	if err := c.Get(ctx, types.NamespacedName{Namespace: "default", Name: "lb-other"}, other); err != nil {
 		t.Fatal(err)
 	}
-	if len(other.Status.LoadBalancer.Ingress) != 0 || other.Annotations[controller.AnnotationLoadBalancerProblem] != "" {
+	if len(other.Status.LoadBalancer.Ingress) != 0 || other.Annotations[lacev1.AnnotationLoadBalancerProblem] != "" {
 		t.Errorf("a Service of another class was touched: %+v %v", other.Status.LoadBalancer, other.Annotations)
 	}
 

@@ -287,7 +287,7 @@ func (r *NetworkReconciler) allocateBlocks(ctx context.Context, nw *lacev1.Netwo
 		}
 		reason := ""
 		switch {
-		case a.Labels[LabelNetworkUID] != string(nw.UID):
+		case a.Labels[lacev1.LabelNetworkUID] != string(nw.UID):
 			reason = "left by an earlier network of the same name"
 		case !fitsPools(a, pls):
 			reason = "prefixes do not match the network's subnets"
@@ -414,9 +414,9 @@ func (r *NetworkReconciler) createAllocation(ctx context.Context, nw *lacev1.Net
 		ObjectMeta: metav1.ObjectMeta{
 			Name: AllocationName(nw.Name, node.Name),
 			Labels: map[string]string{
-				LabelNetwork:    nw.Name,
-				LabelNetworkUID: string(nw.UID),
-				LabelNode:       node.Name,
+				lacev1.LabelNetwork:    nw.Name,
+				lacev1.LabelNetworkUID: string(nw.UID),
+				lacev1.LabelNode:       node.Name,
 			},
 			Finalizers: []string{lacev1.FinalizerBlockRelease},
 		},
@@ -468,7 +468,7 @@ func (r *NetworkReconciler) releaseAll(ctx context.Context, network string, keep
 	var requeue time.Duration
 	for i := range allocs {
 		a := &allocs[i]
-		if keep != "" && a.Labels[LabelNetworkUID] == string(keep) {
+		if keep != "" && a.Labels[lacev1.LabelNetworkUID] == string(keep) {
 			continue
 		}
 		if a.DeletionTimestamp == nil {
@@ -489,7 +489,7 @@ func (r *NetworkReconciler) releaseAll(ctx context.Context, network string, keep
 
 func (r *NetworkReconciler) listAllocations(ctx context.Context, network string) ([]lacev1.Allocation, error) {
 	var list lacev1.AllocationList
-	if err := r.APIReader.List(ctx, &list, client.MatchingLabels{LabelNetwork: network}); err != nil {
+	if err := r.APIReader.List(ctx, &list, client.MatchingLabels{lacev1.LabelNetwork: network}); err != nil {
 		return nil, fmt.Errorf("list allocations of %s: %w", network, err)
 	}
 	out := list.Items[:0]

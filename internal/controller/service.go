@@ -22,24 +22,6 @@ import (
 	"github.com/lace-cni/lace/internal/model"
 )
 
-// Annotations the controller writes on Services it binds.
-const (
-	// AnnotationServiceNetwork names the network a Service is bound to
-	// (its endpoints are resolved and reached in it).
-	AnnotationServiceNetwork = "lace-cni.io/network"
-	// AnnotationExcludedEndpoints lists the endpoint addresses left out
-	// because their pod is in another network (comma-separated).
-	AnnotationExcludedEndpoints = "lace-cni.io/excluded-endpoints"
-	// AnnotationBindingError says why a Service is bound to no network
-	// (and so not served).
-	AnnotationBindingError = "lace-cni.io/binding-error"
-	// AnnotationRefusedEndpoints lists the endpoint addresses no agent
-	// serves (model.HostEndpoints: a node's address naming no hostNetwork
-	// pod of the namespace on it, the API server's, loopback and the
-	// like), comma-separated.
-	AnnotationRefusedEndpoints = "lace-cni.io/refused-endpoints"
-)
-
 // Event reasons on Services.
 const (
 	ReasonServiceBound           = "NetworkBound"
@@ -155,8 +137,8 @@ func (r *ServiceReconciler) Reconcile(ctx context.Context, req reconcile.Request
 		excluded = append(excluded, e.Addr.String())
 		excludedFrom = append(excludedFrom, fmt.Sprintf("%s (network %s)", e.Addr, e.Network))
 	}
-	want := map[string]string{AnnotationServiceNetwork: b.Network, AnnotationBindingError: b.Err,
-		AnnotationExcludedEndpoints: strings.Join(excluded, ","), AnnotationRefusedEndpoints: strings.Join(refused, ",")}
+	want := map[string]string{lacev1.AnnotationServiceNetwork: b.Network, lacev1.AnnotationBindingError: b.Err,
+		lacev1.AnnotationExcludedEndpoints: strings.Join(excluded, ","), lacev1.AnnotationRefusedEndpoints: strings.Join(refused, ",")}
 	old := map[string]string{}
 	changed := false
 	for k, v := range want {
@@ -176,17 +158,17 @@ func (r *ServiceReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	if err := r.Client.Patch(ctx, &svc, patch); err != nil {
 		return reconcile.Result{}, fmt.Errorf("annotate service %s: %w", req, err)
 	}
-	if b.Err != "" && b.Err != old[AnnotationBindingError] {
+	if b.Err != "" && b.Err != old[lacev1.AnnotationBindingError] {
 		r.Recorder.Eventf(&svc, corev1.EventTypeWarning, ReasonServiceUnbound, "not served: %s", b.Err)
 	}
-	if b.Network != "" && b.Network != old[AnnotationServiceNetwork] {
+	if b.Network != "" && b.Network != old[lacev1.AnnotationServiceNetwork] {
 		r.Recorder.Eventf(&svc, corev1.EventTypeNormal, ReasonServiceBound, "bound to network %s by NetworkBindingPolicy %s", b.Network, b.Policy)
 	}
-	if ex := want[AnnotationExcludedEndpoints]; ex != "" && ex != old[AnnotationExcludedEndpoints] {
+	if ex := want[lacev1.AnnotationExcludedEndpoints]; ex != "" && ex != old[lacev1.AnnotationExcludedEndpoints] {
 		r.Recorder.Eventf(&svc, corev1.EventTypeWarning, ReasonEndpointInOtherNetwork,
 			"endpoints left out, their pods are not in the service's network %s: %s", b.Network, strings.Join(excludedFrom, ", "))
 	}
-	if rf := want[AnnotationRefusedEndpoints]; rf != "" && rf != old[AnnotationRefusedEndpoints] {
+	if rf := want[lacev1.AnnotationRefusedEndpoints]; rf != "" && rf != old[lacev1.AnnotationRefusedEndpoints] {
 		r.Recorder.Eventf(&svc, corev1.EventTypeWarning, ReasonEndpointRefused, "endpoints not served: %s", strings.Join(refusedWhy, ", "))
 	}
 	return reconcile.Result{}, nil

@@ -14,6 +14,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 )
 
 // Lace runs in the lab as it runs anywhere, as pods, so controlling it is
@@ -115,7 +117,7 @@ func controlController(ctx context.Context, cs kubernetes.Interface, action stri
 
 // labelNode sets (or, with nil, removes) the agent-stopped label.
 func labelNode(ctx context.Context, cs kubernetes.Interface, node string, value *string) error {
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]any{AgentStoppedLabel: value}}})
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]any{lacev1.LabelAgentStopped: value}}})
 	if _, err := cs.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		return fmt.Errorf("label node %s: %w", node, err)
 	}

@@ -37,9 +37,6 @@ import (
 //	                              served prefixes)
 //	sandbox                       anonymous, no self policy: reaches nothing
 const (
-	// demoNetworkLabel is the label the chart puts on its networks
-	// (lace-cni.io/network: <name>); the demo's networks carry it too.
-	demoNetworkLabel = "lace-cni.io/network"
 	// demoTierLabel groups the demo's pod networks for its policies.
 	demoTierLabel = "tier"
 	// demoPort is where every demo destination listens: agnhost netexec in
@@ -71,7 +68,7 @@ var demoPodNetworks = []struct {
 // policies, in the order they are created.
 func demoTopology() ([]*lacev1.Network, []*lacev1.NetworkBindingPolicy, []*lacev1.NetworkRoutingPolicy) {
 	labels := func(name, tier string) map[string]string {
-		l := map[string]string{"demo": "lace", demoNetworkLabel: name}
+		l := map[string]string{"demo": "lace", lacev1.LabelNetwork: name}
 		if tier != "" {
 			l[demoTierLabel] = tier
 		}
@@ -119,7 +116,7 @@ func demoTopology() ([]*lacev1.Network, []*lacev1.NetworkBindingPolicy, []*lacev
 		nrp("all-to-shared", tier("frontend", "backend"), tier("shared")),
 		nrp("shared-to-all", tier("shared"), tier("frontend", "backend")),
 		nrp("frontend-to-partner", tier("frontend"),
-			&metav1.LabelSelector{MatchLabels: map[string]string{demoNetworkLabel: demoPartnerNetwork}}),
+			&metav1.LabelSelector{MatchLabels: map[string]string{lacev1.LabelNetwork: demoPartnerNetwork}}),
 	}
 	return nets, nbps, nrps
 }

@@ -20,11 +20,11 @@ func demoOracleTopology() model.Topology {
 		t.Networks = append(t.Networks, *n)
 	}
 	t.Networks = append(t.Networks,
-		lacev1.Network{ObjectMeta: metav1.ObjectMeta{Name: "default", Labels: map[string]string{demoNetworkLabel: "default"}},
+		lacev1.Network{ObjectMeta: metav1.ObjectMeta{Name: "default", Labels: map[string]string{lacev1.LabelNetwork: "default"}},
 			Spec: lacev1.NetworkSpec{Type: lacev1.NetworkTypeL3,
 				IPv4Subnet: &lacev1.Subnet{Prefix: "10.244.0.0/16", HostLocalPrefixLength: ptr.To[int32](24)},
 				IPv6Subnet: &lacev1.Subnet{Prefix: "fd00:244::/56", HostLocalPrefixLength: ptr.To[int32](64)}}},
-		lacev1.Network{ObjectMeta: metav1.ObjectMeta{Name: "world", Labels: map[string]string{demoNetworkLabel: "world"}},
+		lacev1.Network{ObjectMeta: metav1.ObjectMeta{Name: "world", Labels: map[string]string{lacev1.LabelNetwork: "world"}},
 			Spec: lacev1.NetworkSpec{Type: lacev1.NetworkTypeExternal, ExternalPrefixes: []lacev1.CIDR{"0.0.0.0/0", "::/0"}}})
 	for i := range t.Networks {
 		t.Networks[i].Status.ID = int32(i + 1)
@@ -36,8 +36,8 @@ func demoOracleTopology() model.Topology {
 		t.RoutingPolicies = append(t.RoutingPolicies, lacev1.NetworkRoutingPolicy{
 			ObjectMeta: metav1.ObjectMeta{Name: pair[0] + "-to-" + pair[1]},
 			Spec: lacev1.NetworkRoutingPolicySpec{
-				SrcSelector:  &metav1.LabelSelector{MatchLabels: map[string]string{demoNetworkLabel: pair[0]}},
-				DestSelector: &metav1.LabelSelector{MatchLabels: map[string]string{demoNetworkLabel: pair[1]}},
+				SrcSelector:  &metav1.LabelSelector{MatchLabels: map[string]string{lacev1.LabelNetwork: pair[0]}},
+				DestSelector: &metav1.LabelSelector{MatchLabels: map[string]string{lacev1.LabelNetwork: pair[1]}},
 			}})
 	}
 	return t

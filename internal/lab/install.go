@@ -35,9 +35,6 @@ const (
 	// AgentDaemonSet and ControllerDeployment are the chart's workloads.
 	AgentDaemonSet       = "lace-agent"
 	ControllerDeployment = "lace-controller"
-	// AgentStoppedLabel on a node keeps the agent DaemonSet off it, which
-	// is how `lace-lab stop agent/NODE` takes an agent down.
-	AgentStoppedLabel = "lace-cni.io/agent"
 )
 
 // HelmInstall runs `helm upgrade --install` of the chart with values (NAME=VALUE, as --set).

@@ -28,20 +28,9 @@ import (
 	"github.com/lace-cni/lace/internal/tables"
 )
 
-// Annotations the controller writes on the Services it binds
-// (internal/controller: AnnotationServiceNetwork, AnnotationBindingError;
-// not imported, lacectl stays apart from the controller).
-const (
-	annotationServiceNetwork = "lace-cni.io/network"
-	annotationBindingError   = "lace-cni.io/binding-error"
-)
-
-// The agents' heartbeat Leases (internal/agent: LabelAgentLease,
-// AgentLeaseName; not imported either).
-const (
-	labelAgentLease  = "lace-cni.io/agent-lease"
-	agentLeasePrefix = "lace-agent-"
-)
+// agentLeasePrefix names the agents' heartbeat Leases (internal/agent
+// AgentLeaseName; not imported, lacectl stays apart from the agent).
+const agentLeasePrefix = "lace-agent-"
 
 // ServicesInput is what Services reads: the API objects, already fetched,
 // and what to show.
@@ -322,7 +311,7 @@ func explain(svc *corev1.Service, ns nodeServices, ts *tables.Service, cands []s
 	}
 	local := func(c svcCandidate) bool { return ns.node != "" && c.node == ns.node }
 	itpLocal := svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
-	closest := svc.Annotations[model.AnnotationTrafficDistribution] == model.TrafficDistributionPreferClosest
+	closest := svc.Annotations[lacev1.AnnotationTrafficDistribution] == model.TrafficDistributionPreferClosest
 	var kept []svcCandidate
 	for _, c := range cands {
 		if _, out := ns.excluded(svc, c.addr.Addr()); !out {
@@ -468,17 +457,17 @@ func PrintServices(out io.Writer, in ServicesInput) error {
 			continue
 		}
 		shown++
-		ann, annErr := svc.Annotations[annotationServiceNetwork], svc.Annotations[annotationBindingError]
+		ann, annErr := svc.Annotations[lacev1.AnnotationServiceNetwork], svc.Annotations[lacev1.AnnotationBindingError]
 		if b.Err != "" {
 			fmt.Fprintf(tw, "%s  not served: bound to no network: %s\n", name, b.Err)
 			if annErr != "" && annErr != b.Err {
-				fmt.Fprintf(tw, "  the controller wrote %s: %s\n", annotationBindingError, annErr)
+				fmt.Fprintf(tw, "  the controller wrote %s: %s\n", lacev1.AnnotationBindingError, annErr)
 			}
 			continue
 		}
 		network, from := b.Network, fmt.Sprintf("NetworkBindingPolicy %s; not annotated by the controller yet", b.Policy)
 		if ann != "" {
-			network, from = ann, annotationServiceNetwork
+			network, from = ann, lacev1.AnnotationServiceNetwork
 		}
 		fmt.Fprintf(tw, "%s  network %s (%s)  VIPs %s\n", name, network, from, joinAddrs(serviceVIPs(svc)))
 		if ann != "" && ann != b.Network {
@@ -486,7 +475,7 @@ func PrintServices(out io.Writer, in ServicesInput) error {
 				b.Network, b.Policy)
 		}
 		if annErr != "" {
-			fmt.Fprintf(tw, "  note: the controller wrote %s: %s (now bound: the annotation is behind)\n", annotationBindingError, annErr)
+			fmt.Fprintf(tw, "  note: the controller wrote %s: %s (now bound: the annotation is behind)\n", lacev1.AnnotationBindingError, annErr)
 		}
 		if len(perNode) == 0 {
 			fmt.Fprintln(tw, "  no nodes")
@@ -611,7 +600,7 @@ func ReadServicesInput(ctx context.Context, c client.Client, in *ServicesInput) 
 // readAgentLeases lists the agents' heartbeat Leases.
 func readAgentLeases(ctx context.Context, c client.Client) ([]coordinationv1.Lease, error) {
 	var leases coordinationv1.LeaseList
-	if err := c.List(ctx, &leases, client.MatchingLabels{labelAgentLease: "true"}); err != nil {
+	if err := c.List(ctx, &leases, client.MatchingLabels{lacev1.LabelAgentLease: "true"}); err != nil {
 		return nil, fmt.Errorf("list the agents' leases: %w", err)
 	}
 	return leases.Items, nil
@@ -748,7 +737,7 @@ func aliveAgents(leases []coordinationv1.Lease, now time.Time) map[string]bool {
 	out := map[string]bool{}
 	for _, l := range leases {
 		node, ok := strings.CutPrefix(l.Name, agentLeasePrefix)
-		if !ok || l.Labels[labelAgentLease] != "true" || l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
+		if !ok || l.Labels[lacev1.LabelAgentLease] != "true" || l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
 			continue
 		}
 		if h := l.Spec.HolderIdentity; h != nil && *h != "" {
@@ -767,7 +756,7 @@ func aliveAgents(leases []coordinationv1.Lease, now time.Time) map[string]bool {
 // implementation's.
 func lbClassOf(svc *corev1.Service, classes []lacev1.LoadBalancerClass) (name string, lace bool) {
 	if c := svc.Spec.LoadBalancerClass; c != nil {
-		if n, ok := strings.CutPrefix(*c, model.LoadBalancerClassPrefix); ok {
+		if n, ok := strings.CutPrefix(*c, lacev1.LoadBalancerClassPrefix); ok {
 			return n, true
 		}
 		return *c, false

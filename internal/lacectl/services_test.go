@@ -21,7 +21,6 @@ import (
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/agent"
-	"github.com/lace-cni/lace/internal/controller"
 	"github.com/lace-cni/lace/internal/model"
 	"github.com/lace-cni/lace/pkg/scheme"
 )
@@ -133,7 +132,7 @@ func tnode(name, zone string) corev1.Node {
 // and opens the services to the traced cluster.
 func addServices(in *TraceInput) {
 	http := []corev1.ServicePort{tport("http", corev1.ProtocolTCP, 80)}
-	bound := withAnnotation(annotationServiceNetwork, "default")
+	bound := withAnnotation(lacev1.AnnotationServiceNetwork, "default")
 	in.BindingPolicies = append(in.BindingPolicies,
 		tsnbp("services", "default", math.MaxInt32, nil),
 		tsnbp("shop-services", "backend", 10, map[string]string{"tier": "backend"}),
@@ -165,20 +164,20 @@ func addServices(in *TraceInput) {
 			s.Spec.InternalTrafficPolicy = ptr.To(corev1.ServiceInternalTrafficPolicyLocal)
 		}),
 		tsvc("default", "empty", "10.96.0.12", http, bound),
-		tsvc("default", "closest", "10.96.0.13", http, bound, withAnnotation(model.AnnotationTrafficDistribution, model.TrafficDistributionPreferClosest)),
+		tsvc("default", "closest", "10.96.0.13", http, bound, withAnnotation(lacev1.AnnotationTrafficDistribution, model.TrafficDistributionPreferClosest)),
 		tsvc("default", "hinted", "10.96.0.14", http, bound),
 		tsvc("default", "draining", "10.96.0.15", http, bound),
 		tsvc("default", "self", "10.96.0.16", http, bound),
 		tsvc("default", "cache", "10.96.0.18", []corev1.ServicePort{tport("redis", corev1.ProtocolTCP, 6379)}, bound),
 		tsvc("shop", "api", "10.96.1.20", []corev1.ServicePort{tport("pg", corev1.ProtocolTCP, 5432)}, withLabel("tier", "backend"),
-			withAnnotation(annotationServiceNetwork, "backend")),
+			withAnnotation(lacev1.AnnotationServiceNetwork, "backend")),
 		// Bound to backend, but in namespace default, which the
 		// ServiceRoutingPolicy does not open; not annotated yet.
 		tsvc("default", "reports", "10.96.1.21", http, withLabel("tier", "backend")),
 		tsvc("vault", "kms", "10.96.2.40", []corev1.ServicePort{tport("https", corev1.ProtocolTCP, 443)}, withLabel("vault", "yes")),
 		tsvc("default", "broken", "10.96.0.20", http, withLabel("net", "ghost"),
-			withAnnotation(annotationBindingError, "network ghost does not exist")),
-		tsvc("default", "stale", "10.96.0.21", http, withAnnotation(annotationServiceNetwork, "red")),
+			withAnnotation(lacev1.AnnotationBindingError, "network ghost does not exist")),
+		tsvc("default", "stale", "10.96.0.21", http, withAnnotation(lacev1.AnnotationServiceNetwork, "red")),
 		tsvc("default", "headless", "", http, func(s *corev1.Service) { s.Spec.ClusterIP = corev1.ClusterIPNone }),
 		tsvc("default", "ext", "", nil, func(s *corev1.Service) {
 			s.Spec.Type, s.Spec.ExternalName = corev1.ServiceTypeExternalName, "example.com"
@@ -219,7 +218,7 @@ var now = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
 func tlease(node string, ago time.Duration) coordinationv1.Lease {
 	return coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: agentLeasePrefix + node,
-		Labels: map[string]string{labelAgentLease: "true"}},
+		Labels: map[string]string{lacev1.LabelAgentLease: "true"}},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(node), LeaseDurationSeconds: ptr.To(int32(2)),
 			RenewTime: &metav1.MicroTime{Time: now.Add(-ago)}}}
 }
@@ -266,8 +265,8 @@ func addFrontends(in *TraceInput, http []corev1.ServicePort, bound svcOpt) {
 		}),
 		tsvc("default", "backoffice", "10.96.1.22", http, withLabel("tier", "backend"), nodePort(30082)),
 		tsvc("shop", "admin", "10.96.1.23", []corev1.ServicePort{tport("https", corev1.ProtocolTCP, 443)}, withLabel("tier", "backend"),
-			withAnnotation(annotationServiceNetwork, "backend"), nodePort(30443)),
-		tsvc("default", "dark", "10.96.0.42", http, bound, lb(model.LoadBalancerClassPrefix+"edge", "192.168.30.5"), func(s *corev1.Service) {
+			withAnnotation(lacev1.AnnotationServiceNetwork, "backend"), nodePort(30443)),
+		tsvc("default", "dark", "10.96.0.42", http, bound, lb(lacev1.LoadBalancerClassPrefix+"edge", "192.168.30.5"), func(s *corev1.Service) {
 			s.Spec.AllocateLoadBalancerNodePorts = ptr.To(false)
 		}),
 		tsvc("default", "foreign", "10.96.0.43", http, bound, lb("example.com/lb", "203.0.113.200"), nodePort(30085)),
@@ -455,7 +454,7 @@ func TestAliveAgents(t *testing.T) {
 	l := func(name, holder string, renew *time.Time, d int32, label bool) coordinationv1.Lease {
 		x := coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: ptr.To(d)}}
 		if label {
-			x.Labels = map[string]string{labelAgentLease: "true"}
+			x.Labels = map[string]string{lacev1.LabelAgentLease: "true"}
 		}
 		if holder != "" {
 			x.Spec.HolderIdentity = ptr.To(holder)
@@ -596,19 +595,10 @@ func TestServicesCommand(t *testing.T) {
 	}
 }
 
-// TestControllerAnnotations: lacectl reads the annotations the controller
-// writes.
-func TestControllerAnnotations(t *testing.T) {
-	if annotationServiceNetwork != controller.AnnotationServiceNetwork || annotationBindingError != controller.AnnotationBindingError {
-		t.Errorf("annotations %q %q, the controller writes %q %q", annotationServiceNetwork, annotationBindingError,
-			controller.AnnotationServiceNetwork, controller.AnnotationBindingError)
-	}
-}
-
-// TestAgentLeases: lacectl reads the Leases the agents write.
+// TestAgentLeases: lacectl reads the Leases the agents write (their label
+// is lacev1.LabelAgentLease, shared; the name prefix is lacectl's own).
 func TestAgentLeases(t *testing.T) {
-	if labelAgentLease != agent.LabelAgentLease || agentLeasePrefix+"node-a" != agent.AgentLeaseName("node-a") {
-		t.Errorf("lacectl reads Leases labelled %q named %q, the agents write %q named %q", labelAgentLease, agentLeasePrefix+"node-a",
-			agent.LabelAgentLease, agent.AgentLeaseName("node-a"))
+	if agentLeasePrefix+"node-a" != agent.AgentLeaseName("node-a") {
+		t.Errorf("lacectl reads Leases named %q, the agents write %q", agentLeasePrefix+"node-a", agent.AgentLeaseName("node-a"))
 	}
 }

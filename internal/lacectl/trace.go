@@ -30,11 +30,6 @@ import (
 	"github.com/lace-cni/lace/internal/tables"
 )
 
-// podUIDLabel is the label the agent puts on a NetworkEndpoint with the UID
-// of the pod it records (internal/agent labelPodUID): a record whose UID
-// differs is left from an earlier pod of the same name.
-const podUIDLabel = "lace-cni.io/pod-uid"
-
 // TraceInput is what Trace reads: the API objects, already fetched, and the
 // question.
 type TraceInput struct {
@@ -377,7 +372,7 @@ func podNetwork(in TraceInput, p *corev1.Pod) (network, from string, err error) 
 		if ne.Namespace != p.Namespace || ne.Name != p.Name || ne.Spec.Network == "" {
 			continue
 		}
-		if uid, ok := ne.Labels[podUIDLabel]; ok && uid != string(p.UID) {
+		if uid, ok := ne.Labels[lacev1.LabelPodUID]; ok && uid != string(p.UID) {
 			continue // left from an earlier pod of the same name
 		}
 		return ne.Spec.Network, "NetworkEndpoint", nil

@@ -62,8 +62,8 @@ func traceService(in TraceInput, r TraceResult, src, dst endpointRef) (TraceResu
 		src.Addr = a
 	}
 	dst.Network, dst.NetworkFrom = b.Network, "NetworkBindingPolicy "+b.Policy
-	if ann := svc.Annotations[annotationServiceNetwork]; ann != "" && ann != b.Network {
-		dst.NetworkFrom += fmt.Sprintf("; its %s annotation still says %s", annotationServiceNetwork, ann)
+	if ann := svc.Annotations[lacev1.AnnotationServiceNetwork]; ann != "" && ann != b.Network {
+		dst.NetworkFrom += fmt.Sprintf("; its %s annotation still says %s", lacev1.AnnotationServiceNetwork, ann)
 	}
 
 	// The port: the one asked, else the service's first.

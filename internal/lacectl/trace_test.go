@@ -41,7 +41,7 @@ func tpod(ns, name, node string, labels map[string]string, ips ...string) corev1
 
 func tnep(p corev1.Pod, network string) lacev1.NetworkEndpoint {
 	ne := lacev1.NetworkEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name,
-		Labels: map[string]string{podUIDLabel: string(p.UID), netLabel: network}},
+		Labels: map[string]string{lacev1.LabelPodUID: string(p.UID), netLabel: network}},
 		Spec: lacev1.NetworkEndpointSpec{Network: network, Node: p.Spec.NodeName}}
 	for _, ip := range p.Status.PodIPs {
 		ne.Spec.Addresses = append(ne.Spec.Addresses, lacev1.IPAddress(ip.IP))
@@ -560,7 +560,7 @@ func TestTraceNetworkEndpointWins(t *testing.T) {
 	}
 	for i := range in.NetworkEndpoints {
 		if in.NetworkEndpoints[i].Name == "client" {
-			in.NetworkEndpoints[i].Labels[podUIDLabel] = "an-earlier-pod"
+			in.NetworkEndpoints[i].Labels[lacev1.LabelPodUID] = "an-earlier-pod"
 		}
 	}
 	if r, err = Trace(in); err != nil {

@@ -17,14 +17,6 @@ import (
 // LoadBalancer VIP allocation (issue 11, docs/load-balancers.md): pure, so
 // the controller's one writer and the tests compute the same thing.
 
-// LoadBalancerClassPrefix starts spec.loadBalancerClass of a Service that
-// names a Lace class: lace-cni.io/<class name>.
-const LoadBalancerClassPrefix = "lace-cni.io/"
-
-// AnnotationLoadBalancerIPs asks for specific VIPs (comma-separated, one per
-// family), as spec.loadBalancerIP (deprecated upstream) does for one.
-const AnnotationLoadBalancerIPs = "lace-cni.io/load-balancer-ips"
-
 // Reasons of a class's Ready condition and of Service Events.
 const (
 	LBReasonReady            = "Ready"
@@ -420,8 +412,8 @@ func className(s *corev1.Service, defaultClass string) string {
 	switch {
 	case s.Spec.LoadBalancerClass == nil:
 		return defaultClass
-	case strings.HasPrefix(*s.Spec.LoadBalancerClass, LoadBalancerClassPrefix):
-		return strings.TrimPrefix(*s.Spec.LoadBalancerClass, LoadBalancerClassPrefix)
+	case strings.HasPrefix(*s.Spec.LoadBalancerClass, lacev1.LoadBalancerClassPrefix):
+		return strings.TrimPrefix(*s.Spec.LoadBalancerClass, lacev1.LoadBalancerClassPrefix)
 	}
 	return ""
 }
@@ -452,7 +444,7 @@ func overlapWith(rs []IPRange, o *lbClass) string {
 // requested lists the addresses a Service asks for: the annotation, else
 // spec.loadBalancerIP.
 func requested(s *corev1.Service) []string {
-	if v := strings.TrimSpace(s.Annotations[AnnotationLoadBalancerIPs]); v != "" {
+	if v := strings.TrimSpace(s.Annotations[lacev1.AnnotationLoadBalancerIPs]); v != "" {
 		var out []string
 		for _, f := range strings.Split(v, ",") {
 			if f = strings.TrimSpace(f); f != "" {

@@ -121,7 +121,7 @@ func TestAllocateLoadBalancers(t *testing.T) {
 	// Requested addresses: the annotation or spec.loadBalancerIP; the older
 	// request wins a conflict; outside the pool is reported.
 	f := lbSvc("f", 1, dualName, v4only)
-	f.Annotations = map[string]string{AnnotationLoadBalancerIPs: "198.51.100.11"}
+	f.Annotations = map[string]string{lacev1.AnnotationLoadBalancerIPs: "198.51.100.11"}
 	g := lbSvc("g", 2, dualName, v4only)
 	g.Spec.LoadBalancerIP = "198.51.100.11"
 	h := lbSvc("h", 3, dualName, v4only)
@@ -184,7 +184,7 @@ func TestAllocateLoadBalancers(t *testing.T) {
 
 	// Requests that cannot be honoured are reported.
 	two := lbSvc("two", 1, nil, v4only)
-	two.Annotations = map[string]string{AnnotationLoadBalancerIPs: "192.0.2.1,192.0.2.2"}
+	two.Annotations = map[string]string{lacev1.AnnotationLoadBalancerIPs: "192.0.2.1,192.0.2.2"}
 	fam := lbSvc("fam", 2, nil, v4only)
 	fam.Spec.LoadBalancerIP = "2001:db8::5"
 	res = AllocateLoadBalancers([]lacev1.LoadBalancerClass{small}, []corev1.Service{two, fam}, nil, LBAvoid{})

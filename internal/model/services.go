@@ -25,9 +25,8 @@ const (
 	// watches only Services and EndpointSlices without it (its informers'
 	// label selector), and so does Lace, whatever its value.
 	LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
-	// AnnotationTrafficDistribution is Lace's own distribution preference;
-	// TrafficDistributionPreferClosest is its one value.
-	AnnotationTrafficDistribution    = "lace-cni.io/traffic-distribution"
+	// TrafficDistributionPreferClosest is the one value of Lace's own
+	// distribution preference, lacev1.AnnotationTrafficDistribution.
 	TrafficDistributionPreferClosest = "PreferClosest"
 )
 
@@ -605,10 +604,6 @@ func neHolds(ne *lacev1.NetworkEndpoint, a netip.Addr) bool {
 	return false
 }
 
-// labelNEPodUID is the label the agent puts on a NetworkEndpoint naming its
-// pod's UID.
-const labelNEPodUID = "lace-cni.io/pod-uid"
-
 // otherNetwork returns "" when addr may be an endpoint of a service in
 // network, or the network(s) whose pod holds it instead.
 //
@@ -638,7 +633,7 @@ func (ix podAddrIndex) otherNetwork(sliceNS string, ep *discoveryv1.Endpoint, ad
 	node := *ep.NodeName
 	if r := ep.TargetRef; r != nil && (r.Kind == "" || r.Kind == "Pod") && r.Name != "" {
 		for _, ne := range ix.byPod[cmp.Or(r.Namespace, sliceNS)+"/"+r.Name] {
-			if ne.Spec.Node == node && neHolds(ne, addr) && (r.UID == "" || string(r.UID) == ne.Labels[labelNEPodUID]) {
+			if ne.Spec.Node == node && neHolds(ne, addr) && (r.UID == "" || string(r.UID) == ne.Labels[lacev1.LabelPodUID]) {
 				if ne.Spec.Network == network {
 					return ""
 				}
@@ -979,7 +974,7 @@ func clusterEndpoints(eps []svcEndpoint, svc *corev1.Service, node, zone string)
 	if len(ready) == 0 {
 		return filterEndpoints(eps, func(e svcEndpoint) bool { return e.serving && e.terminate })
 	}
-	if svc.Annotations[AnnotationTrafficDistribution] == TrafficDistributionPreferClosest {
+	if svc.Annotations[lacev1.AnnotationTrafficDistribution] == TrafficDistributionPreferClosest {
 		// Lace's tiers: the first non-empty one of ready endpoints wins;
 		// hints play no part.
 		if t := filterEndpoints(ready, isLocal); len(t) > 0 {

@@ -186,7 +186,7 @@ func targetPod(name, uid string) epOpt {
 // svNE is the NetworkEndpoint of pod default/pod, as the agent writes it.
 func svNE(pod, network, node, uid string, addrs ...string) lacev1.NetworkEndpoint {
 	ne := lacev1.NetworkEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: pod,
-		Labels: map[string]string{labelNEPodUID: uid, "lace-cni.io/network": network}},
+		Labels: map[string]string{lacev1.LabelPodUID: uid, lacev1.LabelNetwork: network}},
 		Spec: lacev1.NetworkEndpointSpec{Network: network, Node: node}}
 	for _, a := range addrs {
 		ne.Spec.Addresses = append(ne.Spec.Addresses, lacev1.IPAddress(a))
@@ -535,26 +535,26 @@ func svcCases() []svcCase {
 			want:   []string{"10.96.0.10 tcp/80 net1 10.1.1.5:8080 10.1.2.5:8080"}},
 
 		// Lace's PreferClosest: node, zone, cluster tiers of ready endpoints.
-		{name: "PreferClosest: node tier", svcs: web(svAnnotation(AnnotationTrafficDistribution, TrafficDistributionPreferClosest)),
+		{name: "PreferClosest: node tier", svcs: web(svAnnotation(lacev1.AnnotationTrafficDistribution, TrafficDistributionPreferClosest)),
 			slices: three(nil, nil, nil), want: []string{"10.96.0.10 tcp/80 net1 10.1.1.5:8080"}},
-		{name: "PreferClosest: zone tier", svcs: web(svAnnotation(AnnotationTrafficDistribution, TrafficDistributionPreferClosest)),
+		{name: "PreferClosest: zone tier", svcs: web(svAnnotation(lacev1.AnnotationTrafficDistribution, TrafficDistributionPreferClosest)),
 			slices: three(ops(notReady), nil, nil), want: []string{"10.96.0.10 tcp/80 net1 10.1.2.5:8080"}},
-		{name: "PreferClosest: cluster tier", svcs: web(svAnnotation(AnnotationTrafficDistribution, TrafficDistributionPreferClosest)),
+		{name: "PreferClosest: cluster tier", svcs: web(svAnnotation(lacev1.AnnotationTrafficDistribution, TrafficDistributionPreferClosest)),
 			slices: three(ops(terminating), ops(notReady), nil), want: []string{"10.96.0.10 tcp/80 net1 10.1.3.5:8080"}},
 		{name: "PreferClosest: terminating fallback when none is ready",
-			svcs:   web(svAnnotation(AnnotationTrafficDistribution, TrafficDistributionPreferClosest)),
+			svcs:   web(svAnnotation(lacev1.AnnotationTrafficDistribution, TrafficDistributionPreferClosest)),
 			slices: three(ops(notReady), ops(terminating), ops(terminating)),
 			want:   []string{"10.96.0.10 tcp/80 net1 10.1.2.5:8080 10.1.3.5:8080"}},
-		{name: "PreferClosest ignores hints", svcs: web(svAnnotation(AnnotationTrafficDistribution, TrafficDistributionPreferClosest)),
+		{name: "PreferClosest ignores hints", svcs: web(svAnnotation(lacev1.AnnotationTrafficDistribution, TrafficDistributionPreferClosest)),
 			slices: three(ops(forZones("z2")), ops(forZones("z2")), ops(forZones("z2"))),
 			want:   []string{"10.96.0.10 tcp/80 net1 10.1.1.5:8080"}},
 		{name: "PreferClosest: node without zone skips the zone tier",
-			svcs: web(svAnnotation(AnnotationTrafficDistribution, TrafficDistributionPreferClosest)),
+			svcs: web(svAnnotation(lacev1.AnnotationTrafficDistribution, TrafficDistributionPreferClosest)),
 			slices: []discoveryv1.EndpointSlice{svWeb(svEp("10.1.1.5", "n1", notReady), svEp("10.1.2.5", "n2"),
 				svEp("10.1.3.5", "n3"), svEp("10.1.4.5", "n4"))}, // n4 has no zone either
 			mod:  func(in *ServiceInput) { in.Zone = "" },
 			want: []string{"10.96.0.10 tcp/80 net1 10.1.2.5:8080 10.1.3.5:8080 10.1.4.5:8080"}},
-		{name: "other traffic-distribution annotation values ignored", svcs: web(svAnnotation(AnnotationTrafficDistribution, "Closest")),
+		{name: "other traffic-distribution annotation values ignored", svcs: web(svAnnotation(lacev1.AnnotationTrafficDistribution, "Closest")),
 			slices: three(nil, nil, nil), want: all3},
 
 		// Session affinity.

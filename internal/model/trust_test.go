@@ -52,7 +52,7 @@ func TestNetworkEndpointSquatIgnored(t *testing.T) {
 	want := svBackends(ComputeServices(in))
 	for _, name := range []string{"web-0", "other"} {
 		in.NetworkEndpoints = []lacev1.NetworkEndpoint{{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name,
-			Labels: map[string]string{labelNEPodUID: "uid-w", "lace-cni.io/node": "n1"}},
+			Labels: map[string]string{lacev1.LabelPodUID: "uid-w", lacev1.LabelNode: "n1"}},
 			Spec: lacev1.NetworkEndpointSpec{Network: "red", Node: "n1", Addresses: []lacev1.IPAddress{"10.1.2.5"}}}}
 		st := ComputeServices(in)
 		if got := svBackends(st); !slices.Equal(got, want) || len(st.Excluded) != 0 {

@@ -115,7 +115,7 @@ func TestLoadBalancerL2(t *testing.T) {
 	withClass := func(class string) func(*corev1.Service) {
 		return func(s *corev1.Service) {
 			s.Spec.Type = corev1.ServiceTypeLoadBalancer
-			s.Spec.LoadBalancerClass = ptr.To(model.LoadBalancerClassPrefix + class)
+			s.Spec.LoadBalancerClass = ptr.To(lacev1.LoadBalancerClassPrefix + class)
 		}
 	}
 	semService(t, "lb", "lb", withClass("e2e-dual"))

@@ -17,7 +17,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
-	"github.com/lace-cni/lace/internal/controller"
 	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/model"
@@ -317,9 +316,9 @@ func TestLoadBalancerClassNamespaces(t *testing.T) {
 	lb := func(ask string) func(*corev1.Service) {
 		return func(s *corev1.Service) {
 			s.Spec.Type = corev1.ServiceTypeLoadBalancer
-			s.Spec.LoadBalancerClass = ptr.To(model.LoadBalancerClassPrefix + cls)
+			s.Spec.LoadBalancerClass = ptr.To(lacev1.LoadBalancerClassPrefix + cls)
 			if ask != "" {
-				s.Annotations = map[string]string{model.AnnotationLoadBalancerIPs: ask}
+				s.Annotations = map[string]string{lacev1.AnnotationLoadBalancerIPs: ask}
 			}
 		}
 	}
@@ -349,8 +348,8 @@ func TestLoadBalancerClassNamespaces(t *testing.T) {
 	}
 	waitIngressIn("e2e-lb-asks", "asks", pool[1])
 	waitIngressIn("e2e-lb-plain", "lb", pool[0])
-	waitServiceEvent(t, "e2e-lb-denied", "lb", controller.AnnotationLoadBalancerProblem, model.LBReasonNamespaceNotAllowed, "e2e-lb-denied")
-	waitServiceEvent(t, "e2e-lb-plain", "asks", controller.AnnotationLoadBalancerProblem, model.LBReasonAddressRequestNotAllowed, "e2e-lb-plain")
+	waitServiceEvent(t, "e2e-lb-denied", "lb", lacev1.AnnotationLoadBalancerProblem, model.LBReasonNamespaceNotAllowed, "e2e-lb-denied")
+	waitServiceEvent(t, "e2e-lb-plain", "asks", lacev1.AnnotationLoadBalancerProblem, model.LBReasonAddressRequestNotAllowed, "e2e-lb-plain")
 	for _, s := range [][2]string{{"e2e-lb-denied", "lb"}, {"e2e-lb-plain", "asks"}} {
 		if got := ingress(s[0], s[1]); len(got) != 0 {
 			t.Errorf("%s/%s holds %v, want nothing", s[0], s[1], got)
@@ -367,5 +366,5 @@ func TestLoadBalancerClassNamespaces(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitIngressIn("e2e-lb-plain", "lb")
-	waitServiceEvent(t, "e2e-lb-plain", "lb", controller.AnnotationLoadBalancerProblem, model.LBReasonNamespaceNotAllowed, "e2e-lb-plain")
+	waitServiceEvent(t, "e2e-lb-plain", "lb", lacev1.AnnotationLoadBalancerProblem, model.LBReasonNamespaceNotAllowed, "e2e-lb-plain")
 }

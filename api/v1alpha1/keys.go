@@ -1,0 +1,105 @@
+package v1alpha1
+
+// The lace-cni.io keys Lace writes or reads on objects: labels, annotations
+// and finalizers. They are part of the API (users, the chart's YAML and the
+// e2e tests spell them as strings), so they are defined once, here, and every
+// Go package refers to these constants.
+
+// Labels.
+const (
+	// LabelNetwork names a network. lace-controller puts it on the
+	// Allocations it creates and lists them by it (internal/controller
+	// network.go); the agent puts it on the NetworkEndpoints it writes
+	// (internal/agent cni.go); the chart puts it on its default Networks
+	// and its routing policies select on it, as the lab's demo does.
+	LabelNetwork = "lace-cni.io/network"
+	// LabelNetworkUID is the UID of the Network an Allocation was made
+	// for. Written and read by lace-controller: an Allocation whose UID
+	// differs is left from a deleted Network of the same name.
+	LabelNetworkUID = "lace-cni.io/network-uid"
+	// LabelNode names the node of an Allocation (written by
+	// lace-controller) or of a NetworkEndpoint (written by the agent of
+	// that node). The agent lists and caches only its node's
+	// NetworkEndpoints by it; the chart's node-restriction admission
+	// policy lets an agent write only objects carrying its own node.
+	LabelNode = "lace-cni.io/node"
+	// LabelPodUID is the UID of the pod a NetworkEndpoint records, written
+	// by the agent. Read by the agent (recovery), the model (service
+	// endpoints, internal/model services.go) and lacectl trace: a record
+	// whose UID differs is left from an earlier pod of the same name.
+	LabelPodUID = "lace-cni.io/pod-uid"
+	// LabelAgentLease ("true") marks the agents' heartbeat Leases. Written
+	// by the agent; read by the agents (load balancer announcement: which
+	// nodes are alive) and by lacectl.
+	LabelAgentLease = "lace-cni.io/agent-lease"
+	// LabelAgentStopped ("lace-cni.io/agent=stopped") on a Node keeps the
+	// agent DaemonSet off it (the chart's agent affinity reads it). Written
+	// by an operator, or by the lab's `lace-lab stop agent/NODE`.
+	LabelAgentStopped = "lace-cni.io/agent"
+)
+
+// Annotations.
+const (
+	// AnnotationServiceNetwork names the network a Service is bound to
+	// (its endpoints are resolved and reached in it). Written by
+	// lace-controller (internal/controller service.go); read by lacectl
+	// and by users.
+	AnnotationServiceNetwork = "lace-cni.io/network"
+	// AnnotationExcludedEndpoints lists the endpoint addresses of a
+	// Service left out because their pod is in another network
+	// (comma-separated). Written by lace-controller, read by users.
+	AnnotationExcludedEndpoints = "lace-cni.io/excluded-endpoints"
+	// AnnotationBindingError says why a Service is bound to no network
+	// (and so not served). Written by lace-controller; read by lacectl
+	// and by users.
+	AnnotationBindingError = "lace-cni.io/binding-error"
+	// AnnotationRefusedEndpoints lists the endpoint addresses of a Service
+	// no agent serves (model.HostEndpoints: a node's address naming no
+	// hostNetwork pod of the namespace on it, the API server's, loopback
+	// and the like), comma-separated. Written by lace-controller, read by
+	// users.
+	AnnotationRefusedEndpoints = "lace-cni.io/refused-endpoints"
+	// AnnotationExternalIPProblem is written by lace-controller on a
+	// Service some of whose spec.externalIPs are not served: "Reason:
+	// external IPs not served: addr (reason: detail), ...". Its value
+	// changes only when the verdict does, and each change comes with a
+	// Warning Event, so an idle cluster stays quiet. Reasons:
+	// ExternalIPNotAllowed (outside the operator's allow-list),
+	// ExternalIPReserved (a node address, pod subnet or service range),
+	// ExternalIPInvalid, ExternalIPContested (an older Service, or a load
+	// balancer address, holds it). Read by lace-controller (to stay
+	// quiet), lacectl and users.
+	AnnotationExternalIPProblem = "lace-cni.io/external-ip-problem"
+	// AnnotationLoadBalancerProblem remembers the last VIP allocation
+	// problem of a Service (reason: message), so its Warning is emitted
+	// once per change, not at every pass: an idle cluster stays quiet.
+	// Written and read by lace-controller (internal/controller
+	// loadbalancer.go); read by users.
+	AnnotationLoadBalancerProblem = "lace-cni.io/load-balancer-problem"
+	// AnnotationLoadBalancerIPs asks for specific LoadBalancer VIPs
+	// (comma-separated, one per family), as spec.loadBalancerIP
+	// (deprecated upstream) does for one. Written by users; read by the
+	// model's VIP allocation (internal/model lbipam.go) in lace-controller.
+	AnnotationLoadBalancerIPs = "lace-cni.io/load-balancer-ips"
+	// AnnotationTrafficDistribution is Lace's own distribution preference
+	// on a Service (its one value: model.TrafficDistributionPreferClosest).
+	// Written by users; read by the agents' service tables
+	// (internal/model services.go, kept by the agent's cache trim) and
+	// lacectl.
+	AnnotationTrafficDistribution = "lace-cni.io/traffic-distribution"
+)
+
+// Finalizers.
+const (
+	// FinalizerBlockRelease keeps an Allocation's prefixes reserved until
+	// the nodes have withdrawn their routes to it, so a block is never
+	// handed to a new node while traffic may still be routed to the old
+	// one. Added and removed by lace-controller (internal/controller
+	// network.go).
+	FinalizerBlockRelease = "lace-cni.io/block-release"
+)
+
+// LoadBalancerClassPrefix starts spec.loadBalancerClass of a Service that
+// names a LoadBalancerClass of Lace: lace-cni.io/<class name>. Written by
+// users; read by the model's VIP allocation and by lacectl.
+const LoadBalancerClassPrefix = "lace-cni.io/"
