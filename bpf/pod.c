@@ -3,8 +3,8 @@
 /* Programs on the host side of each pod's veth.
  *
  * from_pod (tc ingress): everything a pod sends. Anti-spoofing, then
- * connection tracking and the pod network's view (ARCHITECTURE.md section
- * 5): a packet of a flow the pod's side did not open is a reply and goes
+ * connection tracking and the pod network's view (docs/topology.md,
+ * views): a packet of a flow the pod's side did not open is a reply and goes
  * back in the context of the network that opened it; anything else is a
  * new flow (or more of one the pod opened) and its destination is looked
  * up by longest prefix in the view of the pod's network, which holds only

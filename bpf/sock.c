@@ -17,11 +17,11 @@
  * Service authors' claims on addresses, and the node keeps reaching the
  * real ones. Pods reach an admitted external IP per packet (from_pod).
  *
- * Who may reach a VIP follows section 5: the node is an outside host
- * classified by its address, so the VIP must be in the view of that
- * network (the shipped world -> default opens the default network's
- * services). A service without endpoints answers ECONNREFUSED (the ICMP
- * port unreachable per packet); other refusals EPERM. */
+ * Who may reach a VIP follows docs/external-networks.md: the node is an
+ * outside host classified by its address, so the VIP must be in the view
+ * of that network (the shipped world -> default opens the default
+ * network's services). A service without endpoints answers ECONNREFUSED
+ * (the ICMP port unreachable per packet); other refusals EPERM. */
 #include "lace.h"
 #include "ct.h"
 #include "frontend.h"

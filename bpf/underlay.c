@@ -19,12 +19,12 @@
  *   translated back and delivered to the pod; anything else (and link-local,
  *   multicast, broadcast, ARP and other non-IP frames) goes to the host
  *   stack;
- * - any other plain IP comes from outside the cluster (ARCHITECTURE.md
- *   section 5): its source is classified into an external network by the
- *   longest external prefix (none: dropped, unclassified-source) and its
- *   destination looked up in that network's view: a pod is delivered here
- *   or encapsulated to its node with the source preserved; anything else
- *   is dropped (a node is not a router).
+ * - any other plain IP comes from outside the cluster
+ *   (docs/external-networks.md): its source is classified into an
+ *   external network by the longest external prefix (none: dropped,
+ *   unclassified-source) and its destination looked up in that network's
+ *   view: a pod is delivered here or encapsulated to its node with the
+ *   source preserved; anything else is dropped (a node is not a router).
  *
  * Until the agent has written the node's own addresses it does not set
  * LACE_CFG_UNDERLAY_GUARD, and plain IP passes (no pod is attached before). */

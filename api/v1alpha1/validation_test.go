@@ -24,8 +24,10 @@ func decode(t *testing.T, doc string) *unstructured.Unstructured {
 	return obj
 }
 
-// TestSpecExamples applies every example of ../shared/spec, as written, to a
-// real kube-apiserver.
+// TestSpecExamples applies the product examples (docs/networks.md,
+// docs/topology.md; a nameless one gets its file's name) to a real
+// kube-apiserver, so the CRDs' CEL rules accept them. TestDocExamples checks
+// every example of docs/*.md against the Go types.
 func TestSpecExamples(t *testing.T) {
 	env := cptest.Start(t)
 	ctx := context.Background()

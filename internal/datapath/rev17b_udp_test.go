@@ -66,7 +66,7 @@ func TestRev17bBlindUDPExchangesEvictEstablished(t *testing.T) {
 // forwarding resolver waiting on its upstream). The answers whose entry
 // the flood evicted find no flow and leave as new flows the pod opened:
 // each takes a node port (lace_snat) and an entry in lace_ct_local, the
-// pods' own pending budget that section 7 says a flood from outside never
+// pods' own pending budget that docs/security.md section 7 says a flood from outside never
 // reaches; another pod's pending connect is evicted and its answer is
 // dropped. Open limit (not fixed): fails.
 func TestRev17bOutsideFloodSpillsIntoPodPending(t *testing.T) {

@@ -27,7 +27,7 @@ import (
 	"github.com/lace-cni/lace/pkg/scheme"
 )
 
-// The demo topology (ARCHITECTURE.md section 5) on top of what the chart
+// The demo topology (docs/topology.md) on top of what the chart
 // ships (the default network, the external network world, and the
 // policies default -> world and world -> default):
 //
@@ -611,7 +611,7 @@ func printMatrix(out io.Writer, m demoMatrix, srcs, dsts []demoEndpoint) {
 	worldV4, worldV6 := ExternalUnderlay()
 	partnerV4, partnerV6 := ExternalServedAddrs()
 	fmt.Fprintf(out, `
-Expected (ARCHITECTURE.md section 5, model.Reach):
+Expected (docs/topology.md, model.Reach):
   frontend reaches backend; backend cannot open connections to frontend (replies
     of frontend's flows come back through conntrack)
   shared is reachable both ways from frontend and backend (all-to-shared, shared-to-all)

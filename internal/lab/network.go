@@ -74,8 +74,8 @@ func setupNetwork(c Config) error {
 }
 
 // setupExternalRouting makes the external host a site beyond the fabric
-// and a router toward the cluster (ARCHITECTURE.md section 5, "pods to
-// outside"). It is idempotent: every address and route is replaced.
+// and a router toward the cluster (docs/external-networks.md, "Pods
+// reaching the outside"). It is idempotent: every address and route is replaced.
 //
 //   - The external host holds ExternalServedAddrs as host addresses (/32,
 //     /128) on its fabric interface: it answers for them and may send from

@@ -4,8 +4,8 @@ package lacectl
 // serves. Which endpoints a node sends a new flow to is
 // model.ComputeServices' answer for that node (what its agent programs);
 // this file lists every endpoint of the EndpointSlices beside that answer
-// and says, for the ones left out, which of section 6's rules left them
-// out.
+// and says, for the ones left out, which rule of docs/services.md ("Which
+// endpoints get new flows") left them out.
 
 import (
 	"cmp"
@@ -300,8 +300,8 @@ type choice struct {
 
 // explain sets each candidate beside the backends ComputeServices chose on
 // node (ts; nil when the port is not served there) and says why. The
-// decision is ComputeServices'; the reasons name the rule of section 6
-// that tells an endpoint left out from the chosen ones.
+// decision is ComputeServices'; the reasons name the rule of
+// docs/services.md that tells an endpoint left out from the chosen ones.
 func explain(svc *corev1.Service, ns nodeServices, ts *tables.Service, cands []svcCandidate) []choice {
 	chosen := map[netip.AddrPort]bool{}
 	if ts != nil {
@@ -821,7 +821,8 @@ func andList(words []string) string {
 }
 
 // frontendAdmission is whether a client at src is admitted to a frontend
-// of svc: when its view reaches the service's ClusterIP (section 6), for
+// of svc: when its view reaches the service's ClusterIP (docs/services.md,
+// "Reached from outside"), for
 // an outside client the view of the external network its address
 // classifies into. The oracle answers that as it does for a node's
 // sockets, which it judges as any outside host classified by its address;

@@ -2,8 +2,7 @@ package lacectl
 
 // lacectl topology: the networks and who may reach whom, as a table and as
 // a drawing. Every answer comes from the reachability oracle
-// (model.ViewOf); nothing here re-derives the rules of ARCHITECTURE.md
-// section 5.
+// (model.ViewOf); nothing here re-derives the rules of docs/topology.md.
 
 import (
 	"bytes"

@@ -216,7 +216,8 @@ func backend(in TraceInput, t model.Topology, r TraceResult, be tables.Backend, 
 // nodeBackend: a node's socket is pointed at the endpoint before any
 // packet exists (bpf/sock.c), so the packets leave the node's host stack
 // for the endpoint itself, as plain IP from the node's address, and are
-// judged like any outside host's (section 5, the node itself).
+// judged like any outside host's (docs/external-networks.md, "Where outside
+// traffic belongs").
 func nodeBackend(in TraceInput, t model.Topology, r TraceResult, tb TraceBackend, cands []svcCandidate) TraceBackend {
 	svcNet, srcNode := r.Service.Network, r.Src.NodeName
 	for _, ne := range in.NetworkEndpoints {

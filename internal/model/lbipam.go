@@ -14,7 +14,7 @@ import (
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 )
 
-// LoadBalancer VIP allocation (issue 11, ARCHITECTURE section 6): pure, so
+// LoadBalancer VIP allocation (issue 11, docs/load-balancers.md): pure, so
 // the controller's one writer and the tests compute the same thing.
 
 // Reasons of a class's Ready condition and of Service Events.

@@ -20,7 +20,7 @@ type NodeInput struct {
 	RoutingPolicies []lacev1.NetworkRoutingPolicy
 	// Services are the VIPs of the services bound to a network, and the
 	// ServiceRoutingPolicies and namespace labels that open them to other
-	// networks (section 5, third bullet of "What a network sees").
+	// networks (docs/topology.md, third bullet of "What a network reaches").
 	Services               []ServiceVIPs
 	ServiceRoutingPolicies []lacev1.ServiceRoutingPolicy
 	Namespaces             map[string]map[string]string
@@ -81,8 +81,8 @@ type NodeState struct {
 	HealthChecks []HealthCheck
 	// HostRoutes send the node's own traffic for other nodes' pod blocks
 	// over the underlay to their owners, as plain IP from the node address
-	// (the owner judges it as from any outside host: section 5, the node
-	// itself). One per prefix: overlapping networks' blocks go to the
+	// (the owner judges it as from any outside host: docs/external-networks.md,
+	// "Where outside traffic belongs"). One per prefix: overlapping networks' blocks go to the
 	// lowest network ID.
 	HostRoutes []HostRoute
 }
@@ -211,8 +211,8 @@ func sortState(st *NodeState) {
 
 // The views below are computed apart from the oracle (reach.go) on purpose:
 // the end-to-end tests compare packets with Reach, and view_test.go compares
-// these tables with it, so a misreading of section 5 shared by both would
-// hide. Do not call reach.go from here.
+// these tables with it, so a misreading of docs/topology.md shared by both
+// would hide. Do not call reach.go from here.
 
 // viewNet is a network with an ID, as the views see it.
 type viewNet struct {
@@ -455,7 +455,7 @@ func (vt *viewTopology) classifyPrefix(p netip.Prefix) (netip.Prefix, bool) {
 // subnets, every external prefix of the cluster) gets the entry the rules
 // give an address whose longest such prefix it is; that is exactly what a
 // longest-prefix lookup then returns for every address. The rules are
-// those of section 5: pod entries resolve to their network unless an
+// those of docs/topology.md: pod entries resolve to their network unless an
 // external network of the view classifies the address with a strictly
 // longer prefix than the pod subnet (blocks refine a subnet, they never
 // change which network an address belongs to); an outside address whose

@@ -1,7 +1,7 @@
 package model
 
-// The reachability oracle. It is written from the rules of ARCHITECTURE.md
-// section 5 and spec/topology.txt, deliberately apart from ComputeNode and
+// The reachability oracle. It is written from the rules of docs/topology.md
+// and docs/external-networks.md, deliberately apart from ComputeNode and
 // its views (node.go), which build the data plane's tables: the end-to-end
 // tests compare real packets with Reach, and a bug shared by both would
 // hide. Do not call node.go from here, nor the other way around.
@@ -26,7 +26,7 @@ type Topology struct {
 	RoutingPolicies        []lacev1.NetworkRoutingPolicy
 	ServiceRoutingPolicies []lacev1.ServiceRoutingPolicy
 	// Services are the services Lace serves, each with the network it is
-	// bound to (section 6: the binding policies decide; ComputeServices'
+	// bound to (docs/services.md: the binding policies decide; ComputeServices'
 	// Bound, or the controller's lace-cni.io/network annotation) and its
 	// cluster IPs. A service bound to no network is not served: leave it
 	// out, and Reach calls a question about it invalid.
@@ -375,7 +375,7 @@ func (tp topo) view(network string) View {
 		return v
 	}
 	// An anonymous network reaches itself only through a policy selecting
-	// it on both sides (networks.txt, anonymous; section 5).
+	// it on both sides (docs/networks.md, "Anonymous networks").
 	for _, g := range tp.grants {
 		if contains(g.src, network) && contains(g.dst, network) {
 			v.SelfPolicy = g.policy
@@ -467,8 +467,8 @@ func (tp topo) classify(addr netip.Addr) (string, netip.Prefix, bool) {
 
 // resolve finds the view entry addr goes to. Pod subnets are private
 // address spaces and count only when in the view; an outside address
-// belongs to the external network that classifies it (networks.txt: longest
-// prefix across all external networks), so a broader external network in
+// belongs to the external network that classifies it (docs/external-
+// networks.md: longest prefix across all external networks), so a broader external network in
 // the view does not reach into a more specific one outside it. A pod subnet
 // beats an external prefix of equal or shorter length. A pod subnet of a
 // network outside the view is no outside address either: unless a pod
@@ -534,14 +534,14 @@ func grantRule(e ViewEntry, src string) string {
 }
 
 // Reach answers whether a new flow from src to dst is admitted, and by
-// which rule (ARCHITECTURE.md section 5). NetworkRoutingPolicies are not
+// which rule (docs/topology.md). NetworkRoutingPolicies are not
 // port-scoped, so proto and port do not change a verdict today; they are
 // part of the question for services (a VIP and port) and for lacectl trace.
 // Replies of an admitted flow are answered by ReachReply.
 //
 // For a service (dst of kind EndpointService) the verdict says whether the
-// source's view holds the VIP (section 5, third bullet of "what a network
-// sees"): a pod reaches the VIPs of the services bound to its own network
+// source's view holds the VIP (docs/topology.md, third bullet of "What a
+// network reaches"): a pod reaches the VIPs of the services bound to its own network
 // (unless it is anonymous and closed), to every network a
 // NetworkRoutingPolicy grants it (not refused by a conflict), and to the
 // networks a ServiceRoutingPolicy from its network selects, scoped by
@@ -570,15 +570,16 @@ func Reach(t Topology, src, dst Endpoint, proto string, port uint16) Verdict {
 	}
 
 	// The node reaches the pods on it whatever the policies; the one
-	// exception to isolation, and only local (section 5, the node itself).
+	// exception to isolation, and only local (docs/topology.md, "What a
+	// network reaches").
 	if src.Kind == EndpointNode && dst.Kind == EndpointPod && src.NodeName != "" && src.NodeName == dst.NodeName {
 		v.Allowed, v.Rule = true, "node reaches its own pods"
 		v.DstNetwork = dst.Network
 		return v
 	}
 
-	// Where the packet comes from (section 5): a pod's own network, else
-	// the external network classifying the source address.
+	// Where the packet comes from (docs/external-networks.md): a pod's own
+	// network, else the external network classifying the source address.
 	switch src.Kind {
 	case EndpointPod:
 		n := tp.nets[src.Network]
@@ -691,8 +692,8 @@ func Reach(t Topology, src, dst Endpoint, proto string, port uint16) Verdict {
 	v.DstNetwork, v.DstPrefix, v.Policy = e.Network, e.Prefix, e.Policy
 	// A pod's own node is an outside host classified by its address like
 	// any other, but it is local: the packet is handed to the node's stack
-	// with the pod's address, which is unique on the node (section 5, the
-	// node itself), and the data plane counts a refusal as
+	// with the pod's address, which is unique on the node (docs/topology.md,
+	// "What a network reaches"), and the data plane counts a refusal as
 	// to-node-not-answer.
 	if ownNode && e.Type != lacev1.NetworkTypeExternal {
 		v.Rule = fmt.Sprintf("no view: the address of node %s resolves to pod network %s (%s) in the view of %s", dst.NodeName, e.Network, e.Prefix, s)
@@ -835,8 +836,8 @@ func (tp topo) firstGrant(src, dst string) (string, bool) {
 }
 
 // ReachReply answers whether the replies of a flow src opened to dst come
-// back: always when the flow was admitted (conntrack, section 5 direction
-// and return), whatever the policies from dst to src. When the flow was not
+// back: always when the flow was admitted (conntrack, docs/topology.md,
+// "Direction"), whatever the policies from dst to src. When the flow was not
 // admitted there is nothing to reply to, and the verdict carries the
 // forward denial.
 func ReachReply(t Topology, src, dst Endpoint, proto string, port uint16) Verdict {

@@ -80,7 +80,7 @@ func hostOf(node, addr string) Endpoint {
 	return Endpoint{Kind: EndpointNode, NodeName: node, Addr: netip.MustParseAddr(addr)}
 }
 
-// chart is what every install ships (section 5, defaults), plus the
+// chart is what every install ships (external-networks.md, defaults), plus the
 // networks a case adds.
 func chart(more []lacev1.Network, pols ...lacev1.NetworkRoutingPolicy) Topology {
 	nets := append([]lacev1.Network{
@@ -136,7 +136,7 @@ func runReach(t *testing.T, cases []reachCase) {
 }
 
 // TestReachSpecExamples applies the two NetworkRoutingPolicies of
-// spec/topology.txt as written.
+// docs/topology.md as written.
 func TestReachSpecExamples(t *testing.T) {
 	directional := topology([]lacev1.Network{
 		l3("frontend", map[string]string{"tier": "frontend"}, "10.10.0.0/16"),
@@ -150,28 +150,28 @@ func TestReachSpecExamples(t *testing.T) {
 	fe, be := pod("frontend", "10.10.1.5", "n1"), pod("backend", "10.20.2.5", "n2")
 	red, blue, green := pod("red", "10.1.1.5", "n1"), pod("blue", "10.2.1.5", "n2"), pod("green", "10.3.1.5", "n1")
 	runReach(t, []reachCase{
-		{name: "frontend initiates to backend", rule: "topology.txt: traffic may be initiated from the source toward the destination",
+		{name: "frontend initiates to backend", rule: "topology.md: traffic may be initiated from the source toward the destination",
 			topo: directional, src: fe, dst: be, allowed: true, ruleHas: []string{"NetworkRoutingPolicy frontend-to-backend (frontend -> backend)"}},
-		{name: "backend cannot initiate to frontend", rule: "topology.txt: not the other way around",
+		{name: "backend cannot initiate to frontend", rule: "topology.md: not the other way around",
 			topo: directional, src: be, dst: fe, reason: DropIsolated, ruleHas: []string{"no view", "backend -> frontend"}},
-		{name: "backend replies to frontend", rule: "topology.txt: return traffic of an established flow is always allowed back via conntrack",
+		{name: "backend replies to frontend", rule: "topology.md: return traffic of an established flow is always allowed back via conntrack",
 			topo: directional, src: fe, dst: be, reply: true, allowed: true, ruleHas: []string{"reply", "frontend-to-backend", "conntrack"}},
-		{name: "no reply where no flow was admitted", rule: "section 5 direction and return: replies only of an admitted flow",
+		{name: "no reply where no flow was admitted", rule: "topology.md direction and return: replies only of an admitted flow",
 			topo: directional, src: be, dst: fe, reply: true, reason: DropIsolated, ruleHas: []string{"no admitted flow"}},
-		{name: "mesh red to blue", rule: "topology.txt: one label on both sides lets every network reach every other",
+		{name: "mesh red to blue", rule: "topology.md: one label on both sides lets every network reach every other",
 			topo: mesh, src: red, dst: blue, allowed: true, ruleHas: []string{"prod-mesh (red -> blue)"}},
-		{name: "mesh blue to red", rule: "topology.txt: ... in both directions",
+		{name: "mesh blue to red", rule: "topology.md: ... in both directions",
 			topo: mesh, src: blue, dst: red, allowed: true, ruleHas: []string{"prod-mesh (blue -> red)"}},
-		{name: "mesh member reaches its own network", rule: "section 5 view: its own subnets",
+		{name: "mesh member reaches its own network", rule: "topology.md view: its own subnets",
 			topo: mesh, src: red, dst: pod("red", "10.1.2.9", "n2"), allowed: true, ruleHas: []string{"own network red"}},
-		{name: "outside the mesh stays isolated", rule: "networks.txt: networks are isolated by default",
+		{name: "outside the mesh stays isolated", rule: "networks.md: networks are isolated by default",
 			topo: mesh, src: red, dst: green, reason: DropIsolated},
-		{name: "nor does it reach in", rule: "networks.txt: networks are isolated by default",
+		{name: "nor does it reach in", rule: "networks.md: networks are isolated by default",
 			topo: mesh, src: green, dst: red, reason: DropIsolated},
 	})
 }
 
-// TestReachAnonymous: networks.txt (anonymous) and section 5 (what a
+// TestReachAnonymous: networks.md (anonymous) and topology.md (what a
 // network sees, first bullet).
 func TestReachAnonymous(t *testing.T) {
 	closed := topology([]lacev1.Network{
@@ -190,22 +190,22 @@ func TestReachAnonymous(t *testing.T) {
 		nrp("into-zone", map[string]string{netLabel: "app"}, map[string]string{"zone": "a"}))
 	v1, v2 := pod("vault", "10.50.1.5", "n1"), pod("vault", "10.50.2.5", "n2")
 	runReach(t, []reachCase{
-		{name: "anonymous network cannot reach itself", rule: "networks.txt: reaching the network, even from its own endpoints, requires an explicit policy",
+		{name: "anonymous network cannot reach itself", rule: "networks.md: reaching the network, even from its own endpoints, requires an explicit policy",
 			topo: closed, src: v1, dst: v2, reason: DropAnonymous, ruleHas: []string{"anonymous network vault without self policy"}},
-		{name: "anonymous network reaches its peers", rule: "section 5: subnets of every D with S -> D",
+		{name: "anonymous network reaches its peers", rule: "topology.md: subnets of every D with S -> D",
 			topo: closed, src: v1, dst: pod("app", "10.60.1.5", "n1"), allowed: true, ruleHas: []string{"vault-to-app"}},
-		{name: "peers reach an anonymous network", rule: "section 5: anonymous only removes the own subnets from the own view",
+		{name: "peers reach an anonymous network", rule: "topology.md: anonymous only removes the own subnets from the own view",
 			topo: closed, src: pod("app", "10.60.1.5", "n1"), dst: v1, allowed: true, ruleHas: []string{"app-to-vault"}},
-		{name: "self policy opens it", rule: "section 5: unless a NetworkRoutingPolicy selects S on both sides",
+		{name: "self policy opens it", rule: "topology.md: unless a NetworkRoutingPolicy selects S on both sides",
 			topo: opened, src: v1, dst: v2, allowed: true, ruleHas: []string{"vault-to-vault opens anonymous network vault to itself"}},
-		{name: "selected on each side by different policies keeps it closed", rule: "section 5: a policy selects S on both sides",
+		{name: "selected on each side by different policies keeps it closed", rule: "topology.md: a policy selects S on both sides",
 			topo: half, src: v1, dst: v2, reason: DropAnonymous},
-		{name: "that policy still reaches the others", rule: "section 5: subnets of every D with S -> D",
+		{name: "that policy still reaches the others", rule: "topology.md: subnets of every D with S -> D",
 			topo: half, src: v1, dst: pod("app", "10.60.1.5", "n1"), allowed: true, ruleHas: []string{"vault-out"}},
 	})
 }
 
-// TestReachExternal: section 5 (where a packet comes from; pods to
+// TestReachExternal: external-networks.md (where a packet comes from; pods to
 // outside; defaults shipped with every install).
 func TestReachExternal(t *testing.T) {
 	def := pod("default", "10.244.1.5", "n1")
@@ -217,45 +217,45 @@ func TestReachExternal(t *testing.T) {
 		external("corp", "192.0.2.0/24"),
 	}, byName("corp", "default"))
 	runReach(t, []reachCase{
-		{name: "world reaches default", rule: "section 5 defaults: world -> default; external -> pod with a policy",
+		{name: "world reaches default", rule: "external-networks.md defaults: world -> default; external -> pod with a policy",
 			topo: shipped, src: outside("203.0.113.9"), dst: def, allowed: true, srcNet: "world", ruleHas: []string{"world-to-default (world -> default)"}},
-		{name: "world reaches default over IPv6", rule: "section 5: classification by longest prefix, both families",
+		{name: "world reaches default over IPv6", rule: "external-networks.md: classification by longest prefix, both families",
 			topo: shipped, src: outside("2001:db8::9"), dst: pod("default", "fd00:244::1:5", "n2"), allowed: true, srcNet: "world"},
-		{name: "world does not reach an isolated network", rule: "section 5 defaults: every network an operator adds is isolated",
+		{name: "world does not reach an isolated network", rule: "external-networks.md defaults: every network an operator adds is isolated",
 			topo: shipped, src: outside("203.0.113.9"), dst: iso, srcNet: "world", reason: DropIsolated, ruleHas: []string{"world -> isolated"}},
-		{name: "default reaches outside with SNAT", rule: "section 5 pods to outside: SNAT to the node's underlay address",
+		{name: "default reaches outside with SNAT", rule: "external-networks.md pods to outside: SNAT to the node's underlay address",
 			topo: shipped, src: def, dst: outside("203.0.113.9"), allowed: true, snat: true, ruleHas: []string{"default-to-world", "SNAT"}},
-		{name: "outside answers default", rule: "section 5 direction and return: replies through conntrack",
+		{name: "outside answers default", rule: "topology.md direction and return: replies through conntrack",
 			topo: shipped, src: def, dst: outside("203.0.113.9"), reply: true, allowed: true, snat: true, ruleHas: []string{"reply"}},
-		{name: "isolated network does not reach outside", rule: "section 5: a view holds only directly granted networks",
+		{name: "isolated network does not reach outside", rule: "topology.md: a view holds only directly granted networks",
 			topo: shipped, src: iso, dst: outside("203.0.113.9"), reason: DropIsolated, ruleHas: []string{"belongs to external network world"}},
-		{name: "unclassified source is dropped", rule: "section 5 where a packet comes from: no match, no network, dropped and counted",
+		{name: "unclassified source is dropped", rule: "external-networks.md where a packet comes from: no match, no network, dropped and counted",
 			topo: noWorld, src: outside("198.51.100.7"), dst: pod("default", "10.244.1.5", "n1"), reason: DropUnclassified, ruleHas: []string{"unclassified"}},
-		{name: "a classified source with a policy", rule: "section 5 pods to outside: external -> pod when a policy allows",
+		{name: "a classified source with a policy", rule: "external-networks.md pods to outside: external -> pod when a policy allows",
 			topo: noWorld, src: outside("192.0.2.7"), dst: pod("default", "10.244.1.5", "n1"), allowed: true, srcNet: "corp"},
-		{name: "more specific external network classifies the source", rule: "networks.txt: longest prefix match across all external networks",
+		{name: "more specific external network classifies the source", rule: "external-networks.md: longest prefix match across all external networks",
 			topo: corp, src: outside("192.0.2.7"), dst: def, srcNet: "corp", reason: DropIsolated},
-		{name: "world in the view does not reach into corp", rule: "networks.txt: an address belongs to the external network of longest prefix; section 5: every network added is isolated",
+		{name: "world in the view does not reach into corp", rule: "external-networks.md: an address belongs to the external network of longest prefix; topology.md: every network added is isolated",
 			topo: corp, src: def, dst: outside("192.0.2.7"), reason: DropIsolated, ruleHas: []string{"external network corp"}},
 	})
 }
 
-// TestReachLongestPrefix: section 5, a view is a longest-prefix table; a
+// TestReachLongestPrefix: topology.md, a view is a longest-prefix table; a
 // more specific pod subnet wins over 0.0.0.0/0.
 func TestReachLongestPrefix(t *testing.T) {
 	tp := chart([]lacev1.Network{l3("backend", nil, "10.20.0.0/16")}, byName("default", "backend"))
 	def := pod("default", "10.244.1.5", "n1")
 	runReach(t, []reachCase{
-		{name: "own subnet beats world", rule: "section 5: a more specific pod subnet wins",
+		{name: "own subnet beats world", rule: "topology.md: a more specific pod subnet wins",
 			topo: tp, src: def, dst: pod("default", "10.244.2.5", "n2"), allowed: true, ruleHas: []string{"own network default"}},
-		{name: "peer subnet beats world", rule: "section 5: a more specific pod subnet wins",
+		{name: "peer subnet beats world", rule: "topology.md: a more specific pod subnet wins",
 			topo: tp, src: def, dst: pod("backend", "10.20.0.5", "n2"), allowed: true, ruleHas: []string{"default-to-backend"}},
-		{name: "an outside address under a pod subnet is shadowed", rule: "section 5: destinations resolve by longest prefix in the view",
+		{name: "an outside address under a pod subnet is shadowed", rule: "topology.md: destinations resolve by longest prefix in the view",
 			topo: tp, src: def, dst: outside("10.20.0.5"), reason: DropIsolated, ruleHas: []string{"pod network backend (10.20.0.0/16)"}},
 	})
 }
 
-// TestReachOverlap: section 5, two overlapping pod networks never in one
+// TestReachOverlap: topology.md, two overlapping pod networks never in one
 // view; the own network wins, then the earlier policy name.
 func TestReachOverlap(t *testing.T) {
 	nets := func() []lacev1.Network {
@@ -273,18 +273,18 @@ func TestReachOverlap(t *testing.T) {
 		nrp("1-b", map[string]string{netLabel: "src"}, map[string]string{netLabel: "b"}))
 	s := pod("src", "10.9.1.5", "n1")
 	runReach(t, []reachCase{
-		{name: "earlier policy's peer is in", rule: "section 5: among peers, the earlier policy name",
+		{name: "earlier policy's peer is in", rule: "topology.md: among peers, the earlier policy name",
 			topo: aFirst, src: s, dst: pod("a", "10.1.0.5", "n1"), allowed: true, ruleHas: []string{"1-a"}},
-		{name: "later overlapping peer is refused", rule: "section 5: refused for that pair, naming both networks and the prefix",
+		{name: "later overlapping peer is refused", rule: "topology.md: refused for that pair, naming both networks and the prefix",
 			topo: aFirst, src: s, dst: pod("b", "10.1.0.5", "n2"), reason: DropNoEndpoint,
 			ruleHas: []string{"conflict", "2-b", "src -> b", "b 10.1.0.0/24", "a 10.1.0.0/16"}},
-		{name: "the other order wins the other way", rule: "section 5: among peers, the earlier policy name",
+		{name: "the other order wins the other way", rule: "topology.md: among peers, the earlier policy name",
 			topo: bFirst, src: s, dst: pod("b", "10.1.0.5", "n2"), allowed: true, ruleHas: []string{"1-b"}},
-		{name: "and refuses a", rule: "section 5: refused for that pair",
+		{name: "and refuses a", rule: "topology.md: refused for that pair",
 			topo: bFirst, src: s, dst: pod("a", "10.1.0.5", "n1"), reason: DropNoEndpoint, ruleHas: []string{"conflict", "2-a", "a 10.1.0.0/16", "b 10.1.0.0/24"}},
-		{name: "own network always wins", rule: "section 5: the source's own network always wins",
+		{name: "own network always wins", rule: "topology.md: the source's own network always wins",
 			topo: aFirst, src: s, dst: pod("twin", "10.9.1.6", "n1"), reason: DropNoEndpoint, ruleHas: []string{"conflict", "src-to-twin", "twin 10.9.0.0/16", "src 10.9.0.0/16"}},
-		{name: "own pods at that address stay reachable", rule: "section 5: the source's own network always wins",
+		{name: "own pods at that address stay reachable", rule: "topology.md: the source's own network always wins",
 			topo: aFirst, src: s, dst: pod("src", "10.9.1.6", "n1"), allowed: true, ruleHas: []string{"own network src"}},
 	})
 	v := ViewOf(aFirst, "src")
@@ -300,7 +300,7 @@ func TestReachOverlap(t *testing.T) {
 	}
 }
 
-// TestReachNoTransit: section 5, nothing transits.
+// TestReachNoTransit: topology.md, nothing transits.
 func TestReachNoTransit(t *testing.T) {
 	tp := topology([]lacev1.Network{
 		l3("a", nil, "10.1.0.0/16"), l3("b", nil, "10.2.0.0/16"), l3("c", nil, "10.3.0.0/16"),
@@ -310,32 +310,32 @@ func TestReachNoTransit(t *testing.T) {
 	// not reached by leaving for world.
 	viaWorld := chart([]lacev1.Network{l3("x", nil, "10.80.0.0/16")}, byName("x", "world"))
 	runReach(t, []reachCase{
-		{name: "a to b", rule: "section 5: S -> D", topo: tp, src: a, dst: b, allowed: true},
-		{name: "b to c", rule: "section 5: S -> D", topo: tp, src: b, dst: c, allowed: true},
-		{name: "a to c", rule: "section 5: a view holds only directly granted networks",
+		{name: "a to b", rule: "topology.md: S -> D", topo: tp, src: a, dst: b, allowed: true},
+		{name: "b to c", rule: "topology.md: S -> D", topo: tp, src: b, dst: c, allowed: true},
+		{name: "a to c", rule: "topology.md: a view holds only directly granted networks",
 			topo: tp, src: a, dst: c, reason: DropIsolated, ruleHas: []string{"no view", "a -> c"}},
-		{name: "x to default through world", rule: "section 5: nothing transits (not through an external network either)",
+		{name: "x to default through world", rule: "topology.md: nothing transits (not through an external network either)",
 			topo: viaWorld, src: pod("x", "10.80.0.5", "n1"), dst: pod("default", "10.244.0.5", "n2"), reason: DropIsolated},
 	})
 }
 
-// TestReachNode: section 5, the node itself.
+// TestReachNode: topology.md, the node itself.
 func TestReachNode(t *testing.T) {
 	tp := chart([]lacev1.Network{l3("isolated", nil, "10.70.0.0/16")})
 	bare := topology([]lacev1.Network{l3("isolated", nil, "10.70.0.0/16")})
 	n1 := hostOf("n1", "172.30.0.11")
 	runReach(t, []reachCase{
-		{name: "node reaches its own pod in an isolated network", rule: "section 5: the node reaches the pods on it whatever the policies",
+		{name: "node reaches its own pod in an isolated network", rule: "topology.md: the node reaches the pods on it whatever the policies",
 			topo: tp, src: n1, dst: pod("isolated", "10.70.1.5", "n1"), allowed: true, ruleHas: []string{"node reaches its own pods"}},
-		{name: "with no external network at all", rule: "section 5: whatever the policies",
+		{name: "with no external network at all", rule: "topology.md: whatever the policies",
 			topo: bare, src: n1, dst: pod("isolated", "10.70.1.5", "n1"), allowed: true},
-		{name: "node to another node's isolated pod is outside", rule: "section 5: otherwise node processes are classified by their underlay address",
+		{name: "node to another node's isolated pod is outside", rule: "external-networks.md: otherwise node processes are classified by their underlay address",
 			topo: tp, src: n1, dst: pod("isolated", "10.70.2.5", "n2"), srcNet: "world", reason: DropIsolated},
-		{name: "node to another node's default pod via world", rule: "section 5: classified by underlay address, then world -> default",
+		{name: "node to another node's default pod via world", rule: "external-networks.md: classified by underlay address, then world -> default",
 			topo: tp, src: n1, dst: pod("default", "10.244.2.5", "n2"), srcNet: "world", allowed: true, ruleHas: []string{"world-to-default"}},
-		{name: "node to another node's pod, unclassified", rule: "section 5: no match, dropped",
+		{name: "node to another node's pod, unclassified", rule: "external-networks.md: no match, dropped",
 			topo: bare, src: n1, dst: pod("isolated", "10.70.2.5", "n2"), reason: DropUnclassified},
-		{name: "own pod answers its node", rule: "section 5 direction and return",
+		{name: "own pod answers its node", rule: "topology.md direction and return",
 			topo: bare, src: n1, dst: pod("isolated", "10.70.1.5", "n1"), reply: true, allowed: true},
 	})
 }
@@ -372,9 +372,9 @@ func vip(ns, name, addr string) Endpoint {
 	return Endpoint{Kind: EndpointService, Namespace: ns, Name: name, Addr: netip.MustParseAddr(addr)}
 }
 
-// TestReachServices: section 5, third bullet of "what a network sees"
+// TestReachServices: topology.md, third bullet of "What a network reaches"
 // (the VIPs of services bound to S, to every D with S -> D, and to the
-// networks a ServiceRoutingPolicy from S selects), and spec/topology.txt
+// networks a ServiceRoutingPolicy from S selects), and docs/topology.md
 // "Service peering".
 func TestReachServices(t *testing.T) {
 	tp := chart([]lacev1.Network{
@@ -422,51 +422,51 @@ func TestReachServices(t *testing.T) {
 	def, fe, be := pod("default", "10.244.1.5", "n1"), pod("frontend", "10.10.1.5", "n1"), pod("backend", "10.20.1.5", "n2")
 	green, vault, sandbox, lonely := pod("green", "10.31.1.5", "n1"), pod("vault", "10.40.1.5", "n1"), pod("sandbox", "10.41.1.5", "n1"), pod("lonely", "10.50.1.5", "n2")
 	runReach(t, []reachCase{
-		{name: "own network", rule: "section 5: the VIPs of services bound to S",
+		{name: "own network", rule: "topology.md: the VIPs of services bound to S",
 			topo: tp, src: def, dst: vip("default", "kubernetes", "10.96.0.1"), allowed: true, ruleHas: []string{"own network default"}},
-		{name: "own network over IPv6", rule: "section 6: a VIP per family",
+		{name: "own network over IPv6", rule: "services.md: a VIP per family",
 			topo: tp, src: pod("default", "fd00:244::5", "n1"), dst: vip("default", "kubernetes", "fd00:96::1"), allowed: true, ruleHas: []string{"own network default"}},
-		{name: "found by its VIP alone", rule: "section 5: the VIPs of services bound to S",
+		{name: "found by its VIP alone", rule: "topology.md: the VIPs of services bound to S",
 			topo: tp, src: def, dst: Endpoint{Kind: EndpointService, Addr: netip.MustParseAddr("10.96.0.1")}, allowed: true, ruleHas: []string{"own network default"}},
-		{name: "peer by NetworkRoutingPolicy", rule: "topology.txt: peering to a network implicitly makes that network's services reachable",
+		{name: "peer by NetworkRoutingPolicy", rule: "topology.md: peering to a network implicitly makes that network's services reachable",
 			topo: tp, src: fe, dst: vip("shop", "api", "10.96.0.20"), allowed: true, ruleHas: []string{"NetworkRoutingPolicy frontend-to-backend (frontend -> backend)"}},
-		{name: "not the other way", rule: "topology.txt: a NetworkRoutingPolicy is directional",
+		{name: "not the other way", rule: "topology.md: a NetworkRoutingPolicy is directional",
 			topo: tp, src: be, dst: vip("default", "kubernetes", "10.96.0.1"), reason: DropIsolated,
 			ruleHas: []string{"no view: no NetworkRoutingPolicy backend -> default", "no ServiceRoutingPolicy from backend selects the services of default", "(service default/kubernetes)"}},
-		{name: "ServiceRoutingPolicy by name", rule: "topology.txt: destSelector name: payments",
+		{name: "ServiceRoutingPolicy by name", rule: "topology.md: destSelector name: payments",
 			topo: tp, src: fe, dst: vip("dev", "charge", "10.96.0.31"), allowed: true,
 			ruleHas: []string{"ServiceRoutingPolicy frontend-to-payments (frontend -> the services of payments: VIPs only, not the pods)"}},
-		{name: "ServiceRoutingPolicy grants the VIP, not the pods", rule: "topology.txt: the source can use the VIPs but cannot route to the network's pods",
+		{name: "ServiceRoutingPolicy grants the VIP, not the pods", rule: "topology.md: the source can use the VIPs but cannot route to the network's pods",
 			topo: tp, src: fe, dst: pod("payments", "10.30.1.5", "n2"), reason: DropIsolated, ruleHas: []string{"no NetworkRoutingPolicy frontend -> payments"}},
-		{name: "ServiceRoutingPolicy by labels, namespace matching", rule: "topology.txt: a namespaceSelector scopes the destination to services in namespaces whose labels match",
+		{name: "ServiceRoutingPolicy by labels, namespace matching", rule: "topology.md: a namespaceSelector scopes the destination to services in namespaces whose labels match",
 			topo: tp, src: pod("green", "fd00:31::5", "n1"), dst: vip("prod", "charge", "fd00:96::30"), allowed: true, ruleHas: []string{"ServiceRoutingPolicy green-to-pci-prod (green -> the services of payments"}},
-		{name: "ServiceRoutingPolicy by labels, namespace not matching", rule: "topology.txt: ... in namespaces whose labels match",
+		{name: "ServiceRoutingPolicy by labels, namespace not matching", rule: "topology.md: ... in namespaces whose labels match",
 			topo: tp, src: green, dst: vip("dev", "charge", "10.96.0.31"), reason: DropIsolated,
 			ruleHas: []string{"ServiceRoutingPolicy green-to-pci-prod selects the services of payments only in namespaces matching env=prod, not dev"}},
-		{name: "empty namespaceSelector admits every namespace", rule: "topology.txt: an empty selector (the default) admits services from every namespace",
+		{name: "empty namespaceSelector admits every namespace", rule: "topology.md: an empty selector (the default) admits services from every namespace",
 			topo: tp, src: lonely, dst: vip("dev", "mirror", "10.96.0.51"), allowed: true, ruleHas: []string{"ServiceRoutingPolicy lonely-to-twin"}},
 		{name: "a destSelector without name or labels selects nothing", rule: "policy_types.go: destSelector needs a name or labels",
 			topo: tp, src: lonely, dst: vip("prod", "charge", "10.96.0.30"), reason: DropIsolated},
-		{name: "closed anonymous network does not reach its own services", rule: "section 5: the VIPs of services bound to S (same anonymous rule)",
+		{name: "closed anonymous network does not reach its own services", rule: "topology.md: the VIPs of services bound to S (same anonymous rule)",
 			topo: tp, src: vault, dst: vip("vault", "kms", "10.96.0.40"), reason: DropIsolated,
 			ruleHas: []string{"anonymous network vault without self policy: its own services are out of its view too"}},
-		{name: "a self policy opens them", rule: "section 5: unless a NetworkRoutingPolicy selects S on both sides",
+		{name: "a self policy opens them", rule: "topology.md: unless a NetworkRoutingPolicy selects S on both sides",
 			topo: tp, src: sandbox, dst: vip("sandbox", "play", "10.96.0.41"), allowed: true, ruleHas: []string{"NetworkRoutingPolicy sandbox-to-sandbox opens anonymous network sandbox to itself"}},
-		{name: "conflict-refused peer's services", rule: "section 5: a refused peering puts nothing of the peer in the view",
+		{name: "conflict-refused peer's services", rule: "topology.md: a refused peering puts nothing of the peer in the view",
 			topo: tp, src: fe, dst: vip("dev", "mirror", "10.96.0.51"), reason: DropIsolated,
 			ruleHas: []string{"conflict: NetworkRoutingPolicy frontend-to-backend refused for frontend -> twin", "ServiceRoutingPolicy frontend-to-twin selects the services of twin only in namespaces matching env=prod, not dev"}},
-		{name: "a ServiceRoutingPolicy still grants a refused peer's VIP", rule: "section 5: an SRP grants the VIP only (which overlaps nothing)",
+		{name: "a ServiceRoutingPolicy still grants a refused peer's VIP", rule: "topology.md: an SRP grants the VIP only (which overlaps nothing)",
 			topo: tp, src: fe, dst: vip("prod", "mirror", "10.96.0.50"), allowed: true, ruleHas: []string{"ServiceRoutingPolicy frontend-to-twin"}},
 		{name: "outside source", rule: "a ClusterIP is not reachable from outside the cluster (its frontends are)",
 			topo: tp, src: outside("203.0.113.9"), dst: vip("default", "kubernetes", "10.96.0.1"), srcNet: "world", reason: DropIsolated,
 			ruleHas: []string{"a ClusterIP is reached from pods and nodes only; outside clients use"}},
-		{name: "node source by NetworkRoutingPolicy", rule: "section 5: node processes are sources like any outside host, classified by their address (world -> default)",
+		{name: "node source by NetworkRoutingPolicy", rule: "external-networks.md: node processes are sources like any outside host, classified by their address (world -> default)",
 			topo: tp, src: hostOf("n1", "172.30.0.11"), dst: vip("default", "kubernetes", "10.96.0.1"), srcNet: "world", allowed: true,
 			ruleHas: []string{"NetworkRoutingPolicy world-to-default (world -> default)"}},
-		{name: "node source by ServiceRoutingPolicy", rule: "section 5: node processes are sources like any outside host",
+		{name: "node source by ServiceRoutingPolicy", rule: "external-networks.md: node processes are sources like any outside host",
 			topo: tp, src: hostOf("n1", "172.30.0.11"), dst: vip("prod", "charge", "10.96.0.30"), srcNet: "world", allowed: true,
 			ruleHas: []string{"ServiceRoutingPolicy world-to-payments (world -> the services of payments"}},
-		{name: "node source, not granted", rule: "section 5: every network an operator adds is isolated",
+		{name: "node source, not granted", rule: "topology.md: every network an operator adds is isolated",
 			topo: tp, src: hostOf("n1", "172.30.0.11"), dst: vip("shop", "api", "10.96.0.20"), srcNet: "world", reason: DropIsolated,
 			ruleHas: []string{"no NetworkRoutingPolicy world -> backend"}},
 		{name: "node source, unclassified", rule: "bpf/sock.c: the view of no network holds no VIP (counted isolated)",
@@ -477,7 +477,7 @@ func TestReachServices(t *testing.T) {
 			}(),
 			src: hostOf("n1", "172.30.0.11"), dst: vip("default", "kubernetes", "10.96.0.1"), reason: DropIsolated,
 			ruleHas: []string{"unclassified: no external network's prefix covers node address 172.30.0.11, so its sockets reach no VIP"}},
-		{name: "reply", rule: "section 5 direction and return",
+		{name: "reply", rule: "topology.md direction and return",
 			topo: tp, src: fe, dst: vip("shop", "api", "10.96.0.20"), reply: true, allowed: true, ruleHas: []string{"reply of a flow admitted by NetworkRoutingPolicy frontend-to-backend"}},
 		{name: "unknown service", rule: "a service bound to no network is not served",
 			topo: tp, src: def, dst: vip("default", "ghost", "10.96.0.99"), ruleHas: []string{"invalid question: service default/ghost is not in the topology"}},
@@ -485,7 +485,7 @@ func TestReachServices(t *testing.T) {
 			topo: tp, src: def, dst: vip("default", "kubernetes", "10.96.0.20"), ruleHas: []string{"invalid question: 10.96.0.20 is not a VIP of service default/kubernetes"}},
 		{name: "no service's VIP", rule: "the question names a VIP of the service",
 			topo: tp, src: def, dst: Endpoint{Kind: EndpointService, Addr: netip.MustParseAddr("10.96.9.9")}, ruleHas: []string{"invalid question: 10.96.9.9 is the VIP of no service"}},
-		{name: "bound to a network without an ID", rule: "section 6: a service whose network is not in the data plane is not served",
+		{name: "bound to a network without an ID", rule: "services.md: a service whose network is not in the data plane is not served",
 			topo: tp, src: def, dst: vip("default", "new", "10.96.0.60"), ruleHas: []string{"invalid question: service default/new is bound to unready"}},
 		{name: "a service is no source", rule: "services are destinations only",
 			topo: tp, src: vip("default", "kubernetes", "10.96.0.1"), dst: def, ruleHas: []string{"invalid question: source kind"}},

@@ -1067,12 +1067,13 @@ func ClassifyAddr(cls []tables.Classifier, a netip.Addr) uint32 {
 }
 
 // GateNodePorts closes the NodePorts no policy opens on their node
-// address (ARCHITECTURE.md section 6): the address classifies into an
-// external network E (st.Classifiers, longest prefix), and the NodePort
-// is open when E's view reaches the service, i.e. holds its ClusterIP as
-// a service of its network (a NetworkRoutingPolicy from E to the network,
-// or a ServiceRoutingPolicy from E selecting the service). svcs is not
-// modified: the result shares it unless something closes.
+// address (docs/services.md, "Reached from outside"): the address
+// classifies into an external network E (st.Classifiers, longest
+// prefix), and the NodePort is open when E's view reaches the service,
+// i.e. holds its ClusterIP as a service of its network (a
+// NetworkRoutingPolicy from E to the network, or a ServiceRoutingPolicy
+// from E selecting the service). svcs is not modified: the result shares
+// it unless something closes.
 func GateNodePorts(svcs []tables.Service, st *NodeState) []tables.Service {
 	type reach struct {
 		view uint32

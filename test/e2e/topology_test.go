@@ -51,7 +51,7 @@ func routingPolicy(t *testing.T, c crclient.Client, name string, src, dst map[st
 }
 
 // TestSpecRoutingPolicies applies the two NetworkRoutingPolicies of
-// spec/topology.txt as written. frontend -> backend is directional: the
+// docs/topology.md as written. frontend -> backend is directional: the
 // frontend pod reaches the backend pod (TCP, UDP, ICMP, both families, on
 // another node) and the replies come back through conntrack, while the
 // backend pod opening anything toward the frontend is dropped and counted
