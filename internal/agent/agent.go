@@ -250,7 +250,7 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 	// node's own pods: an endpoint at a node's address is served only
 	// when it names one of them on that node (model.HostEndpoints).
 	hostPods, err := cache.New(cfg, cache.Options{Scheme: scheme.Scheme, HTTPClient: mgr.GetHTTPClient(), Mapper: mgr.GetRESTMapper(),
-		DefaultTransform: trimHostPod,
+		DefaultTransform: model.TrimHostPod,
 		ByObject:         map[client.Object]cache.ByObject{&corev1.Pod{}: {Field: fields.OneTermEqualSelector("spec.hostNetwork", "true")}}})
 	if err == nil {
 		err = mgr.Add(hostPods)

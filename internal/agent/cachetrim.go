@@ -113,15 +113,3 @@ func sharedBool(b *bool) *bool {
 	}
 	return &boolFalse
 }
-
-// trimHostPod keeps what model.HostEndpoints reads of a hostNetwork pod:
-// its name, namespace, UID, deletion and node.
-func trimHostPod(obj any) (any, error) {
-	p, ok := obj.(*corev1.Pod)
-	if !ok {
-		return obj, nil
-	}
-	return &corev1.Pod{TypeMeta: p.TypeMeta, ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID,
-		ResourceVersion: p.ResourceVersion, DeletionTimestamp: p.DeletionTimestamp},
-		Spec: corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork}}, nil
-}

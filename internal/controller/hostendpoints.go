@@ -20,15 +20,7 @@ import (
 // would cost the controller their whole specs), trimmed to what the gate
 // reads. Other Pods are read from the API (NetworkEndpointReconciler).
 func hostPodsCache() cache.ByObject {
-	return cache.ByObject{Field: fields.OneTermEqualSelector("spec.hostNetwork", "true"), Transform: func(obj any) (any, error) {
-		p, ok := obj.(*corev1.Pod)
-		if !ok {
-			return obj, nil
-		}
-		return &corev1.Pod{TypeMeta: p.TypeMeta, ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID,
-			ResourceVersion: p.ResourceVersion, DeletionTimestamp: p.DeletionTimestamp},
-			Spec: corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork}}, nil
-	}}
+	return cache.ByObject{Field: fields.OneTermEqualSelector("spec.hostNetwork", "true"), Transform: model.TrimHostPod}
 }
 
 // hostEndpoints builds the host endpoint gate as the agents do

@@ -187,6 +187,22 @@ func TestCTUDPAnswerWaitsInNew(t *testing.T) {
 // endpoint is on this node (SYN, an ACK for a SYN-ACK it never saw); the
 // pod resets it: no entry may stay established.
 func TestCTBlindNodePortHandshakeCloses(t *testing.T) {
+	d := nodePortWorld(t, progPodV4)
+	c := netip.MustParseAddr("203.0.113.5")
+	if v, _ := runUnder(t, d, ether(unicastMAC, 0x0800, ipv4(c, progNodeV4, 6, seg4(5555, 30080, 0x02)))); v != actRedirect {
+		t.Fatalf("SYN verdict %d", v)
+	}
+	runPod(t, d, ether(unicastMAC, 0x0800, ipv4(progPodV4, c, 6, seg4(8080, 5555, 0x12))))     // SYN-ACK (to nobody)
+	runUnder(t, d, ether(unicastMAC, 0x0800, ipv4(c, progNodeV4, 6, seg4(5555, 30080, 0x10)))) // blind ACK
+	runPod(t, d, ether(unicastMAC, 0x0800, ipv4(progPodV4, c, 6, seg4(8080, 5555, 0x04))))     // the pod resets it
+	noLongEntries(t, d, "PINNED", "after the pod refused the handshake")
+}
+
+// nodePortWorld programs a world network classifying every IPv4 source,
+// a ClusterIP 10.96.0.10:80 of the pods' network in its view, and its
+// NodePort 30080 on this node, both to backend:8080.
+func nodePortWorld(t *testing.T, backend netip.Addr) *Datapath {
+	t.Helper()
 	d := progPodDatapath(t)
 	cip := netip.MustParseAddr("10.96.0.10")
 	for _, err := range []error{
@@ -199,20 +215,20 @@ func TestCTBlindNodePortHandshakeCloses(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	be := []tables.Backend{{Addr: progPodV4, Port: 8080}}
+	be := []tables.Backend{{Addr: backend, Port: 8080}}
 	if _, err := d.ApplyServices([]Service{
 		{VIP: cip, Proto: 6, Port: 80, NetID: progNet, Backends: be},
 		{VIP: progNodeV4, Proto: 6, Port: 30080, NetID: progNet, Backends: be, Frontend: tables.FrontendNodePort, ClusterIP: cip, ClusterPort: 80},
 	}); err != nil {
 		t.Fatal(err)
 	}
-	c := netip.MustParseAddr("203.0.113.5")
-	if v, _ := runUnder(t, d, ether(unicastMAC, 0x0800, ipv4(c, progNodeV4, 6, seg4(5555, 30080, 0x02)))); v != actRedirect {
-		t.Fatalf("SYN verdict %d", v)
-	}
-	runPod(t, d, ether(unicastMAC, 0x0800, ipv4(progPodV4, c, 6, seg4(8080, 5555, 0x12))))     // SYN-ACK (to nobody)
-	runUnder(t, d, ether(unicastMAC, 0x0800, ipv4(c, progNodeV4, 6, seg4(5555, 30080, 0x10)))) // blind ACK
-	runPod(t, d, ether(unicastMAC, 0x0800, ipv4(progPodV4, c, 6, seg4(8080, 5555, 0x04))))     // the pod resets it
+	return d
+}
+
+// noLongEntries fails (saying what, when) for every conntrack entry left
+// with more than 60 s to live, and when there is none at all.
+func noLongEntries(t *testing.T, d *Datapath, what, when string) {
+	t.Helper()
 	now, err := monotonicNow()
 	if err != nil {
 		t.Fatal(err)
@@ -225,9 +241,8 @@ func TestCTBlindNodePortHandshakeCloses(t *testing.T) {
 		t.Fatal("no conntrack entries")
 	}
 	for _, f := range flows {
-		left := (int64(f.ExpiresMonotonicNanos) - int64(now)) / 1e9
-		if left > 60 {
-			t.Errorf("PINNED: %+v expires in %ds after the pod refused the handshake", f, left)
+		if left := (int64(f.ExpiresMonotonicNanos) - int64(now)) / 1e9; left > 60 {
+			t.Errorf("%s: %+v expires in %ds %s", what, f, left, when)
 		}
 	}
 }

@@ -3,8 +3,6 @@ package datapath
 import (
 	"net/netip"
 	"testing"
-
-	"github.com/lace-cni/lace/internal/tables"
 )
 
 // TestCTFloodStealsOldestHandshake: a SYN flood from outside holds every
@@ -19,25 +17,8 @@ import (
 // first unassured port met loses each with probability 1-e^(-2000/4536),
 // all ten survive about once in eighty runs.
 func TestCTFloodStealsOldestHandshake(t *testing.T) {
-	d := progPodDatapath(t)
-	cip, be := netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("10.70.2.5")
-	for _, err := range []error{
-		d.UpsertNetwork(Network{ID: snatWorld}),
-		d.UpsertClassifier(Classifier{NetID: snatWorld, Prefix: netip.MustParsePrefix("0.0.0.0/0")}),
-		d.UpsertRoute(Route{NetID: snatWorld, Prefix: netip.MustParsePrefix("0.0.0.0/0"), Kind: tables.RouteExternal, DstNet: snatWorld}),
-		d.UpsertRoute(Route{NetID: snatWorld, Prefix: netip.PrefixFrom(cip, 32), Kind: tables.RouteService, DstNet: progNet}),
-	} {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	bes := []tables.Backend{{Addr: be, Port: 8080}}
-	if _, err := d.ApplyServices([]Service{
-		{VIP: cip, Proto: 6, Port: 80, NetID: progNet, Backends: bes},
-		{VIP: progNodeV4, Proto: 6, Port: 30080, NetID: progNet, Backends: bes, Frontend: tables.FrontendNodePort, ClusterIP: cip, ClusterPort: 80},
-	}); err != nil {
-		t.Fatal(err)
-	}
+	// The endpoint is on another node: its flows leave with a node port.
+	d := nodePortWorld(t, netip.MustParseAddr("10.70.2.5"))
 	flooded := 0
 	flood := func(n int) {
 		for range n {

@@ -88,6 +88,20 @@ func NewHostEndpoints(nodes []corev1.Node, ueps []lacev1.UnderlayEndpoint, epSli
 	return h
 }
 
+// TrimHostPod keeps what NewHostEndpoints reads of a hostNetwork pod
+// (name, namespace, UID, deletion, node): the transform of the caches
+// that hold them (the agents' and the controller's), so that a cluster's
+// hostNetwork pods cost them little.
+func TrimHostPod(obj any) (any, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil
+	}
+	return &corev1.Pod{TypeMeta: p.TypeMeta, ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID,
+		ResourceVersion: p.ResourceVersion, DeletionTimestamp: p.DeletionTimestamp},
+		Spec: corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork}}, nil
+}
+
 func isKubernetesService(ns, name string) bool {
 	return ns == metav1.NamespaceDefault && name == "kubernetes"
 }
