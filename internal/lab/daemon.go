@@ -173,6 +173,14 @@ func (d *daemon) up(ctx context.Context) error {
 			"--kubelet-client-certificate=" + filepath.Join(pkiDir, "apiserver-kubelet-client.crt"),
 			"--kubelet-client-key=" + filepath.Join(pkiDir, "apiserver-kubelet-client.key"),
 			"--egress-selector-config-file=" + egress,
+			// Admission webhooks and aggregated API servers are Services
+			// the API server dials through the same egress proxy, which
+			// dials from the fabric: no node's socket hooks translate a
+			// ClusterIP there, so the API server picks an endpoint itself
+			// (as a managed control plane outside the cluster network
+			// does). On a cluster whose control-plane nodes run Lace, the
+			// API server's own sockets reach ClusterIPs.
+			"--enable-aggregator-routing=true",
 			// Every write, at Metadata level, written as it happens
 			// (the log backend's default blocking mode).
 			"--audit-policy-file=" + auditPolicy,
