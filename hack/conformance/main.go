@@ -79,7 +79,7 @@ func main() {
 	flag.StringVar(&o.skipFile, "skip-file", "hack/conformance/skip.txt", "skip list: one `REGEXP  # REASON` a line")
 	flag.StringVar(&o.focus, "focus", DefaultFocus, "--ginkgo.focus")
 	flag.StringVar(&o.reportDir, "report-dir", filepath.Join(binDir, "conformance"), "where the reports go (emptied first)")
-	flag.IntVar(&o.nodes, "nodes", 3, "nodes of the lab it brings up; three Traffic Distribution specs skip themselves below 6 (two in each of 3 zones)")
+	flag.IntVar(&o.nodes, "nodes", 6, "nodes of the lab it brings up; three Traffic Distribution specs skip themselves below 6 (two in each of 3 zones)")
 	flag.IntVar(&o.zones, "zones", 3, "zones of the lab it brings up; the Traffic Distribution specs skip themselves below 3")
 	flag.DurationVar(&o.timeout, "timeout", 3*time.Hour, "--ginkgo.timeout: the whole suite's limit")
 	flag.BoolVar(&o.dryRun, "dry-run", false, "list what the focus and skip list select, without a lab")
