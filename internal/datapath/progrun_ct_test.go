@@ -185,7 +185,10 @@ func TestCTUDPAnswerWaitsInNew(t *testing.T) {
 
 // A spoofed outside host handshakes blindly with a NodePort whose
 // endpoint is on this node (SYN, an ACK for a SYN-ACK it never saw); the
-// pod resets it: no entry may stay established.
+// pod resets it: no entry may stay established. The spoofer then ignores
+// the reset and sends one more ACK: the pod's own reset left this node
+// from the pod (nobody on the path forged it), so the flow is not revived
+// to the established 6 h in lace_ct (rev17b review).
 func TestCTBlindNodePortHandshakeCloses(t *testing.T) {
 	d := nodePortWorld(t, progPodV4)
 	c := netip.MustParseAddr("203.0.113.5")
@@ -196,6 +199,8 @@ func TestCTBlindNodePortHandshakeCloses(t *testing.T) {
 	runUnder(t, d, ether(unicastMAC, 0x0800, ipv4(c, progNodeV4, 6, seg4(5555, 30080, 0x10)))) // blind ACK
 	runPod(t, d, ether(unicastMAC, 0x0800, ipv4(progPodV4, c, 6, seg4(8080, 5555, 0x04))))     // the pod resets it
 	noLongEntries(t, d, "PINNED", "after the pod refused the handshake")
+	runUnder(t, d, ether(unicastMAC, 0x0800, ipv4(c, progNodeV4, 6, seg4(5555, 30080, 0x10)))) // the spoofer ignores it
+	noLongEntries(t, d, "REVIVED", "after the pod reset the blind handshake")
 }
 
 // nodePortWorld programs a world network classifying every IPv4 source,
