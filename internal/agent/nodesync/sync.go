@@ -1,0 +1,495 @@
+package nodesync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	stdslices "slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/agent/applier"
+	"github.com/lace-cni/lace/internal/datapath"
+	"github.com/lace-cni/lace/internal/model"
+)
+
+// FieldManager is the agent's server-side-apply field manager.
+const FieldManager = "lace-agent"
+
+// Reconcile brings the node's data plane, kernel routes and published
+// UnderlayEndpoint to the desired state. It is the one place that applies:
+// watches only enqueue.
+func (s *Syncer) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+	st, in, slices, err := s.desiredState(ctx)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if err := s.publishUnderlay(ctx, in); err != nil {
+		return reconcile.Result{}, err
+	}
+	s.mu.Lock()
+	triggers := s.slices.changedPtrs(slices)
+	s.mu.Unlock()
+	// The checkpoint is made true to the kernel before the data plane is
+	// written from it: stale endpoints go, and (once per start) what the
+	// kernel holds and the checkpoint lost is adopted.
+	if err := s.pods.DropStaleEndpoints(ctx); err != nil {
+		return reconcile.Result{}, err
+	}
+	if err := s.pods.AdoptOnce(ctx, st, in.nets); err != nil {
+		return reconcile.Result{}, fmt.Errorf("adopt pod attachments: %w", err)
+	}
+	s.mu.Lock()
+	s.state, s.haveState = st, true
+	s.mu.Unlock()
+	if err := s.applier.Sync(ctx); err != nil {
+		return reconcile.Result{}, err
+	}
+	for _, at := range triggers {
+		programmingDuration.Observe(time.Since(at).Seconds())
+	}
+	s.mu.Lock()
+	applyErr := s.applyErr
+	s.mu.Unlock()
+	if applyErr != nil {
+		return reconcile.Result{}, applyErr
+	}
+	if err := s.syncHealthPorts(st.HealthChecks); err != nil {
+		s.log.Error("health check ports", "err", err)
+	}
+	if err := s.pods.CollectEndpoints(ctx); err != nil {
+		return reconcile.Result{}, err
+	}
+	if err := s.pods.EnsureNetworkEndpoints(ctx); err != nil {
+		return reconcile.Result{}, err
+	}
+	return reconcile.Result{}, nil
+}
+
+// listed is what one reconcile read of the cache, besides services.
+type listed struct {
+	node    *corev1.Node // nil when it could not be read, and why
+	nodeErr error
+	nets    []lacev1.Network
+	ueps    []lacev1.UnderlayEndpoint
+	// addrs are the node's underlay addresses, or addrsErr why not.
+	addrs    []netip.Addr
+	addrsErr error
+}
+
+// desiredState computes the node's desired state from the cache. Only what
+// changed since the last computation is computed again: each service whose
+// Service or EndpointSlices changed (serviceCache), and the views only
+// when their inputs did (networks, allocations, underlays, policies,
+// namespaces, service ranges, the VIPs of bound services), since an
+// endpoint change leaves every view as it was. Objects are read from the
+// cache without copies: nothing here or in the model modifies them.
+func (s *Syncer) desiredState(ctx context.Context) (model.NodeState, listed, []*discoveryv1.EndpointSlice, error) {
+	var nets lacev1.NetworkList
+	var allocs lacev1.AllocationList
+	var ueps lacev1.UnderlayEndpointList
+	var nrps lacev1.NetworkRoutingPolicyList
+	var srps lacev1.ServiceRoutingPolicyList
+	var nbps lacev1.NetworkBindingPolicyList
+	var neps lacev1.NetworkEndpointList
+	var nss corev1.NamespaceList
+	var cidrs networkingv1.ServiceCIDRList
+	var nodes corev1.NodeList
+	var lbcs lacev1.LoadBalancerClassList
+	for _, l := range []client.ObjectList{&nets, &allocs, &ueps, &nrps, &srps, &nbps, &neps, &nss, &cidrs, &nodes, &lbcs} {
+		if err := s.client.List(ctx, l, client.UnsafeDisableDeepCopy); err != nil {
+			return model.NodeState{}, listed{}, nil, fmt.Errorf("list %T: %w", l, err)
+		}
+	}
+	svcs, slices, err := s.ListServices(ctx)
+	if err != nil {
+		return model.NodeState{}, listed{}, nil, err
+	}
+	in := listed{nets: nets.Items, ueps: ueps.Items}
+	in.addrs, in.addrsErr = s.node.UnderlayAddrs()
+	// The NodePorts are served on the first address of each family.
+	var nodeAddrs []netip.Addr
+	for _, ad := range in.addrs {
+		if !stdslices.ContainsFunc(nodeAddrs, func(b netip.Addr) bool { return b.Is4() == ad.Is4() }) {
+			nodeAddrs = append(nodeAddrs, ad)
+		}
+	}
+	var node corev1.Node
+	zone := ""
+	// The node's zone ("" when it has none, or the Node cannot be read).
+	if in.nodeErr = s.client.Get(ctx, types.NamespacedName{Name: s.opts.NodeName}, &node, client.UnsafeDisableDeepCopy); in.nodeErr == nil {
+		in.node, zone = &node, node.Labels[corev1.LabelTopologyZone]
+	}
+
+	s.computeMu.Lock()
+	defer s.computeMu.Unlock()
+	c := &s.compute
+	// Every tracker is updated, whatever the others say.
+	netsChanged := c.nets.update(len(nets.Items), func(i int) client.Object { return &nets.Items[i] })
+	nbpsChanged := c.nbps.update(len(nbps.Items), func(i int) client.Object { return &nbps.Items[i] })
+	nepsChanged := c.neps.update(len(neps.Items), func(i int) client.Object { return &neps.Items[i] })
+	nssChanged := c.nss.update(len(nss.Items), func(i int) client.Object { return &nss.Items[i] })
+	allocsChanged := c.allocs.update(len(allocs.Items), func(i int) client.Object { return &allocs.Items[i] })
+	uepsChanged := c.ueps.update(len(ueps.Items), func(i int) client.Object { return &ueps.Items[i] })
+	// Only the underlay addresses the model accepts are believed (a node
+	// writes its own UnderlayEndpoint and could claim anything); they
+	// depend on the Nodes' reported addresses and the reserved ranges
+	// too, so the result is compared, not the objects' versions.
+	accepted, _ := model.AcceptUnderlays(model.UnderlayInput{Underlays: ueps.Items, Nodes: nodes.Items, Networks: nets.Items,
+		ServiceCIDRs: model.ServiceCIDRPrefixes(cidrs.Items), LoadBalancerPools: lbcs.Items, AllowedExternalIPs: s.opts.AllowedExternalIPs})
+	if acc := acceptedAddrs(accepted); !maps.EqualFunc(acc, c.accepted, stdslices.Equal[[]lacev1.IPAddress]) {
+		c.accepted, uepsChanged = acc, true
+	}
+	nrpsChanged := c.nrps.update(len(nrps.Items), func(i int) client.Object { return &nrps.Items[i] })
+	srpsChanged := c.srps.update(len(srps.Items), func(i int) client.Object { return &srps.Items[i] })
+	cidrsChanged := c.cidrs.update(len(cidrs.Items), func(i int) client.Object { return &cidrs.Items[i] })
+	if nssChanged || c.nsLabels == nil {
+		c.nsLabels = make(map[string]map[string]string, len(nss.Items))
+		for _, ns := range nss.Items {
+			c.nsLabels[ns.Name] = ns.Labels
+		}
+	}
+	zoneChanged := !c.computed || zone != c.zone || !stdslices.Equal(nodeAddrs, c.nodeAddrs)
+	c.zone, c.nodeAddrs = zone, nodeAddrs
+	// Every Node's addresses are reserved too (model.ReservedHosts): the
+	// controller reads the same (listReserved) to report what the agents
+	// refuse.
+	reserved := append(model.ReservedFor(accepted, nets.Items, model.ServiceCIDRPrefixes(cidrs.Items)),
+		model.ReservedHosts(nodes.Items, slices)...)
+	reservedChanged := !stdslices.Equal(reserved, c.reserved)
+	c.reserved = reserved
+	var hostEPs model.HostEndpoints
+	if s.hostPods != nil {
+		var hpods corev1.PodList
+		if err := s.hostPods.List(ctx, &hpods, client.UnsafeDisableDeepCopy); err != nil {
+			return model.NodeState{}, listed{}, nil, fmt.Errorf("list hostNetwork pods: %w", err)
+		}
+		hostEPs = model.NewHostEndpoints(nodes.Items, accepted, slices, hpods.Items)
+	}
+	hostEPsChanged := !hostEPs.Equal(c.hostEPs)
+	c.hostEPs = hostEPs
+	svcState, vips, vipsChanged := c.services.update(model.ServiceInput{Node: s.opts.NodeName, Zone: zone,
+		Networks: nets.Items, BindingPolicies: nbps.Items, NetworkEndpoints: neps.Items, Namespaces: c.nsLabels,
+		NodeAddrs: nodeAddrs, Reserved: reserved, AllowedExternalIPs: s.opts.AllowedExternalIPs, HostEndpoints: hostEPs},
+		hostEPsChanged || zoneChanged || reservedChanged || netsChanged || nbpsChanged || nepsChanged || nssChanged || uepsChanged || cidrsChanged, svcs, slices)
+	if !c.computed || vipsChanged || netsChanged || nssChanged || allocsChanged || uepsChanged || nrpsChanged || srpsChanged || cidrsChanged {
+		c.node = model.ComputeNode(model.NodeInput{Node: s.opts.NodeName, Networks: nets.Items, Allocations: allocs.Items,
+			Underlays: accepted, RoutingPolicies: nrps.Items, Services: vips, ServiceRoutingPolicies: srps.Items,
+			Namespaces: c.nsLabels, ServiceCIDRs: model.ServiceCIDRPrefixes(cidrs.Items)})
+	}
+	c.computed = true
+	s.reportRefused(c)
+	st := c.node
+	st.Services = model.GateNodePorts(svcState.Services, &st)
+	st.HealthChecks = svcState.HealthChecks
+	if st.Services, err = s.hostPorts(ctx, in.node, in.addrs, st.Services, st.HealthChecks, slices); err != nil {
+		return model.NodeState{}, listed{}, nil, err
+	}
+	return st, in, slices, nil
+}
+
+// computeCache is what desiredState keeps between computations.
+type computeCache struct {
+	computed bool
+	// hostEPs gates endpoints at node addresses (model.HostEndpoints).
+	hostEPs  model.HostEndpoints
+	services serviceCache
+	// node is the last ComputeNode result (its Services unset).
+	node                                                   model.NodeState
+	nsLabels                                               map[string]map[string]string
+	zone                                                   string
+	nodeAddrs                                              []netip.Addr
+	reserved                                               []netip.Prefix
+	nets, nbps, neps, nss, allocs, ueps, nrps, srps, cidrs versions
+	// reported are the refusals the agent made Events of.
+	reported map[model.ServiceKey]model.Refusal
+	// accepted are the underlay addresses believed, by endpoint name.
+	accepted map[string][]lacev1.IPAddress
+}
+
+func acceptedAddrs(ueps []lacev1.UnderlayEndpoint) map[string][]lacev1.IPAddress {
+	out := make(map[string][]lacev1.IPAddress, len(ueps))
+	for _, u := range ueps {
+		out[u.Name] = u.Spec.Addresses
+	}
+	return out
+}
+
+// ListServices lists the Services and EndpointSlices of the cache: the
+// cached objects themselves, straight from the informers' stores when the
+// cache has them (no copy of tens of thousands of objects per reconcile),
+// else from the client. They must not be modified.
+func (s *Syncer) ListServices(ctx context.Context) ([]*corev1.Service, []*discoveryv1.EndpointSlice, error) {
+	if s.cache != nil {
+		svcs, err1 := storeList[*corev1.Service](ctx, s.cache, &corev1.Service{})
+		slices, err2 := storeList[*discoveryv1.EndpointSlice](ctx, s.cache, &discoveryv1.EndpointSlice{})
+		if err := errors.Join(err1, err2); err == nil {
+			return svcs, slices, nil
+		} else if !errors.Is(err, errNoStore) {
+			return nil, nil, err
+		}
+	}
+	var svcs corev1.ServiceList
+	var slices discoveryv1.EndpointSliceList
+	for _, l := range []client.ObjectList{&svcs, &slices} {
+		if err := s.client.List(ctx, l, client.UnsafeDisableDeepCopy); err != nil {
+			return nil, nil, fmt.Errorf("list %T: %w", l, err)
+		}
+	}
+	return ptrs(svcs.Items), ptrs(slices.Items), nil
+}
+
+var errNoStore = errors.New("the cache has no informer store")
+
+// storeList lists the objects of obj's kind held by the informer of c.
+func storeList[T client.Object](ctx context.Context, c cache.Cache, obj client.Object) ([]T, error) {
+	inf, err := c.GetInformer(ctx, obj)
+	if err != nil {
+		return nil, fmt.Errorf("informer of %T: %w", obj, err)
+	}
+	s, ok := inf.(interface{ GetStore() toolscache.Store })
+	if !ok {
+		return nil, errNoStore
+	}
+	items := s.GetStore().List()
+	out := make([]T, 0, len(items))
+	for _, o := range items {
+		if t, ok := o.(T); ok {
+			out = append(out, t)
+		}
+	}
+	return out, nil
+}
+
+func ptrs[T any](items []T) []*T {
+	out := make([]*T, len(items))
+	for i := range items {
+		out[i] = &items[i]
+	}
+	return out
+}
+
+// publishUnderlay writes the node's addresses and zone into its
+// UnderlayEndpoint (the controller owns the locator). node is the Node as
+// the cache has it, or nodeErr why it could not be read.
+func (s *Syncer) publishUnderlay(ctx context.Context, in listed) error {
+	ueps, node, nodeErr, addrs := in.ueps, in.node, in.nodeErr, in.addrs
+	if in.addrsErr != nil {
+		return fmt.Errorf("underlay addresses: %w", in.addrsErr)
+	}
+	s.mu.Lock()
+	s.ownAddrs = addrs
+	s.mu.Unlock()
+	if nodeErr != nil {
+		return fmt.Errorf("get node: %w", nodeErr)
+	}
+	zone := node.Labels[corev1.LabelTopologyZone]
+	want := make([]any, 0, len(addrs))
+	wantStr := make([]lacev1.IPAddress, 0, len(addrs))
+	for _, ad := range addrs {
+		want = append(want, ad.String())
+		wantStr = append(wantStr, lacev1.IPAddress(ad.String()))
+	}
+	for _, u := range ueps {
+		if u.Name == s.opts.NodeName && u.Spec.Zone == zone && equalAddrs(u.Spec.Addresses, wantStr) {
+			return nil
+		}
+	}
+	obj := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": lacev1.GroupVersion.String(), "kind": "UnderlayEndpoint",
+		"metadata": map[string]any{"name": s.opts.NodeName, "ownerReferences": []any{map[string]any{
+			"apiVersion": "v1", "kind": "Node", "name": node.Name, "uid": string(node.UID)}}},
+		"spec": map[string]any{"node": s.opts.NodeName, "addresses": want, "zone": zone},
+	}}
+	if err := s.client.Patch(ctx, obj, client.Apply, client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
+		return fmt.Errorf("publish underlay endpoint: %w", err)
+	}
+	s.log.Info("published underlay endpoint", "addresses", want, "zone", zone)
+	return nil
+}
+
+func equalAddrs(a, b []lacev1.IPAddress) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	set := map[lacev1.IPAddress]bool{}
+	for _, x := range a {
+		set[x] = true
+	}
+	for _, x := range b {
+		if !set[x] {
+			return false
+		}
+	}
+	return true
+}
+
+// apply makes the data plane equal to st, touching only the difference.
+func (s *Syncer) apply(st model.NodeState) error {
+	start := time.Now()
+	defer func() { syncDuration.Observe(time.Since(start).Seconds()) }()
+	s.mu.Lock()
+	own := append([]netip.Addr(nil), s.ownAddrs...)
+	first := !s.applied
+	s.mu.Unlock()
+	if first {
+		if err := s.node.EnableForwarding(); err != nil {
+			return err
+		}
+		err := s.dp.AttachUnderlay(s.opts.NetNS, s.opts.UnderlayInterface)
+		if err == nil && s.opts.HostCgroup != "" {
+			if s.hostNetNS, err = s.node.NetNSCookie(); err == nil {
+				err = s.dp.AttachHostSockets(s.opts.HostCgroup)
+			}
+		}
+		s.mu.Lock()
+		s.attachErr = err
+		s.mu.Unlock()
+		if err != nil {
+			s.kickStatus()
+			return err
+		}
+	}
+	ethIndex, err := s.node.UnderlayIndex()
+	if err != nil {
+		return err
+	}
+	var v4, v6 netip.Addr
+	for _, ad := range own {
+		if ad.Is6() && !v6.IsValid() {
+			v6 = ad
+		}
+		if ad.Is4() && !v4.IsValid() {
+			v4 = ad
+		}
+	}
+	// The node's own addresses go first: the underlay guard drops plain IP
+	// to anything else, so it is armed only once they are all written.
+	curHost, err := s.dp.HostAddrs()
+	if err == nil {
+		err = applier.SyncSet(curHost, own, s.dp.UpsertHostAddr, s.dp.DeleteHostAddr)
+	}
+	if err != nil {
+		return fmt.Errorf("host addresses: %w", err)
+	}
+	wantCfg := datapath.Config{UnderlayIP: v6, UnderlayIPv4: v4, Locator: st.Locator, UnderlayIfIndex: uint32(ethIndex),
+		GuardUnderlay: len(own) > 0, HostNetNS: s.hostNetNS,
+		HostNet4: model.ClassifyAddr(st.Classifiers, v4), HostNet6: model.ClassifyAddr(st.Classifiers, v6)}
+	if cur, err := s.dp.Config(); err != nil || cur != wantCfg {
+		if err := s.dp.SetConfig(wantCfg); err != nil {
+			return fmt.Errorf("set config: %w", err)
+		}
+	}
+	var errs []error
+	curNodes, err := s.dp.Nodes()
+	errs = append(errs, err, applier.SyncSet(curNodes, st.Nodes, s.dp.UpsertNode, s.dp.DeleteNode))
+	curLocs, err := s.dp.NodeLocators()
+	errs = append(errs, err, applier.SyncListEq(curLocs, st.NodeLocators, func(n datapath.NodeLocator) netip.Addr { return n.Addr },
+		s.dp.UpsertNodeLocator, func(n datapath.NodeLocator) error { return s.dp.DeleteNodeLocator(n.Addr) }))
+	curNets, err := s.dp.Networks()
+	errs = append(errs, err, applier.SyncListEq(curNets, st.Networks, func(n datapath.Network) uint32 { return n.ID },
+		s.dp.UpsertNetwork, func(n datapath.Network) error { return s.dp.DeleteNetwork(n.ID) }))
+	// Services before the views that reach their VIPs, so a new VIP is
+	// never looked up before it is served. Flows to endpoints that left a
+	// service are forgotten (a UDP client is never black-holed).
+	gone, err := s.dp.ApplyServices(st.Services)
+	errs = append(errs, err)
+	if err == nil {
+		if n, err := s.dp.FlushServiceFlows(gone); err != nil {
+			errs = append(errs, err)
+		} else if n > 0 {
+			s.log.Info("forgot flows to endpoints that left their service", "flows", n)
+		}
+	}
+	errs = append(errs, s.routes.sync(s.dp, st.Routes))
+	curCls, err := s.dp.Classifiers()
+	errs = append(errs, err, applier.SyncListEq(curCls, st.Classifiers, func(c datapath.Classifier) netip.Prefix { return c.Prefix },
+		s.dp.UpsertClassifier, func(c datapath.Classifier) error { return s.dp.DeleteClassifier(c.Prefix) }))
+	curInside, err := s.dp.Insides()
+	errs = append(errs, err, applier.SyncListEq(curInside, st.Inside, func(c datapath.Inside) netip.Prefix { return c.Prefix },
+		s.dp.UpsertInside, func(c datapath.Inside) error { return s.dp.DeleteInside(c.Prefix) }))
+
+	// Underlay routes to the other nodes' locators, and to their pod
+	// blocks for the node's own sockets (plain IP from the node address,
+	// judged by the owner node like any outside host's).
+	owned, err := s.node.OwnedRoutes()
+	errs = append(errs, err)
+	want := map[netip.Prefix]bool{}
+	for _, hr := range st.HostRoutes {
+		want[hr.Prefix] = true
+		if via, ok := owned[hr.Prefix]; !ok || via != hr.Via {
+			errs = append(errs, s.node.ReplaceOwnedRoute(hr.Prefix, hr.Via))
+		}
+	}
+	for _, lr := range st.LocatorRoutes {
+		want[lr.Locator] = true
+		if via, ok := owned[lr.Locator]; !ok || via != lr.Via {
+			errs = append(errs, s.node.ReplaceOwnedRoute(lr.Locator, lr.Via))
+		}
+	}
+	for p := range owned {
+		if !want[p] {
+			errs = append(errs, s.node.DeleteRoute(p))
+		}
+	}
+
+	errs = append(errs, s.pods.SyncEntries())
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("apply data plane: %w", err)
+	}
+	s.mu.Lock()
+	first = !s.applied
+	s.applied = true
+	s.mu.Unlock()
+	if first {
+		s.kickStatus()
+	}
+	return nil
+}
+
+// syncHealthPorts serves the healthCheckNodePorts (none without health
+// ports: a sync made by a test).
+func (s *Syncer) syncHealthPorts(hcs []model.HealthCheck) error {
+	if s.health == nil {
+		return nil
+	}
+	return s.health.Sync(hcs)
+}
+
+// syncDataplane is the applier's sync: the whole node once its state is
+// known, the pods' entries alone before.
+//
+// Its result is the pods' part: a pod's ADD or DEL must not fail because
+// something else of the node could not be applied (a route to a node that
+// is unreachable, say). The node part's error is kept for the reconciler,
+// which retries and reports it.
+func (s *Syncer) syncDataplane() error {
+	s.mu.Lock()
+	st, have := s.state, s.haveState
+	s.mu.Unlock()
+	if !have {
+		return s.pods.SyncEntries()
+	}
+	err := s.apply(st)
+	s.mu.Lock()
+	s.applyErr = err
+	s.mu.Unlock()
+	if err != nil {
+		// apply may have stopped before the pods' entries: apply them on
+		// their own, for the waiting ADDs and DELs.
+		return s.pods.SyncEntries()
+	}
+	return nil
+}
