@@ -1,9 +1,18 @@
-// Package agent is lace-agent: everything Lace does on one node. It serves
-// CNI requests from lace-cni on a unix socket (pod interfaces, addresses,
-// NetworkEndpoints), publishes the node's UnderlayEndpoint, and keeps the
-// node's eBPF data plane equal to the desired state computed by
-// internal/model from the API. Kernel work goes through internal/netutil,
-// internal/podnet and internal/datapath only.
+// Package agent is lace-agent: everything Lace does on one node. It only
+// wires the parts that own the node's state, each a package of its own:
+//
+//   - cni: the CNI server lace-cni talks to, IPAM, the checkpoint of the
+//     pod attachments, their entries in the data plane, recovery;
+//   - nodesync: the node's desired state computed by internal/model from
+//     the API, applied to the data plane and the underlay routes by the
+//     applier (the one writer), and the published UnderlayEndpoint;
+//   - announce: the L2 announcements of LoadBalancer VIPs;
+//   - status: the node's health, its UnderlayEndpoint status, metrics and
+//     the healthCheckNodePorts.
+//
+// Each part sees the data plane, the node's namespace and the others
+// through narrow interfaces of its own. Kernel work goes through
+// internal/netutil, internal/podnet and internal/datapath only.
 package agent
 
 import (

@@ -55,7 +55,7 @@ type Options struct {
 // New makes the node's announcer.
 func New(o Options, log *slog.Logger, c client.Client, reader client.Reader, dp DataPlane, services ServiceLister) *Announcer {
 	return &Announcer{opts: o, log: log, client: c, reader: reader, dp: dp, services: services,
-		ns: o.LeaseNamespace, duration: o.LeaseDuration}
+		ns: o.LeaseNamespace, duration: o.LeaseDuration, send: netutil.SendFrames}
 }
 
 // Announcer keeps the node's share of the L2 announcements: it renews the
@@ -83,7 +83,11 @@ type Announcer struct {
 	renewed   time.Time            // own Lease's last successful renewal
 	lastTry   time.Time
 	announced map[netip.Addr]bool
-	groups    *netutil.GroupMember
+	// groups are the underlay's solicited-node groups (netutil's
+	// GroupMember once Run starts); send puts frames on the underlay
+	// (netutil.SendFrames). Tests replace both.
+	groups interface{ Set([]netip.Addr) error }
+	send   func(nsPath, ifName string, frames [][]byte) error
 }
 
 type leaseSeen struct {
@@ -107,10 +111,12 @@ func (an *Announcer) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("underlay interface for L2 announcements: %w", err)
 	}
-	if an.groups, err = netutil.NewGroupMember(an.opts.NetNS, an.opts.UnderlayInterface); err != nil {
+	groups, err := netutil.NewGroupMember(an.opts.NetNS, an.opts.UnderlayInterface)
+	if err != nil {
 		return err
 	}
-	defer an.groups.Close()
+	defer groups.Close()
+	an.groups = groups
 	an.seen, an.announced = map[string]leaseSeen{}, map[netip.Addr]bool{}
 	t := time.NewTicker(an.tick())
 	defer t.Stop()
@@ -328,7 +334,7 @@ func (an *Announcer) burst(vips []netip.Addr) {
 	}
 	for i, wait := range []time.Duration{0, 200 * time.Millisecond, 800 * time.Millisecond} {
 		time.Sleep(wait)
-		if err := netutil.SendFrames(an.opts.NetNS, an.opts.UnderlayInterface, frames); err != nil {
+		if err := an.send(an.opts.NetNS, an.opts.UnderlayInterface, frames); err != nil {
 			an.log.Error("announce takeover", "vips", vips, "round", i, "err", err)
 			return
 		}
