@@ -70,7 +70,7 @@ func (a *appliedSlice[T]) set(s []T, ok bool) {
 // the agent before it left is adopted, and removed when no longer
 // wanted), and again whenever the data plane is another one.
 type routeMirror struct {
-	dp   DataPlane
+	dp   RouteTable
 	have map[routeKey]mirroredRoute
 	gen  uint64
 	// applied is the desired views last synced without error.
@@ -90,7 +90,7 @@ type mirroredRoute struct {
 // sync upserts the wanted routes that are missing or differ and deletes
 // the ones not wanted. A write that fails leaves the mirror as the map
 // is (the old entry, or none), so the next sync tries it again.
-func (m *routeMirror) sync(dp DataPlane, want []datapath.Route) (err error) {
+func (m *routeMirror) sync(dp RouteTable, want []datapath.Route) (err error) {
 	if m.dp == dp && m.applied.same(want) {
 		return nil // the views did not change (an endpoint did)
 	}

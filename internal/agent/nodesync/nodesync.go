@@ -18,19 +18,35 @@ import (
 )
 
 // DataPlane is what the node's sync needs of the eBPF data plane: the
-// node's tables (configuration, nodes, locators, networks, views,
-// classifiers, inside prefixes, host addresses, services) and the
-// attachment of the underlay and the host's sockets. The pods' entries
-// are the CNI server's (Pods.SyncEntries). *datapath.Datapath implements
-// it; tests use a fake.
+// attachment of its programs and the node's tables. The pods' entries are
+// the CNI server's (Pods.SyncEntries). *datapath.Datapath implements it
+// (through WithServiceTable); tests use a fake.
 type DataPlane interface {
-	SetConfig(datapath.Config) error
-	Config() (datapath.Config, error)
+	Attachment
+	NodeTables
+	RouteTable
+	Services
+}
+
+// Attachment attaches the programs to the underlay and the node's
+// sockets, and holds their configuration.
+type Attachment interface {
 	AttachUnderlay(nsPath, ifName string) error
 	AttachHostSockets(cgroupPath string) error
-	UpsertRoute(datapath.Route) error
-	DeleteRoute(netID uint32, p netip.Prefix) error
-	Routes() ([]datapath.Route, error)
+	SetConfig(datapath.Config) error
+	Config() (datapath.Config, error)
+}
+
+// NodeTables are the node's tables read back and diffed at each apply:
+// the other nodes, their locators, the networks, the classifiers, the
+// inside prefixes and the node's own addresses.
+type NodeTables interface {
+	UpsertNode(netip.Addr) error
+	DeleteNode(netip.Addr) error
+	Nodes() ([]netip.Addr, error)
+	UpsertNodeLocator(datapath.NodeLocator) error
+	DeleteNodeLocator(netip.Addr) error
+	NodeLocators() ([]datapath.NodeLocator, error)
 	UpsertNetwork(datapath.Network) error
 	DeleteNetwork(id uint32) error
 	Networks() ([]datapath.Network, error)
@@ -40,17 +56,25 @@ type DataPlane interface {
 	UpsertInside(datapath.Inside) error
 	DeleteInside(p netip.Prefix) error
 	Insides() ([]datapath.Inside, error)
-	ApplyServices([]datapath.Service) (map[datapath.ServiceKey][]datapath.Backend, error)
-	FlushServiceFlows(map[datapath.ServiceKey][]datapath.Backend) (int, error)
-	UpsertNode(netip.Addr) error
-	DeleteNode(netip.Addr) error
-	Nodes() ([]netip.Addr, error)
-	UpsertNodeLocator(datapath.NodeLocator) error
-	DeleteNodeLocator(netip.Addr) error
-	NodeLocators() ([]datapath.NodeLocator, error)
 	UpsertHostAddr(netip.Addr) error
 	DeleteHostAddr(netip.Addr) error
 	HostAddrs() ([]netip.Addr, error)
+}
+
+// RouteTable is the views map, written through the routes' mirror
+// (routeMirror): read back once, then diffed in memory.
+type RouteTable interface {
+	UpsertRoute(datapath.Route) error
+	DeleteRoute(netID uint32, p netip.Prefix) error
+	Routes() ([]datapath.Route, error)
+}
+
+// Services are the node's service frontends and backends (a
+// datapath.ServiceTable, which keeps what it wrote) and the flows to
+// endpoints that left.
+type Services interface {
+	ApplyServices([]datapath.Service) (map[datapath.ServiceKey][]datapath.Backend, error)
+	FlushServiceFlows(map[datapath.ServiceKey][]datapath.Backend) (int, error)
 }
 
 // Kernel is what the sync changes and reads in the node's namespace
