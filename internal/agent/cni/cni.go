@@ -68,18 +68,10 @@ type Health interface {
 	Kick()
 }
 
-// Options configure the server.
+// Options configure the server: agent.Options' fields of the same names.
 type Options struct {
-	NodeName string
-	// NetNS is the path of the node's network namespace.
-	NetNS             string
-	UnderlayInterface string
-	// HostCgroup is set when the node's socket hooks are attached.
-	HostCgroup  string
-	CNISocket   string
-	DelQueueDir string
-	// MTU of pod interfaces; 0 derives it from the underlay's.
-	MTU int
+	NodeName, NetNS, UnderlayInterface, HostCgroup, CNISocket, DelQueueDir string
+	MTU                                                                    int
 }
 
 // Server serves lace-cni's requests and owns the pod attachments on the

@@ -15,11 +15,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
-	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/agent/agenttest"
 	"github.com/lace-cni/lace/internal/agent/applier"
 	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/model"
@@ -50,37 +49,17 @@ func (f *fakeDP) AttachPod(_ string, h string) error {
 	return f.w(func() { f.attached[h] = true; f.attaches[h]++ })
 }
 func (f *fakeDP) DetachPod(h string) error          { return f.w(func() { delete(f.attached, h) }) }
-func (f *fakeDP) PinnedPodLinks() ([]string, error) { return keys(&f.mu, f.attached), nil }
+func (f *fakeDP) PinnedPodLinks() ([]string, error) { return agenttest.Keys(&f.mu, f.attached), nil }
 func (f *fakeDP) UpsertEndpoint(e datapath.Endpoint) error {
 	return f.w(func() { f.eps[epKey(e.NetID, e.Addr)] = e })
 }
 func (f *fakeDP) DeleteEndpoint(n uint32, a netip.Addr) error {
 	return f.w(func() { delete(f.eps, epKey(n, a)) })
 }
-func (f *fakeDP) Endpoints() ([]datapath.Endpoint, error) { return values(&f.mu, f.eps), nil }
+func (f *fakeDP) Endpoints() ([]datapath.Endpoint, error) { return agenttest.Values(&f.mu, f.eps), nil }
 func (f *fakeDP) UpsertPort(p datapath.Port) error        { return f.w(func() { f.ports[p.IfIndex] = p }) }
 func (f *fakeDP) DeletePort(i uint32) error               { return f.w(func() { delete(f.ports, i) }) }
-func (f *fakeDP) Ports() ([]datapath.Port, error)         { return values(&f.mu, f.ports), nil }
-
-func values[K comparable, V any](mu *sync.Mutex, m map[K]V) []V {
-	mu.Lock()
-	defer mu.Unlock()
-	out := make([]V, 0, len(m))
-	for _, v := range m {
-		out = append(out, v)
-	}
-	return out
-}
-
-func keys[K comparable](mu *sync.Mutex, m map[K]bool) []K {
-	mu.Lock()
-	defer mu.Unlock()
-	out := make([]K, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	return out
-}
+func (f *fakeDP) Ports() ([]datapath.Port, error)         { return agenttest.Values(&f.mu, f.ports), nil }
 
 // fakeNode is an in-memory Kernel.
 type fakeNode struct {
@@ -202,21 +181,9 @@ type testAgent struct {
 
 func newTestAgent(t *testing.T, blockBits int32, objs ...client.Object) *testAgent {
 	t.Helper()
-	nw := &lacev1.Network{ObjectMeta: metav1.ObjectMeta{Name: "default"},
-		Spec: lacev1.NetworkSpec{Type: lacev1.NetworkTypeL3,
-			IPv4Subnet: &lacev1.Subnet{Prefix: "10.244.0.0/16", HostLocalPrefixLength: ptr.To(blockBits)}},
-		Status: lacev1.NetworkStatus{ID: 1}}
-	alloc := &lacev1.Allocation{ObjectMeta: metav1.ObjectMeta{Name: "default.n1"},
-		Spec: lacev1.AllocationSpec{Network: "default", Node: "n1", Prefixes: []lacev1.CIDR{lacev1.CIDR(fmt.Sprintf("10.244.0.0/%d", blockBits))}}}
-	base := []client.Object{
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "default"}},
-		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}},
-		nw, alloc,
-		&lacev1.NetworkBindingPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"},
-			Spec: lacev1.NetworkBindingPolicySpec{Network: "default", Priority: model.CatchAllPriority}},
-	}
+	w := agenttest.DefaultNetwork("n1", blockBits)
 	// The API server selects pods by node; the fake needs an index for it.
-	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(append(base, objs...)...).WithStatusSubresource(&corev1.Pod{}).
+	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(append(w.Objects, objs...)...).WithStatusSubresource(&corev1.Pod{}).
 		WithIndex(&corev1.Pod{}, "spec.nodeName", func(o client.Object) []string { return []string{o.(*corev1.Pod).Spec.NodeName} }).Build()
 	rec := record.NewFakeRecorder(100)
 	dp := newFakeDP()
@@ -226,7 +193,7 @@ func newTestAgent(t *testing.T, blockBits int32, objs ...client.Object) *testAge
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs := &fakeSync{state: model.ComputeNode(model.NodeInput{Node: "n1", Networks: []lacev1.Network{*nw}, Allocations: []lacev1.Allocation{*alloc}}),
+	fs := &fakeSync{state: w.State("n1"),
 		own: []netip.Addr{netip.MustParseAddr("fd00:30::11")}}
 	fs.applier = applier.New(s.SyncEntries, 0)
 	go func() { _ = fs.applier.Run(t.Context()) }()

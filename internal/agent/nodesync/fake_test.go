@@ -9,14 +9,12 @@ import (
 	"sync"
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/agent/agenttest"
 	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/model"
 	"github.com/lace-cni/lace/pkg/scheme"
@@ -62,26 +60,28 @@ func (f *fakeDP) UpsertRoute(r datapath.Route) error {
 func (f *fakeDP) DeleteRoute(n uint32, p netip.Prefix) error {
 	return f.w(func() { delete(f.routes, fmt.Sprint(n, p)) })
 }
-func (f *fakeDP) Routes() ([]datapath.Route, error)      { return values(&f.mu, f.routes), nil }
+func (f *fakeDP) Routes() ([]datapath.Route, error)      { return agenttest.Values(&f.mu, f.routes), nil }
 func (f *fakeDP) UpsertNetwork(n datapath.Network) error { return f.w(func() { f.nets[n.ID] = n }) }
 func (f *fakeDP) DeleteNetwork(id uint32) error          { return f.w(func() { delete(f.nets, id) }) }
-func (f *fakeDP) Networks() ([]datapath.Network, error)  { return values(&f.mu, f.nets), nil }
+func (f *fakeDP) Networks() ([]datapath.Network, error)  { return agenttest.Values(&f.mu, f.nets), nil }
 func (f *fakeDP) UpsertClassifier(c datapath.Classifier) error {
 	return f.w(func() { f.cls[c.Prefix] = c })
 }
-func (f *fakeDP) DeleteClassifier(p netip.Prefix) error       { return f.w(func() { delete(f.cls, p) }) }
-func (f *fakeDP) Classifiers() ([]datapath.Classifier, error) { return values(&f.mu, f.cls), nil }
+func (f *fakeDP) DeleteClassifier(p netip.Prefix) error { return f.w(func() { delete(f.cls, p) }) }
+func (f *fakeDP) Classifiers() ([]datapath.Classifier, error) {
+	return agenttest.Values(&f.mu, f.cls), nil
+}
 func (f *fakeDP) UpsertInside(c datapath.Inside) error {
 	return f.w(func() { f.inside[c.Prefix] = c })
 }
 func (f *fakeDP) DeleteInside(p netip.Prefix) error   { return f.w(func() { delete(f.inside, p) }) }
-func (f *fakeDP) Insides() ([]datapath.Inside, error) { return values(&f.mu, f.inside), nil }
+func (f *fakeDP) Insides() ([]datapath.Inside, error) { return agenttest.Values(&f.mu, f.inside), nil }
 func (f *fakeDP) UpsertNodeLocator(n datapath.NodeLocator) error {
 	return f.w(func() { f.nodeLocs[n.Addr] = n })
 }
 func (f *fakeDP) DeleteNodeLocator(a netip.Addr) error { return f.w(func() { delete(f.nodeLocs, a) }) }
 func (f *fakeDP) NodeLocators() ([]datapath.NodeLocator, error) {
-	return values(&f.mu, f.nodeLocs), nil
+	return agenttest.Values(&f.mu, f.nodeLocs), nil
 }
 
 func (f *fakeDP) ApplyServices(s []datapath.Service) (map[datapath.ServiceKey][]datapath.Backend, error) {
@@ -98,30 +98,10 @@ func (f *fakeDP) FlushServiceFlows(map[datapath.ServiceKey][]datapath.Backend) (
 }
 func (f *fakeDP) UpsertNode(a netip.Addr) error     { return f.w(func() { f.nodes[a] = true }) }
 func (f *fakeDP) DeleteNode(a netip.Addr) error     { return f.w(func() { delete(f.nodes, a) }) }
-func (f *fakeDP) Nodes() ([]netip.Addr, error)      { return keys(&f.mu, f.nodes), nil }
+func (f *fakeDP) Nodes() ([]netip.Addr, error)      { return agenttest.Keys(&f.mu, f.nodes), nil }
 func (f *fakeDP) UpsertHostAddr(a netip.Addr) error { return f.w(func() { f.host[a] = true }) }
 func (f *fakeDP) DeleteHostAddr(a netip.Addr) error { return f.w(func() { delete(f.host, a) }) }
-func (f *fakeDP) HostAddrs() ([]netip.Addr, error)  { return keys(&f.mu, f.host), nil }
-
-func values[K comparable, V any](mu *sync.Mutex, m map[K]V) []V {
-	mu.Lock()
-	defer mu.Unlock()
-	out := make([]V, 0, len(m))
-	for _, v := range m {
-		out = append(out, v)
-	}
-	return out
-}
-
-func keys[K comparable](mu *sync.Mutex, m map[K]bool) []K {
-	mu.Lock()
-	defer mu.Unlock()
-	out := make([]K, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	return out
-}
+func (f *fakeDP) HostAddrs() ([]netip.Addr, error)  { return agenttest.Keys(&f.mu, f.host), nil }
 
 // fakeNode is an in-memory Kernel.
 type fakeNode struct {
@@ -203,22 +183,15 @@ type testSyncer struct {
 
 func newTestSyncer(t *testing.T, objs ...client.Object) *testSyncer {
 	t.Helper()
-	nw := &lacev1.Network{ObjectMeta: metav1.ObjectMeta{Name: "default"},
-		Spec: lacev1.NetworkSpec{Type: lacev1.NetworkTypeL3,
-			IPv4Subnet: &lacev1.Subnet{Prefix: "10.244.0.0/16", HostLocalPrefixLength: ptr.To(int32(29))}},
-		Status: lacev1.NetworkStatus{ID: 1}}
-	alloc := &lacev1.Allocation{ObjectMeta: metav1.ObjectMeta{Name: "default.n1"},
-		Spec: lacev1.AllocationSpec{Network: "default", Node: "n1", Prefixes: []lacev1.CIDR{"10.244.0.0/29"}}}
-	base := []client.Object{&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "default"}},
-		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}, nw, alloc}
-	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(append(base, objs...)...).Build()
+	w := agenttest.DefaultNetwork("n1", 29)
+	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(append(w.Objects, objs...)...).Build()
 	dp := newFakeDP()
 	node := &fakeNode{routes: map[netip.Prefix]netip.Addr{}, addrs: []netip.Addr{netip.MustParseAddr("fd00:30::11")}}
 	s := New(Options{NodeName: "n1", NetNS: "/fake", UnderlayInterface: "eth0"}, slog.New(slog.NewTextHandler(io.Discard, nil)),
 		c, record.NewFakeRecorder(100), nil, nil, dp, node, Capacity{Services: 1024, Backends: 4096, SourceRanges: 256})
 	pods := &fakePods{}
 	s.Wire(pods, nil, nil)
-	s.state = model.ComputeNode(model.NodeInput{Node: "n1", Networks: []lacev1.Network{*nw}, Allocations: []lacev1.Allocation{*alloc}})
+	s.state = w.State("n1")
 	s.haveState = true
 	s.ownAddrs = node.addrs
 	go func() { _ = s.Run(t.Context()) }()
