@@ -171,8 +171,8 @@ func (p *fakePods) EnsureNetworkEndpoints(context.Context) error      { return n
 func (p *fakePods) EachAttachment(func(string, uint32, []netip.Addr)) {}
 
 // testSyncer is the sync of node n1 with fakes for the kernel and the
-// pods, its desired state the default network (block 10.244.0.0/29 on
-// n1).
+// pods, its desired state the default network (block
+// 10.244.0.0/blockBits on n1).
 type testSyncer struct {
 	*Syncer
 	dp   *fakeDP
@@ -181,9 +181,9 @@ type testSyncer struct {
 	c    client.Client
 }
 
-func newTestSyncer(t *testing.T, objs ...client.Object) *testSyncer {
+func newTestSyncer(t *testing.T, blockBits int32, objs ...client.Object) *testSyncer {
 	t.Helper()
-	w := agenttest.DefaultNetwork("n1", 29)
+	w := agenttest.DefaultNetwork("n1", blockBits)
 	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(append(w.Objects, objs...)...).Build()
 	dp := newFakeDP()
 	node := &fakeNode{routes: map[netip.Prefix]netip.Addr{}, addrs: []netip.Addr{netip.MustParseAddr("fd00:30::11")}}

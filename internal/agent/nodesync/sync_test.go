@@ -13,7 +13,7 @@ import (
 )
 
 func TestApplyTouchesOnlyTheDifference(t *testing.T) {
-	a := newTestSyncer(t)
+	a := newTestSyncer(t, 29)
 	st := model.NodeState{
 		Locator:  netip.MustParsePrefix("fd1a:ce::/64"),
 		Networks: []datapath.Network{{ID: 1}, {ID: 2, Anonymous: true}},
@@ -52,7 +52,7 @@ func TestApplyTouchesOnlyTheDifference(t *testing.T) {
 // of the node could not be applied (here the route to another node's
 // locator); the failure stays the reconciler's to retry.
 func TestSyncSurvivesNodeApplyFailure(t *testing.T) {
-	a := newTestSyncer(t)
+	a := newTestSyncer(t, 29)
 	a.state.LocatorRoutes = []model.LocatorRoute{{Node: "n2", Locator: netip.MustParsePrefix("fd1a:ce:0:1::/64"),
 		Via: netip.MustParseAddr("fd00:30::12")}}
 	a.node.failRoutes = true
@@ -80,7 +80,7 @@ func (attachFailDP) AttachUnderlay(string, string) error {
 // TestAttachFailureIsKept: a first apply that cannot attach the data plane
 // fails, keeps why for the node's health and asks for a status report.
 func TestAttachFailureIsKept(t *testing.T) {
-	a := newTestSyncer(t)
+	a := newTestSyncer(t, 29)
 	kicks := 0
 	a.Wire(a.pods, nil, func() { kicks++ })
 	a.Syncer.dp = attachFailDP{a.dp}
