@@ -2,7 +2,7 @@ package lacectl
 
 // lacectl services: what each node does with each service port Lace
 // serves. Which endpoints a node sends a new flow to is
-// model.ComputeServices' answer for that node (what its agent programs);
+// model.ComputeDesired's answer for that node (what its agent programs);
 // this file lists every endpoint of the EndpointSlices beside that answer
 // and says, for the ones left out, which rule of docs/services.md ("Which
 // endpoints get new flows") left them out.
@@ -75,8 +75,6 @@ type svcKey struct {
 	proto uint8
 	port  uint16
 }
-
-func nodeZone(n *corev1.Node) string { return n.Labels[corev1.LabelTopologyZone] }
 
 func nsLabels(nss []corev1.Namespace) map[string]map[string]string {
 	out := map[string]map[string]string{}
