@@ -610,7 +610,7 @@ type svcEnv struct {
 	svcs     []corev1.Service
 	eps      []discoveryv1.EndpointSlice
 	neps     []lacev1.NetworkEndpoint
-	ueps     []lacev1.UnderlayEndpoint
+	ueps     []lacev1.UnderlayEndpoint // as written: ComputeDesired accepts them
 	nrps     []lacev1.NetworkRoutingPolicy
 	srps     []lacev1.ServiceRoutingPolicy
 	classes  []lacev1.LoadBalancerClass
@@ -626,11 +626,10 @@ type svcEnv struct {
 }
 
 func (in ServicesInput) env() *svcEnv {
-	// The underlay addresses the agents believe, not all a node wrote.
-	ueps, _ := model.AcceptUnderlays(model.UnderlayInput{Underlays: in.UnderlayEndpoints, Nodes: in.Nodes, Networks: in.Networks,
-		LoadBalancerPools: in.Classes, AllowedExternalIPs: allowedExternalIPs(in.Services)})
+	// Only the underlay addresses the agents believe are read
+	// (model.ComputeDesired accepts them), not all a node wrote.
 	return &svcEnv{networks: in.Networks, nbps: in.BindingPolicies, nss: in.Namespaces, nodes: in.Nodes, svcs: in.Services,
-		eps: in.EndpointSlices, neps: in.NetworkEndpoints, ueps: ueps, nrps: in.RoutingPolicies,
+		eps: in.EndpointSlices, neps: in.NetworkEndpoints, ueps: in.UnderlayEndpoints, nrps: in.RoutingPolicies,
 		srps: in.ServiceRoutingPolicies, classes: in.Classes, leases: in.Leases, now: in.Now}
 }
 
