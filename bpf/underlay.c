@@ -1024,7 +1024,8 @@ static __noinline int host_answer(struct __sk_buff *skb, __u16 proto)
 		/* The node's own datagram that reuses the ID of a frontend's
 		 * answer (within the record's 10 s) owns the ID now: its
 		 * later fragments must leave as its first did. */
-		frag_forget(&p, NODE_NET_ID, 0);
+		if (p.frag == PKT_FRAG_FIRST)
+			frag_forget(&p, NODE_NET_ID, 0);
 		return TC_ACT_OK;
 	}
 	/* Only a frontend's answer is recorded: the node's other large
