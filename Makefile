@@ -98,7 +98,7 @@ lint: $(STATICCHECK) ## gofmt, go vet and staticcheck.
 # The end-to-end lab runs cluster DNS, as every lab does (building CoreDNS
 # first); DNS=0 brings it up without, and its DNS test then skips.
 .PHONY: test
-test: deps k8s-bins cni-bins build images check-generated lint $(HELM) $(if $(DNS_ON),coredns) ## All test tiers: unit, API, controller, datapath, lab end-to-end (root; DNS=0 leaves cluster DNS out).
+test: deps k8s-bins cni-bins build images check-generated lint $(HELM) $(K8S_BIN)/sample-apiserver $(if $(DNS_ON),coredns) ## All test tiers: unit, API, controller, datapath, lab end-to-end (root; DNS=0 leaves cluster DNS out).
 	LACE_BIN_DIR=$(BIN_DIR) LACE_E2E_DNS=$(if $(DNS_ON),1,0) $(GO) test $(GOFLAGS_TEST) -count=1 -timeout 40m ./...
 	# The conntrack layout converter against the lace_ctv2 test build (the
 	# lab's upgrade test runs that build; this checks the conversion itself).
