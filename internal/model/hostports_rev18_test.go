@@ -41,7 +41,7 @@ func TestRev18HostIPSpellingsStealPort(t *testing.T) {
 		t.Run(spell, func(t *testing.T) {
 			in := HostPortInput{NodeAddrs: []netip.Addr{n4, n6}, Pods: []HostPortPod{
 				pod("tenant-a", "squatter", 1, spell, "10.0.1.66", "fd00::1:66"), // older, admitted by the kubelet
-				pod("tenant-v", "web-new", 2, n4.String(), "10.0.1.2"),          // V's replacement, scheduled beside it
+				pod("tenant-v", "web-new", 2, n4.String(), "10.0.1.2"),           // V's replacement, scheduled beside it
 			}}
 			got, refused := ComputeHostPorts(in, nil)
 			for _, s := range got {
