@@ -122,9 +122,10 @@ var (
 //     a node address, "::0", a zone) or a v4-mapped IPv6 address
 //     ("::ffff:a.b.c.d") is refused (HostPortHostIP): to the kubelet it
 //     is another address than the canonical one, so it could sit beside
-//     a pod there. Portmap would write a v4-mapped hostIP into an IPv4
-//     rule the kernel refuses (the sandbox never starts); Lace's Event
-//     says to write the IPv4 address.
+//     a pod there. Portmap takes a v4-mapped hostIP for IPv4 and writes
+//     it as is into an "ip daddr" rule, which nft cannot parse (by its
+//     code: the pod's sandbox would fail); Lace's Event says to write
+//     the IPv4 address.
 //
 // Services own their addresses first: a hostPort never takes the
 // address, protocol and port of a NodePort, load balancer or external IP
