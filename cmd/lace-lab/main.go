@@ -30,7 +30,8 @@ commands:
   down [--name N] [--all]                 stop a lab and remove all it made
   status [--name N]                       show nodes and processes
   kubeconfig [--name N]                   print the path of the lab's kubeconfig
-  exec [--name N] TARGET -- CMD...        run CMD in NAMESPACE/POD, node/NODE or external
+  exec [--name N] TARGET -- CMD...        run CMD in NAMESPACE/POD, node/NODE (its namespaces and
+                                          cgroups, as the kubelet) or external
   restart|stop|start [--name N] agent/NODE|controller
                                           restart deletes the pod (its DaemonSet or Deployment brings
                                           it back); stop keeps the agent off NODE, or scales the
@@ -168,11 +169,14 @@ func run(ctx context.Context, args []string, out io.Writer) (int, error) {
 		if len(argv) == 0 {
 			return 2, errors.New("no command")
 		}
-		ns, err := lab.ExecTarget(ctx, cfg, target)
+		t, err := lab.ExecTarget(ctx, cfg, target)
 		if err != nil {
 			return 1, err
 		}
-		c := lab.ExecCommand(ns, argv)
+		c, err := lab.ExecCommand(t, argv)
+		if err != nil {
+			return 1, err
+		}
 		c.Stdin, c.Stdout, c.Stderr = os.Stdin, out, os.Stderr
 		if err := c.Run(); err != nil {
 			var ee *exec.ExitError

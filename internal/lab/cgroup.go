@@ -39,9 +39,13 @@ func cgroupMounts() ([]string, error) {
 }
 
 // createCgroupRoot makes name (a top-level cgroup like /lace-lab-x-n1) in
-// every hierarchy. A cpuset cgroup starts with no CPUs and no memory
-// nodes, so it gets its parent's.
-func createCgroupRoot(name string) error {
+// every hierarchy.
+func createCgroupRoot(name string) error { return createCgroup(name) }
+
+// createCgroup makes the cgroup name (a path from the hierarchies' root,
+// its parent existing) in every hierarchy. A cpuset cgroup starts with no
+// CPUs and no memory nodes, so it gets its parent's.
+func createCgroup(name string) error {
 	mounts, err := cgroupMounts()
 	if err != nil {
 		return err
@@ -52,7 +56,7 @@ func createCgroupRoot(name string) error {
 			return fmt.Errorf("create cgroup %s: %w", dir, err)
 		}
 		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
-			b, err := os.ReadFile(filepath.Join(m, f))
+			b, err := os.ReadFile(filepath.Join(filepath.Dir(dir), f))
 			if err != nil {
 				continue // not the cpuset hierarchy
 			}
@@ -62,6 +66,28 @@ func createCgroupRoot(name string) error {
 		}
 	}
 	return nil
+}
+
+// cgroupProcsFiles are the cgroup.procs files of the cgroup name, one per
+// hierarchy: a PID written to each moves that process into name everywhere.
+func cgroupProcsFiles(name string) ([]string, error) {
+	mounts, err := cgroupMounts()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(mounts))
+	for _, m := range mounts {
+		out = append(out, filepath.Join(m, name, "cgroup.procs"))
+	}
+	return out, nil
+}
+
+// nodeExecCgroup is the cgroup of the processes `lace-lab exec node/NODE`
+// starts: below the node's cgroup root, beside the kubelet's kubepods, as
+// a login session sits beside kubepods on a real node. The agent's socket
+// hooks, attached to the root, see them; `down` kills them with the node.
+func nodeExecCgroup(c Config, node string) string {
+	return "/" + cgroupPrefix(c.Name) + node + "/exec"
 }
 
 // removeCgroupRoot kills every process in name's subtree, in every

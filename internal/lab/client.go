@@ -291,31 +291,77 @@ func AllLabs(root string) []string {
 	return out
 }
 
-// ExecTarget returns the path of the network namespace of an exec target:
-// NAMESPACE/POD (found through the pod's node's runtime), node/NODE or
-// external.
-func ExecTarget(ctx context.Context, c Config, target string) (string, error) {
+// Target is where `lace-lab exec` runs a command: a network namespace and,
+// for a node, the node's other namespaces (mount, UTS, PID) and cgroups.
+type Target struct {
+	// NetNS is the path of the network namespace.
+	NetNS string
+	// Holder is the machine's PID of the node's namespace holder; 0 for a
+	// pod or external.
+	Holder int
+	// Cgroup is the node's exec cgroup (below its cgroup root, in every
+	// hierarchy), "" for a pod or external.
+	Cgroup string
+}
+
+// ExecTarget resolves an exec target: NAMESPACE/POD (found through the
+// pod's node's runtime), node/NODE or external. A node target gets the
+// node's exec cgroup, made here if it is missing.
+func ExecTarget(ctx context.Context, c Config, target string) (Target, error) {
 	switch {
 	case target == "external":
-		return netutil.Path(c.NetNS("external")), nil
+		return Target{NetNS: netutil.Path(c.NetNS("external"))}, nil
 	case strings.HasPrefix(target, "node/"):
 		node := strings.TrimPrefix(target, "node/")
 		if !netutil.Exists(c.NetNS(node)) {
-			return "", fmt.Errorf("lab %s has no node %q", c.Name, node)
+			return Target{}, fmt.Errorf("lab %s has no node %q", c.Name, node)
 		}
-		return netutil.Path(c.NetNS(node)), nil
+		h, err := holderPID(c, node)
+		if err != nil {
+			return Target{}, err
+		}
+		cg := nodeExecCgroup(c, node)
+		if err := createCgroup(cg); err != nil {
+			return Target{}, err
+		}
+		return Target{NetNS: netutil.Path(c.NetNS(node)), Holder: h, Cgroup: cg}, nil
 	}
 	ns, name, ok := strings.Cut(target, "/")
 	if !ok || ns == "" || name == "" {
-		return "", fmt.Errorf("target %q: want NAMESPACE/POD, node/NODE or external", target)
+		return Target{}, fmt.Errorf("target %q: want NAMESPACE/POD, node/NODE or external", target)
 	}
-	return PodNetNS(ctx, c, ns, name)
+	netns, err := PodNetNS(ctx, c, ns, name)
+	return Target{NetNS: netns}, err
 }
 
-// ExecCommand returns a command running argv, a program of the machine,
-// in the network namespace at netns.
-func ExecCommand(netns string, argv []string) *exec.Cmd {
-	return exec.Command("nsenter", append([]string{"--net=" + netns, "--"}, argv...)...)
+// ExecCommand returns a command running argv, a program of the machine, at
+// t. A node's command runs as its kubelet does (node.enter), and in the
+// node's cgroups, as a process a user starts on a real node: the agent's
+// socket hooks, attached to the node's cgroup root, see its connections
+// (a ClusterIP answers it as it answers a host-network pod).
+//
+// A shell moves itself into the cgroups, then becomes nsenter: the caller
+// (a test, the lab itself) stays where it is, and nsenter and argv inherit
+// the cgroups from the start.
+func ExecCommand(t Target, argv []string) (*exec.Cmd, error) {
+	ns := []string{"--net=" + t.NetNS}
+	if t.Holder != 0 {
+		h := t.Holder
+		ns = append(ns, fmt.Sprintf("--mount=/proc/%d/ns/mnt", h), fmt.Sprintf("--uts=/proc/%d/ns/uts", h),
+			fmt.Sprintf("--pid=/proc/%d/ns/pid", h))
+	}
+	enter := append(append([]string{"nsenter"}, ns...), "--")
+	enter = append(enter, argv...)
+	if t.Cgroup == "" {
+		return exec.Command(enter[0], enter[1:]...), nil
+	}
+	procs, err := cgroupProcsFiles(t.Cgroup)
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"-c", `while [ "$1" != -- ]; do echo $$ >"$1" || exit 126; shift; done; shift; exec "$@"`, "lace-lab-exec"}
+	args = append(append(append(args, procs...), "--"), enter...)
+	return exec.Command("sh", args...), nil
 }
 
 // Load imports an image tarball into every node's runtime, as `kind load`
