@@ -88,6 +88,12 @@ images: k8s-bins ## Build the lab's images (agnhost, pause, Lace) as tarballs in
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(BIN_DIR)/static/ ./cmd/lace-agent ./cmd/lace-controller ./cmd/lace-cni ./cmd/lacectl
 	$(GO) run ./hack/mkimages --out $(LACE_IMAGES) --agnhost $(K8S_BIN)/agnhost --lace-bin $(BIN_DIR)/static --pause-src $(PAUSE_SRC)
 
+# The unit tier: every test that needs neither root, a control plane nor a
+# lab (-short skips the others, each saying what it needs), as any user.
+.PHONY: unit
+unit: ## Unit tests: no root, no API server, no lab (go test -short ./...; any user).
+	$(GO) test $(GOFLAGS_TEST) -short -count=1 ./...
+
 .PHONY: lint
 lint: $(STATICCHECK) ## gofmt, go vet and staticcheck.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); test -z "$$out" || { echo "gofmt needed:"; echo "$$out"; exit 1; }

@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -43,6 +44,11 @@ func TestMain(m *testing.M) {
 }
 
 func runMain(m *testing.M) int {
+	flag.Parse()
+	if testing.Short() {
+		skipReason = "needs a lab: not a unit test (-short, make unit); make test runs it"
+		return m.Run()
+	}
 	if reason := prerequisites(); reason != "" {
 		if os.Getenv("CI") != "" {
 			fmt.Fprintln(os.Stderr, "e2e:", reason)

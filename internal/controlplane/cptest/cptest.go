@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/lace-cni/lace/internal/controlplane"
+	"github.com/lace-cni/lace/internal/testutil"
 	"github.com/lace-cni/lace/pkg/scheme"
 )
 
@@ -29,6 +30,7 @@ type Env struct {
 // binary is a failure.
 func Start(t testing.TB) *Env {
 	t.Helper()
+	testutil.SkipUnit(t, "a control plane (etcd, kube-apiserver)")
 	bin := controlplane.DefaultBinDir()
 	if m := controlplane.MissingBinaries(bin, "etcd", "kube-apiserver"); len(m) > 0 {
 		msg := "missing " + strings.Join(m, ", ") + " in " + bin + ": run 'make k8s-bins'"
