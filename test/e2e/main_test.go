@@ -21,9 +21,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/lace-cni/lace/internal/controlplane"
-	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/testutil"
+	"github.com/lace-cni/lace/lab"
+	"github.com/lace-cni/lace/lab/controlplane"
 )
 
 var (
@@ -138,7 +138,7 @@ func laceBinaries() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	cmd := exec.Command("go", "build", "-o", d+"/", "../../cmd/...")
+	cmd := exec.Command("go", "build", "-o", d+"/", "../../cmd/...", "../../lab/cmd/...")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build lace binaries: %v\n%s", err, out)
 	}

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages whose programs the e2e images carry
-# (internal/images: E2ETools for agnhost: curl, GNU wget, OpenBSD nc, ss,
+# (lab/images: E2ETools for agnhost: curl, GNU wget, OpenBSD nc, ss,
 # bash, dash; E2EDnsTools for jessie-dnsutils: dig, host, nslookup, getent),
 # only when one is missing, and checks that busybox-static is the version
-# the images pin (internal/images.BusyboxDebVersion, whose /bin/busybox
+# the images pin (lab/images.BusyboxDebVersion, whose /bin/busybox
 # checksum mkimages verifies). Run by `make conformance` after `make deps`.
 set -euo pipefail
 

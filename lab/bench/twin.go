@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"net/netip"
 
-	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/netutil"
 	"github.com/lace-cni/lace/internal/podnet"
+	"github.com/lace-cni/lace/lab"
 )
 
 // twin is the peer of the forwarding benchmark: the namespaces and links of

@@ -19,7 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/lace-cni/lace/internal/controlplane"
+	"github.com/lace-cni/lace/lab/controlplane"
 )
 
 // EnvLab marks every process a lab starts with the lab's name, so that

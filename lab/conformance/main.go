@@ -14,7 +14,7 @@
 // reason or the spec's own) and the totals, takes down the lab it brought
 // up (unless --keep) and exits non-zero when a spec failed.
 //
-//	go run ./hack/conformance [--lab conf] [--keep] [--dry-run] [-- E2E_FLAGS...]
+//	go run ./lab/conformance [--lab conf] [--keep] [--dry-run] [-- E2E_FLAGS...]
 package main
 
 import (
@@ -76,7 +76,7 @@ func main() {
 	flag.StringVar(&o.e2eTest, "e2e-test", filepath.Join(k8sBin, "e2e.test"), "upstream e2e.test (make conformance builds it)")
 	flag.StringVar(&o.kubectl, "kubectl", filepath.Join(k8sBin, "kubectl"), "kubectl e2e.test execs into pods with")
 	flag.StringVar(&o.images, "images", env("LACE_IMAGES", filepath.Join(binDir, "images")), "directory of the lab's image tarballs; every e2e-*.tar in it is loaded into the nodes")
-	flag.StringVar(&o.skipFile, "skip-file", "hack/conformance/skip.txt", "skip list: one `REGEXP  # REASON` a line")
+	flag.StringVar(&o.skipFile, "skip-file", "lab/conformance/skip.txt", "skip list: one `REGEXP  # REASON` a line")
 	flag.StringVar(&o.focus, "focus", DefaultFocus, "--ginkgo.focus")
 	flag.StringVar(&o.reportDir, "report-dir", filepath.Join(binDir, "conformance"), "where the reports go (emptied first)")
 	flag.IntVar(&o.nodes, "nodes", 6, "nodes of the lab it brings up; three Traffic Distribution specs skip themselves below 6 (two in each of 3 zones)")
@@ -220,7 +220,7 @@ func ensureLab(ctx context.Context, o options, out io.Writer) (kubeconfig string
 func loadImages(ctx context.Context, o options, out io.Writer) error {
 	tars, _ := filepath.Glob(filepath.Join(o.images, "e2e-*.tar"))
 	if len(tars) == 0 {
-		return fmt.Errorf("no e2e-*.tar in %s: run go run ./hack/mkimages --e2e --out %s --agnhost AGNHOST", o.images, o.images)
+		return fmt.Errorf("no e2e-*.tar in %s: run go run ./lab/mkimages --e2e --out %s --agnhost AGNHOST", o.images, o.images)
 	}
 	for _, t := range tars {
 		fmt.Fprintf(out, "loading %s into every node\n", filepath.Base(t))

@@ -17,7 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/lace-cni/lace/internal/images"
+	"github.com/lace-cni/lace/lab/images"
 )
 
 // Cluster DNS (Config.DNS) is what kubeadm 1.34 deploys, so that workloads

@@ -7,7 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/lace-cni/lace/internal/images"
+	"github.com/lace-cni/lace/lab/images"
 )
 
 func TestDNSAddrs(t *testing.T) {

@@ -1,6 +1,6 @@
 // Command mkimages builds the lab's container images (agnhost, pause, Lace)
 // as image tarballs that `ctr images import` loads under their full names.
-// `make images` runs it; see package internal/images. With --e2e it builds
+// `make images` runs it; see package lab/images. With --e2e it builds
 // instead the images the upstream e2e.test asks for beyond those
 // (`make conformance`: agnhost under e2e.test's tag, with curl, nc, ss and
 // bash from the machine); with --coredns, the lab's cluster DNS image
@@ -15,7 +15,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/lace-cni/lace/internal/images"
+	"github.com/lace-cni/lace/lab/images"
 )
 
 func main() {

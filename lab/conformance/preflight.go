@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/lace-cni/lace/internal/images"
+	"github.com/lace-cni/lace/lab/images"
 )
 
 // The preflight namespace and what runs in it: one netexec pod of the

@@ -19,9 +19,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/lace-cni/lace/internal/controlplane"
-	"github.com/lace-cni/lace/internal/images"
 	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/lab/controlplane"
+	"github.com/lace-cni/lace/lab/images"
 )
 
 // controlClient talks to a lab daemon over its unix socket.

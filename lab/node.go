@@ -14,8 +14,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/lace-cni/lace/internal/controlplane"
 	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/lab/controlplane"
 )
 
 // Paths inside a node, as its kubelet and containerd see them.

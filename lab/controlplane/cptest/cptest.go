@@ -13,8 +13,8 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/lace-cni/lace/internal/controlplane"
 	"github.com/lace-cni/lace/internal/testutil"
+	"github.com/lace-cni/lace/lab/controlplane"
 	"github.com/lace-cni/lace/pkg/scheme"
 )
 

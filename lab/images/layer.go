@@ -49,7 +49,7 @@ func NewImage(files []File, cfg v1.Config, arch string) (v1.Image, error) {
 	img, err = mutate.Append(img, mutate.Addendum{
 		Layer:     layer,
 		MediaType: types.OCILayer,
-		History:   v1.History{Created: v1.Time{Time: Epoch}, CreatedBy: "lace hack/mkimages"},
+		History:   v1.History{Created: v1.Time{Time: Epoch}, CreatedBy: "lace lab/mkimages"},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("append layer: %w", err)

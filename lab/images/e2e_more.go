@@ -15,7 +15,7 @@ import (
 // The busybox every image of this file (and the lab's agnhost) is built on:
 // Debian bookworm's busybox-static, pinned by package version and by the
 // checksum of its /bin/busybox, so that the images are the same bytes on
-// every machine that builds them (hack/conformance/deps.sh installs that
+// every machine that builds them (lab/conformance/deps.sh installs that
 // version; BuildE2E refuses any other binary).
 const (
 	BusyboxDebVersion = "1:1.35.0-4+deb12u1+b1"
@@ -230,7 +230,7 @@ var E2EMoreTars = map[string]string{
 func checkBusybox(data []byte) error {
 	sum := sha256.Sum256(data)
 	if got := hex.EncodeToString(sum[:]); got != BusyboxSHA256 {
-		return fmt.Errorf("busybox sha256 %s, want %s (Debian busybox-static %s; hack/conformance/deps.sh installs it)", got, BusyboxSHA256, BusyboxDebVersion)
+		return fmt.Errorf("busybox sha256 %s, want %s (Debian busybox-static %s; lab/conformance/deps.sh installs it)", got, BusyboxSHA256, BusyboxDebVersion)
 	}
 	return nil
 }

@@ -16,7 +16,7 @@ import (
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	chart "github.com/lace-cni/lace/deploy/helm"
-	"github.com/lace-cni/lace/internal/images"
+	"github.com/lace-cni/lace/lab/images"
 	"github.com/lace-cni/lace/pkg/scheme"
 )
 

@@ -8,6 +8,11 @@
 // lab so two labs can run side by side, and it never adds a link, address,
 // route or rule to the root network namespace: the only things the lab
 // opens in the root namespace are listening sockets on loopback.
+//
+// The lab and its tools live under lab/ (this package, controlplane,
+// images, bench, conformance, mkimages, cmd/lace-lab), beside the product:
+// the lab imports the product (its chart, model and data plane layout),
+// the product never imports the lab (TestProductNeverImportsTheLab).
 package lab
 
 import (
@@ -19,8 +24,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/lace-cni/lace/internal/controlplane"
-	"github.com/lace-cni/lace/internal/images"
+	"github.com/lace-cni/lace/lab/controlplane"
+	"github.com/lace-cni/lace/lab/images"
 )
 
 // Config describes one lab.

@@ -31,7 +31,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/lace-cni/lace/internal/lab"
+	"github.com/lace-cni/lace/lab"
 )
 
 func main() {
