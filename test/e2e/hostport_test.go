@@ -17,8 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/tables"
+	"github.com/lace-cni/lace/lab"
 )
 
 // TestHostPort: a pod's hostPorts (ports[].hostPort with hostIP and
