@@ -14,7 +14,7 @@ import (
 // servers (the upstream Aggregator [Conformance] spec's sample-apiserver)
 // read to trust the requests the API server proxies to them. Without it
 // they see those requests as anonymous and answer 403
-// (internal/controlplane/frontproxy.go; TestAggregatedAPIServer runs a
+// (lab/controlplane/frontproxy.go; TestAggregatedAPIServer runs a
 // sample-apiserver behind it).
 func TestAggregationFrontProxy(t *testing.T) {
 	needLab(t)
