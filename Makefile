@@ -22,7 +22,8 @@ GOFLAGS_TEST ?=
 DNS ?= 1
 DNS_ON := $(filter 1,$(DNS))
 # The static programs of the e2e images beyond agnhost (mkimages --e2e).
-E2E_IMAGE_BINS := $(K8S_BIN)/regression-issue-74839 $(K8S_BIN)/nonewprivs
+E2E_K8S_IMAGE_BINS := $(K8S_BIN)/regression-issue-74839 $(K8S_BIN)/nonewprivs
+E2E_IMAGE_BINS := $(E2E_K8S_IMAGE_BINS) $(K8S_BIN)/sample-apiserver $(K8S_BIN)/etcd-static
 
 export LACE_K8S_BIN := $(K8S_BIN)
 export LACE_CNI_BIN := $(CNI_BIN)
@@ -103,7 +104,7 @@ lint: $(STATICCHECK) ## gofmt, go vet and staticcheck.
 # The end-to-end lab runs cluster DNS, as every lab does (building CoreDNS
 # first); DNS=0 brings it up without, and its DNS test then skips.
 .PHONY: test
-test: deps k8s-bins cni-bins build images check-generated lint $(HELM) $(if $(DNS_ON),coredns) ## All test tiers: unit, API, controller, datapath, lab end-to-end (root; DNS=0 leaves cluster DNS out).
+test: deps k8s-bins cni-bins build images check-generated lint $(HELM) $(K8S_BIN)/sample-apiserver $(if $(DNS_ON),coredns) ## All test tiers: unit, API, controller, datapath, lab end-to-end (root; DNS=0 leaves cluster DNS out).
 	LACE_BIN_DIR=$(BIN_DIR) LACE_E2E_DNS=$(if $(DNS_ON),1,0) $(GO) test $(GOFLAGS_TEST) -count=1 -timeout 40m ./...
 	# The conntrack layout converter against the lace_ctv2 test build (the
 	# lab's upgrade test runs that build; this checks the conversion itself).
@@ -192,14 +193,27 @@ e2e-test: $(E2E_TEST) ## Build the upstream e2e.test of the pinned Kubernetes in
 
 # Two e2e images hold a program of upstream's test/images (static, as
 # agnhost): regression-issue-74839 (a Conntrack spec) and nonewprivs.
-$(E2E_IMAGE_BINS) &: hack/tools/k8s/go.mod hack/tools/k8s/go.sum
+$(E2E_K8S_IMAGE_BINS) &: hack/tools/k8s/go.mod hack/tools/k8s/go.sum
 	mkdir -p $(K8S_BIN)
 	cd hack/tools/k8s && CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(K8S_BIN)/ \
 		k8s.io/kubernetes/test/images/regression-issue-74839 k8s.io/kubernetes/test/images/nonewprivs
-	touch $(E2E_IMAGE_BINS)
+	touch $(E2E_K8S_IMAGE_BINS)
+
+# The Aggregator [Conformance] spec's pod: k8s.io/sample-apiserver of the
+# image's tag (v0.29.2, its own module hack/tools/sample-apiserver) and an
+# etcd sidecar, the lab's etcd module built static.
+$(K8S_BIN)/sample-apiserver: hack/tools/sample-apiserver/go.mod hack/tools/sample-apiserver/go.sum
+	mkdir -p $(K8S_BIN)
+	cd hack/tools/sample-apiserver && CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $@ k8s.io/sample-apiserver
+	touch $@
+
+$(K8S_BIN)/etcd-static: hack/tools/etcd/go.mod hack/tools/etcd/go.sum hack/tools/etcd/cmd/etcd/main.go
+	mkdir -p $(K8S_BIN)
+	cd hack/tools/etcd && CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $@ ./cmd/etcd
+	touch $@
 
 .PHONY: e2e-image-bins
-e2e-image-bins: $(E2E_IMAGE_BINS) ## Build the static programs of the e2e images (regression-issue-74839, nonewprivs).
+e2e-image-bins: $(E2E_IMAGE_BINS) ## Build the static programs of the e2e images (regression-issue-74839, nonewprivs, sample-apiserver, etcd).
 
 # CoreDNS has its own module (hack/tools/coredns) so that its dependencies
 # never move the other tools'. Built as upstream's Makefile does (static,

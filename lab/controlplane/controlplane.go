@@ -94,6 +94,12 @@ func Start(ctx context.Context, o Options) (cp *ControlPlane, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// The aggregation layer's front proxy (frontproxy.go), as kubeadm
+	// sets it up: aggregated API servers need it to authenticate the
+	// requests the API server proxies to them.
+	if err := pki.IssueFrontProxy(); err != nil {
+		return nil, err
+	}
 	cp = &ControlPlane{Opts: o, PKI: pki}
 	defer func() {
 		if err != nil {
@@ -170,6 +176,7 @@ func (cp *ControlPlane) startAPIServer(ctx context.Context) error {
 			"--enable-priority-and-fairness=false",
 			"--v=1",
 		}
+		args = append(args, FrontProxyArgs(cp.PKI.Dir)...)
 		args = append(args, cp.Opts.ExtraAPIServerArgs...)
 		p, err := StartProcess("kube-apiserver", filepath.Join(cp.Opts.BinDir, "kube-apiserver"), args,
 			filepath.Join(cp.Opts.Dir, "logs", "kube-apiserver.log"))

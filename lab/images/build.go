@@ -33,8 +33,8 @@ type Options struct {
 	// K8sSrc is the pinned k8s.io/kubernetes module's directory (BuildE2E:
 	// pause.c, the kitten and nautilus pages).
 	K8sSrc string
-	// E2EBin holds the static regression-issue-74839 and nonewprivs
-	// (BuildE2E; make e2e-image-bins).
+	// E2EBin holds the static regression-issue-74839, nonewprivs,
+	// sample-apiserver and etcd-static (BuildE2E; make e2e-image-bins).
 	E2EBin string
 }
 

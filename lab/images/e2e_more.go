@@ -46,6 +46,8 @@ const (
 	E2ENonewprivsRef   = "registry.k8s.io/e2e-test-images/nonewprivs:1.3"
 	E2ERegression74839 = "registry.k8s.io/e2e-test-images/regression-issue-74839:1.2"
 	E2EPauseRef        = "registry.k8s.io/pause:3.10.1"
+	E2ESampleAPIServer = "registry.k8s.io/e2e-test-images/sample-apiserver:1.29.2"
+	E2EEtcdRef         = "registry.k8s.io/etcd:3.6.4-0"
 )
 
 // E2EDnsTools are the programs jessie-dnsutils carries beyond busybox: the
@@ -68,6 +70,8 @@ type e2eMoreInputs struct {
 	pause            []byte
 	regression74839  []byte
 	nnp              []byte
+	sampleAPIServer  []byte // static k8s.io/sample-apiserver v0.29.2
+	etcd             []byte // static etcd v3.6.4
 	kitten, nautilus []File
 }
 
@@ -189,6 +193,22 @@ func e2eMoreImages(in e2eMoreInputs) (map[string]v1.Image, error) {
 			return add(E2ERegression74839, append(bb, File{Path: "regression-issue-74839", Mode: 0o755, Data: in.regression74839}),
 				v1.Config{Entrypoint: []string{"/regression-issue-74839"}})
 		},
+		// Upstream: k8s.io/sample-apiserver on alpine, ENTRYPOINT
+		// ["/sample-apiserver"]; the Aggregator spec passes only args
+		// (--etcd-servers, the certificates it mounts under
+		// /apiserver.local.config/certificates).
+		func() error {
+			return add(E2ESampleAPIServer, append(bb, File{Path: "sample-apiserver", Mode: 0o755, Data: in.sampleAPIServer}),
+				v1.Config{Entrypoint: []string{"/sample-apiserver"}})
+		},
+		// Upstream: etcd, etcdctl and etcdutl under /usr/local/bin on
+		// distroless. The Aggregator spec runs the sample-apiserver's
+		// store as a sidecar with Command ["/usr/local/bin/etcd", ...];
+		// etcd keeps its data under the working directory (default.etcd).
+		func() error {
+			return add(E2EEtcdRef, append(bb, File{Path: "usr/local/bin/etcd", Mode: 0o755, Data: in.etcd}, File{Path: "var/lib/etcd", Mode: 0o700, Dir: true}),
+				v1.Config{Cmd: []string{"/usr/local/bin/etcd"}, WorkingDir: "/var/lib/etcd"})
+		},
 		// The pause of the lab's sandboxes, compiled as v3.10.1.
 		func() error {
 			img, err := PauseImage(in.pause)
@@ -234,6 +254,8 @@ var E2EMoreTars = map[string]string{
 	E2ENonewprivsRef:   "e2e-nonewprivs.tar",
 	E2ERegression74839: "e2e-regression-issue-74839.tar",
 	E2EPauseRef:        "e2e-pause-3.10.1.tar",
+	E2ESampleAPIServer: "e2e-sample-apiserver.tar",
+	E2EEtcdRef:         "e2e-etcd.tar",
 }
 
 // checkBusybox fails unless the busybox is the pinned one.
@@ -262,7 +284,8 @@ func buildE2EMore(ctx context.Context, o Options, agnhost, busybox []byte, apple
 	for _, b := range []struct {
 		name string
 		dst  *[]byte
-	}{{"regression-issue-74839", &in.regression74839}, {"nonewprivs", &in.nnp}} {
+	}{{"regression-issue-74839", &in.regression74839}, {"nonewprivs", &in.nnp},
+		{"sample-apiserver", &in.sampleAPIServer}, {"etcd-static", &in.etcd}} {
 		if *b.dst, err = readStatic(filepath.Join(o.E2EBin, b.name)); err != nil {
 			return nil, fmt.Errorf("%w (make e2e-image-bins builds it)", err)
 		}

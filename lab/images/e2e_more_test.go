@@ -21,6 +21,8 @@ func TestE2EMoreImages(t *testing.T) {
 		pause:           []byte("pause"),
 		regression74839: []byte("r74839"),
 		nnp:             []byte("nnp"),
+		sampleAPIServer: []byte("sample-apiserver"),
+		etcd:            []byte("etcd"),
 		kitten:          []File{{Path: "kitten.jpg", Mode: 0o644, Data: []byte("jpg")}},
 		nautilus:        []File{{Path: "nautilus.jpg", Mode: 0o644, Data: []byte("jpg")}},
 	}
@@ -33,6 +35,7 @@ func TestE2EMoreImages(t *testing.T) {
 	}
 	type want struct {
 		cmd   []string
+		entry []string
 		user  string
 		files map[string]string // path: content ("" = any regular file or link)
 	}
@@ -46,6 +49,10 @@ func TestE2EMoreImages(t *testing.T) {
 		E2ENonewprivsRef:   {cmd: []string{"nnp"}, files: map[string]string{"usr/local/bin/nnp": "nnp"}},
 		E2ERegression74839: {files: map[string]string{"regression-issue-74839": "r74839"}},
 		E2EPauseRef:        {user: "65535:65535", files: map[string]string{"pause": "pause"}},
+		// The Aggregator spec gives the sample-apiserver only args, and
+		// runs its etcd sidecar as /usr/local/bin/etcd.
+		E2ESampleAPIServer: {entry: []string{"/sample-apiserver"}, files: map[string]string{"sample-apiserver": "sample-apiserver"}},
+		E2EEtcdRef:         {cmd: []string{"/usr/local/bin/etcd"}, files: map[string]string{"usr/local/bin/etcd": "etcd"}},
 	}
 	for ref, w := range cases {
 		img := imgs[ref]
@@ -64,6 +71,9 @@ func TestE2EMoreImages(t *testing.T) {
 		}
 		if w.cmd != nil && !reflect.DeepEqual(cf.Config.Cmd, w.cmd) {
 			t.Errorf("%s: cmd %q, want %q", ref, cf.Config.Cmd, w.cmd)
+		}
+		if w.entry != nil && !reflect.DeepEqual(cf.Config.Entrypoint, w.entry) {
+			t.Errorf("%s: entrypoint %q, want %q", ref, cf.Config.Entrypoint, w.entry)
 		}
 		if cf.Config.User != w.user {
 			t.Errorf("%s: user %q, want %q", ref, cf.Config.User, w.user)

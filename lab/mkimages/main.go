@@ -30,7 +30,7 @@ func main() {
 	e2e := flag.Bool("e2e", false, "build only the images e2e.test asks for: "+images.E2EAgnhostTar+" ("+images.E2EAgnhostRef+"; needs --agnhost) and, with --k8s-src and --e2e-bin, busybox, jessie-dnsutils, nginx, httpd and the rest (e2e-*.tar)")
 	flag.StringVar(&o.CoreDNS, "coredns", "", "build only "+images.CoreDNSTar+" ("+images.CoreDNSRef+") from this static coredns binary; with --e2e, put it into the e2e agnhost image as /coredns")
 	flag.StringVar(&o.K8sSrc, "k8s-src", "", "with --e2e: the pinned k8s.io/kubernetes module directory (pause.c, kitten and nautilus pages)")
-	flag.StringVar(&o.E2EBin, "e2e-bin", "", "with --e2e: directory holding static regression-issue-74839 and nonewprivs")
+	flag.StringVar(&o.E2EBin, "e2e-bin", "", "with --e2e: directory holding static regression-issue-74839, nonewprivs, sample-apiserver and etcd-static")
 	flag.Parse()
 	build := images.Build
 	if *e2e {
