@@ -42,7 +42,7 @@
  * stops one short). A SID naming it carries a flow between a node's
  * address and a pod, the external frontends' translated flows: its view
  * holds the other nodes' addresses, and a packet decapsulated in it is the
- * answer to a flow that node translated (xlb.h). */
+ * answer to a flow that node translated (underlay.c, xlb_in). */
 #define NODE_NET_ID 0xffff
 
 /* Drop reasons and forwarding counters. The comment of each is its name

@@ -189,7 +189,7 @@ struct svc_val {
 };
 #define SVC_DROP 1 /* no eligible backend here: drop, do not reject */
 /* An external frontend: a NodePort on a node address, a LoadBalancer
- * ingress address or an ExternalIP (xlb.h). Its service's ClusterIP and
+ * ingress address or an ExternalIP (underlay.c, xlb_in). Its service's ClusterIP and
  * port are the backend at BACKEND_CLUSTER_REF: who may reach the frontend
  * is who may reach that ClusterIP. */
 #define SVC_EXTERNAL 2
