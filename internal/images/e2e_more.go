@@ -70,15 +70,31 @@ type e2eMoreInputs struct {
 }
 
 // busyboxFiles is a minimal busybox root: the binary, its applets as links,
-// root and nobody, /tmp.
+// root and nobody, /tmp. Upstream's busybox image (Docker's) installs every
+// applet into /bin, and specs exec them there ("/bin/sysctl" in the Sysctls
+// specs), while Debian's busybox lists some under /sbin and /usr: each
+// applet is linked into /bin as well.
 func busyboxFiles(busybox []byte, applets []string) []File {
 	files := agnhostFiles(nil, busybox, applets)
 	var out []File
+	inBin := map[string]bool{}
 	for _, f := range files {
 		if f.Path == "agnhost" || f.Path == "agnhost-2" || f.Path == "uploads" {
 			continue
 		}
+		if filepath.Dir(f.Path) == "bin" {
+			inBin[f.Path] = true
+		}
 		out = append(out, f)
+	}
+	for _, f := range files {
+		if f.Link != "/bin/busybox" {
+			continue
+		}
+		if p := "bin/" + filepath.Base(f.Path); !inBin[p] {
+			inBin[p] = true
+			out = append(out, File{Path: p, Link: "/bin/busybox"})
+		}
 	}
 	return out
 }
