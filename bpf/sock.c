@@ -68,6 +68,26 @@ static __always_inline void remember_vip(struct bpf_sock_addr *ctx, __u8 family,
 	bpf_map_update_elem(&lace_sock_rnat, &rnk, &rnv, BPF_ANY);
 }
 
+/* sock_pick points the socket's addr:port (a VIP and service port) at
+ * the endpoint lb_pick chooses for client self, and remembers the VIP for
+ * recvmsg and getpeername: 0, or -1 when there is none to take (nothing
+ * changed). */
+static __always_inline int sock_pick(struct bpf_sock_addr *ctx, struct svc_val *sv, __u8 family, const __u8 *self, int mode,
+				     __u8 *addr, __u16 *port)
+{
+	__u8 be_addr[16];
+	__u16 be_port;
+	struct affinity_key ak;
+	struct affinity_val av;
+	if (lb_pick(sv, family, self, self, mode, &ak, &av, be_addr, &be_port))
+		return -1;
+	remember_vip(ctx, family, be_addr, be_port, addr, *port);
+	count(FWD_SERVICE);
+	__builtin_memcpy(addr, be_addr, 16);
+	*port = be_port;
+	return 0;
+}
+
 /* pod_hairpin takes the one choice a pod's own socket must make before
  * any packet exists: itself as the service's endpoint. Per packet, a
  * pod's flow to its own address could never come back out of it (its
@@ -121,16 +141,7 @@ static __always_inline int pod_hairpin(struct bpf_sock_addr *ctx, __u64 netns, _
 		return 1;
 	if (sv->count == 0 || sv->net_id != net_id)
 		return 1;
-	__u16 be_port;
-	__u8 be_addr[16];
-	struct affinity_key ak;
-	struct affinity_val av;
-	if (lb_pick(sv, family, self, self, LB_ONLY_SELF, &ak, &av, be_addr, &be_port))
-		return 1;
-	remember_vip(ctx, family, self, be_port, addr, *port);
-	count(FWD_SERVICE);
-	__builtin_memcpy(addr, self, 16);
-	*port = be_port;
+	sock_pick(ctx, sv, family, self, LB_ONLY_SELF, addr, port);
 	return 1;
 }
 
@@ -188,17 +199,7 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 family, __u
 			bpf_set_retval(-ECONNREFUSED_);
 		return 0;
 	}
-	__u8 be_addr[16];
-	__u16 be_port;
-	struct affinity_key ak;
-	struct affinity_val av;
-	if (lb_pick(sv, family, self, self, LB_ANY, &ak, &av, be_addr, &be_port))
-		return 0;
-	remember_vip(ctx, family, be_addr, be_port, addr, *port);
-	count(FWD_SERVICE);
-	__builtin_memcpy(addr, be_addr, 16);
-	*port = be_port;
-	return 1;
+	return sock_pick(ctx, sv, family, self, LB_ANY, addr, port) ? 0 : 1;
 }
 
 static __always_inline int to4(struct bpf_sock_addr *ctx)
