@@ -25,6 +25,7 @@ import (
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/model"
+	"github.com/lace-cni/lace/internal/tables"
 )
 
 // FieldManager is the agent's server-side-apply field manager.
@@ -121,18 +122,15 @@ func (a *Agent) desiredState(ctx context.Context) (model.NodeState, listed, []*d
 	}
 	in := listed{nets: nets.Items, ueps: ueps.Items}
 	in.addrs, in.addrsErr = a.node.UnderlayAddrs()
-	// The NodePorts are served on the first address of each family.
-	var nodeAddrs []netip.Addr
-	for _, ad := range in.addrs {
-		if !stdslices.ContainsFunc(nodeAddrs, func(b netip.Addr) bool { return b.Is4() == ad.Is4() }) {
-			nodeAddrs = append(nodeAddrs, ad)
-		}
-	}
 	var node corev1.Node
-	zone := ""
-	// The node's zone ("" when it has none, or the Node cannot be read).
 	if in.nodeErr = a.client.Get(ctx, types.NamespacedName{Name: a.opts.NodeName}, &node, client.UnsafeDisableDeepCopy); in.nodeErr == nil {
-		in.node, zone = &node, node.Labels[corev1.LabelTopologyZone]
+		in.node = &node
+	}
+	var hpods corev1.PodList
+	if a.hostPods != nil {
+		if err := a.hostPods.List(ctx, &hpods, client.UnsafeDisableDeepCopy); err != nil {
+			return model.NodeState{}, listed{}, nil, fmt.Errorf("list hostNetwork pods: %w", err)
+		}
 	}
 
 	a.computeMu.Lock()
@@ -145,15 +143,6 @@ func (a *Agent) desiredState(ctx context.Context) (model.NodeState, listed, []*d
 	nssChanged := c.nss.update(len(nss.Items), func(i int) client.Object { return &nss.Items[i] })
 	allocsChanged := c.allocs.update(len(allocs.Items), func(i int) client.Object { return &allocs.Items[i] })
 	uepsChanged := c.ueps.update(len(ueps.Items), func(i int) client.Object { return &ueps.Items[i] })
-	// Only the underlay addresses the model accepts are believed (a node
-	// writes its own UnderlayEndpoint and could claim anything); they
-	// depend on the Nodes' reported addresses and the reserved ranges
-	// too, so the result is compared, not the objects' versions.
-	accepted, _ := model.AcceptUnderlays(model.UnderlayInput{Underlays: ueps.Items, Nodes: nodes.Items, Networks: nets.Items,
-		ServiceCIDRs: model.ServiceCIDRPrefixes(cidrs.Items), LoadBalancerPools: lbcs.Items, AllowedExternalIPs: a.opts.AllowedExternalIPs})
-	if acc := acceptedAddrs(accepted); !maps.EqualFunc(acc, c.accepted, stdslices.Equal[[]lacev1.IPAddress]) {
-		c.accepted, uepsChanged = acc, true
-	}
 	nrpsChanged := c.nrps.update(len(nrps.Items), func(i int) client.Object { return &nrps.Items[i] })
 	srpsChanged := c.srps.update(len(srps.Items), func(i int) client.Object { return &srps.Items[i] })
 	cidrsChanged := c.cidrs.update(len(cidrs.Items), func(i int) client.Object { return &cidrs.Items[i] })
@@ -163,43 +152,52 @@ func (a *Agent) desiredState(ctx context.Context) (model.NodeState, listed, []*d
 			c.nsLabels[ns.Name] = ns.Labels
 		}
 	}
-	zoneChanged := !c.computed || zone != c.zone || !stdslices.Equal(nodeAddrs, c.nodeAddrs)
-	c.zone, c.nodeAddrs = zone, nodeAddrs
-	// Every Node's addresses are reserved too (model.ReservedHosts): the
-	// controller reads the same (listReserved) to report what the agents
-	// refuse.
-	reserved := append(model.ReservedFor(accepted, nets.Items, model.ServiceCIDRPrefixes(cidrs.Items)),
-		model.ReservedHosts(nodes.Items, slices)...)
-	reservedChanged := !stdslices.Equal(reserved, c.reserved)
-	c.reserved = reserved
-	var hostEPs model.HostEndpoints
-	if a.hostPods != nil {
-		var hpods corev1.PodList
-		if err := a.hostPods.List(ctx, &hpods, client.UnsafeDisableDeepCopy); err != nil {
-			return model.NodeState{}, listed{}, nil, fmt.Errorf("list hostNetwork pods: %w", err)
-		}
-		hostEPs = model.NewHostEndpoints(nodes.Items, accepted, slices, hpods.Items)
-	}
-	hostEPsChanged := !hostEPs.Equal(c.hostEPs)
-	c.hostEPs = hostEPs
-	svcState, vips, vipsChanged := c.services.update(model.ServiceInput{Node: a.opts.NodeName, Zone: zone,
-		Networks: nets.Items, BindingPolicies: nbps.Items, NetworkEndpoints: neps.Items, Namespaces: c.nsLabels,
-		NodeAddrs: nodeAddrs, Reserved: reserved, AllowedExternalIPs: a.opts.AllowedExternalIPs, HostEndpoints: hostEPs},
-		hostEPsChanged || zoneChanged || reservedChanged || netsChanged || nbpsChanged || nepsChanged || nssChanged || uepsChanged || cidrsChanged, svcs, slices)
-	if !c.computed || vipsChanged || netsChanged || nssChanged || allocsChanged || uepsChanged || nrpsChanged || srpsChanged || cidrsChanged {
-		c.node = model.ComputeNode(model.NodeInput{Node: a.opts.NodeName, Networks: nets.Items, Allocations: allocs.Items,
-			Underlays: accepted, RoutingPolicies: nrps.Items, Services: vips, ServiceRoutingPolicies: srps.Items,
-			Namespaces: c.nsLabels, ServiceCIDRs: model.ServiceCIDRPrefixes(cidrs.Items)})
-	}
-	c.computed = true
-	a.reportRefused(c)
-	st := c.node
-	st.Services = model.GateNodePorts(svcState.Services, &st)
-	st.HealthChecks = svcState.HealthChecks
-	if st.Services, err = a.hostPorts(ctx, in.node, in.addrs, st.Services, st.HealthChecks, slices); err != nil {
+	// The model assembles the node's state (model.ComputeDesired); the
+	// stages here keep their results and compute again only what the
+	// changed inputs reach.
+	var vipsChanged bool
+	d, err := model.ComputeDesired(model.DesiredInput{Node: a.opts.NodeName, Networks: nets.Items, Allocations: allocs.Items,
+		RoutingPolicies: nrps.Items, ServiceRoutingPolicies: srps.Items, BindingPolicies: nbps.Items, NetworkEndpoints: neps.Items,
+		Namespaces: c.nsLabels, ServiceCIDRs: cidrs.Items, Nodes: nodes.Items, LoadBalancerClasses: lbcs.Items, Underlays: ueps.Items,
+		Services: svcs, EndpointSlices: slices, CheckHostEndpoints: a.hostPods != nil, HostNetworkPods: hpods.Items,
+		Addrs: in.addrs, AllowedExternalIPs: a.opts.AllowedExternalIPs,
+		Stages: model.DesiredStages{
+			Services: func(d *model.NodeDesired, shared model.ServiceInput, svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice) (model.ServiceState, []model.ServiceVIPs) {
+				// Only the underlay addresses the model accepts are
+				// believed (a node writes its own UnderlayEndpoint and
+				// could claim anything); they depend on the Nodes'
+				// reported addresses and the reserved ranges too, so the
+				// result is compared, not the objects' versions.
+				if acc := acceptedAddrs(d.Underlays); !maps.EqualFunc(acc, c.accepted, stdslices.Equal[[]lacev1.IPAddress]) {
+					c.accepted, uepsChanged = acc, true
+				}
+				zoneChanged := !c.computed || d.Zone != c.zone || !stdslices.Equal(d.NodeAddrs, c.nodeAddrs)
+				c.zone, c.nodeAddrs = d.Zone, d.NodeAddrs
+				reservedChanged := !stdslices.Equal(d.Reserved, c.reserved)
+				c.reserved = d.Reserved
+				hostEPsChanged := !d.HostEndpoints.Equal(c.hostEPs)
+				c.hostEPs = d.HostEndpoints
+				st, vips, changed := c.services.update(shared,
+					hostEPsChanged || zoneChanged || reservedChanged || netsChanged || nbpsChanged || nepsChanged || nssChanged || uepsChanged || cidrsChanged, svcs, slices)
+				vipsChanged = changed
+				return st, vips
+			},
+			Views: func(_ *model.NodeDesired, ni model.NodeInput) model.NodeState {
+				if !c.computed || vipsChanged || netsChanged || nssChanged || allocsChanged || uepsChanged || nrpsChanged || srpsChanged || cidrsChanged {
+					c.node = model.ComputeNode(ni)
+				}
+				c.computed = true
+				a.reportRefused(c)
+				return c.node
+			},
+			HostPorts: func(d *model.NodeDesired) ([]tables.Service, error) {
+				return a.hostPorts(ctx, in.node, in.addrs, d.NodeState.Services, d.HealthChecks, slices)
+			},
+		}})
+	if err != nil {
 		return model.NodeState{}, listed{}, nil, err
 	}
-	return st, in, slices, nil
+	return d.NodeState, in, slices, nil
 }
 
 // computeCache is what desiredState keeps between computations.
