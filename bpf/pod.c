@@ -24,7 +24,7 @@
 #include "icmp.h"
 #include "ct.h"
 #include "fwd.h"
-#include "frontend.h"
+#include "lb.h"
 
 /* is_reply_to_host accepts what a pod may send to its node unasked: TCP
  * segments that do not open a connection (no SYN without ACK: the node's
@@ -136,26 +136,20 @@ static __noinline int to_service(struct __sk_buff *skb, struct pkt *p, struct ct
 		drop(DROP_NO_SERVICE_PORT);
 		return RET_PORT_UNREACH;
 	}
-	if (sv->flags & SVC_EXTERNAL) {
-		/* An external frontend reached from a pod: admitted as its
-		 * ClusterIP would be. */
-		if (sv->flags & SVC_CLOSED)
-			return drop(DROP_FRONTEND_CLOSED);
-		struct backend_val *ref = cluster_ref(sv->id);
-		if (!ref || !frontend_admits(k->net_id, p->family, sv->flags, ref->addr, sv->net_id))
-			return drop(DROP_ISOLATED);
-		if ((sv->flags & SVC_SRC_RANGES) && !source_admitted(sv->id, p->family, p->saddr))
-			return drop(DROP_SOURCE_RANGE);
-		if ((sv->flags & SVC_LOCAL) && !(sv = cluster_service(p->family, p->proto, ref)))
-			return drop(DROP_NO_SERVICE_PORT);
-	}
-	__u32 id = sv->id, net = sv->net_id, n = sv->count, affinity = sv->affinity;
-	if (n == 0) {
-		if (sv->flags & SVC_DROP)
-			return drop(DROP_NO_LOCAL_BACKEND);
-		drop(DROP_NO_BACKEND);
+	/* A ClusterIP was admitted by the view lookup that brought the packet
+	 * here; an external frontend reached from a pod is admitted as its
+	 * ClusterIP would be. */
+	int why = lb_admit(&sv, k->net_id, p->family, p->proto, p->daddr, p->saddr, LB_IN_CLUSTER | LB_VIEW_CHECKED);
+	if (why)
+		return drop(why);
+	__u32 net = sv->net_id;
+	why = lb_no_endpoint(sv);
+	if (why == DROP_NO_BACKEND) {
+		drop(why);
 		return RET_PORT_UNREACH;
 	}
+	if (why)
+		return drop(why);
 	*svc_net = net;
 	__u8 be_addr[16];
 	__u16 be_port;
@@ -170,39 +164,16 @@ static __noinline int to_service(struct __sk_buff *skb, struct pkt *p, struct ct
 	} else {
 		ct = NULL;
 		/* ClientIP affinity: the client's endpoint while it lasts (the
-		 * agent forgets entries of endpoints that leave). */
-		struct affinity_key ak = {.id = id, .family = p->family};
-		__builtin_memcpy(ak.client, p->saddr, 16);
-		struct affinity_val *af = affinity ? bpf_map_lookup_elem(&lace_affinity, &ak) : NULL;
-		__u64 now = bpf_ktime_get_ns();
-		if (af && af->expires > now) {
-			__builtin_memcpy(be_addr, af->addr, 16);
-			be_port = af->port;
-			af->expires = now + (__u64)affinity * NSEC;
-		} else {
-			/* A pod whose TCP sockets pass the socket hooks had its
-			 * 1/n chance at itself there (translated to its own
-			 * address, the flow never leaves it): drawn here, it is
-			 * drawn again among the others, each then 1/n overall.
-			 * Only itself: hairpin below. */
-			__u32 r = bpf_get_prandom_u32() % n;
-			struct backend_key bk = {.id = id, .index = r};
-			struct backend_val *be = bpf_map_lookup_elem(&lace_backends, &bk);
-			if (be && sock_lb && n > 1 && own_net && p->proto == IPPROTO_TCP && eq16(be->addr, p->saddr)) {
-				__u32 r2 = bpf_get_prandom_u32() % (n - 1);
-				bk.index = r2 >= r ? r2 + 1 : r2;
-				be = bpf_map_lookup_elem(&lace_backends, &bk);
-			}
-			if (!be)
-				return drop(DROP_NO_BACKEND);
-			__builtin_memcpy(be_addr, be->addr, 16);
-			be_port = be->port;
-			if (affinity) {
-				struct affinity_val nv = {.expires = now + (__u64)affinity * NSEC, .port = be_port};
-				__builtin_memcpy(nv.addr, be_addr, 16);
-				bpf_map_update_elem(&lace_affinity, &ak, &nv, BPF_ANY);
-			}
-		}
+		 * agent forgets entries of endpoints that leave). A pod whose
+		 * TCP sockets pass the socket hooks had its 1/n chance at
+		 * itself there (translated to its own address, the flow never
+		 * leaves it): drawn here, it is drawn again among the others.
+		 * Only itself: hairpin below. */
+		struct affinity_key ak;
+		struct affinity_val av;
+		int mode = sock_lb && own_net && p->proto == IPPROTO_TCP ? LB_NOT_SELF : LB_ANY;
+		if (lb_pick(sv, p->family, p->saddr, p->saddr, mode, &ak, &av, be_addr, &be_port))
+			return drop(DROP_NO_BACKEND);
 		struct ct_val v = {.peer_net = net, .flags = CT_ORIGIN_LOCAL | CT_SERVICE, .nat_port = be_port};
 		__builtin_memcpy(v.nat_addr, be_addr, 16);
 		ct_refresh(&v, p, 1);

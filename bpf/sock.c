@@ -24,7 +24,7 @@
  * (the ICMP port unreachable per packet); other refusals EPERM. */
 #include "lace.h"
 #include "ct.h"
-#include "frontend.h"
+#include "lb.h"
 
 #define SOCK_STREAM 1
 #define SOCK_DGRAM 2
@@ -66,6 +66,26 @@ static __always_inline void remember_vip(struct bpf_sock_addr *ctx, __u8 family,
 	struct sock_rnat_val rnv = {.port = vport};
 	__builtin_memcpy(rnv.vip, vip, 16);
 	bpf_map_update_elem(&lace_sock_rnat, &rnk, &rnv, BPF_ANY);
+}
+
+/* sock_pick points the socket's addr:port (a VIP and service port) at
+ * the endpoint lb_pick chooses for client self, and remembers the VIP for
+ * recvmsg and getpeername: 0, or -1 when there is none to take (nothing
+ * changed). */
+static __always_inline int sock_pick(struct bpf_sock_addr *ctx, struct svc_val *sv, __u8 family, const __u8 *self, int mode,
+				     __u8 *addr, __u16 *port)
+{
+	__u8 be_addr[16];
+	__u16 be_port;
+	struct affinity_key ak;
+	struct affinity_val av;
+	if (lb_pick(sv, family, self, self, mode, &ak, &av, be_addr, &be_port))
+		return -1;
+	remember_vip(ctx, family, be_addr, be_port, addr, *port);
+	count(FWD_SERVICE);
+	__builtin_memcpy(addr, be_addr, 16);
+	*port = be_port;
+	return 0;
 }
 
 /* pod_hairpin takes the one choice a pod's own socket must make before
@@ -110,49 +130,18 @@ static __always_inline int pod_hairpin(struct bpf_sock_addr *ctx, __u64 netns, _
 	struct svc_val *sv = bpf_map_lookup_elem(&lace_services, &sk);
 	if (!sv)
 		return 1;
-	if (sv->flags & SVC_EXTERNAL) {
-		/* A frontend of the service: admitted as its ClusterIP (refusals
-		 * are from_pod's to count). */
-		if (sv->flags & (SVC_CLOSED | SVC_SRC_RANGES))
-			return 1;
-		struct backend_val *ref = cluster_ref(sv->id);
-		if (!ref || !frontend_admits(net_id, family, sv->flags, ref->addr, sv->net_id))
-			return 1;
-		if ((sv->flags & SVC_LOCAL) && !(sv = cluster_service(family, IPPROTO_TCP, ref)))
-			return 1;
-	} else if (!reaches_service(net_id, family, addr, sv->net_id)) {
+	/* A frontend of the service is admitted as its ClusterIP; refusals
+	 * are from_pod's to count. A frontend with loadBalancerSourceRanges
+	 * is left to from_pod whatever the pod's address, as it always was
+	 * (so a pod the ranges admit never draws itself there: from_pod
+	 * draws among the others). */
+	if ((sv->flags & SVC_EXTERNAL) && (sv->flags & SVC_SRC_RANGES))
 		return 1;
-	}
+	if (lb_admit(&sv, net_id, family, IPPROTO_TCP, addr, self, LB_IN_CLUSTER))
+		return 1;
 	if (sv->count == 0 || sv->net_id != net_id)
 		return 1;
-	__u32 n = sv->count, id = sv->id, affinity = sv->affinity;
-	__u64 now = bpf_ktime_get_ns();
-	__u16 be_port;
-
-	struct affinity_key ak = {.id = id, .family = family};
-	__builtin_memcpy(ak.client, self, 16);
-	struct affinity_val *af = affinity ? bpf_map_lookup_elem(&lace_affinity, &ak) : NULL;
-	if (af && af->expires > now) {
-		if (!eq16(af->addr, self))
-			return 1;
-		be_port = af->port;
-		af->expires = now + (__u64)affinity * NSEC;
-	} else {
-		struct backend_key bk = {.id = id, .index = bpf_get_prandom_u32() % n};
-		struct backend_val *be = bpf_map_lookup_elem(&lace_backends, &bk);
-		if (!be || !eq16(be->addr, self))
-			return 1;
-		be_port = be->port;
-		if (affinity) {
-			struct affinity_val nv = {.expires = now + (__u64)affinity * NSEC, .port = be_port};
-			__builtin_memcpy(nv.addr, self, 16);
-			bpf_map_update_elem(&lace_affinity, &ak, &nv, BPF_ANY);
-		}
-	}
-	remember_vip(ctx, family, self, be_port, addr, *port);
-	count(FWD_SERVICE);
-	__builtin_memcpy(addr, self, 16);
-	*port = be_port;
+	sock_pick(ctx, sv, family, self, LB_ONLY_SELF, addr, port);
 	return 1;
 }
 
@@ -185,76 +174,32 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 family, __u
 	if ((sv->flags & SVC_EXTERNAL) && ((sv->flags >> SVC_KIND_SHIFT) & SVC_KIND_MASK) == SVC_KIND_EXTERNAL_IP)
 		return 1;
 	__u32 view = family == LACE_FAMILY_V4 ? cfg->host_net4 : cfg->host_net6;
-	if (sv->flags & SVC_EXTERNAL) {
-		/* A frontend (this node's NodePort, a LoadBalancer or external
-		 * IP): admitted as the service's ClusterIP. */
-		if (sv->flags & SVC_CLOSED) {
-			drop(DROP_FRONTEND_CLOSED);
-			return 0;
-		}
-		struct backend_val *ref = cluster_ref(sv->id);
-		if (!ref || !frontend_admits(view, family, sv->flags, ref->addr, sv->net_id)) {
-			drop(DROP_ISOLATED);
-			return 0;
-		}
-		__u8 self[16] = {};
-		if (family == LACE_FAMILY_V4)
-			__builtin_memcpy(self, cfg->underlay_ip4, 4);
-		else
-			__builtin_memcpy(self, cfg->underlay_ip6, 16);
-		if ((sv->flags & SVC_SRC_RANGES) && !source_admitted(sv->id, family, self)) {
-			drop(DROP_SOURCE_RANGE);
-			return 0;
-		}
-		if ((sv->flags & SVC_LOCAL) && !(sv = cluster_service(family, proto, ref)))
-			return 1;
-	} else if (!reaches_service(view, family, addr, sv->net_id)) {
-		drop(DROP_ISOLATED);
+	/* The node is the client: its underlay address is judged by the
+	 * source ranges and keys its affinity. */
+	__u8 self[16] = {};
+	if (family == LACE_FAMILY_V4)
+		__builtin_memcpy(self, cfg->underlay_ip4, 4);
+	else
+		__builtin_memcpy(self, cfg->underlay_ip6, 16);
+	int why = lb_admit(&sv, view, family, proto, addr, self, LB_IN_CLUSTER);
+	/* A Local frontend whose ClusterIP entry is missing is no service
+	 * here, as a VIP without an entry: the connect goes on untouched. */
+	if (why == DROP_NO_SERVICE_PORT)
+		return 1;
+	if (why) {
+		drop(why);
 		return 0;
 	}
-	__u32 n = sv->count, id = sv->id, affinity = sv->affinity;
-	if (n == 0) {
-		if (sv->flags & SVC_DROP) {
-			drop(DROP_NO_LOCAL_BACKEND);
-			return 0;
-		}
+	why = lb_no_endpoint(sv);
+	if (why) {
+		drop(why);
 		/* Rejected, as kube-proxy's ICMP port unreachable is: the
 		 * caller sees connection refused at once. */
-		drop(DROP_NO_BACKEND);
-		bpf_set_retval(-ECONNREFUSED_);
+		if (why == DROP_NO_BACKEND)
+			bpf_set_retval(-ECONNREFUSED_);
 		return 0;
 	}
-	__u8 be_addr[16];
-	__u16 be_port;
-	struct affinity_key ak = {.id = id, .family = family};
-	if (family == LACE_FAMILY_V4)
-		__builtin_memcpy(ak.client, cfg->underlay_ip4, 4);
-	else
-		__builtin_memcpy(ak.client, cfg->underlay_ip6, 16);
-	struct affinity_val *af = affinity ? bpf_map_lookup_elem(&lace_affinity, &ak) : NULL;
-	__u64 now = bpf_ktime_get_ns();
-	if (af && af->expires > now) {
-		__builtin_memcpy(be_addr, af->addr, 16);
-		be_port = af->port;
-		af->expires = now + (__u64)affinity * 1000000000ULL;
-	} else {
-		struct backend_key bk = {.id = id, .index = bpf_get_prandom_u32() % n};
-		struct backend_val *be = bpf_map_lookup_elem(&lace_backends, &bk);
-		if (!be)
-			return 0;
-		__builtin_memcpy(be_addr, be->addr, 16);
-		be_port = be->port;
-		if (affinity) {
-			struct affinity_val nv = {.expires = now + (__u64)affinity * 1000000000ULL, .port = be_port};
-			__builtin_memcpy(nv.addr, be_addr, 16);
-			bpf_map_update_elem(&lace_affinity, &ak, &nv, BPF_ANY);
-		}
-	}
-	remember_vip(ctx, family, be_addr, be_port, addr, *port);
-	count(FWD_SERVICE);
-	__builtin_memcpy(addr, be_addr, 16);
-	*port = be_port;
-	return 1;
+	return sock_pick(ctx, sv, family, self, LB_ANY, addr, port) ? 0 : 1;
 }
 
 static __always_inline int to4(struct bpf_sock_addr *ctx)

@@ -30,7 +30,7 @@
  * LACE_CFG_UNDERLAY_GUARD, and plain IP passes (no pod is attached before). */
 #include "lace.h"
 #include "fwd.h"
-#include "frontend.h"
+#include "lb.h"
 #include "announce.h"
 #include "icmp.h"
 
@@ -134,6 +134,7 @@ struct xlb_scratch {
 	struct affinity_val av;
 	struct route_key rtk;
 	struct snat_key fk; /* a destination without a free node port */
+	struct ep_key epk; /* the endpoint, in lace_endpoints */
 	__u8 be[16];
 	__u8 front[16];
 	__u8 node[16];
@@ -146,38 +147,6 @@ struct {
 	__type(key, __u32);
 	__type(value, struct xlb_scratch);
 } lace_xlb_scratch SEC(".maps");
-
-/* xlb_pick chooses the endpoint of a new flow to frontend sv into x->be
- * (ClientIP affinity as for a ClusterIP). */
-static __always_inline int xlb_pick(struct xlb_scratch *x, struct pkt *p, struct svc_val *sv, __u16 *be_port)
-{
-	__builtin_memset(&x->ak, 0, sizeof(x->ak));
-	x->ak.id = sv->id;
-	x->ak.family = p->family;
-	__builtin_memcpy(x->ak.client, p->saddr, 16);
-	struct affinity_val *af = sv->affinity ? bpf_map_lookup_elem(&lace_affinity, &x->ak) : NULL;
-	__u64 now = bpf_ktime_get_ns();
-	if (af && af->expires > now) {
-		__builtin_memcpy(x->be, af->addr, 16);
-		*be_port = af->port;
-		af->expires = now + (__u64)sv->affinity * NSEC;
-		return 0;
-	}
-	struct backend_key bk = {.id = sv->id, .index = bpf_get_prandom_u32() % sv->count};
-	struct backend_val *be = bpf_map_lookup_elem(&lace_backends, &bk);
-	if (!be)
-		return -1;
-	__builtin_memcpy(x->be, be->addr, 16);
-	*be_port = be->port;
-	if (sv->affinity) {
-		__builtin_memset(&x->av, 0, sizeof(x->av));
-		x->av.expires = now + (__u64)sv->affinity * NSEC;
-		x->av.port = be->port;
-		__builtin_memcpy(x->av.addr, be->addr, 16);
-		bpf_map_update_elem(&lace_affinity, &x->ak, &x->av, BPF_ANY);
-	}
-	return 0;
-}
 
 /* xlb_port finds the node's port for a translated flow to endpoint
  * x->be:be_port and records how to turn its answers back. */
@@ -288,17 +257,15 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 	struct svc_val *svp = frontend(p->family, p->proto, p->dport, p->daddr);
 	if (!svp)
 		return drop(DROP_NO_SERVICE_PORT);
+	/* An outside client: no LB_IN_CLUSTER, externalTrafficPolicy Local
+	 * keeps it on the frontend's own (node-local) endpoints. A source in
+	 * no external network is refused as such, after a closed frontend. */
 	struct svc_val sv = *svp;
-	if (sv.flags & SVC_CLOSED)
-		return drop(DROP_FRONTEND_CLOSED);
+	svp = &sv;
 	__u32 ext = classify(p);
-	if (!ext)
-		return drop(DROP_UNCLASSIFIED);
-	struct backend_val *ref = cluster_ref(sv.id);
-	if (!ref || !frontend_admits(ext, p->family, sv.flags, ref->addr, sv.net_id))
-		return drop(DROP_ISOLATED);
-	if ((sv.flags & SVC_SRC_RANGES) && !source_admitted(sv.id, p->family, p->saddr))
-		return drop(DROP_SOURCE_RANGE);
+	int why = lb_admit(&svp, ext, p->family, p->proto, p->daddr, p->saddr, 0);
+	if (why)
+		return drop(!ext && why == DROP_ISOLATED ? DROP_UNCLASSIFIED : why);
 	if (p->ttl <= 1)
 		return drop(DROP_TTL);
 
@@ -320,13 +287,16 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 	}
 	if (!ct) {
 		nport = 0;
-		if (sv.count == 0)
-			return drop(sv.flags & SVC_DROP ? DROP_NO_LOCAL_BACKEND : DROP_NO_BACKEND);
-		if (xlb_pick(x, p, &sv, &be_port))
+		why = lb_no_endpoint(&sv);
+		if (why)
+			return drop(why);
+		if (lb_pick(&sv, p->family, p->saddr, p->saddr, LB_ANY, &x->ak, &x->av, x->be, &be_port))
 			return drop(DROP_NO_BACKEND);
-		struct ep_key ek = {.net_id = sv.net_id, .family = p->family};
-		__builtin_memcpy(ek.addr, x->be, 16);
-		if (!bpf_map_lookup_elem(&lace_endpoints, &ek) && !host_addr(p->family, x->be)) {
+		__builtin_memset(&x->epk, 0, sizeof(x->epk));
+		x->epk.net_id = sv.net_id;
+		x->epk.family = p->family;
+		__builtin_memcpy(x->epk.addr, x->be, 16);
+		if (!bpf_map_lookup_elem(&lace_endpoints, &x->epk) && !host_addr(p->family, x->be)) {
 			/* Elsewhere: only Cluster's endpoints are (Local's are
 			 * all here; a hostNetwork pod of this node is at one of
 			 * its addresses). */

@@ -71,7 +71,7 @@ type (
 	Classifier = tables.Classifier
 )
 
-// route_val.flags (lace.h): the kind of a view entry.
+// route_val.flags (bpf/include/maps.h): the kind of a view entry.
 const (
 	routeLocal    = 1
 	routeSubnet   = 2
@@ -187,7 +187,7 @@ func (d *Datapath) Endpoints() ([]Endpoint, error) {
 	return out, it.Err()
 }
 
-// port_val.flags (lace.h).
+// port_val.flags (bpf/include/maps.h).
 const (
 	portHasV4  = 1
 	portHasV6  = 2

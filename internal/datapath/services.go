@@ -17,7 +17,7 @@ type (
 	Backend = tables.Backend
 )
 
-// svc_val.flags (lace.h).
+// svc_val.flags (bpf/include/maps.h).
 const (
 	svcDrop      = 1
 	svcExternal  = 2

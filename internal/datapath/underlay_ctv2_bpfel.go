@@ -249,6 +249,7 @@ type underlayXlbScratch struct {
 	Av    underlayAffinityVal
 	Rtk   underlayRouteKey
 	Fk    underlaySnatKey
+	Epk   underlayEpKey
 	Be    [16]uint8
 	Front [16]uint8
 	Node  [16]uint8

@@ -36,7 +36,7 @@ func SID(locator netip.Prefix, behaviour uint8, srcNet, dstNet uint32) netip.Add
 // RouteKind says what a view entry does with a new flow.
 type RouteKind uint8
 
-// Route kinds (route_val.flags in lace.h).
+// Route kinds (route_val.flags in bpf/include/maps.h).
 const (
 	// RouteRemote: a block of a pod network on another node: encapsulate
 	// to SID.
@@ -80,7 +80,7 @@ type Classifier struct {
 // InsideKind says why a prefix is inside the cluster.
 type InsideKind uint32
 
-// Inside kinds (lace.h INSIDE_*).
+// Inside kinds (bpf/include/maps.h INSIDE_*).
 const (
 	InsidePodSubnet    InsideKind = 1
 	InsideServiceRange InsideKind = 2
