@@ -174,8 +174,6 @@ type Agent struct {
 	// L2 announcements (l2, nil without a lease namespace).
 	health *healthChecks
 	l2     *announcer
-	// routes mirrors the views map (the applier's alone).
-	routes routeMirror
 
 	mu sync.Mutex
 	// state is the node's desired state; haveState once computed.
@@ -426,6 +424,25 @@ func (a *Agent) reclaimSNAT() {
 	}
 }
 
+// checkTables compares the maps the agent programs with what it wrote and
+// repairs what differs (the data plane's tables never read the kernel
+// otherwise): a missed write or someone else's never lasts longer than a
+// resync period.
+func (a *Agent) checkTables() {
+	c, ok := a.dp.(interface{ CheckTables() (map[string]int, error) })
+	if !ok {
+		return
+	}
+	repaired, err := c.CheckTables()
+	if err != nil {
+		a.log.Info("check the data plane's maps", "err", err)
+	}
+	for m, n := range repaired {
+		tableRepairs.WithLabelValues(m).Add(float64(n))
+		a.log.Warn("repaired entries of a data plane map that differed from what the agent wrote", "map", m, "entries", n)
+	}
+}
+
 // resync replays the DELs queued while the agent was unreachable (at
 // start, and periodically for one queued while it restarted) and triggers
 // a full reconcile periodically, so a missed event never leaves the node
@@ -451,6 +468,7 @@ func (a *Agent) resync(ctx context.Context) error {
 			if _, err := a.reconcile(ctx, nodeKey); err != nil {
 				a.log.Info("periodic resync failed", "err", err)
 			}
+			a.checkTables()
 		}
 	}
 }

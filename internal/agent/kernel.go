@@ -50,6 +50,17 @@ type dataplane interface {
 	DeleteHostAddr(netip.Addr) error
 	HostAddrs() ([]netip.Addr, error)
 	MapSizes() (map[string]int, error)
+	// The Sync methods make a table exactly the desired entries, judged
+	// against what was written to it (no kernel read-back).
+	SyncHostAddrs([]netip.Addr) error
+	SyncNodes([]netip.Addr) error
+	SyncNodeLocators([]datapath.NodeLocator) error
+	SyncNetworks([]datapath.Network) error
+	SyncRoutes([]datapath.Route) error
+	SyncClassifiers([]datapath.Classifier) error
+	SyncInsides([]datapath.Inside) error
+	SyncEndpoints(want []datapath.Endpoint, busy func(netID uint32, a netip.Addr) bool) error
+	SyncPorts(want []datapath.Port, busy func(ifindex uint32) bool) error
 	SetAnnounced(vips []netip.Addr, mac net.HardwareAddr, ttl time.Duration) error
 	Drops() (map[string]uint64, error)
 	Forwarded() (map[string]uint64, error)

@@ -8,6 +8,8 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/lace-cni/lace/internal/dpmetrics"
 )
 
 // Programming metrics, as kube-proxy reports them
@@ -24,10 +26,14 @@ var (
 			" annotation) to the node's data plane serving it.",
 		Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
 	})
+	tableRepairs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: dpmetrics.TableRepairs,
+		Help: "Entries of the data plane maps the agent programs that differed from what it wrote (deleted, added or changed by someone else) and were repaired by the periodic check.",
+	}, []string{dpmetrics.LabelMap})
 )
 
 func init() {
-	for _, c := range []prometheus.Collector{syncDuration, programmingDuration} {
+	for _, c := range []prometheus.Collector{syncDuration, programmingDuration, tableRepairs} {
 		_ = registerCollector(metrics.Registry, c)
 	}
 }

@@ -399,30 +399,19 @@ func (a *Agent) apply(st model.NodeState) error {
 	}
 	// The node's own addresses go first: the underlay guard drops plain IP
 	// to anything else, so it is armed only once they are all written.
-	curHost, err := a.dp.HostAddrs()
-	if err == nil {
-		err = syncSet(curHost, own, a.dp.UpsertHostAddr, a.dp.DeleteHostAddr)
-	}
-	if err != nil {
+	// Each table is synced against what was written to it (datapath's
+	// reconciler), never read back from the kernel.
+	if err := a.dp.SyncHostAddrs(own); err != nil {
 		return fmt.Errorf("host addresses: %w", err)
 	}
 	wantCfg := datapath.Config{UnderlayIP: v6, UnderlayIPv4: v4, Locator: st.Locator, UnderlayIfIndex: uint32(ethIndex),
 		GuardUnderlay: len(own) > 0, HostNetNS: a.hostNetNS,
 		HostNet4: model.ClassifyAddr(st.Classifiers, v4), HostNet6: model.ClassifyAddr(st.Classifiers, v6)}
-	if cur, err := a.dp.Config(); err != nil || cur != wantCfg {
-		if err := a.dp.SetConfig(wantCfg); err != nil {
-			return fmt.Errorf("set config: %w", err)
-		}
+	if err := a.dp.SetConfig(wantCfg); err != nil { // written only when it changes
+		return fmt.Errorf("set config: %w", err)
 	}
 	var errs []error
-	curNodes, err := a.dp.Nodes()
-	errs = append(errs, err, syncSet(curNodes, st.Nodes, a.dp.UpsertNode, a.dp.DeleteNode))
-	curLocs, err := a.dp.NodeLocators()
-	errs = append(errs, err, syncListEq(curLocs, st.NodeLocators, func(n datapath.NodeLocator) netip.Addr { return n.Addr },
-		a.dp.UpsertNodeLocator, func(n datapath.NodeLocator) error { return a.dp.DeleteNodeLocator(n.Addr) }))
-	curNets, err := a.dp.Networks()
-	errs = append(errs, err, syncListEq(curNets, st.Networks, func(n datapath.Network) uint32 { return n.ID },
-		a.dp.UpsertNetwork, func(n datapath.Network) error { return a.dp.DeleteNetwork(n.ID) }))
+	errs = append(errs, a.dp.SyncNodes(st.Nodes), a.dp.SyncNodeLocators(st.NodeLocators), a.dp.SyncNetworks(st.Networks))
 	// Services before the views that reach their VIPs, so a new VIP is
 	// never looked up before it is served. Flows to endpoints that left a
 	// service are forgotten (a UDP client is never black-holed).
@@ -435,13 +424,7 @@ func (a *Agent) apply(st model.NodeState) error {
 			a.log.Info("forgot flows to endpoints that left their service", "flows", n)
 		}
 	}
-	errs = append(errs, a.routes.sync(a.dp, st.Routes))
-	curCls, err := a.dp.Classifiers()
-	errs = append(errs, err, syncListEq(curCls, st.Classifiers, func(c datapath.Classifier) netip.Prefix { return c.Prefix },
-		a.dp.UpsertClassifier, func(c datapath.Classifier) error { return a.dp.DeleteClassifier(c.Prefix) }))
-	curInside, err := a.dp.Insides()
-	errs = append(errs, err, syncListEq(curInside, st.Inside, func(c datapath.Inside) netip.Prefix { return c.Prefix },
-		a.dp.UpsertInside, func(c datapath.Inside) error { return a.dp.DeleteInside(c.Prefix) }))
+	errs = append(errs, a.dp.SyncRoutes(st.Routes), a.dp.SyncClassifiers(st.Classifiers), a.dp.SyncInsides(st.Inside))
 
 	// Underlay routes to the other nodes' locators, and to their pod
 	// blocks for the node's own sockets (plain IP from the node address,
@@ -543,22 +526,9 @@ func (a *Agent) applyEndpoints() error {
 		}
 		wantPorts = append(wantPorts, p)
 	}
-	curEps, err := a.dp.Endpoints()
-	errs = append(errs, err, syncList(curEps, wantEps, func(e datapath.Endpoint) endpointKey { return endpointKey{e.NetID, e.Addr} }, sameEndpoint,
-		a.dp.UpsertEndpoint, func(e datapath.Endpoint) error {
-			if busyEps[endpointKey{e.NetID, e.Addr}] {
-				return nil
-			}
-			return a.dp.DeleteEndpoint(e.NetID, e.Addr)
-		}))
-	curPorts, err := a.dp.Ports()
-	errs = append(errs, err, syncListEq(curPorts, wantPorts, func(p datapath.Port) uint32 { return p.IfIndex },
-		a.dp.UpsertPort, func(p datapath.Port) error {
-			if busyPorts[p.IfIndex] {
-				return nil
-			}
-			return a.dp.DeletePort(p.IfIndex)
-		}))
+	errs = append(errs,
+		a.dp.SyncEndpoints(wantEps, func(n uint32, ad netip.Addr) bool { return busyEps[endpointKey{n, ad}] }),
+		a.dp.SyncPorts(wantPorts, func(i uint32) bool { return busyPorts[i] }))
 	// Programs: attached to every Ready endpoint's interface, detached from
 	// the others (a DEL's, or a leftover no endpoint claims).
 	pinned, err := a.dp.PinnedPodLinks()

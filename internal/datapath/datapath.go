@@ -47,6 +47,8 @@ type Datapath struct {
 	// programmed is lace_services as the agent found it at load
 	// (ProgrammedFrontends).
 	programmed map[ServiceKey]ProgrammedFrontend
+	// tab writes the maps the agent programs (nodetables.go).
+	tab *nodeTables
 }
 
 func verifierDetail(err error) error {
