@@ -429,7 +429,9 @@ func (a *Agent) reclaimSNAT() {
 // otherwise): a missed write or someone else's never lasts longer than a
 // resync period.
 func (a *Agent) checkTables() {
-	c, ok := a.dp.(interface{ CheckTables() (map[string]int, error) })
+	c, ok := a.dp.(interface {
+		CheckTables() (map[string]int, error)
+	})
 	if !ok {
 		return
 	}

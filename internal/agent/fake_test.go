@@ -54,7 +54,7 @@ func newFakeDP() *fakeDP {
 
 func (f *fakeDP) w(fn func()) error { f.mu.Lock(); defer f.mu.Unlock(); f.writes++; fn(); return nil }
 
-func epKey(n uint32, a netip.Addr) string           { return fmt.Sprint(n, a) }
+func epKey(n uint32, a netip.Addr) string { return fmt.Sprint(n, a) }
 func (f *fakeDP) SetConfig(c datapath.Config) error {
 	if cur, _ := f.Config(); cur == c {
 		return nil // the real one writes only a change too
