@@ -212,9 +212,6 @@ type appliedService struct {
 // NewServiceTable is a table of d's services, read at its first Apply.
 func NewServiceTable(d *Datapath) *ServiceTable { return &ServiceTable{d: d} }
 
-// mapBatch is how many entries one batch syscall reads.
-const mapBatch = 4096
-
 // load builds t's services from the three maps' mirrors (read from the
 // kernel if unknown). The caller holds d.tab.mu.
 func (t *ServiceTable) load() error {
@@ -262,33 +259,14 @@ func (t *ServiceTable) load() error {
 	return nil
 }
 
-// readMap calls fn for every entry of m: by batches where the kernel
-// supports them on m's type, else one entry at a time.
-func readMap[K comparable, V any](m *ebpf.Map, fn func(K, V)) error {
-	keys, vals := make([]K, mapBatch), make([]V, mapBatch)
-	var cursor ebpf.MapBatchCursor
-	for {
-		n, err := m.BatchLookup(&cursor, keys, vals, nil)
-		for i := range n {
-			fn(keys[i], vals[i])
-		}
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return nil
-		}
-		if errors.Is(err, ebpf.ErrNotSupported) && n == 0 {
-			break
-		}
-		if err != nil {
-			return err
-		}
-	}
-	var k K
-	var v V
-	it := m.Iterate()
-	for it.Next(&k, &v) {
+// readMap calls fn for every entry of m (read as a table reads it: by
+// batches where the kernel supports them on m's type).
+func readMap[K, V comparable](m *ebpf.Map, fn func(K, V)) error {
+	all, err := newTable[K, V](m.String(), m).read()
+	for k, v := range all {
 		fn(k, v)
 	}
-	return it.Err()
+	return err
 }
 
 // countEntries counts m's entries (MapSizes, read every few seconds for
