@@ -47,7 +47,8 @@ const (
 	AnnotationServiceNetwork = "lace-cni.io/network"
 	// AnnotationExcludedEndpoints lists the endpoint addresses of a
 	// Service left out because their pod is in another network
-	// (comma-separated). Written by lace-controller, read by users.
+	// (comma-separated, at most 20, then "… and N more"). Written by
+	// lace-controller, read by users.
 	AnnotationExcludedEndpoints = "lace-cni.io/excluded-endpoints"
 	// AnnotationBindingError says why a Service is bound to no network
 	// (and so not served). Written by lace-controller; read by lacectl
@@ -56,8 +57,8 @@ const (
 	// AnnotationRefusedEndpoints lists the endpoint addresses of a Service
 	// no agent serves (model.HostEndpoints: a node's address naming no
 	// hostNetwork pod of the namespace on it, the API server's, loopback
-	// and the like), comma-separated. Written by lace-controller, read by
-	// users.
+	// and the like), comma-separated, at most 20, then "… and N more".
+	// Written by lace-controller, read by users.
 	AnnotationRefusedEndpoints = "lace-cni.io/refused-endpoints"
 	// AnnotationExternalIPProblem is written by lace-controller on a
 	// Service some of whose spec.externalIPs are not served: "Reason:

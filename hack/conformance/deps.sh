@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages whose programs the e2e images carry
 # (internal/images: E2ETools for agnhost: curl, GNU wget, OpenBSD nc, ss,
-# bash, dash; E2EDnsTools for jessie-dnsutils: dig, host, nslookup, getent),
+# bash, dash; E2EDnsTools for jessie-dnsutils: dig, host, nslookup, getent;
+# bash-static, the busybox image's sh),
 # only when one is missing, and checks that busybox-static is the version
 # the images pin (internal/images.BusyboxDebVersion, whose /bin/busybox
 # checksum mkimages verifies). Run by `make conformance` after `make deps`.
@@ -9,7 +10,7 @@ set -euo pipefail
 
 # file:package pairs.
 need=(/usr/bin/curl:curl /usr/bin/wget:wget /bin/nc.openbsd:netcat-openbsd /bin/ss:iproute2 /bin/bash:bash
-  /bin/dash:dash /usr/bin/dig:bind9-dnsutils /usr/bin/getent:libc-bin /bin/busybox:busybox-static)
+  /bin/dash:dash /usr/bin/dig:bind9-dnsutils /usr/bin/getent:libc-bin /bin/busybox:busybox-static /bin/bash-static:bash-static)
 busybox_version='1:1.35.0-4+deb12u1+b1'
 
 missing=()

@@ -23,6 +23,7 @@ func main() {
 	flag.StringVar(&o.Out, "out", "bin/images", "directory for agnhost.tar, pause.tar and lace.tar")
 	flag.StringVar(&o.Agnhost, "agnhost", "", "static agnhost binary (make k8s-bins builds one)")
 	flag.StringVar(&o.Busybox, "busybox", "/bin/busybox", "static busybox (Debian busybox-static)")
+	flag.StringVar(&o.BashStatic, "bash-static", "/bin/bash-static", "static bash (Debian bash-static), the e2e busybox image's /bin/sh")
 	flag.StringVar(&o.PauseSrc, "pause-src", "", "directory holding upstream pause.c (k8s.io/kubernetes build/pause/linux)")
 	flag.StringVar(&o.LaceBin, "lace-bin", "", "directory holding static lace-agent, lace-controller, lace-cni and lacectl")
 	flag.StringVar(&o.LaceTag, "lace-tag", "dev", "tag of "+images.LaceRepo)

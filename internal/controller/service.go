@@ -138,7 +138,7 @@ func (r *ServiceReconciler) Reconcile(ctx context.Context, req reconcile.Request
 		excludedFrom = append(excludedFrom, fmt.Sprintf("%s (network %s)", e.Addr, e.Network))
 	}
 	want := map[string]string{lacev1.AnnotationServiceNetwork: b.Network, lacev1.AnnotationBindingError: b.Err,
-		lacev1.AnnotationExcludedEndpoints: strings.Join(excluded, ","), lacev1.AnnotationRefusedEndpoints: strings.Join(refused, ",")}
+		lacev1.AnnotationExcludedEndpoints: capList(excluded, ","), lacev1.AnnotationRefusedEndpoints: capList(refused, ",")}
 	old := map[string]string{}
 	changed := false
 	for k, v := range want {
@@ -166,12 +166,29 @@ func (r *ServiceReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	}
 	if ex := want[lacev1.AnnotationExcludedEndpoints]; ex != "" && ex != old[lacev1.AnnotationExcludedEndpoints] {
 		r.Recorder.Eventf(&svc, corev1.EventTypeWarning, ReasonEndpointInOtherNetwork,
-			"endpoints left out, their pods are not in the service's network %s: %s", b.Network, strings.Join(excludedFrom, ", "))
+			"endpoints left out, their pods are not in the service's network %s: %s", b.Network, capList(excludedFrom, ", "))
 	}
 	if rf := want[lacev1.AnnotationRefusedEndpoints]; rf != "" && rf != old[lacev1.AnnotationRefusedEndpoints] {
-		r.Recorder.Eventf(&svc, corev1.EventTypeWarning, ReasonEndpointRefused, "endpoints not served: %s", strings.Join(refusedWhy, ", "))
+		r.Recorder.Eventf(&svc, corev1.EventTypeWarning, ReasonEndpointRefused, "endpoints not served: %s", capList(refusedWhy, ", "))
 	}
 	return reconcile.Result{}, nil
+}
+
+// maxListed bounds the endpoint addresses the controller writes into a
+// Service's annotations and Events. The slices are the tenant's to write
+// (127/8 alone is 16M distinct refused addresses), Events have no message
+// limit on core/v1 and a fresh message per change escapes the recorder's
+// spam filter, so an unbounded list turns a tenant's slices into megabytes
+// in etcd per change. Twenty addresses say what is wrong; the count says
+// how much.
+const maxListed = 20
+
+// capList joins the first maxListed items and counts the rest.
+func capList(items []string, sep string) string {
+	if len(items) <= maxListed {
+		return strings.Join(items, sep)
+	}
+	return fmt.Sprintf("%s%s… and %d more", strings.Join(items[:maxListed], sep), sep, len(items)-maxListed)
 }
 
 func setOrDelete(m map[string]string, k, v string) {

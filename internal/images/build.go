@@ -17,6 +17,9 @@ type Options struct {
 	Agnhost string
 	// Busybox is a static busybox (Debian busybox-static: /bin/busybox).
 	Busybox string
+	// BashStatic is a static bash (Debian bash-static: /bin/bash-static),
+	// the busybox image's /bin/sh (BuildE2E; e2eMoreImages says why).
+	BashStatic string
 	// PauseSrc is the directory holding upstream's pause.c
 	// (k8s.io/kubernetes build/pause/linux).
 	PauseSrc string

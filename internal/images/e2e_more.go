@@ -1,6 +1,7 @@
 package images
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -62,6 +63,7 @@ var E2EDnsTools = []E2ETool{
 type e2eMoreInputs struct {
 	agnhost, busybox []byte
 	applets          []string
+	shell            []byte // a static bash
 	dnsTools         []File
 	pause            []byte
 	regression74839  []byte
@@ -70,15 +72,31 @@ type e2eMoreInputs struct {
 }
 
 // busyboxFiles is a minimal busybox root: the binary, its applets as links,
-// root and nobody, /tmp.
+// root and nobody, /tmp. Upstream's busybox image (Docker's) installs every
+// applet into /bin, and specs exec them there ("/bin/sysctl" in the Sysctls
+// specs), while Debian's busybox lists some under /sbin and /usr: each
+// applet is linked into /bin as well.
 func busyboxFiles(busybox []byte, applets []string) []File {
 	files := agnhostFiles(nil, busybox, applets)
 	var out []File
+	inBin := map[string]bool{}
 	for _, f := range files {
 		if f.Path == "agnhost" || f.Path == "agnhost-2" || f.Path == "uploads" {
 			continue
 		}
+		if filepath.Dir(f.Path) == "bin" {
+			inBin[f.Path] = true
+		}
 		out = append(out, f)
+	}
+	for _, f := range files {
+		if f.Link != "/bin/busybox" {
+			continue
+		}
+		if p := "bin/" + filepath.Base(f.Path); !inBin[p] {
+			inBin[p] = true
+			out = append(out, File{Path: p, Link: "/bin/busybox"})
+		}
 	}
 	return out
 }
@@ -110,8 +128,16 @@ func e2eMoreImages(in e2eMoreInputs) (map[string]v1.Image, error) {
 	httpdFG := File{Path: "usr/local/bin/httpd-foreground", Mode: 0o755,
 		Data: []byte("#!/bin/sh\n# busybox httpd standing in for Apache (docs/conformance.md).\nexec httpd -f -v -p 80 -h /usr/local/apache2/htdocs\n")}
 	steps := []func() error{
-		// Upstream: busybox on its own base, CMD ["sh"].
-		func() error { return add(E2EBusyboxRef, bb, v1.Config{Cmd: []string{"sh"}}) },
+		// Upstream: busybox on its own base, CMD ["sh"]. Here /bin/sh is
+		// a static bash: Debian's busybox 1.35 ash drops environment
+		// variables whose names are no shell identifiers before it runs
+		// a command, and the ConfigMap and Secret "consumable via the
+		// environment" specs run `sh -c env` to find "data-1=value-1"
+		// (upstream's busybox 1.37 passes them on, as bash does).
+		func() error {
+			sh := []File{{Path: "bin/bash", Mode: 0o755, Data: in.shell}, {Path: "bin/sh", Link: "/bin/bash"}}
+			return add(E2EBusyboxRef, append(sh, bb...), v1.Config{Cmd: []string{"sh"}})
+		},
 		// Upstream: Debian jessie with dnsutils. Here: busybox, dig, host,
 		// nslookup, getent (the machine's Debian builds with their
 		// libraries) and dash as /bin/sh (busybox's sh would run its own
@@ -223,6 +249,9 @@ func checkBusybox(data []byte) error {
 func buildE2EMore(ctx context.Context, o Options, agnhost, busybox []byte, applets []string) ([]Built, error) {
 	in := e2eMoreInputs{agnhost: agnhost, busybox: busybox, applets: applets}
 	var err error
+	if in.shell, err = readStatic(cmp.Or(o.BashStatic, "/bin/bash-static")); err != nil {
+		return nil, fmt.Errorf("%w (Debian bash-static; hack/conformance/deps.sh installs it)", err)
+	}
 	for _, t := range E2EDnsTools {
 		fs, err := HostProgram(t.Host, t.Name)
 		if err != nil {

@@ -15,8 +15,8 @@ import (
 // needs.
 func TestE2EMoreImages(t *testing.T) {
 	in := e2eMoreInputs{
-		agnhost: []byte("agnhost"), busybox: []byte("busybox"),
-		applets:         []string{"bin/sh", "usr/sbin/httpd", "usr/bin/nslookup", "bin/sleep"},
+		agnhost: []byte("agnhost"), busybox: []byte("busybox"), shell: []byte("bash"),
+		applets:         []string{"bin/sh", "usr/sbin/httpd", "usr/bin/nslookup", "bin/sleep", "sbin/sysctl"},
 		dnsTools:        []File{{Path: "usr/bin/dig", Mode: 0o755, Data: []byte("dig")}, {Path: "usr/bin/nslookup", Mode: 0o755, Data: []byte("bind nslookup")}, {Path: "usr/bin/dash", Mode: 0o755, Data: []byte("dash")}},
 		pause:           []byte("pause"),
 		regression74839: []byte("r74839"),
@@ -37,7 +37,7 @@ func TestE2EMoreImages(t *testing.T) {
 		files map[string]string // path: content ("" = any regular file or link)
 	}
 	cases := map[string]want{
-		E2EBusyboxRef:      {cmd: []string{"sh"}, files: map[string]string{"bin/busybox": "busybox", "bin/sleep": ""}},
+		E2EBusyboxRef:      {cmd: []string{"sh"}, files: map[string]string{"bin/busybox": "busybox", "bin/sleep": "", "bin/sysctl": "", "sbin/sysctl": "", "bin/bash": "bash"}},
 		E2EDnsutilsRef:     {cmd: []string{"sh"}, files: map[string]string{"usr/bin/dig": "dig", "usr/bin/nslookup": "bind nslookup", "bin/sh": ""}},
 		E2ENginxRef:        {cmd: []string{"httpd", "-f", "-v", "-p", "80", "-h", "/usr/share/nginx/html"}, files: map[string]string{"usr/share/nginx/html/index.html": ""}},
 		E2EHttpdRef:        {cmd: []string{"httpd-foreground"}, files: map[string]string{"usr/local/apache2/htdocs/index.html": "", "usr/local/bin/httpd-foreground": ""}},
