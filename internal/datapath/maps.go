@@ -2,7 +2,6 @@ package datapath
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -605,13 +604,6 @@ func (d *Datapath) MapSizes() (map[string]int, error) {
 		out[name] = n
 	}
 	return out, nil
-}
-
-func ignoreMissing(err error) error {
-	if errors.Is(err, ebpf.ErrKeyNotExist) {
-		return nil
-	}
-	return err
 }
 
 // Flow is one conntrack entry: a flow of a local pod (Local, LocalPort, in
