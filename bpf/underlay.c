@@ -998,6 +998,16 @@ int from_underlay(struct __sk_buff *skb)
  * makes a pod's. Anything else the node sends passes untouched. */
 static __noinline int host_answer(struct __sk_buff *skb, __u16 proto)
 {
+	/* Only what the node's stack sends is its answer. A packet it
+	 * forwards (a pod's, which from_pod SNATs to the node's address and
+	 * redirects here) came in on another interface: skb_iif, set by the
+	 * kernel on receive, is 0 only for locally sent packets. Such a
+	 * packet neither takes nor writes a record: a pod picking the IP ID
+	 * (CAP_NET_RAW) would otherwise have its later fragment leave from
+	 * the external IP of another tenant's frontend answering the same
+	 * client, or clear that answer's record. */
+	if (skb->ingress_ifindex)
+		return TC_ACT_OK;
 	struct pkt p = {};
 	if (parse_ip(skb, proto, ETH_HLEN, &p) || (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP))
 		return TC_ACT_OK;
@@ -1010,8 +1020,14 @@ static __noinline int host_answer(struct __sk_buff *skb, __u16 proto)
 	struct ct_key k;
 	ct_key_of(&k, NODE_NET_ID, &p, 1);
 	struct ct_val *ct = ct_lookup(&k);
-	if (!ct || !(ct->flags & CT_REV_NAT))
+	if (!ct || !(ct->flags & CT_REV_NAT)) {
+		/* The node's own datagram that reuses the ID of a frontend's
+		 * answer (within the record's 10 s) owns the ID now: its
+		 * later fragments must leave as its first did. */
+		if (p.frag == PKT_FRAG_FIRST)
+			frag_forget(&p, NODE_NET_ID, 0);
 		return TC_ACT_OK;
+	}
 	/* Only a frontend's answer is recorded: the node's other large
 	 * datagrams never churn lace_frags. */
 	if (p.frag == PKT_FRAG_FIRST)

@@ -10,7 +10,7 @@ const (
 	// LabelNetwork names a network. lace-controller puts it on the
 	// Allocations it creates and lists them by it (internal/controller
 	// network.go); the agent puts it on the NetworkEndpoints it writes
-	// (internal/agent cni.go); the chart puts it on its default Networks
+	// (internal/agent/cni server.go); the chart puts it on its default Networks
 	// and its routing policies select on it, as the lab's demo does.
 	LabelNetwork = "lace-cni.io/network"
 	// LabelNetworkUID is the UID of the Network an Allocation was made

@@ -94,4 +94,19 @@ static __noinline __attribute__((unused)) int frag_track(struct pkt *p, __u32 sr
 	return 0;
 }
 
+/* frag_forget drops the record the first fragment p would write: the
+ * caller does not translate its datagram, so the datagram's later
+ * fragments must not find an older datagram's record under the same ID
+ * (16 bits in IPv4) and leave with that datagram's translation. */
+static __noinline __attribute__((unused)) int frag_forget(struct pkt *p, __u32 src_net, __u32 dst_net)
+{
+	if (!p || p->frag != PKT_FRAG_FIRST)
+		return 0;
+	struct frag_key k = {.src_net = src_net, .dst_net = dst_net, .family = p->family, .proto = p->proto, .id = p->frag_id};
+	__builtin_memcpy(k.saddr, p->saddr, 16);
+	__builtin_memcpy(k.daddr, p->daddr, 16);
+	bpf_map_delete_elem(&lace_frags, &k);
+	return 0;
+}
+
 #endif

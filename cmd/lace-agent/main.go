@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 
 	"github.com/lace-cni/lace/internal/agent"
+	"github.com/lace-cni/lace/internal/agent/cni"
 	"github.com/lace-cni/lace/internal/model"
 	"github.com/lace-cni/lace/pkg/logging"
 )
@@ -87,18 +88,18 @@ func run(ctx context.Context, logLevel string, o agent.Options) error {
 // installCNI is `lace-agent install-cni`: the DaemonSet's init container
 // puts the plugin binary and its configuration on the node, then exits.
 func installCNI(args []string) {
-	o := agent.DefaultInstallCNIOptions()
+	o := cni.DefaultInstallCNIOptions()
 	fs := flag.NewFlagSet("install-cni", flag.ExitOnError)
 	fs.StringVar(&o.Binary, "cni-binary", o.Binary, "lace-cni binary to install")
-	fs.StringVar(&o.BinDir, "cni-bin-dir", o.BinDir, "CNI bin dir; the plugin is installed there as "+agent.CNIPluginName)
-	fs.StringVar(&o.ConfDir, "cni-conf-dir", o.ConfDir, "CNI conf dir; the configuration is written there as "+agent.CNIConfName)
+	fs.StringVar(&o.BinDir, "cni-bin-dir", o.BinDir, "CNI bin dir; the plugin is installed there as "+cni.CNIPluginName)
+	fs.StringVar(&o.ConfDir, "cni-conf-dir", o.ConfDir, "CNI conf dir; the configuration is written there as "+cni.CNIConfName)
 	fs.StringVar(&o.AgentSocket, "agent-socket", o.AgentSocket, "agent socket written into the configuration (as seen on the node)")
 	_ = fs.Parse(args)
-	if err := agent.InstallCNI(o); err != nil {
+	if err := cni.InstallCNI(o); err != nil {
 		fmt.Fprintln(os.Stderr, "lace-agent install-cni:", err)
 		os.Exit(1)
 	}
-	fmt.Printf("installed %s/%s and %s/%s\n", o.BinDir, agent.CNIPluginName, o.ConfDir, agent.CNIConfName)
+	fmt.Printf("installed %s/%s and %s/%s\n", o.BinDir, cni.CNIPluginName, o.ConfDir, cni.CNIConfName)
 }
 
 // uintFlag parses a uint32 flag into p.

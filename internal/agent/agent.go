@@ -1,9 +1,18 @@
-// Package agent is lace-agent: everything Lace does on one node. It serves
-// CNI requests from lace-cni on a unix socket (pod interfaces, addresses,
-// NetworkEndpoints), publishes the node's UnderlayEndpoint, and keeps the
-// node's eBPF data plane equal to the desired state computed by
-// internal/model from the API. Kernel work goes through internal/netutil,
-// internal/podnet and internal/datapath only.
+// Package agent is lace-agent: everything Lace does on one node. It only
+// wires the parts that own the node's state, each a package of its own:
+//
+//   - cni: the CNI server lace-cni talks to, IPAM, the checkpoint of the
+//     pod attachments, their entries in the data plane, recovery;
+//   - nodesync: the node's desired state computed by internal/model from
+//     the API, applied to the data plane and the underlay routes by the
+//     applier (the one writer), and the published UnderlayEndpoint;
+//   - announce: the L2 announcements of LoadBalancer VIPs;
+//   - status: the node's health, its UnderlayEndpoint status, metrics and
+//     the healthCheckNodePorts.
+//
+// Each part sees the data plane, the node's namespace and the others
+// through narrow interfaces of its own. Kernel work goes through
+// internal/netutil, internal/podnet and internal/datapath only.
 package agent
 
 import (
@@ -16,38 +25,31 @@ import (
 	"net/netip"
 	"os"
 	"runtime/debug"
-	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
-	networkingv1 "k8s.io/api/networking/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
-	"sigs.k8s.io/controller-runtime/pkg/predicate"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/agent/announce"
+	"github.com/lace-cni/lace/internal/agent/cni"
+	"github.com/lace-cni/lace/internal/agent/nodesync"
+	"github.com/lace-cni/lace/internal/agent/status"
 	"github.com/lace-cni/lace/internal/datapath"
+	"github.com/lace-cni/lace/internal/dpmetrics"
 	"github.com/lace-cni/lace/internal/model"
 	"github.com/lace-cni/lace/internal/netutil"
-	"github.com/lace-cni/lace/internal/predicates"
 	"github.com/lace-cni/lace/pkg/cniapi"
 	"github.com/lace-cni/lace/pkg/scheme"
 )
@@ -132,80 +134,34 @@ func DefaultOptions() Options {
 	}
 }
 
-// Agent is a running lace-agent.
+// Agent is a running lace-agent: it only wires the parts that own the
+// node's state (the CNI server, the node's sync, the L2 announcer, the
+// status reporter) and starts them.
 type Agent struct {
-	// hostNetNS is the cookie of the node's network namespace (0 until
-	// host sockets are attached).
-	hostNetNS uint64
-	// slices tracks EndpointSlice versions for the programming latency.
-	slices   sliceTracker
-	opts     Options
-	log      *slog.Logger
-	mgr      manager.Manager
-	client   client.Client
-	reader   client.Reader
-	recorder record.EventRecorder
-	dp       dataplane
-	node     nodeKernel
-	cp       *checkpoint
+	opts Options
+	log  *slog.Logger
+	mgr  manager.Manager
+	dp   *datapath.Datapath
 
-	// hostPods caches the cluster's hostNetwork pods (nil in tests).
-	hostPods client.Reader
-	// hostPortReported are the hostPort refusals already made Events of.
-	hostPortMu       sync.Mutex
-	hostPortReported map[model.HostPortRefusal]bool
-	// hostPortMax is the node's share of the service maps for hostPorts.
-	hostPortMax int
-	// localPorts keeps served hostPorts and the SNAT range out of the
-	// node's ephemeral ports; localPortsErr is its last failure, logged
-	// once.
-	localPorts    *localPorts
-	localPortsErr string
-
-	// applier is the one writer of the data plane.
-	applier *applier
-
-	// computeMu serialises computations of the desired state (the
-	// reconciler's, the periodic resync's, a CNI ADD waiting for blocks),
-	// which share compute.
-	computeMu sync.Mutex
-	compute   computeCache
-	// health serves the healthCheckNodePorts; announce keeps the node's
-	// L2 announcements (l2, nil without a lease namespace).
-	health *healthChecks
-	l2     *announcer
-
-	mu sync.Mutex
-	// state is the node's desired state; haveState once computed.
-	state     model.NodeState
-	haveState bool
-	// applyErr is why the last sync could not apply the node's state
-	// (nil when it could); the reconciler retries on it.
-	applyErr error
-	applied  bool
-	// podsReattached: this agent's first sync has attached every pod's
-	// programs again. Until then each sync does: a pod's programs may
-	// use maps a Load replaced (another layout), by this start or by an
-	// earlier one that died before re-attaching, and nothing pinned
-	// tells which (attaching replaces the classic tc filters in place,
-	// so doing it once per start is cheap).
-	podsReattached bool
-	ownAddrs       []netip.Addr
-	// attachErr is why the data plane could not be attached to the
-	// underlay (nil once it is).
-	attachErr error
-	// reported is the Ready condition last published, so an Event is
-	// emitted once per transition even while the cache lags.
-	reported *metav1.Condition
-	// addLock serialises address allocation, and adoption of what the
-	// kernel holds (adopted, once per start) with it.
-	addLock sync.Mutex
-	adopted bool
-	// statusKick asks reportStatus for an early report.
-	statusKick chan struct{}
+	pods   *cni.Server
+	sync   *nodesync.Syncer
+	status *status.Reporter
+	health *status.HealthChecks
 }
 
-var nodeKey = reconcile.Request{}
+// AgentLeaseName is the heartbeat Lease of node's agent.
+func AgentLeaseName(node string) string { return announce.LeaseName(node) }
+
+// The data plane and the node's namespace serve every part's narrow view.
+var (
+	_ cni.Tables         = (*datapath.Datapath)(nil)
+	_ nodesync.DataPlane = (*datapath.Datapath)(nil)
+	_ announce.DataPlane = (*datapath.Datapath)(nil)
+	_ status.Counters    = (*datapath.Datapath)(nil)
+	_ cni.Kernel         = linuxNode{}
+	_ nodesync.Kernel    = linuxNode{}
+	_ status.Kernel      = linuxNode{}
+)
 
 // New builds an agent: it loads the data plane (keeping pinned state) and
 // the checkpoint, and wires the watches. Run starts it.
@@ -220,16 +176,21 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	cp, err := loadCheckpoint(o.StateDir)
+	a, err := wire(cfg, o, log, dp)
 	if err != nil {
 		dp.Close()
 		return nil, err
 	}
+	return a, nil
+}
+
+// wire makes the agent's parts on dp and adds them to a new manager.
+func wire(cfg *rest.Config, o Options, log *slog.Logger, dp *datapath.Datapath) (*Agent, error) {
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: o.MetricsAddr, ExtraHandlers: pprofHandlers(o.Pprof)},
 		HealthProbeBindAddress: o.HealthAddr,
-		Cache: trimCache(cache.Options{ByObject: map[client.Object]cache.ByObject{
+		Cache: nodesync.TrimCache(cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}: {Field: fields.OneTermEqualSelector("spec.nodeName", o.NodeName)},
 			// The agents' heartbeats only.
 			&coordinationv1.Lease{}: {Namespaces: map[string]cache.Config{o.LeaseNamespace: {}},
@@ -241,7 +202,6 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		Controller: ctrlConfig(o),
 	})
 	if err != nil {
-		dp.Close()
 		return nil, fmt.Errorf("create manager: %w", err)
 	}
 	// The cluster's hostNetwork pods (a few per node), apart from the
@@ -254,32 +214,36 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 		err = mgr.Add(hostPods)
 	}
 	if err != nil {
-		dp.Close()
 		return nil, fmt.Errorf("hostNetwork pods cache: %w", err)
 	}
-	a := &Agent{opts: o, log: log.With("node", o.NodeName), mgr: mgr, hostPods: hostPods, client: mgr.GetClient(), reader: mgr.GetAPIReader(),
-		recorder: mgr.GetEventRecorderFor("lace-agent/" + o.NodeName), dp: newTableDP(dp), cp: cp, statusKick: make(chan struct{}, 1),
-		node: linuxNode{ns: o.NetNS, underlay: o.UnderlayInterface}, localPorts: newLocalPorts(o.LocalReservedPorts, o.StateDir)}
-	a.health = newHealthChecks(a.log)
+	log = log.With("node", o.NodeName)
+	c, reader := mgr.GetClient(), mgr.GetAPIReader()
+	rec := mgr.GetEventRecorderFor("lace-agent/" + o.NodeName)
+	node := linuxNode{ns: o.NetNS, underlay: o.UnderlayInterface}
+	a := &Agent{opts: o, log: log, mgr: mgr, dp: dp, health: status.NewHealthChecks(log)}
+	a.pods, err = cni.New(cni.Options{NodeName: o.NodeName, NetNS: o.NetNS, UnderlayInterface: o.UnderlayInterface,
+		HostCgroup: o.HostCgroup, CNISocket: o.CNISocket, DelQueueDir: o.DelQueueDir, MTU: o.MTU},
+		o.StateDir, log, c, reader, rec, dp, node)
+	if err != nil {
+		return nil, err
+	}
 	svcMax, beMax, rangeMax := dp.MapCapacity()
-	// hostPorts have their own share of the service maps (an entry and
-	// two backends each: the pod and its reference), out of the Services'.
-	a.hostPortMax = max(min(model.MaxHostPortEntries, svcMax/8, beMax/16), 1)
-	svcMax, beMax = svcMax-a.hostPortMax, beMax-2*a.hostPortMax
-	// What the agent before this one admitted stays admitted, what it
-	// refused stays refused: a restart changes no verdict.
-	a.compute.services.programmed = dp.ProgrammedFrontends()
-	a.compute.services.budget = model.Budget{ServiceFrontends: o.ServiceFrontends, ServiceBackends: o.ServiceBackends,
-		// loadBalancerSourceRanges have no bound in Kubernetes: one
-		// Service may take a sixteenth of lace_src_ranges.
-		ServiceSourceRanges: max(rangeMax/16, 1),
-		NamespaceFrontends:  share(o.NamespaceFrontends, svcMax), NamespaceBackends: share(o.NamespaceBackends, beMax),
-		NamespaceSourceRanges: share(0, rangeMax),
-		TotalFrontends:        svcMax, TotalBackends: beMax, TotalSourceRanges: rangeMax}
+	a.sync = nodesync.New(nodesync.Options{NodeName: o.NodeName, NetNS: o.NetNS, UnderlayInterface: o.UnderlayInterface,
+		HostCgroup: o.HostCgroup, AllowedExternalIPs: o.AllowedExternalIPs, MetricsAddr: o.MetricsAddr, HealthAddr: o.HealthAddr,
+		LocalReservedPorts: o.LocalReservedPorts, StateDir: o.StateDir,
+		ServiceFrontends: o.ServiceFrontends, ServiceBackends: o.ServiceBackends,
+		NamespaceFrontends: o.NamespaceFrontends, NamespaceBackends: o.NamespaceBackends},
+		log, c, rec, mgr.GetCache(), hostPods, nodesync.WithServiceTable(dp), node,
+		nodesync.Capacity{Services: svcMax, Backends: beMax, SourceRanges: rangeMax, Programmed: dp.ProgrammedFrontends()})
+	a.status = status.New(status.Options{NodeName: o.NodeName, UnderlayInterface: o.UnderlayInterface}, log, c, rec, dp, node,
+		a.sync, a.pods.Count)
+	a.pods.Wire(a.sync, a.status)
+	a.sync.Wire(a.pods, a.health, a.status.Kick)
 	if o.LeaseNamespace != "" {
-		a.l2 = &announcer{a: a, ns: o.LeaseNamespace, duration: cmp.Or(o.AnnounceLeaseDuration, 2*time.Second)}
-		if err := mgr.Add(manager.RunnableFunc(a.l2.run)); err != nil {
-			dp.Close()
+		l2 := announce.New(announce.Options{NodeName: o.NodeName, NetNS: o.NetNS, UnderlayInterface: o.UnderlayInterface,
+			LeaseNamespace: o.LeaseNamespace, LeaseDuration: cmp.Or(o.AnnounceLeaseDuration, 2*time.Second)},
+			log, c, reader, dp, a.sync)
+		if err := mgr.Add(manager.RunnableFunc(l2.Run)); err != nil {
 			return nil, fmt.Errorf("add the L2 announcer: %w", err)
 		}
 	}
@@ -287,81 +251,24 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 	// /readyz once the data plane has been programmed (what CNI STATUS
 	// reports), so a rolling update moves on only when forwarding is back.
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-		dp.Close()
 		return nil, fmt.Errorf("add healthz: %w", err)
 	}
-	if err := mgr.AddReadyzCheck("dataplane", func(*http.Request) error { return a.readyz() }); err != nil {
-		dp.Close()
+	if err := mgr.AddReadyzCheck("dataplane", func(*http.Request) error { return a.pods.Readyz() }); err != nil {
 		return nil, fmt.Errorf("add readyz: %w", err)
 	}
 	// Data plane counters and map sizes, read from the pinned maps at
 	// scrape time, on --metrics-bind-address.
-	if err := registerCollector(metrics.Registry, newDPCollector(dp, func() int { return len(a.cp.all()) })); err != nil {
-		dp.Close()
+	if err := status.RegisterCollector(metrics.Registry, status.NewCollector(dp, a.pods.Count)); err != nil {
 		return nil, fmt.Errorf("register data plane metrics: %w", err)
 	}
-	if err := registerCollector(metrics.Registry, delQueueGauge(o.DelQueueDir)); err != nil {
-		dp.Close()
+	if err := status.RegisterCollector(metrics.Registry, cni.DelQueueGauge(o.DelQueueDir)); err != nil {
 		return nil, fmt.Errorf("register DEL queue metric: %w", err)
 	}
-	toNode := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
-		return []reconcile.Request{nodeKey}
-	})
-	// Each watch passes only what the node's desired state reads: a
-	// network's status (its ID) does matter; status writes of the other
-	// kinds (other agents' UnderlayEndpoint status, binding policy
-	// conditions), Node heartbeats and pod condition churn do not.
-	specOnly := builder.WithPredicates(predicates.SpecOrLifecycleChanged())
-	err = ctrl.NewControllerManagedBy(mgr).
-		Named("node-dataplane").
-		Watches(&lacev1.Network{}, toNode, builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
-		Watches(&lacev1.Allocation{}, toNode, specOnly).
-		Watches(&lacev1.UnderlayEndpoint{}, toNode, specOnly).
-		Watches(&lacev1.NetworkRoutingPolicy{}, toNode, specOnly).
-		Watches(&lacev1.NetworkBindingPolicy{}, toNode, specOnly).
-		Watches(&lacev1.ServiceRoutingPolicy{}, toNode, specOnly).
-		// Services and their endpoints, as kube-proxy watches them (a
-		// Service's status holds its load balancer addresses).
-		Watches(&corev1.Service{}, toNode, builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
-		Watches(&discoveryv1.EndpointSlice{}, toNode, builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
-		Watches(&networkingv1.ServiceCIDR{}, toNode, specOnly).
-		// Pools are never a node's underlay address (model.AcceptUnderlays).
-		Watches(&lacev1.LoadBalancerClass{}, toNode, specOnly).
-		Watches(&corev1.Pod{}, toNode, builder.WithPredicates(predicates.PodChanged())).
-		Watches(&corev1.Node{}, toNode, builder.WithPredicates(predicates.NodeChanged())).
-		// hostNetwork pods: which node each is on, and when it leaves.
-		WatchesRawSource(source.Kind[client.Object](hostPods, &corev1.Pod{}, toNode, predicate.Funcs{
-			UpdateFunc: func(e event.UpdateEvent) bool {
-				o, n := e.ObjectOld.(*corev1.Pod), e.ObjectNew.(*corev1.Pod)
-				return o.Spec.NodeName != n.Spec.NodeName || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)
-			},
-		})).
-		// A NetworkEndpoint deleted or changed behind the agent's back is
-		// written again (its own creations need no reconcile).
-		Watches(&lacev1.NetworkEndpoint{}, toNode, builder.WithPredicates(predicate.Funcs{
-			CreateFunc: func(event.CreateEvent) bool { return false },
-			UpdateFunc: func(e event.UpdateEvent) bool {
-				return e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration()
-			},
-			DeleteFunc: func(event.DeleteEvent) bool { return true },
-		})).
-		// Namespace labels bind services (namespaceSelector) and scope
-		// ServiceRoutingPolicies; for pods they matter at CNI ADD only.
-		Watches(&corev1.Namespace{}, toNode, builder.WithPredicates(predicate.LabelChangedPredicate{})).
-		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
-		Complete(reconcile.Func(a.reconcile))
-	if err != nil {
-		dp.Close()
+	if err := a.sync.SetupWithManager(mgr, hostPods); err != nil {
 		return nil, fmt.Errorf("setup node controller: %w", err)
 	}
-	if err := mgr.Add(manager.RunnableFunc(a.serveCNI)); err != nil {
-		dp.Close()
-		return nil, err
-	}
-	a.applier = newApplier(a.syncDataplane, 0)
-	for _, r := range []manager.RunnableFunc{a.applier.Run, a.resync, a.reportStatus} {
+	for _, r := range []manager.RunnableFunc{a.pods.Serve, a.sync.Run, a.resync, a.status.Run} {
 		if err := mgr.Add(r); err != nil {
-			dp.Close()
 			return nil, err
 		}
 	}
@@ -399,9 +306,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(agentGCPercent)
 	}
-	a.log.Info("lace-agent starting", "netns", a.opts.NetNS, "bpffs", a.opts.BPFFS, "endpoints", len(a.cp.all()),
-		"checkpointLost", a.cp.lost)
-	defer a.health.close()
+	a.log.Info("lace-agent starting", "netns", a.opts.NetNS, "bpffs", a.opts.BPFFS, "endpoints", a.pods.Count(),
+		"checkpointLost", a.pods.CheckpointLost())
+	defer a.health.Close()
 	return a.mgr.Start(ctx)
 }
 
@@ -413,29 +320,27 @@ const snatSweepPeriod = 10 * time.Second
 
 // reclaimSNAT deletes the SNAT mappings whose flows are over.
 func (a *Agent) reclaimSNAT() {
-	r, ok := a.dp.(interface{ ReclaimSNAT() (int, error) })
-	if !ok {
-		return
-	}
-	if n, err := r.ReclaimSNAT(); err != nil {
+	if n, err := a.dp.ReclaimSNAT(); err != nil {
 		a.log.Info("reclaim SNAT mappings", "err", err)
 	} else if n > 0 {
 		a.log.Debug("reclaimed SNAT mappings", "count", n)
 	}
 }
 
+// tableRepairs counts what checkTables repaired, by map.
+var tableRepairs = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: dpmetrics.TableRepairs,
+	Help: "Entries of the data plane maps the agent programs that differed from what it wrote (deleted, added or changed by someone else) and were repaired by the periodic check.",
+}, []string{dpmetrics.LabelMap})
+
+func init() { _ = metrics.Registry.Register(tableRepairs) }
+
 // checkTables compares the maps the agent programs with what it wrote and
-// repairs what differs (the data plane's tables never read the kernel
-// otherwise): a missed write or someone else's never lasts longer than a
-// resync period.
+// repairs what differs (syncs never read the kernel: datapath's table
+// reconciler diffs against what was written), so a write someone else
+// made or undid never lasts longer than a resync period.
 func (a *Agent) checkTables() {
-	c, ok := a.dp.(interface {
-		CheckTables() (map[string]int, error)
-	})
-	if !ok {
-		return
-	}
-	repaired, err := c.CheckTables()
+	repaired, err := a.dp.CheckTables()
 	if err != nil {
 		a.log.Info("check the data plane's maps", "err", err)
 	}
@@ -450,7 +355,7 @@ func (a *Agent) checkTables() {
 // a full reconcile periodically, so a missed event never leaves the node
 // stale for long.
 func (a *Agent) resync(ctx context.Context) error {
-	if err := a.replayQueuedDels(ctx); err != nil {
+	if err := a.pods.ReplayQueuedDels(ctx); err != nil {
 		a.log.Info("replay queued DELs", "err", err)
 	}
 	t := time.NewTicker(a.opts.ResyncPeriod)
@@ -464,10 +369,10 @@ func (a *Agent) resync(ctx context.Context) error {
 		case <-sweep.C:
 			a.reclaimSNAT()
 		case <-t.C:
-			if err := a.replayQueuedDels(ctx); err != nil {
+			if err := a.pods.ReplayQueuedDels(ctx); err != nil {
 				a.log.Info("replay queued DELs", "err", err)
 			}
-			if _, err := a.reconcile(ctx, nodeKey); err != nil {
+			if err := a.sync.Refresh(ctx); err != nil {
 				a.log.Info("periodic resync failed", "err", err)
 			}
 			a.checkTables()

@@ -1,100 +1,15 @@
 package agent
 
 import (
-	"net"
 	"net/netip"
-	"time"
 
 	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/netutil"
 	"github.com/lace-cni/lace/internal/podnet"
 )
 
-// dataplane is what the agent needs of the node's eBPF data plane.
-// *datapath.Datapath implements it; tests use a fake.
-type dataplane interface {
-	SetConfig(datapath.Config) error
-	Config() (datapath.Config, error)
-	AttachUnderlay(nsPath, ifName string) error
-	AttachPod(nsPath, hostIf string) error
-	DetachPod(hostIf string) error
-	PinnedPodLinks() ([]string, error)
-	UpsertEndpoint(datapath.Endpoint) error
-	DeleteEndpoint(netID uint32, a netip.Addr) error
-	Endpoints() ([]datapath.Endpoint, error)
-	UpsertPort(datapath.Port) error
-	DeletePort(ifindex uint32) error
-	Ports() ([]datapath.Port, error)
-	UpsertRoute(datapath.Route) error
-	DeleteRoute(netID uint32, p netip.Prefix) error
-	Routes() ([]datapath.Route, error)
-	UpsertNetwork(datapath.Network) error
-	DeleteNetwork(id uint32) error
-	Networks() ([]datapath.Network, error)
-	UpsertClassifier(datapath.Classifier) error
-	DeleteClassifier(p netip.Prefix) error
-	Classifiers() ([]datapath.Classifier, error)
-	UpsertInside(datapath.Inside) error
-	DeleteInside(p netip.Prefix) error
-	Insides() ([]datapath.Inside, error)
-	AttachHostSockets(cgroupPath string) error
-	ApplyServices([]datapath.Service) (map[datapath.ServiceKey][]datapath.Backend, error)
-	FlushServiceFlows(map[datapath.ServiceKey][]datapath.Backend) (int, error)
-	UpsertNode(netip.Addr) error
-	DeleteNode(netip.Addr) error
-	Nodes() ([]netip.Addr, error)
-	UpsertNodeLocator(datapath.NodeLocator) error
-	DeleteNodeLocator(netip.Addr) error
-	NodeLocators() ([]datapath.NodeLocator, error)
-	UpsertHostAddr(netip.Addr) error
-	DeleteHostAddr(netip.Addr) error
-	HostAddrs() ([]netip.Addr, error)
-	MapSizes() (map[string]int, error)
-	// The Sync methods make a table exactly the desired entries, judged
-	// against what was written to it (no kernel read-back).
-	SyncHostAddrs([]netip.Addr) error
-	SyncNodes([]netip.Addr) error
-	SyncNodeLocators([]datapath.NodeLocator) error
-	SyncNetworks([]datapath.Network) error
-	SyncRoutes([]datapath.Route) error
-	SyncClassifiers([]datapath.Classifier) error
-	SyncInsides([]datapath.Inside) error
-	SyncEndpoints(want []datapath.Endpoint, busy func(netID uint32, a netip.Addr) bool) error
-	SyncPorts(want []datapath.Port, busy func(ifindex uint32) bool) error
-	SetAnnounced(vips []netip.Addr, mac net.HardwareAddr, ttl time.Duration) error
-	Drops() (map[string]uint64, error)
-	Forwarded() (map[string]uint64, error)
-	SNATExhaustedCounts() (map[string]uint64, error)
-	Close() error
-}
-
-// nodeKernel is what the agent changes in the node's namespace besides the
-// eBPF maps: pod interfaces, underlay routes to other nodes' locators, and
-// forwarding. linuxNode implements it; tests use a fake.
-type nodeKernel interface {
-	// UnderlayAddrs are the global addresses of the underlay interface.
-	UnderlayAddrs() ([]netip.Addr, error)
-	UnderlayIndex() (int, error)
-	// UnderlayMTU is the MTU of the underlay interface now.
-	UnderlayMTU() (int, error)
-	// Reachable says whether the node routes to dst out of the underlay
-	// interface (nil) or why not.
-	Reachable(dst netip.Addr) error
-	EnableForwarding() error
-	// NetNSCookie is the node network namespace's cookie.
-	NetNSCookie() (uint64, error)
-	// PodNetNSCookie is the cookie of a pod's network namespace.
-	PodNetNSCookie(nsPath string) (uint64, error)
-	OwnedRoutes() (map[netip.Prefix]netip.Addr, error)
-	ReplaceOwnedRoute(dst netip.Prefix, via netip.Addr) error
-	DeleteRoute(dst netip.Prefix) error
-	SetupPod(podnet.Spec) (podnet.Result, error)
-	TeardownPod(hostIf string, addrs []netip.Addr) error
-	// HostLinks are the pod host-side interfaces on the node, by name.
-	HostLinks() (map[string]podnet.Link, error)
-}
-
-// linuxNode is nodeKernel on a real namespace.
+// linuxNode is the node's network namespace as the agent's parts see it
+// (cni.Kernel, nodesync.Kernel, status.Kernel); tests use fakes.
 type linuxNode struct {
 	ns       string // path of the node's network namespace
 	underlay string // name of the underlay interface

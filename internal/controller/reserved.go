@@ -20,7 +20,7 @@ import (
 )
 
 // listReserved is the cluster's reserved addresses, as every agent
-// computes them (internal/agent/sync.go): the underlay addresses the
+// computes them (internal/agent/nodesync/sync.go): the underlay addresses the
 // agents accept (acceptedUnderlays), pod subnets, service ranges, every
 // Node's addresses and the API server's.
 func listReserved(ctx context.Context, c client.Client, allowed []netip.Prefix) ([]netip.Prefix, error) {

@@ -2,7 +2,7 @@ package lacectl
 
 // lacectl services: what each node does with each service port Lace
 // serves. Which endpoints a node sends a new flow to is
-// model.ComputeServices' answer for that node (what its agent programs);
+// model.ComputeDesired's answer for that node (what its agent programs);
 // this file lists every endpoint of the EndpointSlices beside that answer
 // and says, for the ones left out, which rule of docs/services.md ("Which
 // endpoints get new flows") left them out.
@@ -64,8 +64,10 @@ type ServicesInput struct {
 // nodeServices is one node's service tables.
 type nodeServices struct {
 	node, zone string
-	state      model.ServiceState
-	byKey      map[svcKey]*tables.Service
+	// addrs are where its NodePorts are served.
+	addrs []netip.Addr
+	state model.ServiceState
+	byKey map[svcKey]*tables.Service
 }
 
 type svcKey struct {
@@ -73,8 +75,6 @@ type svcKey struct {
 	proto uint8
 	port  uint16
 }
-
-func nodeZone(n *corev1.Node) string { return n.Labels[corev1.LabelTopologyZone] }
 
 func nsLabels(nss []corev1.Namespace) map[string]map[string]string {
 	out := map[string]map[string]string{}
@@ -84,14 +84,11 @@ func nsLabels(nss []corev1.Namespace) map[string]map[string]string {
 	return out
 }
 
-// computeNode runs ComputeServices for one node, as its agent does, with
-// the node's addresses (nodeAddrs) for its NodePorts.
-func computeNode(node, zone string, addrs []netip.Addr, nets []lacev1.Network, nbps []lacev1.NetworkBindingPolicy, nss []corev1.Namespace,
-	svcs []corev1.Service, eps []discoveryv1.EndpointSlice, neps []lacev1.NetworkEndpoint) nodeServices {
-	st := model.ComputeServices(model.ServiceInput{Node: node, Zone: zone, Networks: nets, BindingPolicies: nbps,
-		Services: svcs, EndpointSlices: eps, NetworkEndpoints: neps, Namespaces: nsLabels(nss), NodeAddrs: addrs,
-		AllowedExternalIPs: allowedExternalIPs(svcs)})
-	ns := nodeServices{node: node, zone: zone, state: st}
+// serviceBindings is every service's binding, which does not depend on
+// the node: ComputeServices for no node, with no endpoints.
+func serviceBindings(nets []lacev1.Network, nbps []lacev1.NetworkBindingPolicy, nss []corev1.Namespace, svcs []corev1.Service) nodeServices {
+	ns := nodeServices{state: model.ComputeServices(model.ServiceInput{Networks: nets, BindingPolicies: nbps, Services: svcs,
+		Namespaces: nsLabels(nss), AllowedExternalIPs: allowedExternalIPs(svcs)})}
 	ns.index()
 	return ns
 }
@@ -120,24 +117,6 @@ func (ns *nodeServices) index() {
 		s := &ns.state.Services[i]
 		ns.byKey[svcKey{s.VIP, s.Proto, s.Port}] = s
 	}
-}
-
-// nodeAddrs are a node's addresses where its NodePorts are served: the
-// first of each family of its UnderlayEndpoint, as its agent takes them.
-func nodeAddrs(ueps []lacev1.UnderlayEndpoint, node string) []netip.Addr {
-	var out []netip.Addr
-	for _, u := range ueps {
-		if uepNode(u) != node {
-			continue
-		}
-		for _, s := range u.Spec.Addresses {
-			a, err := netip.ParseAddr(string(s))
-			if err == nil && !slices.ContainsFunc(out, func(b netip.Addr) bool { return b.Is4() == a.Unmap().Is4() }) {
-				out = append(out, a.Unmap())
-			}
-		}
-	}
-	return out
 }
 
 func (ns nodeServices) binding(svc *corev1.Service) (model.ServiceBinding, bool) {
@@ -631,48 +610,51 @@ type svcEnv struct {
 	svcs     []corev1.Service
 	eps      []discoveryv1.EndpointSlice
 	neps     []lacev1.NetworkEndpoint
-	ueps     []lacev1.UnderlayEndpoint
+	ueps     []lacev1.UnderlayEndpoint // as written: ComputeDesired accepts them
 	nrps     []lacev1.NetworkRoutingPolicy
 	srps     []lacev1.ServiceRoutingPolicy
 	classes  []lacev1.LoadBalancerClass
 	leases   []coordinationv1.Lease
 	now      time.Time
 
-	byNode map[string]*nodeServices
-	bound  *nodeServices
-	topo   *model.Topology
-	anns   map[netip.Addr]model.Announcement
+	svcPtrs []*corev1.Service
+	epPtrs  []*discoveryv1.EndpointSlice
+	byNode  map[string]*nodeServices
+	bound   *nodeServices
+	topo    *model.Topology
+	anns    map[netip.Addr]model.Announcement
 }
 
 func (in ServicesInput) env() *svcEnv {
-	// The underlay addresses the agents believe, not all a node wrote.
-	ueps, _ := model.AcceptUnderlays(model.UnderlayInput{Underlays: in.UnderlayEndpoints, Nodes: in.Nodes, Networks: in.Networks,
-		LoadBalancerPools: in.Classes, AllowedExternalIPs: allowedExternalIPs(in.Services)})
+	// Only the underlay addresses the agents believe are read
+	// (model.ComputeDesired accepts them), not all a node wrote.
 	return &svcEnv{networks: in.Networks, nbps: in.BindingPolicies, nss: in.Namespaces, nodes: in.Nodes, svcs: in.Services,
-		eps: in.EndpointSlices, neps: in.NetworkEndpoints, ueps: ueps, nrps: in.RoutingPolicies,
+		eps: in.EndpointSlices, neps: in.NetworkEndpoints, ueps: in.UnderlayEndpoints, nrps: in.RoutingPolicies,
 		srps: in.ServiceRoutingPolicies, classes: in.Classes, leases: in.Leases, now: in.Now}
 }
 
-// node is the service tables of node as its agent computes them: its
-// zone, its addresses for the NodePorts, and the NodePorts its views do
-// not open closed (model.GateNodePorts over model.ComputeNode's views).
+// node is the service tables of node as its agent computes them
+// (model.ComputeDesired, from the objects lacectl reads: the node's
+// addresses from its UnderlayEndpoint; no hostNetwork pods, so endpoints
+// at node addresses are shown as the slices say).
 func (e *svcEnv) node(name string) *nodeServices {
 	if ns, ok := e.byNode[name]; ok {
 		return ns
 	}
-	zone := ""
-	for i := range e.nodes {
-		if e.nodes[i].Name == name {
-			zone = nodeZone(&e.nodes[i])
-		}
+	if e.svcPtrs == nil {
+		e.svcPtrs, e.epPtrs = ptrs(e.svcs), ptrs(e.eps)
 	}
-	ns := computeNode(name, zone, nodeAddrs(e.ueps, name), e.networks, e.nbps, e.nss, e.svcs, e.eps, e.neps)
-	if slices.ContainsFunc(ns.state.Services, func(s tables.Service) bool { return s.Frontend == tables.FrontendNodePort }) {
-		st := model.ComputeNode(model.NodeInput{Node: name, Networks: e.networks, Underlays: e.ueps, RoutingPolicies: e.nrps,
-			Services: model.BoundServiceVIPs(e.svcs, ns.state.Bound), ServiceRoutingPolicies: e.srps, Namespaces: nsLabels(e.nss)})
-		ns.state.Services = model.GateNodePorts(ns.state.Services, &st)
-		ns.index()
+	d, err := model.ComputeDesired(model.DesiredInput{Node: name, Networks: e.networks, RoutingPolicies: e.nrps,
+		ServiceRoutingPolicies: e.srps, BindingPolicies: e.nbps, NetworkEndpoints: e.neps, Namespaces: nsLabels(e.nss),
+		Nodes: e.nodes, LoadBalancerClasses: e.classes, Underlays: e.ueps, Services: e.svcPtrs, EndpointSlices: e.epPtrs,
+		AddrsFromUnderlay: true, AllowedExternalIPs: allowedExternalIPs(e.svcs)})
+	if err != nil {
+		panic(err) // no stage that fails is set
 	}
+	st := d.Services
+	st.Services = d.NodeState.Services
+	ns := nodeServices{node: name, zone: d.Zone, addrs: d.NodeAddrs, state: st}
+	ns.index()
 	if e.byNode == nil {
 		e.byNode = map[string]*nodeServices{}
 	}
@@ -680,11 +662,20 @@ func (e *svcEnv) node(name string) *nodeServices {
 	return &ns
 }
 
+// ptrs points at each item.
+func ptrs[T any](items []T) []*T {
+	out := make([]*T, len(items))
+	for i := range items {
+		out[i] = &items[i]
+	}
+	return out
+}
+
 // bindings is every service's binding (which does not depend on the
 // node).
 func (e *svcEnv) bindings() *nodeServices {
 	if e.bound == nil {
-		ns := computeNode("", "", nil, e.networks, e.nbps, e.nss, e.svcs, nil, nil)
+		ns := serviceBindings(e.networks, e.nbps, e.nss, e.svcs)
 		e.bound = &ns
 	}
 	return e.bound
@@ -991,7 +982,7 @@ func printFrontends(tw io.Writer, e *svcEnv, svc *corev1.Service, shown []*nodeS
 				}
 				for _, ns := range shown {
 					var addrs []netip.Addr
-					for _, a := range nodeAddrs(e.ueps, ns.node) {
+					for _, a := range ns.addrs {
 						if a.Is4() == vip.Is4() {
 							addrs = append(addrs, a)
 						}

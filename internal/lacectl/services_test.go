@@ -491,8 +491,9 @@ func TestServicesAgreeWithComputeServices(t *testing.T) {
 	if strings.Contains(out.String(), "not chosen by ComputeServices") {
 		t.Errorf("an endpoint left out without a reason:\n%s", out.String())
 	}
+	e := in.env()
 	for _, n := range in.Nodes {
-		ns := computeNode(n.Name, nodeZone(&n), nil, in.Networks, in.BindingPolicies, in.Namespaces, in.Services, in.EndpointSlices, in.NetworkEndpoints)
+		ns := e.node(n.Name)
 		for i := range in.Services {
 			svc := &in.Services[i]
 			for _, sp := range svc.Spec.Ports {
@@ -502,7 +503,7 @@ func TestServicesAgreeWithComputeServices(t *testing.T) {
 						continue
 					}
 					eligible := 0
-					for _, ch := range explain(svc, ns, ts, candidates(svc, sp, vip, in.EndpointSlices)) {
+					for _, ch := range explain(svc, *ns, ts, candidates(svc, sp, vip, in.EndpointSlices)) {
 						if ch.eligible {
 							eligible++
 						}

@@ -5,7 +5,7 @@ package lacectl
 // (model.Reach, docs/topology.md); this file only resolves the
 // endpoints from API objects and describes the path the verdict implies.
 // Through a service VIP, the endpoints a flow may be translated to are
-// model.ComputeServices' answer for the source's node (docs/services.md).
+// model.ComputeDesired's answer for the source's node (docs/services.md).
 
 import (
 	"context"
@@ -112,7 +112,7 @@ type TraceResult struct {
 }
 
 // TraceService is what a flow to a service VIP meets on the source's node,
-// where it is translated (docs/services.md): model.ComputeServices for that node.
+// where it is translated (docs/services.md): model.ComputeDesired for that node.
 type TraceService struct {
 	Namespace, Name string
 	// Network is the network the service is bound to, in which its

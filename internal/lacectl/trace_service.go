@@ -25,7 +25,7 @@ func traceService(in TraceInput, r TraceResult, src, dst endpointRef) (TraceResu
 	svc := dst.svc
 	name := svc.Namespace + "/" + svc.Name
 	// The binding does not depend on the node; the eligible endpoints do.
-	b, considered := computeNode("", "", nil, in.Networks, in.BindingPolicies, in.Namespaces, []corev1.Service{*svc}, nil, nil).binding(svc)
+	b, considered := serviceBindings(in.Networks, in.BindingPolicies, in.Namespaces, []corev1.Service{*svc}).binding(svc)
 	if !considered {
 		return r, fmt.Errorf("service %s is not served by Lace (%s)", name, leftAlone(svc))
 	}
@@ -73,7 +73,7 @@ func traceService(in TraceInput, r TraceResult, src, dst endpointRef) (TraceResu
 	r.Src, r.Dst = src.TraceEndpoint, dst.TraceEndpoint
 
 	// The oracle knows every service bound to a network.
-	all := computeNode("", "", nil, in.Networks, in.BindingPolicies, in.Namespaces, in.Services, nil, nil)
+	all := serviceBindings(in.Networks, in.BindingPolicies, in.Namespaces, in.Services)
 	t := model.Topology{Networks: in.Networks, RoutingPolicies: in.RoutingPolicies, ServiceRoutingPolicies: in.ServiceRoutingPolicies,
 		Namespaces: nsLabels(in.Namespaces)}
 	for i := range in.Services {
@@ -101,13 +101,7 @@ func traceService(in TraceInput, r TraceResult, src, dst endpointRef) (TraceResu
 	}
 	if r.Verdict.Allowed {
 		if sp != nil && r.Src.NodeName != "" {
-			zone := ""
-			for i := range in.Nodes {
-				if in.Nodes[i].Name == r.Src.NodeName {
-					zone = nodeZone(&in.Nodes[i])
-				}
-			}
-			ns := computeNode(r.Src.NodeName, zone, nil, in.Networks, in.BindingPolicies, in.Namespaces, in.Services, in.EndpointSlices, in.NetworkEndpoints)
+			ns := in.env().node(r.Src.NodeName)
 			if tab := ns.byKey[svcKey{r.Dst.Addr, protoNum(sp.Protocol), uint16(sp.Port)}]; tab != nil {
 				ts.Served, ts.Drop, ts.AffinitySeconds = true, tab.Drop, tab.AffinitySeconds
 				cands := candidates(svc, *sp, r.Dst.Addr, in.EndpointSlices)

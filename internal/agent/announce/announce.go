@@ -1,0 +1,342 @@
+package announce
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/model"
+	"github.com/lace-cni/lace/internal/netutil"
+)
+
+// LeaseName is the heartbeat Lease of node's agent.
+func LeaseName(node string) string { return "lace-agent-" + node }
+
+// DataPlane is what the announcer needs of the eBPF data plane: which
+// VIPs it answers ARP/NDP for. *datapath.Datapath implements it.
+type DataPlane interface {
+	SetAnnounced(vips []netip.Addr, mac net.HardwareAddr, ttl time.Duration) error
+}
+
+// ServiceLister lists the cluster's Services and EndpointSlices as the
+// node's sync has them cached (nodesync.Syncer); they must not be
+// modified.
+type ServiceLister interface {
+	ListServices(ctx context.Context) ([]*corev1.Service, []*discoveryv1.EndpointSlice, error)
+}
+
+// Options configure the announcer.
+type Options struct {
+	NodeName string
+	// NetNS is the path of the node's network namespace, whose
+	// UnderlayInterface carries the announcements.
+	NetNS             string
+	UnderlayInterface string
+	// LeaseNamespace holds the agents' heartbeat Leases; LeaseDuration
+	// is how long a silent agent counts as alive.
+	LeaseNamespace string
+	LeaseDuration  time.Duration
+}
+
+// New makes the node's announcer.
+func New(o Options, log *slog.Logger, c client.Client, reader client.Reader, dp DataPlane, services ServiceLister) *Announcer {
+	return &Announcer{opts: o, log: log, client: c, reader: reader, dp: dp, services: services,
+		ns: o.LeaseNamespace, duration: o.LeaseDuration, send: netutil.SendFrames}
+}
+
+// Announcer keeps the node's share of the L2 announcements: it renews the
+// agent's Lease (its heartbeat), sees which agents renew theirs, decides
+// with model.Announcements which VIPs are this node's, has the data plane
+// answer ARP/NDP for exactly those, and announces each one it takes over
+// with gratuitous ARP / unsolicited NA. A node is alive while its Lease
+// changed within the lease duration as this agent saw it (its own clock,
+// not the writer's: no trust in clock sync). An agent that cannot renew
+// its own Lease stops announcing at the same deadline the others take
+// over, and the data plane's entries lapse by themselves if it dies.
+type Announcer struct {
+	opts     Options
+	log      *slog.Logger
+	client   client.Client
+	reader   client.Reader
+	dp       DataPlane
+	services ServiceLister
+	ns       string
+	duration time.Duration
+	mac      net.HardwareAddr
+
+	mu        sync.Mutex
+	seen      map[string]leaseSeen // node -> its Lease's last change, locally
+	renewed   time.Time            // own Lease's last successful renewal
+	lastTry   time.Time
+	announced map[netip.Addr]bool
+	// groups are the underlay's solicited-node groups (netutil's
+	// GroupMember once Run starts); send puts frames on the underlay
+	// (netutil.SendFrames). Tests replace both.
+	groups interface{ Set([]netip.Addr) error }
+	send   func(nsPath, ifName string, frames [][]byte) error
+}
+
+type leaseSeen struct {
+	renew string // the Lease's renewTime as written
+	at    time.Time
+}
+
+// tick is how often announcements are decided: a few times per lease
+// duration, so a takeover follows an expiry closely.
+func (an *Announcer) tick() time.Duration { return an.duration / 8 }
+
+// Run announces until ctx ends.
+func (an *Announcer) Run(ctx context.Context) error {
+	err := netutil.Do(an.opts.NetNS, func() error {
+		iface, err := net.InterfaceByName(an.opts.UnderlayInterface)
+		if err == nil {
+			an.mac = iface.HardwareAddr
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("underlay interface for L2 announcements: %w", err)
+	}
+	groups, err := netutil.NewGroupMember(an.opts.NetNS, an.opts.UnderlayInterface)
+	if err != nil {
+		return err
+	}
+	defer groups.Close()
+	an.groups = groups
+	an.seen, an.announced = map[string]leaseSeen{}, map[netip.Addr]bool{}
+	t := time.NewTicker(an.tick())
+	defer t.Stop()
+	for {
+		if err := an.once(ctx); err != nil {
+			an.log.Error("L2 announcement", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// renew writes the own Lease's renewTime (creating the Lease the first
+// time), at most every quarter duration.
+func (an *Announcer) renew(ctx context.Context, now time.Time) bool {
+	if now.Sub(an.lastTry) < an.duration/4 {
+		return true
+	}
+	an.lastTry = now
+	name := LeaseName(an.opts.NodeName)
+	var l coordinationv1.Lease
+	err := an.client.Get(ctx, client.ObjectKey{Namespace: an.ns, Name: name}, &l)
+	switch {
+	case apierrors.IsNotFound(err):
+		l = coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: an.ns, Name: name,
+			Labels: map[string]string{lacev1.LabelAgentLease: "true"}},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(an.opts.NodeName),
+				LeaseDurationSeconds: ptr.To(int32((an.duration + time.Second - 1) / time.Second)),
+				RenewTime:            &metav1.MicroTime{Time: now}}}
+		err = an.client.Create(ctx, &l)
+	case err == nil:
+		l.Spec.RenewTime = &metav1.MicroTime{Time: now}
+		err = an.client.Update(ctx, &l)
+	}
+	if err != nil {
+		an.log.Info("renew the agent lease", "err", err)
+		return false
+	}
+	an.renewed = now
+	return true
+}
+
+// apiDown tells whether the API server cannot be reached at all (not
+// merely this Lease refused).
+func (an *Announcer) apiDown(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, an.duration/4)
+	defer cancel()
+	var l coordinationv1.LeaseList
+	err := an.reader.List(ctx, &l, client.InNamespace(an.ns), client.Limit(1))
+	return err != nil && !apierrors.IsForbidden(err) && !apierrors.IsNotFound(err)
+}
+
+// alive is the set of nodes whose agents renewed their Lease within the
+// duration, as seen from here.
+func (an *Announcer) alive(ctx context.Context, now time.Time) (map[string]bool, error) {
+	var leases coordinationv1.LeaseList
+	if err := an.client.List(ctx, &leases, client.InNamespace(an.ns), client.MatchingLabels{lacev1.LabelAgentLease: "true"}); err != nil {
+		return nil, fmt.Errorf("list agent leases: %w", err)
+	}
+	out := map[string]bool{}
+	for _, l := range leases.Items {
+		// A Lease speaks for the node its name says, and only when its
+		// holder says the same: one agent cannot keep another node alive
+		// under its own name.
+		node, ok := strings.CutPrefix(l.Name, LeaseName(""))
+		if !ok || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != node || l.Spec.RenewTime == nil {
+			continue
+		}
+		renew := l.Spec.RenewTime.Format(time.RFC3339Nano)
+		s, ok := an.seen[node]
+		switch {
+		case !ok:
+			// First sight (this agent just started): alive for a full
+			// duration from now, whatever the writer's clock says, so a
+			// restart never declares a live peer dead.
+			s = leaseSeen{renew, now}
+		case s.renew != renew:
+			s = leaseSeen{renew, now}
+		}
+		an.seen[node] = s
+		if now.Sub(s.at) < an.duration {
+			out[node] = true
+		}
+	}
+	self := an.opts.NodeName
+	out[self] = now.Sub(an.renewed) < an.duration
+	return out, nil
+}
+
+func (an *Announcer) once(ctx context.Context) error {
+	an.mu.Lock()
+	defer an.mu.Unlock()
+	now := time.Now()
+	var classes lacev1.LoadBalancerClassList
+	if err := an.client.List(ctx, &classes, client.UnsafeDisableDeepCopy); err != nil {
+		return fmt.Errorf("list LoadBalancerClasses: %w", err)
+	}
+	// No class, nothing to announce: no heartbeat either (the API server
+	// pays for every node's renewals only where L2 announcement is used).
+	if len(classes.Items) == 0 && len(an.announced) == 0 {
+		return nil
+	}
+	renewed := an.renew(ctx, now)
+	if !renewed && now.Sub(an.renewed) >= an.duration && an.apiDown(ctx) {
+		// The API server is out of reach for this node: fail static. If
+		// it is down for everyone nobody takes over, and withdrawing
+		// would take every VIP off the network; if only this node is cut
+		// off, another takes over and both answer until it is back (the
+		// data planes of both serve the VIP).
+		an.log.Info("API server unreachable: keeping the announcements", "vips", len(an.announced))
+		keep := make([]netip.Addr, 0, len(an.announced))
+		for v := range an.announced {
+			keep = append(keep, v)
+		}
+		return an.dp.SetAnnounced(keep, an.mac, an.duration)
+	}
+	alive, err := an.alive(ctx, now)
+	if err != nil {
+		return err
+	}
+	in := model.AnnounceInput{Alive: alive}
+	var nodes corev1.NodeList
+	if err := an.client.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
+		return fmt.Errorf("list Nodes: %w", err)
+	}
+	in.Classes, in.Nodes = classes.Items, make([]*corev1.Node, len(nodes.Items))
+	for i := range nodes.Items {
+		in.Nodes[i] = &nodes.Items[i]
+	}
+	svcs, slices, err := an.services.ListServices(ctx)
+	if err != nil {
+		return err
+	}
+	in.Services, in.Slices = svcs, onlyLB(svcs, slices)
+	var mine []netip.Addr
+	for _, a := range model.Announcements(in) {
+		if a.Node == an.opts.NodeName {
+			mine = append(mine, a.VIP)
+		}
+	}
+	// The entries lapse when the others stop counting this node alive:
+	// at the own Lease's last renewal plus the duration (they see the
+	// renewal no earlier than it was made).
+	ttl := an.renewed.Add(an.duration).Sub(now)
+	if ttl <= 0 {
+		mine, ttl = nil, 0
+	}
+	if err := an.dp.SetAnnounced(mine, an.mac, ttl); err != nil {
+		return err
+	}
+	// Solicitations for an IPv6 VIP go to its solicited-node group: the
+	// underlay joins it, or a multicast filter (the NIC's, an MLD-snooping
+	// switch's) would keep them from ever reaching the data plane.
+	var groups []netip.Addr
+	for _, v := range mine {
+		if v.Is6() {
+			groups = append(groups, netutil.SolicitedNode(v))
+		}
+	}
+	if err := an.groups.Set(groups); err != nil {
+		an.log.Error("solicited-node groups of IPv6 VIPs", "err", err)
+	}
+	var taken []netip.Addr
+	now2 := map[netip.Addr]bool{}
+	for _, v := range mine {
+		now2[v] = true
+		if !an.announced[v] {
+			taken = append(taken, v)
+			an.log.Info("announcing LoadBalancer VIP", "vip", v)
+		}
+	}
+	for v := range an.announced {
+		if !now2[v] {
+			an.log.Info("stopped announcing LoadBalancer VIP", "vip", v)
+		}
+	}
+	an.announced = now2
+	if len(taken) > 0 {
+		go an.burst(taken)
+	}
+	return nil
+}
+
+// onlyLB keeps the slices of LoadBalancer Services (the only ones whose
+// endpoints decide an announcement).
+func onlyLB(svcs []*corev1.Service, all []*discoveryv1.EndpointSlice) []*discoveryv1.EndpointSlice {
+	lb := map[model.ServiceKey]bool{}
+	for _, s := range svcs {
+		if s.Spec.Type == corev1.ServiceTypeLoadBalancer {
+			lb[model.ServiceKey{Namespace: s.Namespace, Name: s.Name}] = true
+		}
+	}
+	var out []*discoveryv1.EndpointSlice
+	for _, sl := range all {
+		if k, ok := model.SliceService(sl); ok && lb[k] {
+			out = append(out, sl)
+		}
+	}
+	return out
+}
+
+// burst announces taken VIPs a few times (a frame can be lost, a switch
+// can be learning): gratuitous ARP for IPv4, unsolicited NA for IPv6.
+func (an *Announcer) burst(vips []netip.Addr) {
+	var frames [][]byte
+	for _, v := range vips {
+		if v.Is4() {
+			frames = append(frames, netutil.GratuitousARP(an.mac, v))
+		} else {
+			frames = append(frames, netutil.UnsolicitedNA(an.mac, v))
+		}
+	}
+	for i, wait := range []time.Duration{0, 200 * time.Millisecond, 800 * time.Millisecond} {
+		time.Sleep(wait)
+		if err := an.send(an.opts.NetNS, an.opts.UnderlayInterface, frames); err != nil {
+			an.log.Error("announce takeover", "vips", vips, "round", i, "err", err)
+			return
+		}
+	}
+}

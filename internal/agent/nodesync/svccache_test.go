@@ -1,0 +1,248 @@
+package nodesync
+
+import (
+	"cmp"
+	"fmt"
+	"math/rand"
+	"reflect"
+	"slices"
+	"strconv"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/model"
+)
+
+// TestServiceCacheMatchesComputeServices: over random changes of Services,
+// EndpointSlices, NetworkEndpoints, binding policies, namespace labels and
+// the node's zone, the incremental computation gives exactly what
+// model.ComputeServices gives for the objects at that point, and the VIPs
+// of model.BoundServiceVIPs; unchanged objects are not computed again.
+func TestServiceCacheMatchesComputeServices(t *testing.T) {
+	rng := rand.New(rand.NewSource(3))
+	rv := 0
+	bump := func(m *metav1.ObjectMeta) { rv++; m.ResourceVersion = strconv.Itoa(rv) }
+	nets := []lacev1.Network{
+		{ObjectMeta: metav1.ObjectMeta{Name: "default"}, Status: lacev1.NetworkStatus{ID: 1}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "red"}, Status: lacev1.NetworkStatus{ID: 2}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "blue"}},
+	}
+	nbps := []lacev1.NetworkBindingPolicy{
+		{ObjectMeta: metav1.ObjectMeta{Name: "default"}, Spec: lacev1.NetworkBindingPolicySpec{Network: "default", Priority: model.CatchAllPriority}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "red"}, Spec: lacev1.NetworkBindingPolicySpec{Network: "red", Priority: 10,
+			MatchKind: lacev1.MatchKindService, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"net": "red"}}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "team"}, Spec: lacev1.NetworkBindingPolicySpec{Network: "blue", Priority: 20,
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "blue"}}}},
+	}
+	nss := []corev1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: "a"}}, {ObjectMeta: metav1.ObjectMeta{Name: "b"}}}
+	for i := range nets {
+		bump(&nets[i].ObjectMeta)
+	}
+	for i := range nbps {
+		bump(&nbps[i].ObjectMeta)
+	}
+	for i := range nss {
+		bump(&nss[i].ObjectMeta)
+	}
+	addr := func() string { return fmt.Sprintf("10.%d.0.%d", 1+rng.Intn(2), rng.Intn(12)) }
+	var neps []lacev1.NetworkEndpoint
+	newNE := func(i int) lacev1.NetworkEndpoint {
+		ne := lacev1.NetworkEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: fmt.Sprintf("p%d", i),
+			Labels: map[string]string{"lace-cni.io/pod-uid": fmt.Sprintf("u%d", i)}},
+			Spec: lacev1.NetworkEndpointSpec{Network: []string{"default", "red"}[rng.Intn(2)], Addresses: []lacev1.IPAddress{lacev1.IPAddress(addr())}}}
+		bump(&ne.ObjectMeta)
+		return ne
+	}
+	for i := range 6 {
+		neps = append(neps, newNE(i))
+	}
+	newSvc := func(ns, name string) corev1.Service {
+		s := corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID(ns + name + strconv.Itoa(rv))},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP,
+				Ports: []corev1.ServicePort{{Name: "http", Port: 80}, {Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53}}}}
+		vip := fmt.Sprintf("10.96.%d.%d", rng.Intn(4), rng.Intn(200))
+		s.Spec.ClusterIP, s.Spec.ClusterIPs = vip, []string{vip}
+		switch rng.Intn(6) {
+		case 0:
+			s.Labels = map[string]string{"net": "red"}
+		case 1:
+			s.Spec.ClusterIP, s.Spec.ClusterIPs = corev1.ClusterIPNone, nil
+		case 2:
+			s.Spec.InternalTrafficPolicy = ptr.To(corev1.ServiceInternalTrafficPolicyLocal)
+		case 3:
+			s.Annotations = map[string]string{lacev1.AnnotationTrafficDistribution: model.TrafficDistributionPreferClosest}
+		}
+		bump(&s.ObjectMeta)
+		return s
+	}
+	newSlice := func(ns, svc, name string) discoveryv1.EndpointSlice {
+		sl := discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name,
+			UID: types.UID(ns + name + strconv.Itoa(rv)), Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Ports: []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080)},
+				{Name: ptr.To("dns"), Port: ptr.To[int32](5353), Protocol: ptr.To(corev1.ProtocolUDP)}}}
+		for range rng.Intn(5) {
+			e := discoveryv1.Endpoint{Addresses: []string{addr()}, NodeName: ptr.To([]string{"n1", "n2"}[rng.Intn(2)]),
+				Zone: ptr.To([]string{"z1", "z2"}[rng.Intn(2)]),
+				Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(rng.Intn(4) > 0), Serving: ptr.To(true),
+					Terminating: ptr.To(rng.Intn(3) == 0)}}
+			if rng.Intn(3) == 0 {
+				e.Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "z1"}}}
+			}
+			if rng.Intn(3) == 0 {
+				i := rng.Intn(8)
+				e.TargetRef = &corev1.ObjectReference{Kind: "Pod", Namespace: "a", Name: fmt.Sprintf("p%d", i), UID: types.UID(fmt.Sprintf("u%d", i))}
+			}
+			sl.Endpoints = append(sl.Endpoints, e)
+		}
+		bump(&sl.ObjectMeta)
+		return sl
+	}
+	var svcs []corev1.Service
+	var sls []discoveryv1.EndpointSlice
+	for i := range 30 {
+		ns, name := []string{"a", "b"}[i%2], fmt.Sprintf("s%d", i)
+		svcs = append(svcs, newSvc(ns, name))
+		for j := range rng.Intn(3) {
+			sls = append(sls, newSlice(ns, name, fmt.Sprintf("%s-%d", name, j)))
+		}
+	}
+
+	var c serviceCache
+	var vNets, vNbps, vNeps, vNss versions
+	zone, lastZone := "z1", ""
+	computed := 0
+	for round := range 300 {
+		if round > 0 {
+			switch rng.Intn(12) {
+			case 0, 1, 2:
+				i := rng.Intn(len(sls))
+				sls[i] = newSlice(sls[i].Namespace, sls[i].Labels[discoveryv1.LabelServiceName], sls[i].Name)
+			case 3:
+				i := rng.Intn(len(svcs))
+				svcs[i] = newSvc(svcs[i].Namespace, svcs[i].Name)
+			case 4:
+				i := rng.Intn(len(svcs))
+				svcs = slices.Delete(svcs, i, i+1)
+			case 5:
+				i := rng.Intn(40)
+				ns, name := []string{"a", "b"}[i%2], fmt.Sprintf("s%d", i)
+				if !slices.ContainsFunc(svcs, func(s corev1.Service) bool { return s.Namespace == ns && s.Name == name }) {
+					svcs = append(svcs, newSvc(ns, name))
+				}
+				sls = append(sls, newSlice(ns, name, fmt.Sprintf("%s-x%d", name, round)))
+			case 6:
+				if len(sls) > 1 {
+					i := rng.Intn(len(sls))
+					sls = slices.Delete(sls, i, i+1)
+				}
+			case 7:
+				i := rng.Intn(len(neps))
+				neps[i] = newNE(i)
+			case 8:
+				zone = []string{"z1", "z2"}[rng.Intn(2)]
+			case 9:
+				nss[1].Labels = map[string]string{"team": []string{"blue", "red"}[rng.Intn(2)]}
+				bump(&nss[1].ObjectMeta)
+			case 10:
+				nets[2].Status.ID = int32(rng.Intn(2) * 3)
+				bump(&nets[2].ObjectMeta)
+			case 11:
+				nbps[1].Spec.Priority = int32(5 + rng.Intn(20))
+				bump(&nbps[1].ObjectMeta)
+			}
+		}
+		nsLabels := map[string]map[string]string{}
+		for _, ns := range nss {
+			nsLabels[ns.Name] = ns.Labels
+		}
+		shared := model.ServiceInput{Node: "n1", Zone: zone, Networks: nets, BindingPolicies: nbps, NetworkEndpoints: neps, Namespaces: nsLabels}
+		c1 := vNets.update(len(nets), func(i int) client.Object { return &nets[i] })
+		c2 := vNbps.update(len(nbps), func(i int) client.Object { return &nbps[i] })
+		c3 := vNeps.update(len(neps), func(i int) client.Object { return &neps[i] })
+		c4 := vNss.update(len(nss), func(i int) client.Object { return &nss[i] })
+		zoneChanged := round == 0 || zone != lastZone
+		lastZone = zone
+		gens := map[model.ServiceKey]*svcEntry{}
+		for k, e := range c.entries {
+			gens[k] = e
+		}
+		// The informer lists in any order.
+		svcPtrs, slicePtrs := ptrs(svcs), ptrs(sls)
+		rng.Shuffle(len(svcPtrs), func(i, j int) { svcPtrs[i], svcPtrs[j] = svcPtrs[j], svcPtrs[i] })
+		rng.Shuffle(len(slicePtrs), func(i, j int) { slicePtrs[i], slicePtrs[j] = slicePtrs[j], slicePtrs[i] })
+		sharedChanged := c1 || c2 || c3 || c4 || zoneChanged
+		st, vips, _ := c.update(shared, sharedChanged, svcPtrs, slicePtrs)
+		for k, e := range c.entries {
+			if gens[k] != e {
+				computed++
+			}
+		}
+
+		full := shared
+		full.Services, full.EndpointSlices = svcs, sls
+		want := model.ComputeServices(full)
+		if !reflect.DeepEqual(st, want) {
+			t.Fatalf("round %d: incremental state differs:\n got %+v\nwant %+v", round, st, want)
+		}
+		sorted := slices.Clone(svcs)
+		slices.SortFunc(sorted, func(a, b corev1.Service) int {
+			return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+		})
+		if wantVIPs := model.BoundServiceVIPs(sorted, want.Bound); !reflect.DeepEqual(vips, wantVIPs) {
+			t.Fatalf("round %d: VIPs\n got %+v\nwant %+v", round, vips, wantVIPs)
+		}
+	}
+	// Most rounds change one object: far fewer computations than a full
+	// recomputation each round.
+	if computed > 300*30/3 {
+		t.Errorf("%d services computed over 300 rounds of ~30 services", computed)
+	}
+}
+
+// BenchmarkServiceCacheOneChange: one EndpointSlice of 10,000 services
+// changes between two updates (the services bench's endpoint change).
+func BenchmarkServiceCacheOneChange(b *testing.B) {
+	const n = 10000
+	shared := model.ServiceInput{Node: "n1", Networks: []lacev1.Network{{ObjectMeta: metav1.ObjectMeta{Name: "default"},
+		Status: lacev1.NetworkStatus{ID: 1}}}, BindingPolicies: []lacev1.NetworkBindingPolicy{{ObjectMeta: metav1.ObjectMeta{Name: "default"},
+		Spec: lacev1.NetworkBindingPolicySpec{Network: "default", Priority: model.CatchAllPriority}}}}
+	svcs := make([]corev1.Service, n)
+	sls := make([]discoveryv1.EndpointSlice, n)
+	for i := range n {
+		name := fmt.Sprintf("s%05d", i)
+		vip := fmt.Sprintf("10.96.%d.%d", i>>8, i&255)
+		svcs[i] = corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: name, ResourceVersion: "1"},
+			Spec: corev1.ServiceSpec{ClusterIP: vip, ClusterIPs: []string{vip}, Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}
+		sl := discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: name, ResourceVersion: "1",
+			Labels: map[string]string{discoveryv1.LabelServiceName: name}}, AddressType: discoveryv1.AddressTypeIPv4,
+			Ports: []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080)}}}
+		for j := range 10 {
+			sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{fmt.Sprintf("10.%d.%d.%d", 160+i>>12, i>>4&255, (i&15)*10+j)}})
+		}
+		sls[i] = sl
+	}
+	var c serviceCache
+	sp, slp := ptrs(svcs), ptrs(sls)
+	c.update(shared, true, sp, slp)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		k := i % n
+		sl := *slp[k]
+		sl.ResourceVersion = strconv.Itoa(i + 2)
+		sl.Endpoints = slices.Clone(sl.Endpoints)
+		sl.Endpoints[0].Addresses = []string{fmt.Sprintf("10.200.%d.%d", i>>8&255, i&255)}
+		slp[k] = &sl
+		if st, _, _ := c.update(shared, false, sp, slp); len(st.Services) != n {
+			b.Fatal(len(st.Services))
+		}
+	}
+}
