@@ -76,7 +76,7 @@ func (s *Syncer) apply(st model.NodeState) error {
 			s.log.Info("forgot flows to endpoints that left their service", "flows", n)
 		}
 	}
-	errs = append(errs, s.routes.sync(s.dp, st.Routes))
+	errs = append(errs, s.dp.SyncRoutes(st.Routes))
 	errs = append(errs, s.dp.SyncClassifiers(st.Classifiers), s.dp.SyncInsides(st.Inside))
 
 	// Underlay routes to the other nodes' locators, and to their pod

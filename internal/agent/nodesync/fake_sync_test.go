@@ -1,6 +1,7 @@
 package nodesync
 
 import (
+	"fmt"
 	"net/netip"
 
 	"github.com/lace-cni/lace/internal/agent/agenttest"
@@ -37,4 +38,9 @@ func (f *fakeDP) SyncClassifiers(want []datapath.Classifier) error {
 func (f *fakeDP) SyncInsides(want []datapath.Inside) error {
 	return applier.SyncListEq(agenttest.Values(&f.mu, f.inside), want, func(c datapath.Inside) netip.Prefix { return c.Prefix },
 		f.UpsertInside, func(c datapath.Inside) error { return f.DeleteInside(c.Prefix) })
+}
+
+func (f *fakeDP) SyncRoutes(want []datapath.Route) error {
+	return applier.SyncListEq(agenttest.Values(&f.mu, f.routes), want, func(r datapath.Route) string { return fmt.Sprint(r.NetID, r.Prefix) },
+		f.UpsertRoute, func(r datapath.Route) error { return f.DeleteRoute(r.NetID, r.Prefix) })
 }

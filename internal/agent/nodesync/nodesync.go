@@ -70,12 +70,11 @@ type NodeTables interface {
 	SyncInsides([]datapath.Inside) error
 }
 
-// RouteTable is the views map, written through the routes' mirror
-// (routeMirror): read back once, then diffed in memory.
+// RouteTable is the views map, synced against what was written to it
+// (datapath's table reconciler: read back once after a start, then
+// diffed in memory).
 type RouteTable interface {
-	UpsertRoute(datapath.Route) error
-	DeleteRoute(netID uint32, p netip.Prefix) error
-	Routes() ([]datapath.Route, error)
+	SyncRoutes([]datapath.Route) error
 }
 
 // Services are the node's service frontends and backends (a
@@ -182,8 +181,6 @@ type Syncer struct {
 	// which share compute.
 	computeMu sync.Mutex
 	compute   computeCache
-	// routes mirrors the views map (the applier's alone).
-	routes routeMirror
 
 	mu sync.Mutex
 	// state is the node's desired state; haveState once computed.
