@@ -81,12 +81,18 @@ deps: ## Install the Debian packages the lab and tests need (only missing ones; 
 
 .PHONY: build
 build: ## Build the Lace binaries into ./bin.
-	$(GO) build -o $(BIN_DIR)/ ./cmd/...
+	$(GO) build -o $(BIN_DIR)/ ./cmd/... ./lab/cmd/...
 
 .PHONY: images
 images: k8s-bins ## Build the lab's images (agnhost, pause, Lace) as tarballs into bin/images.
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(BIN_DIR)/static/ ./cmd/lace-agent ./cmd/lace-controller ./cmd/lace-cni ./cmd/lacectl
-	$(GO) run ./hack/mkimages --out $(LACE_IMAGES) --agnhost $(K8S_BIN)/agnhost --lace-bin $(BIN_DIR)/static --pause-src $(PAUSE_SRC)
+	$(GO) run ./lab/mkimages --out $(LACE_IMAGES) --agnhost $(K8S_BIN)/agnhost --lace-bin $(BIN_DIR)/static --pause-src $(PAUSE_SRC)
+
+# The unit tier: every test that needs neither root, a control plane nor a
+# lab (-short skips the others, each saying what it needs), as any user.
+.PHONY: unit
+unit: ## Unit tests: no root, no API server, no lab (go test -short ./...; any user).
+	$(GO) test $(GOFLAGS_TEST) -short -count=1 ./...
 
 .PHONY: lint
 lint: $(STATICCHECK) ## gofmt, go vet and staticcheck.
@@ -105,11 +111,11 @@ test: deps k8s-bins cni-bins build images check-generated lint $(HELM) $(if $(DN
 
 .PHONY: bench
 bench: deps k8s-bins cni-bins build images $(HELM) ## Benchmarks on a lab, beside peers measured in the same run (root).
-	$(GO) run ./bench --bin $(BIN_DIR)
+	$(GO) run ./lab/bench --bin $(BIN_DIR)
 
 # Upstream's e2e suite of the pinned release, run on a lab by
-# hack/conformance (docs/conformance.md): every [sig-network] describe a CNI
-# and a kube-proxy replacement answer for, minus hack/conformance/skip.txt. It uses LAB_NAME when given and up (and
+# lab/conformance (docs/conformance.md): every [sig-network] describe a CNI
+# and a kube-proxy replacement answer for, minus lab/conformance/skip.txt. It uses LAB_NAME when given and up (and
 # leaves it up; it must run cluster DNS), else brings up CONFORMANCE_LAB
 # with cluster DNS and takes it down after (KEEP=1 keeps it). Reports go to
 # $(BIN_DIR)/conformance.
@@ -117,10 +123,10 @@ CONFORMANCE_LAB ?= $(if $(filter command line environment,$(origin LAB_NAME)),$(
 CONFORMANCE_FLAGS ?=
 .PHONY: conformance
 conformance: deps k8s-bins cni-bins build images coredns $(HELM) $(E2E_TEST) $(E2E_IMAGE_BINS) ## Upstream e2e [sig-network] specs on a lab (root; KEEP=1 keeps the lab).
-	bash hack/conformance/deps.sh
-	$(GO) run ./hack/mkimages --e2e --out $(LACE_IMAGES) --agnhost $(K8S_BIN)/agnhost --coredns $(COREDNS) \
+	bash lab/conformance/deps.sh
+	$(GO) run ./lab/mkimages --e2e --out $(LACE_IMAGES) --agnhost $(K8S_BIN)/agnhost --coredns $(COREDNS) \
 		--k8s-src $(K8S_SRC) --e2e-bin $(K8S_BIN)
-	LACE_BIN_DIR=$(BIN_DIR) $(GO) run ./hack/conformance --lab $(CONFORMANCE_LAB) --report-dir $(BIN_DIR)/conformance \
+	LACE_BIN_DIR=$(BIN_DIR) $(GO) run ./lab/conformance --lab $(CONFORMANCE_LAB) --report-dir $(BIN_DIR)/conformance \
 		--e2e-test $(E2E_TEST) --kubectl $(K8S_BIN)/kubectl $(if $(KEEP),--keep) $(CONFORMANCE_FLAGS)
 
 # The oracle soak draws N topologies from SEED on (default: a new seed each
@@ -205,8 +211,8 @@ $(COREDNS): hack/tools/coredns/go.mod hack/tools/coredns/go.sum hack/tools/cored
 	cd hack/tools/coredns && CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $@ .
 	touch $@
 
-$(COREDNS_TAR): $(COREDNS) internal/images/coredns.go
-	$(GO) run ./hack/mkimages --coredns $(COREDNS) --out $(LACE_IMAGES)
+$(COREDNS_TAR): $(COREDNS) lab/images/coredns.go
+	$(GO) run ./lab/mkimages --coredns $(COREDNS) --out $(LACE_IMAGES)
 
 .PHONY: coredns
 coredns: $(COREDNS_TAR) ## Build CoreDNS (the labs' cluster DNS, on by default) and its image into bin/images.

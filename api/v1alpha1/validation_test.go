@@ -12,7 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
-	"github.com/lace-cni/lace/internal/controlplane/cptest"
+	"github.com/lace-cni/lace/lab/controlplane/cptest"
 )
 
 func decode(t *testing.T, doc string) *unstructured.Unstructured {

@@ -20,8 +20,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
-	"github.com/lace-cni/lace/internal/controlplane/cptest"
 	"github.com/lace-cni/lace/internal/testutil"
+	"github.com/lace-cni/lace/lab/controlplane/cptest"
 	"github.com/lace-cni/lace/pkg/scheme"
 )
 

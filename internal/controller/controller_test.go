@@ -23,8 +23,8 @@ import (
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/controller"
-	"github.com/lace-cni/lace/internal/controlplane/cptest"
 	"github.com/lace-cni/lace/internal/testutil"
+	"github.com/lace-cni/lace/lab/controlplane/cptest"
 	"github.com/lace-cni/lace/pkg/logging"
 )
 

@@ -15,8 +15,8 @@ import (
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/controller"
-	"github.com/lace-cni/lace/internal/controlplane/cptest"
 	"github.com/lace-cni/lace/internal/model"
+	"github.com/lace-cni/lace/lab/controlplane/cptest"
 )
 
 // TestExternalIPReports: an external IP outside the operator's allow-list

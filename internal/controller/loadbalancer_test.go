@@ -16,8 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
-	"github.com/lace-cni/lace/internal/controlplane/cptest"
 	"github.com/lace-cni/lace/internal/model"
+	"github.com/lace-cni/lace/lab/controlplane/cptest"
 )
 
 func lbService(name string, class *string, policy corev1.IPFamilyPolicy) *corev1.Service {

@@ -11,7 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
-	"github.com/lace-cni/lace/internal/controlplane/cptest"
+	"github.com/lace-cni/lace/lab/controlplane/cptest"
 )
 
 func nodeNE(name, node, uid string) *lacev1.NetworkEndpoint {

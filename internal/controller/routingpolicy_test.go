@@ -19,7 +19,7 @@ import (
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/controller"
-	"github.com/lace-cni/lace/internal/controlplane/cptest"
+	"github.com/lace-cni/lace/lab/controlplane/cptest"
 )
 
 func labelled(nw *lacev1.Network, kv ...string) *lacev1.Network {

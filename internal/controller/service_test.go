@@ -16,8 +16,8 @@ import (
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/controller"
-	"github.com/lace-cni/lace/internal/controlplane/cptest"
 	"github.com/lace-cni/lace/internal/model"
+	"github.com/lace-cni/lace/lab/controlplane/cptest"
 )
 
 // TestRefusedEndpointsReportIsBounded: a tenant's EndpointSlices may list

@@ -14,7 +14,7 @@ import (
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/controller"
-	"github.com/lace-cni/lace/internal/controlplane/cptest"
+	"github.com/lace-cni/lace/lab/controlplane/cptest"
 )
 
 // A node claiming another node's underlay address (its endpoint the newer)

@@ -10,11 +10,13 @@ import (
 	"testing"
 
 	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/internal/testutil"
 )
 
 // tempPinDir is a fresh bpffs directory (root only).
 func tempPinDir(t *testing.T) string {
 	t.Helper()
+	testutil.SkipUnit(t, "root (bpffs)")
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") != "" {
 			t.Fatal("map tests need root")

@@ -20,6 +20,7 @@ import (
 	"github.com/lace-cni/lace/internal/netutil"
 	"github.com/lace-cni/lace/internal/podnet"
 	"github.com/lace-cni/lace/internal/tables"
+	"github.com/lace-cni/lace/internal/testutil"
 )
 
 // world is a small cluster made of namespaces: a fabric bridge, nodes with
@@ -63,6 +64,7 @@ type pod struct {
 
 func needRoot(t *testing.T) {
 	t.Helper()
+	testutil.SkipUnit(t, "root (network namespaces, eBPF)")
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") != "" {
 			t.Fatal("datapath tests need root")

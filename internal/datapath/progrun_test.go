@@ -14,6 +14,7 @@ import (
 
 	"github.com/lace-cni/lace/internal/netutil"
 	"github.com/lace-cni/lace/internal/tables"
+	"github.com/lace-cni/lace/internal/testutil"
 )
 
 // The BPF_PROG_RUN tier: the programs run on crafted packets, without
@@ -42,6 +43,7 @@ var (
 // programs one node with one pod (network 7) and one peer node.
 func progDatapath(t *testing.T) *Datapath {
 	t.Helper()
+	testutil.SkipUnit(t, "root (BPF_PROG_RUN)")
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") != "" {
 			t.Fatal("BPF_PROG_RUN tests need root")

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/lace-cni/lace/internal/testutil"
 )
 
 // verifierHeadroom is the share of the kernel's 1M-instruction verifier
@@ -18,6 +20,7 @@ const verifierHeadroom = 900_000
 // of the verifier's budget it takes (from_pod walks every pending-map and
 // fragment branch, so it grows fastest).
 func TestVerifierHeadroom(t *testing.T) {
+	testutil.SkipUnit(t, "root (loads every program into the kernel)")
 	for name, load := range map[string]func() (*ebpf.CollectionSpec, error){"pod": loadPod, "underlay": loadUnderlay, "sock": loadSock} {
 		spec, err := load()
 		if err != nil {

@@ -51,8 +51,8 @@ func tnrp(name string, src, dst map[string]string) *lacev1.NetworkRoutingPolicy 
 }
 
 // demoObjects: the chart's defaults (default <-> world), frontend -> backend
-// one way (the spec's first example), shared meshed with frontend both ways
-// by one policy on a label (the spec's second example), an anonymous
+// one way (docs/topology.md's first example), shared meshed with frontend both ways
+// by one policy on a label (its second example), an anonymous
 // network left closed, an anonymous network opened to itself, a legacy
 // network that the frontend policy also selects but whose subnet overlaps
 // frontend's (refused), and a network not yet given an ID.

@@ -3,6 +3,8 @@ package model
 import (
 	"cmp"
 	"net/netip"
+	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -28,7 +30,10 @@ import (
 //     (targetRef) a hostNetwork pod of the Service's own namespace running
 //     on that very node (and its UID, when the slice gives one): what the
 //     endpoint controller writes for a hostNetwork pod, and what a tenant
-//     cannot make up for another namespace's or another node's address.
+//     cannot make up for another namespace's or another node's address;
+//   - an endpoint at an address more than one node lists in its status
+//     (a compromised kubelet may list any) is never served, unless an
+//     accepted UnderlayEndpoint names the address's node.
 //
 // The zero value (Nodes nil) checks nothing: callers that do not read Pods
 // (lacectl) show what the slices say.
@@ -36,6 +41,17 @@ type HostEndpoints struct {
 	// Nodes maps every node's address (Node status.addresses and accepted
 	// underlay addresses) to the node's name.
 	Nodes map[netip.Addr]string
+	// Contested are the addresses more than one node lists in its status
+	// (and no accepted underlay address settles), with those nodes: an
+	// endpoint there is refused. A node's status is its kubelet's to
+	// write, with any addresses (NodeRestriction bounds which Node, not
+	// what it says), so a compromised node may list another's address;
+	// mapped to either, the gate would serve an endpoint naming the
+	// impostor's hostNetwork pod at the victim's address (or refuse the
+	// victim's, by informer order). Refusing both costs the contested
+	// address's hostNetwork endpoints until an UnderlayEndpoint names
+	// its node; it serves the impostor nothing.
+	Contested map[netip.Addr][]string
 	// APIServer are the kubernetes Service's endpoint addresses.
 	APIServer map[netip.Addr]bool
 	// Pods are the cluster's hostNetwork pods by namespace/name.
@@ -52,19 +68,42 @@ type HostPod struct {
 // UnderlayEndpoints, the EndpointSlices (the kubernetes Service's) and
 // the hostNetwork pods (others are ignored).
 func NewHostEndpoints(nodes []corev1.Node, ueps []lacev1.UnderlayEndpoint, epSlices []*discoveryv1.EndpointSlice, pods []corev1.Pod) HostEndpoints {
-	h := HostEndpoints{Nodes: map[netip.Addr]string{}, APIServer: map[netip.Addr]bool{}, Pods: map[types.NamespacedName]HostPod{}}
+	h := HostEndpoints{Nodes: map[netip.Addr]string{}, Contested: map[netip.Addr][]string{}, APIServer: map[netip.Addr]bool{},
+		Pods: map[types.NamespacedName]HostPod{}}
+	// Who claims what, whatever the order the informer lists them in:
+	// an address of one node maps to it, one of several to none.
+	claim := func(claims map[netip.Addr][]string, a netip.Addr, node string) {
+		if !slices.Contains(claims[a], node) {
+			claims[a] = append(claims[a], node)
+		}
+	}
+	status, underlay := map[netip.Addr][]string{}, map[netip.Addr][]string{}
 	for i := range nodes {
 		for _, na := range nodes[i].Status.Addresses {
 			if a, ok := parseSloppyIP(na.Address); ok {
-				h.Nodes[a] = nodes[i].Name
+				claim(status, a, nodes[i].Name)
 			}
 		}
 	}
 	for i := range ueps {
 		for _, s := range ueps[i].Spec.Addresses {
 			if a, ok := parseSloppyIP(string(s)); ok {
-				h.Nodes[a] = ueps[i].Spec.Node
+				claim(underlay, a, ueps[i].Spec.Node)
 			}
+		}
+	}
+	// Accepted underlay addresses win over any node's status.
+	for a, names := range status {
+		if _, ok := underlay[a]; !ok {
+			underlay[a] = names
+		}
+	}
+	for a, names := range underlay {
+		if len(names) == 1 {
+			h.Nodes[a] = names[0]
+		} else {
+			slices.Sort(names)
+			h.Contested[a] = names
 		}
 	}
 	for _, sl := range epSlices {
@@ -124,6 +163,9 @@ func (h HostEndpoints) Refused(svc *corev1.Service, ep *discoveryv1.Endpoint, ad
 	if h.APIServer[addr] {
 		return "the API server's address"
 	}
+	if names := h.Contested[addr]; len(names) > 0 {
+		return "an address nodes " + strings.Join(names, ", ") + " all claim (served once an UnderlayEndpoint names its node)"
+	}
 	node, ok := h.Nodes[addr]
 	if !ok {
 		return ""
@@ -141,8 +183,14 @@ func (h HostEndpoints) Refused(svc *corev1.Service, ep *discoveryv1.Endpoint, ad
 
 // Equal tells whether h and o decide alike.
 func (h HostEndpoints) Equal(o HostEndpoints) bool {
-	if (h.Nodes == nil) != (o.Nodes == nil) || len(h.Nodes) != len(o.Nodes) || len(h.APIServer) != len(o.APIServer) || len(h.Pods) != len(o.Pods) {
+	if (h.Nodes == nil) != (o.Nodes == nil) || len(h.Nodes) != len(o.Nodes) || len(h.APIServer) != len(o.APIServer) || len(h.Pods) != len(o.Pods) ||
+		len(h.Contested) != len(o.Contested) {
 		return false
+	}
+	for k, v := range h.Contested {
+		if !slices.Equal(v, o.Contested[k]) {
+			return false
+		}
 	}
 	for k, v := range h.Nodes {
 		if w, ok := o.Nodes[k]; !ok || w != v {

@@ -20,7 +20,7 @@ const SNATPortMin = 61000
 
 // Reasons of hostPort refusals (Warning Events on the pod).
 const (
-	HostPortConflict    = "HostPortConflict"    // an older pod holds the address, protocol and port
+	HostPortConflict    = "HostPortConflict"    // an older pod (or, for hostIP "::", one naming the address) holds the address, protocol and port
 	HostPortTaken       = "HostPortTaken"       // a Service's frontend (NodePort, load balancer, external IP) holds it
 	HostPortReserved    = "HostPortReserved"    // a port of the node itself (API server, kubelet, Lace, SNAT range)
 	HostPortHostIP      = "HostPortHostIP"      // hostIP is not an address of this node
@@ -99,17 +99,42 @@ var (
 // backend is its pod (containerPort) and whose ClusterIP is the pod's
 // address: the data plane admits a source when its view reaches the pod.
 //
-// hostIP empty, 0.0.0.0 or :: publishes on each node address of a family
-// the pod has and on that family's loopback (the node's own sockets only:
-// portmap's DNAT of localhost does the same); a loopback hostIP on
-// loopback only; another hostIP only when it is one of NodeAddrs.
+// The addresses a hostIP publishes on follow what the kubelet admits
+// (docs/conformance.md, "hostPort"): the scheduler's NodePorts filter and
+// the kubelet's admission (framework.HostPortInfo) compare hostIPs as
+// strings, "" and "0.0.0.0" alone meaning every address, so two pods
+// whose hostIPs are other different strings run side by side on one
+// port. Lace must then never give both the same address, or the oldest
+// would take the other's clients (a tenant's pod on "::" or
+// "::ffff:<node>" squatting another's "<node>" until it is replaced):
+//
+//   - "" or "0.0.0.0" publishes on each node address of a family the pod
+//     has and on that family's loopback (the node's own sockets only:
+//     portmap's DNAT of localhost does the same); the kubelet lets no
+//     other pod hold that port beside it;
+//   - "::" (written so) publishes on the node's IPv6 addresses and ::1
+//     only (portmap's rule for "::" is IPv6's), and yields each address a
+//     pod names exactly (the kubelet lets both run: the specific address
+//     wins, as portmap's hostIP chain comes before its wildcard one);
+//   - a loopback hostIP on loopback only; another hostIP only when it is
+//     one of NodeAddrs;
+//   - a hostIP not written as Go writes the address (another spelling of
+//     a node address, "::0", a zone) or a v4-mapped IPv6 address
+//     ("::ffff:a.b.c.d") is refused (HostPortHostIP): to the kubelet it
+//     is another address than the canonical one, so it could sit beside
+//     a pod there. Portmap takes a v4-mapped hostIP for IPv4 and writes
+//     it as is into an "ip daddr" rule, which nft cannot parse (by its
+//     code: the pod's sandbox would fail); Lace's Event says to write
+//     the IPv4 address.
+//
 // Services own their addresses first: a hostPort never takes the
 // address, protocol and port of a NodePort, load balancer or external IP
 // (HostPortTaken), nor a port the node reserves for itself (the API
 // server, the kubelet, Lace's own, the SNAT range: HostPortReserved).
-// Among pods the oldest (creation time, then UID) keeps an entry, as the
-// scheduler's NodePorts filter means no two pods to share it; each
-// loser's refusal names the winner.
+// Among pods the kubelet would not let run side by side the oldest
+// (creation time, then UID) keeps an entry; each loser's refusal names
+// the winner when it is of the loser's namespace (another namespace's
+// pod names are not the loser's to read).
 func ComputeHostPorts(in HostPortInput, svcs []tables.Service) ([]tables.Service, []HostPortRefusal) {
 	pods := slices.Clone(in.Pods)
 	slices.SortFunc(pods, func(a, b HostPortPod) int {
@@ -124,12 +149,22 @@ func ComputeHostPorts(in HostPortInput, svcs []tables.Service) ([]tables.Service
 	for _, s := range svcs {
 		taken[key{s.VIP, s.Proto, s.Port}] = s.Frontend
 	}
-	owner := map[key]*HostPortPod{}
+	type held struct {
+		pod    *HostPortPod
+		yields bool // published by hostIP "::"
+	}
+	owner := map[key]held{}
 	var out []tables.Service
 	var refused []HostPortRefusal
 	refuse := func(p *HostPortPod, reason, format string, args ...any) {
 		refused = append(refused, HostPortRefusal{Namespace: p.Namespace, Name: p.Name, UID: p.UID, Reason: reason,
 			Message: fmt.Sprintf(format, args...)})
+	}
+	holder := func(p, o *HostPortPod) string {
+		if o.Namespace != p.Namespace {
+			return "another pod"
+		}
+		return "pod " + o.Namespace + "/" + o.Name
 	}
 	limit := in.MaxEntries
 	if limit <= 0 {
@@ -137,9 +172,61 @@ func ComputeHostPorts(in HostPortInput, svcs []tables.Service) ([]tables.Service
 	}
 	nsLimit := max(limit/hostPortNamespaceShareDiv, 1)
 	perNamespace := map[string]int{}
+	mine := map[types.UID]int{}
+	type claim struct {
+		p      *HostPortPod
+		cp     corev1.ContainerPort
+		what   string
+		proto  uint8
+		port   uint16
+		addrs  []netip.Addr
+		yields bool
+	}
+	publish := func(c claim) {
+		p, cp, what, proto, port := c.p, c.cp, c.what, c.proto, c.port
+	addrs:
+		for _, at := range c.addrs {
+			for _, r := range in.Reserved {
+				if r.Proto == proto && r.Port == port && (!r.Addr.IsValid() || r.Addr == at) {
+					refuse(p, HostPortReserved, "%s on %s: the node's %s listens there", what, at, r.What)
+					continue addrs
+				}
+			}
+			k := key{at, proto, port}
+			if f, ok := taken[k]; ok {
+				refuse(p, HostPortTaken, "%s on %s: a Service's %s holds it", what, at, f)
+				continue
+			}
+			if o := owner[k]; o.pod != nil {
+				switch {
+				case o.pod.UID == p.UID:
+				case c.yields && !o.yields:
+					refuse(p, HostPortConflict, "%s on %s: %s names that address (hostIP \"::\" yields it, as the kubelet lets both run)",
+						what, at, holder(p, o.pod))
+				default:
+					refuse(p, HostPortConflict, "%s on %s: %s, older, holds it", what, at, holder(p, o.pod))
+				}
+				continue
+			}
+			if mine[p.UID] >= MaxHostPortEntriesPerPod || perNamespace[p.Namespace] >= nsLimit || len(out) >= limit {
+				refuse(p, HostPortLimit, "%s on %s: past the %d entries a pod, %d a namespace and %d a node may have", what, at,
+					MaxHostPortEntriesPerPod, nsLimit, limit)
+				continue
+			}
+			mine[p.UID]++
+			perNamespace[p.Namespace]++
+			pod := podAddrOf(p.Addrs, at.Is4())
+			owner[k] = held{p, c.yields}
+			out = append(out, tables.Service{VIP: at, Proto: proto, Port: port, NetID: p.NetID,
+				Backends: []tables.Backend{{Addr: pod, Port: uint16(cp.ContainerPort)}}, Frontend: tables.FrontendHostPort,
+				ClusterIP: pod, ClusterPort: uint16(cp.ContainerPort)})
+		}
+	}
+	// hostIP "::" comes last: it takes what no pod naming an address
+	// (nor an older "::") holds.
+	var yielding []claim
 	for i := range pods {
 		p := &pods[i]
-		mine := 0
 		for _, cp := range p.Ports {
 			if cp.HostPort <= 0 || cp.HostPort > 65535 || cp.ContainerPort <= 0 || cp.ContainerPort > 65535 {
 				continue
@@ -155,7 +242,7 @@ func ComputeHostPorts(in HostPortInput, svcs []tables.Service) ([]tables.Service
 				refuse(p, HostPortReserved, "%s: ports from %d are the node's SNAT range", what, SNATPortMin)
 				continue
 			}
-			addrs, why := hostPortAddrs(cp.HostIP, in.NodeAddrs, p.Addrs)
+			addrs, yields, why := hostPortAddrs(cp.HostIP, in.NodeAddrs, p.Addrs)
 			if why != "" {
 				reason := HostPortHostIP
 				if len(addrs) == 0 && why == errNoFamily {
@@ -164,39 +251,16 @@ func ComputeHostPorts(in HostPortInput, svcs []tables.Service) ([]tables.Service
 				refuse(p, reason, "%s on %q: %s", what, cp.HostIP, why)
 				continue
 			}
-		addrs:
-			for _, at := range addrs {
-				for _, r := range in.Reserved {
-					if r.Proto == proto && r.Port == port && (!r.Addr.IsValid() || r.Addr == at) {
-						refuse(p, HostPortReserved, "%s on %s: the node's %s listens there", what, at, r.What)
-						continue addrs
-					}
-				}
-				k := key{at, proto, port}
-				if f, ok := taken[k]; ok {
-					refuse(p, HostPortTaken, "%s on %s: a Service's %s holds it", what, at, f)
-					continue
-				}
-				if o := owner[k]; o != nil {
-					if o.UID != p.UID {
-						refuse(p, HostPortConflict, "%s on %s: pod %s/%s, older, holds it", what, at, o.Namespace, o.Name)
-					}
-					continue
-				}
-				if mine >= MaxHostPortEntriesPerPod || perNamespace[p.Namespace] >= nsLimit || len(out) >= limit {
-					refuse(p, HostPortLimit, "%s on %s: past the %d entries a pod, %d a namespace and %d a node may have", what, at,
-						MaxHostPortEntriesPerPod, nsLimit, limit)
-					continue
-				}
-				mine++
-				perNamespace[p.Namespace]++
-				pod := podAddrOf(p.Addrs, at.Is4())
-				owner[k] = p
-				out = append(out, tables.Service{VIP: at, Proto: proto, Port: port, NetID: p.NetID,
-					Backends: []tables.Backend{{Addr: pod, Port: uint16(cp.ContainerPort)}}, Frontend: tables.FrontendHostPort,
-					ClusterIP: pod, ClusterPort: uint16(cp.ContainerPort)})
+			c := claim{p: p, cp: cp, what: what, proto: proto, port: port, addrs: addrs, yields: yields}
+			if yields {
+				yielding = append(yielding, c)
+				continue
 			}
+			publish(c)
 		}
+	}
+	for _, c := range yielding {
+		publish(c)
 	}
 	if len(out) == 0 {
 		return svcs, refused
@@ -212,10 +276,12 @@ const protoSCTP = 132
 
 const errNoFamily = "the pod has no address of its family"
 
-// hostPortAddrs are the addresses hostIP publishes on, or why none.
-func hostPortAddrs(hostIP string, nodeAddrs, podAddrs []netip.Addr) ([]netip.Addr, string) {
+// hostPortAddrs are the addresses hostIP publishes on (yields: hostIP
+// "::", which gives way to a pod naming one of them), or why none
+// (ComputeHostPorts tells the rule).
+func hostPortAddrs(hostIP string, nodeAddrs, podAddrs []netip.Addr) (addrs []netip.Addr, yields bool, why string) {
 	has := func(v4 bool) bool { return podAddrOf(podAddrs, v4).IsValid() }
-	if hostIP == "" || hostIP == "0.0.0.0" || hostIP == "::" {
+	if hostIP == "" || hostIP == "0.0.0.0" {
 		var out []netip.Addr
 		for _, a := range nodeAddrs {
 			if has(a.Is4()) && !slices.Contains(out, a) {
@@ -228,20 +294,39 @@ func hostPortAddrs(hostIP string, nodeAddrs, podAddrs []netip.Addr) ([]netip.Add
 		if has(false) {
 			out = append(out, loopback6)
 		}
-		return out, ""
+		return out, false, ""
 	}
 	a, err := netip.ParseAddr(hostIP)
 	if err != nil {
-		return nil, "not an IP address"
+		return nil, false, "not an IP address"
 	}
-	a = a.Unmap()
+	if a.Is4In6() {
+		return nil, false, fmt.Sprintf("a v4-mapped IPv6 address: the kubelet tells it from %s (a pod may hold that beside it); write the IPv4 address",
+			a.Unmap())
+	}
+	if a.String() != hostIP {
+		return nil, false, fmt.Sprintf("not written as %s: the kubelet compares hostIPs as strings (a pod may hold %s beside it); write it so",
+			a, a)
+	}
+	if a.IsUnspecified() { // "::": the node's IPv6 addresses
+		if !has(false) {
+			return nil, false, errNoFamily
+		}
+		var out []netip.Addr
+		for _, n := range nodeAddrs {
+			if n.Is6() && !slices.Contains(out, n) {
+				out = append(out, n)
+			}
+		}
+		return append(out, loopback6), true, ""
+	}
 	if !a.IsLoopback() && !slices.Contains(nodeAddrs, a) {
-		return nil, "not an address of this node"
+		return nil, false, "not an address of this node"
 	}
 	if !has(a.Is4()) {
-		return nil, errNoFamily
+		return nil, false, errNoFamily
 	}
-	return []netip.Addr{a}, ""
+	return []netip.Addr{a}, false, ""
 }
 
 func podAddrOf(addrs []netip.Addr, v4 bool) netip.Addr {

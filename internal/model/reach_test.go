@@ -392,7 +392,7 @@ func TestReachServices(t *testing.T) {
 		byName("sandbox", "sandbox"))
 	tp.Networks[len(tp.Networks)-1].Status.ID = 0
 	tp.ServiceRoutingPolicies = []lacev1.ServiceRoutingPolicy{
-		// The spec's example: by name, every namespace.
+		// docs/topology.md's example: by name, every namespace.
 		srp("frontend-to-payments", map[string]string{"tier": "frontend"}, lacev1.ServiceSelector{Name: "payments"}, nil),
 		// By labels, prod namespaces only.
 		srp("green-to-pci-prod", map[string]string{"colour": "green"}, lacev1.ServiceSelector{MatchLabels: map[string]string{"pci": "yes"}},

@@ -21,3 +21,13 @@ func Eventually(t testing.TB, timeout, interval time.Duration, what string, f fu
 	}
 	t.Fatalf("%s: not reached within %s: %v", what, timeout, err)
 }
+
+// SkipUnit skips, under -short (make unit), a test that needs more than a
+// unit test may assume: root, a control plane (etcd and kube-apiserver) or
+// a lab; needs names what. make test runs without -short, so it runs them.
+func SkipUnit(t testing.TB, needs string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("needs %s: not a unit test (-short, make unit); make test runs it", needs)
+	}
+}

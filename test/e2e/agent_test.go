@@ -15,7 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
-	"github.com/lace-cni/lace/internal/lab"
+	"github.com/lace-cni/lace/lab"
 )
 
 // residueMatchesPods waits until every node holds exactly what its pods

@@ -13,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
-	"github.com/lace-cni/lace/internal/lab"
+	"github.com/lace-cni/lace/lab"
 )
 
 // TestServiceBudget: one tenant's Service whose addresses times ports

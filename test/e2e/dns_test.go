@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/lab"
 )
 
 // TestClusterDNS (every lab runs cluster DNS unless LACE_E2E_DNS=0 / make

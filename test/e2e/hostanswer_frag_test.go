@@ -13,8 +13,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
-	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/lab"
 )
 
 // ipFragment builds one IP fragment (IPv4 header, or IPv6 header and

@@ -18,7 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
-	"github.com/lace-cni/lace/internal/lab"
+	"github.com/lace-cni/lace/lab"
 )
 
 // hostnetPod is a hostNetwork netexec on node, HTTP on port and UDP on

@@ -17,8 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/tables"
+	"github.com/lace-cni/lace/lab"
 )
 
 // TestHostPort: a pod's hostPorts (ports[].hostPort with hostIP and
@@ -35,7 +35,9 @@ import (
 //     on, are refused with Warning Events (the node's socket keeps
 //     answering);
 //   - a pod of a network that reaches the outside but not the hostPort's
-//     pod is refused: a timeout, and the node counts it isolated.
+//     pod is refused: a timeout, and the node counts it isolated;
+//   - hostIPs the kubelet tells apart never share an address
+//     (hostPortHostIPs).
 func TestHostPort(t *testing.T) {
 	needLab(t)
 	ctx := context.Background()
@@ -65,6 +67,7 @@ func TestHostPort(t *testing.T) {
 	hostNet.Spec.Containers[0].Ports = nil
 	hostNet.Spec.Containers[0].ReadinessProbe.HTTPGet.Port = intstr.FromInt32(18190)
 	pods := semStart(t, srv, semPod("hp-near", "hp-near", "n1"), semPod("hp-far", "hp-far", "n2"), hostNet)
+	t.Run("hostIPs", func(t *testing.T) { hostPortHostIPs(t, ext, n1v4, n1v6) })
 
 	eventually(t, 60*time.Second, "n1 serving hp-a's hostPorts", func() error {
 		table, err := semTable("n1")

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/lab"
 )
 
 // icmp4FragNeeded is an ICMP fragmentation needed with next-hop MTU mtu,

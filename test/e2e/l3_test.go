@@ -25,8 +25,8 @@ import (
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/datapath"
-	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/lab"
 	"github.com/lace-cni/lace/pkg/scheme"
 )
 

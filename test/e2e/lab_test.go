@@ -24,9 +24,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
-	"github.com/lace-cni/lace/internal/controlplane"
-	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/lab"
+	"github.com/lace-cni/lace/lab/controlplane"
 )
 
 const agnhost = "registry.k8s.io/e2e-test-images/agnhost:2.53"

@@ -19,9 +19,9 @@ import (
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
-	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/model"
 	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/lab"
 )
 
 // lbClass creates a LoadBalancerClass with the given pool, deleted when

@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -20,9 +21,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/lace-cni/lace/internal/controlplane"
-	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/testutil"
+	"github.com/lace-cni/lace/lab"
+	"github.com/lace-cni/lace/lab/controlplane"
 )
 
 var (
@@ -43,6 +44,11 @@ func TestMain(m *testing.M) {
 }
 
 func runMain(m *testing.M) int {
+	flag.Parse()
+	if testing.Short() {
+		skipReason = "needs a lab: not a unit test (-short, make unit); make test runs it"
+		return m.Run()
+	}
 	if reason := prerequisites(); reason != "" {
 		if os.Getenv("CI") != "" {
 			fmt.Fprintln(os.Stderr, "e2e:", reason)
@@ -132,7 +138,7 @@ func laceBinaries() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	cmd := exec.Command("go", "build", "-o", d+"/", "../../cmd/...")
+	cmd := exec.Command("go", "build", "-o", d+"/", "../../cmd/...", "../../lab/cmd/...")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build lace binaries: %v\n%s", err, out)
 	}

@@ -12,8 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
-	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/lab"
 )
 
 // nodePorts returns svc's NodePort of TCP port "http" and UDP port "udp".

@@ -19,7 +19,7 @@ import (
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
-	"github.com/lace-cni/lace/internal/lab"
+	"github.com/lace-cni/lace/lab"
 	"github.com/lace-cni/lace/pkg/scheme"
 )
 

@@ -17,9 +17,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/lace-cni/lace/internal/images"
-	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/lab"
+	"github.com/lace-cni/lace/lab/images"
 )
 
 // TestNodesAreRealKubelets: every node is a kubelet of the pinned release

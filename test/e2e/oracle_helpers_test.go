@@ -35,9 +35,9 @@ import (
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/datapath"
-	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/model"
 	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/lab"
 )
 
 const (

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/lab"
 )
 
 // TestStreamSurvivesFabricMTUDrop holds one TCP connection per family from

@@ -15,7 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
-	"github.com/lace-cni/lace/internal/lab"
+	"github.com/lace-cni/lace/lab"
 )
 
 // TestAgentRebuildsLostCheckpoint deletes a node's checkpoint and restarts

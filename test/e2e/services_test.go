@@ -22,8 +22,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
-	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/lab"
 )
 
 // appPod starts a netexec pod (HTTP 8080, UDP 8081) labelled app=<app> in

@@ -14,8 +14,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lace-cni/lace/internal/datapath"
-	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/lab"
 )
 
 // nodeDatapath opens node's pinned data plane maps (closed at cleanup).

@@ -14,8 +14,8 @@ import (
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
-	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/lab"
 )
 
 // labelNetwork sets labels on a network (policies select networks by

@@ -14,9 +14,9 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/lace-cni/lace/internal/images"
-	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/lab"
+	"github.com/lace-cni/lace/lab/images"
 )
 
 // TestUpgradeMigratesConntrack rolls the release to a build whose

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/lace-cni/lace/internal/lab"
 	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/lab"
 )
 
 // TestZLabDownLeavesNothing runs last (go test runs tests in the order of

@@ -1,5 +1,5 @@
 // Command coredns is CoreDNS v1.12.1 with only the plugins the lab's
-// Corefile (kubeadm's, internal/lab/dns.go) uses, linked the way CoreDNS's
+// Corefile (kubeadm's, lab/dns.go) uses, linked the way CoreDNS's
 // plugin.cfg is meant to be trimmed: upstream's main is coredns.go, which
 // blank-imports core/plugin (every plugin, cloud SDKs included); this main
 // imports coremain and the plugins below instead. The directive order stays

@@ -1,0 +1,136 @@
+// Command bench measures Lace on a real lab beside peers measured in the
+// same run, and prints tables with ratios (make bench; needs root):
+//
+//   - pod-to-pod TCP throughput and request/response latency, same node and
+//     across nodes, beside a twin of the same namespaces and links (pod,
+//     node, fabric bridge, node, pod) routed by the kernel without
+//     encapsulation;
+//   - CNI ADD latency p50/p99 over 100 pods, beside the reference bridge +
+//     host-local plugins invoked the same way;
+//   - ClusterIP services at scale (programming time, endpoint change
+//     latency, agent memory, first-packet RTT, request/response through a
+//     VIP) beside kube-proxy in nftables mode run in a lab node's
+//     namespaces (see services.go).
+//
+// It is not a test: it asserts nothing and its numbers vary with the machine.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/lace-cni/lace/lab"
+)
+
+func main() {
+	dur := flag.Duration("duration", 3*time.Second, fmt.Sprintf("length of each throughput and latency run (each path runs %d rounds)", rounds))
+	pods := flag.Int("pods", 100, "pods for the CNI ADD latency run")
+	bin := flag.String("bin", "bin", "directory of the Lace binaries")
+	only := flag.String("only", "forwarding,cni,services,failover", "benchmarks to run (comma separated)")
+	failoverRounds := flag.Int("failover-rounds", 3, "rounds of the L2 failover benchmark")
+	labName := flag.String("lab", "", "run on this lab, which is up already (and stays up), instead of a new one")
+	var so svcOptions
+	sizes := flag.String("services", "1000,10000", "service counts of the services benchmark, each programmed from nothing")
+	flag.IntVar(&so.endpoints, "service-endpoints", 10, "endpoints per service")
+	flag.IntVar(&so.changes, "service-changes", 100, "single endpoint changes timed per service count")
+	flag.DurationVar(&so.changeTime, "service-change-time", 2*time.Minute, "longest time spent timing endpoint changes per service count")
+	flag.IntVar(&so.conns, "service-conns", 500, "new TCP connections timed per path and service count")
+	flag.StringVar(&so.kubeProxy, "kube-proxy", filepath.Join(lab.DefaultConfig().K8sBinDir, "kube-proxy"),
+		"kube-proxy binary of the services peer (\"\" for none)")
+	flag.Parse()
+	for _, f := range strings.Split(*sizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			fmt.Fprintf(os.Stderr, "bench: --services: %q is not a count\n", f)
+			os.Exit(2)
+		}
+		so.sizes = append(so.sizes, n)
+	}
+	sort.Ints(so.sizes)
+	so.dur = *dur
+	want := map[string]bool{}
+	for _, b := range strings.Split(*only, ",") {
+		b = strings.TrimSpace(b)
+		if b != "forwarding" && b != "cni" && b != "services" && b != "failover" {
+			fmt.Fprintf(os.Stderr, "bench: --only: %q is not forwarding, cni, services or failover\n", b)
+			os.Exit(2)
+		}
+		want[b] = true
+	}
+	// An interrupt cancels the run, so that the deferred cleanups (lab,
+	// peer namespaces) still happen.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, *bin, *labName, want, *dur, *pods, *failoverRounds, so)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, bin, name string, want map[string]bool, dur time.Duration, pods, failoverRounds int, so svcOptions) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("the benchmark needs root (network namespaces, eBPF)")
+	}
+	bin, _ = filepath.Abs(bin)
+	if name == "" {
+		suffix := make([]byte, 2)
+		_, _ = rand.Read(suffix)
+		name = "bench" + hex.EncodeToString(suffix)
+		labBin := filepath.Join(bin, "lace-lab")
+		up := exec.Command(labBin, "up", "--name", name, "--nodes", "2", "--zones", "1", "--dns=false")
+		up.Stdout, up.Stderr = os.Stderr, os.Stderr
+		// Down even when up fails half-way; it removes what exists.
+		defer func() {
+			down := exec.Command(labBin, "down", "--name", name)
+			down.Stdout, down.Stderr = os.Stderr, os.Stderr
+			_ = down.Run()
+		}()
+		if err := up.Run(); err != nil {
+			return fmt.Errorf("lace-lab up: %w", err)
+		}
+	}
+	fmt.Printf("Lace benchmark, %s, kernel %s, %d CPUs\n\n", time.Now().Format(time.RFC3339), kernel(), cpus())
+	if want["forwarding"] {
+		if err := benchForwarding(ctx, name, dur); err != nil {
+			return err
+		}
+	}
+	if want["cni"] {
+		if err := benchCNIAdd(ctx, name, pods); err != nil {
+			return err
+		}
+		fmt.Println()
+	}
+	if want["failover"] {
+		if err := benchFailover(ctx, name, bin, failoverRounds); err != nil {
+			return err
+		}
+	}
+	if want["services"] {
+		return benchServices(ctx, name, so)
+	}
+	return nil
+}
+
+func kernel() string {
+	b, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	return strings.TrimSpace(string(b))
+}
+
+func cpus() int {
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	return strings.Count(string(b), "processor\t:")
+}
