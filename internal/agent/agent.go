@@ -27,6 +27,7 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -46,6 +47,7 @@ import (
 	"github.com/lace-cni/lace/internal/agent/nodesync"
 	"github.com/lace-cni/lace/internal/agent/status"
 	"github.com/lace-cni/lace/internal/datapath"
+	"github.com/lace-cni/lace/internal/dpmetrics"
 	"github.com/lace-cni/lace/internal/model"
 	"github.com/lace-cni/lace/internal/netutil"
 	"github.com/lace-cni/lace/pkg/cniapi"
@@ -325,6 +327,29 @@ func (a *Agent) reclaimSNAT() {
 	}
 }
 
+// tableRepairs counts what checkTables repaired, by map.
+var tableRepairs = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: dpmetrics.TableRepairs,
+	Help: "Entries of the data plane maps the agent programs that differed from what it wrote (deleted, added or changed by someone else) and were repaired by the periodic check.",
+}, []string{dpmetrics.LabelMap})
+
+func init() { _ = metrics.Registry.Register(tableRepairs) }
+
+// checkTables compares the maps the agent programs with what it wrote and
+// repairs what differs (syncs never read the kernel: datapath's table
+// reconciler diffs against what was written), so a write someone else
+// made or undid never lasts longer than a resync period.
+func (a *Agent) checkTables() {
+	repaired, err := a.dp.CheckTables()
+	if err != nil {
+		a.log.Info("check the data plane's maps", "err", err)
+	}
+	for m, n := range repaired {
+		tableRepairs.WithLabelValues(m).Add(float64(n))
+		a.log.Warn("repaired entries of a data plane map that differed from what the agent wrote", "map", m, "entries", n)
+	}
+}
+
 // resync replays the DELs queued while the agent was unreachable (at
 // start, and periodically for one queued while it restarted) and triggers
 // a full reconcile periodically, so a missed event never leaves the node
@@ -350,6 +375,7 @@ func (a *Agent) resync(ctx context.Context) error {
 			if err := a.sync.Refresh(ctx); err != nil {
 				a.log.Info("periodic resync failed", "err", err)
 			}
+			a.checkTables()
 		}
 	}
 }

@@ -27,31 +27,17 @@ func (d *Datapath) SetAnnounced(vips []netip.Addr, mac net.HardwareAddr, ttl tim
 	if err != nil {
 		return err
 	}
-	want := map[podHostKey]bool{}
+	want := map[podHostKey]underlayAnnounceVal{}
 	v := underlayAnnounceVal{Expires: now + uint64(ttl.Nanoseconds()), Mac: mac6(mac)}
 	for _, a := range vips {
-		k := hostKey(a.Unmap())
-		want[k] = true
-		if err := d.underlay.LaceAnnounce.Put(k, v); err != nil {
-			return fmt.Errorf("announce %s: %w", a, err)
-		}
+		want[hostKey(a.Unmap())] = v
 	}
-	var k podHostKey
-	var cur underlayAnnounceVal
-	var stale []podHostKey
-	it := d.underlay.LaceAnnounce.Iterate()
-	for it.Next(&k, &cur) {
-		if !want[k] {
-			stale = append(stale, k)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("walk announcements: %w", err)
-	}
-	for _, k := range stale {
-		if err := ignoreMissing(d.underlay.LaceAnnounce.Delete(k)); err != nil {
-			return fmt.Errorf("withdraw announcement: %w", err)
-		}
+	// Every entry is written again (its deadline moves); those no longer
+	// wanted go first.
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	if err := d.tab.announce.sync(want, nil); err != nil {
+		return fmt.Errorf("announce: %w", err)
 	}
 	return nil
 }

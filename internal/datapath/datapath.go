@@ -4,6 +4,13 @@
 // with tcx, and typed access to every map. It knows nothing of Kubernetes
 // (it must not import k8s.io/api): callers translate API objects into the
 // types of this package.
+//
+// Every map written from a desired state goes through one table
+// reconciler (reconcile.go, the tables in nodetables.go): an in-memory
+// mirror of what was written, so syncs never read the kernel, and a
+// periodic CheckTables that repairs drift. Maps the programs write
+// themselves (conntrack, SNAT, affinity, fragments, reverse NAT, budgets
+// and counters) are state, never reconciled against a desired state.
 package datapath
 
 import (
@@ -47,6 +54,8 @@ type Datapath struct {
 	// programmed is lace_services as the agent found it at load
 	// (ProgrammedFrontends).
 	programmed map[ServiceKey]ProgrammedFrontend
+	// tab writes the maps the agent programs (nodetables.go).
+	tab *nodeTables
 }
 
 func verifierDetail(err error) error {

@@ -116,6 +116,7 @@ func LoadWith(pinDir string, o LoadOptions) (*Datapath, error) {
 		d.underlay.Close()
 		return nil, fmt.Errorf("load socket programs: %w", verifierDetail(err))
 	}
+	d.newTables()
 	// The agent records every map's layout; a reader those it created.
 	if err := recordLayouts(pinDir, specs, func(name string) bool { return o.Migrate || fresh[name] }); err != nil {
 		d.Close()

@@ -2,7 +2,6 @@ package datapath
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -133,7 +132,13 @@ func (d *Datapath) SetConfig(c Config) error {
 	v.HostNetns, v.HostNet4, v.HostNet6 = c.HostNetNS, c.HostNet4, c.HostNet6
 	loc := c.Locator.Masked().Addr().As16()
 	copy(v.Locator[:], loc[:8])
-	return d.pod.LaceCfg.Put(uint32(0), v)
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	// Written only when it differs from what was written last.
+	if err := d.tab.cfg.sync(map[uint32]podLaceConfig{0: v}, nil); err != nil {
+		return fmt.Errorf("write config: %w", err)
+	}
+	return nil
 }
 
 // Config reads the node configuration back (the zero Config when none was
@@ -159,11 +164,23 @@ func (d *Datapath) Config() (Config, error) {
 	return c, nil
 }
 
+func endpointKey(netID uint32, a netip.Addr) podEpKey {
+	return podEpKey{NetId: netID, Family: family(a), Addr: addr16(a)}
+}
+
+func endpointEntry(e Endpoint) (podEpKey, podEpVal) {
+	return endpointKey(e.NetID, e.Addr), podEpVal{Ifindex: e.IfIndex, PodMac: mac6(e.PodMAC), HostMac: mac6(e.HostMAC)}
+}
+
+// putOne writes one entry through t (the caller holds d.tab.mu).
+func putOne[K, V comparable](t *table[K, V], k K, v V) error { return t.put([]K{k}, []V{v}) }
+
 // UpsertEndpoint adds or replaces a local pod address.
 func (d *Datapath) UpsertEndpoint(e Endpoint) error {
-	k := podEpKey{NetId: e.NetID, Family: family(e.Addr), Addr: addr16(e.Addr)}
-	v := podEpVal{Ifindex: e.IfIndex, PodMac: mac6(e.PodMAC), HostMac: mac6(e.HostMAC)}
-	if err := d.pod.LaceEndpoints.Put(k, v); err != nil {
+	k, v := endpointEntry(e)
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	if err := putOne(d.tab.endpoints, k, v); err != nil {
 		return fmt.Errorf("put endpoint %s/%d: %w", e.Addr, e.NetID, err)
 	}
 	return nil
@@ -171,7 +188,9 @@ func (d *Datapath) UpsertEndpoint(e Endpoint) error {
 
 // DeleteEndpoint removes a local pod address; a missing one is fine.
 func (d *Datapath) DeleteEndpoint(netID uint32, a netip.Addr) error {
-	return ignoreMissing(d.pod.LaceEndpoints.Delete(podEpKey{NetId: netID, Family: family(a), Addr: addr16(a)}))
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	return d.tab.endpoints.del([]podEpKey{endpointKey(netID, a)})
 }
 
 // Endpoints lists the local pod addresses.
@@ -198,6 +217,20 @@ const (
 // first: the port's PORT_SOCK_LB makes from_pod leave the hairpin choice
 // to the socket hooks, which must then find the pod.
 func (d *Datapath) UpsertPort(p Port) error {
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	if p.NetNSCookie != 0 {
+		if err := putOne(d.tab.podNetns, p.NetNSCookie, p.IfIndex); err != nil {
+			return fmt.Errorf("record network namespace of port %d: %w", p.IfIndex, err)
+		}
+	}
+	if err := putOne(d.tab.ports, p.IfIndex, portVal(p)); err != nil {
+		return err
+	}
+	return d.forgetNetNS(p.IfIndex, p.NetNSCookie)
+}
+
+func portVal(p Port) podPortVal {
 	v := podPortVal{NetId: p.NetID}
 	if p.V4.IsValid() {
 		v.Flags |= portHasV4
@@ -209,45 +242,36 @@ func (d *Datapath) UpsertPort(p Port) error {
 	}
 	if p.NetNSCookie != 0 {
 		v.Flags |= portSockLB
-		if err := d.pod.LacePodNetns.Put(p.NetNSCookie, p.IfIndex); err != nil {
-			return fmt.Errorf("record network namespace of port %d: %w", p.IfIndex, err)
-		}
 	}
-	if err := d.pod.LacePorts.Put(p.IfIndex, v); err != nil {
-		return err
-	}
-	return d.forgetNetNS(p.IfIndex, p.NetNSCookie)
+	return v
 }
 
 // DeletePort removes a pod port (and its namespace's entry); a missing one
 // is fine.
 func (d *Datapath) DeletePort(ifindex uint32) error {
-	if err := ignoreMissing(d.pod.LacePorts.Delete(ifindex)); err != nil {
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	if err := d.tab.ports.del([]uint32{ifindex}); err != nil {
 		return err
 	}
 	return d.forgetNetNS(ifindex, 0)
 }
 
 // forgetNetNS removes the namespace entries of port ifindex other than
-// keep. The map holds one entry per pod of the node: a walk is cheap, and
-// ports change only when pods come and go.
+// keep, found in the table's mirror (the caller holds d.tab.mu).
 func (d *Datapath) forgetNetNS(ifindex uint32, keep uint64) error {
+	t := d.tab.podNetns
+	if err := t.known(); err != nil {
+		return err
+	}
 	var doomed []uint64
-	var k uint64
-	var v uint32
-	it := d.pod.LacePodNetns.Iterate()
-	for it.Next(&k, &v) {
+	for k, v := range t.have {
 		if v == ifindex && k != keep {
 			doomed = append(doomed, k)
 		}
 	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("walk pod namespaces: %w", err)
-	}
-	for _, k := range doomed {
-		if err := ignoreMissing(d.pod.LacePodNetns.Delete(k)); err != nil {
-			return fmt.Errorf("forget network namespace of port %d: %w", ifindex, err)
-		}
+	if err := t.del(doomed); err != nil {
+		return fmt.Errorf("forget network namespace of port %d: %w", ifindex, err)
 	}
 	return nil
 }
@@ -288,11 +312,13 @@ func routeKey(netID uint32, p netip.Prefix) podRouteKey {
 	return podRouteKey{Prefixlen: uint32(64 + p.Bits()), NetId: netID, Family: family(p.Addr()), Addr: addr16(p.Masked().Addr())}
 }
 
-// UpsertRoute adds or replaces a view entry.
-func (d *Datapath) UpsertRoute(r Route) error {
+// routeEntry is r's key and value (the key also when r cannot be
+// written).
+func routeEntry(r Route) (podRouteKey, podRouteVal, error) {
+	k := routeKey(r.NetID, r.Prefix)
 	flags, ok := routeKindFlags[r.Kind]
 	if !ok {
-		return fmt.Errorf("put route %s/%d: unknown kind %d", r.Prefix, r.NetID, r.Kind)
+		return k, podRouteVal{}, fmt.Errorf("put route %s/%d: unknown kind %d", r.Prefix, r.NetID, r.Kind)
 	}
 	v := podRouteVal{Flags: flags, DstNet: r.DstNet}
 	if r.Closed {
@@ -301,7 +327,18 @@ func (d *Datapath) UpsertRoute(r Route) error {
 	if r.Kind == tables.RouteRemote {
 		v.Sid = r.SID.As16()
 	}
-	if err := d.pod.LaceRoutes.Put(routeKey(r.NetID, r.Prefix), v); err != nil {
+	return k, v, nil
+}
+
+// UpsertRoute adds or replaces a view entry.
+func (d *Datapath) UpsertRoute(r Route) error {
+	k, v, err := routeEntry(r)
+	if err != nil {
+		return err
+	}
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	if err := putOne(d.tab.routes, k, v); err != nil {
 		return fmt.Errorf("put route %s/%d: %w", r.Prefix, r.NetID, err)
 	}
 	return nil
@@ -309,7 +346,9 @@ func (d *Datapath) UpsertRoute(r Route) error {
 
 // DeleteRoute removes a view entry; a missing one is fine.
 func (d *Datapath) DeleteRoute(netID uint32, p netip.Prefix) error {
-	return ignoreMissing(d.pod.LaceRoutes.Delete(routeKey(netID, p)))
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	return d.tab.routes.del([]podRouteKey{routeKey(netID, p)})
 }
 
 // Routes lists the view entries of every network.
@@ -341,7 +380,9 @@ func classKey(p netip.Prefix) podClassKey {
 
 // UpsertClassifier classifies plain-IP sources in c.Prefix into c.NetID.
 func (d *Datapath) UpsertClassifier(c Classifier) error {
-	if err := d.pod.LaceClassify.Put(classKey(c.Prefix), c.NetID); err != nil {
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	if err := putOne(d.tab.classify, classKey(c.Prefix), c.NetID); err != nil {
 		return fmt.Errorf("put classifier %s: %w", c.Prefix, err)
 	}
 	return nil
@@ -349,7 +390,9 @@ func (d *Datapath) UpsertClassifier(c Classifier) error {
 
 // DeleteClassifier removes the classifier of p; a missing one is fine.
 func (d *Datapath) DeleteClassifier(p netip.Prefix) error {
-	return ignoreMissing(d.pod.LaceClassify.Delete(classKey(p)))
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	return d.tab.classify.del([]podClassKey{classKey(p)})
 }
 
 // Classifiers lists the external prefixes that classify sources.
@@ -370,7 +413,9 @@ type Inside = tables.Inside
 // UpsertInside marks sources in in.Prefix as inside the cluster: plain IP
 // from the fabric with such a source is dropped (outside-spoofed-source).
 func (d *Datapath) UpsertInside(in Inside) error {
-	if err := d.pod.LaceInside.Put(classKey(in.Prefix), uint32(in.Kind)); err != nil {
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	if err := putOne(d.tab.inside, classKey(in.Prefix), uint32(in.Kind)); err != nil {
 		return fmt.Errorf("put inside prefix %s: %w", in.Prefix, err)
 	}
 	return nil
@@ -378,7 +423,9 @@ func (d *Datapath) UpsertInside(in Inside) error {
 
 // DeleteInside forgets the inside prefix p; a missing one is fine.
 func (d *Datapath) DeleteInside(p netip.Prefix) error {
-	return ignoreMissing(d.pod.LaceInside.Delete(classKey(p)))
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	return d.tab.inside.del([]podClassKey{classKey(p)})
 }
 
 // Insides lists the prefixes inside the cluster.
@@ -399,17 +446,26 @@ type NodeLocator = tables.NodeLocator
 // UpsertNodeLocator records that SRv6 from n.Addr speaks for the blocks
 // behind n.Locator.
 func (d *Datapath) UpsertNodeLocator(n NodeLocator) error {
-	loc := n.Locator.Masked().Addr().As16()
-	if err := d.pod.LaceNodeLocs.Put(hostKey(n.Addr), binary.LittleEndian.Uint64(loc[:8])); err != nil {
+	k, v := nodeLocEntry(n)
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	if err := putOne(d.tab.nodeLocs, k, v); err != nil {
 		return fmt.Errorf("put locator of node %s: %w", n.Addr, err)
 	}
 	return nil
 }
 
+func nodeLocEntry(n NodeLocator) (podHostKey, uint64) {
+	loc := n.Locator.Masked().Addr().As16()
+	return hostKey(n.Addr), binary.LittleEndian.Uint64(loc[:8])
+}
+
 // DeleteNodeLocator forgets the locator of node address a; a missing one
 // is fine.
 func (d *Datapath) DeleteNodeLocator(a netip.Addr) error {
-	return ignoreMissing(d.pod.LaceNodeLocs.Delete(hostKey(a)))
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	return d.tab.nodeLocs.del([]podHostKey{hostKey(a)})
 }
 
 // NodeLocators lists the nodes' addresses with their locators.
@@ -428,16 +484,24 @@ func (d *Datapath) NodeLocators() ([]NodeLocator, error) {
 
 // UpsertNetwork adds or replaces a network.
 func (d *Datapath) UpsertNetwork(n Network) error {
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	return putOne(d.tab.networks, n.ID, netVal(n))
+}
+
+func netVal(n Network) podNetVal {
 	v := podNetVal{}
 	if n.Anonymous {
 		v.Flags = 1
 	}
-	return d.pod.LaceNetworks.Put(n.ID, v)
+	return v
 }
 
 // DeleteNetwork removes a network; a missing one is fine.
 func (d *Datapath) DeleteNetwork(id uint32) error {
-	return ignoreMissing(d.pod.LaceNetworks.Delete(id))
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	return d.tab.networks.del([]uint32{id})
 }
 
 // Networks lists the networks.
@@ -467,11 +531,17 @@ func listAddrs(m *ebpf.Map) ([]netip.Addr, error) {
 
 // UpsertNode marks a as the underlay address of a cluster node: only those
 // may send SRv6 packets to this node's pods.
-func (d *Datapath) UpsertNode(a netip.Addr) error { return d.pod.LaceNodes.Put(hostKey(a), uint32(1)) }
+func (d *Datapath) UpsertNode(a netip.Addr) error {
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	return putOne(d.tab.nodes, hostKey(a), 1)
+}
 
 // DeleteNode forgets a node address; a missing one is fine.
 func (d *Datapath) DeleteNode(a netip.Addr) error {
-	return ignoreMissing(d.pod.LaceNodes.Delete(hostKey(a)))
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	return d.tab.nodes.del([]podHostKey{hostKey(a)})
 }
 
 // Nodes lists the known node addresses.
@@ -479,12 +549,16 @@ func (d *Datapath) Nodes() ([]netip.Addr, error) { return listAddrs(d.pod.LaceNo
 
 // UpsertHostAddr marks a as an address of this node itself.
 func (d *Datapath) UpsertHostAddr(a netip.Addr) error {
-	return d.pod.LaceHostAddrs.Put(hostKey(a), uint32(1))
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	return putOne(d.tab.hostAddrs, hostKey(a), 1)
 }
 
 // DeleteHostAddr forgets a host address; a missing one is fine.
 func (d *Datapath) DeleteHostAddr(a netip.Addr) error {
-	return ignoreMissing(d.pod.LaceHostAddrs.Delete(hostKey(a)))
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	return d.tab.hostAddrs.del([]podHostKey{hostKey(a)})
 }
 
 // HostAddrs lists this node's own addresses.
@@ -530,13 +604,6 @@ func (d *Datapath) MapSizes() (map[string]int, error) {
 		out[name] = n
 	}
 	return out, nil
-}
-
-func ignoreMissing(err error) error {
-	if errors.Is(err, ebpf.ErrKeyNotExist) {
-		return nil
-	}
-	return err
 }
 
 // Flow is one conntrack entry: a flow of a local pod (Local, LocalPort, in

@@ -164,21 +164,24 @@ func (d *Datapath) serviceEntries() (map[ServiceKey]svcEntry, error) {
 }
 
 // ApplyServices makes the services map equal want, writing only what
-// differs, judged against what the maps hold now (read back whole: a
-// ServiceTable kept across calls spares that). It returns the endpoints
+// differs, judged against what the maps' tables last wrote (a
+// ServiceTable kept across calls also spares rebuilding the services
+// from them). It returns the endpoints
 // that stopped being a backend of a service, so that their flows can be
 // forgotten (FlushServiceFlows).
 func (d *Datapath) ApplyServices(want []Service) (gone map[ServiceKey][]Backend, err error) {
 	return NewServiceTable(d).Apply(want)
 }
 
-// ServiceTable writes the services and backends maps and remembers what
-// it wrote, so that applying a desired state costs what changed rather
-// than a read of every backend. It reads the maps once, at its first Apply
-// (what an agent before it left is adopted, and removed when no longer
-// wanted), and again after a write failed, whose effect on the maps is
-// then unknown. Nothing else may write the two maps while it is in use.
-// It is not safe for concurrent use.
+// ServiceTable writes the services, backends and source ranges maps and
+// remembers the services it wrote, so that applying a desired state costs
+// what changed rather than a comparison of every backend. Its writes go
+// through the maps' tables (reconcile.go), whose mirrors it builds its
+// services from at its first Apply (the tables read the kernel once: what
+// an agent before it left is adopted, and removed when no longer wanted)
+// and again after a write failed. It decides the order of the writes
+// across the three maps; the tables batch them. Nothing else may write
+// the maps while it is in use. It is not safe for concurrent use.
 type ServiceTable struct {
 	d      *Datapath
 	loaded bool
@@ -209,22 +212,24 @@ type appliedService struct {
 // NewServiceTable is a table of d's services, read at its first Apply.
 func NewServiceTable(d *Datapath) *ServiceTable { return &ServiceTable{d: d} }
 
-// mapBatch is how many entries one batch syscall reads or writes.
-const mapBatch = 4096
-
-// load reads both maps whole into t.
+// load builds t's services from the three maps' mirrors (read from the
+// kernel if unknown). The caller holds d.tab.mu.
 func (t *ServiceTable) load() error {
-	backends := map[podBackendKey]podBackendVal{}
-	if err := readMap(t.d.pod.LaceBackends, func(k podBackendKey, v podBackendVal) { backends[k] = v }); err != nil {
-		return fmt.Errorf("read backends: %w", err)
+	tab := t.d.tab
+	if err := errors.Join(tab.backends.known(), tab.srcRanges.known(), tab.services.known()); err != nil {
+		return err
 	}
-	ranges, err := t.d.sourceRanges()
-	if err != nil {
-		return fmt.Errorf("read source ranges: %w", err)
+	backends := tab.backends.have
+	ranges := map[uint32][]netip.Prefix{}
+	for k := range tab.srcRanges.have {
+		ranges[k.Id] = append(ranges[k.Id], netip.PrefixFrom(fromAddr16(k.Family, k.Addr), int(k.Prefixlen)-64))
+	}
+	for _, ps := range ranges {
+		slices.SortFunc(ps, comparePrefix)
 	}
 	cur := map[ServiceKey]*appliedService{}
 	used := map[uint32]bool{}
-	err = readMap(t.d.pod.LaceServices, func(k podSvcKey, v podSvcVal) {
+	for k, v := range tab.services.have {
 		s := serviceOf(k, v)
 		a := &appliedService{id: v.Id}
 		if s.External() {
@@ -249,41 +254,19 @@ func (t *ServiceTable) load() error {
 		a.svc = s
 		cur[ServiceKey{s.VIP, s.Proto, s.Port}] = a
 		used[v.Id] = true
-	})
-	if err != nil {
-		return fmt.Errorf("read services: %w", err)
 	}
 	t.cur, t.used, t.loaded = cur, used, true
 	return nil
 }
 
-// readMap calls fn for every entry of m: by batches where the kernel
-// supports them on m's type, else one entry at a time.
-func readMap[K comparable, V any](m *ebpf.Map, fn func(K, V)) error {
-	keys, vals := make([]K, mapBatch), make([]V, mapBatch)
-	var cursor ebpf.MapBatchCursor
-	for {
-		n, err := m.BatchLookup(&cursor, keys, vals, nil)
-		for i := range n {
-			fn(keys[i], vals[i])
-		}
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return nil
-		}
-		if errors.Is(err, ebpf.ErrNotSupported) && n == 0 {
-			break
-		}
-		if err != nil {
-			return err
-		}
-	}
-	var k K
-	var v V
-	it := m.Iterate()
-	for it.Next(&k, &v) {
+// readMap calls fn for every entry of m (read as a table reads it: by
+// batches where the kernel supports them on m's type).
+func readMap[K, V comparable](m *ebpf.Map, fn func(K, V)) error {
+	all, err := newTable[K, V](m.String(), m).read()
+	for k, v := range all {
 		fn(k, v)
 	}
-	return it.Err()
+	return err
 }
 
 // countEntries counts m's entries (MapSizes, read every few seconds for
@@ -322,6 +305,8 @@ func (d *Datapath) countEntries(m *ebpf.Map) (int, error) {
 // (FlushServiceFlows). want's backends are kept, not copied: the caller
 // must not change them afterwards.
 func (t *ServiceTable) Apply(want []Service) (gone map[ServiceKey][]Backend, err error) {
+	t.d.tab.mu.Lock()
+	defer t.d.tab.mu.Unlock()
 	if !t.loaded {
 		if err := t.load(); err != nil {
 			return nil, err
@@ -525,92 +510,36 @@ func shrinkFirst(old, now *Service) bool {
 // thousands of services arrive at once), entry by entry where the kernel
 // has no batch operations.
 func (w *mapWrites) flush(d *Datapath) error {
-	if err := deleteAll(d.pod.LaceServices, w.svcDels); err != nil {
-		return fmt.Errorf("delete services: %w", err)
-	}
-	if err := deleteAll(d.pod.LaceBackends, w.goneBackends); err != nil {
-		return fmt.Errorf("delete backends: %w", err)
-	}
-	if err := deleteRanges(d, w.goneRanges); err != nil {
-		return err
-	}
-	if err := putAll(d.pod.LaceServices, w.shrinkPuts, w.shrinkVals); err != nil {
-		return fmt.Errorf("put shrunk services: %w", err)
-	}
-	if err := deleteAll(d.pod.LaceBackends, w.shrinkDels); err != nil {
-		return fmt.Errorf("delete backends: %w", err)
-	}
-	if err := putAll(d.pod.LaceBackends, w.backendPuts, w.backendVals); err != nil {
-		return fmt.Errorf("put backends: %w", err)
-	}
-	for _, k := range w.rangePuts {
-		if err := d.pod.LaceSrcRanges.Put(k, uint32(1)); err != nil {
-			return fmt.Errorf("put source range: %w", err)
-		}
-	}
-	if err := putAll(d.pod.LaceServices, w.svcPuts, w.svcVals); err != nil {
-		return fmt.Errorf("put services: %w", err)
-	}
-	if err := deleteAll(d.pod.LaceBackends, w.backendDels); err != nil {
-		return fmt.Errorf("delete backends: %w", err)
-	}
-	return deleteRanges(d, w.rangeDels)
-}
-
-func deleteRanges(d *Datapath, keys []podSrcRangeKey) error {
-	for _, k := range keys {
-		if err := ignoreMissing(d.pod.LaceSrcRanges.Delete(k)); err != nil {
-			return fmt.Errorf("delete source range: %w", err)
+	tab := d.tab
+	for _, step := range []struct {
+		what string
+		do   func() error
+	}{
+		{"delete services", func() error { return tab.services.del(w.svcDels) }},
+		{"delete backends", func() error { return tab.backends.del(w.goneBackends) }},
+		{"delete source ranges", func() error { return tab.srcRanges.del(w.goneRanges) }},
+		{"put shrunk services", func() error { return tab.services.put(w.shrinkPuts, w.shrinkVals) }},
+		{"delete backends", func() error { return tab.backends.del(w.shrinkDels) }},
+		{"put backends", func() error { return tab.backends.put(w.backendPuts, w.backendVals) }},
+		{"put source ranges", func() error { return tab.srcRanges.put(w.rangePuts, ones(len(w.rangePuts))) }},
+		{"put services", func() error { return tab.services.put(w.svcPuts, w.svcVals) }},
+		{"delete backends", func() error { return tab.backends.del(w.backendDels) }},
+		{"delete source ranges", func() error { return tab.srcRanges.del(w.rangeDels) }},
+	} {
+		if err := step.do(); err != nil {
+			return fmt.Errorf("%s: %w", step.what, err)
 		}
 	}
 	return nil
 }
 
-// putAll writes keys[i] = vals[i] into m.
-func putAll[K, V any](m *ebpf.Map, keys []K, vals []V) error {
-	for len(keys) > 1 {
-		n := min(len(keys), mapBatch)
-		_, err := m.BatchUpdate(keys[:n], vals[:n], nil)
-		if errors.Is(err, ebpf.ErrNotSupported) {
-			break
-		}
-		if err != nil {
-			return err
-		}
-		keys, vals = keys[n:], vals[n:]
+// ones are n values 1 (a source range's).
+func ones(n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = 1
 	}
-	for i := range keys {
-		if err := m.Put(keys[i], vals[i]); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// deleteAll deletes keys from m; a key already gone is fine.
-func deleteAll[K any](m *ebpf.Map, keys []K) error {
-	for len(keys) > 1 {
-		n := min(len(keys), mapBatch)
-		done, err := m.BatchDelete(keys[:n], nil)
-		if errors.Is(err, ebpf.ErrNotSupported) {
-			break
-		}
-		switch {
-		case errors.Is(err, ebpf.ErrKeyNotExist):
-			// The batch stops at the missing key: go on after it.
-			keys = keys[min(done+1, n):]
-		case err != nil:
-			return err
-		default:
-			keys = keys[n:]
-		}
-	}
-	for i := range keys {
-		if err := ignoreMissing(m.Delete(keys[i])); err != nil {
-			return err
-		}
-	}
-	return nil
+	return out
 }
 
 // forgetAffinity removes the affinity entries of the given service IDs:

@@ -28,6 +28,10 @@ const (
 	SNATExhausted = "lace_datapath_snat_exhausted_total"
 	// Endpoints is the number of pod attachments on the node: a gauge.
 	Endpoints = "lace_agent_endpoints"
+	// TableRepairs counts the entries of the maps the agent programs
+	// that the periodic check found differing from what the agent wrote
+	// and repaired, by map: a counter (0 unless someone else writes them).
+	TableRepairs = "lace_agent_table_repairs_total"
 
 	LabelKind   = "kind"
 	LabelReason = "reason"

@@ -27,6 +27,10 @@ type Tables interface {
 	UpsertPort(datapath.Port) error
 	DeletePort(ifindex uint32) error
 	Ports() ([]datapath.Port, error)
+	// SyncEndpoints and SyncPorts make the pods' entries want, never
+	// removing one busy says an ADD in progress owns.
+	SyncEndpoints(want []datapath.Endpoint, busy func(netID uint32, a netip.Addr) bool) error
+	SyncPorts(want []datapath.Port, busy func(ifindex uint32) bool) error
 }
 
 // Kernel is what the server changes in the node's namespace: pod

@@ -14,7 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
-	"github.com/lace-cni/lace/internal/agent/applier"
 	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/model"
 )
@@ -55,22 +54,11 @@ func (s *Server) SyncEntries() error {
 		}
 		wantPorts = append(wantPorts, p)
 	}
-	curEps, err := s.dp.Endpoints()
-	errs = append(errs, err, applier.SyncList(curEps, wantEps, func(e datapath.Endpoint) endpointKey { return endpointKey{e.NetID, e.Addr} }, sameEndpoint,
-		s.dp.UpsertEndpoint, func(e datapath.Endpoint) error {
-			if busyEps[endpointKey{e.NetID, e.Addr}] {
-				return nil
-			}
-			return s.dp.DeleteEndpoint(e.NetID, e.Addr)
-		}))
-	curPorts, err := s.dp.Ports()
-	errs = append(errs, err, applier.SyncListEq(curPorts, wantPorts, func(p datapath.Port) uint32 { return p.IfIndex },
-		s.dp.UpsertPort, func(p datapath.Port) error {
-			if busyPorts[p.IfIndex] {
-				return nil
-			}
-			return s.dp.DeletePort(p.IfIndex)
-		}))
+	// Synced against what was written (datapath's table reconciler): a
+	// pod's ADD costs its own entries, not a read of every pod's.
+	errs = append(errs,
+		s.dp.SyncEndpoints(wantEps, func(n uint32, ad netip.Addr) bool { return busyEps[endpointKey{n, ad}] }),
+		s.dp.SyncPorts(wantPorts, func(i uint32) bool { return busyPorts[i] }))
 	// Programs: attached to every Ready endpoint's interface, detached from
 	// the others (a DEL's, or a leftover no endpoint claims).
 	pinned, err := s.dp.PinnedPodLinks()

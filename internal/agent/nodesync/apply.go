@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/lace-cni/lace/internal/agent/applier"
 	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/model"
 )
@@ -52,30 +51,19 @@ func (s *Syncer) apply(st model.NodeState) error {
 	}
 	// The node's own addresses go first: the underlay guard drops plain IP
 	// to anything else, so it is armed only once they are all written.
-	curHost, err := s.dp.HostAddrs()
-	if err == nil {
-		err = applier.SyncSet(curHost, own, s.dp.UpsertHostAddr, s.dp.DeleteHostAddr)
-	}
-	if err != nil {
+	// Each table is synced against what was written to it (datapath's
+	// table reconciler), never read back from the kernel.
+	if err := s.dp.SyncHostAddrs(own); err != nil {
 		return fmt.Errorf("host addresses: %w", err)
 	}
 	wantCfg := datapath.Config{UnderlayIP: v6, UnderlayIPv4: v4, Locator: st.Locator, UnderlayIfIndex: uint32(ethIndex),
 		GuardUnderlay: len(own) > 0, HostNetNS: s.hostNetNS,
 		HostNet4: model.ClassifyAddr(st.Classifiers, v4), HostNet6: model.ClassifyAddr(st.Classifiers, v6)}
-	if cur, err := s.dp.Config(); err != nil || cur != wantCfg {
-		if err := s.dp.SetConfig(wantCfg); err != nil {
-			return fmt.Errorf("set config: %w", err)
-		}
+	if err := s.dp.SetConfig(wantCfg); err != nil { // written only when it changes
+		return fmt.Errorf("set config: %w", err)
 	}
 	var errs []error
-	curNodes, err := s.dp.Nodes()
-	errs = append(errs, err, applier.SyncSet(curNodes, st.Nodes, s.dp.UpsertNode, s.dp.DeleteNode))
-	curLocs, err := s.dp.NodeLocators()
-	errs = append(errs, err, applier.SyncListEq(curLocs, st.NodeLocators, func(n datapath.NodeLocator) netip.Addr { return n.Addr },
-		s.dp.UpsertNodeLocator, func(n datapath.NodeLocator) error { return s.dp.DeleteNodeLocator(n.Addr) }))
-	curNets, err := s.dp.Networks()
-	errs = append(errs, err, applier.SyncListEq(curNets, st.Networks, func(n datapath.Network) uint32 { return n.ID },
-		s.dp.UpsertNetwork, func(n datapath.Network) error { return s.dp.DeleteNetwork(n.ID) }))
+	errs = append(errs, s.dp.SyncNodes(st.Nodes), s.dp.SyncNodeLocators(st.NodeLocators), s.dp.SyncNetworks(st.Networks))
 	// Services before the views that reach their VIPs, so a new VIP is
 	// never looked up before it is served. Flows to endpoints that left a
 	// service are forgotten (a UDP client is never black-holed).
@@ -88,13 +76,8 @@ func (s *Syncer) apply(st model.NodeState) error {
 			s.log.Info("forgot flows to endpoints that left their service", "flows", n)
 		}
 	}
-	errs = append(errs, s.routes.sync(s.dp, st.Routes))
-	curCls, err := s.dp.Classifiers()
-	errs = append(errs, err, applier.SyncListEq(curCls, st.Classifiers, func(c datapath.Classifier) netip.Prefix { return c.Prefix },
-		s.dp.UpsertClassifier, func(c datapath.Classifier) error { return s.dp.DeleteClassifier(c.Prefix) }))
-	curInside, err := s.dp.Insides()
-	errs = append(errs, err, applier.SyncListEq(curInside, st.Inside, func(c datapath.Inside) netip.Prefix { return c.Prefix },
-		s.dp.UpsertInside, func(c datapath.Inside) error { return s.dp.DeleteInside(c.Prefix) }))
+	errs = append(errs, s.dp.SyncRoutes(st.Routes))
+	errs = append(errs, s.dp.SyncClassifiers(st.Classifiers), s.dp.SyncInsides(st.Inside))
 
 	// Underlay routes to the other nodes' locators, and to their pod
 	// blocks for the node's own sockets (plain IP from the node address,

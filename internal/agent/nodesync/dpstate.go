@@ -1,9 +1,7 @@
 package nodesync
 
 import (
-	"errors"
 	"log/slog"
-	"net/netip"
 
 	"github.com/lace-cni/lace/internal/datapath"
 )
@@ -17,12 +15,27 @@ type tableDP struct {
 	services *datapath.ServiceTable
 	// applied is the desired state the table last applied without error.
 	applied *appliedSlice[datapath.Service]
+	// routes is the desired views last synced without error.
+	routes *appliedSlice[datapath.Route]
 }
 
 // WithServiceTable is d with its services written through a
 // datapath.ServiceTable (tableDP): the DataPlane the agent syncs.
 func WithServiceTable(d *datapath.Datapath) DataPlane {
-	return tableDP{Datapath: d, services: datapath.NewServiceTable(d), applied: &appliedSlice[datapath.Service]{}}
+	return tableDP{Datapath: d, services: datapath.NewServiceTable(d), applied: &appliedSlice[datapath.Service]{},
+		routes: &appliedSlice[datapath.Route]{}}
+}
+
+// SyncRoutes implements RouteTable: the views (one per VIP per view, tens
+// of thousands with many services) are diffed against what was written
+// only when they changed, not when an endpoint did.
+func (d tableDP) SyncRoutes(want []datapath.Route) error {
+	if d.routes.same(want) {
+		return nil
+	}
+	err := d.Datapath.SyncRoutes(want)
+	d.routes.set(want, err == nil)
+	return err
 }
 
 // ApplyServices implements DataPlane. The desired services are computed
@@ -61,78 +74,4 @@ func (a *appliedSlice[T]) set(s []T, ok bool) {
 	if len(s) > 0 {
 		a.ptr = &s[0]
 	}
-}
-
-// routeMirror is the routes map (the views) as the agent last wrote it:
-// a sync compares the desired views with it rather than reading every
-// entry back (one per VIP per view: tens of thousands with many
-// services). It is read from the data plane once, at the first sync (what
-// the agent before it left is adopted, and removed when no longer
-// wanted), and again whenever the data plane is another one.
-type routeMirror struct {
-	dp   RouteTable
-	have map[routeKey]mirroredRoute
-	gen  uint64
-	// applied is the desired views last synced without error.
-	applied appliedSlice[datapath.Route]
-}
-
-type routeKey struct {
-	netID  uint32
-	prefix netip.Prefix
-}
-
-type mirroredRoute struct {
-	r   datapath.Route
-	gen uint64
-}
-
-// sync upserts the wanted routes that are missing or differ and deletes
-// the ones not wanted. A write that fails leaves the mirror as the map
-// is (the old entry, or none), so the next sync tries it again.
-func (m *routeMirror) sync(dp RouteTable, want []datapath.Route) (err error) {
-	if m.dp == dp && m.applied.same(want) {
-		return nil // the views did not change (an endpoint did)
-	}
-	defer func() { m.applied.set(want, err == nil) }()
-	if m.have == nil || m.dp != dp {
-		cur, err := dp.Routes()
-		if err != nil {
-			return err
-		}
-		m.dp, m.have = dp, make(map[routeKey]mirroredRoute, len(cur))
-		for _, r := range cur {
-			m.have[routeKey{r.NetID, r.Prefix}] = mirroredRoute{r: r}
-		}
-	}
-	m.gen++
-	var errs []error
-	for _, w := range want {
-		k := routeKey{w.NetID, w.Prefix}
-		c, ok := m.have[k]
-		if ok && c.r == w {
-			m.have[k] = mirroredRoute{r: w, gen: m.gen}
-			continue
-		}
-		if err := dp.UpsertRoute(w); err != nil {
-			errs = append(errs, err)
-			if ok {
-				// The map keeps the old entry: not to be deleted below.
-				m.have[k] = mirroredRoute{r: c.r, gen: m.gen}
-			}
-			continue
-		}
-		m.have[k] = mirroredRoute{r: w, gen: m.gen}
-	}
-	for k, c := range m.have {
-		if c.gen == m.gen {
-			continue
-		}
-		if err := dp.DeleteRoute(k.netID, k.prefix); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		delete(m.have, k)
-	}
-	return errors.Join(errs...)
 }

@@ -45,7 +45,12 @@ func newFakeDP() *fakeDP {
 
 func (f *fakeDP) w(fn func()) error { f.mu.Lock(); defer f.mu.Unlock(); f.writes++; fn(); return nil }
 
-func (f *fakeDP) SetConfig(c datapath.Config) error { return f.w(func() { f.cfg = c }) }
+func (f *fakeDP) SetConfig(c datapath.Config) error {
+	if cur, _ := f.Config(); cur == c {
+		return nil // the real one writes only a change too
+	}
+	return f.w(func() { f.cfg = c })
+}
 func (f *fakeDP) Config() (datapath.Config, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -37,7 +37,8 @@ type Attachment interface {
 	Config() (datapath.Config, error)
 }
 
-// NodeTables are the node's tables read back and diffed at each apply:
+// NodeTables are the node's tables synced at each apply against what was
+// written to them (datapath's table reconciler, no kernel read-back):
 // the other nodes, their locators, the networks, the classifiers, the
 // inside prefixes and the node's own addresses.
 type NodeTables interface {
@@ -59,14 +60,21 @@ type NodeTables interface {
 	UpsertHostAddr(netip.Addr) error
 	DeleteHostAddr(netip.Addr) error
 	HostAddrs() ([]netip.Addr, error)
+	// The Sync methods make a table exactly the desired entries, judged
+	// against what was written to it (no kernel read-back).
+	SyncHostAddrs([]netip.Addr) error
+	SyncNodes([]netip.Addr) error
+	SyncNodeLocators([]datapath.NodeLocator) error
+	SyncNetworks([]datapath.Network) error
+	SyncClassifiers([]datapath.Classifier) error
+	SyncInsides([]datapath.Inside) error
 }
 
-// RouteTable is the views map, written through the routes' mirror
-// (routeMirror): read back once, then diffed in memory.
+// RouteTable is the views map, synced against what was written to it
+// (datapath's table reconciler: read back once after a start, then
+// diffed in memory).
 type RouteTable interface {
-	UpsertRoute(datapath.Route) error
-	DeleteRoute(netID uint32, p netip.Prefix) error
-	Routes() ([]datapath.Route, error)
+	SyncRoutes([]datapath.Route) error
 }
 
 // Services are the node's service frontends and backends (a
@@ -173,8 +181,6 @@ type Syncer struct {
 	// which share compute.
 	computeMu sync.Mutex
 	compute   computeCache
-	// routes mirrors the views map (the applier's alone).
-	routes routeMirror
 
 	mu sync.Mutex
 	// state is the node's desired state; haveState once computed.

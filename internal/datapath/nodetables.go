@@ -1,0 +1,242 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+)
+
+// nodeTables are the maps the agent programs from its desired state, each
+// written through its table (reconcile.go). tablesMu serializes them:
+// the applier syncs, the announcer renews, the periodic check repairs.
+type nodeTables struct {
+	mu        sync.Mutex
+	cfg       *table[uint32, podLaceConfig]
+	hostAddrs *table[podHostKey, uint32]
+	nodes     *table[podHostKey, uint32]
+	nodeLocs  *table[podHostKey, uint64]
+	networks  *table[uint32, podNetVal]
+	routes    *table[podRouteKey, podRouteVal]
+	classify  *table[podClassKey, uint32]
+	inside    *table[podClassKey, uint32]
+	endpoints *table[podEpKey, podEpVal]
+	ports     *table[uint32, podPortVal]
+	podNetns  *table[uint64, uint32]
+	services  *table[podSvcKey, podSvcVal]
+	backends  *table[podBackendKey, podBackendVal]
+	srcRanges *table[podSrcRangeKey, uint32]
+	announce  *table[podHostKey, underlayAnnounceVal]
+}
+
+func (d *Datapath) newTables() {
+	p := &d.pod
+	d.tab = &nodeTables{
+		cfg:       newTable[uint32, podLaceConfig]("lace_cfg", p.LaceCfg),
+		hostAddrs: newTable[podHostKey, uint32]("lace_host_addrs", p.LaceHostAddrs),
+		nodes:     newTable[podHostKey, uint32]("lace_nodes", p.LaceNodes),
+		nodeLocs:  newTable[podHostKey, uint64]("lace_node_locs", p.LaceNodeLocs),
+		networks:  newTable[uint32, podNetVal]("lace_networks", p.LaceNetworks),
+		routes:    newTable[podRouteKey, podRouteVal]("lace_routes", p.LaceRoutes),
+		classify:  newTable[podClassKey, uint32]("lace_classify", p.LaceClassify),
+		inside:    newTable[podClassKey, uint32]("lace_inside", p.LaceInside),
+		endpoints: newTable[podEpKey, podEpVal]("lace_endpoints", p.LaceEndpoints),
+		ports:     newTable[uint32, podPortVal]("lace_ports", p.LacePorts),
+		podNetns:  newTable[uint64, uint32]("lace_pod_netns", p.LacePodNetns),
+		services:  newTable[podSvcKey, podSvcVal]("lace_services", p.LaceServices),
+		backends:  newTable[podBackendKey, podBackendVal]("lace_backends", p.LaceBackends),
+		srcRanges: newTable[podSrcRangeKey, uint32]("lace_src_ranges", p.LaceSrcRanges),
+		announce:  newTable[podHostKey, underlayAnnounceVal]("lace_announce", d.underlay.LaceAnnounce),
+	}
+}
+
+// checker is a table as CheckTables sees it.
+type checker interface {
+	check() (int, error)
+	tableName() string
+}
+
+func (t *table[K, V]) tableName() string { return t.name }
+
+// CheckTables reads every map the agent programs and repairs what differs
+// from what was written (an entry someone else deleted, added or
+// changed), as a periodic safety net: syncs never read the kernel. It
+// returns the number of entries repaired, by map (none: an empty map).
+// A map whose mirror is unknown is read and adopted instead.
+func (d *Datapath) CheckTables() (map[string]int, error) {
+	t := d.tab
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	// Entries before those pointing to them: backends and ranges before
+	// services, namespaces before ports.
+	out := map[string]int{}
+	var errs []error
+	for _, c := range []checker{t.hostAddrs, t.cfg, t.nodes, t.nodeLocs, t.networks, t.backends, t.srcRanges, t.services,
+		t.routes, t.classify, t.inside, t.podNetns, t.ports, t.endpoints, t.announce} {
+		n, err := c.check()
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if n > 0 {
+			out[c.tableName()] = n
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// set is the desired state of a table whose value is a constant.
+func set[K comparable, T any](items []T, key func(T) K, v uint32) map[K]uint32 {
+	out := make(map[K]uint32, len(items))
+	for _, it := range items {
+		out[key(it)] = v
+	}
+	return out
+}
+
+// SyncHostAddrs makes the node's own addresses exactly want.
+func (d *Datapath) SyncHostAddrs(want []netip.Addr) error {
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	return d.tab.hostAddrs.sync(set(want, hostKey, 1), nil)
+}
+
+// SyncNodes makes the cluster nodes' underlay addresses exactly want.
+func (d *Datapath) SyncNodes(want []netip.Addr) error {
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	return d.tab.nodes.sync(set(want, hostKey, 1), nil)
+}
+
+// SyncNodeLocators makes the nodes' locators exactly want.
+func (d *Datapath) SyncNodeLocators(want []NodeLocator) error {
+	m := make(map[podHostKey]uint64, len(want))
+	for _, n := range want {
+		k, v := nodeLocEntry(n)
+		m[k] = v
+	}
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	return d.tab.nodeLocs.sync(m, nil)
+}
+
+// SyncNetworks makes the networks exactly want.
+func (d *Datapath) SyncNetworks(want []Network) error {
+	m := make(map[uint32]podNetVal, len(want))
+	for _, n := range want {
+		m[n.ID] = netVal(n)
+	}
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	return d.tab.networks.sync(m, nil)
+}
+
+// SyncRoutes makes the views exactly want. A route that cannot be written
+// (an unknown kind) is an error; the entry the map has for its prefix, if
+// any, stays.
+func (d *Datapath) SyncRoutes(want []Route) error {
+	m := make(map[podRouteKey]podRouteVal, len(want))
+	var bad map[podRouteKey]bool
+	var errs []error
+	for _, r := range want {
+		k, v, err := routeEntry(r)
+		if err != nil {
+			if bad == nil {
+				bad = map[podRouteKey]bool{}
+			}
+			bad[k] = true
+			errs = append(errs, err)
+			continue
+		}
+		m[k] = v
+	}
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	errs = append(errs, d.tab.routes.sync(m, func(k podRouteKey) bool { return bad[k] }))
+	return errors.Join(errs...)
+}
+
+// SyncClassifiers makes the external prefixes that classify sources
+// exactly want.
+func (d *Datapath) SyncClassifiers(want []Classifier) error {
+	m := make(map[podClassKey]uint32, len(want))
+	for _, c := range want {
+		m[classKey(c.Prefix)] = c.NetID
+	}
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	return d.tab.classify.sync(m, nil)
+}
+
+// SyncInsides makes the prefixes inside the cluster exactly want.
+func (d *Datapath) SyncInsides(want []Inside) error {
+	m := make(map[podClassKey]uint32, len(want))
+	for _, in := range want {
+		m[classKey(in.Prefix)] = uint32(in.Kind)
+	}
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	return d.tab.inside.sync(m, nil)
+}
+
+// SyncEndpoints makes the local pod addresses want, except that an entry
+// busy says so (a pod whose ADD is in progress owns it) is never removed.
+func (d *Datapath) SyncEndpoints(want []Endpoint, busy func(netID uint32, a netip.Addr) bool) error {
+	m := make(map[podEpKey]podEpVal, len(want))
+	for _, e := range want {
+		k, v := endpointEntry(e)
+		m[k] = v
+	}
+	var keep func(podEpKey) bool
+	if busy != nil {
+		keep = func(k podEpKey) bool { return busy(k.NetId, fromAddr16(k.Family, k.Addr)) }
+	}
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	return d.tab.endpoints.sync(m, keep)
+}
+
+// SyncPorts makes the pod ports want (and their namespaces' entries),
+// except that a port busy says so is never removed. The ports that go
+// are removed first; a port's namespace entry is written before the port
+// (PORT_SOCK_LB sends its pod's sockets to the socket hooks, which must
+// find the pod) and removed after it.
+func (d *Datapath) SyncPorts(want []Port, busy func(ifindex uint32) bool) error {
+	wantPorts := make(map[uint32]podPortVal, len(want))
+	wantNS := map[uint64]uint32{}
+	for _, p := range want {
+		wantPorts[p.IfIndex] = portVal(p)
+		if p.NetNSCookie != 0 {
+			wantNS[p.NetNSCookie] = p.IfIndex
+		}
+	}
+	t := d.tab
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := errors.Join(t.ports.known(), t.podNetns.known()); err != nil {
+		return err
+	}
+	portPuts, portVals, portDels := t.ports.diff(wantPorts, busy)
+	nsPuts, nsVals, nsDels := t.podNetns.diff(wantNS, func(c uint64) bool { return busy != nil && busy(t.podNetns.have[c]) })
+	// The namespaces of ports that go, with them; those of ports that
+	// stay (a cookie that changed), once the port is rewritten.
+	var early, late []uint64
+	for _, c := range nsDels {
+		if _, ok := wantPorts[t.podNetns.have[c]]; ok {
+			late = append(late, c)
+		} else {
+			early = append(early, c)
+		}
+	}
+	for _, step := range []func() error{
+		func() error { return t.ports.del(portDels) },
+		func() error { return t.podNetns.del(early) },
+		func() error { return t.podNetns.put(nsPuts, nsVals) },
+		func() error { return t.ports.put(portPuts, portVals) },
+		func() error { return t.podNetns.del(late) },
+	} {
+		if err := step(); err != nil {
+			return fmt.Errorf("sync ports: %w", err)
+		}
+	}
+	return nil
+}

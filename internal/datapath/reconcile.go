@@ -1,0 +1,258 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+)
+
+// One reconciler writes every map the agent programs from its desired
+// state (table): it keeps in memory what it wrote (the mirror), so a sync
+// compares the desired entries with that and writes only the difference,
+// without reading the kernel. The kernel is read whole only when the
+// mirror is unknown: at the first use after a start (what an agent before
+// this one left is adopted, and deleted when no longer wanted: the maps
+// are pinned and outlive it) and after a write failed, whose effect is
+// then unknown. A periodic check (Datapath.CheckTables) reads each map
+// and repairs whatever differs from the mirror.
+//
+// Maps the programs themselves write (conntrack, SNAT, affinity, budgets,
+// fragments, the reverse NAT of sockets) are not tables: their entries are
+// state, not a desired state, and nothing here reads or writes them.
+
+// kernelMap is the kernel side of a table: *ebpf.Map, or a fake in tests.
+type kernelMap interface {
+	Put(key, value any) error
+	Delete(key any) error
+	Lookup(key, valueOut any) error
+	NextKey(key, nextKeyOut any) error
+	BatchUpdate(keys, values any, opts *ebpf.BatchOptions) (int, error)
+	BatchDelete(keys any, opts *ebpf.BatchOptions) (int, error)
+	BatchLookup(cursor *ebpf.MapBatchCursor, keys, values any, opts *ebpf.BatchOptions) (int, error)
+	MaxEntries() uint32
+}
+
+// table is one map written from a desired state: K and V are the map's
+// key and value as the kernel holds them, so the mirror compares with
+// the kernel byte for byte. It is not safe for concurrent use: the
+// Datapath serializes its tables (tablesMu).
+type table[K, V comparable] struct {
+	name string
+	m    kernelMap
+	// have is what the map holds as far as this table knows; nil when
+	// unknown (read the kernel before the next diff).
+	have map[K]V
+	// The batch operations the kernel refused on this map's type (each
+	// is tried once; the fallback is one syscall per entry).
+	noBatchRead, noBatchUpdate, noBatchDelete bool
+}
+
+func newTable[K, V comparable](name string, m kernelMap) *table[K, V] {
+	return &table[K, V]{name: name, m: m}
+}
+
+// tableBatch is how many entries one batch syscall reads or writes.
+const tableBatch = 4096
+
+// load reads the map whole into the mirror.
+func (t *table[K, V]) load() error {
+	have, err := t.read()
+	if err != nil {
+		return fmt.Errorf("read %s: %w", t.name, err)
+	}
+	t.have = have
+	return nil
+}
+
+// known loads the mirror if it is unknown.
+func (t *table[K, V]) known() error {
+	if t.have != nil {
+		return nil
+	}
+	return t.load()
+}
+
+// read returns the map's entries: by batches where the kernel supports
+// them on the map's type, else key by key.
+func (t *table[K, V]) read() (map[K]V, error) {
+	out := map[K]V{}
+	if !t.noBatchRead {
+		keys, vals := make([]K, tableBatch), make([]V, tableBatch)
+		var cursor ebpf.MapBatchCursor
+		for {
+			n, err := t.m.BatchLookup(&cursor, keys, vals, nil)
+			for i := range n {
+				out[keys[i]] = vals[i]
+			}
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				return out, nil
+			}
+			if errors.Is(err, ebpf.ErrNotSupported) && n == 0 {
+				t.noBatchRead = true
+				break
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
+	}
+	var k, next K
+	var v V
+	err := t.m.NextKey(nil, &next)
+	for steps := 0; err == nil; err = t.m.NextKey(&k, &next) {
+		if steps++; steps > 2*int(t.m.MaxEntries())+1 {
+			// Keys deleted under the walk restart it: give up, as
+			// MapIterator does (only this table writes the map).
+			return nil, ebpf.ErrIterationAborted
+		}
+		k = next
+		switch lerr := t.m.Lookup(&k, &v); {
+		case errors.Is(lerr, ebpf.ErrKeyNotExist):
+			continue
+		case lerr != nil:
+			return nil, lerr
+		}
+		out[k] = v
+	}
+	if !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil, err
+	}
+	return out, nil
+}
+
+// diff is what makes the map hold want: the entries to write (missing or
+// different) and the keys to delete (not wanted, unless keep says so).
+// The mirror must be known.
+func (t *table[K, V]) diff(want map[K]V, keep func(K) bool) (puts []K, vals []V, dels []K) {
+	for k, v := range want {
+		if cur, ok := t.have[k]; !ok || cur != v {
+			puts, vals = append(puts, k), append(vals, v)
+		}
+	}
+	for k := range t.have {
+		if _, ok := want[k]; !ok && (keep == nil || !keep(k)) {
+			dels = append(dels, k)
+		}
+	}
+	return puts, vals, dels
+}
+
+// sync makes the map hold want (keys keep says so are left alone when
+// not wanted): deletions before additions, so a full map takes a change
+// that fits once done.
+func (t *table[K, V]) sync(want map[K]V, keep func(K) bool) error {
+	if err := t.known(); err != nil {
+		return err
+	}
+	puts, vals, dels := t.diff(want, keep)
+	if err := t.del(dels); err != nil {
+		return err
+	}
+	return t.put(puts, vals)
+}
+
+// put writes keys[i] = vals[i], by batches where the kernel supports them
+// (one syscall per few thousand entries), else one by one. The mirror
+// follows; after a failure it is unknown (a batch may have stopped
+// anywhere) and the next sync reads the map.
+func (t *table[K, V]) put(keys []K, vals []V) (err error) {
+	defer t.settle(&err)
+	for len(keys) > 1 && !t.noBatchUpdate {
+		n := min(len(keys), tableBatch)
+		_, err := t.m.BatchUpdate(keys[:n], vals[:n], nil)
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			t.noBatchUpdate = true
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("write %s: %w", t.name, err)
+		}
+		t.mirror(keys[:n], vals[:n])
+		keys, vals = keys[n:], vals[n:]
+	}
+	for i := range keys {
+		if err := t.m.Put(&keys[i], &vals[i]); err != nil {
+			return fmt.Errorf("write %s: %w", t.name, err)
+		}
+		t.mirror(keys[i:i+1], vals[i:i+1])
+	}
+	return nil
+}
+
+// del deletes keys; a key already gone is fine.
+func (t *table[K, V]) del(keys []K) (err error) {
+	defer t.settle(&err)
+	for len(keys) > 1 && !t.noBatchDelete {
+		n := min(len(keys), tableBatch)
+		done, err := t.m.BatchDelete(keys[:n], nil)
+		switch {
+		case errors.Is(err, ebpf.ErrNotSupported):
+			t.noBatchDelete = true
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+			// The batch stops at the missing key: go on after it.
+			n = min(done+1, n)
+		case err != nil:
+			return fmt.Errorf("delete from %s: %w", t.name, err)
+		}
+		if t.noBatchDelete {
+			break
+		}
+		t.forget(keys[:n])
+		keys = keys[n:]
+	}
+	for i := range keys {
+		if err := t.m.Delete(&keys[i]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete from %s: %w", t.name, err)
+		}
+		t.forget(keys[i : i+1])
+	}
+	return nil
+}
+
+func (t *table[K, V]) settle(err *error) {
+	if *err != nil {
+		t.have = nil
+	}
+}
+
+func (t *table[K, V]) mirror(keys []K, vals []V) {
+	if t.have == nil {
+		return // unknown: read whole at the next sync
+	}
+	for i, k := range keys {
+		t.have[k] = vals[i]
+	}
+}
+
+func (t *table[K, V]) forget(keys []K) {
+	for _, k := range keys {
+		delete(t.have, k)
+	}
+}
+
+// check reads the map and repairs what differs from the mirror: entries
+// someone else added or changed go back to what was written, missing ones
+// are written again. It returns how many entries it repaired. An unknown
+// mirror is loaded instead (nothing to compare with).
+func (t *table[K, V]) check() (int, error) {
+	if t.have == nil {
+		return 0, t.load()
+	}
+	cur, err := t.read()
+	if err != nil {
+		return 0, fmt.Errorf("read %s: %w", t.name, err)
+	}
+	want := t.have
+	// Diff the kernel against the mirror: the kernel's entries are "have".
+	t.have = cur
+	puts, vals, dels := t.diff(want, nil)
+	err = t.del(dels)
+	if err == nil {
+		err = t.put(puts, vals)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return len(puts) + len(dels), nil
+}
