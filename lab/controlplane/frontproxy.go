@@ -1,14 +1,7 @@
 package controlplane
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"fmt"
 	"path/filepath"
-	"time"
 )
 
 // The aggregation layer's front proxy (kubeadm's front-proxy-ca and
@@ -46,32 +39,8 @@ func FrontProxyArgs(dir string) []string {
 // IssueFrontProxy creates the front-proxy CA and its client certificate
 // under p.Dir (the names above).
 func (p *PKI) IssueFrontProxy() error {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, key, err := newCA("lace-front-proxy-ca", filepath.Join(p.Dir, FrontProxyCACert), filepath.Join(p.Dir, FrontProxyCAKey))
 	if err != nil {
-		return fmt.Errorf("generate front-proxy CA key: %w", err)
-	}
-	now := time.Now()
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial(),
-		Subject:               pkix.Name{CommonName: "lace-front-proxy-ca"},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.AddDate(10, 0, 0),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		return fmt.Errorf("sign front-proxy CA: %w", err)
-	}
-	ca, err := x509.ParseCertificate(der)
-	if err != nil {
-		return fmt.Errorf("parse front-proxy CA: %w", err)
-	}
-	if err := writeCert(filepath.Join(p.Dir, FrontProxyCACert), der); err != nil {
-		return err
-	}
-	if err := writeECKey(filepath.Join(p.Dir, FrontProxyCAKey), key); err != nil {
 		return err
 	}
 	fp := &PKI{Dir: p.Dir, ca: ca, caKey: key}

@@ -37,31 +37,9 @@ func NewPKI(dir string) (*PKI, error) {
 		return nil, fmt.Errorf("create pki dir: %w", err)
 	}
 	p := &PKI{Dir: dir}
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, fmt.Errorf("generate CA key: %w", err)
-	}
-	now := time.Now()
-	caTmpl := &x509.Certificate{
-		SerialNumber:          serial(),
-		Subject:               pkix.Name{CommonName: "lace-ca"},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.AddDate(10, 0, 0),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		return nil, fmt.Errorf("sign CA: %w", err)
-	}
-	p.ca, _ = x509.ParseCertificate(der)
-	p.caKey = caKey
 	p.CACert, p.CAKey = filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key")
-	if err := writeCert(p.CACert, der); err != nil {
-		return nil, err
-	}
-	if err := writeECKey(p.CAKey, caKey); err != nil {
+	var err error
+	if p.ca, p.caKey, err = newCA("lace-ca", p.CACert, p.CAKey); err != nil {
 		return nil, err
 	}
 
@@ -141,4 +119,38 @@ func writePEM(path, typ string, der []byte) error {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
+}
+
+// newCA creates a self-signed CA named cn and writes its certificate and
+// key to certPath and keyPath.
+func newCA(cn, certPath, keyPath string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, fmt.Errorf("generate %s key: %w", cn, err)
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial(),
+		Subject:               pkix.Name{CommonName: cn},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.AddDate(10, 0, 0),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("sign %s: %w", cn, err)
+	}
+	ca, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, nil, fmt.Errorf("parse %s: %w", cn, err)
+	}
+	if err := writeCert(certPath, der); err != nil {
+		return nil, nil, err
+	}
+	if err := writeECKey(keyPath, key); err != nil {
+		return nil, nil, err
+	}
+	return ca, key, nil
 }
