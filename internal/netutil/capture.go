@@ -48,15 +48,29 @@ func Capture(nsPath, ifName string, f func()) ([][]byte, error) {
 	go func() {
 		defer close(exited)
 		buf := make([]byte, 65536)
+		// The socket queues every frame from bind on, but this goroutine
+		// may not run before f returns (a loaded machine): after f, the
+		// queue is drained until it is empty (a receive times out) or for
+		// a second at most, never dropped.
+		var drainUntil time.Time
 		for {
-			select {
-			case <-done:
-				return
-			default:
-			}
 			n, _, err := unix.Recvfrom(fd, buf, 0)
 			if err != nil || n == 0 {
+				select {
+				case <-done:
+					return
+				default:
+				}
 				continue
+			}
+			select {
+			case <-done:
+				if drainUntil.IsZero() {
+					drainUntil = time.Now().Add(time.Second)
+				} else if time.Now().After(drainUntil) {
+					return
+				}
+			default:
 			}
 			mu.Lock()
 			frames = append(frames, append([]byte(nil), buf[:n]...))
