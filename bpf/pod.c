@@ -172,7 +172,7 @@ static __noinline int to_service(struct __sk_buff *skb, struct pkt *p, struct ct
 		struct affinity_key ak;
 		struct affinity_val av;
 		int mode = sock_lb && own_net && p->proto == IPPROTO_TCP ? LB_NOT_SELF : LB_ANY;
-		if (lb_pick(sv, p->family, p->saddr, p->saddr, mode, &ak, &av, be_addr, &be_port))
+		if (lb_pick(sv, p->family, p->saddr, p->saddr, mode, lb_flow_hash(p), &ak, &av, be_addr, &be_port))
 			return drop(DROP_NO_BACKEND);
 		struct ct_val v = {.peer_net = net, .flags = CT_ORIGIN_LOCAL | CT_SERVICE, .nat_port = be_port};
 		__builtin_memcpy(v.nat_addr, be_addr, 16);

@@ -79,7 +79,7 @@ static __always_inline int sock_pick(struct bpf_sock_addr *ctx, struct svc_val *
 	__u16 be_port;
 	struct affinity_key ak;
 	struct affinity_val av;
-	if (lb_pick(sv, family, self, self, mode, &ak, &av, be_addr, &be_port))
+	if (lb_pick(sv, family, self, self, mode, bpf_get_prandom_u32(), &ak, &av, be_addr, &be_port))
 		return -1;
 	remember_vip(ctx, family, be_addr, be_port, addr, *port);
 	count(FWD_SERVICE);

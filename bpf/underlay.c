@@ -167,7 +167,10 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 	/* Held as long as the client's conntrack entry, which starts as an
 	 * unanswered flow's and is copied here by every packet. */
 	x->rv.expires = now + CT_NEW_IN;
-	__u32 h = bpf_get_prandom_u32();
+	/* Drawn from the flow, as its endpoint is: a flow whose conntrack
+	 * entry was lost between its packets finds the port it had first
+	 * (its mapping still names it), and the endpoint sees one flow. */
+	__u32 h = lb_mix(lb_flow_hash(p), be_port);
 	__u16 steal = 0;
 	__u64 steal_expires = ~0ULL;
 	for (int i = 0; i < SNAT_TRIES; i++) {
@@ -290,7 +293,7 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 		why = lb_no_endpoint(&sv);
 		if (why)
 			return drop(why);
-		if (lb_pick(&sv, p->family, p->saddr, p->saddr, LB_ANY, &x->ak, &x->av, x->be, &be_port))
+		if (lb_pick(&sv, p->family, p->saddr, p->saddr, LB_ANY, lb_flow_hash(p), &x->ak, &x->av, x->be, &be_port))
 			return drop(DROP_NO_BACKEND);
 		__builtin_memset(&x->epk, 0, sizeof(x->epk));
 		x->epk.net_id = sv.net_id;

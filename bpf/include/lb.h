@@ -76,6 +76,51 @@ static __always_inline int lb_no_endpoint(const struct svc_val *sv)
 	return sv->flags & SVC_DROP ? DROP_NO_LOCAL_BACKEND : DROP_NO_BACKEND;
 }
 
+/* lb_flow_hash is the endpoint pick's draw for the flow of p: a keyed hash
+ * of its tuple as the client sent it, so that every packet of a flow
+ * draws alike. A flow whose conntrack entry is lost before its next packet
+ * (a flood evicting it from lace_ct_new between the SYN and the
+ * handshake's last ACK) is drawn again to the endpoint it had, as long as
+ * the service's endpoints are the same, where a random draw would send
+ * that ACK to another endpoint, which resets the connection. Keyed by
+ * lace_config.flow_seed: a tenant choosing source ports cannot choose
+ * its endpoint. Murmur3's rounds: cheap for the verifier, no loop. */
+static __always_inline __u32 lb_mix(__u32 h, __u32 w)
+{
+	w *= 0xcc9e2d51;
+	w = (w << 15) | (w >> 17);
+	w *= 0x1b873593;
+	h ^= w;
+	h = (h << 13) | (h >> 19);
+	return h * 5 + 0xe6546b64;
+}
+
+/* A function of its own (a frame of a few bytes), not inlined: inlined, its
+ * temporaries grew to_service's and xlb_in's frames past the 512 bytes
+ * of the deepest call chain. Unused by sock.c, which draws at random. */
+static __noinline __attribute__((unused)) __u32 lb_flow_hash(const struct pkt *p)
+{
+	struct lace_config *cfg = config();
+	__u32 h = cfg ? cfg->flow_seed : 0;
+	/* struct pkt keeps its addresses 4-byte aligned. */
+	const __u32 *s = (const __u32 *)p->saddr, *d = (const __u32 *)p->daddr;
+	/* A loop, not unrolled: unrolled, clang loads all eight words
+	 * first and spills them, a frame that tips from_pod's deepest
+	 * chain over 512 bytes. */
+#pragma clang loop unroll(disable)
+	for (int i = 0; i < 4; i++) {
+		h = lb_mix(h, s[i]);
+		h = lb_mix(h, d[i]);
+	}
+	h = lb_mix(h, ((__u32)p->sport << 16) | p->dport);
+	h = lb_mix(h, ((__u32)p->family << 8) | p->proto);
+	h ^= h >> 16;
+	h *= 0x85ebca6b;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35;
+	return h ^ (h >> 16);
+}
+
 /* lb_pick modes: what the pick does about the client's own address self
  * as an endpoint. Both are pod_hairpin's bargain with from_pod: a pod's
  * TCP socket gets its 1/n chance at itself at connect time (sock.c), so
@@ -93,14 +138,15 @@ static __always_inline int lb_no_endpoint(const struct svc_val *sv)
 /* lb_pick chooses the endpoint of a new flow of client (16 bytes) to
  * service sv (its endpoints are lace_backends (id, 0..count-1)) into
  * be_addr and be_port: the client's ClientIP affinity while it lasts
- * (renewed), else a random endpoint, remembered when the service has
+ * (renewed), else the endpoint draw picks (lb_flow_hash per packet, a
+ * random number at connect time), remembered when the service has
  * affinity (seconds). ak and av are the caller's room for the affinity key
  * and value (the stack, or a per-CPU scratch where the stack is tight).
  * sv->count must not be 0 (lb_no_endpoint first). Returns 0, or -1 when there is no endpoint to take
  * (a backend missing at the drawn index, or in LB_ONLY_SELF mode another
  * endpoint than the client). */
 static __always_inline int lb_pick(const struct svc_val *sv, __u8 family, const __u8 *client, const __u8 *self, int mode,
-				   struct affinity_key *ak, struct affinity_val *av, __u8 *be_addr, __u16 *be_port)
+				   __u32 draw, struct affinity_key *ak, struct affinity_val *av, __u8 *be_addr, __u16 *be_port)
 {
 	/* Read from sv where used, not held in registers across the helper
 	 * calls: xlb_in's frame is at the edge of from_underlay's 512-byte
@@ -120,11 +166,11 @@ static __always_inline int lb_pick(const struct svc_val *sv, __u8 family, const 
 		af->expires = now + (__u64)sv->affinity * NSEC;
 		return 0;
 	}
-	__u32 r = bpf_get_prandom_u32() % n;
+	__u32 r = draw % n;
 	struct backend_key bk = {.id = id, .index = r};
 	struct backend_val *be = bpf_map_lookup_elem(&lace_backends, &bk);
 	if (be && mode == LB_NOT_SELF && n > 1 && eq16(be->addr, self)) {
-		__u32 r2 = bpf_get_prandom_u32() % (n - 1);
+		__u32 r2 = (draw / n) % (n - 1);
 		bk.index = r2 >= r ? r2 + 1 : r2;
 		be = bpf_map_lookup_elem(&lace_backends, &bk);
 	}

@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"crypto/rand"
 	"encoding/binary"
 	"fmt"
 	"net"
@@ -134,11 +135,39 @@ func (d *Datapath) SetConfig(c Config) error {
 	copy(v.Locator[:], loc[:8])
 	d.tab.mu.Lock()
 	defer d.tab.mu.Unlock()
+	seed, err := d.flowSeed()
+	if err != nil {
+		return err
+	}
+	v.FlowSeed = seed
 	// Written only when it differs from what was written last.
 	if err := d.tab.cfg.sync(map[uint32]podLaceConfig{0: v}, nil); err != nil {
 		return fmt.Errorf("write config: %w", err)
 	}
 	return nil
+}
+
+// flowSeed is the node's flow hash key: the one the pinned config holds
+// (an agent before this one drew it), else a new random one. Called with
+// d.tab.mu held.
+func (d *Datapath) flowSeed() (uint32, error) {
+	if d.tab.flowSeed != 0 {
+		return d.tab.flowSeed, nil
+	}
+	var cur podLaceConfig
+	if err := d.pod.LaceCfg.Lookup(uint32(0), &cur); err != nil {
+		return 0, fmt.Errorf("read config: %w", err)
+	}
+	seed := cur.FlowSeed
+	for seed == 0 {
+		var b [4]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return 0, fmt.Errorf("draw the flow hash key: %w", err)
+		}
+		seed = binary.LittleEndian.Uint32(b[:])
+	}
+	d.tab.flowSeed = seed
+	return seed, nil
 }
 
 // Config reads the node configuration back (the zero Config when none was

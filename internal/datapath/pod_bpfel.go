@@ -128,7 +128,7 @@ type podLaceConfig struct {
 	UnderlayIp4     [4]uint8
 	HostNet4        uint32
 	HostNet6        uint32
-	Pad             uint32
+	FlowSeed        uint32
 	HostNetns       uint64
 }
 

@@ -205,8 +205,8 @@ func TestCTBlindNodePortHandshakeCloses(t *testing.T) {
 
 // nodePortWorld programs a world network classifying every IPv4 source,
 // a ClusterIP 10.96.0.10:80 of the pods' network in its view, and its
-// NodePort 30080 on this node, both to backend:8080.
-func nodePortWorld(t *testing.T, backend netip.Addr) *Datapath {
+// NodePort 30080 on this node, both to the backends, port 8080.
+func nodePortWorld(t *testing.T, backends ...netip.Addr) *Datapath {
 	t.Helper()
 	d := progPodDatapath(t)
 	cip := netip.MustParseAddr("10.96.0.10")
@@ -220,7 +220,10 @@ func nodePortWorld(t *testing.T, backend netip.Addr) *Datapath {
 			t.Fatal(err)
 		}
 	}
-	be := []tables.Backend{{Addr: backend, Port: 8080}}
+	var be []tables.Backend
+	for _, b := range backends {
+		be = append(be, tables.Backend{Addr: b, Port: 8080})
+	}
 	if _, err := d.ApplyServices([]Service{
 		{VIP: cip, Proto: 6, Port: 80, NetID: progNet, Backends: be},
 		{VIP: progNodeV4, Proto: 6, Port: 30080, NetID: progNet, Backends: be, Frontend: tables.FrontendNodePort, ClusterIP: cip, ClusterPort: 80},

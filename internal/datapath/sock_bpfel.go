@@ -106,7 +106,7 @@ type sockLaceConfig struct {
 	UnderlayIp4     [4]uint8
 	HostNet4        uint32
 	HostNet6        uint32
-	Pad             uint32
+	FlowSeed        uint32
 	HostNetns       uint64
 }
 

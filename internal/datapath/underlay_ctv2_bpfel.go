@@ -135,7 +135,7 @@ type underlayLaceConfig struct {
 	UnderlayIp4     [4]uint8
 	HostNet4        uint32
 	HostNet6        uint32
-	Pad             uint32
+	FlowSeed        uint32
 	HostNetns       uint64
 }
 

@@ -35,7 +35,7 @@ func TestVerifierHeadroom(t *testing.T) {
 			cs.Programs = map[string]*ebpf.ProgramSpec{pn: ps}
 			coll, err := ebpf.NewCollectionWithOptions(cs, ebpf.CollectionOptions{Programs: ebpf.ProgramOptions{LogLevel: ebpf.LogLevelStats}})
 			if err != nil {
-				t.Errorf("%s/%s: %v", name, pn, err)
+				t.Errorf("%s/%s: %v", name, pn, verifierDetail(err))
 				continue
 			}
 			m := regexp.MustCompile(`processed (\d+) insns`).FindStringSubmatch(coll.Programs[pn].VerifierLog)
