@@ -123,8 +123,9 @@ static __noinline int route_in(struct __sk_buff *skb, struct pkt *p, __u32 net_i
  * as sent) to one of the service's endpoints, in place (p follows), and
  * records both sides of it: the client's tuple to the VIP keeps its
  * endpoint for the flow's life, and the translated flow keeps the VIP for
- * the replies. Returns 0 when translated; a drop verdict or
- * RET_PORT_UNREACH otherwise. */
+ * the replies. *svc_net is, in, the network of the view's route to the
+ * VIP (lb_admit's route_net) and, out, the service's network. Returns 0
+ * when translated; a drop verdict or RET_PORT_UNREACH otherwise. */
 static __noinline int to_service(struct __sk_buff *skb, struct pkt *p, struct ct_key *k, __u32 *svc_net, int sock_lb)
 {
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
@@ -139,7 +140,7 @@ static __noinline int to_service(struct __sk_buff *skb, struct pkt *p, struct ct
 	/* A ClusterIP was admitted by the view lookup that brought the packet
 	 * here; an external frontend reached from a pod is admitted as its
 	 * ClusterIP would be. */
-	int why = lb_admit(&sv, k->net_id, p->family, p->proto, p->daddr, p->saddr, LB_IN_CLUSTER | LB_VIEW_CHECKED);
+	int why = lb_admit(&sv, k->net_id, p->family, p->proto, p->daddr, p->saddr, LB_IN_CLUSTER | LB_VIEW_CHECKED, *svc_net);
 	if (why)
 		return drop(why);
 	__u32 net = sv->net_id;
@@ -413,7 +414,7 @@ int from_pod(struct __sk_buff *skb)
 		 * service's network, whatever the view holds of it. */
 		if (icmp_err)
 			return drop(DROP_ISOLATED);
-		__u32 svc_net = 0;
+		__u32 svc_net = rv->dst_net;
 		int rc = to_service(skb, &p, &k, &svc_net, sock_lb);
 		if (rc)
 			return too_big_back(skb, &p, rc);

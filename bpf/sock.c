@@ -137,7 +137,7 @@ static __always_inline int pod_hairpin(struct bpf_sock_addr *ctx, __u64 netns, _
 	 * draws among the others). */
 	if ((sv->flags & SVC_EXTERNAL) && (sv->flags & SVC_SRC_RANGES))
 		return 1;
-	if (lb_admit(&sv, net_id, family, IPPROTO_TCP, addr, self, LB_IN_CLUSTER))
+	if (lb_admit(&sv, net_id, family, IPPROTO_TCP, addr, self, LB_IN_CLUSTER, 0))
 		return 1;
 	if (sv->count == 0 || sv->net_id != net_id)
 		return 1;
@@ -181,7 +181,7 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 family, __u
 		__builtin_memcpy(self, cfg->underlay_ip4, 4);
 	else
 		__builtin_memcpy(self, cfg->underlay_ip6, 16);
-	int why = lb_admit(&sv, view, family, proto, addr, self, LB_IN_CLUSTER);
+	int why = lb_admit(&sv, view, family, proto, addr, self, LB_IN_CLUSTER, 0);
 	/* A Local frontend whose ClusterIP entry is missing is no service
 	 * here, as a VIP without an entry: the connect goes on untouched. */
 	if (why == DROP_NO_SERVICE_PORT)

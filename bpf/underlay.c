@@ -167,14 +167,19 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 	/* Held as long as the client's conntrack entry, which starts as an
 	 * unanswered flow's and is copied here by every packet. */
 	x->rv.expires = now + CT_NEW_IN;
-	/* Drawn from the flow, as its endpoint is: a flow whose conntrack
-	 * entry was lost between its packets finds the port it had first
-	 * (its mapping still names it), and the endpoint sees one flow. */
-	__u32 h = lb_mix(lb_flow_hash(p), be_port);
+	/* The first port tried is drawn from the flow, as its endpoint is: a
+	 * flow whose conntrack entry was lost between its packets finds the
+	 * port it had (its mapping still names it), and the endpoint sees one
+	 * flow. The others by a random stride from it: a client whose first
+	 * port another flow holds gets a new window on each try, not the same
+	 * one again. (A stride, not a branch on the first try: the branch
+	 * doubled the verifier's work on from_underlay.) */
+	__u32 first = (__u32)(lb_flow_hash(p) >> 32);
+	__u32 stride = bpf_get_prandom_u32() | 1;
 	__u16 steal = 0;
 	__u64 steal_expires = ~0ULL;
 	for (int i = 0; i < SNAT_TRIES; i++) {
-		x->rk.port = bpf_htons(SNAT_PORT_MIN + (h + i) % SNAT_PORT_RANGE);
+		x->rk.port = bpf_htons(SNAT_PORT_MIN + (first + i * stride) % SNAT_PORT_RANGE);
 		/* A pod's SNAT flow to the same endpoint (outside the cluster:
 		 * a hostNetwork pod's node) holds it: its answers are that
 		 * flow's. */
@@ -266,7 +271,7 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 	struct svc_val sv = *svp;
 	svp = &sv;
 	__u32 ext = classify(p);
-	int why = lb_admit(&svp, ext, p->family, p->proto, p->daddr, p->saddr, 0);
+	int why = lb_admit(&svp, ext, p->family, p->proto, p->daddr, p->saddr, 0, 0);
 	if (why)
 		return drop(!ext && why == DROP_ISOLATED ? DROP_UNCLASSIFIED : why);
 	if (p->ttl <= 1)

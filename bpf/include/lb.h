@@ -22,16 +22,21 @@
  * outside client (xlb_in) keeps the frontend's, the node-local ones. */
 #define LB_IN_CLUSTER 1
 /* The caller has already looked the VIP up in the client's view and found
- * a service there (from_pod, per packet): a ClusterIP needs no second
- * lookup. Without it, a ClusterIP is admitted when the view reaches it as
- * a service of its network (reaches_service). */
+ * a service route there (from_pod, per packet), to network route_net: a
+ * ClusterIP needs no second lookup, only that network to be the
+ * service's (a VIP handed from one network's service to another's is
+ * written to lace_services before the views change: for that while, the
+ * old view's route must not admit the new service). Without it, a
+ * ClusterIP is admitted when the view reaches it as a service of its
+ * network (reaches_service). */
 #define LB_VIEW_CHECKED 2
 
 /* lb_admit decides whether a client may use service entry *svp (a
  * ClusterIP, or an external frontend: NodePort, LoadBalancer, ExternalIP,
  * hostPort). The client is judged by the view of view_net (its network,
  * its external network, or the node's) and, for loadBalancerSourceRanges,
- * by its address saddr; vip is the address it addressed. A frontend is
+ * by its address saddr; vip is the address it addressed (route_net: see
+ * LB_VIEW_CHECKED; 0 without it). A frontend is
  * admitted as its service's ClusterIP would be (frontend_admits), in this
  * order: closed, cluster reference and reach, source ranges, then
  * externalTrafficPolicy Local (LB_IN_CLUSTER), which points *svp at the
@@ -40,11 +45,13 @@
  * DROP_NO_SERVICE_PORT when a Local service's ClusterIP entry is missing
  * (as if there were no service at all). */
 static __always_inline int lb_admit(struct svc_val **svp, __u32 view_net, __u8 family, __u8 proto, const __u8 *vip,
-				    const __u8 *saddr, int flags)
+				    const __u8 *saddr, int flags, __u32 route_net)
 {
 	struct svc_val *sv = *svp;
 	if (!(sv->flags & SVC_EXTERNAL)) {
-		if (!(flags & LB_VIEW_CHECKED) && !reaches_service(view_net, family, vip, sv->net_id))
+		if (flags & LB_VIEW_CHECKED)
+			return route_net == sv->net_id ? 0 : DROP_ISOLATED;
+		if (!reaches_service(view_net, family, vip, sv->net_id))
 			return DROP_ISOLATED;
 		return 0;
 	}
@@ -76,49 +83,81 @@ static __always_inline int lb_no_endpoint(const struct svc_val *sv)
 	return sv->flags & SVC_DROP ? DROP_NO_LOCAL_BACKEND : DROP_NO_BACKEND;
 }
 
-/* lb_flow_hash is the endpoint pick's draw for the flow of p: a keyed hash
- * of its tuple as the client sent it, so that every packet of a flow
- * draws alike. A flow whose conntrack entry is lost before its next packet
- * (a flood evicting it from lace_ct_new between the SYN and the
- * handshake's last ACK) is drawn again to the endpoint it had, as long as
- * the service's endpoints are the same, where a random draw would send
- * that ACK to another endpoint, which resets the connection. Keyed by
- * lace_config.flow_seed: a tenant choosing source ports cannot choose
- * its endpoint. Murmur3's rounds: cheap for the verifier, no loop. */
-static __always_inline __u32 lb_mix(__u32 h, __u32 w)
+/* lb_flow_hash is the draw of the flow of p: SipHash-2-4 of its tuple as
+ * the client sent it, so that every packet of a flow draws alike. A flow
+ * whose conntrack entry is lost before its next packet (a flood evicting
+ * it from lace_ct_new between the SYN and the handshake's last ACK) is
+ * drawn again to the endpoint it had, as long as the service's endpoints
+ * are the same, where a random draw would send that ACK to another
+ * endpoint, which resets the connection. Keyed by lace_config.flow_key,
+ * 128 bits drawn once per node: SipHash is a PRF, so what a tenant sees of
+ * its draws (which of its endpoints, which node port) tells nothing of the
+ * key, and it cannot choose another tenant's endpoint by choosing source
+ * ports. */
+static __always_inline __u64 lb_rotl(__u64 x, int b)
 {
-	w *= 0xcc9e2d51;
-	w = (w << 15) | (w >> 17);
-	w *= 0x1b873593;
-	h ^= w;
-	h = (h << 13) | (h >> 19);
-	return h * 5 + 0xe6546b64;
+	return (x << b) | (x >> (64 - b));
 }
 
-/* A function of its own (a frame of a few bytes), not inlined: inlined, its
- * temporaries grew to_service's and xlb_in's frames past the 512 bytes
- * of the deepest call chain. Unused by sock.c, which draws at random. */
-static __noinline __attribute__((unused)) __u32 lb_flow_hash(const struct pkt *p)
+#define LB_SIPROUND                                                                                                    \
+	do {                                                                                                           \
+		v0 += v1;                                                                                              \
+		v1 = lb_rotl(v1, 13);                                                                                  \
+		v1 ^= v0;                                                                                              \
+		v0 = lb_rotl(v0, 32);                                                                                  \
+		v2 += v3;                                                                                              \
+		v3 = lb_rotl(v3, 16);                                                                                  \
+		v3 ^= v2;                                                                                              \
+		v0 += v3;                                                                                              \
+		v3 = lb_rotl(v3, 21);                                                                                  \
+		v3 ^= v0;                                                                                              \
+		v2 += v1;                                                                                              \
+		v1 = lb_rotl(v1, 17);                                                                                  \
+		v1 ^= v2;                                                                                              \
+		v2 = lb_rotl(v2, 32);                                                                                  \
+	} while (0)
+
+/* A global function: the verifier checks it once, on its own, rather than
+ * at every call on every path (as a static one, it doubled
+ * from_underlay's verified instructions); and its frame is its own, where
+ * inlined its temporaries grew to_service's and xlb_in's frames past the
+ * 512 bytes of the deepest call chain. Unused by sock.c, which draws at
+ * random. The message is the 38 bytes saddr, daddr, sport, dport, family,
+ * proto (the ports in network order, as carried), read as SipHash's
+ * little-endian words; a node without its key yet (no SetConfig) hashes
+ * with key 0. */
+__attribute__((noinline)) __u64 lb_flow_hash(const struct pkt *p)
 {
+	if (!p)
+		return 0;
 	struct lace_config *cfg = config();
-	__u32 h = cfg ? cfg->flow_seed : 0;
-	/* struct pkt keeps its addresses 4-byte aligned. */
-	const __u32 *s = (const __u32 *)p->saddr, *d = (const __u32 *)p->daddr;
-	/* A loop, not unrolled: unrolled, clang loads all eight words
-	 * first and spills them, a frame that tips from_pod's deepest
-	 * chain over 512 bytes. */
+	__u64 k0 = cfg ? cfg->flow_key[0] : 0, k1 = cfg ? cfg->flow_key[1] : 0;
+	__u64 v0 = k0 ^ 0x736f6d6570736575ULL, v1 = k1 ^ 0x646f72616e646f6dULL;
+	__u64 v2 = k0 ^ 0x6c7967656e657261ULL, v3 = k1 ^ 0x7465646279746573ULL;
+	/* struct pkt keeps its addresses 4-byte aligned: words of 32 bits
+	 * (the verifier refuses a misaligned 64-bit stack read). A loop, not
+	 * unrolled: unrolled, clang loads every word first and spills them. */
+	const __u32 *w = (const __u32 *)p->saddr;
 #pragma clang loop unroll(disable)
-	for (int i = 0; i < 4; i++) {
-		h = lb_mix(h, s[i]);
-		h = lb_mix(h, d[i]);
+	for (int i = 0; i < 8; i += 2) {
+		__u64 m = (__u64)w[i] | ((__u64)w[i + 1] << 32);
+		v3 ^= m;
+		LB_SIPROUND;
+		LB_SIPROUND;
+		v0 ^= m;
 	}
-	h = lb_mix(h, ((__u32)p->sport << 16) | p->dport);
-	h = lb_mix(h, ((__u32)p->family << 8) | p->proto);
-	h ^= h >> 16;
-	h *= 0x85ebca6b;
-	h ^= h >> 13;
-	h *= 0xc2b2ae35;
-	return h ^ (h >> 16);
+	__u64 m = (__u64)p->sport | ((__u64)p->dport << 16) | ((__u64)p->family << 32) | ((__u64)p->proto << 40) |
+		  (38ULL << 56);
+	v3 ^= m;
+	LB_SIPROUND;
+	LB_SIPROUND;
+	v0 ^= m;
+	v2 ^= 0xff;
+	LB_SIPROUND;
+	LB_SIPROUND;
+	LB_SIPROUND;
+	LB_SIPROUND;
+	return v0 ^ v1 ^ v2 ^ v3;
 }
 
 /* lb_pick modes: what the pick does about the client's own address self

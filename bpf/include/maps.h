@@ -28,11 +28,12 @@ struct lace_config {
 	 * into (whose views say which VIPs the node reaches). */
 	__u32 host_net4;
 	__u32 host_net6;
+	__u32 pad;
+	__u64 host_netns;
 	/* The key of lb_flow_hash (the agent draws it once and keeps it in
 	 * the pinned map): a tenant cannot tell which source port lands on
 	 * which endpoint. */
-	__u32 flow_seed;
-	__u64 host_netns;
+	__u64 flow_key[2];
 };
 
 struct ep_key {

@@ -135,11 +135,11 @@ func (d *Datapath) SetConfig(c Config) error {
 	copy(v.Locator[:], loc[:8])
 	d.tab.mu.Lock()
 	defer d.tab.mu.Unlock()
-	seed, err := d.flowSeed()
+	key, err := d.flowKey()
 	if err != nil {
 		return err
 	}
-	v.FlowSeed = seed
+	v.FlowKey = key
 	// Written only when it differs from what was written last.
 	if err := d.tab.cfg.sync(map[uint32]podLaceConfig{0: v}, nil); err != nil {
 		return fmt.Errorf("write config: %w", err)
@@ -147,27 +147,27 @@ func (d *Datapath) SetConfig(c Config) error {
 	return nil
 }
 
-// flowSeed is the node's flow hash key: the one the pinned config holds
-// (an agent before this one drew it), else a new random one. Called with
-// d.tab.mu held.
-func (d *Datapath) flowSeed() (uint32, error) {
-	if d.tab.flowSeed != 0 {
-		return d.tab.flowSeed, nil
+// flowKey is the node's flow hash key (128 bits): the one the pinned
+// config holds (an agent before this one drew it), else a new random one.
+// Called with d.tab.mu held.
+func (d *Datapath) flowKey() ([2]uint64, error) {
+	if d.tab.flowKey != [2]uint64{} {
+		return d.tab.flowKey, nil
 	}
 	var cur podLaceConfig
 	if err := d.pod.LaceCfg.Lookup(uint32(0), &cur); err != nil {
-		return 0, fmt.Errorf("read config: %w", err)
+		return [2]uint64{}, fmt.Errorf("read config: %w", err)
 	}
-	seed := cur.FlowSeed
-	for seed == 0 {
-		var b [4]byte
+	key := cur.FlowKey
+	for key == [2]uint64{} {
+		var b [16]byte
 		if _, err := rand.Read(b[:]); err != nil {
-			return 0, fmt.Errorf("draw the flow hash key: %w", err)
+			return key, fmt.Errorf("draw the flow hash key: %w", err)
 		}
-		seed = binary.LittleEndian.Uint32(b[:])
+		key = [2]uint64{binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])}
 	}
-	d.tab.flowSeed = seed
-	return seed, nil
+	d.tab.flowKey = key
+	return key, nil
 }
 
 // Config reads the node configuration back (the zero Config when none was

@@ -27,10 +27,10 @@ type nodeTables struct {
 	backends  *table[podBackendKey, podBackendVal]
 	srcRanges *table[podSrcRangeKey, uint32]
 	announce  *table[podHostKey, underlayAnnounceVal]
-	// flowSeed keys the endpoint pick's flow hash (lb_flow_hash): drawn
+	// flowKey keys the endpoint pick's flow hash (lb_flow_hash): drawn
 	// once per node and kept in the pinned config, so that an agent
 	// restart leaves every flow's draw as it was.
-	flowSeed uint32
+	flowKey [2]uint64
 }
 
 func (d *Datapath) newTables() {

@@ -29,6 +29,9 @@ func TestProgLoadBalancing(t *testing.T) {
 	cip := netip.MustParseAddr("10.96.0.10")      // endpoint A
 	sticky := netip.MustParseAddr("10.96.0.11")   // A and B, ClientIP affinity
 	withSelf := netip.MustParseAddr("10.96.0.12") // the client pod itself and A
+	// A VIP handed from corp's service to network 7's: lace_services has
+	// the new one while the view still routes the VIP to corp's.
+	moved := netip.MustParseAddr("10.96.0.13")
 	lbVIP := netip.MustParseAddr("192.0.2.100")
 	client := netip.MustParseAddr("198.51.100.7")       // world
 	outOfRange := netip.MustParseAddr("198.51.100.200") // world, outside the source ranges
@@ -56,6 +59,7 @@ func TestProgLoadBalancing(t *testing.T) {
 			lbMust(t, d.UpsertRoute(Route{NetID: view, Prefix: netip.PrefixFrom(vip, 32), Kind: tables.RouteService, DstNet: progNet}))
 		}
 	}
+	lbMust(t, d.UpsertRoute(Route{NetID: progNet, Prefix: netip.PrefixFrom(moved, 32), Kind: tables.RouteService, DstNet: corp}))
 	be := func(ap netip.AddrPort) Backend { return Backend{Addr: ap.Addr(), Port: ap.Port()} }
 	svc := func(vip netip.Addr, affinity uint32, eps ...netip.AddrPort) Service {
 		s := Service{VIP: vip, Proto: 6, Port: 80, NetID: progNet, AffinitySeconds: affinity}
@@ -76,7 +80,7 @@ func TestProgLoadBalancing(t *testing.T) {
 	ranged := front(tables.FrontendLoadBalancer, lbVIP, 80, svc(netip.Addr{}, 0, epA))
 	ranged.SourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/25"), netip.MustParsePrefix("10.70.1.0/24")}
 	if _, err := d.ApplyServices([]Service{
-		svc(cip, 0, epA), svc(sticky, 60, epA, epB), svc(withSelf, 0, self, epA),
+		svc(cip, 0, epA), svc(sticky, 60, epA, epB), svc(withSelf, 0, self, epA), svc(moved, 0, epA),
 		local, closed, stickyPort, ranged,
 	}); err != nil {
 		t.Fatal(err)
@@ -106,6 +110,7 @@ func TestProgLoadBalancing(t *testing.T) {
 		{"unclassified source to a NodePort", func() (uint32, netip.AddrPort) { return fromOutside(unclassified, progNodeV4, 30080) }, "unclassified-source"},
 		{"outside network that does not reach the ClusterIP", func() (uint32, netip.AddrPort) { return fromOutside(corpClient, progNodeV4, 30080) }, "isolated"},
 		{"outside source outside the source ranges", func() (uint32, netip.AddrPort) { return fromOutside(outOfRange, lbVIP, 80) }, "source-range"},
+		{"pod to a ClusterIP its view routes to another network's service", func() (uint32, netip.AddrPort) { return fromPod(moved, 80) }, "isolated"},
 	}
 	for _, c := range refusals {
 		t.Run(c.name, func(t *testing.T) {

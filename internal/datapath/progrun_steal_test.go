@@ -1,6 +1,8 @@
 package datapath
 
 import (
+	"encoding/binary"
+	"math/bits"
 	"net/netip"
 	"testing"
 )
@@ -135,21 +137,13 @@ func TestCTLostHandshakeKeepsEndpoint(t *testing.T) {
 	}
 }
 
-// TestFlowSeedKeptAcrossAgents: the flow hash's key is drawn once per
+// TestFlowKeyKeptAcrossAgents: the flow hash's key is drawn once per
 // node and an agent after the first (a restart, an upgrade) keeps it, so
 // no flow's draw changes under it; two nodes draw their own.
-func TestFlowSeedKeptAcrossAgents(t *testing.T) {
-	seedOf := func(d *Datapath) uint32 {
-		t.Helper()
-		var v podLaceConfig
-		if err := d.pod.LaceCfg.Lookup(uint32(0), &v); err != nil {
-			t.Fatal(err)
-		}
-		return v.FlowSeed
-	}
+func TestFlowKeyKeptAcrossAgents(t *testing.T) {
 	d := progPodDatapath(t)
-	first := seedOf(d)
-	if first == 0 {
+	first := flowKeyOf(t, d)
+	if first == [2]uint64{} {
 		t.Fatal("SetConfig left the flow hash key 0")
 	}
 	again, err := Load(d.pinDir)
@@ -160,10 +154,113 @@ func TestFlowSeedKeptAcrossAgents(t *testing.T) {
 	if err := again.SetConfig(Config{UnderlayIP: progNodeV6, UnderlayIPv4: progNodeV4, Locator: progLocator, UnderlayIfIndex: 2}); err != nil {
 		t.Fatal(err)
 	}
-	if got := seedOf(again); got != first {
+	if got := flowKeyOf(t, again); got != first {
 		t.Errorf("the next agent's SetConfig changed the flow hash key from %#x to %#x", first, got)
 	}
-	if other := seedOf(progPodDatapath(t)); other == first {
+	if other := flowKeyOf(t, progPodDatapath(t)); other == first {
 		t.Errorf("two nodes drew the same flow hash key %#x", other)
+	}
+}
+
+func flowKeyOf(t *testing.T, d *Datapath) [2]uint64 {
+	t.Helper()
+	var v podLaceConfig
+	if err := d.pod.LaceCfg.Lookup(uint32(0), &v); err != nil {
+		t.Fatal(err)
+	}
+	return v.FlowKey
+}
+
+// sipHash24 is SipHash-2-4 (Aumasson and Bernstein) of msg under key.
+func sipHash24(key [2]uint64, msg []byte) uint64 {
+	v0, v1 := key[0]^0x736f6d6570736575, key[1]^0x646f72616e646f6d
+	v2, v3 := key[0]^0x6c7967656e657261, key[1]^0x7465646279746573
+	round := func() {
+		v0 += v1
+		v1 = bits.RotateLeft64(v1, 13) ^ v0
+		v0 = bits.RotateLeft64(v0, 32)
+		v2 += v3
+		v3 = bits.RotateLeft64(v3, 16) ^ v2
+		v0 += v3
+		v3 = bits.RotateLeft64(v3, 21) ^ v0
+		v2 += v1
+		v1 = bits.RotateLeft64(v1, 17) ^ v2
+		v2 = bits.RotateLeft64(v2, 32)
+	}
+	block := func(m uint64) {
+		v3 ^= m
+		round()
+		round()
+		v0 ^= m
+	}
+	n := len(msg)
+	for ; len(msg) >= 8; msg = msg[8:] {
+		block(binary.LittleEndian.Uint64(msg))
+	}
+	var last [8]byte
+	copy(last[:], msg)
+	last[7] = byte(n)
+	block(binary.LittleEndian.Uint64(last[:]))
+	v2 ^= 0xff
+	round()
+	round()
+	round()
+	round()
+	return v0 ^ v1 ^ v2 ^ v3
+}
+
+// TestFlowHashIsKeyedSipHash: the data plane's draw is SipHash-2-4 of the
+// flow's tuple under the node's key (a PRF: what a tenant sees of its
+// draws tells nothing of the key), checked against this file's SipHash,
+// itself checked against the reference vector: each NodePort client's
+// endpoint is the hash's low 32 bits modulo the endpoints, its node port
+// toward an endpoint elsewhere the first the high 32 bits name.
+func TestFlowHashIsKeyedSipHash(t *testing.T) {
+	ref := make([]byte, 15)
+	var refKey [16]byte
+	for i := range ref {
+		ref[i] = byte(i)
+	}
+	for i := range refKey {
+		refKey[i] = byte(i)
+	}
+	if got := sipHash24([2]uint64{binary.LittleEndian.Uint64(refKey[:8]), binary.LittleEndian.Uint64(refKey[8:])}, ref); got != 0xa129ca6149be45e5 {
+		t.Fatalf("sipHash24 of the reference vector: %#x, want 0xa129ca6149be45e5", got)
+	}
+	var backends []netip.Addr
+	for i := range 8 {
+		backends = append(backends, netip.AddrFrom4([4]byte{10, 70, 2, byte(5 + i)}))
+	}
+	d := nodePortWorld(t, backends...)
+	key := flowKeyOf(t, d)
+	flows := map[netip.AddrPort]Flow{}
+	for i := range 16 {
+		client := netip.AddrPortFrom(netip.MustParseAddr("203.0.113.5"), uint16(40000+i))
+		runUnder(t, d, ether(unicastMAC, 0x0800, ipv4(client.Addr(), progNodeV4, 6, seg4(client.Port(), 30080, 0x02))))
+		flows[client] = Flow{}
+	}
+	all, err := d.Conntrack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range all {
+		if _, ok := flows[f.Remote]; ok && f.Local.Port() == 30080 {
+			flows[f.Remote] = f
+		}
+	}
+	for client, f := range flows {
+		msg := make([]byte, 38)
+		src, dst := client.Addr().As4(), progNodeV4.As4()
+		copy(msg[0:], src[:])
+		copy(msg[16:], dst[:])
+		binary.BigEndian.PutUint16(msg[32:], client.Port())
+		binary.BigEndian.PutUint16(msg[34:], 30080)
+		msg[36], msg[37] = 4, 6
+		h := sipHash24(key, msg)
+		want := netip.AddrPortFrom(backends[uint32(h)%8], 8080)
+		wantPort := uint16(61000 + uint32(h>>32)%4536)
+		if f.NAT != want || f.SNATPort != wantPort {
+			t.Errorf("client %s: endpoint %s from node port %d, SipHash draws %s from %d", client, f.NAT, f.SNATPort, want, wantPort)
+		}
 	}
 }

@@ -73,52 +73,64 @@ func (t *table[K, V]) known() error {
 	return t.load()
 }
 
-// read returns the map's entries: by batches where the kernel supports
-// them on the map's type, else key by key.
+// read returns the map's entries (walk).
 func (t *table[K, V]) read() (map[K]V, error) {
 	out := map[K]V{}
-	if !t.noBatchRead {
+	if err := walk(t.m, &t.noBatchRead, func(k K, v V) { out[k] = v }); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// walk visits every entry of m: by batches where the kernel supports them
+// on the map's type (*noBatch remembers that it does not), else key by
+// key. The batch cursor is a hash bucket, not a key: entries deleted or
+// evicted under the walk never restart it, where a key-by-key walk
+// restarts from the first key each time the key under it goes, and gives
+// up (ebpf.ErrIterationAborted) after twice the map's size in steps. So
+// the agent's walks of the maps the programs churn (conntrack under a
+// flood, affinity) finish.
+func walk[K, V any](m kernelMap, noBatch *bool, fn func(K, V)) error {
+	if !*noBatch {
 		keys, vals := make([]K, tableBatch), make([]V, tableBatch)
 		var cursor ebpf.MapBatchCursor
 		for {
-			n, err := t.m.BatchLookup(&cursor, keys, vals, nil)
+			n, err := m.BatchLookup(&cursor, keys, vals, nil)
 			for i := range n {
-				out[keys[i]] = vals[i]
+				fn(keys[i], vals[i])
 			}
 			if errors.Is(err, ebpf.ErrKeyNotExist) {
-				return out, nil
+				return nil
 			}
 			if errors.Is(err, ebpf.ErrNotSupported) && n == 0 {
-				t.noBatchRead = true
+				*noBatch = true
 				break
 			}
 			if err != nil {
-				return nil, err
+				return err
 			}
 		}
 	}
 	var k, next K
 	var v V
-	err := t.m.NextKey(nil, &next)
-	for steps := 0; err == nil; err = t.m.NextKey(&k, &next) {
-		if steps++; steps > 2*int(t.m.MaxEntries())+1 {
-			// Keys deleted under the walk restart it: give up, as
-			// MapIterator does (only this table writes the map).
-			return nil, ebpf.ErrIterationAborted
+	err := m.NextKey(nil, &next)
+	for steps := 0; err == nil; err = m.NextKey(&k, &next) {
+		if steps++; steps > 2*int(m.MaxEntries())+1 {
+			return ebpf.ErrIterationAborted
 		}
 		k = next
-		switch lerr := t.m.Lookup(&k, &v); {
+		switch lerr := m.Lookup(&k, &v); {
 		case errors.Is(lerr, ebpf.ErrKeyNotExist):
 			continue
 		case lerr != nil:
-			return nil, lerr
+			return lerr
 		}
-		out[k] = v
+		fn(k, v)
 	}
 	if !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return nil, err
+		return err
 	}
-	return out, nil
+	return nil
 }
 
 // diff is what makes the map hold want: the entries to write (missing or

@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 
@@ -191,6 +192,14 @@ type ServiceTable struct {
 	gen uint64
 	// skipped are the services the last Apply left out, and why.
 	skipped map[ServiceKey]string
+	// pendingAff are the affinity entries still to forget (a walk
+	// failed), freeing the IDs of removed services, taken until their
+	// entries are forgotten.
+	pendingAff map[uint32]map[Backend]bool
+	freeing    map[uint32]bool
+	// forgetHook stands for Datapath.forgetAffinity in tests (nil: the
+	// real walk).
+	forgetHook func(map[uint32]map[Backend]bool) error
 }
 
 // Skipped are the services the last Apply could not write (more backends
@@ -254,6 +263,9 @@ func (t *ServiceTable) load() error {
 		a.svc = s
 		cur[ServiceKey{s.VIP, s.Proto, s.Port}] = a
 		used[v.Id] = true
+	}
+	for id := range t.freeing {
+		used[id] = true
 	}
 	t.cur, t.used, t.loaded = cur, used, true
 	return nil
@@ -447,16 +459,58 @@ func (t *ServiceTable) Apply(want []Service) (gone map[ServiceKey][]Backend, err
 			gone[k] = append(gone[k], lost...)
 		}
 	}
+	// gone is returned even when a write fails: forgetting the flows of an
+	// endpoint whose removal did not reach the maps costs them one new
+	// pick, while a retry, reading the maps, would not see it leave.
 	if err := w.flush(t.d); err != nil {
-		return nil, err
+		return gone, err
+	}
+	// A removed service's ID stays taken until its clients' affinity is
+	// forgotten: a new service given the ID would send them to the old
+	// one's endpoints. What a failed walk left is retried by the next
+	// Apply, whatever it wants.
+	if t.freeing == nil {
+		t.freeing, t.pendingAff = map[uint32]bool{}, map[uint32]map[Backend]bool{}
 	}
 	for _, id := range freed {
-		delete(t.used, id)
+		t.freeing[id] = true
 	}
-	if err := t.d.forgetAffinity(deadAff); err != nil {
-		return nil, err
+	mergeAffinity(t.pendingAff, deadAff)
+	forget := t.d.forgetAffinity
+	if t.forgetHook != nil {
+		forget = t.forgetHook
 	}
+	if err := forget(t.pendingAff); err != nil {
+		return gone, err
+	}
+	held := map[uint32]bool{}
+	for _, a := range t.cur {
+		held[a.id] = true
+	}
+	for id := range t.freeing {
+		if !held[id] {
+			delete(t.used, id)
+		}
+	}
+	clear(t.freeing)
+	clear(t.pendingAff)
 	return gone, nil
+}
+
+// mergeAffinity adds the affinity entries to forget of more to pending:
+// per service ID, every entry (a nil set) or those of the given backends.
+func mergeAffinity(pending, more map[uint32]map[Backend]bool) {
+	for id, set := range more {
+		cur, ok := pending[id]
+		switch {
+		case !ok:
+			pending[id] = maps.Clone(set)
+		case cur == nil || set == nil:
+			pending[id] = nil
+		default:
+			maps.Copy(cur, set)
+		}
+	}
 }
 
 // mapWrites are the writes of one Apply, in the order they are made.
@@ -549,19 +603,17 @@ func (d *Datapath) forgetAffinity(dead map[uint32]map[Backend]bool) error {
 		return nil
 	}
 	var doomed []podAffinityKey
-	var k podAffinityKey
-	var v podAffinityVal
-	it := d.pod.LaceAffinity.Iterate()
-	for it.Next(&k, &v) {
+	var noBatch bool
+	err := walk(d.pod.LaceAffinity, &noBatch, func(k podAffinityKey, v podAffinityVal) {
 		set, ok := dead[k.Id]
 		if !ok {
-			continue
+			return
 		}
 		if set == nil || set[Backend{Addr: fromAddr16(k.Family, v.Addr), Port: ntohs(v.Port)}] {
 			doomed = append(doomed, k)
 		}
-	}
-	if err := it.Err(); err != nil {
+	})
+	if err != nil {
 		return fmt.Errorf("walk affinity: %w", err)
 	}
 	for _, k := range doomed {
@@ -606,10 +658,8 @@ func (d *Datapath) FlushServiceFlows(gone map[ServiceKey][]Backend) (int, error)
 	// Both conntrack maps: established flows and those not assured yet.
 	for _, m := range d.ctMaps() {
 		var doomed []podCtKey
-		var k podCtKey
-		var v podCtVal
-		it := m.Iterate()
-		for it.Next(&k, &v) {
+		var noBatch bool
+		err := walk(m, &noBatch, func(k podCtKey, v podCtVal) {
 			nat := netip.AddrPortFrom(fromAddr16(k.Family, v.NatAddr), ntohs(v.NatPort))
 			remote := netip.AddrPortFrom(fromAddr16(k.Family, k.Raddr), ntohs(k.Rport))
 			switch {
@@ -622,8 +672,8 @@ func (d *Datapath) FlushServiceFlows(gone map[ServiceKey][]Backend) (int, error)
 			case v.Flags&ctDNAT != 0 && dead[vipEP{nat, remote, k.Proto}]:
 				doomed = append(doomed, k)
 			}
-		}
-		if err := it.Err(); err != nil {
+		})
+		if err != nil {
 			return 0, fmt.Errorf("walk conntrack: %w", err)
 		}
 		for _, k := range doomed {

@@ -135,8 +135,9 @@ type underlayLaceConfig struct {
 	UnderlayIp4     [4]uint8
 	HostNet4        uint32
 	HostNet6        uint32
-	FlowSeed        uint32
+	Pad             uint32
 	HostNetns       uint64
+	FlowKey         [2]uint64
 }
 
 type underlayNetVal struct {

@@ -66,15 +66,14 @@ func (s *Syncer) apply(st model.NodeState) error {
 	errs = append(errs, s.dp.SyncNodes(st.Nodes), s.dp.SyncNodeLocators(st.NodeLocators), s.dp.SyncNetworks(st.Networks))
 	// Services before the views that reach their VIPs, so a new VIP is
 	// never looked up before it is served. Flows to endpoints that left a
-	// service are forgotten (a UDP client is never black-holed).
+	// service are forgotten (a UDP client is never black-holed), even
+	// when the apply failed part way: what left is kept until forgotten.
 	gone, err := s.dp.ApplyServices(st.Services)
 	errs = append(errs, err)
-	if err == nil {
-		if n, err := s.dp.FlushServiceFlows(gone); err != nil {
-			errs = append(errs, err)
-		} else if n > 0 {
-			s.log.Info("forgot flows to endpoints that left their service", "flows", n)
-		}
+	if n, err := s.dp.FlushServiceFlows(gone); err != nil {
+		errs = append(errs, fmt.Errorf("forget flows to endpoints that left: %w", err))
+	} else if n > 0 {
+		s.log.Info("forgot flows to endpoints that left their service", "flows", n)
 	}
 	errs = append(errs, s.dp.SyncRoutes(st.Routes))
 	errs = append(errs, s.dp.SyncClassifiers(st.Classifiers), s.dp.SyncInsides(st.Inside))

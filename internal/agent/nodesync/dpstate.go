@@ -17,13 +17,17 @@ type tableDP struct {
 	applied *appliedSlice[datapath.Service]
 	// routes is the desired views last synced without error.
 	routes *appliedSlice[datapath.Route]
+	// unflushed are the endpoints that left a service whose flows are
+	// not forgotten yet (a walk failed): kept until a flush succeeds, or
+	// a client would be sent on to an endpoint that went away.
+	unflushed *map[datapath.ServiceKey][]datapath.Backend
 }
 
 // WithServiceTable is d with its services written through a
 // datapath.ServiceTable (tableDP): the DataPlane the agent syncs.
 func WithServiceTable(d *datapath.Datapath) DataPlane {
 	return tableDP{Datapath: d, services: datapath.NewServiceTable(d), applied: &appliedSlice[datapath.Service]{},
-		routes: &appliedSlice[datapath.Route]{}}
+		routes: &appliedSlice[datapath.Route]{}, unflushed: new(map[datapath.ServiceKey][]datapath.Backend)}
 }
 
 // SyncRoutes implements RouteTable: the views (one per VIP per view, tens
@@ -43,16 +47,34 @@ func (d tableDP) SyncRoutes(want []datapath.Route) error {
 // time, applied without error, is left alone without even a comparison.
 func (d tableDP) ApplyServices(want []datapath.Service) (map[datapath.ServiceKey][]datapath.Backend, error) {
 	if d.applied.same(want) {
-		return nil, nil
+		return *d.unflushed, nil
 	}
 	gone, err := d.services.Apply(want)
+	if len(gone) > 0 {
+		if *d.unflushed == nil {
+			*d.unflushed = map[datapath.ServiceKey][]datapath.Backend{}
+		}
+		for k, bs := range gone {
+			(*d.unflushed)[k] = append((*d.unflushed)[k], bs...)
+		}
+	}
 	for k, why := range d.services.Skipped() {
 		// The budget refuses such a Service (with an Event) before it
 		// gets here; this is the last guard.
 		slog.Warn("service frontend left out of the data plane", "frontend", k.VIP.String(), "port", k.Port, "why", why)
 	}
 	d.applied.set(want, err == nil)
-	return gone, err
+	return *d.unflushed, err
+}
+
+// FlushServiceFlows implements DataPlane: gone is what ApplyServices
+// returned, every endpoint that left since the last flush that succeeded.
+func (d tableDP) FlushServiceFlows(gone map[datapath.ServiceKey][]datapath.Backend) (int, error) {
+	n, err := d.Datapath.FlushServiceFlows(gone)
+	if err == nil {
+		*d.unflushed = nil
+	}
+	return n, err
 }
 
 // appliedSlice remembers which slice was last applied: the desired state
