@@ -264,6 +264,15 @@ func (t *ServiceTable) load() error {
 		cur[ServiceKey{s.VIP, s.Proto, s.Port}] = a
 		used[v.Id] = true
 	}
+	// Affinity entries of no service the maps hold are a removed
+	// service's whose forgetting an agent before this one (or a failed
+	// write) left undone: forgotten before any ID is given again.
+	if err := t.d.sweepAffinity(used); err != nil {
+		return err
+	}
+	if t.freeing == nil {
+		t.freeing, t.pendingAff = map[uint32]bool{}, map[uint32]map[Backend]bool{}
+	}
 	for id := range t.freeing {
 		used[id] = true
 	}
@@ -459,23 +468,22 @@ func (t *ServiceTable) Apply(want []Service) (gone map[ServiceKey][]Backend, err
 			gone[k] = append(gone[k], lost...)
 		}
 	}
+	// A removed service's ID stays taken until its clients' affinity is
+	// forgotten: a new service given the ID would send them to the old
+	// one's endpoints. Recorded before the writes, which may fail after
+	// the removal reached the maps; what a failed write or walk left is
+	// retried by the next Apply, whatever it wants (and an agent
+	// restarted meanwhile sweeps it at load: sweepAffinity).
+	for _, id := range freed {
+		t.freeing[id] = true
+	}
+	mergeAffinity(t.pendingAff, deadAff)
 	// gone is returned even when a write fails: forgetting the flows of an
 	// endpoint whose removal did not reach the maps costs them one new
 	// pick, while a retry, reading the maps, would not see it leave.
 	if err := w.flush(t.d); err != nil {
 		return gone, err
 	}
-	// A removed service's ID stays taken until its clients' affinity is
-	// forgotten: a new service given the ID would send them to the old
-	// one's endpoints. What a failed walk left is retried by the next
-	// Apply, whatever it wants.
-	if t.freeing == nil {
-		t.freeing, t.pendingAff = map[uint32]bool{}, map[uint32]map[Backend]bool{}
-	}
-	for _, id := range freed {
-		t.freeing[id] = true
-	}
-	mergeAffinity(t.pendingAff, deadAff)
 	forget := t.d.forgetAffinity
 	if t.forgetHook != nil {
 		forget = t.forgetHook
@@ -596,6 +604,30 @@ func ones(n int) []uint32 {
 	return out
 }
 
+// sweepAffinity removes every affinity entry of a service ID not in live.
+func (d *Datapath) sweepAffinity(live map[uint32]bool) error {
+	var doomed []podAffinityKey
+	var noBatch bool
+	err := walk(d.pod.LaceAffinity, &noBatch, func(k podAffinityKey, _ podAffinityVal) {
+		if !live[k.Id] {
+			doomed = append(doomed, k)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("walk affinity: %w", err)
+	}
+	return d.deleteAffinity(doomed)
+}
+
+func (d *Datapath) deleteAffinity(keys []podAffinityKey) error {
+	for _, k := range keys {
+		if err := d.pod.LaceAffinity.Delete(k); err != nil && !isMissing(err) {
+			return fmt.Errorf("forget affinity: %w", err)
+		}
+	}
+	return nil
+}
+
 // forgetAffinity removes the affinity entries of the given service IDs:
 // all of them for a nil set, else those pointing to one of its backends.
 func (d *Datapath) forgetAffinity(dead map[uint32]map[Backend]bool) error {
@@ -616,12 +648,7 @@ func (d *Datapath) forgetAffinity(dead map[uint32]map[Backend]bool) error {
 	if err != nil {
 		return fmt.Errorf("walk affinity: %w", err)
 	}
-	for _, k := range doomed {
-		if err := d.pod.LaceAffinity.Delete(k); err != nil && !isMissing(err) {
-			return fmt.Errorf("forget affinity: %w", err)
-		}
-	}
-	return nil
+	return d.deleteAffinity(doomed)
 }
 
 func missing(old, now []Backend) []Backend {

@@ -2,6 +2,7 @@ package nodesync
 
 import (
 	"log/slog"
+	"slices"
 
 	"github.com/lace-cni/lace/internal/datapath"
 )
@@ -50,14 +51,7 @@ func (d tableDP) ApplyServices(want []datapath.Service) (map[datapath.ServiceKey
 		return *d.unflushed, nil
 	}
 	gone, err := d.services.Apply(want)
-	if len(gone) > 0 {
-		if *d.unflushed == nil {
-			*d.unflushed = map[datapath.ServiceKey][]datapath.Backend{}
-		}
-		for k, bs := range gone {
-			(*d.unflushed)[k] = append((*d.unflushed)[k], bs...)
-		}
-	}
+	d.keepUnflushed(gone, want)
 	for k, why := range d.services.Skipped() {
 		// The budget refuses such a Service (with an Event) before it
 		// gets here; this is the last guard.
@@ -65,6 +59,38 @@ func (d tableDP) ApplyServices(want []datapath.Service) (map[datapath.ServiceKey
 	}
 	d.applied.set(want, err == nil)
 	return *d.unflushed, err
+}
+
+// keepUnflushed adds gone to the endpoints whose flows are still to
+// forget, each once, less those that are a backend of their service
+// again in want (their flows are live again: a flush would reset them).
+func (d tableDP) keepUnflushed(gone map[datapath.ServiceKey][]datapath.Backend, want []datapath.Service) {
+	u := *d.unflushed
+	if len(gone) == 0 && len(u) == 0 {
+		return
+	}
+	if u == nil {
+		u = map[datapath.ServiceKey][]datapath.Backend{}
+	}
+	for k, bs := range gone {
+		for _, b := range bs {
+			if !slices.Contains(u[k], b) {
+				u[k] = append(u[k], b)
+			}
+		}
+	}
+	for _, s := range want {
+		k := datapath.ServiceKey{VIP: s.VIP, Proto: s.Proto, Port: s.Port}
+		if bs, ok := u[k]; ok {
+			bs = slices.DeleteFunc(bs, func(b datapath.Backend) bool { return slices.Contains(s.Backends, b) })
+			if len(bs) == 0 {
+				delete(u, k)
+			} else {
+				u[k] = bs
+			}
+		}
+	}
+	*d.unflushed = u
 }
 
 // FlushServiceFlows implements DataPlane: gone is what ApplyServices
