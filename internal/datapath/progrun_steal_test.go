@@ -30,20 +30,7 @@ func TestCTFloodStealsOldestHandshake(t *testing.T) {
 		}
 	}
 	// nodePortOf returns the node port the client's flow holds.
-	nodePortOf := func(client netip.AddrPort) uint16 {
-		t.Helper()
-		flows, err := d.Conntrack()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, f := range flows {
-			if f.Remote == client && f.Local.Port() == 30080 {
-				return f.SNATPort
-			}
-		}
-		t.Fatalf("no flow of %s", client)
-		return 0
-	}
+	nodePortOf := func(client netip.AddrPort) uint16 { return nodePortFlow(t, d, client).SNATPort }
 	// Every port taken: more flows than ports, and more again.
 	flood(snatPorts + 500)
 	kept := 0
@@ -67,6 +54,23 @@ func TestCTFloodStealsOldestHandshake(t *testing.T) {
 	t.Logf("%d of %d handshakes kept their node port through %d flood SYNs", kept, honest, flooded)
 }
 
+// nodePortFlow returns the conntrack entry of client's flow to NodePort
+// 30080 (nodePortWorld).
+func nodePortFlow(t *testing.T, d *Datapath, client netip.AddrPort) Flow {
+	t.Helper()
+	flows, err := d.Conntrack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range flows {
+		if f.Remote == client && f.Local.Port() == 30080 {
+			return f
+		}
+	}
+	t.Fatalf("no flow of %s", client)
+	return Flow{}
+}
+
 // TestCTLostHandshakeKeepsEndpoint: a flood from outside churns
 // lace_ct_new, the budget an honest client's handshake waits in, so its
 // entry can be evicted between its SYN and its last ACK. That ACK then
@@ -82,20 +86,7 @@ func TestCTLostHandshakeKeepsEndpoint(t *testing.T) {
 		backends = append(backends, netip.AddrFrom4([4]byte{10, 70, 2, byte(5 + i)}))
 	}
 	d := nodePortWorld(t, append(backends, progPodV4)...)
-	flowOf := func(client netip.AddrPort) Flow {
-		t.Helper()
-		flows, err := d.Conntrack()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, f := range flows {
-			if f.Remote == client && f.Local.Port() == 30080 {
-				return f
-			}
-		}
-		t.Fatalf("no flow of %s", client)
-		return Flow{}
-	}
+	flowOf := func(client netip.AddrPort) Flow { return nodePortFlow(t, d, client) }
 	evictPending := func() {
 		t.Helper()
 		var k podCtKey

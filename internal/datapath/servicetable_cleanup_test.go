@@ -18,36 +18,20 @@ import (
 func TestServiceIDKeptUntilAffinityForgotten(t *testing.T) {
 	d := progPodDatapath(t)
 	st := NewServiceTable(d)
-	old := Service{VIP: netip.MustParseAddr("10.96.0.40"), Proto: 6, Port: 80, NetID: progNet, AffinitySeconds: 600,
-		Backends: []Backend{{Addr: netip.MustParseAddr("10.70.2.5"), Port: 8080}}}
-	if _, err := st.Apply([]Service{old}); err != nil {
-		t.Fatal(err)
-	}
+	oldID, client := stickyService(t, d, st)
+	old := ServiceKey{netip.MustParseAddr("10.96.0.40"), 6, 80}
 	var sv podSvcVal
-	if err := d.pod.LaceServices.Lookup(svcKey(old), &sv); err != nil {
-		t.Fatal(err)
-	}
-	oldID := sv.Id
-	// A client of the old service, sticky to its endpoint.
-	client := podAffinityKey{Id: oldID, Family: 4}
-	copy(client.Client[:], []byte{198, 51, 100, 7})
-	sticky := podAffinityVal{Expires: ^uint64(0) >> 1, Addr: addr16(old.Backends[0].Addr), Port: htons(8080)}
-	if err := d.pod.LaceAffinity.Put(client, sticky); err != nil {
-		t.Fatal(err)
-	}
-
 	st.forgetHook = func(map[uint32]map[Backend]bool) error { return ebpf.ErrIterationAborted }
 	gone, err := st.Apply(nil)
 	if !errors.Is(err, ebpf.ErrIterationAborted) {
 		t.Fatalf("Apply with a failing affinity walk: %v, want the walk's error", err)
 	}
-	if len(gone[ServiceKey{old.VIP, old.Proto, old.Port}]) != 1 {
+	if len(gone[old]) != 1 {
 		t.Errorf("the failed Apply returned %v: the flows of the endpoint that left would never be forgotten", gone)
 	}
 	st.forgetHook = nil
 
-	next := Service{VIP: netip.MustParseAddr("10.96.0.41"), Proto: 6, Port: 80, NetID: progNet, AffinitySeconds: 600,
-		Backends: []Backend{{Addr: netip.MustParseAddr("10.70.2.6"), Port: 8080}}}
+	next := nextSticky
 	if _, err := st.Apply([]Service{next}); err != nil {
 		t.Fatal(err)
 	}
