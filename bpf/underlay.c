@@ -139,6 +139,7 @@ struct xlb_scratch {
 	__u8 front[16];
 	__u8 node[16];
 	__u8 sid[16];
+	struct reset_ahead ra; /* xlb_port: the port's last flow may be half open at the endpoint */
 };
 
 struct {
@@ -149,8 +150,20 @@ struct {
 } lace_xlb_scratch SEC(".maps");
 
 /* xlb_port finds the node's port for a translated flow to endpoint
- * x->be:be_port and records how to turn its answers back. */
-static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 be_port, __u32 ext, __u16 *port)
+ * x->be:be_port and records how to turn its answers back. isn: a SYN's
+ * sequence number.
+ *
+ * A port given up by a flow whose client sent only SYNs (a flood's, or a
+ * handshake that lost its port) may still be half open at the endpoint:
+ * its kernel keeps the connection request, retransmitting its SYN-ACK to
+ * nobody, for up to a minute, while ports toward one endpoint come round
+ * again within a second under a flood. A new SYN on that port then meets
+ * the old request: the endpoint answers with a bare ACK for the old
+ * sequence (or, rate-limited, not at all), and the new client's handshake
+ * fails however often it retries. So xlb_port asks (x->ra) for a reset
+ * of the old flow, sent to the endpoint just ahead of the new SYN on the
+ * same path: the old request is gone when the SYN arrives. */
+static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 be_port, __u32 ext, __u32 isn, __u16 *port)
 {
 	__builtin_memset(&x->rk, 0, sizeof(x->rk));
 	x->rk.family = p->family;
@@ -161,6 +174,11 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 	x->rv.cport = p->sport;
 	x->rv.fport = p->dport;
 	x->rv.ext_net = ext;
+	if (is_tcp_syn(p)) {
+		x->rv.isn = isn;
+		x->rv.flags = XLB_REV_HALF_OPEN;
+	}
+	x->ra.l4_off = 0;
 	__builtin_memcpy(x->rv.client, p->saddr, 16);
 	__builtin_memcpy(x->rv.front, p->daddr, 16);
 	__u64 now = bpf_ktime_get_ns();
@@ -178,6 +196,8 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 	__u32 stride = bpf_get_prandom_u32() | 1;
 	__u16 steal = 0;
 	__u64 steal_expires = ~0ULL;
+	__u32 steal_isn = 0;
+	__u32 steal_half = 0;
 	for (int i = 0; i < SNAT_TRIES; i++) {
 		x->rk.port = bpf_htons(SNAT_PORT_MIN + (first + i * stride) % SNAT_PORT_RANGE);
 		/* A pod's SNAT flow to the same endpoint (outside the cluster:
@@ -215,8 +235,14 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 			if (!(owner->flags & CT_ASSURED) && owner->expires < steal_expires) {
 				steal = x->rk.port;
 				steal_expires = owner->expires;
+				steal_isn = cur->isn;
+				steal_half = cur->flags & XLB_REV_HALF_OPEN;
 			}
 			continue;
+		}
+		if (cur->flags & XLB_REV_HALF_OPEN) {
+			x->ra.seq = bpf_htonl(bpf_ntohl(cur->isn) + 1);
+			x->ra.l4_off = 1;
 		}
 		bpf_map_update_elem(&lace_xlb_rev, &x->rk, &x->rv, BPF_ANY);
 		*port = x->rk.port;
@@ -224,6 +250,10 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 	}
 	if (!steal)
 		return -1;
+	if (steal_half) {
+		x->ra.seq = bpf_htonl(bpf_ntohl(steal_isn) + 1);
+		x->ra.l4_off = 1;
+	}
 	x->rk.port = steal;
 	bpf_map_update_elem(&lace_xlb_rev, &x->rk, &x->rv, BPF_ANY);
 	*port = steal;
@@ -246,6 +276,9 @@ static __always_inline int xlb_port_held(struct xlb_scratch *x, struct pkt *p, _
 	if (!rv || rv->cport != p->sport || rv->fport != p->dport || !eq16(rv->client, p->saddr) || !eq16(rv->front, p->daddr))
 		return -1;
 	rv->expires = expires;
+	/* The client spoke past its SYN: the endpoint's side is its own now. */
+	if (!is_tcp_syn(p))
+		rv->flags &= ~XLB_REV_HALF_OPEN;
 	return 0;
 }
 
@@ -262,6 +295,7 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 	struct xlb_scratch *x = bpf_map_lookup_elem(&lace_xlb_scratch, &zero);
 	if (!x)
 		return drop(DROP_ADJUST);
+	x->ra.l4_off = 0; /* the scratch outlives the packet */
 	struct svc_val *svp = frontend(p->family, p->proto, p->dport, p->daddr);
 	if (!svp)
 		return drop(DROP_NO_SERVICE_PORT);
@@ -310,7 +344,10 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 			 * its addresses). */
 			if (!(sv.flags & SVC_SNAT))
 				return drop(DROP_NO_LOCAL_BACKEND);
-			if (xlb_port(x, p, be_port, ext, &nport)) {
+			__u32 isn = 0;
+			if (is_tcp_syn(p) && bpf_skb_load_bytes(skb, p->l4_off + 4, &isn, 4))
+				return drop(DROP_ADJUST);
+			if (xlb_port(x, p, be_port, ext, isn, &nport)) {
 				__builtin_memset(&x->fk, 0, sizeof(x->fk));
 				x->fk.family = p->family;
 				x->fk.proto = p->proto;
@@ -419,7 +456,9 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 		 * (xlb_back from to_host). */
 		if (nat_rewrite(skb, p, 1, x->node, nport))
 			return drop(DROP_ADJUST);
-		return send_fib(skb, p->family, x->node, x->be, FWD_FROM_EXTERNAL);
+		if (x->ra.l4_off)
+			x->ra.l4_off = p->l4_off;
+		return send_fib_ahead(skb, p->family, x->node, x->be, FWD_FROM_EXTERNAL, &x->ra);
 	}
 	if (!rv || (rv->flags & (ROUTE_LOCAL | ROUTE_SUBNET | ROUTE_EXTERNAL | ROUTE_DENY | ROUTE_CLOSED | ROUTE_SERVICE)) ||
 	    rv->dst_net != sv.net_id)
@@ -430,7 +469,9 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 	if (nat_rewrite(skb, p, 1, x->node, nport))
 		return drop(DROP_ADJUST);
 	count(FWD_FROM_EXTERNAL);
-	return encap_and_send(skb, p, x->sid, 0);
+	if (x->ra.l4_off)
+		x->ra.l4_off = p->l4_off;
+	return encap_and_send_ahead(skb, p, x->sid, 0, &x->ra);
 }
 
 /* RET_NOT_XLB: xlb_back found no frontend flow the plain packet answers. */

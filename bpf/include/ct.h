@@ -201,7 +201,15 @@ struct xlb_rev_val {
 	__u16 fport;
 	__u32 ext_net; /* the client's external network (its conntrack entry's) */
 	__u64 expires;
+	/* The client's SYN sequence number (network order), while the client
+	 * has sent nothing but SYNs (XLB_REV_HALF_OPEN): the endpoint may then
+	 * hold the flow half open, and a new flow given this port first
+	 * resets it there (xlb_in). */
+	__u32 isn;
+	__u32 flags;
 };
+
+#define XLB_REV_HALF_OPEN 1
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

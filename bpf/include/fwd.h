@@ -82,7 +82,44 @@ static __always_inline int is_icmp_error(struct pkt *p)
 
 /* send_fib sends the packet out of the underlay to dst, resolved by the
  * node's FIB (its underlay routes), counting what under fwd. */
-static __always_inline int send_fib(struct __sk_buff *skb, __u8 family, const __u8 *src, const __u8 *dst, __u32 what)
+/* RET_ENCAPSULATED: encap wrapped the packet, which is to be sent. */
+#define RET_ENCAPSULATED 0x7004
+
+/* A TCP reset sent ahead of the packet, on its path (send_fib): seq is
+ * the reset's sequence number (network order), l4_off the TCP header's
+ * offset in the packet as it leaves; l4_off 0 sends none. */
+struct reset_ahead {
+	__u32 seq;
+	__u32 l4_off;
+};
+
+/* tcp_reset_clone sends a copy of the TCP segment at l4_off turned into a
+ * bare reset (no options: the option bytes ride as payload, which a reset
+ * ignores, and no timestamp it could be refused by) with sequence number
+ * seq, out of ifindex ahead of the segment itself, which it restores.
+ * Global: verified once, not on every path to each send. */
+__attribute__((noinline)) int tcp_reset_clone(struct __sk_buff *skb, __u32 l4_off, __u32 seq, __u32 ifindex)
+{
+	__u32 old_seq;
+	__u16 old_word;
+	__u16 rst_word = bpf_htons((5 << 12) | 0x04);
+	__u32 csum = l4_off + 16;
+	if (l4_off > 0xffff)
+		return -1;
+	if (bpf_skb_load_bytes(skb, l4_off + 4, &old_seq, 4) || bpf_skb_load_bytes(skb, l4_off + 12, &old_word, 2))
+		return -1;
+	if (bpf_l4_csum_replace(skb, csum, old_seq, seq, 4) || bpf_skb_store_bytes(skb, l4_off + 4, &seq, 4, 0) ||
+	    bpf_l4_csum_replace(skb, csum, old_word, rst_word, 2) || bpf_skb_store_bytes(skb, l4_off + 12, &rst_word, 2, 0))
+		return -1;
+	long rc = bpf_clone_redirect(skb, ifindex, 0);
+	if (bpf_l4_csum_replace(skb, csum, seq, old_seq, 4) || bpf_skb_store_bytes(skb, l4_off + 4, &old_seq, 4, 0) ||
+	    bpf_l4_csum_replace(skb, csum, rst_word, old_word, 2) || bpf_skb_store_bytes(skb, l4_off + 12, &old_word, 2, 0))
+		return -2;
+	return rc ? -1 : 0;
+}
+
+static __always_inline int send_fib_ahead(struct __sk_buff *skb, __u8 family, const __u8 *src, const __u8 *dst, __u32 what,
+					  const struct reset_ahead *ra)
 {
 	struct lace_config *cfg = config();
 	if (!cfg)
@@ -105,22 +142,38 @@ static __always_inline int send_fib(struct __sk_buff *skb, __u8 family, const __
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
 		if (set_macs(skb, fib.dmac, fib.smac))
 			return drop(DROP_ADJUST);
+		if (ra && ra->l4_off) {
+			/* A reset that cannot be restored from leaves a packet
+			 * nobody meant to send: dropped. One not sent is only
+			 * counted: the segment still goes. */
+			int r = tcp_reset_clone(skb, ra->l4_off, ra->seq, fib.ifindex);
+			if (r == -2)
+				return drop(DROP_ADJUST);
+			count(r ? FWD_RESET_AHEAD_FAILED : FWD_RESET_AHEAD);
+		}
 		count(what);
 		return bpf_redirect(fib.ifindex, 0);
 	}
 	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
-		/* The kernel resolves the neighbour and queues the packet. */
+		/* The kernel resolves the neighbour and queues the packet (no
+		 * reset ahead: the neighbour is not known yet, and a port
+		 * reused toward an endpoint was used toward it before). */
 		count(what);
 		return bpf_redirect_neigh(fib.ifindex, 0, 0, 0);
 	}
 	return drop(DROP_FIB);
 }
 
+static __always_inline int send_fib(struct __sk_buff *skb, __u8 family, const __u8 *src, const __u8 *dst, __u32 what)
+{
+	return send_fib_ahead(skb, family, src, dst, what, 0);
+}
+
 /* encap_and_send encapsulates the packet in SRv6 to sid. A packet from a
  * pod that cannot cross the underlay earns the pod an ICMP error
  * (icmp_back: RET_TOO_BIG with p->mtu set, the program sends it); one from
  * the underlay is dropped and counted. */
-static __noinline __attribute__((unused)) int encap_and_send(struct __sk_buff *skb, struct pkt *p, const __u8 *sid, int icmp_back)
+static __noinline __attribute__((unused)) int encap(struct __sk_buff *skb, struct pkt *p, const __u8 *sid, int icmp_back)
 {
 	struct lace_config *cfg = config();
 	if (!cfg)
@@ -163,7 +216,29 @@ static __noinline __attribute__((unused)) int encap_and_send(struct __sk_buff *s
 		return drop(DROP_ADJUST);
 	/* The node's own SRv6, for to_underlay. */
 	skb->mark = LACE_MARK_ENCAP;
-	return send_fib(skb, LACE_FAMILY_V6, cfg->underlay_ip6, sid, FWD_ENCAP);
+	return RET_ENCAPSULATED;
+}
+
+/* encap_and_send_ahead: encap, then send, with a reset ahead (ra, its
+ * l4_off before the encapsulation). Apart, so that the reset's frame
+ * does not stack on encap's. */
+static __always_inline __attribute__((unused)) int encap_and_send_ahead(struct __sk_buff *skb, struct pkt *p, const __u8 *sid, int icmp_back,
+									 struct reset_ahead *ra)
+{
+	int rc = encap(skb, p, sid, icmp_back);
+	if (rc != RET_ENCAPSULATED)
+		return rc;
+	struct lace_config *cfg = config();
+	if (!cfg)
+		return drop(DROP_FIB);
+	if (ra && ra->l4_off)
+		ra->l4_off += sizeof(struct ipv6hdr);
+	return send_fib_ahead(skb, LACE_FAMILY_V6, cfg->underlay_ip6, sid, FWD_ENCAP, ra);
+}
+
+static __noinline __attribute__((unused)) int encap_and_send(struct __sk_buff *skb, struct pkt *p, const __u8 *sid, int icmp_back)
+{
+	return encap_and_send_ahead(skb, p, sid, icmp_back, 0);
 }
 
 /* L4 checksum offsets: TCP, UDP, ICMP and ICMPv6. */

@@ -99,7 +99,9 @@ enum fwd_counter {
 	FWD_REPLY_OUT = 7, /* reply-out: a pod's reply to an outside source, sent from the pod's address */
 	FWD_SERVICE = 8, /* to-service: a new flow to a service VIP translated to an endpoint */
 	FWD_ANNOUNCE = 9, /* announced: an ARP or neighbour solicitation for a LoadBalancer VIP this node announces, answered */
-	FWD_MAX = 10,
+	FWD_RESET_AHEAD = 10, /* reset-ahead: a node port given to a new flow toward an endpoint where its last flow may be half open: a reset sent there first */
+	FWD_RESET_AHEAD_FAILED = 11, /* reset-ahead-failed: such a reset could not be sent (the new flow's SYN went without it) */
+	FWD_MAX = 12,
 };
 
 /* skb->mark of what Lace's own encapsulation sends (encap_and_send):

@@ -24,7 +24,16 @@ import (
 // agent writes from the API (views, services, endpoints, ports...) are
 // recreated empty and written again by its first sync.
 var layoutVersions = map[string]uint32{
-	// "lace_ct": 2, with a Migration{Map: "lace_ct", From: 1, ...}.
+	// 2: struct xlb_rev_val gained isn and flags (a reset ahead of a SYN
+	// given a port whose last flow may be half open at the endpoint).
+	"lace_xlb_rev": 2,
+}
+
+func init() {
+	// Version 1's mappings carry no sequence number: they ask no reset.
+	RegisterMigration(Migration{Map: "lace_xlb_rev", From: 1, Convert: func(k, v []byte) ([]byte, []byte, bool) {
+		return k, append(append([]byte(nil), v...), make([]byte, 8)...), true
+	}})
 }
 
 // statefulMaps hold state only the data plane has: kept across a change

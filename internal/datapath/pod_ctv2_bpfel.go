@@ -230,6 +230,8 @@ type podXlbRevVal struct {
 	Fport   uint16
 	ExtNet  uint32
 	Expires uint64
+	Isn     uint32
+	Flags   uint32
 }
 
 // Names of all BPF objects in the ELF.

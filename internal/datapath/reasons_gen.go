@@ -92,6 +92,8 @@ var ForwardCounters = []string{
 	"reply-out",
 	"to-service",
 	"announced",
+	"reset-ahead",
+	"reset-ahead-failed",
 }
 
 // ForwardMeanings say what the forwarding counters count, in the same order.
@@ -106,4 +108,6 @@ var ForwardMeanings = []string{
 	"a pod's reply to an outside source, sent from the pod's address",
 	"a new flow to a service VIP translated to an endpoint",
 	"an ARP or neighbour solicitation for a LoadBalancer VIP this node announces, answered",
+	"a node port given to a new flow toward an endpoint where its last flow may be half open: a reset sent there first",
+	"such a reset could not be sent (the new flow's SYN went without it)",
 }

@@ -225,6 +225,8 @@ type sockXlbRevVal struct {
 	Fport   uint16
 	ExtNet  uint32
 	Expires uint64
+	Isn     uint32
+	Flags   uint32
 }
 
 // Names of all BPF objects in the ELF.

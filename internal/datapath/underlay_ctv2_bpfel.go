@@ -237,6 +237,8 @@ type underlayXlbRevVal struct {
 	Fport   uint16
 	ExtNet  uint32
 	Expires uint64
+	Isn     uint32
+	Flags   uint32
 }
 
 type underlayXlbScratch struct {
@@ -255,7 +257,12 @@ type underlayXlbScratch struct {
 	Front [16]uint8
 	Node  [16]uint8
 	Sid   [16]uint8
-	_     [4]byte
+	Ra    struct {
+		_     structs.HostLayout
+		Seq   uint32
+		L4Off uint32
+	}
+	_ [4]byte
 }
 
 // Names of all BPF objects in the ELF.

@@ -229,6 +229,7 @@ func TestSYNFloodKeepsStreams(t *testing.T) {
 	delayed := delayedUDPServer(t, ext, netip.AddrPortFrom(extV4, 9123), 20*time.Second)
 
 	before := nodeDrops(t, "n1")
+	fwdBefore := nodeForwarded(t, "n1")
 	stop := make(chan struct{})
 	var sent uint64
 	var floodErr error
@@ -274,12 +275,17 @@ func TestSYNFloodKeepsStreams(t *testing.T) {
 	// the remote endpoint for long, and the flood's unassured flows give
 	// theirs up, so every new connection gets one. Each has 10 s, TCP's
 	// first three retransmissions of its SYN: the flood saturates both
-	// cores, whose backlogs then drop a packet here and there whatever
-	// the data plane (the honest client's as the flood's), and TCP
-	// retransmits; with its node port held (as before the fix) it would
-	// get none.
+	// cores, whose backlogs may drop a packet whatever the data plane (the
+	// honest client's as the flood's), and TCP retransmits; with its node
+	// port held (as before the fix) it would get none. And the port it
+	// gets was a flood flow's a moment ago, still half open at the
+	// endpoint: without the reset sent ahead of its SYN (xlb_port) the
+	// endpoint answers the old flow, and about one in three new
+	// connections to the remote endpoint needed a retransmission (up to
+	// 6 s), one in twenty runs none got through in 10 s. With it, at
+	// most one of the twenty may retransmit (a backlog's drop).
 	var fresh int
-	var freshFailed atomic.Int64
+	var freshFailed, freshRetried atomic.Int64
 	var fwg sync.WaitGroup
 	for time.Since(start) < floodFor {
 		time.Sleep(1500 * time.Millisecond)
@@ -287,7 +293,13 @@ func TestSYNFloodKeepsStreams(t *testing.T) {
 		fwg.Add(1)
 		go func() {
 			defer fwg.Done()
-			if _, err := semAskTimeout(ext, front, 10*time.Second); err != nil {
+			t0 := time.Now()
+			host, err := semAskTimeout(ext, front, 10*time.Second)
+			if took := time.Since(t0); took > 900*time.Millisecond {
+				freshRetried.Add(1)
+				t.Logf("a new connection to %s during the flood took %v (answered by %q, %v): its SYN was retransmitted", front, took.Round(time.Millisecond), host, err)
+			}
+			if err != nil {
 				freshFailed.Add(1)
 				t.Errorf("a new connection to %s during the flood: %v", front, err)
 			}
@@ -329,7 +341,16 @@ func TestSYNFloodKeepsStreams(t *testing.T) {
 			t.Logf("%s: no free node port toward %s %d times", node, e.Destination(), e.Count)
 		}
 	}
-	t.Logf("%d of %d new connections during the flood failed", freshFailed.Load(), fresh)
+	fwdAfter := nodeForwarded(t, "n1")
+	t.Logf("%d of %d new connections during the flood failed, %d needed their SYN retransmitted; n1 sent %d resets ahead of SYNs on node ports taken over (%d could not be sent)",
+		freshFailed.Load(), fresh, freshRetried.Load(),
+		fwdAfter["reset-ahead"]-fwdBefore["reset-ahead"], fwdAfter["reset-ahead-failed"]-fwdBefore["reset-ahead-failed"])
+	if n := freshRetried.Load(); n > 1 {
+		t.Errorf("HALF-OPEN: %d of %d new connections during the flood needed their SYN retransmitted, want at most 1", n, fresh)
+	}
+	if fwdAfter["reset-ahead"] == fwdBefore["reset-ahead"] {
+		t.Errorf("no reset was sent ahead of a SYN on a node port the flood had held: the ports toward the remote endpoint never came round?")
+	}
 	if n := broken.Load(); n > 0 {
 		t.Errorf("%d of %d streams broke during the flood", n, len(streams))
 	}

@@ -273,6 +273,21 @@ func nodeDrops(t *testing.T, node string) map[string]uint64 {
 	return drops
 }
 
+// nodeForwarded returns node's forwarding counters.
+func nodeForwarded(t *testing.T, node string) map[string]uint64 {
+	t.Helper()
+	dp, err := datapath.Load(filepath.Join(labConfig().NodeRoot(node), "sys/fs/bpf/lace"))
+	if err != nil {
+		t.Fatalf("open the data plane of %s: %v", node, err)
+	}
+	defer dp.Close()
+	f, err := dp.Forwarded()
+	if err != nil {
+		t.Fatalf("forwarding counters of %s: %v", node, err)
+	}
+	return f
+}
+
 // expectNodeReaches checks that the pod's node, dialling each of the pod's
 // addresses as the kubelet's probes do, is answered by that pod and no
 // other.
