@@ -25,8 +25,23 @@ type NetworkEndpointSpec struct {
 	Interface string `json:"interface,omitempty"`
 }
 
-// NetworkEndpointStatus reports whether the attachment is programmed.
+// NetworkEndpointStatus reports what lace-controller assigned and whether
+// the attachment is programmed.
 type NetworkEndpointStatus struct {
+	// Addresses are the addresses lace-controller assigned the pod in an
+	// l2 network (global IPAM), at most one per family; each is held by a
+	// Neighbor of the network. Empty for l3 networks, whose node assigns
+	// addresses from its own block.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=2
+	Addresses []IPAddress `json:"addresses,omitempty"`
+	// MAC is the MAC address lace-controller assigned the pod in an l2
+	// network, held by an FDBEntry.
+	// +optional
+	MAC MACAddress `json:"mac,omitempty"`
+	// Conditions: AddressesAllocated (l2), False with reason
+	// SubnetExhausted when the network has no free address.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -53,6 +68,15 @@ type NetworkEndpoint struct {
 	Status NetworkEndpointStatus `json:"status,omitempty"`
 }
 
+// ConditionAddressesAllocated on a NetworkEndpoint of an l2 network is
+// True once lace-controller assigned its addresses and MAC (status), and
+// False with reason SubnetExhausted when the network has none free.
+const ConditionAddressesAllocated = "AddressesAllocated"
+
+// PublisherController is the Publisher of the Neighbors and FDBEntries
+// lace-controller allocates.
+const PublisherController = "lace-controller"
+
 // NetworkEndpointList is a list of NetworkEndpoints.
 //
 // +kubebuilder:object:root=true
@@ -77,6 +101,11 @@ type NeighborSpec struct {
 	// than allocated.
 	// +optional
 	Learned bool `json:"learned,omitempty"`
+	// Publisher is who published the binding: lace-controller for an
+	// allocated address, the node that saw it for a learned one.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Publisher string `json:"publisher,omitempty"`
 }
 
 // Neighbor is an IP to MAC binding in an l2 network, used to answer ARP and
@@ -88,6 +117,8 @@ type NeighborSpec struct {
 // +kubebuilder:printcolumn:name="Address",type=string,JSONPath=`.spec.address`
 // +kubebuilder:printcolumn:name="MAC",type=string,JSONPath=`.spec.mac`
 // +kubebuilder:printcolumn:name="Learned",type=boolean,JSONPath=`.spec.learned`
+// +kubebuilder:printcolumn:name="Publisher",type=string,JSONPath=`.spec.publisher`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Neighbor struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
@@ -123,6 +154,11 @@ type FDBEntrySpec struct {
 	// Learned is true when the location was learned from traffic.
 	// +optional
 	Learned bool `json:"learned,omitempty"`
+	// Publisher is who published this location: lace-controller for an
+	// assigned MAC, the node that saw it for a learned one.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Publisher string `json:"publisher,omitempty"`
 }
 
 // FDBEntry is the location (node) of a MAC address in an l2 network.
@@ -133,6 +169,9 @@ type FDBEntrySpec struct {
 // +kubebuilder:printcolumn:name="MAC",type=string,JSONPath=`.spec.mac`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.node`
 // +kubebuilder:printcolumn:name="Sequence",type=integer,JSONPath=`.spec.sequence`
+// +kubebuilder:printcolumn:name="Learned",type=boolean,JSONPath=`.spec.learned`
+// +kubebuilder:printcolumn:name="Publisher",type=string,JSONPath=`.spec.publisher`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type FDBEntry struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

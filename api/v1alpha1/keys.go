@@ -36,10 +36,21 @@ const (
 	// agent DaemonSet off it (the chart's agent affinity reads it). Written
 	// by an operator, or by the lab's `lace-lab stop agent/NODE`.
 	LabelAgentStopped = "lace-cni.io/agent"
+	// LabelEndpointUID is the UID of the NetworkEndpoint a Neighbor or
+	// FDBEntry was allocated for (an l2 network's global IPAM; its
+	// namespace/name are in AnnotationEndpoint, too long for a label).
+	// Written by lace-controller (internal/controller l2ipam.go), which
+	// deletes them once that NetworkEndpoint is gone or replaced (another
+	// UID); read by the agents and users.
+	LabelEndpointUID = "lace-cni.io/endpoint-uid"
 )
 
 // Annotations.
 const (
+	// AnnotationEndpoint is "namespace/name" of the NetworkEndpoint a
+	// Neighbor or FDBEntry was allocated for (with LabelEndpointUID).
+	// Written and read by lace-controller; read by users.
+	AnnotationEndpoint = "lace-cni.io/endpoint"
 	// AnnotationServiceNetwork names the network a Service is bound to
 	// (its endpoints are resolved and reached in it). Written by
 	// lace-controller (internal/controller service.go); read by lacectl

@@ -451,12 +451,17 @@ func TestRBACLeastPrivilege(t *testing.T) {
 		"lace-controller update lace-cni.io/networks/status", "lace-controller create lace-cni.io/allocations",
 		"lace-controller delete lace-cni.io/underlayendpoints", "lace-controller update lace-cni.io/networkbindingpolicies/status",
 		"lace-controller update coordination.k8s.io/leases", "lace-controller create /events",
+		"lace-controller create lace-cni.io/neighbors", "lace-controller delete lace-cni.io/fdbentries",
+		"lace-controller patch lace-cni.io/networkendpoints/status",
 	} {
 		if !can[want] {
 			t.Errorf("RBAC lacks %q", want)
 		}
 	}
+	// The agents never claim l2 addresses or MACs: the controller alone does.
 	for _, deny := range []string{"lace-agent update lace-cni.io/networks", "lace-agent delete /pods",
+		"lace-agent create lace-cni.io/neighbors", "lace-agent create lace-cni.io/fdbentries",
+		"lace-agent patch lace-cni.io/networkendpoints/status",
 		"lace-controller get /secrets"} {
 		if can[deny] {
 			t.Errorf("RBAC grants %q", deny)

@@ -1,8 +1,10 @@
 // Package controller holds lace-controller's reconcilers: network IDs, the
-// l3 node blocks (Allocations) and the nodes' SRv6 locators. It is the single
-// writer of those cluster-wide decisions. It never touches a node's kernel
-// and never writes the fields agents own (UnderlayEndpoint addresses and
-// zone, NetworkEndpoints).
+// l3 node blocks (Allocations), the nodes' SRv6 locators and the l2
+// networks' global IPAM (Neighbors and FDBEntries). It is the single writer
+// of those cluster-wide decisions. It never touches a node's kernel and
+// never writes the fields agents own (UnderlayEndpoint addresses and zone,
+// a NetworkEndpoint's spec: of an l2 endpoint it writes only the status,
+// what it assigned).
 //
 // Every allocation decision is made by one reconcile at a time (one worker
 // per kind) from a fresh, uncached list of what is already allocated, so a

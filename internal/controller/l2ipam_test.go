@@ -1,0 +1,293 @@
+package controller_test
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/model/ipam"
+	"github.com/lace-cni/lace/lab/controlplane/cptest"
+)
+
+func l2Network(name, v4, v6 string) *lacev1.Network {
+	nw := &lacev1.Network{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: lacev1.NetworkSpec{Type: lacev1.NetworkTypeL2}}
+	if v4 != "" {
+		nw.Spec.IPv4Subnet = &lacev1.Subnet{Prefix: lacev1.CIDR(v4)}
+	}
+	if v6 != "" {
+		nw.Spec.IPv6Subnet = &lacev1.Subnet{Prefix: lacev1.CIDR(v6)}
+	}
+	return nw
+}
+
+// l2Pod creates pod name on node and its NetworkEndpoint in network, as
+// the agent will at CNI ADD (no addresses: the controller assigns them).
+func l2Pod(t *testing.T, c client.Client, name, node, network string) *lacev1.NetworkEndpoint {
+	t.Helper()
+	ctx := context.Background()
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "x"}}}}
+	if err := c.Create(ctx, pod); err != nil {
+		t.Errorf("create pod %s: %v", name, err)
+		return nil
+	}
+	ne := &lacev1.NetworkEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name,
+		Labels: map[string]string{lacev1.LabelNode: node, lacev1.LabelPodUID: string(pod.UID), lacev1.LabelNetwork: network}},
+		Spec: lacev1.NetworkEndpointSpec{Network: network, Node: node, Interface: "eth0"}}
+	if err := c.Create(ctx, ne); err != nil {
+		t.Errorf("create NetworkEndpoint %s: %v", name, err)
+		return nil
+	}
+	return ne
+}
+
+func startL2(t *testing.T) (*cptest.Env, client.Client) {
+	t.Helper()
+	env := cptest.Start(t)
+	create(t, env.Client, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "default"}})
+	return env, env.Client
+}
+
+// assigned waits until every NetworkEndpoint named has its addresses (want
+// per endpoint) and MAC in status, and returns them by name.
+func assigned(t *testing.T, c client.Client, names []string, want int) map[string]lacev1.NetworkEndpointStatus {
+	t.Helper()
+	out := map[string]lacev1.NetworkEndpointStatus{}
+	eventually(t, 90*time.Second, fmt.Sprintf("%d endpoints assigned", len(names)), func() error {
+		var list lacev1.NetworkEndpointList
+		if err := c.List(context.Background(), &list, client.InNamespace("default")); err != nil {
+			return err
+		}
+		byName := map[string]lacev1.NetworkEndpoint{}
+		for _, ne := range list.Items {
+			byName[ne.Name] = ne
+		}
+		missing := 0
+		for _, n := range names {
+			ne, ok := byName[n]
+			if !ok || len(ne.Status.Addresses) != want || ne.Status.MAC == "" ||
+				!meta.IsStatusConditionTrue(ne.Status.Conditions, lacev1.ConditionAddressesAllocated) {
+				missing++
+				continue
+			}
+			out[n] = ne.Status
+		}
+		if missing > 0 {
+			return fmt.Errorf("%d of %d endpoints without their addresses", missing, len(names))
+		}
+		return nil
+	})
+	return out
+}
+
+// checkUnique fails for any address or MAC given twice, and for an
+// address an l2 network never gives (network, gateway, broadcast).
+func checkUnique(t *testing.T, got map[string]lacev1.NetworkEndpointStatus, prefixes ...netip.Prefix) {
+	t.Helper()
+	seen := map[string]string{}
+	for name, st := range got {
+		for _, a := range st.Addresses {
+			addr := netip.MustParseAddr(string(a))
+			ok := false
+			for _, p := range prefixes {
+				ok = ok || ipam.L2Assignable(p, addr)
+			}
+			if !ok {
+				t.Errorf("%s was given %s: not assignable in %v", name, a, prefixes)
+			}
+			if prev, dup := seen[string(a)]; dup {
+				t.Errorf("DUPLICATE: %s given to %s and %s", a, prev, name)
+			}
+			seen[string(a)] = name
+		}
+		if prev, dup := seen[string(st.MAC)]; dup {
+			t.Errorf("DUPLICATE: MAC %s given to %s and %s", st.MAC, prev, name)
+		}
+		seen[string(st.MAC)] = name
+	}
+}
+
+func countClaims(t *testing.T, c client.Client, network string) (int, int) {
+	t.Helper()
+	var nbrs lacev1.NeighborList
+	var fdbs lacev1.FDBEntryList
+	if err := c.List(context.Background(), &nbrs, client.MatchingLabels{lacev1.LabelNetwork: network}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.List(context.Background(), &fdbs, client.MatchingLabels{lacev1.LabelNetwork: network}); err != nil {
+		t.Fatal(err)
+	}
+	return len(nbrs.Items), len(fdbs.Items)
+}
+
+// TestL2IPAM200Concurrent: 200 endpoints of a dual-stack l2 network,
+// created at once on three nodes, each get an IPv4 and an IPv6 address and
+// a MAC, none twice, none the network's, gateway's or broadcast address;
+// each address is a Neighbor and each MAC an FDBEntry at the endpoint's
+// node, published by the controller; deleting the endpoints leaves none.
+func TestL2IPAM200Concurrent(t *testing.T) {
+	env, c := startL2(t)
+	startController(t, env, nil)
+	create(t, c, l2Network("storage", "10.50.0.0/24", "fd00:50::/64"))
+	const n = 200
+	names := make([]string, n)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	for i := range n {
+		names[i] = fmt.Sprintf("vm-%03d", i)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			l2Pod(t, c, names[i], fmt.Sprintf("n%d", i%3+1), "storage")
+		}()
+	}
+	wg.Wait()
+	got := assigned(t, c, names, 2)
+	checkUnique(t, got, netip.MustParsePrefix("10.50.0.0/24"), netip.MustParsePrefix("fd00:50::/64"))
+	for name, st := range got {
+		v4 := netip.MustParseAddr(string(st.Addresses[0]))
+		if want := ipam.L2MAC(v4, 0).String(); string(st.MAC) != want {
+			t.Errorf("%s: MAC %s, want %s (0a:58 and its IPv4 address)", name, st.MAC, want)
+		}
+	}
+	ctx := context.Background()
+	var fdb lacev1.FDBEntry
+	mac := got["vm-004"].MAC
+	if err := c.Get(ctx, client.ObjectKey{Name: "storage." + strings.ReplaceAll(string(mac), ":", "")}, &fdb); err != nil {
+		t.Fatalf("the FDBEntry of vm-004's MAC: %v", err)
+	}
+	if fdb.Spec.Node != "n2" || fdb.Spec.Publisher != lacev1.PublisherController || fdb.Spec.Learned {
+		t.Errorf("FDBEntry of vm-004: %+v, want node n2 published by the controller", fdb.Spec)
+	}
+	if nb, fd := countClaims(t, c, "storage"); nb != 2*n || fd != n {
+		t.Errorf("%d Neighbors and %d FDBEntries, want %d and %d", nb, fd, 2*n, n)
+	}
+
+	for _, name := range names {
+		if err := c.Delete(ctx, &lacev1.NetworkEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 60*time.Second, "every claim released", func() error {
+		if nb, fd := countClaims(t, c, "storage"); nb+fd != 0 {
+			return fmt.Errorf("%d Neighbors and %d FDBEntries left", nb, fd)
+		}
+		return nil
+	})
+}
+
+// TestL2IPAMExhaustion: a /29 has five assignable addresses; the sixth
+// endpoint gets none, says so in condition AddressesAllocated (reason
+// SubnetExhausted, naming the network and prefix) with a Warning Event,
+// and gets the address freed when another endpoint goes.
+func TestL2IPAMExhaustion(t *testing.T) {
+	env, c := startL2(t)
+	startController(t, env, nil)
+	create(t, c, l2Network("small", "10.51.0.0/29", ""))
+	var names []string
+	for i := range 5 {
+		names = append(names, fmt.Sprintf("vm-%d", i))
+		l2Pod(t, c, names[i], "n1", "small")
+	}
+	got := assigned(t, c, names, 1)
+	checkUnique(t, got, netip.MustParsePrefix("10.51.0.0/29"))
+	l2Pod(t, c, "vm-late", "n1", "small")
+	ctx := context.Background()
+	eventually(t, 30*time.Second, "vm-late refused for exhaustion", func() error {
+		var ne lacev1.NetworkEndpoint
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: "vm-late"}, &ne); err != nil {
+			return err
+		}
+		cond := meta.FindStatusCondition(ne.Status.Conditions, lacev1.ConditionAddressesAllocated)
+		if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != "SubnetExhausted" ||
+			!strings.Contains(cond.Message, "network small") || !strings.Contains(cond.Message, "10.51.0.0/29") {
+			return fmt.Errorf("condition %+v", cond)
+		}
+		if len(ne.Status.Addresses) != 0 {
+			return fmt.Errorf("an exhausted endpoint holds %v", ne.Status.Addresses)
+		}
+		return nil
+	})
+	eventually(t, 30*time.Second, "a SubnetExhausted Warning on vm-late", func() error {
+		var evs corev1.EventList
+		if err := c.List(ctx, &evs, client.InNamespace("default")); err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if e.InvolvedObject.Name == "vm-late" && e.Reason == "SubnetExhausted" && e.Type == corev1.EventTypeWarning {
+				return nil
+			}
+		}
+		return fmt.Errorf("no Event among %d", len(evs.Items))
+	})
+	freed := got["vm-2"].Addresses[0]
+	if err := c.Delete(ctx, &lacev1.NetworkEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vm-2"}}); err != nil {
+		t.Fatal(err)
+	}
+	late := assigned(t, c, []string{"vm-late"}, 1)
+	if a := late["vm-late"].Addresses[0]; a != freed {
+		t.Errorf("vm-late got %s, want the freed %s", a, freed)
+	}
+}
+
+// TestL2IPAMControllerRestart: what one controller assigned, the next
+// keeps, and it never gives those addresses again; an endpoint deleted
+// while no controller ran has its claims swept when one starts, and a new
+// endpoint of the same name (another pod) gets claims of its own.
+func TestL2IPAMControllerRestart(t *testing.T) {
+	env, c := startL2(t)
+	stop := startController(t, env, nil)
+	create(t, c, l2Network("vms", "10.52.0.0/24", "fd00:52::/120"))
+	first := []string{"a", "b", "c"}
+	for _, n := range first {
+		l2Pod(t, c, n, "n1", "vms")
+	}
+	before := assigned(t, c, first, 2)
+	stop()
+	ctx := context.Background()
+	// Gone while no controller runs.
+	var gone lacev1.NetworkEndpoint
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: "b"}, &gone); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, &gone); err != nil {
+		t.Fatal(err)
+	}
+	startController(t, env, nil)
+	eventually(t, 30*time.Second, "b's claims swept", func() error {
+		var nbrs lacev1.NeighborList
+		if err := c.List(ctx, &nbrs, client.MatchingLabels{lacev1.LabelEndpointUID: string(gone.UID)}); err != nil {
+			return err
+		}
+		if len(nbrs.Items) != 0 {
+			return fmt.Errorf("%d Neighbors of the deleted endpoint left", len(nbrs.Items))
+		}
+		return nil
+	})
+	more := []string{"d", "e", "f"}
+	for _, n := range more {
+		l2Pod(t, c, n, "n2", "vms")
+	}
+	after := assigned(t, c, append(append([]string(nil), first[0], first[2]), more...), 2)
+	for _, n := range []string{"a", "c"} {
+		if fmt.Sprint(after[n]) != fmt.Sprint(before[n]) {
+			t.Errorf("%s changed across the restart: %v -> %v", n, before[n], after[n])
+		}
+	}
+	checkUnique(t, after, netip.MustParsePrefix("10.52.0.0/24"), netip.MustParsePrefix("fd00:52::/120"))
+	if nb, fd := countClaims(t, c, "vms"); nb != 10 || fd != 5 {
+		t.Errorf("%d Neighbors and %d FDBEntries, want 10 and 5", nb, fd)
+	}
+}
