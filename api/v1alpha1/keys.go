@@ -43,6 +43,11 @@ const (
 	// deletes them once that NetworkEndpoint is gone or replaced (another
 	// UID); read by the agents and users.
 	LabelEndpointUID = "lace-cni.io/endpoint-uid"
+	// LabelIPAMClaimUID is the UID of the IPAMClaim a Neighbor or FDBEntry
+	// is kept for, instead of an endpoint: it outlives the pods naming the
+	// claim (namespace/name in AnnotationIPAMClaim). Written by
+	// lace-controller, which deletes them with the claim; read by users.
+	LabelIPAMClaimUID = "lace-cni.io/ipam-claim-uid"
 )
 
 // Annotations.
@@ -51,6 +56,27 @@ const (
 	// Neighbor or FDBEntry was allocated for (with LabelEndpointUID).
 	// Written and read by lace-controller; read by users.
 	AnnotationEndpoint = "lace-cni.io/endpoint"
+	// AnnotationIPAMClaim is, on a Neighbor or FDBEntry, "namespace/name"
+	// of the IPAMClaim it is kept for (with LabelIPAMClaimUID), written and
+	// read by lace-controller. On a Pod it names the IPAMClaim (in the
+	// pod's namespace) whose addresses the pod takes in its l2 network,
+	// written by the user or the workload's controller and read by
+	// lace-controller; KubeVirt's k8s.ovn.org/primary-udn-ipamclaim is
+	// read the same way.
+	AnnotationIPAMClaim = "lace-cni.io/ipam-claim"
+	// AnnotationIPAddresses asks, on a Pod of an l2 network, for fixed
+	// addresses (comma-separated, one per family), refused with condition
+	// AddressesAllocated False (AddressTaken) when held. Written by users,
+	// read by lace-controller.
+	AnnotationIPAddresses = "lace-cni.io/ip-addresses"
+	// AnnotationMACAddress asks, on a Pod of an l2 network, for a fixed
+	// MAC. Written by users, read by lace-controller.
+	AnnotationMACAddress = "lace-cni.io/mac-address"
+	// AnnotationOVNPrimaryUDNIPAMClaim is the annotation KubeVirt's
+	// ipam-extensions puts on a VM's pod for its primary network's
+	// IPAMClaim (OVN-Kubernetes' name), read like AnnotationIPAMClaim so
+	// KubeVirt works unchanged.
+	AnnotationOVNPrimaryUDNIPAMClaim = "k8s.ovn.org/primary-udn-ipamclaim"
 	// AnnotationServiceNetwork names the network a Service is bound to
 	// (its endpoints are resolved and reached in it). Written by
 	// lace-controller (internal/controller service.go); read by lacectl

@@ -27,13 +27,25 @@ import (
 	"github.com/lace-cni/lace/internal/model/ipam"
 )
 
-// endpointIndex indexes Neighbors and FDBEntries by the endpoint they
-// were allocated for (AnnotationEndpoint).
-const endpointIndex = "lace.endpoint"
+// endpointIndex and claimIndex index Neighbors and FDBEntries by the
+// endpoint (AnnotationEndpoint) or IPAMClaim (AnnotationIPAMClaim) they
+// are held for.
+const (
+	endpointIndex = "lace.endpoint"
+	claimIndex    = "lace.ipamclaim"
+)
 
-// l2ExhaustedRetry is how often an endpoint of an exhausted l2 network
-// tries again (an address is freed when another endpoint goes).
-const l2ExhaustedRetry = 5 * time.Second
+// l2Retry is how often an endpoint that could not be given its addresses
+// (exhausted, taken, its claim missing) tries again.
+const l2Retry = 5 * time.Second
+
+// Reasons of condition AddressesAllocated.
+const (
+	ReasonAddressTaken         = "AddressTaken"
+	ReasonInvalidRequest       = "InvalidAddressRequest"
+	ReasonIPAMClaimNotFound    = "IPAMClaimNotFound"
+	ReasonIPAMClaimWrongTarget = "IPAMClaimNetworkMismatch"
+)
 
 // L2AddressReconciler is the global IPAM of l2 networks: it gives each
 // NetworkEndpoint of an l2 network an address per family of the network
@@ -48,45 +60,58 @@ const l2ExhaustedRetry = 5 * time.Second
 // goes to the endpoint's status (the agent reads it at CNI ADD and
 // records it in the spec it owns), with condition AddressesAllocated.
 //
+// The objects are held for the endpoint, or, when its pod names an
+// IPAMClaim, for the claim (l2claims.go), which outlives the pod: the
+// next pod naming it gets the same addresses and MAC.
+//
 // Neighbors and FDBEntries are cluster-scoped and cannot be owned by a
-// namespaced NetworkEndpoint, so they carry its UID (LabelEndpointUID) and
-// namespace/name (AnnotationEndpoint), and this reconciler deletes them
-// when that endpoint is gone or replaced: every Neighbor and FDBEntry
-// event maps to its endpoint, so orphans left while the controller was
-// down are swept when it starts.
+// namespaced object, so they carry their holder's UID (a label) and
+// namespace/name (an annotation), and are deleted when it is gone or
+// replaced: every Neighbor and FDBEntry event maps to its holder, so
+// orphans left while the controller was down are swept when it starts.
 type L2AddressReconciler struct {
-	Client   client.Client
-	Recorder record.EventRecorder
+	Client client.Client
+	// APIReader reads pods and claims: a pod created a moment ago must be
+	// seen, and the controller caches only hostNetwork pods.
+	APIReader client.Reader
+	Recorder  record.EventRecorder
 }
 
 // SetupWithManager registers the reconciler with one worker: two
-// endpoints of one network never search at the same time (the claim would
-// still hold; one worker only avoids wasted tries).
+// endpoints never search at the same time (the claim would still hold;
+// one worker only avoids wasted tries).
 func (r *L2AddressReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	toEndpoint := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-		ns, name, ok := strings.Cut(o.GetAnnotations()[lacev1.AnnotationEndpoint], "/")
-		if !ok {
-			return nil
-		}
-		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}}}
-	})
 	for _, o := range []client.Object{&lacev1.Neighbor{}, &lacev1.FDBEntry{}} {
-		if err := mgr.GetFieldIndexer().IndexField(context.Background(), o, endpointIndex, func(o client.Object) []string {
-			if k := o.GetAnnotations()[lacev1.AnnotationEndpoint]; k != "" {
-				return []string{k}
+		for index, key := range map[string]string{endpointIndex: lacev1.AnnotationEndpoint, claimIndex: lacev1.AnnotationIPAMClaim} {
+			if err := mgr.GetFieldIndexer().IndexField(context.Background(), o, index, func(o client.Object) []string {
+				if k := o.GetAnnotations()[key]; k != "" {
+					return []string{k}
+				}
+				return nil
+			}); err != nil {
+				return fmt.Errorf("index %T by %s: %w", o, key, err)
 			}
-			return nil
-		}); err != nil {
-			return fmt.Errorf("index %T by endpoint: %w", o, err)
 		}
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("l2address").
 		For(&lacev1.NetworkEndpoint{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&lacev1.Neighbor{}, toEndpoint).
-		Watches(&lacev1.FDBEntry{}, toEndpoint).
+		Watches(&lacev1.Neighbor{}, toHolder(lacev1.AnnotationEndpoint)).
+		Watches(&lacev1.FDBEntry{}, toHolder(lacev1.AnnotationEndpoint)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Complete(r)
+}
+
+// toHolder maps a Neighbor or FDBEntry to the namespace/name in its
+// annotation key.
+func toHolder(key string) handler.EventHandler {
+	return handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		ns, name, ok := strings.Cut(o.GetAnnotations()[key], "/")
+		if !ok {
+			return nil
+		}
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}}}
+	})
 }
 
 // Reconcile implements reconcile.Reconciler.
@@ -94,13 +119,13 @@ func (r *L2AddressReconciler) Reconcile(ctx context.Context, req reconcile.Reque
 	var ne lacev1.NetworkEndpoint
 	err := r.Client.Get(ctx, req.NamespacedName, &ne)
 	if apierrors.IsNotFound(err) || (err == nil && ne.DeletionTimestamp != nil) {
-		return reconcile.Result{}, r.release(ctx, req.String(), "")
+		return reconcile.Result{}, release(ctx, r.Client, endpointIndex, req.String(), "")
 	}
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("get NetworkEndpoint %s: %w", req, err)
 	}
 	// What an earlier endpoint of this name held goes first.
-	if err := r.release(ctx, req.String(), ne.UID); err != nil {
+	if err := release(ctx, r.Client, endpointIndex, req.String(), ne.UID); err != nil {
 		return reconcile.Result{}, err
 	}
 	var nw lacev1.Network
@@ -114,41 +139,122 @@ func (r *L2AddressReconciler) Reconcile(ctx context.Context, req reconcile.Reque
 	if nw.Status.ID == 0 {
 		return reconcile.Result{RequeueAfter: time.Second}, nil // the network controller names it first
 	}
-	return r.assign(ctx, &ne, &nw)
-}
-
-// assign makes sure ne holds an address of every family of nw and a MAC,
-// and reports them in its status.
-func (r *L2AddressReconciler) assign(ctx context.Context, ne *lacev1.NetworkEndpoint, nw *lacev1.Network) (reconcile.Result, error) {
-	held, mac, err := r.held(ctx, ne)
+	var pod corev1.Pod
+	if err := r.APIReader.Get(ctx, req.NamespacedName, &pod); err != nil {
+		// No pod: the foreign endpoint reconciler deletes the endpoint.
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if uid := ne.Labels[lacev1.LabelPodUID]; uid != "" && uid != string(pod.UID) {
+		return reconcile.Result{}, nil // an earlier pod's record, replaced by its agent
+	}
+	h, req2, why, err := r.holderOf(ctx, &ne, &pod, &nw)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	var prefixes []netip.Prefix
-	for _, s := range []*lacev1.Subnet{nw.Spec.IPv4Subnet, nw.Spec.IPv6Subnet} {
-		if s == nil {
-			continue
-		}
-		p, err := netip.ParsePrefix(string(s.Prefix))
-		if err != nil {
-			return reconcile.Result{}, nil // the API's validation refuses it
-		}
-		prefixes = append(prefixes, p.Masked())
+	if why != nil {
+		return reconcile.Result{RequeueAfter: l2Retry}, r.report(ctx, &ne, nil, nil, metav1.ConditionFalse, why.reason, why.msg)
 	}
-	for _, p := range prefixes {
-		if _, ok := held[p.Addr().Is4()]; ok {
+	return r.assign(ctx, &ne, &nw, h, req2)
+}
+
+// refusal is why an endpoint gets no addresses (condition
+// AddressesAllocated False).
+type refusal struct{ reason, msg string }
+
+// request is what a pod asked for: fixed addresses (by family) and MAC.
+type request struct {
+	addrs map[bool]netip.Addr
+	mac   net.HardwareAddr
+}
+
+// parseRequest reads the fixed addresses and MAC a pod asks for in nw.
+func parseRequest(pod *corev1.Pod, nw *lacev1.Network, claimed []string) (request, *refusal) {
+	rq := request{addrs: map[bool]netip.Addr{}}
+	var asked []string
+	if v := pod.Annotations[lacev1.AnnotationIPAddresses]; v != "" {
+		asked = strings.Split(v, ",")
+	}
+	if len(claimed) > 0 {
+		asked = claimed
+	}
+	for _, s := range asked {
+		s = strings.TrimSpace(s)
+		if p, err := netip.ParsePrefix(s); err == nil {
+			s = p.Addr().String()
+		}
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return rq, &refusal{ReasonInvalidRequest, fmt.Sprintf("%q is not an IP address", s)}
+		}
+		p, ok := l2Prefix(nw, a.Is4())
+		if !ok || !ipam.L2Assignable(p, a) {
+			return rq, &refusal{ReasonInvalidRequest, fmt.Sprintf("%s is not an assignable address of network %s (not in its subnet, or its network, gateway or broadcast address)", a, nw.Name)}
+		}
+		if _, dup := rq.addrs[a.Is4()]; dup {
+			return rq, &refusal{ReasonInvalidRequest, fmt.Sprintf("two addresses of one family asked for: %v", asked)}
+		}
+		rq.addrs[a.Is4()] = a
+	}
+	if v := pod.Annotations[lacev1.AnnotationMACAddress]; v != "" {
+		m, err := net.ParseMAC(v)
+		if err != nil || len(m) != 6 || m[0]&1 != 0 || (m[0] == 0x0a && m[1] == 0x5a) {
+			return rq, &refusal{ReasonInvalidRequest, fmt.Sprintf("%q is not a unicast MAC an endpoint may have", v)}
+		}
+		rq.mac = m
+	}
+	return rq, nil
+}
+
+// l2Prefix is nw's subnet of a family.
+func l2Prefix(nw *lacev1.Network, is4 bool) (netip.Prefix, bool) {
+	s := nw.Spec.IPv6Subnet
+	if is4 {
+		s = nw.Spec.IPv4Subnet
+	}
+	if s == nil {
+		return netip.Prefix{}, false
+	}
+	p, err := netip.ParsePrefix(string(s.Prefix))
+	return p.Masked(), err == nil
+}
+
+// assign makes sure h holds an address of every family of nw and a MAC
+// at ne's node, and reports them in ne's status.
+func (r *L2AddressReconciler) assign(ctx context.Context, ne *lacev1.NetworkEndpoint, nw *lacev1.Network, h holder, rq request) (reconcile.Result, error) {
+	held, mac, err := heldBy(ctx, r.Client, h, nw.Name)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if rq.mac != nil {
+		mac = rq.mac
+	}
+	for _, is4 := range []bool{true, false} {
+		p, ok := l2Prefix(nw, is4)
+		if !ok {
 			continue
 		}
-		a, m, err := r.claim(ctx, ne, nw.Name, p, mac)
+		if _, ok := held[is4]; ok {
+			continue
+		}
+		var a netip.Addr
+		var m net.HardwareAddr
+		var why *refusal
+		if want, ok := rq.addrs[is4]; ok {
+			a, m, why, err = r.claimFixed(ctx, h, nw.Name, want, mac)
+		} else {
+			a, m, err = r.claimFree(ctx, h, nw.Name, p, mac)
+			if err == nil && !a.IsValid() {
+				why = &refusal{ReasonSubnetExhausted, fmt.Sprintf("network %s has no free %s address (%s: all %d assignable addresses are held)",
+					nw.Name, family(p), p, ipam.L2Capacity(p))}
+			}
+		}
 		if err != nil {
 			return reconcile.Result{}, err
 		}
-		if !a.IsValid() {
-			msg := fmt.Sprintf("network %s has no free %s address (%s: all %d assignable addresses are held)", nw.Name, family(p), p, ipam.L2Capacity(p))
-			return reconcile.Result{RequeueAfter: l2ExhaustedRetry},
-				r.report(ctx, ne, nil, nil, metav1.ConditionFalse, ReasonSubnetExhausted, msg)
+		if why != nil {
+			return reconcile.Result{RequeueAfter: l2Retry}, r.report(ctx, ne, nil, nil, metav1.ConditionFalse, why.reason, why.msg)
 		}
-		held[p.Addr().Is4()] = a
+		held[is4] = a
 		mac = m
 	}
 	var addrs []netip.Addr
@@ -157,7 +263,14 @@ func (r *L2AddressReconciler) assign(ctx context.Context, ne *lacev1.NetworkEndp
 			addrs = append(addrs, a)
 		}
 	}
-	if err := r.ensureFDB(ctx, ne, nw.Name, mac); err != nil {
+	why, err := r.ensureFDB(ctx, h, ne, nw.Name, mac)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if why != nil {
+		return reconcile.Result{RequeueAfter: l2Retry}, r.report(ctx, ne, nil, nil, metav1.ConditionFalse, why.reason, why.msg)
+	}
+	if err := r.recordClaim(ctx, h, nw, addrs); err != nil {
 		return reconcile.Result{}, err
 	}
 	return reconcile.Result{}, r.report(ctx, ne, addrs, mac, metav1.ConditionTrue, ReasonAllocated, "")
@@ -170,18 +283,18 @@ func family(p netip.Prefix) string {
 	return "IPv6"
 }
 
-// held returns the addresses (by family: true for IPv4) and the MAC the
-// Neighbors of ne hold.
-func (r *L2AddressReconciler) held(ctx context.Context, ne *lacev1.NetworkEndpoint) (map[bool]netip.Addr, net.HardwareAddr, error) {
+// heldBy returns the addresses (by family: true for IPv4) and the MAC the
+// Neighbors of h hold in network.
+func heldBy(ctx context.Context, c client.Client, h holder, network string) (map[bool]netip.Addr, net.HardwareAddr, error) {
 	var list lacev1.NeighborList
-	if err := r.Client.List(ctx, &list, client.MatchingLabels{lacev1.LabelEndpointUID: string(ne.UID)}); err != nil {
-		return nil, nil, fmt.Errorf("list Neighbors of %s/%s: %w", ne.Namespace, ne.Name, err)
+	if err := c.List(ctx, &list, client.MatchingLabels{h.label: string(h.uid)}); err != nil {
+		return nil, nil, fmt.Errorf("list Neighbors of %s: %w", h.key, err)
 	}
 	held := map[bool]netip.Addr{}
 	var mac net.HardwareAddr
 	for _, n := range list.Items {
 		a, err := netip.ParseAddr(string(n.Spec.Address))
-		if err != nil || n.Spec.Network != ne.Spec.Network || n.DeletionTimestamp != nil {
+		if err != nil || n.Spec.Network != network || n.DeletionTimestamp != nil {
 			continue
 		}
 		held[a.Is4()] = a
@@ -192,10 +305,10 @@ func (r *L2AddressReconciler) held(ctx context.Context, ne *lacev1.NetworkEndpoi
 	return held, mac, nil
 }
 
-// claim creates the Neighbor of the lowest free address of p for ne, with
-// mac (derived from the address when nil); returns the address (invalid
-// when p has none free) and the MAC.
-func (r *L2AddressReconciler) claim(ctx context.Context, ne *lacev1.NetworkEndpoint, network string, p netip.Prefix, mac net.HardwareAddr) (netip.Addr, net.HardwareAddr, error) {
+// claimFree creates the Neighbor of the lowest free address of p for h,
+// with mac (derived from the address when nil); returns the address
+// (invalid when p has none free) and the MAC.
+func (r *L2AddressReconciler) claimFree(ctx context.Context, h holder, network string, p netip.Prefix, mac net.HardwareAddr) (netip.Addr, net.HardwareAddr, error) {
 	var list lacev1.NeighborList
 	if err := r.Client.List(ctx, &list, client.MatchingLabels{lacev1.LabelNetwork: network}); err != nil {
 		return netip.Addr{}, nil, fmt.Errorf("list Neighbors of network %s: %w", network, err)
@@ -217,27 +330,61 @@ func (r *L2AddressReconciler) claim(ctx context.Context, ne *lacev1.NetworkEndpo
 				return netip.Addr{}, nil, err
 			}
 		}
-		n := &lacev1.Neighbor{
-			ObjectMeta: r.claimMeta(ipam.NeighborName(network, a), network, ne),
-			Spec: lacev1.NeighborSpec{Network: network, Address: lacev1.IPAddress(a.String()),
-				MAC: lacev1.MACAddress(m.String()), Publisher: lacev1.PublisherController},
-		}
-		err := r.Client.Create(ctx, n)
+		err := r.Client.Create(ctx, h.neighbor(network, a, m))
 		if apierrors.IsAlreadyExists(err) {
 			continue // taken since the cache saw it
 		}
 		if err != nil {
 			return netip.Addr{}, nil, fmt.Errorf("claim %s in network %s: %w", a, network, err)
 		}
-		log.FromContext(ctx).Info("assigned an l2 address", "networkEndpoint", ne.Namespace+"/"+ne.Name, "network", network, "address", a, "mac", m)
+		log.FromContext(ctx).Info("assigned an l2 address", "holder", h.key, "network", network, "address", a, "mac", m)
 		return a, m, nil
 	}
 	return netip.Addr{}, nil, nil
 }
 
+// claimFixed creates the Neighbor of address a for h, or refuses when
+// another holds it.
+func (r *L2AddressReconciler) claimFixed(ctx context.Context, h holder, network string, a netip.Addr, mac net.HardwareAddr) (netip.Addr, net.HardwareAddr, *refusal, error) {
+	m := mac
+	if m == nil {
+		var err error
+		if m, err = r.freeMAC(ctx, network, a); err != nil {
+			return netip.Addr{}, nil, nil, err
+		}
+	}
+	err := r.Client.Create(ctx, h.neighbor(network, a, m))
+	if apierrors.IsAlreadyExists(err) {
+		var cur lacev1.Neighbor
+		if err := r.Client.Get(ctx, client.ObjectKey{Name: ipam.NeighborName(network, a)}, &cur); err != nil {
+			return netip.Addr{}, nil, nil, fmt.Errorf("look up the holder of %s in network %s: %w", a, network, err)
+		}
+		if cur.Labels[h.label] == string(h.uid) {
+			return a, m, nil, nil
+		}
+		return netip.Addr{}, nil, &refusal{ReasonAddressTaken, fmt.Sprintf("%s of network %s is held by %s", a, network, holderName(&cur))}, nil
+	}
+	if err != nil {
+		return netip.Addr{}, nil, nil, fmt.Errorf("claim %s in network %s: %w", a, network, err)
+	}
+	log.FromContext(ctx).Info("assigned a requested l2 address", "holder", h.key, "network", network, "address", a, "mac", m)
+	return a, m, nil, nil
+}
+
+// holderName says who holds a Neighbor or FDBEntry, for messages.
+func holderName(o client.Object) string {
+	if c := o.GetAnnotations()[lacev1.AnnotationIPAMClaim]; c != "" {
+		return "IPAMClaim " + c
+	}
+	if e := o.GetAnnotations()[lacev1.AnnotationEndpoint]; e != "" {
+		return "endpoint " + e
+	}
+	return "object " + o.GetName()
+}
+
 // freeMAC returns the MAC derived from a, or a salted one when an
-// FDBEntry of another endpoint holds it (an IPv6 address's low 32 bits
-// are not unique).
+// FDBEntry of another holder has it (an IPv6 address's low 32 bits are
+// not unique).
 func (r *L2AddressReconciler) freeMAC(ctx context.Context, network string, a netip.Addr) (net.HardwareAddr, error) {
 	for salt := uint32(0); salt < 64; salt++ {
 		m := ipam.L2MAC(a, salt)
@@ -252,83 +399,38 @@ func (r *L2AddressReconciler) freeMAC(ctx context.Context, network string, a net
 	return nil, fmt.Errorf("no free MAC near %s in network %s", ipam.L2MAC(a, 0), network)
 }
 
-// ensureFDB claims mac for ne at ne's node.
-func (r *L2AddressReconciler) ensureFDB(ctx context.Context, ne *lacev1.NetworkEndpoint, network string, mac net.HardwareAddr) error {
+// ensureFDB claims mac for h at ne's node; a claim's MAC follows the
+// pod that owns the claim, with its sequence one higher.
+func (r *L2AddressReconciler) ensureFDB(ctx context.Context, h holder, ne *lacev1.NetworkEndpoint, network string, mac net.HardwareAddr) (*refusal, error) {
 	name := ipam.FDBEntryName(network, mac)
 	var cur lacev1.FDBEntry
 	err := r.Client.Get(ctx, client.ObjectKey{Name: name}, &cur)
-	if err == nil {
-		if cur.Labels[lacev1.LabelEndpointUID] != string(ne.UID) {
-			// Taken between freeMAC and here: the endpoint's Neighbors go,
-			// and the next pass starts over with another MAC.
-			if err := r.release(ctx, ne.Namespace+"/"+ne.Name, ""); err != nil {
-				return err
-			}
-			return fmt.Errorf("MAC %s of network %s was taken by %s meanwhile", mac, network, cur.Annotations[lacev1.AnnotationEndpoint])
+	if apierrors.IsNotFound(err) {
+		err = r.Client.Create(ctx, h.fdbEntry(network, mac, ne.Spec.Node))
+		if err == nil {
+			return nil, nil
 		}
-		return nil
-	}
-	if !apierrors.IsNotFound(err) {
-		return fmt.Errorf("get FDBEntry %s: %w", name, err)
-	}
-	f := &lacev1.FDBEntry{
-		ObjectMeta: r.claimMeta(name, network, ne),
-		Spec: lacev1.FDBEntrySpec{Network: network, MAC: lacev1.MACAddress(mac.String()), Node: ne.Spec.Node,
-			Publisher: lacev1.PublisherController},
-	}
-	if err := r.Client.Create(ctx, f); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("claim MAC %s in network %s: %w", mac, network, err)
-	} else if apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("MAC %s of network %s taken meanwhile: trying again", mac, network)
-	}
-	return nil
-}
-
-func (r *L2AddressReconciler) claimMeta(name, network string, ne *lacev1.NetworkEndpoint) metav1.ObjectMeta {
-	return metav1.ObjectMeta{
-		Name:        name,
-		Labels:      map[string]string{lacev1.LabelNetwork: network, lacev1.LabelEndpointUID: string(ne.UID)},
-		Annotations: map[string]string{lacev1.AnnotationEndpoint: ne.Namespace + "/" + ne.Name},
-	}
-}
-
-// release deletes the Neighbors and FDBEntries allocated for the
-// endpoint namespace/name whose UID is not keep (all of them when keep is
-// empty).
-func (r *L2AddressReconciler) release(ctx context.Context, key string, keep types.UID) error {
-	var nbrs lacev1.NeighborList
-	if err := r.Client.List(ctx, &nbrs, client.MatchingFields{endpointIndex: key}); err != nil {
-		return fmt.Errorf("list Neighbors of %s: %w", key, err)
-	}
-	var fdbs lacev1.FDBEntryList
-	if err := r.Client.List(ctx, &fdbs, client.MatchingFields{endpointIndex: key}); err != nil {
-		return fmt.Errorf("list FDBEntries of %s: %w", key, err)
-	}
-	var stale []client.Object
-	for i := range nbrs.Items {
-		stale = appendStale(stale, &nbrs.Items[i], key, keep)
-	}
-	for i := range fdbs.Items {
-		stale = appendStale(stale, &fdbs.Items[i], key, keep)
-	}
-	for _, o := range stale {
-		uid := o.GetUID()
-		if err := r.Client.Delete(ctx, o, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("release %T %s of %s: %w", o, o.GetName(), key, err)
+		if !apierrors.IsAlreadyExists(err) {
+			return nil, fmt.Errorf("claim MAC %s in network %s: %w", mac, network, err)
 		}
-		log.FromContext(ctx).Info("released an l2 claim", "networkEndpoint", key, "object", o.GetName())
+		err = r.Client.Get(ctx, client.ObjectKey{Name: name}, &cur)
 	}
-	return nil
-}
-
-func appendStale(out []client.Object, o client.Object, key string, keep types.UID) []client.Object {
-	if o.GetAnnotations()[lacev1.AnnotationEndpoint] != key || o.GetDeletionTimestamp() != nil {
-		return out
+	if err != nil {
+		return nil, fmt.Errorf("get FDBEntry %s: %w", name, err)
 	}
-	if keep != "" && o.GetLabels()[lacev1.LabelEndpointUID] == string(keep) {
-		return out
+	if cur.Labels[h.label] != string(h.uid) {
+		return &refusal{ReasonAddressTaken, fmt.Sprintf("MAC %s of network %s is held by %s", mac, network, holderName(&cur))}, nil
 	}
-	return append(out, o)
+	if cur.Spec.Node == ne.Spec.Node || !h.owns(ne) {
+		return nil, nil
+	}
+	next := cur.DeepCopy()
+	next.Spec.Node, next.Spec.Sequence, next.Spec.Publisher = ne.Spec.Node, cur.Spec.Sequence+1, lacev1.PublisherController
+	if err := r.Client.Patch(ctx, next, client.MergeFromWithOptions(&cur, client.MergeFromWithOptimisticLock{})); err != nil {
+		return nil, fmt.Errorf("move MAC %s of network %s to node %s: %w", mac, network, ne.Spec.Node, err)
+	}
+	log.FromContext(ctx).Info("moved an l2 MAC with its claim", "holder", h.key, "mac", mac, "from", cur.Spec.Node, "to", ne.Spec.Node, "sequence", next.Spec.Sequence)
+	return nil, nil
 }
 
 // report writes the assignment and condition AddressesAllocated to ne's
@@ -370,4 +472,48 @@ func equalStatus(a, b lacev1.NetworkEndpointStatus) bool {
 	ca := meta.FindStatusCondition(a.Conditions, lacev1.ConditionAddressesAllocated)
 	cb := meta.FindStatusCondition(b.Conditions, lacev1.ConditionAddressesAllocated)
 	return ca != nil && cb != nil && ca.Status == cb.Status && ca.Reason == cb.Reason && ca.Message == cb.Message
+}
+
+// release deletes the Neighbors and FDBEntries held (per index) for
+// namespace/name key whose holder UID is not keep (all when keep is
+// empty).
+func release(ctx context.Context, c client.Client, index, key string, keep types.UID) error {
+	var nbrs lacev1.NeighborList
+	if err := c.List(ctx, &nbrs, client.MatchingFields{index: key}); err != nil {
+		return fmt.Errorf("list Neighbors of %s: %w", key, err)
+	}
+	var fdbs lacev1.FDBEntryList
+	if err := c.List(ctx, &fdbs, client.MatchingFields{index: key}); err != nil {
+		return fmt.Errorf("list FDBEntries of %s: %w", key, err)
+	}
+	label := lacev1.LabelEndpointUID
+	if index == claimIndex {
+		label = lacev1.LabelIPAMClaimUID
+	}
+	var stale []client.Object
+	for _, o := range append(objects(nbrs.Items), objects(fdbs.Items)...) {
+		if o.GetDeletionTimestamp() == nil && (keep == "" || o.GetLabels()[label] != string(keep)) {
+			stale = append(stale, o)
+		}
+	}
+	for _, o := range stale {
+		uid := o.GetUID()
+		if err := c.Delete(ctx, o, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("release %T %s of %s: %w", o, o.GetName(), key, err)
+		}
+		log.FromContext(ctx).Info("released an l2 claim", "holder", key, "object", o.GetName())
+	}
+	return nil
+}
+
+// objects returns pointers to items as client.Objects.
+func objects[T any, PT interface {
+	*T
+	client.Object
+}](items []T) []client.Object {
+	out := make([]client.Object, 0, len(items))
+	for i := range items {
+		out = append(out, PT(&items[i]))
+	}
+	return out
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	ipamclaimsv1 "github.com/lace-cni/lace/api/ipamclaims/v1alpha1"
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/model/ipam"
 	"github.com/lace-cni/lace/lab/controlplane/cptest"
@@ -34,21 +36,7 @@ func l2Network(name, v4, v6 string) *lacev1.Network {
 // the agent will at CNI ADD (no addresses: the controller assigns them).
 func l2Pod(t *testing.T, c client.Client, name, node, network string) *lacev1.NetworkEndpoint {
 	t.Helper()
-	ctx := context.Background()
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
-		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "x"}}}}
-	if err := c.Create(ctx, pod); err != nil {
-		t.Errorf("create pod %s: %v", name, err)
-		return nil
-	}
-	ne := &lacev1.NetworkEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name,
-		Labels: map[string]string{lacev1.LabelNode: node, lacev1.LabelPodUID: string(pod.UID), lacev1.LabelNetwork: network}},
-		Spec: lacev1.NetworkEndpointSpec{Network: network, Node: node, Interface: "eth0"}}
-	if err := c.Create(ctx, ne); err != nil {
-		t.Errorf("create NetworkEndpoint %s: %v", name, err)
-		return nil
-	}
-	return ne
+	return annotatedL2Pod(t, c, name, node, network, nil)
 }
 
 func startL2(t *testing.T) (*cptest.Env, client.Client) {
@@ -282,12 +270,183 @@ func TestL2IPAMControllerRestart(t *testing.T) {
 	}
 	after := assigned(t, c, append(append([]string(nil), first[0], first[2]), more...), 2)
 	for _, n := range []string{"a", "c"} {
-		if fmt.Sprint(after[n]) != fmt.Sprint(before[n]) {
+		if fmt.Sprint(after[n].Addresses, after[n].MAC) != fmt.Sprint(before[n].Addresses, before[n].MAC) {
 			t.Errorf("%s changed across the restart: %v -> %v", n, before[n], after[n])
 		}
 	}
 	checkUnique(t, after, netip.MustParsePrefix("10.52.0.0/24"), netip.MustParsePrefix("fd00:52::/120"))
 	if nb, fd := countClaims(t, c, "vms"); nb != 10 || fd != 5 {
 		t.Errorf("%d Neighbors and %d FDBEntries, want 10 and 5", nb, fd)
+	}
+}
+
+// annotatedL2Pod is l2Pod with the pod's annotations (safe from several
+// goroutines: a failure is reported, not fatal).
+func annotatedL2Pod(t *testing.T, c client.Client, name, node, network string, ann map[string]string) *lacev1.NetworkEndpoint {
+	t.Helper()
+	ctx := context.Background()
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Annotations: ann},
+		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "x"}}}}
+	if err := c.Create(ctx, pod); err != nil {
+		t.Errorf("create pod %s: %v", name, err)
+		return nil
+	}
+	ne := &lacev1.NetworkEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name,
+		Labels: map[string]string{lacev1.LabelNode: node, lacev1.LabelPodUID: string(pod.UID), lacev1.LabelNetwork: network}},
+		Spec: lacev1.NetworkEndpointSpec{Network: network, Node: node, Interface: "eth0"}}
+	if err := c.Create(ctx, ne); err != nil {
+		t.Errorf("create NetworkEndpoint %s: %v", name, err)
+		return nil
+	}
+	return ne
+}
+
+// refused waits until endpoint name is refused with reason, its message
+// containing each of words.
+func refused(t *testing.T, c client.Client, name, reason string, words ...string) {
+	t.Helper()
+	eventually(t, 30*time.Second, name+" refused with "+reason, func() error {
+		var ne lacev1.NetworkEndpoint
+		if err := c.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: name}, &ne); err != nil {
+			return err
+		}
+		cond := meta.FindStatusCondition(ne.Status.Conditions, lacev1.ConditionAddressesAllocated)
+		if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != reason {
+			return fmt.Errorf("condition %+v", cond)
+		}
+		for _, w := range words {
+			if !strings.Contains(cond.Message, w) {
+				return fmt.Errorf("message %q lacks %q", cond.Message, w)
+			}
+		}
+		if len(ne.Status.Addresses) != 0 {
+			return fmt.Errorf("a refused endpoint holds %v", ne.Status.Addresses)
+		}
+		return nil
+	})
+}
+
+func deletePodAndEndpoint(t *testing.T, c client.Client, name string) {
+	t.Helper()
+	ctx := context.Background()
+	for _, o := range []client.Object{
+		&lacev1.NetworkEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}},
+	} {
+		if err := c.Delete(ctx, o, client.GracePeriodSeconds(0)); err != nil {
+			t.Fatalf("delete %T %s: %v", o, name, err)
+		}
+	}
+	eventually(t, 30*time.Second, "pod "+name+" gone", func() error {
+		err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &corev1.Pod{})
+		if err == nil {
+			return fmt.Errorf("still there")
+		}
+		return client.IgnoreNotFound(err)
+	})
+}
+
+// TestL2ClaimOutlivesPod: a pod naming an IPAMClaim (KubeVirt's, one per
+// VM interface) gets addresses kept for the claim, recorded in its status
+// with the pod as owner; they outlive the pod (nobody else gets them), the
+// VM's next pod on another node gets the same addresses and MAC, whose
+// FDBEntry moves there with its sequence one higher; deleting the claim
+// releases them. A claim of another network is refused.
+func TestL2ClaimOutlivesPod(t *testing.T) {
+	env, c := startL2(t)
+	startController(t, env, nil)
+	create(t, c, l2Network("vms", "10.53.0.0/24", "fd00:53::/64"))
+	ctx := context.Background()
+	claim := &ipamclaimsv1.IPAMClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vm-a.vms"},
+		Spec: ipamclaimsv1.IPAMClaimSpec{Network: "vms", Interface: "eth0"}}
+	create(t, c, claim)
+	annotatedL2Pod(t, c, "virt-launcher-a-1", "n1", "vms", map[string]string{lacev1.AnnotationOVNPrimaryUDNIPAMClaim: "vm-a.vms"})
+	first := assigned(t, c, []string{"virt-launcher-a-1"}, 2)["virt-launcher-a-1"]
+	eventually(t, 20*time.Second, "the claim records its addresses and owner", func() error {
+		var got ipamclaimsv1.IPAMClaim
+		if err := c.Get(ctx, client.ObjectKeyFromObject(claim), &got); err != nil {
+			return err
+		}
+		want := []string{string(first.Addresses[0]) + "/24", string(first.Addresses[1]) + "/64"}
+		if fmt.Sprint(got.Status.IPs) != fmt.Sprint(want) || got.Status.OwnerPod == nil || got.Status.OwnerPod.Name != "virt-launcher-a-1" {
+			return fmt.Errorf("claim status %+v, want IPs %v owned by virt-launcher-a-1", got.Status, want)
+		}
+		return nil
+	})
+	fdbName := "vms." + strings.ReplaceAll(string(first.MAC), ":", "")
+
+	deletePodAndEndpoint(t, c, "virt-launcher-a-1")
+	// Another pod meanwhile: not the claim's addresses.
+	l2Pod(t, c, "other", "n1", "vms")
+	other := assigned(t, c, []string{"other"}, 2)["other"]
+	for _, a := range other.Addresses {
+		if slices.Contains(first.Addresses, a) {
+			t.Errorf("another pod got %s, which the claim keeps", a)
+		}
+	}
+	annotatedL2Pod(t, c, "virt-launcher-a-2", "n2", "vms", map[string]string{lacev1.AnnotationIPAMClaim: "vm-a.vms"})
+	second := assigned(t, c, []string{"virt-launcher-a-2"}, 2)["virt-launcher-a-2"]
+	if fmt.Sprint(second.Addresses) != fmt.Sprint(first.Addresses) || second.MAC != first.MAC {
+		t.Errorf("the VM's next pod got %v / %s, want its claim's %v / %s", second.Addresses, second.MAC, first.Addresses, first.MAC)
+	}
+	eventually(t, 20*time.Second, "the MAC moved to n2", func() error {
+		var f lacev1.FDBEntry
+		if err := c.Get(ctx, client.ObjectKey{Name: fdbName}, &f); err != nil {
+			return err
+		}
+		if f.Spec.Node != "n2" || f.Spec.Sequence != 1 {
+			return fmt.Errorf("FDBEntry %+v, want node n2 sequence 1", f.Spec)
+		}
+		return nil
+	})
+
+	if err := c.Delete(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the claim's Neighbors and FDBEntry released", func() error {
+		var nbrs lacev1.NeighborList
+		if err := c.List(ctx, &nbrs, client.MatchingLabels{lacev1.LabelIPAMClaimUID: string(claim.UID)}); err != nil {
+			return err
+		}
+		err := c.Get(ctx, client.ObjectKey{Name: fdbName}, &lacev1.FDBEntry{})
+		if len(nbrs.Items) != 0 || err == nil {
+			return fmt.Errorf("%d Neighbors left, FDBEntry: %v", len(nbrs.Items), err)
+		}
+		return client.IgnoreNotFound(err)
+	})
+
+	wrong := &ipamclaimsv1.IPAMClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vm-b.other"},
+		Spec: ipamclaimsv1.IPAMClaimSpec{Network: "elsewhere", Interface: "eth0"}}
+	create(t, c, wrong)
+	annotatedL2Pod(t, c, "virt-launcher-b-1", "n1", "vms", map[string]string{lacev1.AnnotationIPAMClaim: "vm-b.other"})
+	refused(t, c, "virt-launcher-b-1", "IPAMClaimNetworkMismatch", "elsewhere")
+	annotatedL2Pod(t, c, "virt-launcher-c-1", "n1", "vms", map[string]string{lacev1.AnnotationIPAMClaim: "missing"})
+	refused(t, c, "virt-launcher-c-1", "IPAMClaimNotFound", "missing")
+}
+
+// TestL2FixedAddressRequest: a pod may ask for fixed addresses and a MAC;
+// one already held is refused with AddressTaken naming the holder (and a
+// Warning Event), one the network never gives (its gateway) with
+// InvalidAddressRequest.
+func TestL2FixedAddressRequest(t *testing.T) {
+	env, c := startL2(t)
+	startController(t, env, nil)
+	create(t, c, l2Network("fixed", "10.54.0.0/24", "fd00:54::/64"))
+	annotatedL2Pod(t, c, "a", "n1", "fixed", map[string]string{
+		lacev1.AnnotationIPAddresses: "10.54.0.9, fd00:54::9", lacev1.AnnotationMACAddress: "02:00:00:00:00:42"})
+	got := assigned(t, c, []string{"a"}, 2)["a"]
+	if fmt.Sprint(got.Addresses) != "[10.54.0.9 fd00:54::9]" || got.MAC != "02:00:00:00:00:42" {
+		t.Errorf("a got %v / %s, want what it asked for", got.Addresses, got.MAC)
+	}
+	annotatedL2Pod(t, c, "b", "n2", "fixed", map[string]string{lacev1.AnnotationIPAddresses: "10.54.0.9"})
+	refused(t, c, "b", "AddressTaken", "10.54.0.9", "endpoint default/a")
+	annotatedL2Pod(t, c, "c", "n2", "fixed", map[string]string{lacev1.AnnotationIPAddresses: "10.54.0.1"})
+	refused(t, c, "c", "InvalidAddressRequest", "10.54.0.1")
+	annotatedL2Pod(t, c, "d", "n2", "fixed", map[string]string{lacev1.AnnotationMACAddress: "02:00:00:00:00:42"})
+	refused(t, c, "d", "AddressTaken", "MAC 02:00:00:00:00:42", "endpoint default/a")
+	// Once a goes, b gets the address it asked for.
+	deletePodAndEndpoint(t, c, "a")
+	if b := assigned(t, c, []string{"b"}, 2)["b"]; b.Addresses[0] != "10.54.0.9" {
+		t.Errorf("b got %v after a went, want 10.54.0.9", b.Addresses)
 	}
 }

@@ -112,8 +112,11 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 	if err := (&NetworkEndpointReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: recorder}).SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("setup network endpoint controller: %w", err)
 	}
-	if err := (&L2AddressReconciler{Client: mgr.GetClient(), Recorder: recorder}).SetupWithManager(mgr); err != nil {
+	if err := (&L2AddressReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: recorder}).SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("setup l2 address controller: %w", err)
+	}
+	if err := (&IPAMClaimReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("setup IPAMClaim controller: %w", err)
 	}
 	if err := (&RoutingPolicyReconciler{Client: mgr.GetClient(), Recorder: recorder}).SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("setup routing policy controller: %w", err)

@@ -1,5 +1,6 @@
 // Package scheme is the runtime.Scheme every Lace binary uses: the core
-// Kubernetes kinds plus lace-cni.io/v1alpha1.
+// Kubernetes kinds, lace-cni.io/v1alpha1 and the IPAMClaim of
+// k8s.cni.cncf.io/v1alpha1.
 package scheme
 
 import (
@@ -7,6 +8,7 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 
+	ipamclaimsv1 "github.com/lace-cni/lace/api/ipamclaims/v1alpha1"
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 )
 
@@ -16,4 +18,5 @@ var Scheme = runtime.NewScheme()
 func init() {
 	utilruntime.Must(clientgoscheme.AddToScheme(Scheme))
 	utilruntime.Must(lacev1.AddToScheme(Scheme))
+	utilruntime.Must(ipamclaimsv1.AddToScheme(Scheme))
 }

@@ -1,0 +1,168 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	ipamclaimsv1 "github.com/lace-cni/lace/api/ipamclaims/v1alpha1"
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/model/ipam"
+)
+
+// holder is who a Neighbor or FDBEntry is kept for: an endpoint (released
+// with it) or an IPAMClaim (released with the claim, so the addresses
+// outlive the pods that name it).
+type holder struct {
+	label, annotation string
+	uid               types.UID
+	key               string // namespace/name
+	// claim is the claim as read; owner the pod it is (or, when it had
+	// no live owner, now) in use by.
+	claim *ipamclaimsv1.IPAMClaim
+	owner string
+}
+
+func (h holder) meta(name, network string) metav1.ObjectMeta {
+	return metav1.ObjectMeta{
+		Name:        name,
+		Labels:      map[string]string{lacev1.LabelNetwork: network, h.label: string(h.uid)},
+		Annotations: map[string]string{h.annotation: h.key},
+	}
+}
+
+func (h holder) neighbor(network string, a netip.Addr, mac net.HardwareAddr) *lacev1.Neighbor {
+	return &lacev1.Neighbor{
+		ObjectMeta: h.meta(ipam.NeighborName(network, a), network),
+		Spec: lacev1.NeighborSpec{Network: network, Address: lacev1.IPAddress(a.String()),
+			MAC: lacev1.MACAddress(mac.String()), Publisher: lacev1.PublisherController},
+	}
+}
+
+func (h holder) fdbEntry(network string, mac net.HardwareAddr, node string) *lacev1.FDBEntry {
+	return &lacev1.FDBEntry{
+		ObjectMeta: h.meta(ipam.FDBEntryName(network, mac), network),
+		Spec: lacev1.FDBEntrySpec{Network: network, MAC: lacev1.MACAddress(mac.String()), Node: node,
+			Publisher: lacev1.PublisherController},
+	}
+}
+
+// owns tells whether the MAC follows ne's pod: always for an endpoint's
+// own; for a claim, when the claim names that pod its owner (another pod
+// naming the claim meanwhile, a live migration's target, does not move
+// it: the migration does).
+func (h holder) owns(ne *lacev1.NetworkEndpoint) bool {
+	return h.claim == nil || h.owner == ne.Name
+}
+
+// claimName is the IPAMClaim a pod names, if any.
+func claimName(pod *corev1.Pod) string {
+	if n := pod.Annotations[lacev1.AnnotationIPAMClaim]; n != "" {
+		return n
+	}
+	return pod.Annotations[lacev1.AnnotationOVNPrimaryUDNIPAMClaim]
+}
+
+// holderOf decides who ne's addresses are held for and what its pod
+// asked for; a refusal when the claim it names is unusable.
+func (r *L2AddressReconciler) holderOf(ctx context.Context, ne *lacev1.NetworkEndpoint, pod *corev1.Pod, nw *lacev1.Network) (holder, request, *refusal, error) {
+	name := claimName(pod)
+	if name == "" {
+		rq, why := parseRequest(pod, nw, nil)
+		return holder{label: lacev1.LabelEndpointUID, annotation: lacev1.AnnotationEndpoint, uid: ne.UID,
+			key: ne.Namespace + "/" + ne.Name}, rq, why, nil
+	}
+	var claim ipamclaimsv1.IPAMClaim
+	err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: name}, &claim)
+	if apierrors.IsNotFound(err) || (err == nil && claim.DeletionTimestamp != nil) {
+		return holder{}, request{}, &refusal{ReasonIPAMClaimNotFound, fmt.Sprintf("pod %s names IPAMClaim %s/%s, which does not exist", pod.Name, pod.Namespace, name)}, nil
+	}
+	if err != nil {
+		return holder{}, request{}, nil, fmt.Errorf("get IPAMClaim %s/%s: %w", pod.Namespace, name, err)
+	}
+	if claim.Spec.Network != nw.Name {
+		return holder{}, request{}, &refusal{ReasonIPAMClaimWrongTarget, fmt.Sprintf("IPAMClaim %s/%s is for network %q, the pod is in %q", pod.Namespace, name, claim.Spec.Network, nw.Name)}, nil
+	}
+	h := holder{label: lacev1.LabelIPAMClaimUID, annotation: lacev1.AnnotationIPAMClaim, uid: claim.UID,
+		key: claim.Namespace + "/" + claim.Name, claim: &claim, owner: pod.Name}
+	if o := claim.Status.OwnerPod; o != nil && o.Name != pod.Name && r.podExists(ctx, pod.Namespace, o.Name) {
+		h.owner = o.Name // still in use there: this pod waits for the move
+	}
+	asked := claim.Status.IPs
+	if len(asked) == 0 {
+		asked = claim.Spec.IPRequests
+	}
+	rq, why := parseRequest(pod, nw, asked)
+	return h, rq, why, nil
+}
+
+// recordClaim writes to h's claim (if any) the addresses it holds, and
+// its owner pod when it has none alive.
+func (r *L2AddressReconciler) recordClaim(ctx context.Context, h holder, nw *lacev1.Network, addrs []netip.Addr) error {
+	if h.claim == nil {
+		return nil
+	}
+	next := h.claim.DeepCopy()
+	next.Status.IPs = nil
+	for _, a := range addrs {
+		p, _ := l2Prefix(nw, a.Is4())
+		next.Status.IPs = append(next.Status.IPs, netip.PrefixFrom(a, p.Bits()).String())
+	}
+	next.Status.OwnerPod = &ipamclaimsv1.OwnerPod{Name: h.owner}
+	if o := h.claim.Status.OwnerPod; slices.Equal(next.Status.IPs, h.claim.Status.IPs) && o != nil && o.Name == h.owner {
+		return nil
+	}
+	if err := r.Client.Status().Patch(ctx, next, client.MergeFromWithOptions(h.claim, client.MergeFromWithOptimisticLock{})); err != nil {
+		return fmt.Errorf("record addresses in IPAMClaim %s: %w", h.key, err)
+	}
+	*h.claim = *next
+	return nil
+}
+
+func (r *L2AddressReconciler) podExists(ctx context.Context, ns, name string) bool {
+	err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &corev1.Pod{})
+	return !apierrors.IsNotFound(err)
+}
+
+// IPAMClaimReconciler releases what an IPAMClaim held (its Neighbors and
+// FDBEntries) once the claim is gone, or replaced by another of the same
+// name.
+type IPAMClaimReconciler struct {
+	Client client.Client
+}
+
+// SetupWithManager registers the reconciler. The indexes it lists by are
+// L2AddressReconciler's.
+func (r *IPAMClaimReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("ipamclaim").
+		For(&ipamclaimsv1.IPAMClaim{}).
+		Watches(&lacev1.Neighbor{}, toHolder(lacev1.AnnotationIPAMClaim)).
+		Watches(&lacev1.FDBEntry{}, toHolder(lacev1.AnnotationIPAMClaim)).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
+		Complete(r)
+}
+
+// Reconcile implements reconcile.Reconciler.
+func (r *IPAMClaimReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	var claim ipamclaimsv1.IPAMClaim
+	err := r.Client.Get(ctx, req.NamespacedName, &claim)
+	if apierrors.IsNotFound(err) || (err == nil && claim.DeletionTimestamp != nil) {
+		return reconcile.Result{}, release(ctx, r.Client, claimIndex, req.String(), "")
+	}
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("get IPAMClaim %s: %w", req, err)
+	}
+	return reconcile.Result{}, release(ctx, r.Client, claimIndex, req.String(), claim.UID)
+}
