@@ -14,6 +14,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	ipamclaimsv1 "github.com/lace-cni/lace/api/ipamclaims/v1alpha1"
@@ -86,6 +87,12 @@ func (r *L2AddressReconciler) holderOf(ctx context.Context, ne *lacev1.NetworkEn
 	var claim ipamclaimsv1.IPAMClaim
 	err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: name}, &claim)
 	if apierrors.IsNotFound(err) || (err == nil && claim.DeletionTimestamp != nil) {
+		own := holder{label: lacev1.LabelEndpointUID, annotation: lacev1.AnnotationEndpoint, uid: ne.UID, key: ne.Namespace + "/" + ne.Name}
+		if held, _, err := heldBy(ctx, r.Client, own, nw.Name); err != nil || len(held) > 0 {
+			// The claim went while this pod used its addresses: they
+			// were handed to the pod's endpoint (IPAMClaimReconciler).
+			return own, request{addrs: map[bool]netip.Addr{}}, nil, err
+		}
 		return holder{}, request{}, &refusal{ReasonIPAMClaimNotFound, fmt.Sprintf("pod %s names IPAMClaim %s/%s, which does not exist", pod.Name, pod.Namespace, name)}, nil
 	}
 	if err != nil {
@@ -137,7 +144,9 @@ func (r *L2AddressReconciler) podExists(ctx context.Context, ns, name string) bo
 
 // IPAMClaimReconciler releases what an IPAMClaim held (its Neighbors and
 // FDBEntries) once the claim is gone, or replaced by another of the same
-// name.
+// name. What a pod still uses is not released but handed to that pod's
+// endpoint, and goes with it: freeing an address in use would give it to
+// a second pod.
 type IPAMClaimReconciler struct {
 	Client client.Client
 }
@@ -159,10 +168,68 @@ func (r *IPAMClaimReconciler) Reconcile(ctx context.Context, req reconcile.Reque
 	var claim ipamclaimsv1.IPAMClaim
 	err := r.Client.Get(ctx, req.NamespacedName, &claim)
 	if apierrors.IsNotFound(err) || (err == nil && claim.DeletionTimestamp != nil) {
+		if err := r.handOver(ctx, req.Namespace, req.String()); err != nil {
+			return reconcile.Result{}, err
+		}
 		return reconcile.Result{}, release(ctx, r.Client, claimIndex, req.String(), "")
 	}
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("get IPAMClaim %s: %w", req, err)
 	}
 	return reconcile.Result{}, release(ctx, r.Client, claimIndex, req.String(), claim.UID)
+}
+
+// handOver moves what the gone claim key held to the endpoint (in ns)
+// that was given it, if one is still there: its Neighbors by address,
+// its FDBEntry by MAC.
+func (r *IPAMClaimReconciler) handOver(ctx context.Context, ns, key string) error {
+	var nbrs lacev1.NeighborList
+	var fdbs lacev1.FDBEntryList
+	var eps lacev1.NetworkEndpointList
+	for what, l := range map[string]client.ObjectList{"Neighbors": &nbrs, "FDBEntries": &fdbs} {
+		if err := r.Client.List(ctx, l, client.MatchingFields{claimIndex: key}); err != nil {
+			return fmt.Errorf("list %s of IPAMClaim %s: %w", what, key, err)
+		}
+	}
+	if len(nbrs.Items)+len(fdbs.Items) == 0 {
+		return nil
+	}
+	if err := r.Client.List(ctx, &eps, client.InNamespace(ns)); err != nil {
+		return fmt.Errorf("list NetworkEndpoints of %s: %w", ns, err)
+	}
+	user := func(network string, uses func(st lacev1.NetworkEndpointStatus) bool) *lacev1.NetworkEndpoint {
+		for i := range eps.Items {
+			if ne := &eps.Items[i]; ne.DeletionTimestamp == nil && ne.Spec.Network == network && uses(ne.Status) {
+				return ne
+			}
+		}
+		return nil
+	}
+	var moves []client.Object
+	var to []*lacev1.NetworkEndpoint
+	for i := range nbrs.Items {
+		n := &nbrs.Items[i]
+		if ne := user(n.Spec.Network, func(st lacev1.NetworkEndpointStatus) bool { return slices.Contains(st.Addresses, n.Spec.Address) }); ne != nil {
+			moves, to = append(moves, n), append(to, ne)
+		}
+	}
+	for i := range fdbs.Items {
+		f := &fdbs.Items[i]
+		if ne := user(f.Spec.Network, func(st lacev1.NetworkEndpointStatus) bool { return st.MAC == f.Spec.MAC }); ne != nil {
+			moves, to = append(moves, f), append(to, ne)
+		}
+	}
+	for i, o := range moves {
+		before := o.DeepCopyObject().(client.Object)
+		labels, ann := o.GetLabels(), o.GetAnnotations()
+		delete(labels, lacev1.LabelIPAMClaimUID)
+		delete(ann, lacev1.AnnotationIPAMClaim)
+		labels[lacev1.LabelEndpointUID] = string(to[i].UID)
+		ann[lacev1.AnnotationEndpoint] = to[i].Namespace + "/" + to[i].Name
+		if err := r.Client.Patch(ctx, o, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("hand %s of IPAMClaim %s to endpoint %s/%s: %w", o.GetName(), key, to[i].Namespace, to[i].Name, err)
+		}
+		log.FromContext(ctx).Info("handed an l2 claim's object to the endpoint using it", "ipamClaim", key, "object", o.GetName(), "networkEndpoint", to[i].Namespace+"/"+to[i].Name)
+	}
+	return nil
 }

@@ -400,19 +400,39 @@ func TestL2ClaimOutlivesPod(t *testing.T) {
 		return nil
 	})
 
+	// The claim goes while the VM's pod still uses its addresses: they
+	// are handed to that pod's endpoint (freeing them would give them to
+	// a second pod), and go with it.
+	var a2 lacev1.NetworkEndpoint
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: "virt-launcher-a-2"}, &a2); err != nil {
+		t.Fatal(err)
+	}
 	if err := c.Delete(ctx, claim); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "the claim's Neighbors and FDBEntry released", func() error {
+	eventually(t, 30*time.Second, "the claim's Neighbors and FDBEntry handed to the pod using them", func() error {
 		var nbrs lacev1.NeighborList
-		if err := c.List(ctx, &nbrs, client.MatchingLabels{lacev1.LabelIPAMClaimUID: string(claim.UID)}); err != nil {
+		if err := c.List(ctx, &nbrs, client.MatchingLabels{lacev1.LabelEndpointUID: string(a2.UID)}); err != nil {
 			return err
 		}
-		err := c.Get(ctx, client.ObjectKey{Name: fdbName}, &lacev1.FDBEntry{})
-		if len(nbrs.Items) != 0 || err == nil {
-			return fmt.Errorf("%d Neighbors left, FDBEntry: %v", len(nbrs.Items), err)
+		var f lacev1.FDBEntry
+		if err := c.Get(ctx, client.ObjectKey{Name: fdbName}, &f); err != nil {
+			return err
 		}
-		return client.IgnoreNotFound(err)
+		if len(nbrs.Items) != 2 || f.Labels[lacev1.LabelEndpointUID] != string(a2.UID) || f.Labels[lacev1.LabelIPAMClaimUID] != "" {
+			return fmt.Errorf("%d Neighbors of the endpoint, FDBEntry labels %v", len(nbrs.Items), f.Labels)
+		}
+		return nil
+	})
+	if kept := assigned(t, c, []string{"virt-launcher-a-2"}, 2)["virt-launcher-a-2"]; fmt.Sprint(kept.Addresses) != fmt.Sprint(first.Addresses) {
+		t.Errorf("the running pod's addresses became %v after its claim went", kept.Addresses)
+	}
+	deletePodAndEndpoint(t, c, "virt-launcher-a-2")
+	eventually(t, 30*time.Second, "released with the pod", func() error {
+		if nb, fd := countClaims(t, c, "vms"); nb != 2 || fd != 1 { // "other"'s
+			return fmt.Errorf("%d Neighbors and %d FDBEntries, want only other's 2 and 1", nb, fd)
+		}
+		return nil
 	})
 
 	wrong := &ipamclaimsv1.IPAMClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vm-b.other"},
