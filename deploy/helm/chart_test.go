@@ -452,7 +452,9 @@ func TestRBACLeastPrivilege(t *testing.T) {
 		"lace-controller delete lace-cni.io/underlayendpoints", "lace-controller update lace-cni.io/networkbindingpolicies/status",
 		"lace-controller update coordination.k8s.io/leases", "lace-controller create /events",
 		"lace-controller create lace-cni.io/neighbors", "lace-controller delete lace-cni.io/fdbentries",
-		"lace-controller patch lace-cni.io/networkendpoints/status",
+		"lace-controller patch lace-cni.io/networkendpoints/status", "lace-controller patch lace-cni.io/fdbentries",
+		"lace-controller patch lace-cni.io/neighbors", "lace-controller watch k8s.cni.cncf.io/ipamclaims",
+		"lace-controller patch k8s.cni.cncf.io/ipamclaims/status",
 	} {
 		if !can[want] {
 			t.Errorf("RBAC lacks %q", want)
