@@ -139,7 +139,14 @@ struct xlb_scratch {
 	__u8 front[16];
 	__u8 node[16];
 	__u8 sid[16];
-	struct reset_ahead ra; /* xlb_port: the port's last flow may be half open at the endpoint */
+	struct reset_ahead ra; /* the port's last flow may be half open at the endpoint */
+	__u32 prev_isn;	       /* xlb_port: the mapping a port was taken from */
+	__u32 prev_flags;
+	/* The packet's sequence number, when it is a SYN with its own header
+	 * (syn 1). Here, not in registers: a value live across xlb_port's loop
+	 * splits every state the verifier walks there. */
+	__u32 isn;
+	__u32 syn;
 };
 
 struct {
@@ -163,7 +170,7 @@ struct {
  * fails however often it retries. So xlb_port asks (x->ra) for a reset
  * of the old flow, sent to the endpoint just ahead of the new SYN on the
  * same path: the old request is gone when the SYN arrives. */
-static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 be_port, __u32 ext, __u32 isn, __u16 *port)
+static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 be_port, __u32 ext, __u16 *port)
 {
 	__builtin_memset(&x->rk, 0, sizeof(x->rk));
 	x->rk.family = p->family;
@@ -174,11 +181,9 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 	x->rv.cport = p->sport;
 	x->rv.fport = p->dport;
 	x->rv.ext_net = ext;
-	if (is_tcp_syn(p)) {
-		x->rv.isn = isn;
-		x->rv.flags = XLB_REV_HALF_OPEN;
-	}
-	x->ra.l4_off = 0;
+	x->rv.isn = x->isn;
+	x->rv.flags = x->syn ? XLB_REV_HALF_OPEN : 0;
+	x->prev_flags = 0;
 	__builtin_memcpy(x->rv.client, p->saddr, 16);
 	__builtin_memcpy(x->rv.front, p->daddr, 16);
 	__u64 now = bpf_ktime_get_ns();
@@ -197,7 +202,7 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 	__u16 steal = 0;
 	__u64 steal_expires = ~0ULL;
 	__u32 steal_isn = 0;
-	__u32 steal_half = 0;
+	__u32 steal_flags = 0;
 	for (int i = 0; i < SNAT_TRIES; i++) {
 		x->rk.port = bpf_htons(SNAT_PORT_MIN + (first + i * stride) % SNAT_PORT_RANGE);
 		/* A pod's SNAT flow to the same endpoint (outside the cluster:
@@ -236,24 +241,23 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 				steal = x->rk.port;
 				steal_expires = owner->expires;
 				steal_isn = cur->isn;
-				steal_half = cur->flags & XLB_REV_HALF_OPEN;
+				steal_flags = cur->flags;
 			}
 			continue;
 		}
-		if (cur->flags & XLB_REV_HALF_OPEN) {
-			x->ra.seq = bpf_htonl(bpf_ntohl(cur->isn) + 1);
-			x->ra.l4_off = 1;
-		}
+		/* Copied, not judged here: a branch in this loop, which the
+		 * verifier walks 32 times, costs it hundreds of thousands of
+		 * instructions (xlb_in judges). */
+		x->prev_isn = cur->isn;
+		x->prev_flags = cur->flags;
 		bpf_map_update_elem(&lace_xlb_rev, &x->rk, &x->rv, BPF_ANY);
 		*port = x->rk.port;
 		return 0;
 	}
 	if (!steal)
 		return -1;
-	if (steal_half) {
-		x->ra.seq = bpf_htonl(bpf_ntohl(steal_isn) + 1);
-		x->ra.l4_off = 1;
-	}
+	x->prev_isn = steal_isn;
+	x->prev_flags = steal_flags;
 	x->rk.port = steal;
 	bpf_map_update_elem(&lace_xlb_rev, &x->rk, &x->rv, BPF_ANY);
 	*port = steal;
@@ -344,10 +348,18 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 			 * its addresses). */
 			if (!(sv.flags & SVC_SNAT))
 				return drop(DROP_NO_LOCAL_BACKEND);
-			__u32 isn = 0;
-			if (is_tcp_syn(p) && bpf_skb_load_bytes(skb, p->l4_off + 4, &isn, 4))
-				return drop(DROP_ADJUST);
-			if (xlb_port(x, p, be_port, ext, isn, &nport)) {
+			/* Only a SYN with its own header (a later fragment carries
+			 * its first fragment's flags, not a header) records a
+			 * sequence number, or is preceded by a reset: a copy of
+			 * anything else turned into a reset would corrupt it. */
+			x->isn = 0;
+			x->syn = 0;
+			if (is_tcp_syn(p) && p->frag != PKT_FRAG_LATER) {
+				if (bpf_skb_load_bytes(skb, p->l4_off + 4, &x->isn, 4))
+					return drop(DROP_ADJUST);
+				x->syn = 1;
+			}
+			if (xlb_port(x, p, be_port, ext, &nport)) {
 				__builtin_memset(&x->fk, 0, sizeof(x->fk));
 				x->fk.family = p->family;
 				x->fk.proto = p->proto;
@@ -355,6 +367,16 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 				__builtin_memcpy(x->fk.raddr, x->be, 16);
 				snat_exhausted(&x->fk);
 				return drop(DROP_SNAT);
+			}
+			/* The port's last flow, if it is not this one: a SYN
+			 * retransmitted after its entry was lost carries the same
+			 * sequence number, and its own request at the endpoint is
+			 * what it continues. (The number, not the tuple, tells:
+			 * another flow with the same number sends no reset, as
+			 * before resets existed.) */
+			if (x->syn && (x->prev_flags & XLB_REV_HALF_OPEN) && x->prev_isn != x->isn) {
+				x->ra.seq = bpf_htonl(bpf_ntohl(x->prev_isn) + 1);
+				x->ra.l4_off = 1;
 			}
 		}
 		__builtin_memset(&x->v, 0, sizeof(x->v));

@@ -108,9 +108,14 @@ __attribute__((noinline)) int tcp_reset_clone(struct __sk_buff *skb, __u32 l4_of
 		return -1;
 	if (bpf_skb_load_bytes(skb, l4_off + 4, &old_seq, 4) || bpf_skb_load_bytes(skb, l4_off + 12, &old_word, 2))
 		return -1;
-	if (bpf_l4_csum_replace(skb, csum, old_seq, seq, 4) || bpf_skb_store_bytes(skb, l4_off + 4, &seq, 4, 0) ||
-	    bpf_l4_csum_replace(skb, csum, old_word, rst_word, 2) || bpf_skb_store_bytes(skb, l4_off + 12, &rst_word, 2, 0))
+	/* The first helper makes the header writable: only it fails in
+	 * practice. After any write, a failure is -2 (the packet is no longer
+	 * the one to send). */
+	if (bpf_l4_csum_replace(skb, csum, old_seq, seq, 4))
 		return -1;
+	if (bpf_skb_store_bytes(skb, l4_off + 4, &seq, 4, 0) || bpf_l4_csum_replace(skb, csum, old_word, rst_word, 2) ||
+	    bpf_skb_store_bytes(skb, l4_off + 12, &rst_word, 2, 0))
+		return -2;
 	long rc = bpf_clone_redirect(skb, ifindex, 0);
 	if (bpf_l4_csum_replace(skb, csum, seq, old_seq, 4) || bpf_skb_store_bytes(skb, l4_off + 4, &old_seq, 4, 0) ||
 	    bpf_l4_csum_replace(skb, csum, rst_word, old_word, 2) || bpf_skb_store_bytes(skb, l4_off + 12, &old_word, 2, 0))

@@ -3,13 +3,15 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
+	"syscall"
 	"testing"
 )
 
-// netnsEnv marks the test binary as running in a network namespace of
-// its own.
+// netnsEnv holds, in the re-executed test binary, the network namespace
+// of the parent it left.
 const netnsEnv = "LACE_DATAPATH_TEST_NETNS"
 
 // TestMain runs the package's tests, as root, in a network namespace of
@@ -19,10 +21,16 @@ const netnsEnv = "LACE_DATAPATH_TEST_NETNS"
 // interfaces, toward wherever the machine's routes point. FIB lookups
 // also stop depending on the machine's routes.
 func TestMain(m *testing.M) {
-	if os.Geteuid() == 0 && os.Getenv(netnsEnv) == "" {
+	if os.Geteuid() == 0 && !isolated() {
+		if os.Getenv(netnsEnv) != "" {
+			fmt.Fprintln(os.Stderr, "the tests are not in a fresh network namespace of their own (unshare --net failed?)")
+			os.Exit(1)
+		}
 		cmd := exec.Command("unshare", append([]string{"--net", "--", os.Args[0]}, os.Args[1:]...)...)
-		cmd.Env = append(os.Environ(), netnsEnv+"=1")
+		cmd.Env = append(os.Environ(), netnsEnv+"="+netnsID())
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+		// Killed with its parent (go test's timeout kills only the parent).
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		err := cmd.Run()
 		var exit *exec.ExitError
 		switch {
@@ -36,4 +44,28 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(m.Run())
+}
+
+// isolated tells whether this process is the re-executed binary in a
+// fresh network namespace: another one than its parent's, holding nothing
+// but loopback (an inherited variable alone proves nothing).
+func isolated() bool {
+	parent := os.Getenv(netnsEnv)
+	if parent == "" || parent == netnsID() {
+		return false
+	}
+	ifs, err := net.Interfaces()
+	return err == nil && len(ifs) == 1 && ifs[0].Flags&net.FlagLoopback != 0
+}
+
+// ownNetns tells whether the tests run away from their parent's network
+// namespace (TestMain checked it was fresh).
+func ownNetns() bool {
+	parent := os.Getenv(netnsEnv)
+	return parent != "" && parent != netnsID()
+}
+
+func netnsID() string {
+	id, _ := os.Readlink("/proc/self/ns/net")
+	return id
 }

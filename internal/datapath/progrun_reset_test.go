@@ -176,7 +176,7 @@ type capturedReset struct {
 // only there. What the data plane sends itself leaves through it.
 func resetWorld(t *testing.T, d *Datapath) *resetCapture {
 	t.Helper()
-	if os.Getenv(netnsEnv) == "" {
+	if !ownNetns() {
 		t.Fatal("not in a network namespace of the test's own (TestMain)")
 	}
 	la := netlink.NewLinkAttrs()

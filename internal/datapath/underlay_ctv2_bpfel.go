@@ -262,7 +262,11 @@ type underlayXlbScratch struct {
 		Seq   uint32
 		L4Off uint32
 	}
-	_ [4]byte
+	PrevIsn   uint32
+	PrevFlags uint32
+	Isn       uint32
+	Syn       uint32
+	_         [4]byte
 }
 
 // Names of all BPF objects in the ELF.
