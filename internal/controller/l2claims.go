@@ -6,11 +6,13 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -67,6 +69,21 @@ func (h holder) owns(ne *lacev1.NetworkEndpoint) bool {
 	return h.claim == nil || h.owner == ne.Name
 }
 
+func endpointHolder(ne *lacev1.NetworkEndpoint) holder {
+	return holder{label: lacev1.LabelEndpointUID, annotation: lacev1.AnnotationEndpoint, uid: ne.UID, key: ne.Namespace + "/" + ne.Name}
+}
+
+// claimHolder is claim as the holder of pod's addresses: pod owns it
+// unless another live pod does (a live migration's source).
+func (r *L2AddressReconciler) claimHolder(ctx context.Context, claim *ipamclaimsv1.IPAMClaim, pod string) holder {
+	h := holder{label: lacev1.LabelIPAMClaimUID, annotation: lacev1.AnnotationIPAMClaim, uid: claim.UID,
+		key: claim.Namespace + "/" + claim.Name, claim: claim, owner: pod}
+	if o := claim.Status.OwnerPod; o != nil && o.Name != pod && r.podExists(ctx, claim.Namespace, o.Name) {
+		h.owner = o.Name // still in use there: this pod waits for the move
+	}
+	return h
+}
+
 // claimName is the IPAMClaim a pod names, if any.
 func claimName(pod *corev1.Pod) string {
 	if n := pod.Annotations[lacev1.AnnotationIPAMClaim]; n != "" {
@@ -81,18 +98,14 @@ func (r *L2AddressReconciler) holderOf(ctx context.Context, ne *lacev1.NetworkEn
 	name := claimName(pod)
 	if name == "" {
 		rq, why := parseRequest(pod, nw, nil)
-		return holder{label: lacev1.LabelEndpointUID, annotation: lacev1.AnnotationEndpoint, uid: ne.UID,
-			key: ne.Namespace + "/" + ne.Name}, rq, why, nil
+		return endpointHolder(ne), rq, why, nil
+	}
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return holder{}, request{}, &refusal{ReasonInvalidRequest, fmt.Sprintf("pod %s names IPAMClaim %q, not a valid name: %s", pod.Name, name, strings.Join(errs, "; "))}, nil
 	}
 	var claim ipamclaimsv1.IPAMClaim
 	err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: name}, &claim)
 	if apierrors.IsNotFound(err) || (err == nil && claim.DeletionTimestamp != nil) {
-		own := holder{label: lacev1.LabelEndpointUID, annotation: lacev1.AnnotationEndpoint, uid: ne.UID, key: ne.Namespace + "/" + ne.Name}
-		if held, _, err := heldBy(ctx, r.Client, own, nw.Name); err != nil || len(held) > 0 {
-			// The claim went while this pod used its addresses: they
-			// were handed to the pod's endpoint (IPAMClaimReconciler).
-			return own, request{addrs: map[bool]netip.Addr{}}, nil, err
-		}
 		return holder{}, request{}, &refusal{ReasonIPAMClaimNotFound, fmt.Sprintf("pod %s names IPAMClaim %s/%s, which does not exist", pod.Name, pod.Namespace, name)}, nil
 	}
 	if err != nil {
@@ -101,11 +114,7 @@ func (r *L2AddressReconciler) holderOf(ctx context.Context, ne *lacev1.NetworkEn
 	if claim.Spec.Network != nw.Name {
 		return holder{}, request{}, &refusal{ReasonIPAMClaimWrongTarget, fmt.Sprintf("IPAMClaim %s/%s is for network %q, the pod is in %q", pod.Namespace, name, claim.Spec.Network, nw.Name)}, nil
 	}
-	h := holder{label: lacev1.LabelIPAMClaimUID, annotation: lacev1.AnnotationIPAMClaim, uid: claim.UID,
-		key: claim.Namespace + "/" + claim.Name, claim: &claim, owner: pod.Name}
-	if o := claim.Status.OwnerPod; o != nil && o.Name != pod.Name && r.podExists(ctx, pod.Namespace, o.Name) {
-		h.owner = o.Name // still in use there: this pod waits for the move
-	}
+	h := r.claimHolder(ctx, &claim, pod.Name)
 	asked := claim.Status.IPs
 	if len(asked) == 0 {
 		asked = claim.Spec.IPRequests
@@ -168,7 +177,7 @@ func (r *IPAMClaimReconciler) Reconcile(ctx context.Context, req reconcile.Reque
 	var claim ipamclaimsv1.IPAMClaim
 	err := r.Client.Get(ctx, req.NamespacedName, &claim)
 	if apierrors.IsNotFound(err) || (err == nil && claim.DeletionTimestamp != nil) {
-		if err := r.handOver(ctx, req.Namespace, req.String()); err != nil {
+		if err := r.handOver(ctx, req.Namespace, req.String(), ""); err != nil {
 			return reconcile.Result{}, err
 		}
 		return reconcile.Result{}, release(ctx, r.Client, claimIndex, req.String(), "")
@@ -176,13 +185,18 @@ func (r *IPAMClaimReconciler) Reconcile(ctx context.Context, req reconcile.Reque
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("get IPAMClaim %s: %w", req, err)
 	}
+	// Re-created under the same name: the old claim's objects are the old
+	// claim's, handed over or released like a deleted claim's.
+	if err := r.handOver(ctx, req.Namespace, req.String(), claim.UID); err != nil {
+		return reconcile.Result{}, err
+	}
 	return reconcile.Result{}, release(ctx, r.Client, claimIndex, req.String(), claim.UID)
 }
 
-// handOver moves what the gone claim key held to the endpoint (in ns)
-// that was given it, if one is still there: its Neighbors by address,
-// its FDBEntry by MAC.
-func (r *IPAMClaimReconciler) handOver(ctx context.Context, ns, key string) error {
+// handOver moves what the gone claim key held (but claim keep) to the
+// endpoint (in ns) that was given it, if one is still there: its
+// Neighbors by address, its FDBEntry by MAC.
+func (r *IPAMClaimReconciler) handOver(ctx context.Context, ns, key string, keep types.UID) error {
 	var nbrs lacev1.NeighborList
 	var fdbs lacev1.FDBEntryList
 	var eps lacev1.NetworkEndpointList
@@ -207,14 +221,23 @@ func (r *IPAMClaimReconciler) handOver(ctx context.Context, ns, key string) erro
 	}
 	var moves []client.Object
 	var to []*lacev1.NetworkEndpoint
+	stale := func(o client.Object) bool {
+		return keep == "" || o.GetLabels()[lacev1.LabelIPAMClaimUID] != string(keep)
+	}
 	for i := range nbrs.Items {
 		n := &nbrs.Items[i]
+		if !stale(n) {
+			continue
+		}
 		if ne := user(n.Spec.Network, func(st lacev1.NetworkEndpointStatus) bool { return slices.Contains(st.Addresses, n.Spec.Address) }); ne != nil {
 			moves, to = append(moves, n), append(to, ne)
 		}
 	}
 	for i := range fdbs.Items {
 		f := &fdbs.Items[i]
+		if !stale(f) {
+			continue
+		}
 		if ne := user(f.Spec.Network, func(st lacev1.NetworkEndpointStatus) bool { return st.MAC == f.Spec.MAC }); ne != nil {
 			moves, to = append(moves, f), append(to, ne)
 		}

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -23,7 +24,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	ipamclaimsv1 "github.com/lace-cni/lace/api/ipamclaims/v1alpha1"
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/model"
 	"github.com/lace-cni/lace/internal/model/ipam"
 )
 
@@ -41,6 +44,7 @@ const l2Retry = 5 * time.Second
 
 // Reasons of condition AddressesAllocated.
 const (
+	ReasonNotBound             = "NotBoundToNetwork"
 	ReasonAddressTaken         = "AddressTaken"
 	ReasonInvalidRequest       = "InvalidAddressRequest"
 	ReasonIPAMClaimNotFound    = "IPAMClaimNotFound"
@@ -144,21 +148,104 @@ func (r *L2AddressReconciler) Reconcile(ctx context.Context, req reconcile.Reque
 		// No pod: the foreign endpoint reconciler deletes the endpoint.
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	if uid := ne.Labels[lacev1.LabelPodUID]; uid != "" && uid != string(pod.UID) {
-		return reconcile.Result{}, nil // an earlier pod's record, replaced by its agent
+	// Only the record of this pod, written by the agent of the pod's own
+	// node: another node's agent may write an endpoint of any name for its
+	// node (the foreign endpoint reconciler deletes it), and must not get
+	// addresses, nor move a claim's MAC, through it.
+	if ne.Labels[lacev1.LabelPodUID] != string(pod.UID) || pod.Spec.NodeName != ne.Spec.Node {
+		return reconcile.Result{}, nil
 	}
-	h, req2, why, err := r.holderOf(ctx, &ne, &pod, &nw)
+	var h holder
+	var rq request
+	var why *refusal
+	if len(ne.Status.Addresses) > 0 {
+		// The pod has run with these since: they stay its own whatever
+		// its annotations or its claim become.
+		h, rq, why, err = r.pinned(ctx, &ne, &nw)
+		if err == nil && why == nil && h.uid == "" {
+			return reconcile.Result{RequeueAfter: time.Second}, nil // its claim's objects are being handed over
+		}
+	} else {
+		h, rq, why, err = r.firstHolder(ctx, &ne, &pod, &nw)
+	}
 	if err != nil {
 		return reconcile.Result{}, err
 	}
 	if why != nil {
 		return reconcile.Result{RequeueAfter: l2Retry}, r.report(ctx, &ne, nil, nil, metav1.ConditionFalse, why.reason, why.msg)
 	}
-	return r.assign(ctx, &ne, &nw, h, req2)
+	return r.assign(ctx, &ne, &nw, h, rq)
+}
+
+// firstHolder decides, for an endpoint given nothing yet, who its
+// addresses are held for and what its pod asked for: the pod must be
+// bound to the endpoint's network (the agent's binding at CNI ADD, which
+// a node's agent could misstate).
+func (r *L2AddressReconciler) firstHolder(ctx context.Context, ne *lacev1.NetworkEndpoint, pod *corev1.Pod, nw *lacev1.Network) (holder, request, *refusal, error) {
+	var ns corev1.Namespace
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: pod.Namespace}, &ns); err != nil {
+		return holder{}, request{}, nil, fmt.Errorf("get namespace %s: %w", pod.Namespace, err)
+	}
+	var nbps lacev1.NetworkBindingPolicyList
+	if err := r.Client.List(ctx, &nbps); err != nil {
+		return holder{}, request{}, nil, fmt.Errorf("list binding policies: %w", err)
+	}
+	if b, err := model.Bind(nbps.Items, lacev1.MatchKindPod, pod.Namespace, pod.Name, pod.Labels, ns.Labels); err != nil || b.Network != nw.Name {
+		return holder{}, request{}, &refusal{ReasonNotBound, fmt.Sprintf("pod %s/%s is not bound to network %s (%v)", pod.Namespace, pod.Name, nw.Name, bindingWord(b, err))}, nil
+	}
+	return r.holderOf(ctx, ne, pod, nw)
+}
+
+func bindingWord(b model.Binding, err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("policy %s binds it to %s", b.Policy, b.Network)
+}
+
+// pinned returns the holder of the addresses ne already has, and a
+// request for exactly them and its MAC (a family held meanwhile by
+// nobody is claimed again). A zero holder with no refusal: its claim is
+// gone and its objects not handed over yet.
+func (r *L2AddressReconciler) pinned(ctx context.Context, ne *lacev1.NetworkEndpoint, nw *lacev1.Network) (holder, request, *refusal, error) {
+	rq := request{addrs: map[bool]netip.Addr{}}
+	for _, s := range ne.Status.Addresses {
+		if a, err := netip.ParseAddr(string(s)); err == nil {
+			rq.addrs[a.Is4()] = a
+		}
+	}
+	rq.mac, _ = net.ParseMAC(string(ne.Status.MAC))
+	own := endpointHolder(ne)
+	var n lacev1.Neighbor
+	first, _ := netip.ParseAddr(string(ne.Status.Addresses[0]))
+	err := r.APIReader.Get(ctx, client.ObjectKey{Name: ipam.NeighborName(nw.Name, first)}, &n)
+	if apierrors.IsNotFound(err) {
+		return own, rq, nil, nil
+	}
+	if err != nil {
+		return holder{}, rq, nil, fmt.Errorf("get the Neighbor of %s: %w", first, err)
+	}
+	cuid := n.Labels[lacev1.LabelIPAMClaimUID]
+	if cuid == "" {
+		return own, rq, nil, nil // its own, or another's: claimFixed says which
+	}
+	cns, cname, _ := strings.Cut(n.Annotations[lacev1.AnnotationIPAMClaim], "/")
+	var claim ipamclaimsv1.IPAMClaim
+	err = r.APIReader.Get(ctx, client.ObjectKey{Namespace: cns, Name: cname}, &claim)
+	if apierrors.IsNotFound(err) || (err == nil && string(claim.UID) != cuid) {
+		return holder{}, rq, nil, nil
+	}
+	if err != nil {
+		return holder{}, rq, nil, fmt.Errorf("get IPAMClaim %s/%s: %w", cns, cname, err)
+	}
+	if cns != ne.Namespace {
+		return holder{}, rq, &refusal{ReasonAddressTaken, fmt.Sprintf("%s of network %s is held by IPAMClaim %s/%s", first, nw.Name, cns, cname)}, nil
+	}
+	return r.claimHolder(ctx, &claim, ne.Name), rq, nil, nil
 }
 
 // refusal is why an endpoint gets no addresses (condition
-// AddressesAllocated False).
+// AddressesAllocated False; an endpoint that has some keeps them).
 type refusal struct{ reason, msg string }
 
 // request is what a pod asked for: fixed addresses (by family) and MAC.
@@ -197,8 +284,11 @@ func parseRequest(pod *corev1.Pod, nw *lacev1.Network, claimed []string) (reques
 	}
 	if v := pod.Annotations[lacev1.AnnotationMACAddress]; v != "" {
 		m, err := net.ParseMAC(v)
-		if err != nil || len(m) != 6 || m[0]&1 != 0 || (m[0] == 0x0a && m[1] == 0x5a) {
-			return rq, &refusal{ReasonInvalidRequest, fmt.Sprintf("%q is not a unicast MAC an endpoint may have", v)}
+		// 0a:58-0a:5a are what the IPAM derives (ipam.L2MAC, the gateway):
+		// asking for them would squat on the addresses they derive from.
+		if err != nil || len(m) != 6 || m[0]&1 != 0 || m.String() == "00:00:00:00:00:00" ||
+			(m[0] == 0x0a && m[1] >= 0x58 && m[1] <= 0x5a) {
+			return rq, &refusal{ReasonInvalidRequest, fmt.Sprintf("%q is not a MAC an endpoint may ask for (unicast, not zero, not 0a:58-0a:5a, which the IPAM derives)", v)}
 		}
 		rq.mac = m
 	}
@@ -221,7 +311,7 @@ func l2Prefix(nw *lacev1.Network, is4 bool) (netip.Prefix, bool) {
 // assign makes sure h holds an address of every family of nw and a MAC
 // at ne's node, and reports them in ne's status.
 func (r *L2AddressReconciler) assign(ctx context.Context, ne *lacev1.NetworkEndpoint, nw *lacev1.Network, h holder, rq request) (reconcile.Result, error) {
-	held, mac, err := heldBy(ctx, r.Client, h, nw.Name)
+	held, mac, err := heldBy(ctx, r.APIReader, h, nw.Name)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -285,7 +375,7 @@ func family(p netip.Prefix) string {
 
 // heldBy returns the addresses (by family: true for IPv4) and the MAC the
 // Neighbors of h hold in network.
-func heldBy(ctx context.Context, c client.Client, h holder, network string) (map[bool]netip.Addr, net.HardwareAddr, error) {
+func heldBy(ctx context.Context, c client.Reader, h holder, network string) (map[bool]netip.Addr, net.HardwareAddr, error) {
 	var list lacev1.NeighborList
 	if err := c.List(ctx, &list, client.MatchingLabels{h.label: string(h.uid)}); err != nil {
 		return nil, nil, fmt.Errorf("list Neighbors of %s: %w", h.key, err)
@@ -326,7 +416,9 @@ func (r *L2AddressReconciler) claimFree(ctx context.Context, h holder, network s
 		m := mac
 		if m == nil {
 			var err error
-			if m, err = r.freeMAC(ctx, network, a); err != nil {
+			if m, err = r.freeMAC(ctx, network, a); errors.Is(err, errNoFreeMAC) {
+				continue // every MAC near it is held: another address
+			} else if err != nil {
 				return netip.Addr{}, nil, err
 			}
 		}
@@ -396,8 +488,10 @@ func (r *L2AddressReconciler) freeMAC(ctx context.Context, network string, a net
 			return nil, fmt.Errorf("look up MAC %s in network %s: %w", m, network, err)
 		}
 	}
-	return nil, fmt.Errorf("no free MAC near %s in network %s", ipam.L2MAC(a, 0), network)
+	return nil, fmt.Errorf("%w near %s in network %s", errNoFreeMAC, ipam.L2MAC(a, 0), network)
 }
+
+var errNoFreeMAC = errors.New("no free MAC")
 
 // ensureFDB claims mac for h at ne's node; a claim's MAC follows the
 // pod that owns the claim, with its sequence one higher.
@@ -438,12 +532,12 @@ func (r *L2AddressReconciler) ensureFDB(ctx context.Context, h holder, ne *lacev
 func (r *L2AddressReconciler) report(ctx context.Context, ne *lacev1.NetworkEndpoint, addrs []netip.Addr, mac net.HardwareAddr,
 	status metav1.ConditionStatus, reason, msg string) error {
 	next := ne.DeepCopy()
-	next.Status.Addresses = nil
-	for _, a := range addrs {
-		next.Status.Addresses = append(next.Status.Addresses, lacev1.IPAddress(a.String()))
-	}
-	next.Status.MAC = ""
-	if mac != nil {
+	if status == metav1.ConditionTrue {
+		// A refusal keeps what the endpoint has: its pod runs with them.
+		next.Status.Addresses = nil
+		for _, a := range addrs {
+			next.Status.Addresses = append(next.Status.Addresses, lacev1.IPAddress(a.String()))
+		}
 		next.Status.MAC = lacev1.MACAddress(mac.String())
 	}
 	if msg == "" {
@@ -497,8 +591,9 @@ func release(ctx context.Context, c client.Client, index, key string, keep types
 		}
 	}
 	for _, o := range stale {
-		uid := o.GetUID()
-		if err := c.Delete(ctx, o, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
+		// As read: one relabelled since (handed over) is not deleted.
+		uid, rv := o.GetUID(), o.GetResourceVersion()
+		if err := c.Delete(ctx, o, client.Preconditions{UID: &uid, ResourceVersion: &rv}); err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("release %T %s of %s: %w", o, o.GetName(), key, err)
 		}
 		log.FromContext(ctx).Info("released an l2 claim", "holder", key, "object", o.GetName())

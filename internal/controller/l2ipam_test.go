@@ -32,6 +32,16 @@ func l2Network(name, v4, v6 string) *lacev1.Network {
 	return nw
 }
 
+// createL2 creates l2 network nw and a policy binding every pod to it,
+// as an operator would (the controller checks a pod's binding before
+// giving its endpoint addresses).
+func createL2(t *testing.T, c client.Client, nw *lacev1.Network) {
+	t.Helper()
+	create(t, c, nw)
+	create(t, c, &lacev1.NetworkBindingPolicy{ObjectMeta: metav1.ObjectMeta{Name: "all-to-" + nw.Name},
+		Spec: lacev1.NetworkBindingPolicySpec{Network: nw.Name, MatchKind: lacev1.MatchKindPod, Priority: 100}})
+}
+
 // l2Pod creates pod name on node and its NetworkEndpoint in network, as
 // the agent will at CNI ADD (no addresses: the controller assigns them).
 func l2Pod(t *testing.T, c client.Client, name, node, network string) *lacev1.NetworkEndpoint {
@@ -126,7 +136,7 @@ func countClaims(t *testing.T, c client.Client, network string) (int, int) {
 func TestL2IPAM200Concurrent(t *testing.T) {
 	env, c := startL2(t)
 	startController(t, env, nil)
-	create(t, c, l2Network("storage", "10.50.0.0/24", "fd00:50::/64"))
+	createL2(t, c, l2Network("storage", "10.50.0.0/24", "fd00:50::/64"))
 	const n = 200
 	names := make([]string, n)
 	var wg sync.WaitGroup
@@ -183,7 +193,7 @@ func TestL2IPAM200Concurrent(t *testing.T) {
 func TestL2IPAMExhaustion(t *testing.T) {
 	env, c := startL2(t)
 	startController(t, env, nil)
-	create(t, c, l2Network("small", "10.51.0.0/29", ""))
+	createL2(t, c, l2Network("small", "10.51.0.0/29", ""))
 	var names []string
 	for i := range 5 {
 		names = append(names, fmt.Sprintf("vm-%d", i))
@@ -237,7 +247,7 @@ func TestL2IPAMExhaustion(t *testing.T) {
 func TestL2IPAMControllerRestart(t *testing.T) {
 	env, c := startL2(t)
 	stop := startController(t, env, nil)
-	create(t, c, l2Network("vms", "10.52.0.0/24", "fd00:52::/120"))
+	createL2(t, c, l2Network("vms", "10.52.0.0/24", "fd00:52::/120"))
 	first := []string{"a", "b", "c"}
 	for _, n := range first {
 		l2Pod(t, c, n, "n1", "vms")
@@ -355,7 +365,7 @@ func deletePodAndEndpoint(t *testing.T, c client.Client, name string) {
 func TestL2ClaimOutlivesPod(t *testing.T) {
 	env, c := startL2(t)
 	startController(t, env, nil)
-	create(t, c, l2Network("vms", "10.53.0.0/24", "fd00:53::/64"))
+	createL2(t, c, l2Network("vms", "10.53.0.0/24", "fd00:53::/64"))
 	ctx := context.Background()
 	claim := &ipamclaimsv1.IPAMClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vm-a.vms"},
 		Spec: ipamclaimsv1.IPAMClaimSpec{Network: "vms", Interface: "eth0"}}
@@ -451,7 +461,7 @@ func TestL2ClaimOutlivesPod(t *testing.T) {
 func TestL2FixedAddressRequest(t *testing.T) {
 	env, c := startL2(t)
 	startController(t, env, nil)
-	create(t, c, l2Network("fixed", "10.54.0.0/24", "fd00:54::/64"))
+	createL2(t, c, l2Network("fixed", "10.54.0.0/24", "fd00:54::/64"))
 	annotatedL2Pod(t, c, "a", "n1", "fixed", map[string]string{
 		lacev1.AnnotationIPAddresses: "10.54.0.9, fd00:54::9", lacev1.AnnotationMACAddress: "02:00:00:00:00:42"})
 	got := assigned(t, c, []string{"a"}, 2)["a"]
@@ -468,5 +478,29 @@ func TestL2FixedAddressRequest(t *testing.T) {
 	deletePodAndEndpoint(t, c, "a")
 	if b := assigned(t, c, []string{"b"}, 2)["b"]; b.Addresses[0] != "10.54.0.9" {
 		t.Errorf("b got %v after a went, want 10.54.0.9", b.Addresses)
+	}
+}
+
+// TestL2EndpointOfUnboundPodRefused: a node's agent writes the endpoints
+// of its pods, and one that names an l2 network the pod is not bound to
+// (a compromised or confused agent putting a pod in another tenant's
+// network) gets nothing: NotBoundToNetwork, naming the policy that binds
+// the pod elsewhere.
+func TestL2EndpointOfUnboundPodRefused(t *testing.T) {
+	env, c := startL2(t)
+	startController(t, env, nil)
+	createL2(t, c, l2Network("private", "10.55.0.0/24", ""))
+	create(t, c, &lacev1.NetworkBindingPolicy{ObjectMeta: metav1.ObjectMeta{Name: "web-elsewhere"},
+		Spec: lacev1.NetworkBindingPolicySpec{Network: "web", MatchKind: lacev1.MatchKindPod, Priority: 10,
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}})
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web-0", Labels: map[string]string{"app": "web"}},
+		Spec: corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{Name: "c", Image: "x"}}}}
+	create(t, c, pod)
+	create(t, c, &lacev1.NetworkEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web-0",
+		Labels: map[string]string{lacev1.LabelNode: "n1", lacev1.LabelPodUID: string(pod.UID)}},
+		Spec: lacev1.NetworkEndpointSpec{Network: "private", Node: "n1", Interface: "eth0"}})
+	refused(t, c, "web-0", "NotBoundToNetwork", "web-elsewhere", "private")
+	if nb, fd := countClaims(t, c, "private"); nb+fd != 0 {
+		t.Errorf("the unbound pod's endpoint holds %d Neighbors and %d FDBEntries", nb, fd)
 	}
 }
