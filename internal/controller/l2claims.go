@@ -21,8 +21,12 @@ import (
 
 	ipamclaimsv1 "github.com/lace-cni/lace/api/ipamclaims/v1alpha1"
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/model"
 	"github.com/lace-cni/lace/internal/model/ipam"
 )
+
+// This file decides who an l2 endpoint's addresses are held for (the
+// endpoint, or the IPAMClaim its pod names) and keeps claims' objects.
 
 // holder is who a Neighbor or FDBEntry is kept for: an endpoint (released
 // with it) or an IPAMClaim (released with the claim, so the addresses
@@ -255,4 +259,71 @@ func (r *IPAMClaimReconciler) handOver(ctx context.Context, ns, key string, keep
 		log.FromContext(ctx).Info("handed an l2 claim's object to the endpoint using it", "ipamClaim", key, "object", o.GetName(), "networkEndpoint", to[i].Namespace+"/"+to[i].Name)
 	}
 	return nil
+}
+
+// firstHolder decides, for an endpoint given nothing yet, who its
+// addresses are held for and what its pod asked for: the pod must be
+// bound to the endpoint's network (the agent's binding at CNI ADD, which
+// a node's agent could misstate).
+func (r *L2AddressReconciler) firstHolder(ctx context.Context, ne *lacev1.NetworkEndpoint, pod *corev1.Pod, nw *lacev1.Network) (holder, request, *refusal, error) {
+	var ns corev1.Namespace
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: pod.Namespace}, &ns); err != nil {
+		return holder{}, request{}, nil, fmt.Errorf("get namespace %s: %w", pod.Namespace, err)
+	}
+	var nbps lacev1.NetworkBindingPolicyList
+	if err := r.Client.List(ctx, &nbps); err != nil {
+		return holder{}, request{}, nil, fmt.Errorf("list binding policies: %w", err)
+	}
+	if b, err := model.Bind(nbps.Items, lacev1.MatchKindPod, pod.Namespace, pod.Name, pod.Labels, ns.Labels); err != nil || b.Network != nw.Name {
+		return holder{}, request{}, &refusal{ReasonNotBound, fmt.Sprintf("pod %s/%s is not bound to network %s (%v)", pod.Namespace, pod.Name, nw.Name, bindingWord(b, err))}, nil
+	}
+	return r.holderOf(ctx, ne, pod, nw)
+}
+
+func bindingWord(b model.Binding, err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("policy %s binds it to %s", b.Policy, b.Network)
+}
+
+// pinned returns the holder of the addresses ne already has, and a
+// request for exactly them and its MAC (a family held meanwhile by
+// nobody is claimed again). A zero holder with no refusal: its claim is
+// gone and its objects not handed over yet.
+func (r *L2AddressReconciler) pinned(ctx context.Context, ne *lacev1.NetworkEndpoint, nw *lacev1.Network) (holder, request, *refusal, error) {
+	rq := request{addrs: map[bool]netip.Addr{}}
+	for _, s := range ne.Status.Addresses {
+		if a, err := netip.ParseAddr(string(s)); err == nil {
+			rq.addrs[a.Is4()] = a
+		}
+	}
+	rq.mac, _ = net.ParseMAC(string(ne.Status.MAC))
+	own := endpointHolder(ne)
+	var n lacev1.Neighbor
+	first, _ := netip.ParseAddr(string(ne.Status.Addresses[0]))
+	err := r.APIReader.Get(ctx, client.ObjectKey{Name: ipam.NeighborName(nw.Name, first)}, &n)
+	if apierrors.IsNotFound(err) {
+		return own, rq, nil, nil
+	}
+	if err != nil {
+		return holder{}, rq, nil, fmt.Errorf("get the Neighbor of %s: %w", first, err)
+	}
+	cuid := n.Labels[lacev1.LabelIPAMClaimUID]
+	if cuid == "" {
+		return own, rq, nil, nil // its own, or another's: claimFixed says which
+	}
+	cns, cname, _ := strings.Cut(n.Annotations[lacev1.AnnotationIPAMClaim], "/")
+	var claim ipamclaimsv1.IPAMClaim
+	err = r.APIReader.Get(ctx, client.ObjectKey{Namespace: cns, Name: cname}, &claim)
+	if apierrors.IsNotFound(err) || (err == nil && string(claim.UID) != cuid) {
+		return holder{}, rq, nil, nil
+	}
+	if err != nil {
+		return holder{}, rq, nil, fmt.Errorf("get IPAMClaim %s/%s: %w", cns, cname, err)
+	}
+	if cns != ne.Namespace {
+		return holder{}, rq, &refusal{ReasonAddressTaken, fmt.Sprintf("%s of network %s is held by IPAMClaim %s/%s", first, nw.Name, cns, cname)}, nil
+	}
+	return r.claimHolder(ctx, &claim, ne.Name), rq, nil, nil
 }
