@@ -87,27 +87,7 @@ func TestCTLostHandshakeKeepsEndpoint(t *testing.T) {
 	}
 	d := nodePortWorld(t, append(backends, progPodV4)...)
 	flowOf := func(client netip.AddrPort) Flow { return nodePortFlow(t, d, client) }
-	evictPending := func() {
-		t.Helper()
-		var k podCtKey
-		var keys []podCtKey
-		it := d.pod.LaceCtNew.Iterate()
-		var v podCtVal
-		for it.Next(&k, &v) {
-			keys = append(keys, k)
-		}
-		if err := it.Err(); err != nil {
-			t.Fatal(err)
-		}
-		for _, k := range keys {
-			if err := d.pod.LaceCtNew.Delete(k); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if len(keys) == 0 {
-			t.Fatal("the handshake's entry was not in lace_ct_new")
-		}
-	}
+	evictPending := func() { t.Helper(); evictPending(t, d) }
 	endpoints := map[netip.AddrPort]bool{}
 	for i := range 24 {
 		client := netip.AddrPortFrom(netip.MustParseAddr("203.0.113.5"), uint16(40000+i))
@@ -253,5 +233,29 @@ func TestFlowHashIsKeyedSipHash(t *testing.T) {
 		if f.NAT != want || f.SNATPort != wantPort {
 			t.Errorf("client %s: endpoint %s from node port %d, SipHash draws %s from %d", client, f.NAT, f.SNATPort, want, wantPort)
 		}
+	}
+}
+
+// evictPending empties lace_ct_new, as a flood does to the handshakes
+// waiting there; it fails when there was nothing to evict.
+func evictPending(t *testing.T, d *Datapath) {
+	t.Helper()
+	var k podCtKey
+	var v podCtVal
+	var keys []podCtKey
+	it := d.pod.LaceCtNew.Iterate()
+	for it.Next(&k, &v) {
+		keys = append(keys, k)
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if err := d.pod.LaceCtNew.Delete(k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(keys) == 0 {
+		t.Fatal("no handshake's entry in lace_ct_new")
 	}
 }

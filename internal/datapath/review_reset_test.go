@@ -36,21 +36,7 @@ func TestXLBReviewLostHandshakeResetByItsOwnACK(t *testing.T) {
 	p := nodePortFlow(t, d, client).SNATPort
 
 	// The flood evicts the pending entry (as TestCTLostHandshakeKeepsEndpoint).
-	var k podCtKey
-	var v podCtVal
-	var keys []podCtKey
-	it := d.pod.LaceCtNew.Iterate()
-	for it.Next(&k, &v) {
-		keys = append(keys, k)
-	}
-	for _, k := range keys {
-		if err := d.pod.LaceCtNew.Delete(k); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if len(keys) == 0 {
-		t.Fatal("no pending entry")
-	}
+	evictPending(t, d)
 
 	// The client's last ACK (the SYN-ACK crossed before the eviction).
 	ack := seg4(client.Port(), 30080, 0x10)
@@ -101,16 +87,7 @@ func TestXLBReviewLaterFragmentClonedAsReset(t *testing.T) {
 		t.Fatalf("first fragment: verdict %d", v)
 	}
 	capture.resets(200 * time.Millisecond)
-	var k podCtKey
-	var v podCtVal
-	var keys []podCtKey
-	it := d.pod.LaceCtNew.Iterate()
-	for it.Next(&k, &v) {
-		keys = append(keys, k)
-	}
-	for _, k := range keys {
-		_ = d.pod.LaceCtNew.Delete(k)
-	}
+	evictPending(t, d)
 	later := ipv4(client.Addr(), progNodeV4, 6, data[4:28])
 	binary.BigEndian.PutUint16(later[4:6], 0x4242)
 	binary.BigEndian.PutUint16(later[6:8], 3) // offset 24, last

@@ -261,31 +261,28 @@ func isTimeout(err error) bool {
 // pinned on the node's bpffs.
 func nodeDrops(t *testing.T, node string) map[string]uint64 {
 	t.Helper()
-	dp, err := datapath.Load(filepath.Join(labConfig().NodeRoot(node), "sys/fs/bpf/lace"))
-	if err != nil {
-		t.Fatalf("open the data plane of %s: %v", node, err)
-	}
-	defer dp.Close()
-	drops, err := dp.Drops()
-	if err != nil {
-		t.Fatalf("drop counters of %s: %v", node, err)
-	}
-	return drops
+	return nodeCounters(t, node, "drop", (*datapath.Datapath).Drops)
 }
 
 // nodeForwarded returns node's forwarding counters.
 func nodeForwarded(t *testing.T, node string) map[string]uint64 {
+	t.Helper()
+	return nodeCounters(t, node, "forwarding", (*datapath.Datapath).Forwarded)
+}
+
+// nodeCounters reads one set of node's data plane counters.
+func nodeCounters(t *testing.T, node, what string, read func(*datapath.Datapath) (map[string]uint64, error)) map[string]uint64 {
 	t.Helper()
 	dp, err := datapath.Load(filepath.Join(labConfig().NodeRoot(node), "sys/fs/bpf/lace"))
 	if err != nil {
 		t.Fatalf("open the data plane of %s: %v", node, err)
 	}
 	defer dp.Close()
-	f, err := dp.Forwarded()
+	c, err := read(dp)
 	if err != nil {
-		t.Fatalf("forwarding counters of %s: %v", node, err)
+		t.Fatalf("%s counters of %s: %v", what, node, err)
 	}
-	return f
+	return c
 }
 
 // expectNodeReaches checks that the pod's node, dialling each of the pod's
