@@ -43,16 +43,28 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 	}
+	// Helpers the tests start (the test binary again, in namespaces the
+	// tests made under this one, TestUDPClientHelper) are at home there.
+	os.Setenv(netnsTestsEnv, netnsID())
 	os.Exit(m.Run())
 }
 
+// netnsTestsEnv holds, for the processes the tests start, the fresh
+// namespace the tests run in.
+const netnsTestsEnv = "LACE_DATAPATH_TESTS_NETNS"
+
 // isolated tells whether this process is the re-executed binary in a
-// fresh network namespace: another one than its parent's, holding nothing
-// but loopback (an inherited variable alone proves nothing).
+// fresh network namespace (another one than its parent's, holding nothing
+// but loopback: an inherited variable alone proves nothing), or a helper
+// the tests started in a namespace they made (away from both).
 func isolated() bool {
 	parent := os.Getenv(netnsEnv)
-	if parent == "" || parent == netnsID() {
+	self := netnsID()
+	if parent == "" || parent == self {
 		return false
+	}
+	if tests := os.Getenv(netnsTestsEnv); tests != "" && tests != self {
+		return true
 	}
 	ifs, err := net.Interfaces()
 	return err == nil && len(ifs) == 1 && ifs[0].Flags&net.FlagLoopback != 0
