@@ -8,6 +8,7 @@
 #define LACE_ANNOUNCE_H
 
 #include "lace.h"
+#include "neigh.h"
 
 struct announce_val {
 	__u64 expires; /* bpf_ktime_get_ns() deadline */
@@ -22,20 +23,6 @@ struct {
 	__type(value, struct announce_val);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lace_announce SEC(".maps");
-
-#define ETH_P_ARP_ 0x0806
-
-struct arp_eth4 {
-	__be16 htype;
-	__be16 ptype;
-	__u8 hlen;
-	__u8 plen;
-	__be16 oper;
-	__u8 sha[6];
-	__u8 spa[4];
-	__u8 tha[6];
-	__u8 tpa[4];
-} __attribute__((packed));
 
 /* announced returns the live entry of a VIP, or NULL. */
 static __always_inline struct announce_val *announced(__u8 family, const __u8 *addr)
@@ -55,60 +42,23 @@ static __always_inline struct announce_val *announced(__u8 family, const __u8 *a
  * sends it back out of the interface; anything else is the host's. */
 static __noinline int arp_answer(struct __sk_buff *skb)
 {
-	void *data = (void *)(long)skb->data;
-	void *end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
-	struct arp_eth4 *arp = (void *)(eth + 1);
-	if ((void *)(arp + 1) > end)
+	struct arp_msg m;
+	if (arp_read(skb, &m) || m.oper != ARP_REQUEST)
 		return TC_ACT_OK;
-	if (arp->htype != bpf_htons(1) || arp->ptype != bpf_htons(ETH_P_IP) || arp->hlen != 6 || arp->plen != 4 ||
-	    arp->oper != bpf_htons(1))
-		return TC_ACT_OK;
-	__u8 vip[4], spa[4], sha[6];
-	__builtin_memcpy(vip, arp->tpa, 4);
-	__builtin_memcpy(spa, arp->spa, 4);
-	__builtin_memcpy(sha, arp->sha, 6);
 	/* Another host announcing the address itself (gratuitous) is no
 	 * question. */
-	if (eq4(vip, spa))
+	if (eq4(m.tpa, m.spa))
 		return TC_ACT_OK;
-	struct announce_val *av = announced(LACE_FAMILY_V4, vip);
+	struct announce_val *av = announced(LACE_FAMILY_V4, m.tpa);
 	if (!av)
 		return TC_ACT_OK;
 	__u8 mac[6];
 	__builtin_memcpy(mac, av->mac, 6);
-	__builtin_memcpy(eth->h_dest, sha, 6);
-	__builtin_memcpy(eth->h_source, mac, 6);
-	arp->oper = bpf_htons(2);
-	__builtin_memcpy(arp->tha, sha, 6);
-	__builtin_memcpy(arp->tpa, spa, 4);
-	__builtin_memcpy(arp->sha, mac, 6);
-	__builtin_memcpy(arp->spa, vip, 4);
+	if (arp_reply(skb, &m, mac))
+		return TC_ACT_OK;
 	count(FWD_ANNOUNCE);
 	return bpf_redirect(skb->ifindex, 0);
 }
-
-/* The neighbour advertisement ns_answer writes: ICMPv6 header, target and
- * the target link-layer address option. */
-struct na_msg {
-	__u8 type;
-	__u8 code;
-	__u16 csum;
-	__be32 flags;
-	__u8 target[16];
-	__u8 opt_type;
-	__u8 opt_len;
-	__u8 mac[6];
-};
-
-/* The IPv6 pseudo header and the advertisement, summed as one. */
-struct na_sum {
-	__u8 saddr[16];
-	__u8 daddr[16];
-	__be32 len;
-	__be32 nexthdr;
-	struct na_msg na;
-};
 
 /* ns_answer turns a neighbour solicitation for an announced VIP into a
  * solicited advertisement (override set, the underlay's MAC as the target
@@ -117,49 +67,15 @@ struct na_sum {
  * no interface's. */
 static __noinline int ns_answer(struct __sk_buff *skb)
 {
-	void *data = (void *)(long)skb->data;
-	void *end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
-	struct ipv6hdr *ip6 = (void *)(eth + 1);
-	__u8 *icmp = (void *)(ip6 + 1);
-	if ((void *)(icmp + 24) > end)
+	struct ns_msg m;
+	if (ns_read(skb, &m) || ns_is_dad(&m))
 		return TC_ACT_OK;
-	if (ip6->nexthdr != IPPROTO_ICMPV6 || icmp[0] != 135 || icmp[1] != 0 || ip6->hop_limit != 255)
-		return TC_ACT_OK;
-	struct na_sum s = {};
-	__builtin_memcpy(s.na.target, icmp + 8, 16);
-	__builtin_memcpy(s.daddr, &ip6->saddr, 16);
-	const __u32 *src = (const __u32 *)s.daddr;
-	if (!(src[0] | src[1] | src[2] | src[3]))
-		return TC_ACT_OK;
-	struct announce_val *av = announced(LACE_FAMILY_V6, s.na.target);
+	struct announce_val *av = announced(LACE_FAMILY_V6, m.target);
 	if (!av)
 		return TC_ACT_OK;
-	__u8 peer[6];
-	__builtin_memcpy(peer, eth->h_source, 6);
-	__builtin_memcpy(s.saddr, s.na.target, 16);
-	__builtin_memcpy(s.na.mac, av->mac, 6);
-	s.len = bpf_htonl(sizeof(struct na_msg));
-	s.nexthdr = bpf_htonl(IPPROTO_ICMPV6);
-	s.na.type = 136;
-	s.na.flags = bpf_htonl(0x60000000); /* solicited, override */
-	s.na.opt_type = 2;
-	s.na.opt_len = 1;
-	s.na.csum = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&s, sizeof(s), 0));
-
-	__u32 len = ETH_HLEN + sizeof(struct ipv6hdr) + sizeof(struct na_msg);
-	if (bpf_skb_change_tail(skb, len, 0))
-		return drop(DROP_ADJUST);
-	struct ethhdr e = {.h_proto = bpf_htons(ETH_P_IPV6)};
-	__builtin_memcpy(e.h_dest, peer, 6);
-	__builtin_memcpy(e.h_source, s.na.mac, 6);
-	struct ipv6hdr h = {.version = 6, .nexthdr = IPPROTO_ICMPV6, .hop_limit = 255,
-			    .payload_len = bpf_htons(sizeof(struct na_msg))};
-	__builtin_memcpy(&h.saddr, s.saddr, 16);
-	__builtin_memcpy(&h.daddr, s.daddr, 16);
-	if (bpf_skb_store_bytes(skb, 0, &e, sizeof(e), 0) ||
-	    bpf_skb_store_bytes(skb, ETH_HLEN, &h, sizeof(h), 0) ||
-	    bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(h), &s.na, sizeof(s.na), 0))
+	__u8 mac[6];
+	__builtin_memcpy(mac, av->mac, 6);
+	if (na_reply(skb, &m, mac, 0))
 		return drop(DROP_ADJUST);
 	count(FWD_ANNOUNCE);
 	return bpf_redirect(skb->ifindex, 0);

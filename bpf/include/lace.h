@@ -85,7 +85,13 @@ enum drop_reason {
 	DROP_FRAGMENT = 32, /* fragment: retired: a later fragment now takes its first fragment's ports (frag.h); see fragment-before-first */
 	DROP_FRAG_NO_FIRST = 33, /* fragment-before-first: a later IP fragment whose first fragment (with the ports) was not seen: out of order, lost, forged, or of another network */
 	DROP_ICMP_IN_NOT_OURS = 34, /* icmp-error-in-no-flow: an ICMP error toward a pod about no live flow of that pod whose peer is the error's sender (its network, or outside for an outside flow) */
-	DROP_MAX = 35,
+	DROP_L2_SPOOF_MAC = 35, /* l2-spoofed-mac: a frame from an l2 port whose source MAC is not the port's */
+	DROP_L2_UNKNOWN_DST = 36, /* l2-unknown-destination: a unicast frame to a MAC its l2 network does not know */
+	DROP_L2_UNKNOWN_NEIGH = 37, /* l2-unknown-neighbour: an ARP request or neighbour solicitation for an address its l2 network does not hold */
+	DROP_L2_NOT_FORWARDED = 38, /* l2-not-forwarded: address resolution an l2 port does not send on (duplicate address detection, gratuitous ARP, ARP and ND replies, router solicitations, MLD) */
+	DROP_L2_BROADCAST = 39, /* l2-broadcast: a broadcast or multicast frame other than address resolution (an l2 network does not flood it) */
+	DROP_L2_NO_ROUTER = 40, /* l2-no-router: a frame to the network's gateway while the routing program is not loaded */
+	DROP_MAX = 41,
 };
 
 enum fwd_counter {
@@ -101,7 +107,9 @@ enum fwd_counter {
 	FWD_ANNOUNCE = 9, /* announced: an ARP or neighbour solicitation for a LoadBalancer VIP this node announces, answered */
 	FWD_RESET_AHEAD = 10, /* reset-ahead: a node port given to a new flow toward an endpoint where its last flow may be half open: a reset sent there first */
 	FWD_RESET_AHEAD_FAILED = 11, /* reset-ahead-failed: such a reset could not be sent (the new flow's SYN went without it) */
-	FWD_MAX = 12,
+	FWD_L2_SWITCHED = 12, /* switched: an l2 frame delivered by destination MAC to a port on this node */
+	FWD_L2_ANSWERED = 13, /* l2-answered: an ARP request or neighbour solicitation of an l2 port answered from its network's neighbour table */
+	FWD_MAX = 14,
 };
 
 /* skb->mark of what Lace's own encapsulation sends (encap_and_send):

@@ -63,6 +63,9 @@ struct port_val { /* keyed by the host-side ifindex */
  * (The cookie is not in port_val, whose size pinned maps keep across
  * upgrades.) */
 #define PORT_SOCK_LB 4
+/* A port of an l2 network: from_l2 takes its frames (l2.c) and hands
+ * from_pod those it routes. */
+#define PORT_L2 8
 
 /* A pod's network namespace (its cookie) -> its port (host-side ifindex):
  * how the socket hooks tell a pod's sockets and find the pod. */

@@ -49,6 +49,7 @@ type Datapath struct {
 	pod      podObjects
 	underlay underlayObjects
 	sock     sockObjects
+	l2       l2Objects
 	// replacedMaps are the pinned maps Load migrated or recreated.
 	replacedMaps []string
 	// programmed is lace_services as the agent found it at load
@@ -69,7 +70,7 @@ func verifierDetail(err error) error {
 // Close releases this process's handles. Pinned maps and links stay, so
 // forwarding continues without the agent.
 func (d *Datapath) Close() error {
-	return errors.Join(d.pod.Close(), d.underlay.Close(), d.sock.Close())
+	return errors.Join(d.pod.Close(), d.underlay.Close(), d.sock.Close(), d.l2.Close())
 }
 
 // Remove unpins every map and link (the node leaves Lace); programs detach
@@ -141,11 +142,18 @@ func (d *Datapath) attach(nsPath, ifName string, dir Direction, prog *ebpf.Progr
 // so no answer of the node's stack passes untranslated once the pod can
 // send. The program pinned again in the links directory records the
 // attachment, as a pinned link does for tcx.
-func (d *Datapath) AttachPod(nsPath, hostIf string) error {
+//
+// A port of an l2 network (l2) takes from_l2 at ingress instead, which
+// switches its frames and hands from_pod those to the gateway.
+func (d *Datapath) AttachPod(nsPath, hostIf string, l2 bool) error {
 	if err := netutil.ReplaceFilter(nsPath, hostIf, false, d.pod.ToPod.FD(), "lace-to-pod"); err != nil {
 		return err
 	}
-	if err := netutil.ReplaceFilter(nsPath, hostIf, true, d.pod.FromPod.FD(), "lace-from-pod"); err != nil {
+	in, name := d.pod.FromPod, "lace-from-pod"
+	if l2 {
+		in, name = d.l2.FromL2, "lace-from-l2"
+	}
+	if err := netutil.ReplaceFilter(nsPath, hostIf, true, in.FD(), name); err != nil {
 		return err
 	}
 	d.mu.Lock()

@@ -468,7 +468,7 @@ func TestPodAttachment(t *testing.T) {
 		t.Fatalf("after AttachPod: ingress %q, egress %q, listed %v", filters("ingress"), filters("egress"), listed())
 	}
 	// Attaching again (a new agent) replaces the programs in place.
-	must(t, n1.dp.AttachPod(netutil.Path(n1.ns), p.hostIf))
+	must(t, n1.dp.AttachPod(netutil.Path(n1.ns), p.hostIf, false))
 	if got := strings.Count(filters("ingress"), "lace-from-pod"); got != 1 {
 		t.Errorf("after a second AttachPod: %d from_pod filters, want 1", got)
 	}

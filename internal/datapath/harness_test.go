@@ -257,7 +257,7 @@ func (w *world) addPod(name string, n *node, id uint32, i int) *pod {
 		must(w.t, n.dp.UpsertEndpoint(datapath.Endpoint{NetID: id, Addr: a, IfIndex: uint32(res.HostIfIndex), PodMAC: res.PodMAC, HostMAC: res.HostMAC}))
 	}
 	must(w.t, n.dp.UpsertPort(datapath.Port{IfIndex: uint32(res.HostIfIndex), NetID: id, V4: p.v4, V6: p.v6}))
-	must(w.t, n.dp.AttachPod(netutil.Path(n.ns), p.hostIf))
+	must(w.t, n.dp.AttachPod(netutil.Path(n.ns), p.hostIf, false))
 	p.serve(w.t)
 	return p
 }

@@ -22,7 +22,11 @@ func crashSpecs(t *testing.T) []*ebpf.CollectionSpec {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return []*ebpf.CollectionSpec{pod, und, sock}
+	l2, err := loadL2()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []*ebpf.CollectionSpec{pod, und, sock, l2}
 }
 
 // bumpCt makes lace_ct's layout one version newer, the conversion

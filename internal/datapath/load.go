@@ -85,7 +85,11 @@ func LoadWith(pinDir string, o LoadOptions) (*Datapath, error) {
 	if err != nil {
 		return nil, err
 	}
-	specs := []*ebpf.CollectionSpec{podSpec, underlaySpec, sockSpec}
+	l2Spec, err := loadL2()
+	if err != nil {
+		return nil, err
+	}
+	specs := []*ebpf.CollectionSpec{podSpec, underlaySpec, sockSpec, l2Spec}
 	if err := sizeMaps(pinDir, specs, o.Sizes); err != nil {
 		return nil, err
 	}
@@ -115,6 +119,19 @@ func LoadWith(pinDir string, o LoadOptions) (*Datapath, error) {
 		d.pod.Close()
 		d.underlay.Close()
 		return nil, fmt.Errorf("load socket programs: %w", verifierDetail(err))
+	}
+	if err := l2Spec.LoadAndAssign(&d.l2, opts); err != nil {
+		d.pod.Close()
+		d.underlay.Close()
+		d.sock.Close()
+		return nil, fmt.Errorf("load l2 programs: %w", verifierDetail(err))
+	}
+	// A frame of an l2 port to its gateway continues in this from_pod;
+	// ports still running an older from_l2 jump to it too (the slot is
+	// pinned).
+	if err := d.l2.LaceL2Jump.Update(uint32(0), d.pod.FromPod, ebpf.UpdateAny); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("set the l2 ports' route to from_pod: %w", err)
 	}
 	d.newTables()
 	// The agent records every map's layout; a reader those it created.

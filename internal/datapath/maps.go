@@ -61,6 +61,8 @@ type Port struct {
 	// see the pod's processes (AttachHostSockets): they then take the
 	// hairpin choice for its sockets. 0: per packet only.
 	NetNSCookie uint64
+	// L2: a port of an l2 network (from_l2 takes its frames).
+	L2 bool
 }
 
 // Route, Network and Classifier are the values of the routes (views),
@@ -240,6 +242,7 @@ const (
 	portHasV4  = 1
 	portHasV6  = 2
 	portSockLB = 4
+	portL2     = 8
 )
 
 // UpsertPort adds or replaces a pod port. Its namespace's cookie goes in
@@ -271,6 +274,9 @@ func portVal(p Port) podPortVal {
 	}
 	if p.NetNSCookie != 0 {
 		v.Flags |= portSockLB
+	}
+	if p.L2 {
+		v.Flags |= portL2
 	}
 	return v
 }
@@ -322,7 +328,7 @@ func (d *Datapath) Ports() ([]Port, error) {
 	var v podPortVal
 	it := d.pod.LacePorts.Iterate()
 	for it.Next(&k, &v) {
-		p := Port{IfIndex: k, NetID: v.NetId}
+		p := Port{IfIndex: k, NetID: v.NetId, L2: v.Flags&portL2 != 0}
 		if v.Flags&portSockLB != 0 {
 			p.NetNSCookie = cookies[k]
 		}

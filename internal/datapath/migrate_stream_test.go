@@ -67,8 +67,8 @@ func TestStreamSurvivesConntrackMigration(t *testing.T) {
 		// pods' programs move to the new programs and maps.
 		must(t, dp.AttachUnderlay(netutil.Path(n.ns), "eth0"))
 	}
-	must(t, n1.dp.AttachPod(netutil.Path(n1.ns), a.hostIf))
-	must(t, n2.dp.AttachPod(netutil.Path(n2.ns), b.hostIf))
+	must(t, n1.dp.AttachPod(netutil.Path(n1.ns), a.hostIf, false))
+	must(t, n2.dp.AttachPod(netutil.Path(n2.ns), b.hostIf, false))
 	if converted == 0 {
 		t.Fatal("no flow was migrated")
 	}

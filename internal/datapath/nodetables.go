@@ -27,6 +27,8 @@ type nodeTables struct {
 	backends  *table[podBackendKey, podBackendVal]
 	srcRanges *table[podSrcRangeKey, uint32]
 	announce  *table[podHostKey, underlayAnnounceVal]
+	l2Neigh   *table[l2L2NeighKey, l2L2NeighVal]
+	fdb       *table[l2FdbKey, l2FdbVal]
 	// flowKey keys the endpoint pick's flow hash (lb_flow_hash): drawn
 	// once per node and kept in the pinned config, so that an agent
 	// restart leaves every flow's draw as it was.
@@ -51,6 +53,8 @@ func (d *Datapath) newTables() {
 		backends:  newTable[podBackendKey, podBackendVal]("lace_backends", p.LaceBackends),
 		srcRanges: newTable[podSrcRangeKey, uint32]("lace_src_ranges", p.LaceSrcRanges),
 		announce:  newTable[podHostKey, underlayAnnounceVal]("lace_announce", d.underlay.LaceAnnounce),
+		l2Neigh:   newTable[l2L2NeighKey, l2L2NeighVal]("lace_l2_neigh", d.l2.LaceL2Neigh),
+		fdb:       newTable[l2FdbKey, l2FdbVal]("lace_fdb", d.l2.LaceFdb),
 	}
 }
 
@@ -76,7 +80,7 @@ func (d *Datapath) CheckTables() (map[string]int, error) {
 	out := map[string]int{}
 	var errs []error
 	for _, c := range []checker{t.hostAddrs, t.cfg, t.nodes, t.nodeLocs, t.networks, t.backends, t.srcRanges, t.services,
-		t.routes, t.classify, t.inside, t.podNetns, t.ports, t.endpoints, t.announce} {
+		t.routes, t.classify, t.inside, t.podNetns, t.ports, t.endpoints, t.announce, t.fdb, t.l2Neigh} {
 		n, err := c.check()
 		if err != nil {
 			errs = append(errs, err)

@@ -39,6 +39,12 @@ var DropReasons = []string{
 	"fragment",
 	"fragment-before-first",
 	"icmp-error-in-no-flow",
+	"l2-spoofed-mac",
+	"l2-unknown-destination",
+	"l2-unknown-neighbour",
+	"l2-not-forwarded",
+	"l2-broadcast",
+	"l2-no-router",
 }
 
 // DropMeanings say what the drop reasons count, in the same order.
@@ -78,6 +84,12 @@ var DropMeanings = []string{
 	"retired: a later fragment now takes its first fragment's ports (frag.h); see fragment-before-first",
 	"a later IP fragment whose first fragment (with the ports) was not seen: out of order, lost, forged, or of another network",
 	"an ICMP error toward a pod about no live flow of that pod whose peer is the error's sender (its network, or outside for an outside flow)",
+	"a frame from an l2 port whose source MAC is not the port's",
+	"a unicast frame to a MAC its l2 network does not know",
+	"an ARP request or neighbour solicitation for an address its l2 network does not hold",
+	"address resolution an l2 port does not send on (duplicate address detection, gratuitous ARP, ARP and ND replies, router solicitations, MLD)",
+	"a broadcast or multicast frame other than address resolution (an l2 network does not flood it)",
+	"a frame to the network's gateway while the routing program is not loaded",
 }
 
 // ForwardCounters name the counters, in the order of the C enum.
@@ -94,6 +106,8 @@ var ForwardCounters = []string{
 	"announced",
 	"reset-ahead",
 	"reset-ahead-failed",
+	"switched",
+	"l2-answered",
 }
 
 // ForwardMeanings say what the forwarding counters count, in the same order.
@@ -110,4 +124,6 @@ var ForwardMeanings = []string{
 	"an ARP or neighbour solicitation for a LoadBalancer VIP this node announces, answered",
 	"a node port given to a new flow toward an endpoint where its last flow may be half open: a reset sent there first",
 	"such a reset could not be sent (the new flow's SYN went without it)",
+	"an l2 frame delivered by destination MAC to a port on this node",
+	"an ARP request or neighbour solicitation of an l2 port answered from its network's neighbour table",
 }

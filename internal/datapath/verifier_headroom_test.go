@@ -21,7 +21,7 @@ const verifierHeadroom = 900_000
 // fragment branch, so it grows fastest).
 func TestVerifierHeadroom(t *testing.T) {
 	testutil.SkipUnit(t, "root (loads every program into the kernel)")
-	for name, load := range map[string]func() (*ebpf.CollectionSpec, error){"pod": loadPod, "underlay": loadUnderlay, "sock": loadSock} {
+	for name, load := range map[string]func() (*ebpf.CollectionSpec, error){"pod": loadPod, "underlay": loadUnderlay, "sock": loadSock, "l2": loadL2} {
 		spec, err := load()
 		if err != nil {
 			t.Fatal(err)

@@ -18,7 +18,7 @@ import (
 // pods' entries (endpoints and ports) and their programs.
 // *datapath.Datapath implements it; tests use a fake.
 type Tables interface {
-	AttachPod(nsPath, hostIf string) error
+	AttachPod(nsPath, hostIf string, l2 bool) error
 	DetachPod(hostIf string) error
 	PinnedPodLinks() ([]string, error)
 	UpsertEndpoint(datapath.Endpoint) error

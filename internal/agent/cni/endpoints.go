@@ -77,7 +77,7 @@ func (s *Server) SyncEntries() error {
 		case e.Ready:
 			claimed[e.HostIf] = true
 			if !isPinned[e.HostIf] || reattach {
-				errs = append(errs, s.dp.AttachPod(s.opts.NetNS, e.HostIf))
+				errs = append(errs, s.dp.AttachPod(s.opts.NetNS, e.HostIf, false))
 			}
 		case !e.Deleting:
 			claimed[e.HostIf] = true // an ADD in progress

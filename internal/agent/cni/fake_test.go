@@ -45,7 +45,7 @@ func newFakeDP() *fakeDP {
 func (f *fakeDP) w(fn func()) error { f.mu.Lock(); defer f.mu.Unlock(); f.writes++; fn(); return nil }
 
 func epKey(n uint32, a netip.Addr) string { return fmt.Sprint(n, a) }
-func (f *fakeDP) AttachPod(_ string, h string) error {
+func (f *fakeDP) AttachPod(_ string, h string, _ bool) error {
 	return f.w(func() { f.attached[h] = true; f.attaches[h]++ })
 }
 func (f *fakeDP) DetachPod(h string) error          { return f.w(func() { delete(f.attached, h) }) }

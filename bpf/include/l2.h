@@ -1,0 +1,71 @@
+/* The maps of l2 networks: the neighbour table (address -> MAC) an l2
+ * port's address resolution is answered from, the forwarding database
+ * (MAC -> where), and the jump to the routing program. Shared with Go
+ * (internal/datapath/l2.go). */
+#ifndef LACE_L2_H
+#define LACE_L2_H
+
+#include "lace.h"
+
+struct l2_neigh_key {
+	__u32 net_id;
+	__u8 family;
+	__u8 pad[3];
+	__u8 addr[16];
+};
+
+struct l2_neigh_val {
+	__u8 mac[6];
+	__u16 flags;
+};
+/* The network's gateway: its advertisement carries the router flag. */
+#define NEIGH_ROUTER 1
+
+struct fdb_key {
+	__u32 net_id;
+	__u8 mac[6];
+	__u16 pad;
+};
+
+struct fdb_val {
+	__u32 ifindex; /* FDB_LOCAL: the port's host side */
+	__u32 flags;
+	__u32 seq;     /* the MAC's move sequence (RFC 7432 section 15) */
+	__u32 pad;
+	__u8 sid[16];  /* FDB_REMOTE: the node's SID for the network's frames */
+};
+#define FDB_LOCAL 1
+/* The anycast gateway's MAC, the same on every node: what is sent to it
+ * is routed (from_pod). */
+#define FDB_GATEWAY 2
+#define FDB_REMOTE 4
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct l2_neigh_key);
+	__type(value, struct l2_neigh_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_l2_neigh SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct fdb_key);
+	__type(value, struct fdb_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_fdb SEC(".maps");
+
+/* Slot 0: from_pod, where a frame to the gateway MAC continues. The agent
+ * sets it after loading both programs. */
+#define L2_JUMP_ROUTE 0
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_l2_jump SEC(".maps");
+
+#endif

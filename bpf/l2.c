@@ -1,0 +1,167 @@
+/* from_l2: the tc ingress of an l2 port's host side, that is everything a
+ * pod (or the VM behind it) of an l2 network sends. An l2 network is one
+ * Ethernet segment: frames are switched by destination MAC through the
+ * forwarding database (lace_fdb), and address resolution never floods: an
+ * ARP request or neighbour solicitation is answered here from the
+ * network's neighbour table (lace_l2_neigh), which holds every address the
+ * network knows, the anycast gateway's included. A frame to the gateway's
+ * MAC is routed: it continues in from_pod (tail call), which treats it as
+ * an l3 pod's packet (views, conntrack, services, SNAT).
+ *
+ * Every frame is checked against the port first: its source MAC must be
+ * the port's (lace_fdb says which port holds a MAC), its source address
+ * the port's. This program owns no map; l2.h describes the ones it reads. */
+#include "lace.h"
+#include "neigh.h"
+#include "l2.h"
+
+static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
+{
+	return *(const __u32 *)a == *(const __u32 *)b && *(const __u16 *)(a + 4) == *(const __u16 *)(b + 4);
+}
+
+static __always_inline int link_local6(const __u8 *a)
+{
+	return a[0] == 0xfe && (a[1] & 0xc0) == 0x80;
+}
+
+static __always_inline struct l2_neigh_val *neigh_of(__u32 net_id, __u8 family, const __u8 *addr)
+{
+	struct l2_neigh_key k = {.net_id = net_id, .family = family};
+	if (family == LACE_FAMILY_V4)
+		__builtin_memcpy(k.addr, addr, 4);
+	else
+		__builtin_memcpy(k.addr, addr, 16);
+	return bpf_map_lookup_elem(&lace_l2_neigh, &k);
+}
+
+/* The port an l2 frame comes from, as the subprograms need it. */
+struct l2_port {
+	__u32 net_id;
+	__u32 flags;
+	__u8 ip4[4];
+	__u8 ip6[16];
+};
+
+/* l2_arp answers an ARP request of the port for an address its network
+ * holds. Nothing else it sends in ARP goes anywhere: a probe (duplicate
+ * detection, from 0.0.0.0) or an announcement of its own address is never
+ * answered, and nobody else asks it (every question is answered here). */
+static __noinline int l2_arp(struct __sk_buff *skb, const struct l2_port *pt, const __u8 *smac)
+{
+	struct arp_msg m;
+	if (arp_read(skb, &m))
+		return drop(DROP_L2_NOT_FORWARDED);
+	if (!mac_eq(m.sha, smac))
+		return drop(DROP_L2_SPOOF_MAC);
+	if (m.oper != ARP_REQUEST || *(__u32 *)m.spa == 0 || eq4(m.spa, m.tpa))
+		return drop(DROP_L2_NOT_FORWARDED);
+	if (!(pt->flags & PORT_HAS_V4) || !eq4(m.spa, pt->ip4))
+		return drop(DROP_SPOOF);
+	struct l2_neigh_val *n = neigh_of(pt->net_id, LACE_FAMILY_V4, m.tpa);
+	if (!n)
+		return drop(DROP_L2_UNKNOWN_NEIGH);
+	__u8 mac[6];
+	__builtin_memcpy(mac, n->mac, 6);
+	if (arp_reply(skb, &m, mac))
+		return drop(DROP_ADJUST);
+	count(FWD_L2_ANSWERED);
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* l2_nd handles the port's neighbour discovery and MLD: a solicitation for
+ * an address its network holds is answered (the gateway's with the router
+ * flag); duplicate address detection, advertisements, router
+ * solicitations and MLD stay on the port. */
+static __noinline int l2_nd(struct __sk_buff *skb, const struct l2_port *pt)
+{
+	struct ns_msg m;
+	if (ns_read(skb, &m) || ns_is_dad(&m))
+		return drop(DROP_L2_NOT_FORWARDED);
+	if (!link_local6(m.saddr) && (!(pt->flags & PORT_HAS_V6) || !eq16(m.saddr, pt->ip6)))
+		return drop(DROP_SPOOF);
+	struct l2_neigh_val *n = neigh_of(pt->net_id, LACE_FAMILY_V6, m.target);
+	if (!n)
+		return drop(DROP_L2_UNKNOWN_NEIGH);
+	__u8 mac[6];
+	__builtin_memcpy(mac, n->mac, 6);
+	__u32 flags = (n->flags & NEIGH_ROUTER) ? NA_ROUTER : 0;
+	if (na_reply(skb, &m, mac, flags))
+		return drop(DROP_ADJUST);
+	count(FWD_L2_ANSWERED);
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* is_nd tells whether an IPv6 packet is neighbour discovery or MLD,
+ * which never leave the port. */
+static __always_inline int is_nd(struct ipv6hdr *ip6, void *end)
+{
+	__u8 *icmp = (void *)(ip6 + 1);
+	if (ip6->nexthdr != IPPROTO_ICMPV6 || (void *)(icmp + 1) > end)
+		return 0;
+	return (icmp[0] >= 130 && icmp[0] <= 137) || icmp[0] == 143;
+}
+
+SEC("tc")
+int from_l2(struct __sk_buff *skb)
+{
+	__u32 ifindex = skb->ingress_ifindex;
+	struct port_val *port = bpf_map_lookup_elem(&lace_ports, &ifindex);
+	if (!port || !(port->flags & PORT_L2))
+		return drop(DROP_UNKNOWN_PORT);
+	struct l2_port pt = {.net_id = port->net_id, .flags = port->flags};
+	__builtin_memcpy(pt.ip4, port->ip4, 4);
+	__builtin_memcpy(pt.ip6, port->ip6, 16);
+
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end)
+		return drop(DROP_NOT_IP);
+
+	/* The source MAC is the port's: lace_fdb holds it for this port. */
+	struct fdb_key k = {.net_id = pt.net_id};
+	__builtin_memcpy(k.mac, eth->h_source, 6);
+	struct fdb_val *src = bpf_map_lookup_elem(&lace_fdb, &k);
+	if (!src || !(src->flags & FDB_LOCAL) || src->ifindex != ifindex)
+		return drop(DROP_L2_SPOOF_MAC);
+
+	__u16 proto = eth->h_proto;
+	if (proto == bpf_htons(ETH_P_ARP_))
+		return l2_arp(skb, &pt, k.mac);
+	if (proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+		if ((void *)(ip + 1) > end)
+			return drop(DROP_NOT_IP);
+		if (!(pt.flags & PORT_HAS_V4) || !eq4(&ip->saddr, pt.ip4))
+			return drop(DROP_SPOOF);
+	} else if (proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+		if ((void *)(ip6 + 1) > end)
+			return drop(DROP_NOT_IP);
+		if (is_nd(ip6, end))
+			return l2_nd(skb, &pt);
+		if (!(pt.flags & PORT_HAS_V6) || !eq16(&ip6->saddr, pt.ip6))
+			return drop(DROP_SPOOF);
+	} else {
+		return drop(DROP_NOT_IP);
+	}
+
+	if (eth->h_dest[0] & 1)
+		return drop(DROP_L2_BROADCAST);
+	__builtin_memcpy(k.mac, eth->h_dest, 6);
+	struct fdb_val *dst = bpf_map_lookup_elem(&lace_fdb, &k);
+	if (!dst)
+		return drop(DROP_L2_UNKNOWN_DST);
+	if (dst->flags & FDB_GATEWAY) {
+		bpf_tail_call(skb, &lace_l2_jump, L2_JUMP_ROUTE);
+		return drop(DROP_L2_NO_ROUTER);
+	}
+	/* A frame back to its own port is no switching. */
+	if (!(dst->flags & FDB_LOCAL) || dst->ifindex == ifindex)
+		return drop(DROP_L2_UNKNOWN_DST);
+	count(FWD_L2_SWITCHED);
+	return bpf_redirect_peer(dst->ifindex, 0);
+}
+
+char __license[] SEC("license") = "GPL";
