@@ -25,6 +25,8 @@ type DesiredInput struct {
 	ServiceRoutingPolicies []lacev1.ServiceRoutingPolicy
 	BindingPolicies        []lacev1.NetworkBindingPolicy
 	NetworkEndpoints       []lacev1.NetworkEndpoint
+	Neighbors              []lacev1.Neighbor
+	FDBEntries             []lacev1.FDBEntry
 	// Namespaces maps namespace names to their labels.
 	Namespaces   map[string]map[string]string
 	ServiceCIDRs []networkingv1.ServiceCIDR
@@ -139,7 +141,7 @@ func ComputeDesired(in DesiredInput) (NodeDesired, error) {
 
 	nodeIn := NodeInput{Node: in.Node, Networks: in.Networks, Allocations: in.Allocations, Underlays: d.Underlays,
 		RoutingPolicies: in.RoutingPolicies, Services: d.VIPs, ServiceRoutingPolicies: in.ServiceRoutingPolicies,
-		Namespaces: in.Namespaces, ServiceCIDRs: d.ServiceCIDRs}
+		Namespaces: in.Namespaces, ServiceCIDRs: d.ServiceCIDRs, Neighbors: in.Neighbors, FDBEntries: in.FDBEntries}
 	if in.Stages.Views != nil {
 		d.NodeState = in.Stages.Views(&d, nodeIn)
 	} else {

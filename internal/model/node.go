@@ -1,6 +1,7 @@
 package model
 
 import (
+	"net"
 	"net/netip"
 	"sort"
 
@@ -28,6 +29,13 @@ type NodeInput struct {
 	// an address there that is no VIP a view reaches is denied, never an
 	// outside address (kube-proxy drops traffic to unallocated ClusterIPs).
 	ServiceCIDRs []netip.Prefix
+	// Neighbors and FDBEntries place the addresses of l2 networks: an
+	// address (Neighbor) lives where its MAC does (FDBEntry.spec.node),
+	// and views route it there one by one. Both are lace-controller's
+	// (the admission policy keeps nodes from writing them), so a node
+	// cannot draw another node's traffic by claiming an address.
+	Neighbors  []lacev1.Neighbor
+	FDBEntries []lacev1.FDBEntry
 }
 
 // ServiceVIPs are the cluster IPs of a service bound to Network.
@@ -220,13 +228,15 @@ type viewNet struct {
 	id        uint32
 	external  bool
 	l3        bool
+	l2        bool
 	anonymous bool
 	labels    labels.Set
 	// prefixes are a pod network's subnets or an external network's
 	// externalPrefixes.
 	prefixes []netip.Prefix
-	// blocks are an l3 network's routable blocks: on this node, or on a
-	// node with a locator.
+	// blocks are an l3 network's routable blocks, or an l2 network's
+	// addresses (host prefixes): on this node, or on a node with a
+	// locator.
 	blocks []viewBlock
 }
 
@@ -275,7 +285,7 @@ func readViewTopology(in NodeInput, locators map[string]netip.Prefix) *viewTopol
 			continue
 		}
 		vn := &viewNet{name: n.Name, id: uint32(n.Status.ID), external: n.Spec.Type == lacev1.NetworkTypeExternal,
-			l3: n.Spec.Type == lacev1.NetworkTypeL3, anonymous: n.Spec.Anonymous, labels: labels.Set(n.Labels)}
+			l3: n.Spec.Type == lacev1.NetworkTypeL3, l2: n.Spec.Type == lacev1.NetworkTypeL2, anonymous: n.Spec.Anonymous, labels: labels.Set(n.Labels)}
 		var cidrs []lacev1.CIDR
 		if vn.external {
 			cidrs = n.Spec.ExternalPrefixes
@@ -368,6 +378,8 @@ func readViewTopology(in NodeInput, locators map[string]netip.Prefix) *viewTopol
 		}
 	}
 
+	l2Hosts(in, byName, locators)
+
 	pols := append([]lacev1.NetworkRoutingPolicy(nil), in.RoutingPolicies...)
 	sort.Slice(pols, func(i, j int) bool { return pols[i].Name < pols[j].Name })
 	for _, p := range pols {
@@ -393,6 +405,49 @@ func readViewTopology(in NodeInput, locators map[string]netip.Prefix) *viewTopol
 		vt.grants = append(vt.grants, g)
 	}
 	return vt
+}
+
+// l2Hosts gives each l2 network a block per address it holds, at the
+// node its MAC lives on: an l2 subnet spans nodes, so it is routed address
+// by address (what is switched inside the network never looks at views).
+// An address outside the network's subnets, or whose MAC is on no node
+// (or a node without a locator), is not routed.
+func l2Hosts(in NodeInput, byName map[string]*viewNet, locators map[string]netip.Prefix) {
+	type macKey struct{ network, mac string }
+	where := make(map[macKey]string, len(in.FDBEntries))
+	for _, f := range in.FDBEntries {
+		mac, err := net.ParseMAC(string(f.Spec.MAC))
+		if f.DeletionTimestamp != nil || err != nil {
+			continue
+		}
+		where[macKey{f.Spec.Network, mac.String()}] = f.Spec.Node
+	}
+	nbrs := append([]lacev1.Neighbor(nil), in.Neighbors...)
+	sort.Slice(nbrs, func(i, j int) bool { return nbrs[i].Name < nbrs[j].Name })
+	seen := map[netip.Prefix]bool{}
+	for _, n := range nbrs {
+		vn := byName[n.Spec.Network]
+		a, err1 := netip.ParseAddr(string(n.Spec.Address))
+		mac, err2 := net.ParseMAC(string(n.Spec.MAC))
+		if vn == nil || !vn.l2 || n.DeletionTimestamp != nil || err1 != nil || err2 != nil {
+			continue
+		}
+		node, ok := where[macKey{n.Spec.Network, mac.String()}]
+		p := netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())
+		if !ok || seen[p] || !coveredBy(vn.prefixes, p) {
+			continue
+		}
+		b := viewBlock{prefix: p, local: node == in.Node}
+		if !b.local {
+			loc, hasLoc := locators[node]
+			if !hasLoc {
+				continue
+			}
+			b.locator = loc
+		}
+		seen[p] = true
+		vn.blocks = append(vn.blocks, b)
+	}
 }
 
 func coveredBy(outer []netip.Prefix, p netip.Prefix) bool {

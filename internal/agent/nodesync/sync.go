@@ -107,7 +107,9 @@ func (s *Syncer) desiredState(ctx context.Context) (model.NodeState, listed, []*
 	var cidrs networkingv1.ServiceCIDRList
 	var nodes corev1.NodeList
 	var lbcs lacev1.LoadBalancerClassList
-	for _, l := range []client.ObjectList{&nets, &allocs, &ueps, &nrps, &srps, &nbps, &neps, &nss, &cidrs, &nodes, &lbcs} {
+	var nbrs lacev1.NeighborList
+	var fdbs lacev1.FDBEntryList
+	for _, l := range []client.ObjectList{&nets, &allocs, &ueps, &nrps, &srps, &nbps, &neps, &nss, &cidrs, &nodes, &lbcs, &nbrs, &fdbs} {
 		if err := s.client.List(ctx, l, client.UnsafeDisableDeepCopy); err != nil {
 			return model.NodeState{}, listed{}, nil, fmt.Errorf("list %T: %w", l, err)
 		}
@@ -138,6 +140,10 @@ func (s *Syncer) desiredState(ctx context.Context) (model.NodeState, listed, []*
 	nepsChanged := c.neps.update(len(neps.Items), func(i int) client.Object { return &neps.Items[i] })
 	nssChanged := c.nss.update(len(nss.Items), func(i int) client.Object { return &nss.Items[i] })
 	allocsChanged := c.allocs.update(len(allocs.Items), func(i int) client.Object { return &allocs.Items[i] })
+	// The l2 trackers are updated on their own: || would skip the second.
+	nbrsChanged := c.nbrs.update(len(nbrs.Items), func(i int) client.Object { return &nbrs.Items[i] })
+	fdbsChanged := c.fdbs.update(len(fdbs.Items), func(i int) client.Object { return &fdbs.Items[i] })
+	allocsChanged = allocsChanged || nbrsChanged || fdbsChanged
 	uepsChanged := c.ueps.update(len(ueps.Items), func(i int) client.Object { return &ueps.Items[i] })
 	nrpsChanged := c.nrps.update(len(nrps.Items), func(i int) client.Object { return &nrps.Items[i] })
 	srpsChanged := c.srps.update(len(srps.Items), func(i int) client.Object { return &srps.Items[i] })
@@ -154,6 +160,7 @@ func (s *Syncer) desiredState(ctx context.Context) (model.NodeState, listed, []*
 	var vipsChanged bool
 	d, err := model.ComputeDesired(model.DesiredInput{Node: s.opts.NodeName, Networks: nets.Items, Allocations: allocs.Items,
 		RoutingPolicies: nrps.Items, ServiceRoutingPolicies: srps.Items, BindingPolicies: nbps.Items, NetworkEndpoints: neps.Items,
+		Neighbors: nbrs.Items, FDBEntries: fdbs.Items,
 		Namespaces: c.nsLabels, ServiceCIDRs: cidrs.Items, Nodes: nodes.Items, LoadBalancerClasses: lbcs.Items, Underlays: ueps.Items,
 		Services: svcs, EndpointSlices: slices, CheckHostEndpoints: s.hostPods != nil, HostNetworkPods: hpods.Items,
 		Addrs: in.addrs, AllowedExternalIPs: s.opts.AllowedExternalIPs,
@@ -208,7 +215,7 @@ type computeCache struct {
 	zone                                                   string
 	nodeAddrs                                              []netip.Addr
 	reserved                                               []netip.Prefix
-	nets, nbps, neps, nss, allocs, ueps, nrps, srps, cidrs versions
+	nets, nbps, neps, nss, allocs, ueps, nrps, srps, cidrs, nbrs, fdbs versions
 	// reported are the refusals the agent made Events of.
 	reported map[model.ServiceKey]model.Refusal
 	// accepted are the underlay addresses believed, by endpoint name.

@@ -38,6 +38,9 @@ func (s *Syncer) SetupWithManager(mgr manager.Manager, hostPods cache.Cache) err
 		Named("node-dataplane").
 		Watches(&lacev1.Network{}, toNode, builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
 		Watches(&lacev1.Allocation{}, toNode, specOnly).
+		// Where l2 networks' addresses live (lace-controller's).
+		Watches(&lacev1.Neighbor{}, toNode, specOnly).
+		Watches(&lacev1.FDBEntry{}, toNode, specOnly).
 		Watches(&lacev1.UnderlayEndpoint{}, toNode, specOnly).
 		Watches(&lacev1.NetworkRoutingPolicy{}, toNode, specOnly).
 		Watches(&lacev1.NetworkBindingPolicy{}, toNode, specOnly).

@@ -1,0 +1,66 @@
+package model
+
+import (
+	"reflect"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+)
+
+func nbr(network, addr, mac string) lacev1.Neighbor {
+	return lacev1.Neighbor{ObjectMeta: metav1.ObjectMeta{Name: network + "." + addr},
+		Spec: lacev1.NeighborSpec{Network: network, Address: lacev1.IPAddress(addr), MAC: lacev1.MACAddress(mac)}}
+}
+
+func fdb(network, mac, node string) lacev1.FDBEntry {
+	return lacev1.FDBEntry{ObjectMeta: metav1.ObjectMeta{Name: network + "." + mac},
+		Spec: lacev1.FDBEntrySpec{Network: network, MAC: lacev1.MACAddress(mac), Node: node}}
+}
+
+// TestL2HostRoutes: an l2 subnet spans nodes, so views route its addresses
+// one by one to the node their MAC lives on (Neighbor, then FDBEntry), in
+// the network's own view and in every view a policy opens to it; an
+// address without a located MAC, outside the subnet, or on a node without
+// a locator is not routed (the subnet's entry answers no-endpoint).
+func TestL2HostRoutes(t *testing.T) {
+	nets := []lacev1.Network{l2("vms", map[string]string{"t": "a"}, "10.50.0.0/24"), l3("red", map[string]string{"t": "b"}, "10.1.0.0/16")}
+	nets[0].Status.ID, nets[1].Status.ID = 5, 1
+	now := metav1.Now()
+	gone := fdb("vms", "0a:58:0a:32:00:09", "n1")
+	gone.DeletionTimestamp = &now
+	in := NodeInput{Node: "n1", Networks: nets, Allocations: blocks12(nets), Underlays: testUnderlays,
+		RoutingPolicies: []lacev1.NetworkRoutingPolicy{byName("red", "vms")},
+		Neighbors: []lacev1.Neighbor{
+			nbr("vms", "10.50.0.2", "0a:58:0a:32:00:02"), // here
+			nbr("vms", "10.50.0.3", "0a:58:0a:32:00:03"), // on n2
+			nbr("vms", "10.50.0.4", "0a:58:0a:32:00:04"), // its MAC is nowhere
+			nbr("vms", "10.50.0.5", "0a:58:0a:32:00:05"), // on n4, without a locator
+			nbr("vms", "10.99.0.6", "0a:58:0a:32:00:06"), // outside the subnet
+			nbr("vms", "10.50.0.9", "0a:58:0a:32:00:09"), // its FDBEntry is being deleted
+			nbr("red", "10.1.1.7", "0a:58:0a:01:01:07"),  // not an l2 network
+		},
+		FDBEntries: []lacev1.FDBEntry{
+			fdb("vms", "0A:58:0A:32:00:02", "n1"), fdb("vms", "0a:58:0a:32:00:03", "n2"), fdb("vms", "0a:58:0a:32:00:05", "n4"),
+			fdb("vms", "0a:58:0a:32:00:06", "n1"), gone, fdb("red", "0a:58:0a:01:01:07", "n1"),
+		},
+	}
+	v := views(nets, ComputeNode(in))
+	hosts := func(view string) []string {
+		var out []string
+		for _, r := range v[view] {
+			if len(r) > 9 && r[:5] == "10.50" {
+				out = append(out, r)
+			}
+		}
+		return out
+	}
+	want := []string{"10.50.0.0/24 subnet vms", "10.50.0.2/32 local vms", "10.50.0.3/32 remote vms"}
+	if got := hosts("vms"); !reflect.DeepEqual(got, want) {
+		t.Errorf("vms's own view: %v, want %v", got, want)
+	}
+	if got := hosts("red"); !reflect.DeepEqual(got, want) {
+		t.Errorf("red's view (a policy opens vms to it): %v, want %v", got, want)
+	}
+}
