@@ -1,0 +1,167 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	crclient "sigs.k8s.io/controller-runtime/pkg/client"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/model/ipam"
+	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/lab"
+)
+
+// l2Network creates an l2 network and a binding policy for pods labelled
+// net=<name>, removed when the test ends.
+func l2Network(t *testing.T, c crclient.Client, name, v4, v6 string) {
+	t.Helper()
+	ctx := context.Background()
+	nw := &lacev1.Network{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: lacev1.NetworkSpec{
+		Type:       lacev1.NetworkTypeL2,
+		IPv4Subnet: &lacev1.Subnet{Prefix: lacev1.CIDR(v4)},
+		IPv6Subnet: &lacev1.Subnet{Prefix: lacev1.CIDR(v6)},
+	}}
+	pol := &lacev1.NetworkBindingPolicy{ObjectMeta: metav1.ObjectMeta{Name: "e2e-" + name}, Spec: lacev1.NetworkBindingPolicySpec{
+		Network: name, Priority: 10, MatchKind: lacev1.MatchKindPod,
+		Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"net": name}},
+	}}
+	for _, o := range []crclient.Object{nw, pol} {
+		if err := c.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_ = c.Delete(context.Background(), pol)
+		_ = c.Delete(context.Background(), nw)
+	})
+	eventually(t, time.Minute, "an ID for "+name, func() error {
+		if err := c.Get(ctx, crKey(name), nw); err != nil {
+			return err
+		}
+		if nw.Status.ID <= 0 {
+			return fmt.Errorf("no ID yet")
+		}
+		return nil
+	})
+}
+
+// l2Iface is what a pod's eth0 holds, read inside its namespace.
+type l2Iface struct {
+	mac   net.HardwareAddr
+	addrs []netip.Prefix
+}
+
+func podIface(t *testing.T, p *corev1.Pod) l2Iface {
+	t.Helper()
+	ns, err := lab.PodNetNS(context.Background(), labConfig(), p.Namespace, p.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out l2Iface
+	err = netutil.Do(ns, func() error {
+		ifc, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		out.mac = ifc.HardwareAddr
+		as, err := ifc.Addrs()
+		if err != nil {
+			return err
+		}
+		for _, a := range as {
+			if p, err := netip.ParsePrefix(a.String()); err == nil && !p.Addr().IsLinkLocalUnicast() {
+				out.addrs = append(out.addrs, p)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("read eth0 of %s: %v", p.Name, err)
+	}
+	return out
+}
+
+// TestL2OneNode: pods of an l2 network on one node share its subnet: each
+// holds an address of the subnet with the subnet's length and the MAC the
+// controller gave it (the NetworkEndpoint's status, a Neighbor per address
+// and an FDBEntry for the MAC). They reach each other over TCP, UDP and
+// ICMP in both families, switched by MAC, every ARP request and neighbour
+// solicitation answered by the node; the node reaches them (the kubelet's
+// probes) through the anycast gateway, and an l3 network a routing
+// policy opens to them reaches them and is reached back through it.
+func TestL2OneNode(t *testing.T) {
+	needLab(t)
+	c := laceClient(t)
+	v4Net, v6Net := netip.MustParsePrefix("10.61.0.0/24"), netip.MustParsePrefix("fd00:61::/64")
+	l2Network(t, c, "vms", v4Net.String(), v6Net.String())
+	network(t, c, "apps", "10.62.0.0/16", "fd00:62::/48", false)
+	labelNetwork(t, c, "vms", map[string]string{"e2e-l2": "vms"})
+	labelNetwork(t, c, "apps", map[string]string{"e2e-l2": "apps"})
+	routingPolicy(t, c, "e2e-apps-vms", map[string]string{"e2e-l2": "apps"}, map[string]string{"e2e-l2": "vms"})
+	routingPolicy(t, c, "e2e-vms-apps", map[string]string{"e2e-l2": "vms"}, map[string]string{"e2e-l2": "apps"})
+
+	before := nodeForwarded(t, "n1")
+	a := netPod(t, "vms-a", "vms", "n1", true)
+	b := netPod(t, "vms-b", "vms", "n1", true)
+	app := netPod(t, "apps-a", "apps", "n1", true)
+
+	var nw lacev1.Network
+	if err := c.Get(context.Background(), crKey("vms"), &nw); err != nil {
+		t.Fatal(err)
+	}
+	gw4, gw6 := ipam.L2Gateway(v4Net), ipam.L2Gateway(v6Net)
+	for _, p := range []*corev1.Pod{a, b} {
+		var ne lacev1.NetworkEndpoint
+		if err := c.Get(context.Background(), crclient.ObjectKey{Namespace: p.Namespace, Name: p.Name}, &ne); err != nil {
+			t.Fatal(err)
+		}
+		if !meta.IsStatusConditionTrue(ne.Status.Conditions, lacev1.ConditionAddressesAllocated) {
+			t.Errorf("%s: NetworkEndpoint condition %s not true: %+v", p.Name, lacev1.ConditionAddressesAllocated, ne.Status.Conditions)
+		}
+		ifc := podIface(t, p)
+		if ifc.mac.String() != string(ne.Status.MAC) {
+			t.Errorf("%s: eth0 has MAC %s, the controller gave %s", p.Name, ifc.mac, ne.Status.MAC)
+		}
+		v4, v6 := podAddrs(p)
+		want := []netip.Prefix{netip.PrefixFrom(v4, v4Net.Bits()), netip.PrefixFrom(v6, v6Net.Bits())}
+		if !v4Net.Contains(v4) || !v6Net.Contains(v6) || v4 == gw4 || v6 == gw6 {
+			t.Errorf("%s: addresses %s %s, want addresses of %s and %s other than the gateway", p.Name, v4, v6, v4Net, v6Net)
+		}
+		if fmt.Sprint(ifc.addrs) != fmt.Sprint(want) {
+			t.Errorf("%s: eth0 holds %v, want %v (on-link: the subnet's length)", p.Name, ifc.addrs, want)
+		}
+		for _, ad := range []netip.Addr{v4, v6} {
+			var n lacev1.Neighbor
+			if err := c.Get(context.Background(), crKey(ipam.NeighborName("vms", ad)), &n); err != nil || string(n.Spec.MAC) != ifc.mac.String() {
+				t.Errorf("%s: Neighbor of %s: %v %+v", p.Name, ad, err, n.Spec)
+			}
+		}
+		var f lacev1.FDBEntry
+		if err := c.Get(context.Background(), crKey(ipam.FDBEntryName("vms", ifc.mac)), &f); err != nil || f.Spec.Node != "n1" {
+			t.Errorf("%s: FDBEntry of %s: %v %+v", p.Name, ifc.mac, err, f.Spec)
+		}
+	}
+
+	expectReach(t, a, b)
+	expectReach(t, b, a)
+	for _, p := range []*corev1.Pod{a, b} {
+		expectNodeReaches(t, p)
+	}
+	expectReach(t, app, a) // routed: apps -> gateway -> vms
+	expectReach(t, a, app) // routed: vms -> gateway -> apps
+
+	after := nodeForwarded(t, "n1")
+	for _, what := range []string{"switched", "l2-answered"} {
+		if after[what] <= before[what] {
+			t.Errorf("n1 forwarding counter %s did not move (%d -> %d)", what, before[what], after[what])
+		}
+	}
+}
