@@ -44,8 +44,8 @@ type VethSpec struct {
 	Master string
 	// MTU of both ends (0 keeps the default).
 	MTU int
-	// PeerMAC, when set, is the MAC of the second end.
-	PeerMAC net.HardwareAddr
+	// MAC and PeerMAC, when set, are the MACs of the first and second end.
+	MAC, PeerMAC net.HardwareAddr
 }
 
 // EnsureVeth creates the pair (both ends up) unless the first end exists.
@@ -64,7 +64,7 @@ func EnsureVeth(s VethSpec) error {
 	}
 	defer peerNS.Close()
 	veth := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: s.Name, MTU: s.MTU},
+		LinkAttrs:     netlink.LinkAttrs{Name: s.Name, MTU: s.MTU, HardwareAddr: s.MAC},
 		PeerName:      s.PeerName,
 		PeerNamespace: netlink.NsFd(peerNS),
 	}

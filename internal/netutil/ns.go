@@ -1,6 +1,7 @@
 package netutil
 
 import (
+	"bytes"
 	"fmt"
 	"net"
 	"net/netip"
@@ -75,6 +76,17 @@ func (n *NS) SetNeigh(l netlink.Link, ip netip.Addr, mac net.HardwareAddr) error
 	nb := &netlink.Neigh{LinkIndex: l.Attrs().Index, Family: fam, State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: mac}
 	if err := n.h.NeighSet(nb); err != nil {
 		return fmt.Errorf("neighbour %s on %s: %w", ip, l.Attrs().Name, err)
+	}
+	return nil
+}
+
+// SetMAC gives l the MAC mac unless it has it already.
+func (n *NS) SetMAC(l netlink.Link, mac net.HardwareAddr) error {
+	if bytes.Equal(l.Attrs().HardwareAddr, mac) {
+		return nil
+	}
+	if err := n.h.LinkSetHardwareAddr(l, mac); err != nil {
+		return fmt.Errorf("set MAC of %s to %s: %w", l.Attrs().Name, mac, err)
 	}
 	return nil
 }

@@ -1,8 +1,10 @@
 // Package podnet wires a pod into the node: the veth pair (host side in the
 // node's namespace, eth0 in the pod's), the pod's addresses, its gateway as
 // a permanent neighbour (so the pod never resolves it and ARP/ND never
-// leave the pod), and the node's route to the pod. It makes no eBPF or API
-// calls.
+// leave the pod), and the node's route to the pod. A port of an l2 network
+// differs (Spec.L2): its addresses are on-link in their subnet and the pod
+// resolves its peers and gateway itself (from_l2 answers). It makes no
+// eBPF or API calls.
 package podnet
 
 import (
@@ -25,6 +27,17 @@ type Spec struct {
 	MTU           int
 	Addrs         []netip.Addr // at most one per family
 	Gateways      []netip.Addr // one per family of Addrs
+	// L2: a port of an l2 network. Each address carries its subnet's
+	// prefix length (PrefixBits, one per address), so the pod's peers are
+	// on-link: the pod resolves them and the gateway (from_l2 answers from
+	// the network's neighbour table), and no permanent neighbour is set
+	// for the gateway. The pod side gets PodMAC (lace-controller's), the
+	// host side HostMAC (the network's anycast gateway MAC: frames the pod
+	// sends to its gateway are then the host side's own, so replies to the
+	// node, kubelet probes, are taken by its stack too).
+	L2              bool
+	PrefixBits      []int
+	PodMAC, HostMAC net.HardwareAddr
 }
 
 // Result is what the data plane needs of the created interface.
@@ -47,8 +60,12 @@ func Setup(s Spec) (Result, error) {
 	if len(s.Addrs) == 0 || len(s.Addrs) != len(s.Gateways) {
 		return Result{}, errors.New("podnet: need one gateway per address")
 	}
+	if s.L2 && (len(s.PrefixBits) != len(s.Addrs) || len(s.PodMAC) != 6 || len(s.HostMAC) != 6) {
+		return Result{}, errors.New("podnet: an l2 port needs a prefix length per address and both MACs")
+	}
 	if err := netutil.EnsureVeth(netutil.VethSpec{
 		NSPath: s.NodeNS, Name: s.HostIf, PeerNSPath: s.PodNS, PeerName: s.PodIf, MTU: s.MTU,
+		MAC: s.HostMAC, PeerMAC: s.PodMAC,
 	}); err != nil {
 		return Result{}, err
 	}
@@ -70,6 +87,21 @@ func Setup(s Spec) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	if s.L2 {
+		// A veth made by an earlier try keeps its MACs: set them again.
+		if err := node.SetMAC(hostLink, s.HostMAC); err != nil {
+			return Result{}, err
+		}
+		if err := podNS.SetMAC(podLink, s.PodMAC); err != nil {
+			return Result{}, err
+		}
+		if host, hostLink, err = node.Link(s.HostIf); err != nil {
+			return Result{}, err
+		}
+		if pod, podLink, err = podNS.Link(s.PodIf); err != nil {
+			return Result{}, err
+		}
+	}
 	// The pod neither accepts router advertisements nor autoconfigures:
 	// its addresses and routes are the ones given here.
 	_ = netutil.Do(s.PodNS, func() error {
@@ -89,14 +121,24 @@ func Setup(s Spec) (Result, error) {
 		// The node reaches its own pods (probes) and nothing else routes
 		// here; the pod's MAC is a permanent neighbour there too, so ARP
 		// and ND never cross the veth.
-		for _, step := range []func() error{
+		steps := []func() error{
 			func() error { return podNS.ReplaceAddr(podLink, netip.PrefixFrom(a, a.BitLen())) },
 			func() error { return podNS.ReplaceRoute(podLink, netip.PrefixFrom(gw, gw.BitLen()), netip.Addr{}) },
 			func() error { return podNS.ReplaceRoute(podLink, def, gw) },
 			func() error { return podNS.SetNeigh(podLink, gw, host.MAC) },
+		}
+		if s.L2 {
+			// The subnet is on-link (the address's prefix route): the
+			// gateway in it needs no route of its own, and is resolved.
+			steps = []func() error{
+				func() error { return podNS.ReplaceAddr(podLink, netip.PrefixFrom(a, s.PrefixBits[i])) },
+				func() error { return podNS.ReplaceRoute(podLink, def, gw) },
+			}
+		}
+		steps = append(steps,
 			func() error { return node.ReplaceRoute(hostLink, netip.PrefixFrom(a, a.BitLen()), netip.Addr{}) },
-			func() error { return node.SetNeigh(hostLink, a, pod.MAC) },
-		} {
+			func() error { return node.SetNeigh(hostLink, a, pod.MAC) })
+		for _, step := range steps {
 			if err := step(); err != nil {
 				return Result{}, err
 			}
