@@ -42,6 +42,14 @@ type Endpoint struct {
 	// socket hooks are attached (they take the hairpin choice for the
 	// pod's sockets); 0 otherwise.
 	NetNSCookie uint64 `json:"netnsCookie,omitempty"`
+	// L2: an endpoint of an l2 network. Its addresses and PodMAC are
+	// lace-controller's (its NetworkEndpoint's status), each address has
+	// its subnet's prefix length (PrefixBits), its port runs from_l2, and
+	// its host side has the network's anycast gateway MAC (GatewayMAC).
+	// A record without (older agents) is an l3 endpoint.
+	L2         bool   `json:"l2,omitempty"`
+	PrefixBits []int  `json:"prefixBits,omitempty"`
+	GatewayMAC string `json:"gatewayMAC,omitempty"`
 	// Ready is set once the interface exists: from then on the applier
 	// keeps the data plane's entries for it. An endpoint neither Ready nor
 	// Deleting is an ADD in progress, which owns its entries.

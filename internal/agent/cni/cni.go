@@ -31,6 +31,9 @@ type Tables interface {
 	// removing one busy says an ADD in progress owns.
 	SyncEndpoints(want []datapath.Endpoint, busy func(netID uint32, a netip.Addr) bool) error
 	SyncPorts(want []datapath.Port, busy func(ifindex uint32) bool) error
+	// SyncL2 makes the l2 networks' neighbour tables and forwarding
+	// databases exactly neigh and fdb.
+	SyncL2(neigh []datapath.L2Neighbor, fdb []datapath.FDBEntry) error
 }
 
 // Kernel is what the server changes in the node's namespace: pod

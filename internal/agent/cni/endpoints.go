@@ -43,7 +43,9 @@ func (s *Server) SyncEntries() error {
 		}
 		pm, _ := net.ParseMAC(e.PodMAC)
 		hm, _ := net.ParseMAC(e.HostMAC)
-		p := datapath.Port{IfIndex: uint32(e.HostIfIndex), NetID: e.NetID, NetNSCookie: e.NetNSCookie}
+		// An l2 pod's entries too: from_pod delivers what is routed to it
+		// (HostMAC is the gateway's, its host side's own MAC).
+		p := datapath.Port{IfIndex: uint32(e.HostIfIndex), NetID: e.NetID, NetNSCookie: e.NetNSCookie, L2: e.L2}
 		for _, ad := range e.Addrs {
 			wantEps = append(wantEps, datapath.Endpoint{NetID: e.NetID, Addr: ad, IfIndex: uint32(e.HostIfIndex), PodMAC: pm, HostMAC: hm})
 			if ad.Is4() {
@@ -58,7 +60,8 @@ func (s *Server) SyncEntries() error {
 	// pod's ADD costs its own entries, not a read of every pod's.
 	errs = append(errs,
 		s.dp.SyncEndpoints(wantEps, func(n uint32, ad netip.Addr) bool { return busyEps[endpointKey{n, ad}] }),
-		s.dp.SyncPorts(wantPorts, func(i uint32) bool { return busyPorts[i] }))
+		s.dp.SyncPorts(wantPorts, func(i uint32) bool { return busyPorts[i] }),
+		s.dp.SyncL2(l2Entries(s.cp.all())))
 	// Programs: attached to every Ready endpoint's interface, detached from
 	// the others (a DEL's, or a leftover no endpoint claims).
 	pinned, err := s.dp.PinnedPodLinks()
@@ -77,7 +80,7 @@ func (s *Server) SyncEntries() error {
 		case e.Ready:
 			claimed[e.HostIf] = true
 			if !isPinned[e.HostIf] || reattach {
-				errs = append(errs, s.dp.AttachPod(s.opts.NetNS, e.HostIf, false))
+				errs = append(errs, s.dp.AttachPod(s.opts.NetNS, e.HostIf, e.L2))
 			}
 		case !e.Deleting:
 			claimed[e.HostIf] = true // an ADD in progress

@@ -34,19 +34,28 @@ type fakeDP struct {
 	eps      map[string]datapath.Endpoint
 	ports    map[uint32]datapath.Port
 	attached map[string]bool
-	attaches map[string]int // AttachPod calls by interface
+	attaches map[string]int  // AttachPod calls by interface
+	l2       map[string]bool // the program attached: from_l2 (true) or from_pod
+	neigh    []datapath.L2Neighbor
+	fdb      []datapath.FDBEntry
 }
 
 func newFakeDP() *fakeDP {
 	return &fakeDP{eps: map[string]datapath.Endpoint{}, ports: map[uint32]datapath.Port{},
-		attached: map[string]bool{}, attaches: map[string]int{}}
+		attached: map[string]bool{}, attaches: map[string]int{}, l2: map[string]bool{}}
 }
 
 func (f *fakeDP) w(fn func()) error { f.mu.Lock(); defer f.mu.Unlock(); f.writes++; fn(); return nil }
 
 func epKey(n uint32, a netip.Addr) string { return fmt.Sprint(n, a) }
-func (f *fakeDP) AttachPod(_ string, h string, _ bool) error {
-	return f.w(func() { f.attached[h] = true; f.attaches[h]++ })
+func (f *fakeDP) AttachPod(_ string, h string, l2 bool) error {
+	return f.w(func() { f.attached[h] = true; f.attaches[h]++; f.l2[h] = l2 })
+}
+func (f *fakeDP) SyncL2(n []datapath.L2Neighbor, e []datapath.FDBEntry) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.neigh, f.fdb = n, e
+	return nil
 }
 func (f *fakeDP) DetachPod(h string) error          { return f.w(func() { delete(f.attached, h) }) }
 func (f *fakeDP) PinnedPodLinks() ([]string, error) { return agenttest.Keys(&f.mu, f.attached), nil }

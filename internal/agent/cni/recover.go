@@ -16,6 +16,7 @@ import (
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/model"
+	"github.com/lace-cni/lace/internal/model/ipam"
 	"github.com/lace-cni/lace/pkg/cniapi"
 )
 
@@ -161,8 +162,10 @@ func (s *Server) adoptKernelEndpoints(ctx context.Context, st model.NodeState, n
 		return fmt.Errorf("list pods: %w", err)
 	}
 	netName := map[uint32]string{}
-	for _, n := range nets {
+	byName := map[string]*lacev1.Network{}
+	for i, n := range nets {
 		netName[uint32(n.Status.ID)] = n.Name
+		byName[n.Name] = &nets[i]
 	}
 	for i := range found {
 		e := &found[i]
@@ -191,14 +194,24 @@ func (s *Server) adoptKernelEndpoints(ctx context.Context, st model.NodeState, n
 				}
 			}
 		}
-		for _, ad := range e.Addrs {
-			gw := netip.Addr{}
-			for _, b := range st.Blocks {
-				if b.Network == e.Network && b.Prefix.Contains(ad) {
-					gw = gateway(b.Prefix)
-				}
+		if nw := byName[e.Network]; nw != nil && nw.Spec.Type == lacev1.NetworkTypeL2 {
+			// An l2 port: its subnets and gateway are the network's.
+			e.L2, e.GatewayMAC = true, ipam.L2GatewayMAC(nw.Status.ID).String()
+			for _, ad := range e.Addrs {
+				p, _ := l2Subnet(nw, ad.Is4())
+				e.PrefixBits = append(e.PrefixBits, p.Bits())
+				e.Gateways = append(e.Gateways, ipam.L2Gateway(p))
 			}
-			e.Gateways = append(e.Gateways, gw)
+		} else {
+			for _, ad := range e.Addrs {
+				gw := netip.Addr{}
+				for _, b := range st.Blocks {
+					if b.Network == e.Network && b.Prefix.Contains(ad) {
+						gw = gateway(b.Prefix)
+					}
+				}
+				e.Gateways = append(e.Gateways, gw)
+			}
 		}
 		s.log.Info("adopted a pod attachment from the kernel", "pod", e.PodNS+"/"+e.PodName, "network", e.Network,
 			"addrs", e.Addrs, "interface", e.HostIf)

@@ -189,47 +189,32 @@ func (s *Server) cmdAdd(ctx context.Context, req cniapi.Request) (json.RawMessag
 	if err := s.client.Get(ctx, types.NamespacedName{Name: b.Network}, &nw); err != nil {
 		return nil, cniErr(errNetworkMissing, "pod %s/%s binds to network %s (policy %s), which does not exist", ns, name, b.Network, b.Policy)
 	}
-	if nw.Spec.Type != lacev1.NetworkTypeL3 {
-		return nil, cniErr(errNetworkMissing, "pod %s/%s binds to %s network %s: only l3 networks attach pods so far", ns, name, nw.Spec.Type, nw.Name)
+	var e Endpoint
+	switch nw.Spec.Type {
+	case lacev1.NetworkTypeL3:
+		e, err = s.l3Endpoint(ctx, &req, &pod, &nw)
+	case lacev1.NetworkTypeL2:
+		e, err = s.l2Endpoint(ctx, &req, &pod, &nw)
+	default:
+		return nil, cniErr(errNetworkMissing, "pod %s/%s binds to %s network %s: only l3 and l2 networks attach pods", ns, name, nw.Spec.Type, nw.Name)
 	}
-	blocks, err := s.waitBlocks(ctx, nw.Name)
-	if err != nil {
-		return nil, err
-	}
-
-	e := Endpoint{ContainerID: req.ContainerID, IfName: req.IfName, NetNS: req.NetNS, PodNS: ns, PodName: name,
-		PodUID: string(pod.UID), Network: nw.Name, NetID: blocks[0].NetID, HostIf: podnet.HostIfName(req.ContainerID)}
-	// Reserve the addresses in the checkpoint before touching the kernel.
-	// Addresses in use on the node by any network, and the node's own, are
-	// skipped: the node reaches each pod by its address alone.
-	s.addLock.Lock()
-	used := s.cp.used()
-	for _, ad := range s.sync.OwnAddrs() {
-		used[ad] = true
-	}
-	for _, bl := range blocks {
-		ad, ok := pickAddr(bl.Prefix, used)
-		if !ok {
-			s.addLock.Unlock()
-			s.recorder.Eventf(&pod, corev1.EventTypeWarning, "NoFreeAddress", "network %s has no free address on node %s (block %s)", nw.Name, s.opts.NodeName, bl.Prefix)
-			return nil, cniErr(errNoAddress, "network %s has no free address on node %s", nw.Name, s.opts.NodeName)
-		}
-		e.Addrs = append(e.Addrs, ad)
-		e.Gateways = append(e.Gateways, gateway(bl.Prefix))
-	}
-	err = s.cp.put(e)
-	s.addLock.Unlock()
 	if err != nil {
 		return nil, err
 	}
 
 	t1 := time.Now()
 	t2 := t1
-	mtu, err := s.podMTU()
+	mtu, err := s.podMTU(e.L2)
 	var res podnet.Result
 	if err == nil {
-		res, err = s.node.SetupPod(podnet.Spec{NodeNS: s.opts.NetNS, PodNS: netnsPath(&req), HostIf: e.HostIf, PodIf: req.IfName,
-			MTU: mtu, Addrs: e.Addrs, Gateways: e.Gateways})
+		spec := podnet.Spec{NodeNS: s.opts.NetNS, PodNS: netnsPath(&req), HostIf: e.HostIf, PodIf: req.IfName,
+			MTU: mtu, Addrs: e.Addrs, Gateways: e.Gateways}
+		if e.L2 {
+			spec.L2, spec.PrefixBits = true, e.PrefixBits
+			spec.PodMAC, _ = net.ParseMAC(e.PodMAC)
+			spec.HostMAC, _ = net.ParseMAC(e.GatewayMAC)
+		}
+		res, err = s.node.SetupPod(spec)
 	}
 	if err == nil {
 		// The interface exists: recorded Ready, it is the applier's to
@@ -273,6 +258,39 @@ func (s *Server) cmdAdd(ctx context.Context, req cniapi.Request) (json.RawMessag
 	return s.result(conf.CNIVersion, e)
 }
 
+// l3Endpoint makes the endpoint record of pod in l3 network nw: an
+// address per block of the network on this node, reserved in the
+// checkpoint before any kernel change.
+func (s *Server) l3Endpoint(ctx context.Context, req *cniapi.Request, pod *corev1.Pod, nw *lacev1.Network) (Endpoint, error) {
+	blocks, err := s.waitBlocks(ctx, nw.Name)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	e := Endpoint{ContainerID: req.ContainerID, IfName: req.IfName, NetNS: req.NetNS, PodNS: pod.Namespace, PodName: pod.Name,
+		PodUID: string(pod.UID), Network: nw.Name, NetID: blocks[0].NetID, HostIf: podnet.HostIfName(req.ContainerID)}
+	// Reserve the addresses in the checkpoint before touching the kernel.
+	// Addresses in use on the node by any network, and the node's own, are
+	// skipped: the node reaches each pod by its address alone.
+	s.addLock.Lock()
+	used := s.cp.used()
+	for _, ad := range s.sync.OwnAddrs() {
+		used[ad] = true
+	}
+	for _, bl := range blocks {
+		ad, ok := pickAddr(bl.Prefix, used)
+		if !ok {
+			s.addLock.Unlock()
+			s.recorder.Eventf(pod, corev1.EventTypeWarning, "NoFreeAddress", "network %s has no free address on node %s (block %s)", nw.Name, s.opts.NodeName, bl.Prefix)
+			return Endpoint{}, cniErr(errNoAddress, "network %s has no free address on node %s", nw.Name, s.opts.NodeName)
+		}
+		e.Addrs = append(e.Addrs, ad)
+		e.Gateways = append(e.Gateways, gateway(bl.Prefix))
+	}
+	err = s.cp.put(e)
+	s.addLock.Unlock()
+	return e, err
+}
+
 // encapOverhead is what SRv6 reduced encapsulation adds to a pod's packet:
 // the outer IPv6 header.
 const encapOverhead = 40
@@ -280,20 +298,29 @@ const encapOverhead = 40
 // podMTU is the MTU of a new pod interface: --mtu when set, otherwise the
 // underlay interface's MTU now less the encapsulation, so a pod's
 // full-sized packet still fits the underlay once encapsulated (read at each
-// ADD: a node whose fabric MTU changed gives new pods the new value).
-func (s *Server) podMTU() (int, error) {
+// ADD: a node whose fabric MTU changed gives new pods the new value). An
+// l2 port's is l2Overhead less: its Ethernet header crosses the fabric
+// too (1446 on a 1500 underlay; --mtu, the l3 pods' MTU, less 14).
+func (s *Server) podMTU(l2 bool) (int, error) {
+	extra := 0
+	if l2 {
+		extra = l2Overhead
+	}
 	if s.opts.MTU > 0 {
-		return s.opts.MTU, nil
+		if s.opts.MTU-extra < 1280 {
+			return 0, cniErr(errInvalidConfig, "--mtu %d leaves l2 ports %d, below IPv6's minimum of 1280", s.opts.MTU, s.opts.MTU-extra)
+		}
+		return s.opts.MTU - extra, nil
 	}
 	m, err := s.node.UnderlayMTU()
 	if err != nil {
 		return 0, fmt.Errorf("underlay MTU: %w", err)
 	}
-	if m-encapOverhead < 1280 {
+	if m-encapOverhead-extra < 1280 {
 		return 0, cniErr(errInvalidConfig, "underlay interface %s has MTU %d: pods would get %d, below IPv6's minimum of 1280",
-			s.opts.UnderlayInterface, m, m-encapOverhead)
+			s.opts.UnderlayInterface, m, m-encapOverhead-extra)
 	}
-	return m - encapOverhead, nil
+	return m - encapOverhead - extra, nil
 }
 
 // waitBlocks returns this node's blocks of network, waiting briefly for the
@@ -392,7 +419,11 @@ func (s *Server) result(version string, e Endpoint) (json.RawMessage, error) {
 	}
 	for i, ad := range e.Addrs {
 		gw := e.Gateways[i]
-		r.IPs = append(r.IPs, &types100.IPConfig{Interface: ptr.To(1), Address: toIPNet(netip.PrefixFrom(ad, ad.BitLen())), Gateway: gw.AsSlice()})
+		bits := ad.BitLen()
+		if i < len(e.PrefixBits) {
+			bits = e.PrefixBits[i] // an l2 pod's subnet is on-link
+		}
+		r.IPs = append(r.IPs, &types100.IPConfig{Interface: ptr.To(1), Address: toIPNet(netip.PrefixFrom(ad, bits)), Gateway: gw.AsSlice()})
 		def := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
 		if ad.Is6() {
 			def = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
