@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/agent/agenttest"
 	"github.com/lace-cni/lace/internal/agent/applier"
 	"github.com/lace-cni/lace/internal/datapath"
@@ -100,12 +101,18 @@ func (n *fakeNode) SetupPod(s podnet.Spec) (podnet.Result, error) {
 	defer n.mu.Unlock()
 	n.pods[s.HostIf] = s
 	if l, ok := n.links[s.HostIf]; ok {
+		if s.L2 {
+			return podnet.Result{HostIfIndex: l.Index, HostMAC: s.HostMAC, PodMAC: s.PodMAC}, nil
+		}
 		return podnet.Result{HostIfIndex: l.Index, HostMAC: l.MAC, PodMAC: net.HardwareAddr{2, 0, 0, 0, 1, byte(l.Index - 100)}}, nil
 	}
 	n.next++
-	n.links[s.HostIf] = podnet.Link{Name: s.HostIf, Index: 100 + n.next, MAC: net.HardwareAddr{2, 0, 0, 0, 0, byte(n.next)}}
-	return podnet.Result{HostIfIndex: 100 + n.next, HostMAC: net.HardwareAddr{2, 0, 0, 0, 0, byte(n.next)},
-		PodMAC: net.HardwareAddr{2, 0, 0, 0, 1, byte(n.next)}}, nil
+	hm, pm := net.HardwareAddr{2, 0, 0, 0, 0, byte(n.next)}, net.HardwareAddr{2, 0, 0, 0, 1, byte(n.next)}
+	if s.L2 {
+		hm, pm = s.HostMAC, s.PodMAC // an l2 port's MACs are given (podnet sets them)
+	}
+	n.links[s.HostIf] = podnet.Link{Name: s.HostIf, Index: 100 + n.next, MAC: hm}
+	return podnet.Result{HostIfIndex: 100 + n.next, HostMAC: hm, PodMAC: pm}, nil
 }
 func (n *fakeNode) TeardownPod(hostIf string, _ []netip.Addr) error {
 	n.mu.Lock()
@@ -192,7 +199,7 @@ func newTestAgent(t *testing.T, blockBits int32, objs ...client.Object) *testAge
 	t.Helper()
 	w := agenttest.DefaultNetwork("n1", blockBits)
 	// The API server selects pods by node; the fake needs an index for it.
-	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(append(w.Objects, objs...)...).WithStatusSubresource(&corev1.Pod{}).
+	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(append(w.Objects, objs...)...).WithStatusSubresource(&corev1.Pod{}, &lacev1.NetworkEndpoint{}).
 		WithIndex(&corev1.Pod{}, "spec.nodeName", func(o client.Object) []string { return []string{o.(*corev1.Pod).Spec.NodeName} }).Build()
 	rec := record.NewFakeRecorder(100)
 	dp := newFakeDP()
