@@ -210,11 +210,11 @@ type computeCache struct {
 	hostEPs  model.HostEndpoints
 	services serviceCache
 	// node is the last ComputeNode result (its Services unset).
-	node                                                   model.NodeState
-	nsLabels                                               map[string]map[string]string
-	zone                                                   string
-	nodeAddrs                                              []netip.Addr
-	reserved                                               []netip.Prefix
+	node                                                               model.NodeState
+	nsLabels                                                           map[string]map[string]string
+	zone                                                               string
+	nodeAddrs                                                          []netip.Addr
+	reserved                                                           []netip.Prefix
 	nets, nbps, neps, nss, allocs, ueps, nrps, srps, cidrs, nbrs, fdbs versions
 	// reported are the refusals the agent made Events of.
 	reported map[model.ServiceKey]model.Refusal
