@@ -12,6 +12,7 @@
  * the port's (lace_fdb says which port holds a MAC), its source address
  * the port's. This program owns no map; l2.h describes the ones it reads. */
 #include "lace.h"
+#include "fwd.h"
 #include "neigh.h"
 #include "l2.h"
 
@@ -92,6 +93,31 @@ static __noinline int l2_nd(struct __sk_buff *skb, const struct l2_port *pt)
 	return bpf_redirect(skb->ifindex, 0);
 }
 
+/* l2_to_node sends a unicast frame to the node where its destination MAC
+ * lives: as its IP packet to the network's DT2U SID there (SID_L2_IP),
+ * when the frame is IP addressed to that MAC's own address (the receiver
+ * rebuilds the frame from the neighbour table). The frame's source was
+ * checked by the caller. Not decremented: a switched frame keeps its
+ * TTL. */
+static __noinline int l2_to_node(struct __sk_buff *skb, __u32 net_id, const __u8 *dmac, const __u8 *node_sid)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end)
+		return drop(DROP_NOT_IP);
+	struct pkt p = {};
+	if (parse_ip(skb, eth->h_proto, ETH_HLEN, &p))
+		return drop(DROP_L2_NOT_CARRIED);
+	struct l2_neigh_val *n = neigh_of(net_id, p.family, p.daddr);
+	if (!n || !mac_eq(n->mac, dmac))
+		return drop(DROP_L2_NOT_CARRIED);
+	__u8 sid[16];
+	__builtin_memcpy(sid, node_sid, 16);
+	sid[SID_BEHAVIOUR_BYTE] = SID_L2_IP;
+	return encap_and_send(skb, &p, sid, 0);
+}
+
 /* is_nd tells whether an IPv6 packet is neighbour discovery or MLD,
  * which never leave the port. */
 static __always_inline int is_nd(struct ipv6hdr *ip6, void *end)
@@ -156,6 +182,11 @@ int from_l2(struct __sk_buff *skb)
 	if (dst->flags & FDB_GATEWAY) {
 		bpf_tail_call(skb, &lace_l2_jump, L2_JUMP_ROUTE);
 		return drop(DROP_L2_NO_ROUTER);
+	}
+	if (dst->flags & FDB_REMOTE) {
+		__u8 sid[16];
+		__builtin_memcpy(sid, dst->sid, 16);
+		return l2_to_node(skb, pt.net_id, k.mac, sid);
 	}
 	/* A frame back to its own port is no switching. */
 	if (!(dst->flags & FDB_LOCAL) || dst->ifindex == ifindex)

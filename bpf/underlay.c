@@ -33,6 +33,7 @@
 #include "lb.h"
 #include "announce.h"
 #include "icmp.h"
+#include "l2.h"
 
 /* decap's answer that the SID names the nodes' context (xlb_reply). */
 #define RET_NODE_CTX 0x7002
@@ -619,14 +620,45 @@ static __noinline int foreign_source(__u32 src_net, struct pkt *p, const void *o
 	return !eq8(rv->sid, loc);
 }
 
+/* l2_decap delivers a switched frame of l2 network net_id that came as its
+ * IP packet (SID_L2_IP) to the port holding its destination (ifindex,
+ * macs: the pod's MAC first), rebuilt with the source's MAC from the
+ * neighbour table. Switching stays inside a network, and the source's
+ * address was placed at the sending node (foreign_source, by the host
+ * routes of its Neighbor). No flow is tracked: nothing switched is
+ * translated or filtered. */
+static __noinline int l2_decap(struct __sk_buff *skb, struct pkt *p, __u32 net_id, __u32 ifindex, __u8 *macs)
+{
+	__u16 inner_proto;
+	__u64 flags;
+	if (decap_inner(p->family == LACE_FAMILY_V4 ? IPPROTO_IPIP : IPPROTO_IPV6, &inner_proto, &flags))
+		return drop(DROP_DECAP_PROTO);
+	struct l2_neigh_key nk = {.net_id = net_id, .family = p->family};
+	__builtin_memcpy(nk.addr, p->saddr, 16);
+	struct l2_neigh_val *n = bpf_map_lookup_elem(&lace_l2_neigh, &nk);
+	if (!n)
+		return drop(DROP_DECAP_FOREIGN);
+	__builtin_memcpy(macs + 6, n->mac, 6);
+	if (bpf_skb_adjust_room(skb, -(int)sizeof(struct ipv6hdr), BPF_ADJ_ROOM_MAC, flags) ||
+	    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_proto), &inner_proto, 2, 0) ||
+	    set_macs(skb, macs, macs + 6))
+		return drop(DROP_ADJUST);
+	count(FWD_DECAP);
+	return bpf_redirect_peer(ifindex, 0);
+}
+
 static __noinline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 {
 	__u8 *sid = (__u8 *)&outer->daddr;
-	if (sid[SID_BEHAVIOUR_BYTE] != SID_L3_DECAP)
+	int l2 = sid[SID_BEHAVIOUR_BYTE] == SID_L2_IP;
+	if (sid[SID_BEHAVIOUR_BYTE] != SID_L3_DECAP && !l2)
 		return drop(DROP_DECAP_SID);
 	__u32 net_id = ((__u32)sid[SID_NET_BYTE] << 24) | ((__u32)sid[SID_NET_BYTE + 1] << 16) |
 		       ((__u32)sid[SID_NET_BYTE + 2] << 8) | sid[SID_NET_BYTE + 3];
 	__u32 src_net = ((__u32)sid[SID_SRC_NET_BYTE] << 8) | sid[SID_SRC_NET_BYTE + 1];
+	/* Switching stays inside its network. */
+	if (l2 && src_net != net_id)
+		return drop(DROP_DECAP_SID);
 
 	/* Only nodes of the cluster may inject into pods, and never this
 	 * one through the fabric: its own SRv6 never comes back to it. (That
@@ -668,6 +700,8 @@ static __noinline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 	__u8 macs[12];
 	if (local_pod(net_id, p.family, p.daddr, &ifindex, macs))
 		return drop(DROP_NO_ENDPOINT);
+	if (l2)
+		return l2_decap(skb, &p, net_id, ifindex, macs);
 	int icmp_err = is_icmp_error(&p);
 	if (icmp_err && icmp_in_refused(skb, &p, net_id, src_net))
 		return drop(DROP_ICMP_IN_NOT_OURS);

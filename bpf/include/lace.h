@@ -38,6 +38,11 @@
 #define SID_SRC_NET_BYTE 10
 #define SID_NET_BYTE 12
 #define SID_L3_DECAP 1 /* End.DT46: decapsulate, look up in network N */
+/* End.DT2U of an l2 network's unicast IP frame carried as its IP packet
+ * (next header 4 or 41, as an l3 packet, so GSO is kept): the receiver
+ * rebuilds the Ethernet header from the network's neighbour table (the
+ * sender checked that the frame's MACs are its addresses'). */
+#define SID_L2_IP 4
 /* The nodes' own context: a network ID no Network is given (the controller
  * stops one short). A SID naming it carries a flow between a node's
  * address and a pod, the external frontends' translated flows: its view
@@ -91,7 +96,8 @@ enum drop_reason {
 	DROP_L2_NOT_FORWARDED = 38, /* l2-not-forwarded: address resolution an l2 port does not send on (duplicate address detection, gratuitous ARP, ARP and ND replies, router solicitations, MLD) */
 	DROP_L2_BROADCAST = 39, /* l2-broadcast: a broadcast or multicast frame other than address resolution (an l2 network does not flood it) */
 	DROP_L2_NO_ROUTER = 40, /* l2-no-router: a frame to the network's gateway while the routing program is not loaded */
-	DROP_MAX = 41,
+	DROP_L2_NOT_CARRIED = 41, /* l2-frame-not-carried: a frame to a MAC on another node that is not IP addressed to that MAC's own address (only those cross nodes yet) */
+	DROP_MAX = 42,
 };
 
 enum fwd_counter {

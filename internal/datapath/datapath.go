@@ -33,7 +33,10 @@ import (
 
 // The table values and the SID layout are package tables' (pure, shared
 // with the model); these names keep the datapath's API in one place.
-const BehaviourL3Decap = tables.BehaviourL3Decap
+const (
+	BehaviourL3Decap = tables.BehaviourL3Decap
+	BehaviourL2IP    = tables.BehaviourL2IP
+)
 
 // SID returns the SID of behaviour inside locator (a /64) for a packet of
 // network srcNet to network dstNet.

@@ -5,32 +5,21 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+
+	"github.com/lace-cni/lace/internal/tables"
 )
 
-// L2Neighbor is an entry of an l2 network's neighbour table: the MAC an
-// ARP request or neighbour solicitation for Addr is answered with.
-type L2Neighbor struct {
-	NetID uint32
-	Addr  netip.Addr
-	MAC   net.HardwareAddr
-	// Router: the network's anycast gateway (its advertisement says so).
-	Router bool
-}
-
-// FDBEntry is an entry of an l2 network's forwarding database: where a
-// frame to MAC goes. Exactly one of IfIndex (a port on this node) and
-// Gateway (the anycast gateway, routed by from_pod) is set.
-type FDBEntry struct {
-	NetID   uint32
-	MAC     net.HardwareAddr
-	IfIndex uint32
-	Gateway bool
-}
+// L2Neighbor and FDBEntry are entries of the l2 tables (tables package).
+type (
+	L2Neighbor = tables.L2Neighbor
+	FDBEntry   = tables.FDBEntry
+)
 
 // fdb_val.flags and l2_neigh_val.flags (bpf/include/l2.h).
 const (
 	fdbLocal    = 1
 	fdbGateway  = 2
+	fdbRemote   = 4
 	neighRouter = 1
 )
 
@@ -45,40 +34,81 @@ func l2NeighEntry(n L2Neighbor) (l2L2NeighKey, l2L2NeighVal) {
 
 func fdbEntry(e FDBEntry) (l2FdbKey, l2FdbVal) {
 	k := l2FdbKey{NetId: e.NetID, Mac: mac6(e.MAC)}
-	v := l2FdbVal{Ifindex: e.IfIndex}
-	if e.Gateway {
-		v.Flags = fdbGateway
-		v.Ifindex = 0
-	} else {
-		v.Flags = fdbLocal
+	switch {
+	case e.Gateway:
+		return k, l2FdbVal{Flags: fdbGateway}
+	case e.IfIndex != 0:
+		return k, l2FdbVal{Flags: fdbLocal, Ifindex: e.IfIndex}
 	}
-	return k, v
+	return k, l2FdbVal{Flags: fdbRemote, Sid: e.SID.As16()}
 }
 
-// SyncL2 makes the l2 networks' neighbour tables and forwarding databases
-// exactly neigh and fdb. Entries are written before the neighbours that
-// name their MACs and removed after them, so an answered address always
-// leads somewhere.
-func (d *Datapath) SyncL2(neigh []L2Neighbor, fdb []FDBEntry) error {
-	wn := make(map[l2L2NeighKey]l2L2NeighVal, len(neigh))
+// l2Want is the desired content of the l2 tables from each of their two
+// writers: the pods of this node (the CNI server: their ports, addresses
+// and the gateways of their networks) and the cluster (the node's sync:
+// every network's Neighbors and the MACs living on other nodes). Written
+// as one: a key both give takes the local entry (a MAC that just moved
+// here is this node's before the API says so).
+type l2Want struct {
+	localNeigh, clusterNeigh []L2Neighbor
+	localFDB, clusterFDB     []FDBEntry
+}
+
+// SyncL2Local makes this node's pods' part of the l2 tables neigh and fdb.
+func (d *Datapath) SyncL2Local(neigh []L2Neighbor, fdb []FDBEntry) error {
+	if err := checkL2(neigh, fdb); err != nil {
+		return err
+	}
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	d.tab.l2.localNeigh, d.tab.l2.localFDB = neigh, fdb
+	return d.syncL2()
+}
+
+// SyncL2Cluster makes the cluster's part of the l2 tables neigh and fdb.
+func (d *Datapath) SyncL2Cluster(neigh []L2Neighbor, fdb []FDBEntry) error {
+	if err := checkL2(neigh, fdb); err != nil {
+		return err
+	}
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	d.tab.l2.clusterNeigh, d.tab.l2.clusterFDB = neigh, fdb
+	return d.syncL2()
+}
+
+func checkL2(neigh []L2Neighbor, fdb []FDBEntry) error {
 	for _, n := range neigh {
 		if !n.Addr.IsValid() || len(n.MAC) != 6 {
 			return fmt.Errorf("l2 neighbour %v of network %d: invalid address or MAC %v", n.Addr, n.NetID, n.MAC)
 		}
-		k, v := l2NeighEntry(n)
-		wn[k] = v
 	}
-	wf := make(map[l2FdbKey]l2FdbVal, len(fdb))
 	for _, e := range fdb {
-		if len(e.MAC) != 6 || (!e.Gateway && e.IfIndex == 0) {
-			return fmt.Errorf("fdb entry %v of network %d: invalid MAC or no port", e.MAC, e.NetID)
+		if len(e.MAC) != 6 || (!e.Gateway && e.IfIndex == 0 && !e.SID.Is6()) {
+			return fmt.Errorf("fdb entry %v of network %d: invalid MAC, or neither port, gateway nor SID", e.MAC, e.NetID)
 		}
-		k, v := fdbEntry(e)
-		wf[k] = v
 	}
-	t := d.tab
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	return nil
+}
+
+// syncL2 writes the merged desired state (the caller holds d.tab.mu).
+// Entries are written before the neighbours that name their MACs and
+// removed after them, so an answered address always leads somewhere.
+func (d *Datapath) syncL2() error {
+	t, w := d.tab, &d.tab.l2
+	wn := make(map[l2L2NeighKey]l2L2NeighVal, len(w.localNeigh)+len(w.clusterNeigh))
+	for _, list := range [][]L2Neighbor{w.clusterNeigh, w.localNeigh} {
+		for _, n := range list {
+			k, v := l2NeighEntry(n)
+			wn[k] = v
+		}
+	}
+	wf := make(map[l2FdbKey]l2FdbVal, len(w.localFDB)+len(w.clusterFDB))
+	for _, list := range [][]FDBEntry{w.clusterFDB, w.localFDB} {
+		for _, e := range list {
+			k, v := fdbEntry(e)
+			wf[k] = v
+		}
+	}
 	if err := errors.Join(t.l2Neigh.known(), t.fdb.known()); err != nil {
 		return err
 	}
@@ -117,8 +147,12 @@ func (d *Datapath) FDB() ([]FDBEntry, error) {
 	var v l2FdbVal
 	it := d.l2.LaceFdb.Iterate()
 	for it.Next(&k, &v) {
-		out = append(out, FDBEntry{NetID: k.NetId, MAC: append(net.HardwareAddr(nil), k.Mac[:]...),
-			IfIndex: v.Ifindex, Gateway: v.Flags&fdbGateway != 0})
+		e := FDBEntry{NetID: k.NetId, MAC: append(net.HardwareAddr(nil), k.Mac[:]...),
+			IfIndex: v.Ifindex, Gateway: v.Flags&fdbGateway != 0}
+		if v.Flags&fdbRemote != 0 {
+			e.SID = netip.AddrFrom16(v.Sid)
+		}
+		out = append(out, e)
 	}
 	return out, it.Err()
 }

@@ -50,6 +50,30 @@ type l2ClassKey struct {
 	Addr      [16]uint8
 }
 
+type l2CtKey struct {
+	_      structs.HostLayout
+	NetId  uint32
+	Family uint8
+	Proto  uint8
+	Pad    uint16
+	Lport  uint16
+	Rport  uint16
+	Laddr  [16]uint8
+	Raddr  [16]uint8
+}
+
+type l2CtVal struct {
+	_        structs.HostLayout
+	Expires  uint64
+	PeerNet  uint32
+	Flags    uint16
+	SnatPort uint16
+	NatAddr  [16]uint8
+	NatPort  uint16
+	Pad      uint16
+	_        [4]byte
+}
+
 type l2EpKey struct {
 	_      structs.HostLayout
 	NetId  uint32
@@ -80,6 +104,28 @@ type l2FdbVal struct {
 	Seq     uint32
 	Pad     uint32
 	Sid     [16]uint8
+}
+
+type l2FragKey struct {
+	_      structs.HostLayout
+	SrcNet uint32
+	DstNet uint32
+	Family uint8
+	Proto  uint8
+	Pad    uint16
+	Id     uint32
+	Saddr  [16]uint8
+	Daddr  [16]uint8
+}
+
+type l2FragVal struct {
+	_        structs.HostLayout
+	Expires  uint64
+	Sport    uint16
+	Dport    uint16
+	IcmpType uint8
+	TcpFlags uint8
+	Pad      [2]uint8
 }
 
 type l2HostKey struct {
@@ -146,6 +192,30 @@ type l2RouteVal struct {
 	DstNet uint32
 }
 
+type l2SnatFailVal struct {
+	_     structs.HostLayout
+	Count uint64
+	Last  uint64
+}
+
+type l2SnatKey struct {
+	_      structs.HostLayout
+	Family uint8
+	Proto  uint8
+	Port   uint16
+	Rport  uint16
+	Pad    uint16
+	Raddr  [16]uint8
+}
+
+type l2SnatVal struct {
+	_     structs.HostLayout
+	NetId uint32
+	Lport uint16
+	Pad   uint16
+	Laddr [16]uint8
+}
+
 type l2SrcRangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -172,31 +242,60 @@ type l2SvcVal struct {
 	Affinity uint32
 }
 
+type l2XlbRevKey struct {
+	_      structs.HostLayout
+	Family uint8
+	Proto  uint8
+	Port   uint16
+	Rport  uint16
+	Pad    uint16
+	Raddr  [16]uint8
+}
+
+type l2XlbRevVal struct {
+	_       structs.HostLayout
+	Client  [16]uint8
+	Front   [16]uint8
+	Cport   uint16
+	Fport   uint16
+	ExtNet  uint32
+	Expires uint64
+	Isn     uint32
+	Flags   uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	l2MapLaceAffinity  = "lace_affinity"
-	l2MapLaceBackends  = "lace_backends"
-	l2MapLaceCfg       = "lace_cfg"
-	l2MapLaceClassify  = "lace_classify"
-	l2MapLaceDrops     = "lace_drops"
-	l2MapLaceEndpoints = "lace_endpoints"
-	l2MapLaceFdb       = "lace_fdb"
-	l2MapLaceForwarded = "lace_forwarded"
-	l2MapLaceHostAddrs = "lace_host_addrs"
-	l2MapLaceInside    = "lace_inside"
-	l2MapLaceL2Jump    = "lace_l2_jump"
-	l2MapLaceL2Neigh   = "lace_l2_neigh"
-	l2MapLaceNetworks  = "lace_networks"
-	l2MapLaceNodeLocs  = "lace_node_locs"
-	l2MapLaceNodes     = "lace_nodes"
-	l2MapLacePodNetns  = "lace_pod_netns"
-	l2MapLacePorts     = "lace_ports"
-	l2MapLaceRoutes    = "lace_routes"
-	l2MapLaceServices  = "lace_services"
-	l2MapLaceSrcRanges = "lace_src_ranges"
-	l2ProgFromL2       = "from_l2"
+	l2MapLaceAffinity      = "lace_affinity"
+	l2MapLaceBackends      = "lace_backends"
+	l2MapLaceCfg           = "lace_cfg"
+	l2MapLaceClassify      = "lace_classify"
+	l2MapLaceCt            = "lace_ct"
+	l2MapLaceCtLocal       = "lace_ct_local"
+	l2MapLaceCtNew         = "lace_ct_new"
+	l2MapLaceDrops         = "lace_drops"
+	l2MapLaceEndpoints     = "lace_endpoints"
+	l2MapLaceFdb           = "lace_fdb"
+	l2MapLaceForwarded     = "lace_forwarded"
+	l2MapLaceFrags         = "lace_frags"
+	l2MapLaceHostAddrs     = "lace_host_addrs"
+	l2MapLaceInside        = "lace_inside"
+	l2MapLaceL2Jump        = "lace_l2_jump"
+	l2MapLaceL2Neigh       = "lace_l2_neigh"
+	l2MapLaceNetworks      = "lace_networks"
+	l2MapLaceNodeLocs      = "lace_node_locs"
+	l2MapLaceNodes         = "lace_nodes"
+	l2MapLacePodNetns      = "lace_pod_netns"
+	l2MapLacePorts         = "lace_ports"
+	l2MapLaceRoutes        = "lace_routes"
+	l2MapLaceServices      = "lace_services"
+	l2MapLaceSnat          = "lace_snat"
+	l2MapLaceSnatExhausted = "lace_snat_exhausted"
+	l2MapLaceSrcRanges     = "lace_src_ranges"
+	l2MapLaceXlbRev        = "lace_xlb_rev"
+	l2ProgFromL2           = "from_l2"
 )
 
 // loadL2 returns the embedded CollectionSpec for l2.
@@ -248,26 +347,33 @@ type l2ProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type l2MapSpecs struct {
-	LaceAffinity  *ebpf.MapSpec `ebpf:"lace_affinity"`
-	LaceBackends  *ebpf.MapSpec `ebpf:"lace_backends"`
-	LaceCfg       *ebpf.MapSpec `ebpf:"lace_cfg"`
-	LaceClassify  *ebpf.MapSpec `ebpf:"lace_classify"`
-	LaceDrops     *ebpf.MapSpec `ebpf:"lace_drops"`
-	LaceEndpoints *ebpf.MapSpec `ebpf:"lace_endpoints"`
-	LaceFdb       *ebpf.MapSpec `ebpf:"lace_fdb"`
-	LaceForwarded *ebpf.MapSpec `ebpf:"lace_forwarded"`
-	LaceHostAddrs *ebpf.MapSpec `ebpf:"lace_host_addrs"`
-	LaceInside    *ebpf.MapSpec `ebpf:"lace_inside"`
-	LaceL2Jump    *ebpf.MapSpec `ebpf:"lace_l2_jump"`
-	LaceL2Neigh   *ebpf.MapSpec `ebpf:"lace_l2_neigh"`
-	LaceNetworks  *ebpf.MapSpec `ebpf:"lace_networks"`
-	LaceNodeLocs  *ebpf.MapSpec `ebpf:"lace_node_locs"`
-	LaceNodes     *ebpf.MapSpec `ebpf:"lace_nodes"`
-	LacePodNetns  *ebpf.MapSpec `ebpf:"lace_pod_netns"`
-	LacePorts     *ebpf.MapSpec `ebpf:"lace_ports"`
-	LaceRoutes    *ebpf.MapSpec `ebpf:"lace_routes"`
-	LaceServices  *ebpf.MapSpec `ebpf:"lace_services"`
-	LaceSrcRanges *ebpf.MapSpec `ebpf:"lace_src_ranges"`
+	LaceAffinity      *ebpf.MapSpec `ebpf:"lace_affinity"`
+	LaceBackends      *ebpf.MapSpec `ebpf:"lace_backends"`
+	LaceCfg           *ebpf.MapSpec `ebpf:"lace_cfg"`
+	LaceClassify      *ebpf.MapSpec `ebpf:"lace_classify"`
+	LaceCt            *ebpf.MapSpec `ebpf:"lace_ct"`
+	LaceCtLocal       *ebpf.MapSpec `ebpf:"lace_ct_local"`
+	LaceCtNew         *ebpf.MapSpec `ebpf:"lace_ct_new"`
+	LaceDrops         *ebpf.MapSpec `ebpf:"lace_drops"`
+	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
+	LaceFdb           *ebpf.MapSpec `ebpf:"lace_fdb"`
+	LaceForwarded     *ebpf.MapSpec `ebpf:"lace_forwarded"`
+	LaceFrags         *ebpf.MapSpec `ebpf:"lace_frags"`
+	LaceHostAddrs     *ebpf.MapSpec `ebpf:"lace_host_addrs"`
+	LaceInside        *ebpf.MapSpec `ebpf:"lace_inside"`
+	LaceL2Jump        *ebpf.MapSpec `ebpf:"lace_l2_jump"`
+	LaceL2Neigh       *ebpf.MapSpec `ebpf:"lace_l2_neigh"`
+	LaceNetworks      *ebpf.MapSpec `ebpf:"lace_networks"`
+	LaceNodeLocs      *ebpf.MapSpec `ebpf:"lace_node_locs"`
+	LaceNodes         *ebpf.MapSpec `ebpf:"lace_nodes"`
+	LacePodNetns      *ebpf.MapSpec `ebpf:"lace_pod_netns"`
+	LacePorts         *ebpf.MapSpec `ebpf:"lace_ports"`
+	LaceRoutes        *ebpf.MapSpec `ebpf:"lace_routes"`
+	LaceServices      *ebpf.MapSpec `ebpf:"lace_services"`
+	LaceSnat          *ebpf.MapSpec `ebpf:"lace_snat"`
+	LaceSnatExhausted *ebpf.MapSpec `ebpf:"lace_snat_exhausted"`
+	LaceSrcRanges     *ebpf.MapSpec `ebpf:"lace_src_ranges"`
+	LaceXlbRev        *ebpf.MapSpec `ebpf:"lace_xlb_rev"`
 }
 
 // l2VariableSpecs contains global variables before they are loaded into the kernel.
@@ -296,26 +402,33 @@ func (o *l2Objects) Close() error {
 //
 // It can be passed to loadL2Objects or ebpf.CollectionSpec.LoadAndAssign.
 type l2Maps struct {
-	LaceAffinity  *ebpf.Map `ebpf:"lace_affinity"`
-	LaceBackends  *ebpf.Map `ebpf:"lace_backends"`
-	LaceCfg       *ebpf.Map `ebpf:"lace_cfg"`
-	LaceClassify  *ebpf.Map `ebpf:"lace_classify"`
-	LaceDrops     *ebpf.Map `ebpf:"lace_drops"`
-	LaceEndpoints *ebpf.Map `ebpf:"lace_endpoints"`
-	LaceFdb       *ebpf.Map `ebpf:"lace_fdb"`
-	LaceForwarded *ebpf.Map `ebpf:"lace_forwarded"`
-	LaceHostAddrs *ebpf.Map `ebpf:"lace_host_addrs"`
-	LaceInside    *ebpf.Map `ebpf:"lace_inside"`
-	LaceL2Jump    *ebpf.Map `ebpf:"lace_l2_jump"`
-	LaceL2Neigh   *ebpf.Map `ebpf:"lace_l2_neigh"`
-	LaceNetworks  *ebpf.Map `ebpf:"lace_networks"`
-	LaceNodeLocs  *ebpf.Map `ebpf:"lace_node_locs"`
-	LaceNodes     *ebpf.Map `ebpf:"lace_nodes"`
-	LacePodNetns  *ebpf.Map `ebpf:"lace_pod_netns"`
-	LacePorts     *ebpf.Map `ebpf:"lace_ports"`
-	LaceRoutes    *ebpf.Map `ebpf:"lace_routes"`
-	LaceServices  *ebpf.Map `ebpf:"lace_services"`
-	LaceSrcRanges *ebpf.Map `ebpf:"lace_src_ranges"`
+	LaceAffinity      *ebpf.Map `ebpf:"lace_affinity"`
+	LaceBackends      *ebpf.Map `ebpf:"lace_backends"`
+	LaceCfg           *ebpf.Map `ebpf:"lace_cfg"`
+	LaceClassify      *ebpf.Map `ebpf:"lace_classify"`
+	LaceCt            *ebpf.Map `ebpf:"lace_ct"`
+	LaceCtLocal       *ebpf.Map `ebpf:"lace_ct_local"`
+	LaceCtNew         *ebpf.Map `ebpf:"lace_ct_new"`
+	LaceDrops         *ebpf.Map `ebpf:"lace_drops"`
+	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
+	LaceFdb           *ebpf.Map `ebpf:"lace_fdb"`
+	LaceForwarded     *ebpf.Map `ebpf:"lace_forwarded"`
+	LaceFrags         *ebpf.Map `ebpf:"lace_frags"`
+	LaceHostAddrs     *ebpf.Map `ebpf:"lace_host_addrs"`
+	LaceInside        *ebpf.Map `ebpf:"lace_inside"`
+	LaceL2Jump        *ebpf.Map `ebpf:"lace_l2_jump"`
+	LaceL2Neigh       *ebpf.Map `ebpf:"lace_l2_neigh"`
+	LaceNetworks      *ebpf.Map `ebpf:"lace_networks"`
+	LaceNodeLocs      *ebpf.Map `ebpf:"lace_node_locs"`
+	LaceNodes         *ebpf.Map `ebpf:"lace_nodes"`
+	LacePodNetns      *ebpf.Map `ebpf:"lace_pod_netns"`
+	LacePorts         *ebpf.Map `ebpf:"lace_ports"`
+	LaceRoutes        *ebpf.Map `ebpf:"lace_routes"`
+	LaceServices      *ebpf.Map `ebpf:"lace_services"`
+	LaceSnat          *ebpf.Map `ebpf:"lace_snat"`
+	LaceSnatExhausted *ebpf.Map `ebpf:"lace_snat_exhausted"`
+	LaceSrcRanges     *ebpf.Map `ebpf:"lace_src_ranges"`
+	LaceXlbRev        *ebpf.Map `ebpf:"lace_xlb_rev"`
 }
 
 func (m *l2Maps) Close() error {
@@ -324,10 +437,14 @@ func (m *l2Maps) Close() error {
 		m.LaceBackends,
 		m.LaceCfg,
 		m.LaceClassify,
+		m.LaceCt,
+		m.LaceCtLocal,
+		m.LaceCtNew,
 		m.LaceDrops,
 		m.LaceEndpoints,
 		m.LaceFdb,
 		m.LaceForwarded,
+		m.LaceFrags,
 		m.LaceHostAddrs,
 		m.LaceInside,
 		m.LaceL2Jump,
@@ -339,7 +456,10 @@ func (m *l2Maps) Close() error {
 		m.LacePorts,
 		m.LaceRoutes,
 		m.LaceServices,
+		m.LaceSnat,
+		m.LaceSnatExhausted,
 		m.LaceSrcRanges,
+		m.LaceXlbRev,
 	)
 }
 

@@ -29,6 +29,7 @@ type nodeTables struct {
 	announce  *table[podHostKey, underlayAnnounceVal]
 	l2Neigh   *table[l2L2NeighKey, l2L2NeighVal]
 	fdb       *table[l2FdbKey, l2FdbVal]
+	l2        l2Want
 	// flowKey keys the endpoint pick's flow hash (lb_flow_hash): drawn
 	// once per node and kept in the pinned config, so that an agent
 	// restart leaves every flow's draw as it was.

@@ -38,7 +38,7 @@ func progL2Datapath(t *testing.T) *Datapath {
 		d.UpsertPort(Port{IfIndex: l2PortB, NetID: progNet, V4: l2B4, V6: l2B6, L2: true}),
 		// An l3 port: from_l2 is never its program.
 		d.UpsertPort(Port{IfIndex: progPort, NetID: progNet, V4: progPodV4, V6: progPodV6}),
-		d.SyncL2([]L2Neighbor{
+		d.SyncL2Local([]L2Neighbor{
 			{NetID: progNet, Addr: l2A4, MAC: l2MACA}, {NetID: progNet, Addr: l2A6, MAC: l2MACA},
 			{NetID: progNet, Addr: l2B4, MAC: l2MACB}, {NetID: progNet, Addr: l2B6, MAC: l2MACB},
 			{NetID: progNet, Addr: l2Gw4, MAC: l2MACGw, Router: true}, {NetID: progNet, Addr: l2Gw6, MAC: l2MACGw, Router: true},
@@ -226,9 +226,9 @@ func TestProgL2Refuses(t *testing.T) {
 
 // TestSyncL2: the tables follow the desired state exactly; a removed
 // neighbour and MAC are gone.
-func TestSyncL2(t *testing.T) {
+func TestSyncL2Local(t *testing.T) {
 	d := progL2Datapath(t)
-	if err := d.SyncL2([]L2Neighbor{{NetID: progNet, Addr: l2A4, MAC: l2MACA}},
+	if err := d.SyncL2Local([]L2Neighbor{{NetID: progNet, Addr: l2A4, MAC: l2MACA}},
 		[]FDBEntry{{NetID: progNet, MAC: l2MACA, IfIndex: l2PortA}}); err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +243,7 @@ func TestSyncL2(t *testing.T) {
 	if len(n) != 1 || n[0].Addr != l2A4 || !bytesEqual(n[0].MAC, l2MACA) || len(f) != 1 || f[0].IfIndex != l2PortA {
 		t.Errorf("after sync: neighbours %v, fdb %v", n, f)
 	}
-	if err := d.SyncL2([]L2Neighbor{{NetID: progNet, Addr: l2A4}}, nil); err == nil {
+	if err := d.SyncL2Local([]L2Neighbor{{NetID: progNet, Addr: l2A4}}, nil); err == nil {
 		t.Error("a neighbour without a MAC was accepted")
 	}
 	onlyDrop(t, d, "l2-unknown-neighbour", func() { runL2(t, d, l2PortA, fromMAC(l2MACA, arpRequest(l2MACA, l2A4, l2B4))) })

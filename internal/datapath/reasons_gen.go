@@ -45,6 +45,7 @@ var DropReasons = []string{
 	"l2-not-forwarded",
 	"l2-broadcast",
 	"l2-no-router",
+	"l2-frame-not-carried",
 }
 
 // DropMeanings say what the drop reasons count, in the same order.
@@ -90,6 +91,7 @@ var DropMeanings = []string{
 	"address resolution an l2 port does not send on (duplicate address detection, gratuitous ARP, ARP and ND replies, router solicitations, MLD)",
 	"a broadcast or multicast frame other than address resolution (an l2 network does not flood it)",
 	"a frame to the network's gateway while the routing program is not loaded",
+	"a frame to a MAC on another node that is not IP addressed to that MAC's own address (only those cross nodes yet)",
 }
 
 // ForwardCounters name the counters, in the order of the C enum.

@@ -97,6 +97,22 @@ type underlayEpVal struct {
 	Flags   uint32
 }
 
+type underlayFdbKey struct {
+	_     structs.HostLayout
+	NetId uint32
+	Mac   [6]uint8
+	Pad   uint16
+}
+
+type underlayFdbVal struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Flags   uint32
+	Seq     uint32
+	Pad     uint32
+	Sid     [16]uint8
+}
+
 type underlayFragKey struct {
 	_      structs.HostLayout
 	SrcNet uint32
@@ -124,6 +140,20 @@ type underlayHostKey struct {
 	Family uint8
 	Pad    [3]uint8
 	Addr   [16]uint8
+}
+
+type underlayL2NeighKey struct {
+	_      structs.HostLayout
+	NetId  uint32
+	Family uint8
+	Pad    [3]uint8
+	Addr   [16]uint8
+}
+
+type underlayL2NeighVal struct {
+	_     structs.HostLayout
+	Mac   [6]uint8
+	Flags uint16
 }
 
 type underlayLaceConfig struct {
@@ -283,10 +313,13 @@ const (
 	underlayMapLaceCtNew         = "lace_ct_new"
 	underlayMapLaceDrops         = "lace_drops"
 	underlayMapLaceEndpoints     = "lace_endpoints"
+	underlayMapLaceFdb           = "lace_fdb"
 	underlayMapLaceForwarded     = "lace_forwarded"
 	underlayMapLaceFrags         = "lace_frags"
 	underlayMapLaceHostAddrs     = "lace_host_addrs"
 	underlayMapLaceInside        = "lace_inside"
+	underlayMapLaceL2Jump        = "lace_l2_jump"
+	underlayMapLaceL2Neigh       = "lace_l2_neigh"
 	underlayMapLaceNetworks      = "lace_networks"
 	underlayMapLaceNodeLocs      = "lace_node_locs"
 	underlayMapLaceNodes         = "lace_nodes"
@@ -363,10 +396,13 @@ type underlayMapSpecs struct {
 	LaceCtNew         *ebpf.MapSpec `ebpf:"lace_ct_new"`
 	LaceDrops         *ebpf.MapSpec `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
+	LaceFdb           *ebpf.MapSpec `ebpf:"lace_fdb"`
 	LaceForwarded     *ebpf.MapSpec `ebpf:"lace_forwarded"`
 	LaceFrags         *ebpf.MapSpec `ebpf:"lace_frags"`
 	LaceHostAddrs     *ebpf.MapSpec `ebpf:"lace_host_addrs"`
 	LaceInside        *ebpf.MapSpec `ebpf:"lace_inside"`
+	LaceL2Jump        *ebpf.MapSpec `ebpf:"lace_l2_jump"`
+	LaceL2Neigh       *ebpf.MapSpec `ebpf:"lace_l2_neigh"`
 	LaceNetworks      *ebpf.MapSpec `ebpf:"lace_networks"`
 	LaceNodeLocs      *ebpf.MapSpec `ebpf:"lace_node_locs"`
 	LaceNodes         *ebpf.MapSpec `ebpf:"lace_nodes"`
@@ -417,10 +453,13 @@ type underlayMaps struct {
 	LaceCtNew         *ebpf.Map `ebpf:"lace_ct_new"`
 	LaceDrops         *ebpf.Map `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
+	LaceFdb           *ebpf.Map `ebpf:"lace_fdb"`
 	LaceForwarded     *ebpf.Map `ebpf:"lace_forwarded"`
 	LaceFrags         *ebpf.Map `ebpf:"lace_frags"`
 	LaceHostAddrs     *ebpf.Map `ebpf:"lace_host_addrs"`
 	LaceInside        *ebpf.Map `ebpf:"lace_inside"`
+	LaceL2Jump        *ebpf.Map `ebpf:"lace_l2_jump"`
+	LaceL2Neigh       *ebpf.Map `ebpf:"lace_l2_neigh"`
 	LaceNetworks      *ebpf.Map `ebpf:"lace_networks"`
 	LaceNodeLocs      *ebpf.Map `ebpf:"lace_node_locs"`
 	LaceNodes         *ebpf.Map `ebpf:"lace_nodes"`
@@ -447,10 +486,13 @@ func (m *underlayMaps) Close() error {
 		m.LaceCtNew,
 		m.LaceDrops,
 		m.LaceEndpoints,
+		m.LaceFdb,
 		m.LaceForwarded,
 		m.LaceFrags,
 		m.LaceHostAddrs,
 		m.LaceInside,
+		m.LaceL2Jump,
+		m.LaceL2Neigh,
 		m.LaceNetworks,
 		m.LaceNodeLocs,
 		m.LaceNodes,

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"fmt"
 	"reflect"
 	"testing"
 
@@ -46,7 +47,8 @@ func TestL2HostRoutes(t *testing.T) {
 			fdb("vms", "0a:58:0a:32:00:06", "n1"), gone, fdb("red", "0a:58:0a:01:01:07", "n1"),
 		},
 	}
-	v := views(nets, ComputeNode(in))
+	st := ComputeNode(in)
+	v := views(nets, st)
 	hosts := func(view string) []string {
 		var out []string
 		for _, r := range v[view] {
@@ -62,5 +64,25 @@ func TestL2HostRoutes(t *testing.T) {
 	}
 	if got := hosts("red"); !reflect.DeepEqual(got, want) {
 		t.Errorf("red's view (a policy opens vms to it): %v, want %v", got, want)
+	}
+
+	// The neighbour table holds every located address of the subnet; the
+	// FDB the MACs on other nodes with a locator, by the SID of vms there
+	// (this node's own ports are the CNI server's).
+	var gotN []string
+	for _, n := range st.L2Neighbors {
+		gotN = append(gotN, fmt.Sprintf("%d %s %s", n.NetID, n.Addr, n.MAC))
+	}
+	wantN := []string{"5 10.50.0.2 0a:58:0a:32:00:02", "5 10.50.0.3 0a:58:0a:32:00:03", "5 10.50.0.5 0a:58:0a:32:00:05"}
+	if !reflect.DeepEqual(gotN, wantN) {
+		t.Errorf("neighbours %v, want %v", gotN, wantN)
+	}
+	var gotF []string
+	for _, f := range st.L2FDB {
+		gotF = append(gotF, fmt.Sprintf("%d %s %s", f.NetID, f.MAC, f.SID))
+	}
+	wantF := []string{"5 0a:58:0a:32:00:03 fd1a:ce:0:2:400:5:0:5"}
+	if !reflect.DeepEqual(gotF, wantF) {
+		t.Errorf("fdb %v, want %v", gotF, wantF)
 	}
 }

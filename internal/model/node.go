@@ -1,7 +1,6 @@
 package model
 
 import (
-	"net"
 	"net/netip"
 	"sort"
 
@@ -68,6 +67,11 @@ type NodeState struct {
 	// Routes are the views of every network with an ID, pod and external
 	// networks alike: one longest-prefix table per source network.
 	Routes []tables.Route
+	// L2Neighbors and L2FDB are the l2 networks' neighbour tables and the
+	// MACs living on other nodes (l2.go); the MACs of this node's own
+	// ports are the CNI server's.
+	L2Neighbors []tables.L2Neighbor
+	L2FDB       []tables.FDBEntry
 	// Classifiers assign plain-IP sources to external networks.
 	Classifiers []tables.Classifier
 	// Inside are the prefixes no outside host has an address in (pod
@@ -175,6 +179,7 @@ func ComputeNode(in NodeInput) NodeState {
 	vt := readViewTopology(in, locators)
 	st.Classifiers = vt.classifiers()
 	st.Inside = insidePrefixes(in, locators)
+	st.L2Neighbors, st.L2FDB = l2Tables(in, ids, locators)
 	for _, v := range vt.nets {
 		st.Routes = append(st.Routes, vt.view(v)...)
 	}
@@ -378,7 +383,9 @@ func readViewTopology(in NodeInput, locators map[string]netip.Prefix) *viewTopol
 		}
 	}
 
-	l2Hosts(in, byName, locators)
+	for _, h := range l2Located(in) {
+		l2Host(h, in.Node, byName, locators)
+	}
 
 	pols := append([]lacev1.NetworkRoutingPolicy(nil), in.RoutingPolicies...)
 	sort.Slice(pols, func(i, j int) bool { return pols[i].Name < pols[j].Name })
@@ -405,49 +412,6 @@ func readViewTopology(in NodeInput, locators map[string]netip.Prefix) *viewTopol
 		vt.grants = append(vt.grants, g)
 	}
 	return vt
-}
-
-// l2Hosts gives each l2 network a block per address it holds, at the
-// node its MAC lives on: an l2 subnet spans nodes, so it is routed address
-// by address (what is switched inside the network never looks at views).
-// An address outside the network's subnets, or whose MAC is on no node
-// (or a node without a locator), is not routed.
-func l2Hosts(in NodeInput, byName map[string]*viewNet, locators map[string]netip.Prefix) {
-	type macKey struct{ network, mac string }
-	where := make(map[macKey]string, len(in.FDBEntries))
-	for _, f := range in.FDBEntries {
-		mac, err := net.ParseMAC(string(f.Spec.MAC))
-		if f.DeletionTimestamp != nil || err != nil {
-			continue
-		}
-		where[macKey{f.Spec.Network, mac.String()}] = f.Spec.Node
-	}
-	nbrs := append([]lacev1.Neighbor(nil), in.Neighbors...)
-	sort.Slice(nbrs, func(i, j int) bool { return nbrs[i].Name < nbrs[j].Name })
-	seen := map[netip.Prefix]bool{}
-	for _, n := range nbrs {
-		vn := byName[n.Spec.Network]
-		a, err1 := netip.ParseAddr(string(n.Spec.Address))
-		mac, err2 := net.ParseMAC(string(n.Spec.MAC))
-		if vn == nil || !vn.l2 || n.DeletionTimestamp != nil || err1 != nil || err2 != nil {
-			continue
-		}
-		node, ok := where[macKey{n.Spec.Network, mac.String()}]
-		p := netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())
-		if !ok || seen[p] || !coveredBy(vn.prefixes, p) {
-			continue
-		}
-		b := viewBlock{prefix: p, local: node == in.Node}
-		if !b.local {
-			loc, hasLoc := locators[node]
-			if !hasLoc {
-				continue
-			}
-			b.locator = loc
-		}
-		seen[p] = true
-		vn.blocks = append(vn.blocks, b)
-	}
 }
 
 func coveredBy(outer []netip.Prefix, p netip.Prefix) bool {

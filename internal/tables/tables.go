@@ -7,7 +7,10 @@
 // datapath knows nothing of Kubernetes.
 package tables
 
-import "net/netip"
+import (
+	"net"
+	"net/netip"
+)
 
 // SID function layout (bpf/include/lace.h): byte 8 of the SID is the
 // behaviour, bytes 10-11 the source network ID (the context the flow comes
@@ -20,7 +23,35 @@ const (
 	// BehaviourL3Decap decapsulates and looks the inner packet up in the
 	// destination network named by the SID (End.DT46 semantics).
 	BehaviourL3Decap = 1
+	// BehaviourL2IP carries an IP packet of an l2 network whose Ethernet
+	// header the receiver rebuilds from the network's neighbour table
+	// (End.DT2U, its frame's IP payload only: GSO survives the way it does
+	// for an l3 packet).
+	BehaviourL2IP = 4
 )
+
+// L2Neighbor is an entry of an l2 network's neighbour table: the MAC an
+// ARP request or neighbour solicitation for Addr is answered with, and
+// the MAC a frame from Addr carries.
+type L2Neighbor struct {
+	NetID uint32
+	Addr  netip.Addr
+	MAC   net.HardwareAddr
+	// Router: the network's anycast gateway (its advertisement says so).
+	Router bool
+}
+
+// FDBEntry is an entry of an l2 network's forwarding database: where a
+// frame to MAC goes. One of IfIndex (a port on this node), Gateway (the
+// anycast gateway, routed) or SID (another node: the SID of the network
+// in its locator, whose behaviour byte the sender sets) is set.
+type FDBEntry struct {
+	NetID   uint32
+	MAC     net.HardwareAddr
+	IfIndex uint32
+	Gateway bool
+	SID     netip.Addr
+}
 
 // SID returns the SID of behaviour inside locator (a /64) for a packet of
 // source network srcNet to destination network dstNet. Network IDs are 16

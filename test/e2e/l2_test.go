@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
@@ -16,6 +17,7 @@ import (
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/model/ipam"
 	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/internal/tables"
 	"github.com/lace-cni/lace/lab"
 )
 
@@ -164,4 +166,103 @@ func TestL2OneNode(t *testing.T) {
 			t.Errorf("n1 forwarding counter %s did not move (%d -> %d)", what, before[what], after[what])
 		}
 	}
+}
+
+// TestL2ThreeNodes: pods of one l2 network on three nodes share its
+// subnet and reach each other over TCP, UDP and ICMP in both families; on
+// the fabric their frames travel only in SRv6 to the network's SID in the
+// destination node's locator, and no ARP request or neighbour
+// solicitation for an address of the network ever crosses it (the nodes
+// answer them).
+func TestL2ThreeNodes(t *testing.T) {
+	needLab(t)
+	c := laceClient(t)
+	v4Net, v6Net := netip.MustParsePrefix("10.63.0.0/24"), netip.MustParsePrefix("fd00:63::/64")
+	l2Network(t, c, "span", v4Net.String(), v6Net.String())
+	var pods []*corev1.Pod
+	for i, node := range []string{"n1", "n2", "n3"} {
+		pods = append(pods, netPod(t, fmt.Sprintf("span-%d", i+1), "span", node, true))
+	}
+	var ueps lacev1.UnderlayEndpointList
+	if err := c.List(context.Background(), &ueps); err != nil {
+		t.Fatal(err)
+	}
+	var locators []netip.Prefix
+	for _, u := range ueps.Items {
+		locators = append(locators, netip.MustParsePrefix(string(u.Spec.Locator)))
+	}
+	fabric := netutil.Path(lab.Config{Name: labName}.NetNS("fabric"))
+	frames, err := netutil.Capture(fabric, "n1", func() {
+		for _, from := range pods {
+			for _, to := range pods {
+				if from != to {
+					expectReach(t, from, to)
+				}
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inNet := func(a netip.Addr) bool { return v4Net.Contains(a) || v6Net.Contains(a) }
+	carried := 0
+	for _, fr := range frames {
+		if len(fr) < 42 {
+			continue
+		}
+		switch binary.BigEndian.Uint16(fr[12:14]) {
+		case 0x0806:
+			if tpa := netip.AddrFrom4([4]byte(fr[38:42])); inNet(tpa) {
+				t.Errorf("ARP for %s on the fabric", tpa)
+			}
+		case 0x0800:
+			if s, d := netip.AddrFrom4([4]byte(fr[26:30])), netip.AddrFrom4([4]byte(fr[30:34])); inNet(s) || inNet(d) {
+				t.Errorf("an l2 pod's IPv4 packet in the clear on the fabric: %s -> %s", s, d)
+			}
+		case 0x86dd:
+			if len(fr) < 54+40 {
+				continue
+			}
+			s, d := netip.AddrFrom16([16]byte(fr[22:38])), netip.AddrFrom16([16]byte(fr[38:54]))
+			if inNet(s) || inNet(d) {
+				t.Errorf("an l2 pod's packet in the clear on the fabric: %s -> %s", s, d)
+			}
+			if fr[20] == 58 && (fr[54] == 135 || fr[54] == 136) && len(fr) >= 78 {
+				if tg := netip.AddrFrom16([16]byte(fr[62:78])); inNet(tg) {
+					t.Errorf("neighbour discovery for %s on the fabric", tg)
+				}
+			}
+			if fr[20] != 4 && fr[20] != 41 {
+				continue
+			}
+			inner := fr[54:]
+			var is, id netip.Addr
+			if fr[20] == 4 {
+				is, id = netip.AddrFrom4([4]byte(inner[12:16])), netip.AddrFrom4([4]byte(inner[16:20]))
+			} else {
+				is, id = netip.AddrFrom16([16]byte(inner[8:24])), netip.AddrFrom16([16]byte(inner[24:40]))
+				if inner[6] == 58 && len(inner) > 40 && (inner[40] == 135 || inner[40] == 136) {
+					t.Errorf("neighbour discovery %s -> %s carried in SRv6", is, id)
+				}
+			}
+			if !inNet(is) || !inNet(id) {
+				continue
+			}
+			carried++
+			if d.As16()[8] != tables.BehaviourL2IP {
+				t.Errorf("an l2 frame %s -> %s carried to SID %s, not the network's l2 SID", is, id, d)
+			}
+			home := false
+			for _, l := range locators {
+				home = home || l.Contains(d)
+			}
+			if !home {
+				t.Errorf("an l2 frame to SID %s, outside every node's locator", d)
+			}
+		}
+	}
+	if carried == 0 {
+		t.Fatalf("no l2 frame carried in SRv6 among %d frames", len(frames))
+	}
+	t.Logf("%d frames on n1's fabric port, %d l2 frames in SRv6, no ARP/ND for the network's addresses", len(frames), carried)
 }

@@ -33,7 +33,7 @@ type Tables interface {
 	SyncPorts(want []datapath.Port, busy func(ifindex uint32) bool) error
 	// SyncL2 makes the l2 networks' neighbour tables and forwarding
 	// databases exactly neigh and fdb.
-	SyncL2(neigh []datapath.L2Neighbor, fdb []datapath.FDBEntry) error
+	SyncL2Local(neigh []datapath.L2Neighbor, fdb []datapath.FDBEntry) error
 }
 
 // Kernel is what the server changes in the node's namespace: pod

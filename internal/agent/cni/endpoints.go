@@ -61,7 +61,7 @@ func (s *Server) SyncEntries() error {
 	errs = append(errs,
 		s.dp.SyncEndpoints(wantEps, func(n uint32, ad netip.Addr) bool { return busyEps[endpointKey{n, ad}] }),
 		s.dp.SyncPorts(wantPorts, func(i uint32) bool { return busyPorts[i] }),
-		s.dp.SyncL2(l2Entries(s.cp.all())))
+		s.dp.SyncL2Local(l2Entries(s.cp.all())))
 	// Programs: attached to every Ready endpoint's interface, detached from
 	// the others (a DEL's, or a leftover no endpoint claims).
 	pinned, err := s.dp.PinnedPodLinks()

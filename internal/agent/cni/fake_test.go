@@ -52,7 +52,7 @@ func epKey(n uint32, a netip.Addr) string { return fmt.Sprint(n, a) }
 func (f *fakeDP) AttachPod(_ string, h string, l2 bool) error {
 	return f.w(func() { f.attached[h] = true; f.attaches[h]++; f.l2[h] = l2 })
 }
-func (f *fakeDP) SyncL2(n []datapath.L2Neighbor, e []datapath.FDBEntry) error {
+func (f *fakeDP) SyncL2Local(n []datapath.L2Neighbor, e []datapath.FDBEntry) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.neigh, f.fdb = n, e

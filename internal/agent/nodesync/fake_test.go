@@ -34,6 +34,15 @@ type fakeDP struct {
 	attached map[string]bool
 	cfg      datapath.Config
 	services []datapath.Service
+	l2Neigh  []datapath.L2Neighbor
+	l2FDB    []datapath.FDBEntry
+}
+
+func (f *fakeDP) SyncL2Cluster(n []datapath.L2Neighbor, fdb []datapath.FDBEntry) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.l2Neigh, f.l2FDB = n, fdb
+	return nil
 }
 
 func newFakeDP() *fakeDP {

@@ -68,6 +68,10 @@ type NodeTables interface {
 	SyncNetworks([]datapath.Network) error
 	SyncClassifiers([]datapath.Classifier) error
 	SyncInsides([]datapath.Inside) error
+	// SyncL2Cluster makes the cluster's part of the l2 tables: the
+	// networks' neighbours and the MACs on other nodes (the pods' own
+	// part is the CNI server's).
+	SyncL2Cluster([]datapath.L2Neighbor, []datapath.FDBEntry) error
 }
 
 // RouteTable is the views map, synced against what was written to it

@@ -1,0 +1,141 @@
+package model
+
+import (
+	"bytes"
+	"net"
+	"net/netip"
+	"sort"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/tables"
+)
+
+// l2Place is an address of an l2 network placed where its MAC lives: a
+// Neighbor (address -> MAC) joined with the FDBEntry of its MAC (MAC ->
+// node). Both are lace-controller's, so a node cannot place another
+// node's address by writing them.
+type l2Place struct {
+	network string
+	addr    netip.Addr
+	mac     net.HardwareAddr
+	node    string
+}
+
+// l2Located joins Neighbors and FDBEntries, in name order, skipping what is
+// being deleted, malformed, or whose MAC is on no node.
+func l2Located(in NodeInput) []l2Place {
+	type macKey struct{ network, mac string }
+	where := make(map[macKey]string, len(in.FDBEntries))
+	for _, f := range in.FDBEntries {
+		mac, err := net.ParseMAC(string(f.Spec.MAC))
+		if f.DeletionTimestamp != nil || err != nil || len(mac) != 6 || f.Spec.Node == "" {
+			continue
+		}
+		where[macKey{f.Spec.Network, mac.String()}] = f.Spec.Node
+	}
+	nbrs := append([]lacev1.Neighbor(nil), in.Neighbors...)
+	sort.Slice(nbrs, func(i, j int) bool { return nbrs[i].Name < nbrs[j].Name })
+	var out []l2Place
+	for _, n := range nbrs {
+		a, err1 := netip.ParseAddr(string(n.Spec.Address))
+		mac, err2 := net.ParseMAC(string(n.Spec.MAC))
+		if n.DeletionTimestamp != nil || err1 != nil || err2 != nil || len(mac) != 6 {
+			continue
+		}
+		node, ok := where[macKey{n.Spec.Network, mac.String()}]
+		if !ok {
+			continue
+		}
+		out = append(out, l2Place{network: n.Spec.Network, addr: a.Unmap(), mac: mac, node: node})
+	}
+	return out
+}
+
+// l2Host gives an l2 network a block for one of its addresses, at the node
+// its MAC lives on: an l2 subnet spans nodes, so views route it address by
+// address (what is switched inside the network never looks at views). An
+// address outside the network's subnets, or on a node without a locator,
+// is not routed.
+func l2Host(h l2Place, self string, byName map[string]*viewNet, locators map[string]netip.Prefix) {
+	vn := byName[h.network]
+	if vn == nil || !vn.l2 {
+		return
+	}
+	p := netip.PrefixFrom(h.addr, h.addr.BitLen())
+	if !coveredBy(vn.prefixes, p) {
+		return
+	}
+	for _, b := range vn.blocks {
+		if b.prefix == p {
+			return // the first Neighbor of an address wins
+		}
+	}
+	b := viewBlock{prefix: p, local: h.node == self}
+	if !b.local {
+		loc, ok := locators[h.node]
+		if !ok {
+			return
+		}
+		b.locator = loc
+	}
+	vn.blocks = append(vn.blocks, b)
+}
+
+// l2Tables are the node's l2 neighbour tables (every located address of
+// an l2 network with an ID) and the MACs that live on other nodes (with
+// the SID of the network in that node's locator; the sender sets its
+// behaviour).
+func l2Tables(in NodeInput, ids map[string]uint32, locators map[string]netip.Prefix) ([]tables.L2Neighbor, []tables.FDBEntry) {
+	l2 := map[string]*lacev1.Network{}
+	for i := range in.Networks {
+		if n := &in.Networks[i]; n.Spec.Type == lacev1.NetworkTypeL2 {
+			l2[n.Name] = n
+		}
+	}
+	var neigh []tables.L2Neighbor
+	var fdb []tables.FDBEntry
+	seenAddr := map[string]bool{}
+	seenMAC := map[string]bool{}
+	for _, h := range l2Located(in) {
+		id, ok := ids[h.network]
+		if l2[h.network] == nil || !ok || !inSubnets(l2[h.network], h.addr) {
+			continue
+		}
+		if k := h.network + "/" + h.addr.String(); !seenAddr[k] {
+			seenAddr[k] = true
+			neigh = append(neigh, tables.L2Neighbor{NetID: id, Addr: h.addr, MAC: h.mac})
+		}
+		loc, ok := locators[h.node]
+		if k := h.network + "/" + h.mac.String(); h.node != in.Node && ok && !seenMAC[k] {
+			seenMAC[k] = true
+			fdb = append(fdb, tables.FDBEntry{NetID: id, MAC: h.mac, SID: tables.SID(loc, tables.BehaviourL2IP, id, id)})
+		}
+	}
+	sort.Slice(neigh, func(i, j int) bool {
+		if neigh[i].NetID != neigh[j].NetID {
+			return neigh[i].NetID < neigh[j].NetID
+		}
+		return neigh[i].Addr.Less(neigh[j].Addr)
+	})
+	sort.Slice(fdb, func(i, j int) bool {
+		if fdb[i].NetID != fdb[j].NetID {
+			return fdb[i].NetID < fdb[j].NetID
+		}
+		return bytes.Compare(fdb[i].MAC, fdb[j].MAC) < 0
+	})
+	return neigh, fdb
+}
+
+// inSubnets tells whether a is in one of n's subnets (the controller gives
+// no other address; a Neighbor outside them is not believed).
+func inSubnets(n *lacev1.Network, a netip.Addr) bool {
+	for _, sn := range []*lacev1.Subnet{n.Spec.IPv4Subnet, n.Spec.IPv6Subnet} {
+		if sn == nil {
+			continue
+		}
+		if p, err := netip.ParsePrefix(string(sn.Prefix)); err == nil && p.Masked().Contains(a) {
+			return true
+		}
+	}
+	return false
+}
