@@ -12,8 +12,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
 
+	ipamclaimsv1 "github.com/lace-cni/lace/api/ipamclaims/v1alpha1"
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/model/ipam"
 	"github.com/lace-cni/lace/internal/netutil"
@@ -265,4 +267,72 @@ func TestL2ThreeNodes(t *testing.T) {
 		t.Fatalf("no l2 frame carried in SRv6 among %d frames", len(frames))
 	}
 	t.Logf("%d frames on n1's fabric port, %d l2 frames in SRv6, no ARP/ND for the network's addresses", len(frames), carried)
+}
+
+// l2PodWith starts a netexec pod of network net on node with annotations.
+func l2PodWith(t *testing.T, name, net, node string, annotations map[string]string) *corev1.Pod {
+	t.Helper()
+	p := netexecPod(name, node)
+	p.Labels["net"] = net
+	p.Annotations = annotations
+	if _, err := client.CoreV1().Pods("default").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deletePodNow(t, name) })
+	return waitPodReady(t, "default", name)
+}
+
+func deletePodNow(t *testing.T, name string) {
+	t.Helper()
+	_ = client.CoreV1().Pods("default").Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+}
+
+// TestL2ClaimFollowsVM: a virtual machine's addresses and MAC outlive its
+// pod. The pod names an IPAMClaim; deleted, and followed by the VM's next
+// pod on another node, that pod gets the same addresses and MAC, the MAC's
+// FDBEntry moves there with its sequence one higher, and a pod on a third
+// node reaches the VM at the same addresses again.
+func TestL2ClaimFollowsVM(t *testing.T) {
+	needLab(t)
+	c := laceClient(t)
+	l2Network(t, c, "keep", "10.64.0.0/24", "fd00:64::/64")
+	claim := &ipamclaimsv1.IPAMClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vm-a.keep"},
+		Spec: ipamclaimsv1.IPAMClaimSpec{Network: "keep", Interface: "eth0"}}
+	if err := c.Create(context.Background(), claim); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), claim) })
+	ann := map[string]string{lacev1.AnnotationIPAMClaim: claim.Name}
+	peer := netPod(t, "keep-peer", "keep", "n3", true)
+	first := l2PodWith(t, "keep-vm-1", "keep", "n1", ann)
+	v4, v6 := podAddrs(first)
+	mac := podIface(t, first).mac
+	expectReach(t, peer, first)
+
+	deletePodNow(t, first.Name)
+	eventually(t, time.Minute, "pod keep-vm-1 gone", func() error {
+		if _, err := client.CoreV1().Pods("default").Get(context.Background(), first.Name, metav1.GetOptions{}); err == nil {
+			return fmt.Errorf("still there")
+		}
+		return nil
+	})
+	// While the VM has no pod, its addresses are nobody else's.
+	other := netPod(t, "keep-other", "keep", "n1", true)
+	if o4, o6 := podAddrs(other); o4 == v4 || o6 == v6 {
+		t.Errorf("a pod without the claim got the VM's address %s %s", o4, o6)
+	}
+
+	second := l2PodWith(t, "keep-vm-2", "keep", "n2", ann)
+	if s4, s6 := podAddrs(second); s4 != v4 || s6 != v6 {
+		t.Fatalf("the VM's next pod got %s %s, want %s %s", s4, s6, v4, v6)
+	}
+	if got := podIface(t, second).mac; got.String() != mac.String() {
+		t.Errorf("the VM's next pod has MAC %s, want %s", got, mac)
+	}
+	var f lacev1.FDBEntry
+	if err := c.Get(context.Background(), crKey(ipam.FDBEntryName("keep", mac)), &f); err != nil || f.Spec.Node != "n2" || f.Spec.Sequence < 1 {
+		t.Errorf("FDBEntry of %s: %v %+v, want node n2 with a higher sequence", mac, err, f.Spec)
+	}
+	expectReach(t, peer, second)
+	expectReach(t, second, peer)
 }
