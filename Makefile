@@ -112,7 +112,7 @@ test: deps k8s-bins cni-bins build images check-generated lint $(HELM) $(K8S_BIN
 
 .PHONY: bench
 bench: deps k8s-bins cni-bins build images $(HELM) ## Benchmarks on a lab, beside peers measured in the same run (root).
-	$(GO) run ./lab/bench --bin $(BIN_DIR)
+	$(GO) run ./lab/bench --bin $(BIN_DIR) $(if $(ONLY),--only $(ONLY))
 
 # Upstream's e2e suite of the pinned release, run on a lab by
 # lab/conformance (docs/conformance.md): every [sig-network] describe a CNI

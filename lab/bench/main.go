@@ -38,7 +38,7 @@ func main() {
 	dur := flag.Duration("duration", 3*time.Second, fmt.Sprintf("length of each throughput and latency run (each path runs %d rounds)", rounds))
 	pods := flag.Int("pods", 100, "pods for the CNI ADD latency run")
 	bin := flag.String("bin", "bin", "directory of the Lace binaries")
-	only := flag.String("only", "forwarding,cni,services,failover", "benchmarks to run (comma separated)")
+	only := flag.String("only", "forwarding,l2,cni,services,failover", "benchmarks to run (comma separated)")
 	failoverRounds := flag.Int("failover-rounds", 3, "rounds of the L2 failover benchmark")
 	labName := flag.String("lab", "", "run on this lab, which is up already (and stays up), instead of a new one")
 	var so svcOptions
@@ -63,8 +63,8 @@ func main() {
 	want := map[string]bool{}
 	for _, b := range strings.Split(*only, ",") {
 		b = strings.TrimSpace(b)
-		if b != "forwarding" && b != "cni" && b != "services" && b != "failover" {
-			fmt.Fprintf(os.Stderr, "bench: --only: %q is not forwarding, cni, services or failover\n", b)
+		if b != "forwarding" && b != "cni" && b != "services" && b != "failover" && b != "l2" {
+			fmt.Fprintf(os.Stderr, "bench: --only: %q is not forwarding, l2, cni, services or failover\n", b)
 			os.Exit(2)
 		}
 		want[b] = true
@@ -105,6 +105,11 @@ func run(ctx context.Context, bin, name string, want map[string]bool, dur time.D
 	fmt.Printf("Lace benchmark, %s, kernel %s, %d CPUs\n\n", time.Now().Format(time.RFC3339), kernel(), cpus())
 	if want["forwarding"] {
 		if err := benchForwarding(ctx, name, dur); err != nil {
+			return err
+		}
+	}
+	if want["l2"] {
+		if err := benchL2(ctx, name, dur); err != nil {
 			return err
 		}
 	}
