@@ -263,7 +263,10 @@ func (r *L2AddressReconciler) assign(ctx context.Context, ne *lacev1.NetworkEndp
 		if want, ok := rq.addrs[is4]; ok {
 			a, m, why, err = r.claimFixed(ctx, h, nw.Name, want, mac)
 		} else {
-			a, m, err = r.claimFree(ctx, h, nw.Name, p, mac)
+			var onNode map[netip.Addr]bool
+			if onNode, err = r.usedOnNode(ctx, ne); err == nil {
+				a, m, err = r.claimFree(ctx, h, nw.Name, p, mac, onNode)
+			}
 			if err == nil && !a.IsValid() {
 				why = &refusal{ReasonSubnetExhausted, fmt.Sprintf("network %s has no free %s address (%s: all %d assignable addresses are held)",
 					nw.Name, family(p), p, ipam.L2Capacity(p))}
@@ -329,7 +332,32 @@ func heldBy(ctx context.Context, c client.Reader, h holder, network string) (map
 // claimFree creates the Neighbor of the lowest free address of p for h,
 // with mac (derived from the address when nil); returns the address
 // (invalid when p has none free) and the MAC.
-func (r *L2AddressReconciler) claimFree(ctx context.Context, h holder, network string, p netip.Prefix, mac net.HardwareAddr) (netip.Addr, net.HardwareAddr, error) {
+// usedOnNode are the addresses the endpoints of other networks hold on
+// ne's node: pod addresses are unique per node across networks (the node
+// reaches each pod by its address alone), so an l2 network whose subnet
+// overlaps another's gives its pod there another address.
+func (r *L2AddressReconciler) usedOnNode(ctx context.Context, ne *lacev1.NetworkEndpoint) (map[netip.Addr]bool, error) {
+	var list lacev1.NetworkEndpointList
+	if err := r.Client.List(ctx, &list, client.MatchingLabels{lacev1.LabelNode: ne.Spec.Node}); err != nil {
+		return nil, fmt.Errorf("list NetworkEndpoints of node %s: %w", ne.Spec.Node, err)
+	}
+	used := map[netip.Addr]bool{}
+	for _, o := range list.Items {
+		if o.Spec.Network == ne.Spec.Network || o.Spec.Node != ne.Spec.Node {
+			continue
+		}
+		for _, as := range [][]lacev1.IPAddress{o.Spec.Addresses, o.Status.Addresses} {
+			for _, s := range as {
+				if a, err := netip.ParseAddr(string(s)); err == nil {
+					used[a] = true
+				}
+			}
+		}
+	}
+	return used, nil
+}
+
+func (r *L2AddressReconciler) claimFree(ctx context.Context, h holder, network string, p netip.Prefix, mac net.HardwareAddr, onNode map[netip.Addr]bool) (netip.Addr, net.HardwareAddr, error) {
 	var list lacev1.NeighborList
 	if err := r.Client.List(ctx, &list, client.MatchingLabels{lacev1.LabelNetwork: network}); err != nil {
 		return netip.Addr{}, nil, fmt.Errorf("list Neighbors of network %s: %w", network, err)
@@ -341,7 +369,7 @@ func (r *L2AddressReconciler) claimFree(ctx context.Context, h holder, network s
 		}
 	}
 	for a, ok := ipam.L2Next(p, netip.Addr{}); ok; a, ok = ipam.L2Next(p, a) {
-		if used[a] {
+		if used[a] || onNode[a] {
 			continue
 		}
 		m := mac

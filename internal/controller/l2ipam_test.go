@@ -504,3 +504,41 @@ func TestL2EndpointOfUnboundPodRefused(t *testing.T) {
 		t.Errorf("the unbound pod's endpoint holds %d Neighbors and %d FDBEntries", nb, fd)
 	}
 }
+
+// TestL2IPAMUniqueOnNode: two l2 networks with the same subnet give their
+// pods on one node different addresses (the node reaches each pod by its
+// address alone), and the same address on different nodes.
+func TestL2IPAMUniqueOnNode(t *testing.T) {
+	env, c := startL2(t)
+	startController(t, env, nil)
+	for _, n := range []string{"left", "right"} {
+		create(t, c, l2Network(n, "10.52.0.0/24", "fd00:52::/64"))
+		create(t, c, &lacev1.NetworkBindingPolicy{ObjectMeta: metav1.ObjectMeta{Name: "net-" + n},
+			Spec: lacev1.NetworkBindingPolicySpec{Network: n, MatchKind: lacev1.MatchKindPod, Priority: 100,
+				Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"net": n}}}})
+	}
+	pod := func(name, node, network string) {
+		create(t, c, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Labels: map[string]string{"net": network}},
+			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "x"}}}})
+		var p corev1.Pod
+		if err := c.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: name}, &p); err != nil {
+			t.Fatal(err)
+		}
+		create(t, c, &lacev1.NetworkEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name,
+			Labels: map[string]string{lacev1.LabelNode: node, lacev1.LabelPodUID: string(p.UID), lacev1.LabelNetwork: network}},
+			Spec: lacev1.NetworkEndpointSpec{Network: network, Node: node, Interface: "eth0"}})
+	}
+	pod("left-1", "n1", "left")
+	first := assigned(t, c, []string{"left-1"}, 2)
+	pod("right-1", "n1", "right")
+	pod("right-2", "n2", "right")
+	got := assigned(t, c, []string{"right-1", "right-2"}, 2)
+	for i, a := range got["right-1"].Addresses {
+		if a == first["left-1"].Addresses[i] {
+			t.Errorf("right-1 got %s, which left-1 of the other network holds on the same node", a)
+		}
+	}
+	if fmt.Sprint(got["right-2"].Addresses) != fmt.Sprint(first["left-1"].Addresses) {
+		t.Errorf("right-2 on another node got %v, want the lowest addresses %v", got["right-2"].Addresses, first["left-1"].Addresses)
+	}
+}

@@ -336,3 +336,50 @@ func TestL2ClaimFollowsVM(t *testing.T) {
 	expectReach(t, peer, second)
 	expectReach(t, second, peer)
 }
+
+// TestL2OverlapIsolated: two l2 networks with the same subnet stay apart.
+// Their pods on one node get different addresses, so across the two
+// networks the same address names different pods on different nodes:
+// each network's pods reach their own pod at it, never the other
+// network's (answered by name), and an address only the other network
+// holds gets no answer (ARP unanswered on the source node).
+func TestL2OverlapIsolated(t *testing.T) {
+	needLab(t)
+	c := laceClient(t)
+	l2Network(t, c, "ova", "10.65.0.0/24", "fd00:65::/64")
+	l2Network(t, c, "ovb", "10.65.0.0/24", "fd00:65::/64")
+	a1 := netPod(t, "ova-1", "ova", "n1", true)
+	b1 := netPod(t, "ovb-1", "ovb", "n1", true)
+	a2 := netPod(t, "ova-2", "ova", "n2", true)
+	b2 := netPod(t, "ovb-2", "ovb", "n2", true)
+	b3 := netPod(t, "ovb-3", "ovb", "n1", true)
+	for _, pair := range [][2]*corev1.Pod{{a1, b1}, {a2, b2}, {b3, a1}} {
+		p4, p6 := podAddrs(pair[0])
+		q4, q6 := podAddrs(pair[1])
+		if p4 == q4 || p6 == q6 {
+			t.Errorf("%s and %s share an address on %s", pair[0].Name, pair[1].Name, pair[0].Spec.NodeName)
+		}
+	}
+	shared := func(p, q *corev1.Pod) bool { p4, _ := podAddrs(p); q4, _ := podAddrs(q); return p4 == q4 }
+	if !shared(a1, b2) && !shared(a2, b1) {
+		t.Logf("no address is held in both networks (%s %s %s %s): the check below proves less", a1.Status.PodIP, a2.Status.PodIP, b1.Status.PodIP, b2.Status.PodIP)
+	}
+	expectReach(t, a1, a2)
+	expectReach(t, a2, a1)
+	expectReach(t, b1, b2)
+	expectReach(t, b2, b1)
+	expectReach(t, b1, b3)
+	for _, q := range []*corev1.Pod{b3} {
+		q4, q6 := podAddrs(q)
+		held := false
+		for _, p := range []*corev1.Pod{a1, a2} {
+			p4, _ := podAddrs(p)
+			held = held || p4 == q4
+		}
+		if held {
+			continue
+		}
+		expectNoReach(t, a1, q4, "n1", "l2-unknown-neighbour")
+		expectNoReach(t, a1, q6, "n1", "l2-unknown-neighbour")
+	}
+}
