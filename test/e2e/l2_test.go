@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 
 	ipamclaimsv1 "github.com/lace-cni/lace/api/ipamclaims/v1alpha1"
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/model/ipam"
 	"github.com/lace-cni/lace/internal/netutil"
 	"github.com/lace-cni/lace/internal/tables"
@@ -382,4 +384,158 @@ func TestL2OverlapIsolated(t *testing.T) {
 		expectNoReach(t, a1, q4, "n1", "l2-unknown-neighbour")
 		expectNoReach(t, a1, q6, "n1", "l2-unknown-neighbour")
 	}
+}
+
+// nodeL2Entries counts node's l2 table entries of network id: neighbours
+// and FDB entries.
+func nodeL2Entries(t *testing.T, node string, id uint32) (neigh, fdb int) {
+	t.Helper()
+	dp, err := datapath.Load(filepath.Join(labConfig().NodeRoot(node), "sys/fs/bpf/lace"))
+	if err != nil {
+		t.Fatalf("open the data plane of %s: %v", node, err)
+	}
+	defer dp.Close()
+	ns, err := dp.L2Neighbors()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs, err := dp.FDB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range ns {
+		if n.NetID == id {
+			neigh++
+		}
+	}
+	for _, f := range fs {
+		if f.NetID == id {
+			fdb++
+		}
+	}
+	return neigh, fdb
+}
+
+// TestL2ChurnLeavesNothing: 200 pods of an l2 network created at once on
+// three nodes get 400 distinct addresses and 200 distinct MACs; once they
+// are deleted no Neighbor, FDBEntry, address, veth, port, endpoint or l2
+// table entry of theirs is left, while the addresses of a VM's IPAMClaim,
+// whose pod was deleted too, are kept.
+func TestL2ChurnLeavesNothing(t *testing.T) {
+	needLab(t)
+	c := laceClient(t)
+	ctx := context.Background()
+	l2Network(t, c, "churn2", "10.66.0.0/22", "fd00:66::/64")
+	var nw lacev1.Network
+	if err := c.Get(ctx, crKey("churn2"), &nw); err != nil {
+		t.Fatal(err)
+	}
+	id := uint32(nw.Status.ID)
+	claim := &ipamclaimsv1.IPAMClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vm-kept.churn2"},
+		Spec: ipamclaimsv1.IPAMClaimSpec{Network: "churn2", Interface: "eth0"}}
+	if err := c.Create(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), claim) })
+	vm := l2PodWith(t, "churn2-vm", "churn2", "n1", map[string]string{lacev1.AnnotationIPAMClaim: claim.Name})
+	vm4, vm6 := podAddrs(vm)
+
+	const n = 200
+	start := time.Now()
+	for i := range n {
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("churn2-%03d", i), Labels: map[string]string{"app": "churn2", "net": "churn2"}},
+			Spec: corev1.PodSpec{TerminationGracePeriodSeconds: ptr.To[int64](1),
+				Containers: []corev1.Container{{Name: "pause", Image: "registry.k8s.io/pause:3.10"}}},
+		}
+		if _, err := client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_ = client.CoreV1().Pods("default").DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "app=churn2"})
+	})
+	eventually(t, 6*time.Minute, "200 l2 pods running with addresses", func() error {
+		pods, err := client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=churn2"})
+		if err != nil {
+			return err
+		}
+		ready := 0
+		seen := map[string]string{vm4.String(): vm.Name, vm6.String(): vm.Name}
+		for _, p := range pods.Items {
+			if p.Status.Phase == corev1.PodRunning && len(p.Status.PodIPs) == 2 {
+				ready++
+				for _, ip := range p.Status.PodIPs {
+					if other, dup := seen[ip.IP]; dup {
+						return fmt.Errorf("address %s given to %s and %s", ip.IP, other, p.Name)
+					}
+					seen[ip.IP] = p.Name
+				}
+			}
+		}
+		if ready != n {
+			return fmt.Errorf("%d of %d running", ready, n)
+		}
+		return nil
+	})
+	t.Logf("200 l2 pods running in %s", time.Since(start).Round(time.Second))
+	var fdbs lacev1.FDBEntryList
+	if err := c.List(ctx, &fdbs, crclient.MatchingLabels{lacev1.LabelNetwork: "churn2"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(fdbs.Items) != n+1 {
+		t.Errorf("%d FDBEntries (distinct MACs) for %d pods, want %d", len(fdbs.Items), n+1, n+1)
+	}
+
+	if err := client.CoreV1().Pods("default").DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "app=churn2"}); err != nil {
+		t.Fatal(err)
+	}
+	deletePodNow(t, vm.Name)
+	eventually(t, 4*time.Minute, "only the claim's Neighbors and FDBEntry left", func() error {
+		pods, err := client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "net=churn2"})
+		if err != nil {
+			return err
+		}
+		if len(pods.Items) > 0 {
+			return fmt.Errorf("%d pods left", len(pods.Items))
+		}
+		var neps lacev1.NetworkEndpointList
+		if err := c.List(ctx, &neps, crclient.InNamespace("default")); err != nil {
+			return err
+		}
+		for _, ne := range neps.Items {
+			if ne.Spec.Network == "churn2" {
+				return fmt.Errorf("NetworkEndpoint %s left", ne.Name)
+			}
+		}
+		var nbrs lacev1.NeighborList
+		if err := c.List(ctx, &nbrs, crclient.MatchingLabels{lacev1.LabelNetwork: "churn2"}); err != nil {
+			return err
+		}
+		var fdbs lacev1.FDBEntryList
+		if err := c.List(ctx, &fdbs, crclient.MatchingLabels{lacev1.LabelNetwork: "churn2"}); err != nil {
+			return err
+		}
+		if len(nbrs.Items) != 2 || len(fdbs.Items) != 1 {
+			return fmt.Errorf("%d Neighbors and %d FDBEntries left, want the claim's 2 and 1", len(nbrs.Items), len(fdbs.Items))
+		}
+		for _, nb := range nbrs.Items {
+			if a := netip.MustParseAddr(string(nb.Spec.Address)); a != vm4 && a != vm6 {
+				return fmt.Errorf("Neighbor of %s left", a)
+			}
+		}
+		return nil
+	})
+	t.Logf("200 l2 pods created and deleted in %s", time.Since(start).Round(time.Second))
+	residueMatchesPods(t, "node state matching the remaining pods")
+	// The nodes keep the claim's addresses in the network's tables (its
+	// Neighbors: the VM's next pod is reached at once) and nothing else.
+	eventually(t, 30*time.Second, "l2 tables holding only the claim's entries", func() error {
+		for _, node := range []string{"n1", "n2", "n3"} {
+			if ne, fd := nodeL2Entries(t, node, id); ne > 2 || fd > 1 {
+				return fmt.Errorf("node %s holds %d neighbours and %d FDB entries of churn2", node, ne, fd)
+			}
+		}
+		return nil
+	})
 }
