@@ -118,6 +118,24 @@ static __noinline int l2_to_node(struct __sk_buff *skb, __u32 net_id, const __u8
 	return encap_and_send(skb, &p, sid, 0);
 }
 
+/* l2_to_port delivers a frame to a port on this node, as a Service
+ * endpoint's answer when it is one (l2_unnat). */
+static __noinline int l2_to_port(struct __sk_buff *skb, __u32 net_id, __u32 ifindex)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end)
+		return drop(DROP_NOT_IP);
+	struct pkt p = {};
+	if (parse_ip(skb, eth->h_proto, ETH_HLEN, &p))
+		return drop(DROP_NOT_IP);
+	if (l2_unnat(skb, &p, net_id))
+		return drop(DROP_ADJUST);
+	count(FWD_L2_SWITCHED);
+	return bpf_redirect_peer(ifindex, 0);
+}
+
 /* is_nd tells whether an IPv6 packet is neighbour discovery or MLD,
  * which never leave the port. */
 static __always_inline int is_nd(struct ipv6hdr *ip6, void *end)
@@ -191,8 +209,7 @@ int from_l2(struct __sk_buff *skb)
 	/* A frame back to its own port is no switching. */
 	if (!(dst->flags & FDB_LOCAL) || dst->ifindex == ifindex)
 		return drop(DROP_L2_UNKNOWN_DST);
-	count(FWD_L2_SWITCHED);
-	return bpf_redirect_peer(dst->ifindex, 0);
+	return l2_to_port(skb, pt.net_id, dst->ifindex);
 }
 
 char __license[] SEC("license") = "GPL";

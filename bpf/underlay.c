@@ -625,8 +625,8 @@ static __noinline int foreign_source(__u32 src_net, struct pkt *p, const void *o
  * macs: the pod's MAC first), rebuilt with the source's MAC from the
  * neighbour table. Switching stays inside a network, and the source's
  * address was placed at the sending node (foreign_source, by the host
- * routes of its Neighbor). No flow is tracked: nothing switched is
- * translated or filtered. */
+ * routes of its Neighbor). No flow is tracked; a Service endpoint's answer
+ * to a translated flow leaves from the VIP (l2_unnat). */
 static __noinline int l2_decap(struct __sk_buff *skb, struct pkt *p, __u32 net_id, __u32 ifindex, __u8 *macs)
 {
 	__u16 inner_proto;
@@ -642,6 +642,11 @@ static __noinline int l2_decap(struct __sk_buff *skb, struct pkt *p, __u32 net_i
 	if (bpf_skb_adjust_room(skb, -(int)sizeof(struct ipv6hdr), BPF_ADJ_ROOM_MAC, flags) ||
 	    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_proto), &inner_proto, 2, 0) ||
 	    set_macs(skb, macs, macs + 6))
+		return drop(DROP_ADJUST);
+	/* The inner header now follows Ethernet. */
+	p->l3_off = ETH_HLEN;
+	p->l4_off -= sizeof(struct ipv6hdr);
+	if (l2_unnat(skb, p, net_id))
 		return drop(DROP_ADJUST);
 	count(FWD_DECAP);
 	return bpf_redirect_peer(ifindex, 0);

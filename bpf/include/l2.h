@@ -1,11 +1,13 @@
 /* The maps of l2 networks: the neighbour table (address -> MAC) an l2
  * port's address resolution is answered from, the forwarding database
- * (MAC -> where), and the jump to the routing program. Shared with Go
- * (internal/datapath/l2.go). */
+ * (MAC -> where), and the jump to the routing program (shared with Go,
+ * internal/datapath/l2.go); and what both ends of a switched frame do
+ * alike (l2_unnat). */
 #ifndef LACE_L2_H
 #define LACE_L2_H
 
 #include "lace.h"
+#include "fwd.h"
 
 struct l2_neigh_key {
 	__u32 net_id;
@@ -67,5 +69,25 @@ struct {
 	__type(value, __u32);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lace_l2_jump SEC(".maps");
+
+/* l2_unnat: a switched frame may be a Service endpoint's answer to a
+ * client of its segment whose flow was translated (the client sent to the
+ * VIP through the gateway, where from_pod translated it; the endpoint
+ * answers the client directly, on-link). It must leave from the VIP, and
+ * the client's flow must see the answer (its handshake settles), as on
+ * the routed path. p is the frame's IP packet after the Ethernet header.
+ * Only looked up: switched flows are not tracked. -1: the rewrite failed. */
+static __noinline __attribute__((unused)) int l2_unnat(struct __sk_buff *skb, struct pkt *p, __u32 net_id)
+{
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+		return 0;
+	struct ct_key k;
+	ct_key_of(&k, net_id, p, 0);
+	struct ct_val *v = ct_lookup(&k);
+	if (!v || (v->flags & (CT_DNAT | CT_ORIGIN_LOCAL)) != (CT_DNAT | CT_ORIGIN_LOCAL) || v->peer_net != net_id)
+		return 0;
+	v = ct_update(&k, v, p, 0);
+	return unnat_reply(skb, p, v) ? -1 : 0;
+}
 
 #endif

@@ -539,3 +539,40 @@ func TestL2ChurnLeavesNothing(t *testing.T) {
 		return nil
 	})
 }
+
+// TestL2ThroughTheGateway: the anycast gateway routes an l2 network's pods
+// as an l3 network's: a ClusterIP Service bound to the l2 network serves
+// its pods on three nodes to an l2 pod on one of them (the endpoints answer
+// the client on-link, switched, and the answers still come from the VIP:
+// across nodes and on the client's own node), and with a routing policy
+// to the world an l2 pod reaches the lab's external host (SNAT to its
+// node's address).
+func TestL2ThroughTheGateway(t *testing.T) {
+	needLab(t)
+	c := laceClient(t)
+	l2Network(t, c, "gwl2", "10.67.0.0/24", "fd00:67::/64")
+	labelNetwork(t, c, "gwl2", map[string]string{"e2e-l2": "gwl2"})
+	nbp := &lacev1.NetworkBindingPolicy{ObjectMeta: metav1.ObjectMeta{Name: "e2e-svc-gwl2"}, Spec: lacev1.NetworkBindingPolicySpec{
+		Network: "gwl2", Priority: 10, MatchKind: lacev1.MatchKindService,
+		Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"svc-net": "gwl2"}}}}
+	if err := c.Create(context.Background(), nbp); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), nbp) })
+	appPod(t, "gwl2-b1", "gwl2", "svc-gwl2", "n1")
+	appPod(t, "gwl2-b2", "gwl2", "svc-gwl2", "n2")
+	appPod(t, "gwl2-b3", "gwl2", "svc-gwl2", "n3")
+	client3 := netPod(t, "gwl2-client", "gwl2", "n3", true)
+	svc := dualStackService(t, "svc-gwl2", "svc-gwl2", map[string]string{"svc-net": "gwl2"})
+	waitEndpoints(t, svc, 3)
+	expectServed(t, client3, svc, "gwl2-b1", "gwl2-b2", "gwl2-b3")
+
+	routingPolicy(t, c, "e2e-gwl2-world", map[string]string{"e2e-l2": "gwl2"}, map[string]string{"lace-cni.io/network": "world"})
+	extV4, _ := lab.ExternalUnderlay()
+	dst := netip.AddrPortFrom(extV4, 9391)
+	shortTCPServer(t, externalNS(), dst)
+	ns := podNetNS(t, client3)
+	eventually(t, 30*time.Second, "the l2 pod reaches the external host", func() error {
+		return netutil.Do(ns, func() error { return shortTCP(dst) })
+	})
+}
