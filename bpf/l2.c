@@ -187,9 +187,17 @@ int from_l2(struct __sk_buff *skb)
 			return l2_nd(skb, &pt);
 		if (!(pt.flags & PORT_HAS_V6) || !eq16(&ip6->saddr, pt.ip6))
 			return drop(DROP_SPOOF);
+		/* ND behind an extension header: a poisoned peer. */
+		if (ip6->nexthdr != IPPROTO_ICMPV6 && l2_carries_nd(skb, ETH_HLEN))
+			return drop(DROP_L2_NOT_FORWARDED);
 	} else {
 		return drop(DROP_NOT_IP);
 	}
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	eth = data;
+	if ((void *)(eth + 1) > end)
+		return drop(DROP_NOT_IP);
 
 	if (eth->h_dest[0] & 1)
 		return drop(DROP_L2_BROADCAST);

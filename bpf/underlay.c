@@ -629,6 +629,10 @@ static __noinline int foreign_source(__u32 src_net, struct pkt *p, const void *o
  * to a translated flow leaves from the VIP (l2_unnat). */
 static __noinline int l2_decap(struct __sk_buff *skb, struct pkt *p, __u32 net_id, __u32 ifindex, __u8 *macs)
 {
+	/* ND is answered on each node, never carried: one from another
+	 * node would move a neighbour entry of the pod (l2_carries_nd). */
+	if (p->family == LACE_FAMILY_V6 && l2_carries_nd(skb, p->l3_off))
+		return drop(DROP_L2_NOT_FORWARDED);
 	__u16 inner_proto;
 	__u64 flags;
 	if (decap_inner(p->family == LACE_FAMILY_V4 ? IPPROTO_IPIP : IPPROTO_IPV6, &inner_proto, &flags))

@@ -70,6 +70,48 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lace_l2_jump SEC(".maps");
 
+/* l2_carries_nd tells whether the IPv6 packet at l3_off is neighbour
+ * discovery, MLD or a router message (ICMPv6 130-137, 143), also behind
+ * extension headers (hop-by-hop, routing, destination options, a first or
+ * atomic fragment): a stack processes such a message after its extension
+ * headers, so an advertisement hidden behind one would reach a peer and
+ * move one of its neighbour entries (the gateway's) to the sender's MAC.
+ * Nothing of ND is switched or carried: it is answered on each node. A
+ * chain too long or cut short counts as ND. A later fragment carries no
+ * header: its first fragment is judged. */
+static __noinline __attribute__((unused)) int l2_carries_nd(struct __sk_buff *skb, __u32 l3_off)
+{
+	__u8 next;
+	if (bpf_skb_load_bytes(skb, l3_off + offsetof(struct ipv6hdr, nexthdr), &next, 1))
+		return 1;
+	__u32 off = l3_off + sizeof(struct ipv6hdr);
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		__u8 h[4];
+		if (next == 0 || next == 43 || next == 60) {
+			if (bpf_skb_load_bytes(skb, off, h, 2))
+				return 1;
+			next = h[0];
+			off += ((__u32)h[1] + 1) * 8;
+		} else if (next == 44) {
+			if (bpf_skb_load_bytes(skb, off, h, 4))
+				return 1;
+			if (((((__u16)h[2]) << 8) | h[3]) & 0xfff8)
+				return 0;
+			next = h[0];
+			off += 8;
+		}
+	}
+	if (next == 0 || next == 43 || next == 44 || next == 60)
+		return 1;
+	if (next != IPPROTO_ICMPV6)
+		return 0;
+	__u8 type;
+	if (bpf_skb_load_bytes(skb, off, &type, 1))
+		return 1;
+	return (type >= 130 && type <= 137) || type == 143;
+}
+
 /* l2_unnat: a switched frame may be a Service endpoint's answer to a
  * client of its segment whose flow was translated (the client sent to the
  * VIP through the gateway, where from_pod translated it; the endpoint
