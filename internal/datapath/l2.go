@@ -93,21 +93,39 @@ func checkL2(neigh []L2Neighbor, fdb []FDBEntry) error {
 // syncL2 writes the merged desired state (the caller holds d.tab.mu).
 // Entries are written before the neighbours that name their MACs and
 // removed after them, so an answered address always leads somewhere.
+// The cluster's entries are held only for the networks with a port here:
+// nothing reads another network's (from_l2 reads its port's network, the
+// receiver needs a local endpoint of it), and holding every l2 network's
+// every address on every node would let one large network fill the maps
+// for all (a claim's addresses outlive its pods), after which no new
+// port of any network gets its entries.
 func (d *Datapath) syncL2() error {
 	t, w := d.tab, &d.tab.l2
+	here := map[uint32]bool{}
+	for _, e := range w.localFDB {
+		here[e.NetID] = true
+	}
 	wn := make(map[l2L2NeighKey]l2L2NeighVal, len(w.localNeigh)+len(w.clusterNeigh))
-	for _, list := range [][]L2Neighbor{w.clusterNeigh, w.localNeigh} {
-		for _, n := range list {
+	for _, n := range w.clusterNeigh {
+		if here[n.NetID] {
 			k, v := l2NeighEntry(n)
 			wn[k] = v
 		}
 	}
+	for _, n := range w.localNeigh {
+		k, v := l2NeighEntry(n)
+		wn[k] = v
+	}
 	wf := make(map[l2FdbKey]l2FdbVal, len(w.localFDB)+len(w.clusterFDB))
-	for _, list := range [][]FDBEntry{w.clusterFDB, w.localFDB} {
-		for _, e := range list {
+	for _, e := range w.clusterFDB {
+		if here[e.NetID] {
 			k, v := fdbEntry(e)
 			wf[k] = v
 		}
+	}
+	for _, e := range w.localFDB {
+		k, v := fdbEntry(e)
+		wf[k] = v
 	}
 	if err := errors.Join(t.l2Neigh.known(), t.fdb.known()); err != nil {
 		return err

@@ -108,3 +108,75 @@ func TestProgL2ReviewHiddenND(t *testing.T) {
 		}
 	})
 }
+
+// TestProgL2ReviewForeignNetworksNotHeld: the cluster's part of the l2
+// tables (every l2 network's every address, from Neighbors and
+// FDBEntries) is held on a node only for the networks that have a port
+// there: nothing of the data plane reads another network's entries
+// (from_l2 reads its port's network, the receiver needs a local endpoint),
+// and holding them all lets one large network (a tenant's claims outlive
+// its pods) fill lace_l2_neigh on every node, after which no new port of
+// any network gets its entries (its frames are dropped as spoofed, its
+// ARP unanswered).
+func TestProgL2ReviewForeignNetworksNotHeld(t *testing.T) {
+	d := progL2Datapath(t)
+	other := progNet + 5
+	base := netip.MustParseAddr("10.200.0.0")
+	var neigh []L2Neighbor
+	var fdb []FDBEntry
+	// Addresses 10.200.0.1 on, one MAC each (by index).
+	b := base.As4()
+	for i := 1; i <= 65536; i++ {
+		v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3]) + uint32(i)
+		a := netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+		mac := net.HardwareAddr{0x0a, 0x58, byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}
+		neigh = append(neigh, L2Neighbor{NetID: other, Addr: a, MAC: mac})
+		if i <= 100 {
+			fdb = append(fdb, FDBEntry{NetID: other, MAC: mac, SID: SID(progOther, BehaviourL2IP, other, other)})
+		}
+	}
+	// What the cluster sync says fails or not: the point is the ports.
+	_ = d.SyncL2Cluster(neigh, fdb)
+	got, err := d.L2Neighbors()
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := 0
+	for _, n := range got {
+		if n.NetID == other {
+			held++
+		}
+	}
+	if held != 0 {
+		t.Errorf("%d neighbours of network %d, which has no port on the node, are held", held, other)
+	}
+	// A new port of the node's network gets its entries: its ARP is
+	// answered.
+	c4 := netip.MustParseAddr("10.70.1.9")
+	cMAC := net.HardwareAddr{0x0a, 0x58, 10, 70, 1, 9}
+	if err := d.SyncL2Local([]L2Neighbor{
+		{NetID: progNet, Addr: l2A4, MAC: l2MACA}, {NetID: progNet, Addr: c4, MAC: cMAC},
+		{NetID: progNet, Addr: l2Gw4, MAC: l2MACGw, Router: true},
+	}, []FDBEntry{
+		{NetID: progNet, MAC: l2MACA, IfIndex: l2PortA}, {NetID: progNet, MAC: cMAC, IfIndex: 5003},
+		{NetID: progNet, MAC: l2MACGw, Gateway: true},
+	}); err != nil {
+		t.Fatalf("a new port's entries were not written: %v", err)
+	}
+	onlyForwarded(t, d, "l2-answered", func() { runL2(t, d, l2PortA, fromMAC(l2MACA, arpRequest(l2MACA, l2A4, c4))) })
+	// The network arrives on the node (a port of it): its entries follow.
+	if err := d.SyncL2Cluster(neigh[:3], fdb[:3]); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SyncL2Local([]L2Neighbor{{NetID: other, Addr: netip.MustParseAddr("10.200.1.1"), MAC: cMAC}},
+		[]FDBEntry{{NetID: other, MAC: cMAC, IfIndex: 5003}}); err != nil {
+		t.Fatal(err)
+	}
+	got, err = d.L2Neighbors()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 4 {
+		t.Errorf("with a port of network %d: neighbours %v, want its own and the cluster's 3", other, got)
+	}
+}
