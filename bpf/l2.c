@@ -153,6 +153,11 @@ int from_l2(struct __sk_buff *skb)
 	struct port_val *port = bpf_map_lookup_elem(&lace_ports, &ifindex);
 	if (!port || !(port->flags & PORT_L2))
 		return drop(DROP_UNKNOWN_PORT);
+	/* An 802.1Q tag the kernel took out of the frame stays with it
+	 * through a redirect: to a peer, to the underlay (from_pod). An l2
+	 * network is one untagged segment. */
+	if (skb->vlan_present)
+		return drop(DROP_NOT_IP);
 	struct l2_port pt = {.net_id = port->net_id, .flags = port->flags};
 	__builtin_memcpy(pt.ip4, port->ip4, 4);
 	__builtin_memcpy(pt.ip6, port->ip6, 16);

@@ -303,6 +303,11 @@ int from_pod(struct __sk_buff *skb)
 		return drop(DROP_UNKNOWN_PORT);
 	__u32 net_id = port->net_id;
 	int sock_lb = port->flags & PORT_SOCK_LB;
+	/* A tagged frame (the kernel moved the pod's 802.1Q tag out of the
+	 * frame before tc): redirected, it would keep the tag and leave the
+	 * underlay in the VLAN the pod chose. */
+	if (skb->vlan_present)
+		return drop(DROP_NOT_IP);
 
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
