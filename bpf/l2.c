@@ -214,15 +214,18 @@ int from_l2(struct __sk_buff *skb)
 		bpf_tail_call(skb, &lace_l2_jump, L2_JUMP_ROUTE);
 		return drop(DROP_L2_NO_ROUTER);
 	}
-	if (dst->flags & FDB_REMOTE) {
-		__u8 sid[16];
-		__builtin_memcpy(sid, dst->sid, 16);
-		return l2_to_node(skb, pt.net_id, k.mac, sid);
-	}
+	/* Switched: an ICMP error only about what its receiver sent here. */
+	__u32 dflags = dst->flags, difindex = dst->ifindex;
+	__u8 dsid[16];
+	__builtin_memcpy(dsid, dst->sid, 16);
+	if (l2_foreign_error(skb, ETH_HLEN, proto == bpf_htons(ETH_P_IP) ? LACE_FAMILY_V4 : LACE_FAMILY_V6))
+		return drop(DROP_ICMP_NOT_OURS);
+	if (dflags & FDB_REMOTE)
+		return l2_to_node(skb, pt.net_id, k.mac, dsid);
 	/* A frame back to its own port is no switching. */
-	if (!(dst->flags & FDB_LOCAL) || dst->ifindex == ifindex)
+	if (!(dflags & FDB_LOCAL) || difindex == ifindex)
 		return drop(DROP_L2_UNKNOWN_DST);
-	return l2_to_port(skb, pt.net_id, dst->ifindex);
+	return l2_to_port(skb, pt.net_id, difindex);
 }
 
 char __license[] SEC("license") = "GPL";

@@ -633,6 +633,8 @@ static __noinline int l2_decap(struct __sk_buff *skb, struct pkt *p, __u32 net_i
 	 * node would move a neighbour entry of the pod (l2_carries_nd). */
 	if (p->family == LACE_FAMILY_V6 && l2_carries_nd(skb, p->l3_off))
 		return drop(DROP_L2_NOT_FORWARDED);
+	if (is_icmp_error(p) && l2_foreign_error(skb, p->l3_off, p->family))
+		return drop(DROP_ICMP_IN_NOT_OURS);
 	__u16 inner_proto;
 	__u64 flags;
 	if (decap_inner(p->family == LACE_FAMILY_V4 ? IPPROTO_IPIP : IPPROTO_IPV6, &inner_proto, &flags))

@@ -112,6 +112,55 @@ static __noinline __attribute__((unused)) int l2_carries_nd(struct __sk_buff *sk
 	return (type >= 130 && type <= 137) || type == 143;
 }
 
+/* l2_foreign_error tells whether the IP packet at l3_off (family: the
+ * packet's) is an ICMP error about something else than a packet its
+ * receiver sent to its sender: the quoted packet must go from the
+ * receiver (the error's destination) to the sender (its source, the
+ * port's own address). A switched error is otherwise unchecked (no flow is
+ * tracked), and a peer of the segment could tell another pod's flows to
+ * any host that the path is too small (a 552-byte or 1280-byte path MTU)
+ * or that the far end refused them; a routed one is judged by conntrack
+ * in from_pod. No port of an l2 network forwards others' packets (its
+ * source is its own), so no legitimate error quotes anything else. An
+ * error too short for its quote is foreign. */
+static __noinline __attribute__((unused)) int l2_foreign_error(struct __sk_buff *skb, __u32 l3_off, __u8 family)
+{
+	__u8 s[16], d[16], qs[16], qd[16], type;
+	__u32 l4_off, q_off;
+	if (family == LACE_FAMILY_V4) {
+		struct iphdr ip;
+		if (bpf_skb_load_bytes(skb, l3_off, &ip, sizeof(ip)))
+			return 0;
+		if (ip.protocol != IPPROTO_ICMP || (ip.frag_off & bpf_htons(0x1fff)))
+			return 0;
+		l4_off = l3_off + ip.ihl * 4;
+		if (bpf_skb_load_bytes(skb, l4_off, &type, 1))
+			return 1;
+		if (type != 3 && type != 11 && type != 12)
+			return 0;
+		q_off = l4_off + 8 + offsetof(struct iphdr, saddr);
+		if (bpf_skb_load_bytes(skb, q_off, qs, 4) || bpf_skb_load_bytes(skb, q_off + 4, qd, 4))
+			return 1;
+		return *(__u32 *)qs != ip.daddr || *(__u32 *)qd != ip.saddr;
+	}
+	struct ipv6hdr ip6;
+	if (bpf_skb_load_bytes(skb, l3_off, &ip6, sizeof(ip6)))
+		return 0;
+	if (ip6.nexthdr != IPPROTO_ICMPV6)
+		return 0;
+	l4_off = l3_off + sizeof(ip6);
+	if (bpf_skb_load_bytes(skb, l4_off, &type, 1))
+		return 1;
+	if (type >= 128)
+		return 0;
+	q_off = l4_off + 8 + offsetof(struct ipv6hdr, saddr);
+	if (bpf_skb_load_bytes(skb, q_off, qs, 16) || bpf_skb_load_bytes(skb, q_off + 16, qd, 16))
+		return 1;
+	__builtin_memcpy(s, &ip6.saddr, 16);
+	__builtin_memcpy(d, &ip6.daddr, 16);
+	return !eq16(qs, d) || !eq16(qd, s);
+}
+
 /* l2_unnat: a switched frame may be a Service endpoint's answer to a
  * client of its segment whose flow was translated (the client sent to the
  * VIP through the gateway, where from_pod translated it; the endpoint

@@ -180,3 +180,64 @@ func TestProgL2ReviewForeignNetworksNotHeld(t *testing.T) {
 		t.Errorf("with a port of network %d: neighbours %v, want its own and the cluster's 3", other, got)
 	}
 }
+
+// icmpErr is an ICMP (v4: type 3 code 4, fragmentation needed, MTU 552) or
+// ICMPv6 (type 2, packet too big, MTU 1280) error from src to dst quoting
+// a UDP datagram from qs to qd.
+func icmpErr(src, dst, qs, qd netip.Addr) []byte {
+	if src.Is4() {
+		m := []byte{3, 4, 0, 0, 0, 0, 0x02, 0x28}
+		return ipv4(src, dst, 1, append(m, ipv4(qs, qd, 17, udp(5353, 53))...))
+	}
+	m := []byte{2, 0, 0, 0, 0, 0, 0x05, 0x00}
+	return ipv6(src, dst, 58, append(m, ipv6(qs, qd, 17, udp(5353, 53))...))
+}
+
+// TestProgL2ReviewForeignICMPError: a pod cannot tell a peer of its
+// segment that the peer's flows to some other host have a tiny path MTU
+// (or were refused): a switched ICMP error must quote a packet the
+// receiver sent to the sender, on the node, to another node, and from
+// another node. One about the receiver's packet to the sender passes.
+func TestProgL2ReviewForeignICMPError(t *testing.T) {
+	d := progL2NodesDatapath(t)
+	ext4, ext6 := netip.MustParseAddr("8.8.8.8"), netip.MustParseAddr("2001:4860::8888")
+	mySID := SID(progLocator, BehaviourL2IP, progNet, progNet)
+	for _, c := range []struct {
+		name, reason string
+		run          func() uint32
+		want         uint32
+	}{
+		{"v4 on the node, about the peer's flow elsewhere", "icmp-error-no-flow", func() uint32 {
+			r, _ := runL2(t, d, l2PortA, fromMAC(l2MACA, ether(l2MACB, 0x0800, icmpErr(l2A4, l2B4, l2B4, ext4))))
+			return r
+		}, actShot},
+		{"v6 on the node, about the peer's flow elsewhere", "icmp-error-no-flow", func() uint32 {
+			r, _ := runL2(t, d, l2PortA, fromMAC(l2MACA, ether(l2MACB, 0x86dd, icmpErr(l2A6, l2B6, l2B6, ext6))))
+			return r
+		}, actShot},
+		{"v4 to another node, about the peer's flow elsewhere", "icmp-error-no-flow", func() uint32 {
+			r, _ := runL2(t, d, l2PortA, fromMAC(l2MACA, ether(l2MACC, 0x0800, icmpErr(l2A4, l2C4, l2C4, ext4))))
+			return r
+		}, actShot},
+		{"v6 from another node, about the pod's flow elsewhere", "icmp-error-in-no-flow", func() uint32 {
+			r, _ := runUnderlay(t, d, srv6(progPeerV6, mySID, icmpErr(l2C6, l2A6, l2A6, ext6), false))
+			return r
+		}, actShot},
+		{"v4 on the node, about the peer's packet to the sender", "", func() uint32 {
+			r, _ := runL2(t, d, l2PortA, fromMAC(l2MACA, ether(l2MACB, 0x0800, icmpErr(l2A4, l2B4, l2B4, l2A4))))
+			return r
+		}, actRedirect},
+		{"v6 from another node, about the pod's packet to the sender", "", func() uint32 {
+			r, _ := runUnderlay(t, d, srv6(progPeerV6, mySID, icmpErr(l2C6, l2A6, l2A6, l2C6), false))
+			return r
+		}, actRedirect},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			onlyDrop(t, d, c.reason, func() {
+				if got := c.run(); got != c.want {
+					t.Errorf("verdict %d, want %d", got, c.want)
+				}
+			})
+		})
+	}
+}
