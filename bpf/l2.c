@@ -176,6 +176,7 @@ int from_l2(struct __sk_buff *skb)
 		return drop(DROP_L2_SPOOF_MAC);
 
 	__u16 proto = eth->h_proto;
+	int icmp = 0; /* an ICMP or ICMPv6 header right after the IP header */
 	if (proto == bpf_htons(ETH_P_ARP_))
 		return l2_arp(skb, &pt, k.mac);
 	if (proto == bpf_htons(ETH_P_IP)) {
@@ -184,6 +185,7 @@ int from_l2(struct __sk_buff *skb)
 			return drop(DROP_NOT_IP);
 		if (!(pt.flags & PORT_HAS_V4) || !eq4(&ip->saddr, pt.ip4))
 			return drop(DROP_SPOOF);
+		icmp = ip->protocol == IPPROTO_ICMP;
 	} else if (proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = (void *)(eth + 1);
 		if ((void *)(ip6 + 1) > end)
@@ -192,8 +194,10 @@ int from_l2(struct __sk_buff *skb)
 			return l2_nd(skb, &pt);
 		if (!(pt.flags & PORT_HAS_V6) || !eq16(&ip6->saddr, pt.ip6))
 			return drop(DROP_SPOOF);
+		__u8 nh = ip6->nexthdr;
+		icmp = nh == IPPROTO_ICMPV6;
 		/* ND behind an extension header: a poisoned peer. */
-		if (ip6->nexthdr != IPPROTO_ICMPV6 && l2_carries_nd(skb, ETH_HLEN))
+		if ((nh == 0 || nh == 43 || nh == IPV6_FRAGMENT || nh == 60) && l2_carries_nd(skb, ETH_HLEN))
 			return drop(DROP_L2_NOT_FORWARDED);
 	} else {
 		return drop(DROP_NOT_IP);
@@ -218,7 +222,7 @@ int from_l2(struct __sk_buff *skb)
 	__u32 dflags = dst->flags, difindex = dst->ifindex;
 	__u8 dsid[16];
 	__builtin_memcpy(dsid, dst->sid, 16);
-	if (l2_foreign_error(skb, ETH_HLEN, proto == bpf_htons(ETH_P_IP) ? LACE_FAMILY_V4 : LACE_FAMILY_V6))
+	if (icmp && l2_foreign_error(skb, ETH_HLEN, proto == bpf_htons(ETH_P_IP) ? LACE_FAMILY_V4 : LACE_FAMILY_V6))
 		return drop(DROP_ICMP_NOT_OURS);
 	if (dflags & FDB_REMOTE)
 		return l2_to_node(skb, pt.net_id, k.mac, dsid);

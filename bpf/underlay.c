@@ -631,7 +631,8 @@ static __noinline int l2_decap(struct __sk_buff *skb, struct pkt *p, __u32 net_i
 {
 	/* ND is answered on each node, never carried: one from another
 	 * node would move a neighbour entry of the pod (l2_carries_nd). */
-	if (p->family == LACE_FAMILY_V6 && l2_carries_nd(skb, p->l3_off))
+	if (p->family == LACE_FAMILY_V6 && (p->proto == IPPROTO_ICMPV6 || p->proto == 0 || p->proto == 43 || p->proto == 60) &&
+	    l2_carries_nd(skb, p->l3_off))
 		return drop(DROP_L2_NOT_FORWARDED);
 	if (is_icmp_error(p) && l2_foreign_error(skb, p->l3_off, p->family))
 		return drop(DROP_ICMP_IN_NOT_OURS);
