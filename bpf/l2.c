@@ -118,6 +118,74 @@ static __noinline int l2_to_node(struct __sk_buff *skb, __u32 net_id, const __u8
 	return encap_and_send(skb, &p, sid, 0);
 }
 
+/* l2_flood_remote sends the frame whole (next header 143) to the network's
+ * DT2M SID of every other node with ports in it: encapsulated once, a copy
+ * per node. The frame itself is left encapsulated (the caller drops it). */
+static __noinline int l2_flood_remote(struct __sk_buff *skb, __u32 net_id)
+{
+	struct l2_net_val *nv = bpf_map_lookup_elem(&lace_l2_nets, &net_id);
+	if (!nv || !nv->nremote)
+		return 0;
+	__u32 n = nv->nremote;
+	struct lace_config *cfg = config();
+	if (!cfg)
+		return drop(DROP_FIB);
+	/* A segmentation offload packet cannot be cut once it is inside an
+	 * Ethernet frame in IPv6; a broadcast or multicast rarely is one. */
+	if (skb->gso_size)
+		return drop(DROP_L2_FLOOD_NOT_CARRIED);
+	struct ethhdr inner;
+	if (bpf_skb_load_bytes(skb, 0, &inner, sizeof(inner)))
+		return drop(DROP_ADJUST);
+	__u32 frame_len = skb->len;
+	if (bpf_skb_adjust_room(skb, sizeof(struct ipv6hdr) + ETH_HLEN, BPF_ADJ_ROOM_MAC,
+				BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 | BPF_F_ADJ_ROOM_ENCAP_L2_ETH | BPF_F_ADJ_ROOM_ENCAP_L2(ETH_HLEN)))
+		return drop(DROP_ADJUST);
+	struct ipv6hdr outer = {.version = 6, .nexthdr = IPPROTO_ETHERNET, .hop_limit = 64,
+				.payload_len = bpf_htons(frame_len)};
+	__builtin_memcpy(&outer.saddr, cfg->underlay_ip6, 16);
+	__u16 proto = bpf_htons(ETH_P_IPV6);
+	if (bpf_skb_store_bytes(skb, ETH_HLEN, &outer, sizeof(outer), 0) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(outer), &inner, sizeof(inner), 0) ||
+	    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_proto), &proto, 2, 0))
+		return drop(DROP_ADJUST);
+	skb->mark = LACE_MARK_ENCAP;
+	for (__u32 i = 0; i < L2_FLOOD_MAX; i++) {
+		if (i >= n)
+			break;
+		struct l2_flood_key k = {.net_id = net_id, .idx = L2_FLOOD_MAX + i};
+		struct l2_flood_val *v = bpf_map_lookup_elem(&lace_l2_flood, &k);
+		if (!v)
+			continue;
+		struct bpf_fib_lookup fib = {.family = AF_INET6, .ifindex = cfg->underlay_ifindex};
+		__builtin_memcpy(fib.ipv6_src, cfg->underlay_ip6, 16);
+		__builtin_memcpy(fib.ipv6_dst, v->sid, 16);
+		if (bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, daddr), v->sid, 16, 0))
+			return drop(DROP_ADJUST);
+		if (bpf_fib_lookup(skb, &fib, sizeof(fib), 0) != BPF_FIB_LKUP_RET_SUCCESS) {
+			drop(DROP_FIB);
+			continue;
+		}
+		if (set_macs(skb, fib.dmac, fib.smac))
+			return drop(DROP_ADJUST);
+		bpf_clone_redirect(skb, fib.ifindex, 0);
+	}
+	return 0;
+}
+
+/* l2_flood copies a broadcast or multicast frame to the network's other
+ * ports on this node and to the other nodes with ports in it, then drops
+ * the frame itself. */
+static __noinline int l2_flood(struct __sk_buff *skb, __u32 net_id, __u32 from)
+{
+	l2_flood_local(skb, net_id, from);
+	int rc = l2_flood_remote(skb, net_id);
+	if (rc)
+		return rc;
+	count(FWD_L2_FLOODED);
+	return TC_ACT_SHOT;
+}
+
 /* l2_to_port delivers a frame to a port on this node, as a Service
  * endpoint's answer when it is one (l2_unnat). */
 static __noinline int l2_to_port(struct __sk_buff *skb, __u32 net_id, __u32 ifindex)
@@ -209,7 +277,7 @@ int from_l2(struct __sk_buff *skb)
 		return drop(DROP_NOT_IP);
 
 	if (eth->h_dest[0] & 1)
-		return drop(DROP_L2_BROADCAST);
+		return l2_flood(skb, pt.net_id, ifindex);
 	__builtin_memcpy(k.mac, eth->h_dest, 6);
 	struct fdb_val *dst = bpf_map_lookup_elem(&lace_fdb, &k);
 	if (!dst)

@@ -659,10 +659,48 @@ static __noinline int l2_decap(struct __sk_buff *skb, struct pkt *p, __u32 net_i
 	return bpf_redirect_peer(ifindex, 0);
 }
 
+/* l2_flood_in delivers a flooded frame of l2 network net_id (DT2M: the
+ * whole frame, next header 143) from node osrc to the network's ports on
+ * this node. Its source MAC must live at that node (its FDB entry), and it
+ * must be a broadcast or multicast of IP. */
+static __noinline int l2_flood_in(struct __sk_buff *skb, __u32 net_id, const __u8 *osrc)
+{
+	__u8 nexthdr;
+	struct ethhdr inner;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, nexthdr), &nexthdr, 1) ||
+	    bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(struct ipv6hdr), &inner, sizeof(inner)))
+		return drop(DROP_DECAP_TRUNCATED);
+	if (nexthdr != IPPROTO_ETHERNET)
+		return drop(DROP_DECAP_PROTO);
+	__u64 flags = BPF_F_ADJ_ROOM_NO_CSUM_RESET;
+	if (inner.h_proto == bpf_htons(ETH_P_IP))
+		flags |= LACE_ADJ_ROOM_DECAP_L3_IPV4;
+	else if (inner.h_proto == bpf_htons(ETH_P_IPV6))
+		flags |= LACE_ADJ_ROOM_DECAP_L3_IPV6;
+	else
+		return drop(DROP_DECAP_PROTO);
+	if (!(inner.h_dest[0] & 1))
+		return drop(DROP_DECAP_SID);
+	struct fdb_key fk = {.net_id = net_id};
+	__builtin_memcpy(fk.mac, inner.h_source, 6);
+	struct fdb_val *f = bpf_map_lookup_elem(&lace_fdb, &fk);
+	struct host_key hk = {.family = LACE_FAMILY_V6};
+	__builtin_memcpy(hk.addr, osrc, 16);
+	__u64 *loc = bpf_map_lookup_elem(&lace_node_locs, &hk);
+	if (!f || !loc || !(f->flags & FDB_REMOTE) || !eq8(f->sid, loc))
+		return drop(DROP_DECAP_FOREIGN);
+	if (bpf_skb_adjust_room(skb, -(int)(sizeof(struct ipv6hdr) + ETH_HLEN), BPF_ADJ_ROOM_MAC, flags) ||
+	    bpf_skb_store_bytes(skb, 0, &inner, sizeof(inner), 0))
+		return drop(DROP_ADJUST);
+	l2_flood_local(skb, net_id, 0);
+	count(FWD_L2_FLOODED);
+	return TC_ACT_SHOT;
+}
+
 static __noinline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 {
 	__u8 *sid = (__u8 *)&outer->daddr;
-	int l2 = sid[SID_BEHAVIOUR_BYTE] == SID_L2_IP;
+	int l2 = sid[SID_BEHAVIOUR_BYTE] == SID_L2_IP || sid[SID_BEHAVIOUR_BYTE] == SID_L2_FLOOD;
 	if (sid[SID_BEHAVIOUR_BYTE] != SID_L3_DECAP && !l2)
 		return drop(DROP_DECAP_SID);
 	__u32 net_id = ((__u32)sid[SID_NET_BYTE] << 24) | ((__u32)sid[SID_NET_BYTE + 1] << 16) |
@@ -682,6 +720,11 @@ static __noinline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 		return drop(DROP_DECAP_SOURCE);
 	if (!bpf_map_lookup_elem(&lace_networks, &net_id) || !bpf_map_lookup_elem(&lace_networks, &src_net))
 		return drop(DROP_DECAP_SID);
+	if (sid[SID_BEHAVIOUR_BYTE] == SID_L2_FLOOD) {
+		__u8 osrc[16];
+		__builtin_memcpy(osrc, &outer->saddr, 16);
+		return l2_flood_in(skb, net_id, osrc);
+	}
 
 	__u16 inner_proto;
 	__u64 flags;

@@ -161,6 +161,63 @@ static __noinline __attribute__((unused)) int l2_foreign_error(struct __sk_buff 
 	return !eq16(qs, d) || !eq16(qd, s);
 }
 
+/* Flooding: per network, the ports on this node (lace_l2_flood entries
+ * 0..nlocal-1: host-side ifindexes) and the other nodes with ports in it
+ * (entries L2_FLOOD_MAX..L2_FLOOD_MAX+nremote-1: their DT2M SIDs), counted
+ * in lace_l2_nets. */
+#define L2_FLOOD_MAX 128
+
+struct l2_flood_key {
+	__u32 net_id;
+	__u32 idx;
+};
+
+struct l2_flood_val {
+	__u32 ifindex;
+	__u32 pad;
+	__u8 sid[16];
+};
+
+struct l2_net_val {
+	__u32 nlocal;
+	__u32 nremote;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct l2_flood_key);
+	__type(value, struct l2_flood_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_l2_flood SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct l2_net_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_l2_nets SEC(".maps");
+
+/* l2_flood_local copies the frame to the network's ports on this node but
+ * skip (the port it came from). Bounded: the verifier walks it once per
+ * iteration, L2_FLOOD_MAX at most. */
+static __always_inline void l2_flood_local(struct __sk_buff *skb, __u32 net_id, __u32 skip)
+{
+	struct l2_net_val *nv = bpf_map_lookup_elem(&lace_l2_nets, &net_id);
+	if (!nv)
+		return;
+	__u32 n = nv->nlocal;
+	for (__u32 i = 0; i < L2_FLOOD_MAX; i++) {
+		if (i >= n)
+			break;
+		struct l2_flood_key k = {.net_id = net_id, .idx = i};
+		struct l2_flood_val *v = bpf_map_lookup_elem(&lace_l2_flood, &k);
+		if (v && v->ifindex != skip)
+			bpf_clone_redirect(skb, v->ifindex, 0);
+	}
+}
+
 /* l2_unnat: a switched frame may be a Service endpoint's answer to a
  * client of its segment whose flow was translated (the client sent to the
  * VIP through the gateway, where from_pod translated it; the endpoint

@@ -43,6 +43,11 @@
  * rebuilds the Ethernet header from the network's neighbour table (the
  * sender checked that the frame's MACs are its addresses'). */
 #define SID_L2_IP 4
+/* End.DT2M of an l2 network: the whole Ethernet frame (next header 143)
+ * of a broadcast or multicast, delivered to every port of the network on
+ * the receiving node. */
+#define SID_L2_FLOOD 3
+
 /* The nodes' own context: a network ID no Network is given (the controller
  * stops one short). A SID naming it carries a flow between a node's
  * address and a pod, the external frontends' translated flows: its view
@@ -94,9 +99,9 @@ enum drop_reason {
 	DROP_L2_UNKNOWN_DST = 36, /* l2-unknown-destination: a unicast frame to a MAC its l2 network does not know */
 	DROP_L2_UNKNOWN_NEIGH = 37, /* l2-unknown-neighbour: an ARP request or neighbour solicitation for an address its l2 network does not hold */
 	DROP_L2_NOT_FORWARDED = 38, /* l2-not-forwarded: address resolution an l2 port does not send on (duplicate address detection, gratuitous ARP, ARP and ND replies, router solicitations, MLD) */
-	DROP_L2_BROADCAST = 39, /* l2-broadcast: a broadcast or multicast frame other than address resolution (an l2 network does not flood it) */
-	DROP_L2_NO_ROUTER = 40, /* l2-no-router: a frame to the network's gateway while the routing program is not loaded */
-	DROP_L2_NOT_CARRIED = 41, /* l2-frame-not-carried: a frame to a MAC on another node that is not IP addressed to that MAC's own address (only those cross nodes yet) */
+	DROP_L2_NO_ROUTER = 39, /* l2-no-router: a frame to the network's gateway while the routing program is not loaded */
+	DROP_L2_NOT_CARRIED = 40, /* l2-frame-not-carried: a frame to a MAC on another node that is not IP addressed to that MAC's own address (only those cross nodes yet) */
+	DROP_L2_FLOOD_NOT_CARRIED = 41, /* l2-flood-not-carried: a flooded frame too large to cross the fabric whole (segmentation offload): delivered on its node only */
 	DROP_MAX = 42,
 };
 
@@ -115,7 +120,8 @@ enum fwd_counter {
 	FWD_RESET_AHEAD_FAILED = 11, /* reset-ahead-failed: such a reset could not be sent (the new flow's SYN went without it) */
 	FWD_L2_SWITCHED = 12, /* switched: an l2 frame delivered by destination MAC to a port on this node */
 	FWD_L2_ANSWERED = 13, /* l2-answered: an ARP request or neighbour solicitation of an l2 port answered from its network's neighbour table */
-	FWD_MAX = 14,
+	FWD_L2_FLOODED = 14, /* flooded: an l2 broadcast or multicast frame copied to its network's other ports on the node and to the other nodes with ports in it */
+	FWD_MAX = 15,
 };
 
 /* skb->mark of what Lace's own encapsulation sends (encap_and_send):

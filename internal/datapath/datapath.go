@@ -36,6 +36,7 @@ import (
 const (
 	BehaviourL3Decap = tables.BehaviourL3Decap
 	BehaviourL2IP    = tables.BehaviourL2IP
+	BehaviourL2Flood = tables.BehaviourL2Flood
 )
 
 // SID returns the SID of behaviour inside locator (a /64) for a packet of

@@ -5,15 +5,22 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 
 	"github.com/lace-cni/lace/internal/tables"
 )
 
-// L2Neighbor and FDBEntry are entries of the l2 tables (tables package).
+// L2Neighbor, FDBEntry and L2FloodNode are entries of the l2 tables
+// (tables package).
 type (
-	L2Neighbor = tables.L2Neighbor
-	FDBEntry   = tables.FDBEntry
+	L2Neighbor  = tables.L2Neighbor
+	FDBEntry    = tables.FDBEntry
+	L2FloodNode = tables.L2FloodNode
 )
+
+// l2FloodMax is L2_FLOOD_MAX (bpf/include/l2.h): a network floods to at
+// most so many ports on a node and so many other nodes.
+const l2FloodMax = 128
 
 // fdb_val.flags and l2_neigh_val.flags (bpf/include/l2.h).
 const (
@@ -52,6 +59,7 @@ func fdbEntry(e FDBEntry) (l2FdbKey, l2FdbVal) {
 type l2Want struct {
 	localNeigh, clusterNeigh []L2Neighbor
 	localFDB, clusterFDB     []FDBEntry
+	flood                    []L2FloodNode
 }
 
 // SyncL2Local makes this node's pods' part of the l2 tables neigh and fdb.
@@ -65,15 +73,67 @@ func (d *Datapath) SyncL2Local(neigh []L2Neighbor, fdb []FDBEntry) error {
 	return d.syncL2()
 }
 
-// SyncL2Cluster makes the cluster's part of the l2 tables neigh and fdb.
-func (d *Datapath) SyncL2Cluster(neigh []L2Neighbor, fdb []FDBEntry) error {
+// SyncL2Cluster makes the cluster's part of the l2 tables neigh and fdb,
+// and the other nodes a network's flooded frames go to. The ports a
+// network floods to on this node are its local FDB entries' (SyncL2Local).
+func (d *Datapath) SyncL2Cluster(neigh []L2Neighbor, fdb []FDBEntry, flood []L2FloodNode) error {
 	if err := checkL2(neigh, fdb); err != nil {
 		return err
 	}
+	for _, f := range flood {
+		if !f.SID.Is6() {
+			return fmt.Errorf("flood node of network %d: SID %v is no IPv6 address", f.NetID, f.SID)
+		}
+	}
 	d.tab.mu.Lock()
 	defer d.tab.mu.Unlock()
-	d.tab.l2.clusterNeigh, d.tab.l2.clusterFDB = neigh, fdb
+	d.tab.l2.clusterNeigh, d.tab.l2.clusterFDB, d.tab.l2.flood = neigh, fdb, flood
 	return d.syncL2()
+}
+
+// floodTables are the flood lists of want: per network its local ports
+// (sorted, from the local FDB entries) at 0.., and the other nodes at
+// l2FloodMax.., each list cut at l2FloodMax.
+func floodTables(w *l2Want) (map[uint32]l2L2NetVal, map[l2L2FloodKey]l2L2FloodVal) {
+	ports := map[uint32][]uint32{}
+	for _, e := range w.localFDB {
+		if e.IfIndex != 0 && !e.Gateway {
+			ports[e.NetID] = append(ports[e.NetID], e.IfIndex)
+		}
+	}
+	nodes := map[uint32][]netip.Addr{}
+	for _, f := range w.flood {
+		nodes[f.NetID] = append(nodes[f.NetID], f.SID)
+	}
+	nets := map[uint32]l2L2NetVal{}
+	entries := map[l2L2FloodKey]l2L2FloodVal{}
+	for id, ps := range ports {
+		slices.Sort(ps)
+		ps = slices.Compact(ps)
+		if len(ps) > l2FloodMax {
+			ps = ps[:l2FloodMax]
+		}
+		for i, ifi := range ps {
+			entries[l2L2FloodKey{NetId: id, Idx: uint32(i)}] = l2L2FloodVal{Ifindex: ifi}
+		}
+		v := nets[id]
+		v.Nlocal = uint32(len(ps))
+		nets[id] = v
+	}
+	for id, ns := range nodes {
+		slices.SortFunc(ns, func(a, b netip.Addr) int { return a.Compare(b) })
+		ns = slices.Compact(ns)
+		if len(ns) > l2FloodMax {
+			ns = ns[:l2FloodMax]
+		}
+		for i, sid := range ns {
+			entries[l2L2FloodKey{NetId: id, Idx: uint32(l2FloodMax + i)}] = l2L2FloodVal{Sid: sid.As16()}
+		}
+		v := nets[id]
+		v.Nremote = uint32(len(ns))
+		nets[id] = v
+	}
+	return nets, entries
 }
 
 func checkL2(neigh []L2Neighbor, fdb []FDBEntry) error {
@@ -127,16 +187,25 @@ func (d *Datapath) syncL2() error {
 		k, v := fdbEntry(e)
 		wf[k] = v
 	}
-	if err := errors.Join(t.l2Neigh.known(), t.fdb.known()); err != nil {
+	wNets, wFlood := floodTables(w)
+	if err := errors.Join(t.l2Neigh.known(), t.fdb.known(), t.l2Nets.known(), t.l2Flood.known()); err != nil {
 		return err
 	}
 	nPuts, nVals, nDels := t.l2Neigh.diff(wn, nil)
 	fPuts, fVals, fDels := t.fdb.diff(wf, nil)
+	// A list's entries are written before its count grows and removed
+	// after it shrinks: the programs read entries below the count only.
+	cPuts, cVals, cDels := t.l2Nets.diff(wNets, nil)
+	lPuts, lVals, lDels := t.l2Flood.diff(wFlood, nil)
 	for _, step := range []func() error{
 		func() error { return t.l2Neigh.del(nDels) },
 		func() error { return t.fdb.put(fPuts, fVals) },
 		func() error { return t.fdb.del(fDels) },
 		func() error { return t.l2Neigh.put(nPuts, nVals) },
+		func() error { return t.l2Flood.put(lPuts, lVals) },
+		func() error { return t.l2Nets.put(cPuts, cVals) },
+		func() error { return t.l2Nets.del(cDels) },
+		func() error { return t.l2Flood.del(lDels) },
 	} {
 		if err := step(); err != nil {
 			return err

@@ -135,6 +135,19 @@ type l2HostKey struct {
 	Addr   [16]uint8
 }
 
+type l2L2FloodKey struct {
+	_     structs.HostLayout
+	NetId uint32
+	Idx   uint32
+}
+
+type l2L2FloodVal struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Pad     uint32
+	Sid     [16]uint8
+}
+
 type l2L2NeighKey struct {
 	_      structs.HostLayout
 	NetId  uint32
@@ -147,6 +160,12 @@ type l2L2NeighVal struct {
 	_     structs.HostLayout
 	Mac   [6]uint8
 	Flags uint16
+}
+
+type l2L2NetVal struct {
+	_       structs.HostLayout
+	Nlocal  uint32
+	Nremote uint32
 }
 
 type l2LaceConfig struct {
@@ -282,8 +301,10 @@ const (
 	l2MapLaceFrags         = "lace_frags"
 	l2MapLaceHostAddrs     = "lace_host_addrs"
 	l2MapLaceInside        = "lace_inside"
+	l2MapLaceL2Flood       = "lace_l2_flood"
 	l2MapLaceL2Jump        = "lace_l2_jump"
 	l2MapLaceL2Neigh       = "lace_l2_neigh"
+	l2MapLaceL2Nets        = "lace_l2_nets"
 	l2MapLaceNetworks      = "lace_networks"
 	l2MapLaceNodeLocs      = "lace_node_locs"
 	l2MapLaceNodes         = "lace_nodes"
@@ -361,8 +382,10 @@ type l2MapSpecs struct {
 	LaceFrags         *ebpf.MapSpec `ebpf:"lace_frags"`
 	LaceHostAddrs     *ebpf.MapSpec `ebpf:"lace_host_addrs"`
 	LaceInside        *ebpf.MapSpec `ebpf:"lace_inside"`
+	LaceL2Flood       *ebpf.MapSpec `ebpf:"lace_l2_flood"`
 	LaceL2Jump        *ebpf.MapSpec `ebpf:"lace_l2_jump"`
 	LaceL2Neigh       *ebpf.MapSpec `ebpf:"lace_l2_neigh"`
+	LaceL2Nets        *ebpf.MapSpec `ebpf:"lace_l2_nets"`
 	LaceNetworks      *ebpf.MapSpec `ebpf:"lace_networks"`
 	LaceNodeLocs      *ebpf.MapSpec `ebpf:"lace_node_locs"`
 	LaceNodes         *ebpf.MapSpec `ebpf:"lace_nodes"`
@@ -416,8 +439,10 @@ type l2Maps struct {
 	LaceFrags         *ebpf.Map `ebpf:"lace_frags"`
 	LaceHostAddrs     *ebpf.Map `ebpf:"lace_host_addrs"`
 	LaceInside        *ebpf.Map `ebpf:"lace_inside"`
+	LaceL2Flood       *ebpf.Map `ebpf:"lace_l2_flood"`
 	LaceL2Jump        *ebpf.Map `ebpf:"lace_l2_jump"`
 	LaceL2Neigh       *ebpf.Map `ebpf:"lace_l2_neigh"`
+	LaceL2Nets        *ebpf.Map `ebpf:"lace_l2_nets"`
 	LaceNetworks      *ebpf.Map `ebpf:"lace_networks"`
 	LaceNodeLocs      *ebpf.Map `ebpf:"lace_node_locs"`
 	LaceNodes         *ebpf.Map `ebpf:"lace_nodes"`
@@ -447,8 +472,10 @@ func (m *l2Maps) Close() error {
 		m.LaceFrags,
 		m.LaceHostAddrs,
 		m.LaceInside,
+		m.LaceL2Flood,
 		m.LaceL2Jump,
 		m.LaceL2Neigh,
+		m.LaceL2Nets,
 		m.LaceNetworks,
 		m.LaceNodeLocs,
 		m.LaceNodes,

@@ -29,6 +29,8 @@ type nodeTables struct {
 	announce  *table[podHostKey, underlayAnnounceVal]
 	l2Neigh   *table[l2L2NeighKey, l2L2NeighVal]
 	fdb       *table[l2FdbKey, l2FdbVal]
+	l2Nets    *table[uint32, l2L2NetVal]
+	l2Flood   *table[l2L2FloodKey, l2L2FloodVal]
 	l2        l2Want
 	// flowKey keys the endpoint pick's flow hash (lb_flow_hash): drawn
 	// once per node and kept in the pinned config, so that an agent
@@ -56,6 +58,8 @@ func (d *Datapath) newTables() {
 		announce:  newTable[podHostKey, underlayAnnounceVal]("lace_announce", d.underlay.LaceAnnounce),
 		l2Neigh:   newTable[l2L2NeighKey, l2L2NeighVal]("lace_l2_neigh", d.l2.LaceL2Neigh),
 		fdb:       newTable[l2FdbKey, l2FdbVal]("lace_fdb", d.l2.LaceFdb),
+		l2Nets:    newTable[uint32, l2L2NetVal]("lace_l2_nets", d.l2.LaceL2Nets),
+		l2Flood:   newTable[l2L2FloodKey, l2L2FloodVal]("lace_l2_flood", d.l2.LaceL2Flood),
 	}
 }
 
@@ -81,7 +85,7 @@ func (d *Datapath) CheckTables() (map[string]int, error) {
 	out := map[string]int{}
 	var errs []error
 	for _, c := range []checker{t.hostAddrs, t.cfg, t.nodes, t.nodeLocs, t.networks, t.backends, t.srcRanges, t.services,
-		t.routes, t.classify, t.inside, t.podNetns, t.ports, t.endpoints, t.announce, t.fdb, t.l2Neigh} {
+		t.routes, t.classify, t.inside, t.podNetns, t.ports, t.endpoints, t.announce, t.fdb, t.l2Neigh, t.l2Flood, t.l2Nets} {
 		n, err := c.check()
 		if err != nil {
 			errs = append(errs, err)

@@ -183,7 +183,8 @@ func TestProgL2Refuses(t *testing.T) {
 		{"NS for an address the network does not hold", l2PortA, fromMAC(l2MACA, neighbourSolicitation(l2A6, netip.MustParseAddr("fd00:70:0:1::77"), l2MACA)), actShot, "l2-unknown-neighbour"},
 		{"IPv4 from another port's address", l2PortA, udpTo(l2MACB, l2B4, l2B4), actShot, "spoofed-source"},
 		{"IPv6 from another port's address", l2PortA, udpTo(l2MACB, l2B6, l2B6), actShot, "spoofed-source"},
-		{"IPv4 broadcast", l2PortA, udpTo(bcast, l2A4, netip.MustParseAddr("10.70.1.255")), actShot, "l2-broadcast"},
+		// Flooded: consumed, copied to no one here (no other port, no node).
+		{"IPv4 broadcast", l2PortA, udpTo(bcast, l2A4, netip.MustParseAddr("10.70.1.255")), actShot, ""},
 		{"to an unknown MAC", l2PortA, udpTo(other, l2A4, l2B4), actShot, "l2-unknown-destination"},
 		{"back to its own MAC", l2PortA, udpTo(l2MACA, l2A4, l2A4), actShot, "l2-unknown-destination"},
 		{"not IP", l2PortA, fromMAC(l2MACA, ether(l2MACB, 0x88cc, make([]byte, 46))), actShot, "link-local"},

@@ -35,7 +35,8 @@ func progL2NodesDatapath(t *testing.T) *Datapath {
 		d.UpsertEndpoint(Endpoint{NetID: progNet, Addr: l2A4, IfIndex: l2PortA, PodMAC: l2MACA, HostMAC: l2MACGw}),
 		d.UpsertEndpoint(Endpoint{NetID: progNet, Addr: l2A6, IfIndex: l2PortA, PodMAC: l2MACA, HostMAC: l2MACGw}),
 		d.SyncL2Cluster([]L2Neighbor{{NetID: progNet, Addr: l2C4, MAC: l2MACC}, {NetID: progNet, Addr: l2C6, MAC: l2MACC}},
-			[]FDBEntry{{NetID: progNet, MAC: l2MACC, SID: SID(progOther, BehaviourL2IP, progNet, progNet)}}),
+			[]FDBEntry{{NetID: progNet, MAC: l2MACC, SID: SID(progOther, BehaviourL2IP, progNet, progNet)}},
+			[]L2FloodNode{{NetID: progNet, SID: SID(progOther, BehaviourL2Flood, progNet, progNet)}}),
 	} {
 		if err != nil {
 			t.Fatal(err)
@@ -124,6 +125,67 @@ func TestProgL2FromNode(t *testing.T) {
 		{"a source another node holds", "decap-foreign-source", srv6(progPeerV6, mySID, ipv4(stranger, l2A4, 17, udp(1, 7)), true)},
 		{"a source no Neighbor holds", "decap-foreign-source", srv6(progPeerV6, mySID, ipv4(netip.MustParseAddr("10.70.1.10"), l2A4, 17, udp(1, 7)), true)},
 		{"to no port here", "no-endpoint", srv6(progPeerV6, mySID, ipv4(l2C4, l2B4, 17, udp(1, 7)), true)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			onlyDrop(t, d, c.reason, func() {
+				if ret, _ := runUnderlay(t, d, c.pkt); ret != actShot {
+					t.Errorf("verdict %d, want drop", ret)
+				}
+			})
+		})
+	}
+}
+
+// TestProgL2Flood: a broadcast from a port is copied to the network's
+// other ports and sent whole (next header 143) to the DT2M SID of every
+// other node with ports in the network, the frame itself consumed; a
+// flooded frame from a node is taken only from the node its source MAC
+// lives on, only as a broadcast or multicast of IP.
+func TestProgL2Flood(t *testing.T) {
+	d := progL2NodesDatapath(t)
+	if err := d.SyncL2Local([]L2Neighbor{{NetID: progNet, Addr: l2A4, MAC: l2MACA}},
+		[]FDBEntry{{NetID: progNet, MAC: l2MACA, IfIndex: l2PortA}, {NetID: progNet, MAC: l2MACB, IfIndex: l2PortB}}); err != nil {
+		t.Fatal(err)
+	}
+	bcast := net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	frame := fromMAC(l2MACA, ether(bcast, 0x0800, ipv4(l2A4, netip.MustParseAddr("10.70.1.255"), 17, udp(1000, 7))))
+	orig := append([]byte(nil), frame...)
+	var ret uint32
+	var out []byte
+	onlyForwarded(t, d, "flooded", func() {
+		// One remote node, whose underlay route the test namespace lacks.
+		onlyDrop(t, d, "no-underlay-route", func() { ret, out = runL2(t, d, l2PortA, frame) })
+	})
+	want := SID(progOther, BehaviourL2Flood, progNet, progNet).As16()
+	if ret != actShot || binary.BigEndian.Uint16(out[12:14]) != 0x86dd || out[14+6] != 143 || [16]byte(out[14+24:14+40]) != want ||
+		!bytesEqual(out[54:54+len(orig)], orig) {
+		t.Errorf("verdict %d, frame % x: want it consumed, left encapsulated whole to the DT2M SID", ret, out[:80])
+	}
+
+	mySID := SID(progLocator, BehaviourL2Flood, progNet, progNet)
+	flooded := func(src net.HardwareAddr, dst net.HardwareAddr, proto uint16, payload []byte) []byte {
+		inner := fromMAC(src, ether(dst, proto, payload))
+		return ether(unicastMAC, 0x86dd, ipv6(progPeerV6, mySID, 143, inner))
+	}
+	bc := ipv4(l2C4, netip.MustParseAddr("10.70.1.255"), 17, udp(1000, 7))
+	t.Run("from the node its MAC lives on", func(t *testing.T) {
+		onlyForwarded(t, d, "flooded", func() {
+			onlyDrop(t, d, "", func() {
+				if ret, _ := runUnderlay(t, d, flooded(l2MACC, bcast, 0x0800, bc)); ret != actShot {
+					t.Errorf("verdict %d, want the frame consumed (copied to the ports)", ret)
+				}
+			})
+		})
+	})
+	for _, c := range []struct {
+		name, reason string
+		pkt          []byte
+	}{
+		{"a MAC that lives elsewhere", "decap-foreign-source", flooded(l2MACA, bcast, 0x0800, bc)},
+		{"an unknown MAC", "decap-foreign-source", flooded(net.HardwareAddr{0x0a, 0x58, 10, 70, 1, 99}, bcast, 0x0800, bc)},
+		{"unicast", "decap-unknown-sid", flooded(l2MACC, l2MACA, 0x0800, bc)},
+		{"not IP", "decap-bad-protocol", flooded(l2MACC, bcast, 0x88cc, make([]byte, 46))},
+		{"not Ethernet", "decap-bad-protocol", ether(unicastMAC, 0x86dd, ipv6(progPeerV6, mySID, 4, bc))},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			onlyDrop(t, d, c.reason, func() {

@@ -136,7 +136,7 @@ func TestProgL2ReviewForeignNetworksNotHeld(t *testing.T) {
 		}
 	}
 	// What the cluster sync says fails or not: the point is the ports.
-	_ = d.SyncL2Cluster(neigh, fdb)
+	_ = d.SyncL2Cluster(neigh, fdb, nil)
 	got, err := d.L2Neighbors()
 	if err != nil {
 		t.Fatal(err)
@@ -165,7 +165,7 @@ func TestProgL2ReviewForeignNetworksNotHeld(t *testing.T) {
 	}
 	onlyForwarded(t, d, "l2-answered", func() { runL2(t, d, l2PortA, fromMAC(l2MACA, arpRequest(l2MACA, l2A4, c4))) })
 	// The network arrives on the node (a port of it): its entries follow.
-	if err := d.SyncL2Cluster(neigh[:3], fdb[:3]); err != nil {
+	if err := d.SyncL2Cluster(neigh[:3], fdb[:3], nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.SyncL2Local([]L2Neighbor{{NetID: other, Addr: netip.MustParseAddr("10.200.1.1"), MAC: cMAC}},

@@ -43,9 +43,9 @@ var DropReasons = []string{
 	"l2-unknown-destination",
 	"l2-unknown-neighbour",
 	"l2-not-forwarded",
-	"l2-broadcast",
 	"l2-no-router",
 	"l2-frame-not-carried",
+	"l2-flood-not-carried",
 }
 
 // DropMeanings say what the drop reasons count, in the same order.
@@ -89,9 +89,9 @@ var DropMeanings = []string{
 	"a unicast frame to a MAC its l2 network does not know",
 	"an ARP request or neighbour solicitation for an address its l2 network does not hold",
 	"address resolution an l2 port does not send on (duplicate address detection, gratuitous ARP, ARP and ND replies, router solicitations, MLD)",
-	"a broadcast or multicast frame other than address resolution (an l2 network does not flood it)",
 	"a frame to the network's gateway while the routing program is not loaded",
 	"a frame to a MAC on another node that is not IP addressed to that MAC's own address (only those cross nodes yet)",
+	"a flooded frame too large to cross the fabric whole (segmentation offload): delivered on its node only",
 }
 
 // ForwardCounters name the counters, in the order of the C enum.
@@ -110,6 +110,7 @@ var ForwardCounters = []string{
 	"reset-ahead-failed",
 	"switched",
 	"l2-answered",
+	"flooded",
 }
 
 // ForwardMeanings say what the forwarding counters count, in the same order.
@@ -128,4 +129,5 @@ var ForwardMeanings = []string{
 	"such a reset could not be sent (the new flow's SYN went without it)",
 	"an l2 frame delivered by destination MAC to a port on this node",
 	"an ARP request or neighbour solicitation of an l2 port answered from its network's neighbour table",
+	"an l2 broadcast or multicast frame copied to its network's other ports on the node and to the other nodes with ports in it",
 }

@@ -142,6 +142,19 @@ type underlayHostKey struct {
 	Addr   [16]uint8
 }
 
+type underlayL2FloodKey struct {
+	_     structs.HostLayout
+	NetId uint32
+	Idx   uint32
+}
+
+type underlayL2FloodVal struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Pad     uint32
+	Sid     [16]uint8
+}
+
 type underlayL2NeighKey struct {
 	_      structs.HostLayout
 	NetId  uint32
@@ -154,6 +167,12 @@ type underlayL2NeighVal struct {
 	_     structs.HostLayout
 	Mac   [6]uint8
 	Flags uint16
+}
+
+type underlayL2NetVal struct {
+	_       structs.HostLayout
+	Nlocal  uint32
+	Nremote uint32
 }
 
 type underlayLaceConfig struct {
@@ -318,8 +337,10 @@ const (
 	underlayMapLaceFrags         = "lace_frags"
 	underlayMapLaceHostAddrs     = "lace_host_addrs"
 	underlayMapLaceInside        = "lace_inside"
+	underlayMapLaceL2Flood       = "lace_l2_flood"
 	underlayMapLaceL2Jump        = "lace_l2_jump"
 	underlayMapLaceL2Neigh       = "lace_l2_neigh"
+	underlayMapLaceL2Nets        = "lace_l2_nets"
 	underlayMapLaceNetworks      = "lace_networks"
 	underlayMapLaceNodeLocs      = "lace_node_locs"
 	underlayMapLaceNodes         = "lace_nodes"
@@ -401,8 +422,10 @@ type underlayMapSpecs struct {
 	LaceFrags         *ebpf.MapSpec `ebpf:"lace_frags"`
 	LaceHostAddrs     *ebpf.MapSpec `ebpf:"lace_host_addrs"`
 	LaceInside        *ebpf.MapSpec `ebpf:"lace_inside"`
+	LaceL2Flood       *ebpf.MapSpec `ebpf:"lace_l2_flood"`
 	LaceL2Jump        *ebpf.MapSpec `ebpf:"lace_l2_jump"`
 	LaceL2Neigh       *ebpf.MapSpec `ebpf:"lace_l2_neigh"`
+	LaceL2Nets        *ebpf.MapSpec `ebpf:"lace_l2_nets"`
 	LaceNetworks      *ebpf.MapSpec `ebpf:"lace_networks"`
 	LaceNodeLocs      *ebpf.MapSpec `ebpf:"lace_node_locs"`
 	LaceNodes         *ebpf.MapSpec `ebpf:"lace_nodes"`
@@ -458,8 +481,10 @@ type underlayMaps struct {
 	LaceFrags         *ebpf.Map `ebpf:"lace_frags"`
 	LaceHostAddrs     *ebpf.Map `ebpf:"lace_host_addrs"`
 	LaceInside        *ebpf.Map `ebpf:"lace_inside"`
+	LaceL2Flood       *ebpf.Map `ebpf:"lace_l2_flood"`
 	LaceL2Jump        *ebpf.Map `ebpf:"lace_l2_jump"`
 	LaceL2Neigh       *ebpf.Map `ebpf:"lace_l2_neigh"`
+	LaceL2Nets        *ebpf.Map `ebpf:"lace_l2_nets"`
 	LaceNetworks      *ebpf.Map `ebpf:"lace_networks"`
 	LaceNodeLocs      *ebpf.Map `ebpf:"lace_node_locs"`
 	LaceNodes         *ebpf.Map `ebpf:"lace_nodes"`
@@ -491,8 +516,10 @@ func (m *underlayMaps) Close() error {
 		m.LaceFrags,
 		m.LaceHostAddrs,
 		m.LaceInside,
+		m.LaceL2Flood,
 		m.LaceL2Jump,
 		m.LaceL2Neigh,
+		m.LaceL2Nets,
 		m.LaceNetworks,
 		m.LaceNodeLocs,
 		m.LaceNodes,

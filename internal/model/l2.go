@@ -82,10 +82,11 @@ func l2Host(h l2Place, self string, byName map[string]*viewNet, locators map[str
 }
 
 // l2Tables are the node's l2 neighbour tables (every located address of
-// an l2 network with an ID) and the MACs that live on other nodes (with
-// the SID of the network in that node's locator; the sender sets its
-// behaviour).
-func l2Tables(in NodeInput, ids map[string]uint32, locators map[string]netip.Prefix) ([]tables.L2Neighbor, []tables.FDBEntry) {
+// an l2 network with an ID), the MACs that live on other nodes (with the
+// SID of the network in that node's locator; the sender sets its
+// behaviour), and per network the other nodes with ports in it, which its
+// flooded frames go to (their DT2M SIDs).
+func l2Tables(in NodeInput, ids map[string]uint32, locators map[string]netip.Prefix) ([]tables.L2Neighbor, []tables.FDBEntry, []tables.L2FloodNode) {
 	l2 := map[string]*lacev1.Network{}
 	for i := range in.Networks {
 		if n := &in.Networks[i]; n.Spec.Type == lacev1.NetworkTypeL2 {
@@ -94,8 +95,10 @@ func l2Tables(in NodeInput, ids map[string]uint32, locators map[string]netip.Pre
 	}
 	var neigh []tables.L2Neighbor
 	var fdb []tables.FDBEntry
+	var flood []tables.L2FloodNode
 	seenAddr := map[string]bool{}
 	seenMAC := map[string]bool{}
+	seenNode := map[string]bool{}
 	for _, h := range l2Located(in) {
 		id, ok := ids[h.network]
 		if l2[h.network] == nil || !ok || !inSubnets(l2[h.network], h.addr) {
@@ -110,6 +113,10 @@ func l2Tables(in NodeInput, ids map[string]uint32, locators map[string]netip.Pre
 			seenMAC[k] = true
 			fdb = append(fdb, tables.FDBEntry{NetID: id, MAC: h.mac, SID: tables.SID(loc, tables.BehaviourL2IP, id, id)})
 		}
+		if k := h.network + "/" + h.node; h.node != in.Node && ok && !seenNode[k] {
+			seenNode[k] = true
+			flood = append(flood, tables.L2FloodNode{NetID: id, SID: tables.SID(loc, tables.BehaviourL2Flood, id, id)})
+		}
 	}
 	sort.Slice(neigh, func(i, j int) bool {
 		if neigh[i].NetID != neigh[j].NetID {
@@ -123,7 +130,13 @@ func l2Tables(in NodeInput, ids map[string]uint32, locators map[string]netip.Pre
 		}
 		return bytes.Compare(fdb[i].MAC, fdb[j].MAC) < 0
 	})
-	return neigh, fdb
+	sort.Slice(flood, func(i, j int) bool {
+		if flood[i].NetID != flood[j].NetID {
+			return flood[i].NetID < flood[j].NetID
+		}
+		return flood[i].SID.Less(flood[j].SID)
+	})
+	return neigh, fdb, flood
 }
 
 // inSubnets tells whether a is in one of n's subnets (the controller gives

@@ -85,4 +85,13 @@ func TestL2HostRoutes(t *testing.T) {
 	if !reflect.DeepEqual(gotF, wantF) {
 		t.Errorf("fdb %v, want %v", gotF, wantF)
 	}
+	// Flooded frames go to the other nodes with ports in the network and
+	// a locator: n2 (n4 has none; this node's own ports are local).
+	var gotFl []string
+	for _, f := range st.L2Flood {
+		gotFl = append(gotFl, fmt.Sprintf("%d %s", f.NetID, f.SID))
+	}
+	if want := []string{"5 fd1a:ce:0:2:300:5:0:5"}; !reflect.DeepEqual(gotFl, want) {
+		t.Errorf("flood nodes %v, want %v", gotFl, want)
+	}
 }

@@ -72,6 +72,8 @@ type NodeState struct {
 	// ports are the CNI server's.
 	L2Neighbors []tables.L2Neighbor
 	L2FDB       []tables.FDBEntry
+	// L2Flood are, per l2 network, the other nodes with ports in it.
+	L2Flood []tables.L2FloodNode
 	// Classifiers assign plain-IP sources to external networks.
 	Classifiers []tables.Classifier
 	// Inside are the prefixes no outside host has an address in (pod
@@ -179,7 +181,7 @@ func ComputeNode(in NodeInput) NodeState {
 	vt := readViewTopology(in, locators)
 	st.Classifiers = vt.classifiers()
 	st.Inside = insidePrefixes(in, locators)
-	st.L2Neighbors, st.L2FDB = l2Tables(in, ids, locators)
+	st.L2Neighbors, st.L2FDB, st.L2Flood = l2Tables(in, ids, locators)
 	for _, v := range vt.nets {
 		st.Routes = append(st.Routes, vt.view(v)...)
 	}

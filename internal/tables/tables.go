@@ -28,7 +28,18 @@ const (
 	// (End.DT2U, its frame's IP payload only: GSO survives the way it does
 	// for an l3 packet).
 	BehaviourL2IP = 4
+	// BehaviourL2Flood carries an l2 network's broadcast or multicast
+	// frame whole (End.DT2M, next header 143) to every port of the network
+	// on the receiving node.
+	BehaviourL2Flood = 3
 )
+
+// L2FloodNode is another node with ports in l2 network NetID: a flooded
+// frame of the network goes to it at SID (its DT2M SID).
+type L2FloodNode struct {
+	NetID uint32
+	SID   netip.Addr
+}
 
 // L2Neighbor is an entry of an l2 network's neighbour table: the MAC an
 // ARP request or neighbour solicitation for Addr is answered with, and

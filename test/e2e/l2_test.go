@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -575,4 +576,108 @@ func TestL2ThroughTheGateway(t *testing.T) {
 	eventually(t, 30*time.Second, "the l2 pod reaches the external host", func() error {
 		return netutil.Do(ns, func() error { return shortTCP(dst) })
 	})
+}
+
+// TestL2Flood: an IPv4 broadcast and an IPv6 multicast sent by a pod of
+// an l2 network reach its other pods on the same node and on another node
+// (the frame carried whole in SRv6 to that node's DT2M SID), and nothing
+// of them reaches a node without ports in the network.
+func TestL2Flood(t *testing.T) {
+	needLab(t)
+	c := laceClient(t)
+	v4Net := netip.MustParsePrefix("10.68.0.0/24")
+	l2Network(t, c, "flood", v4Net.String(), "fd00:68::/64")
+	sender := netPod(t, "flood-s", "flood", "n1", true)
+	local := netPod(t, "flood-l", "flood", "n1", true)
+	remote := netPod(t, "flood-r", "flood", "n2", true)
+	group := netip.MustParseAddr("ff15::1:68")
+	type got struct{ pod, what string }
+	recv := make(chan got, 64)
+	for _, p := range []*corev1.Pod{local, remote} {
+		ns := podNetNS(t, p)
+		var c4, c6 net.PacketConn
+		err := netutil.Do(ns, func() error {
+			var err error
+			if c4, err = net.ListenPacket("udp4", "0.0.0.0:9968"); err != nil {
+				return err
+			}
+			ifc, err := net.InterfaceByName("eth0")
+			if err != nil {
+				return err
+			}
+			c6, err = net.ListenMulticastUDP("udp6", ifc, &net.UDPAddr{IP: group.AsSlice(), Port: 9968})
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c4.Close(); c6.Close() })
+		for what, pc := range map[string]net.PacketConn{"broadcast": c4, "multicast": c6} {
+			go func() {
+				buf := make([]byte, 64)
+				for {
+					n, _, err := pc.ReadFrom(buf)
+					if err != nil {
+						return
+					}
+					if string(buf[:n]) == "flood" {
+						recv <- got{p.Name, what}
+					}
+				}
+			}()
+		}
+	}
+	s4, s6 := podAddrs(sender)
+	bcast := netip.AddrFrom4([4]byte{10, 68, 0, 255})
+	send := func() error {
+		return netutil.Do(podNetNS(t, sender), func() error {
+			c4, err := net.ListenPacket("udp4", net.JoinHostPort(s4.String(), "0"))
+			if err != nil {
+				return err
+			}
+			defer c4.Close()
+			raw, err := c4.(*net.UDPConn).SyscallConn()
+			if err != nil {
+				return err
+			}
+			_ = raw.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_BROADCAST, 1) })
+			if _, err := c4.WriteTo([]byte("flood"), &net.UDPAddr{IP: bcast.AsSlice(), Port: 9968}); err != nil {
+				return err
+			}
+			c6, err := net.ListenPacket("udp6", net.JoinHostPort(s6.String(), "0"))
+			if err != nil {
+				return err
+			}
+			defer c6.Close()
+			_, err = c6.WriteTo([]byte("flood"), &net.UDPAddr{IP: group.AsSlice(), Port: 9968, Zone: "eth0"})
+			return err
+		})
+	}
+	fabric := netutil.Path(lab.Config{Name: labName}.NetNS("fabric"))
+	seen := map[got]bool{}
+	frames, err := netutil.Capture(fabric, "n3", func() {
+		eventually(t, 20*time.Second, "every pod of the network gets the broadcast and the multicast", func() error {
+			if err := send(); err != nil {
+				return err
+			}
+			deadline := time.After(time.Second)
+			for len(seen) < 4 {
+				select {
+				case g := <-recv:
+					seen[g] = true
+				case <-deadline:
+					return fmt.Errorf("received %v", seen)
+				}
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fr := range frames {
+		if len(fr) >= 54 && binary.BigEndian.Uint16(fr[12:14]) == 0x86dd && fr[20] == 143 {
+			t.Errorf("a flooded frame reached n3, which has no port in the network: % x", fr[:54])
+		}
+	}
 }

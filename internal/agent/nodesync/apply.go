@@ -77,7 +77,7 @@ func (s *Syncer) apply(st model.NodeState) error {
 	}
 	errs = append(errs, s.dp.SyncRoutes(st.Routes))
 	errs = append(errs, s.dp.SyncClassifiers(st.Classifiers), s.dp.SyncInsides(st.Inside))
-	errs = append(errs, s.dp.SyncL2Cluster(st.L2Neighbors, st.L2FDB))
+	errs = append(errs, s.dp.SyncL2Cluster(st.L2Neighbors, st.L2FDB, st.L2Flood))
 
 	// Underlay routes to the other nodes' locators, and to their pod
 	// blocks for the node's own sockets (plain IP from the node address,

@@ -38,7 +38,7 @@ type fakeDP struct {
 	l2FDB    []datapath.FDBEntry
 }
 
-func (f *fakeDP) SyncL2Cluster(n []datapath.L2Neighbor, fdb []datapath.FDBEntry) error {
+func (f *fakeDP) SyncL2Cluster(n []datapath.L2Neighbor, fdb []datapath.FDBEntry, _ []datapath.L2FloodNode) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.l2Neigh, f.l2FDB = n, fdb

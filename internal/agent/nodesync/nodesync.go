@@ -69,9 +69,9 @@ type NodeTables interface {
 	SyncClassifiers([]datapath.Classifier) error
 	SyncInsides([]datapath.Inside) error
 	// SyncL2Cluster makes the cluster's part of the l2 tables: the
-	// networks' neighbours and the MACs on other nodes (the pods' own
-	// part is the CNI server's).
-	SyncL2Cluster([]datapath.L2Neighbor, []datapath.FDBEntry) error
+	// networks' neighbours, the MACs on other nodes and the nodes their
+	// flooded frames go to (the pods' own part is the CNI server's).
+	SyncL2Cluster([]datapath.L2Neighbor, []datapath.FDBEntry, []datapath.L2FloodNode) error
 }
 
 // RouteTable is the views map, synced against what was written to it
