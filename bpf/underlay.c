@@ -689,6 +689,20 @@ static __noinline int l2_flood_in(struct __sk_buff *skb, __u32 net_id, const __u
 	__u64 *loc = bpf_map_lookup_elem(&lace_node_locs, &hk);
 	if (!f || !loc || !(f->flags & FDB_REMOTE) || !eq8(f->sid, loc))
 		return drop(DROP_DECAP_FOREIGN);
+	/* The frame's IP source is its MAC's own address (the sending port's,
+	 * as from_l2 checked there), and no neighbour discovery rides along:
+	 * a multicast advertisement would move every port's neighbour entry
+	 * (the gateway's) to the sender's MAC. */
+	__u32 l3 = ETH_HLEN + sizeof(struct ipv6hdr) + ETH_HLEN;
+	int v4 = inner.h_proto == bpf_htons(ETH_P_IP);
+	struct l2_neigh_key nk = {.net_id = net_id, .family = v4 ? LACE_FAMILY_V4 : LACE_FAMILY_V6};
+	if (bpf_skb_load_bytes(skb, l3 + (v4 ? offsetof(struct iphdr, saddr) : offsetof(struct ipv6hdr, saddr)), nk.addr, v4 ? 4 : 16))
+		return drop(DROP_DECAP_TRUNCATED);
+	struct l2_neigh_val *n = bpf_map_lookup_elem(&lace_l2_neigh, &nk);
+	if (!n || *(__u32 *)n->mac != *(__u32 *)inner.h_source || *(__u16 *)(n->mac + 4) != *(__u16 *)(inner.h_source + 4))
+		return drop(DROP_DECAP_FOREIGN);
+	if (!v4 && l2_carries_nd(skb, l3))
+		return drop(DROP_L2_NOT_FORWARDED);
 	if (bpf_skb_adjust_room(skb, -(int)(sizeof(struct ipv6hdr) + ETH_HLEN), BPF_ADJ_ROOM_MAC, flags) ||
 	    bpf_skb_store_bytes(skb, 0, &inner, sizeof(inner), 0))
 		return drop(DROP_ADJUST);

@@ -241,3 +241,47 @@ func TestProgL2ReviewForeignICMPError(t *testing.T) {
 		})
 	}
 }
+
+// TestProgL2ReviewFloodFromNode: a flooded frame from another node (a
+// compromised one: its agent writes the frame) is taken only with the IP
+// source of its MAC, and never as neighbour discovery: a multicast
+// advertisement to all nodes would move every port's gateway entry to
+// the sender's MAC in one frame.
+func TestProgL2ReviewFloodFromNode(t *testing.T) {
+	d := progL2NodesDatapath(t)
+	mySID := SID(progLocator, BehaviourL2Flood, progNet, progNet)
+	allNodes := netip.MustParseAddr("ff02::1")
+	mcast := net.HardwareAddr{0x33, 0x33, 0, 0, 0, 1}
+	flooded := func(proto uint16, payload []byte) []byte {
+		inner := fromMAC(l2MACC, ether(mcast, proto, payload))
+		return ether(unicastMAC, 0x86dd, ipv6(progPeerV6, mySID, 143, inner))
+	}
+	next, pl := neighbourAdvert(l2C6, allNodes, l2Gw6, l2MACC)
+	na := ipv6(l2C6, allNodes, next, pl)
+	na[7] = 255
+	next, pl = neighbourAdvert(l2C6, allNodes, l2Gw6, l2MACC, extHdr(60))
+	naExt := ipv6(l2C6, allNodes, next, pl)
+	naExt[7] = 255
+	for _, c := range []struct {
+		name, reason string
+		pkt          []byte
+	}{
+		{"an advertisement to all nodes", "l2-not-forwarded", flooded(0x86dd, na)},
+		{"an advertisement behind a destination option", "l2-not-forwarded", flooded(0x86dd, naExt)},
+		{"from another pod's address", "decap-foreign-source", flooded(0x86dd, ipv6(l2A6, allNodes, 17, udp(1, 7)))},
+		{"from the gateway's address", "decap-foreign-source", flooded(0x0800, ipv4(l2Gw4, netip.MustParseAddr("10.70.1.255"), 17, udp(67, 68)))},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			onlyDrop(t, d, c.reason, func() {
+				if ret, _ := runUnderlay(t, d, c.pkt); ret != actShot {
+					t.Errorf("verdict %d, want drop", ret)
+				}
+			})
+		})
+	}
+	onlyForwarded(t, d, "flooded", func() {
+		onlyDrop(t, d, "", func() {
+			runUnderlay(t, d, flooded(0x86dd, ipv6(l2C6, allNodes, 17, udp(1, 7))))
+		})
+	})
+}
