@@ -120,7 +120,9 @@ static __noinline int l2_to_node(struct __sk_buff *skb, __u32 net_id, const __u8
 
 /* l2_flood_remote sends the frame whole (next header 143) to the network's
  * DT2M SID of every other node with ports in it: encapsulated once, a copy
- * per node. The frame itself is left encapsulated (the caller drops it). */
+ * per node. It returns 0 when the frame itself, left encapsulated, is to
+ * be dropped, else the program's verdict (TC_ACT_REDIRECT: it goes to a
+ * node whose next hop is being resolved). */
 static __noinline int l2_flood_remote(struct __sk_buff *skb, __u32 net_id)
 {
 	struct l2_net_val *nv = bpf_map_lookup_elem(&lace_l2_nets, &net_id);
@@ -150,6 +152,12 @@ static __noinline int l2_flood_remote(struct __sk_buff *skb, __u32 net_id)
 	    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_proto), &proto, 2, 0))
 		return drop(DROP_ADJUST);
 	skb->mark = LACE_MARK_ENCAP;
+	/* A node whose next hop the kernel has not resolved yet cannot take a
+	 * clone (bpf_clone_redirect sends as is): the first such one takes
+	 * the frame itself, through the kernel's neighbour resolution, as the
+	 * program's verdict. */
+	__u8 unresolved[16];
+	__u32 unresolved_if = 0;
 	for (__u32 i = 0; i < L2_FLOOD_MAX; i++) {
 		if (i >= n)
 			break;
@@ -162,7 +170,13 @@ static __noinline int l2_flood_remote(struct __sk_buff *skb, __u32 net_id)
 		__builtin_memcpy(fib.ipv6_dst, v->sid, 16);
 		if (bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, daddr), v->sid, 16, 0))
 			return drop(DROP_ADJUST);
-		if (bpf_fib_lookup(skb, &fib, sizeof(fib), 0) != BPF_FIB_LKUP_RET_SUCCESS) {
+		long rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+		if (rc == BPF_FIB_LKUP_RET_NO_NEIGH && !unresolved_if) {
+			__builtin_memcpy(unresolved, v->sid, 16);
+			unresolved_if = fib.ifindex;
+			continue;
+		}
+		if (rc != BPF_FIB_LKUP_RET_SUCCESS) {
 			drop(DROP_FIB);
 			continue;
 		}
@@ -170,7 +184,16 @@ static __noinline int l2_flood_remote(struct __sk_buff *skb, __u32 net_id)
 			return drop(DROP_ADJUST);
 		bpf_clone_redirect(skb, fib.ifindex, 0);
 	}
-	return 0;
+	if (!unresolved_if)
+		return 0;
+	/* The kernel refuses to resolve for a frame still addressed to a
+	 * multicast MAC (the flood's own): the outer MACs are the kernel's
+	 * to write. */
+	__u8 none[12] = {};
+	if (bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, daddr), unresolved, 16, 0) ||
+	    bpf_skb_store_bytes(skb, 0, none, sizeof(none), 0))
+		return drop(DROP_ADJUST);
+	return bpf_redirect_neigh(unresolved_if, 0, 0, 0);
 }
 
 /* l2_flood copies a broadcast or multicast frame to the network's other
@@ -180,10 +203,10 @@ static __noinline int l2_flood(struct __sk_buff *skb, __u32 net_id, __u32 from)
 {
 	l2_flood_local(skb, net_id, from);
 	int rc = l2_flood_remote(skb, net_id);
-	if (rc)
+	if (rc && rc != TC_ACT_REDIRECT)
 		return rc;
 	count(FWD_L2_FLOODED);
-	return TC_ACT_SHOT;
+	return rc ? rc : TC_ACT_SHOT;
 }
 
 /* l2_to_port delivers a frame to a port on this node, as a Service

@@ -4,9 +4,11 @@ import (
 	"encoding/binary"
 	"net"
 	"net/netip"
+	"os"
 	"testing"
 
 	"github.com/lace-cni/lace/internal/tables"
+	"github.com/vishvananda/netlink"
 )
 
 // The l2 world across nodes: port C (l2C4/l2C6, MAC l2MACC) of network
@@ -194,5 +196,63 @@ func TestProgL2Flood(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// TestProgL2FloodUnresolvedNextHop: a flood to a node whose next hop the
+// kernel has not resolved yet is not lost: the frame itself goes there
+// through the kernel's neighbour resolution (bpf_redirect_neigh) instead
+// of a clone, which would leave with no destination MAC. CI lost every
+// flood to the other node this way when the fabric's neighbour had aged
+// out.
+func TestProgL2FloodUnresolvedNextHop(t *testing.T) {
+	d := progL2NodesDatapath(t)
+	if !ownNetns() {
+		t.Fatal("not in a network namespace of the test's own (TestMain)")
+	}
+	la := netlink.NewLinkAttrs()
+	la.Name = "lfl2A"
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "lfl2B"}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName("lfl2A"); err == nil {
+			_ = netlink.LinkDel(l)
+		}
+	})
+	a, err := netlink.LinkByName("lfl2A")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := netlink.LinkByName("lfl2B")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, err := range []error{
+		netlink.LinkSetUp(a), netlink.LinkSetUp(b),
+		os.WriteFile("/proc/sys/net/ipv6/conf/lfl2A/forwarding", []byte("1"), 0o644),
+		// No neighbour entry for the gateway: the FIB answers NO_NEIGH.
+		netlink.RouteAdd(&netlink.Route{LinkIndex: a.Attrs().Index, Dst: &net.IPNet{IP: progOther.Addr().AsSlice(), Mask: net.CIDRMask(64, 128)}, Gw: net.ParseIP("fe80::1")}),
+		d.SetConfig(Config{UnderlayIP: progNodeV6, UnderlayIPv4: progNodeV4, Locator: progLocator, UnderlayIfIndex: uint32(a.Attrs().Index), GuardUnderlay: true}),
+		d.SyncL2Local([]L2Neighbor{{NetID: progNet, Addr: l2A4, MAC: l2MACA}},
+			[]FDBEntry{{NetID: progNet, MAC: l2MACA, IfIndex: l2PortA}, {NetID: progNet, MAC: l2MACB, IfIndex: l2PortB}}),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	bcast := net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	frame := fromMAC(l2MACA, ether(bcast, 0x0800, ipv4(l2A4, netip.MustParseAddr("10.70.1.255"), 17, udp(1000, 7))))
+	orig := append([]byte(nil), frame...)
+	var ret uint32
+	var out []byte
+	onlyForwarded(t, d, "flooded", func() {
+		onlyDrop(t, d, "", func() { ret, out = runL2(t, d, l2PortA, frame) })
+	})
+	want := SID(progOther, BehaviourL2Flood, progNet, progNet).As16()
+	// The kernel resolves only for a frame not addressed to a multicast
+	// MAC (the flood's own).
+	if ret != actRedirect || out[0]&1 != 0 || out[14+6] != 143 || [16]byte(out[14+24:14+40]) != want || !bytesEqual(out[54:54+len(orig)], orig) {
+		t.Errorf("verdict %d, frame % x: want it redirected through neighbour resolution, encapsulated whole to the DT2M SID", ret, out[:80])
 	}
 }

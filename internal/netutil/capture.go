@@ -55,6 +55,9 @@ func Capture(nsPath, ifName string, f func()) ([][]byte, error) {
 		var drainUntil time.Time
 		for {
 			n, _, err := unix.Recvfrom(fd, buf, 0)
+			if err != nil && err != unix.EAGAIN && err != unix.EINTR {
+				return
+			}
 			if err != nil || n == 0 {
 				select {
 				case <-done:
@@ -77,9 +80,18 @@ func Capture(nsPath, ifName string, f func()) ([][]byte, error) {
 			mu.Unlock()
 		}
 	}()
+	// f may not return (a test's t.Fatal ends its goroutine): the reader
+	// still stops before the socket closes. A reader left behind spun on
+	// the closed descriptor, a core lost for the rest of the run, which
+	// later timing-sensitive tests paid for (CI: oracle and SNAT
+	// timeouts after a failed TestL2Flood).
+	var once sync.Once
+	stop := func() { once.Do(func() { close(done); <-exited }) }
+	defer stop()
 	f()
-	close(done)
-	<-exited
+	stop()
+	mu.Lock()
+	defer mu.Unlock()
 	return frames, nil
 }
 

@@ -1,0 +1,51 @@
+package netutil
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lace-cni/lace/internal/testutil"
+)
+
+// TestCaptureStopsWhenFDoesNotReturn: f ending its goroutine (a test's
+// t.Fatal) still stops the reader. One left behind spun on the closed
+// socket for the rest of the run and took a core from the tests after.
+func TestCaptureStopsWhenFDoesNotReturn(t *testing.T) {
+	testutil.SkipUnit(t, "root (network namespaces)")
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("capture tests need root")
+		}
+		t.Skip("capture tests need root (network namespaces)")
+	}
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	name := "lcap" + hex.EncodeToString(b)
+	if err := CreateNamed(name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = DeleteNamed(name) })
+
+	before := runtime.NumGoroutine()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_, _ = Capture(Path(name), "lo", func() { runtime.Goexit() })
+	}()
+	wg.Wait()
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > before {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<16)
+			t.Fatalf("%d goroutines after the capture, %d before: its reader is still running\n%s",
+				runtime.NumGoroutine(), before, buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
