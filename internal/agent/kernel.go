@@ -58,6 +58,10 @@ func (n linuxNode) ReplaceOwnedRoute(dst netip.Prefix, via netip.Addr) error {
 	return netutil.ReplaceOwnedRoute(n.ns, dst, via, n.underlay)
 }
 
+func (n linuxNode) KeepResolved(hops []netip.Addr) error {
+	return netutil.KeepResolved(n.ns, n.underlay, hops)
+}
+
 func (n linuxNode) DeleteRoute(dst netip.Prefix) error { return netutil.DeleteRoute(n.ns, dst, "") }
 
 func (n linuxNode) SetupPod(s podnet.Spec) (podnet.Result, error) { return podnet.Setup(s) }

@@ -16,6 +16,7 @@ import (
 	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/netutil"
 	"github.com/lace-cni/lace/lab"
+	"github.com/vishvananda/netlink"
 )
 
 // TestFabricEntersOnlyWherePolicyAllows: the lab's external host (on the
@@ -216,4 +217,53 @@ func fromHost(f []byte, v4, v6 netip.Addr) bool {
 		return len(f) >= 38 && netip.AddrFrom16([16]byte(f[22:38])) == v6
 	}
 	return false
+}
+
+// TestNextHopsKeptResolved: on every node, the next hop of each of Lace's
+// underlay routes (the other nodes) is a managed neighbour the kernel
+// keeps resolved, whether or not anything was sent there: the data
+// plane's FIB lookups read the neighbour table only.
+func TestNextHopsKeptResolved(t *testing.T) {
+	needLab(t)
+	for _, node := range []string{"n1", "n2", "n3"} {
+		ns := netutil.Path(labConfig().NetNS(node))
+		routes, err := netutil.OwnedRoutes(ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hops := map[netip.Addr]bool{}
+		for _, via := range routes {
+			hops[via] = true
+		}
+		if len(hops) < 2 {
+			t.Fatalf("%s: Lace's underlay routes %v name %d next hops, want the 2 other nodes", node, routes, len(hops))
+		}
+		eventually(t, 20*time.Second, node+": every next hop managed and resolved", func() error {
+			h, err := netutil.Handle(ns)
+			if err != nil {
+				return err
+			}
+			defer h.Close()
+			l, err := h.LinkByName("eth0")
+			if err != nil {
+				return err
+			}
+			list, err := h.NeighList(l.Attrs().Index, netlink.FAMILY_ALL)
+			if err != nil {
+				return err
+			}
+			for hop := range hops {
+				var found *netlink.Neigh
+				for i := range list {
+					if a, ok := netip.AddrFromSlice(list[i].IP); ok && a.Unmap() == hop {
+						found = &list[i]
+					}
+				}
+				if found == nil || found.FlagsExt&netlink.NTF_EXT_MANAGED == 0 || len(found.HardwareAddr) != 6 {
+					return fmt.Errorf("next hop %s: %+v, want a managed entry with its MAC", hop, found)
+				}
+			}
+			return nil
+		})
+	}
 }

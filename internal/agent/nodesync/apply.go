@@ -3,7 +3,9 @@ package nodesync
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/lace-cni/lace/internal/datapath"
@@ -102,6 +104,16 @@ func (s *Syncer) apply(st model.NodeState) error {
 			errs = append(errs, s.node.DeleteRoute(p))
 		}
 	}
+	// Their next hops stay resolved: the data plane's FIB lookups read
+	// the neighbour table only, and a flood cannot wait for resolution.
+	hops := map[netip.Addr]bool{}
+	for _, hr := range st.HostRoutes {
+		hops[hr.Via] = true
+	}
+	for _, lr := range st.LocatorRoutes {
+		hops[lr.Via] = true
+	}
+	errs = append(errs, s.node.KeepResolved(slices.Collect(maps.Keys(hops))))
 
 	errs = append(errs, s.pods.SyncEntries())
 	if err := errors.Join(errs...); err != nil {

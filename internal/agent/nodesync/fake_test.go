@@ -126,6 +126,8 @@ type fakeNode struct {
 	routeWrites int
 	// failRoutes makes every route replacement fail.
 	failRoutes bool
+	// hops are the next hops last kept resolved.
+	hops []netip.Addr
 }
 
 func (n *fakeNode) UnderlayAddrs() ([]netip.Addr, error) {
@@ -155,6 +157,12 @@ func (n *fakeNode) ReplaceOwnedRoute(dst netip.Prefix, via netip.Addr) error {
 	}
 	n.routeWrites++
 	n.routes[dst] = via
+	return nil
+}
+func (n *fakeNode) KeepResolved(hops []netip.Addr) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.hops = append([]netip.Addr(nil), hops...)
 	return nil
 }
 func (n *fakeNode) DeleteRoute(dst netip.Prefix) error {

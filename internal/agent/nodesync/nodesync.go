@@ -102,6 +102,9 @@ type Kernel interface {
 	OwnedRoutes() (map[netip.Prefix]netip.Addr, error)
 	ReplaceOwnedRoute(dst netip.Prefix, via netip.Addr) error
 	DeleteRoute(dst netip.Prefix) error
+	// KeepResolved keeps the next hops of those routes resolved (managed
+	// neighbours), and only those of Lace's.
+	KeepResolved(hops []netip.Addr) error
 }
 
 // Pods is what the sync needs of the pod attachments (cni.Server): their

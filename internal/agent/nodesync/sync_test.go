@@ -28,6 +28,10 @@ func TestApplyTouchesOnlyTheDifference(t *testing.T) {
 	if len(a.dp.nets) != 2 || len(a.dp.nodes) != 2 || len(a.dp.routes) != len(st.Routes) || len(a.node.routes) != 1 || !a.dp.attached["underlay"] {
 		t.Fatalf("first apply: nets %v nodes %v routes %v locator routes %v", a.dp.nets, a.dp.nodes, a.dp.routes, a.node.routes)
 	}
+	// The locator route's next hop is kept resolved (managed neighbour).
+	if len(a.node.hops) != 1 || a.node.hops[0] != netip.MustParseAddr("fd00:30::12") {
+		t.Errorf("next hops kept resolved %v, want the locator route's fd00:30::12", a.node.hops)
+	}
 	writes, routeWrites := a.dp.writes, a.node.routeWrites
 	if err := a.apply(st); err != nil {
 		t.Fatal(err)
@@ -41,6 +45,9 @@ func TestApplyTouchesOnlyTheDifference(t *testing.T) {
 	writes = a.dp.writes
 	if err := a.apply(st); err != nil {
 		t.Fatal(err)
+	}
+	if len(a.node.hops) != 0 {
+		t.Errorf("next hops kept resolved %v after the locator route went, want none", a.node.hops)
 	}
 	if got := a.dp.writes - writes; got != 1 || len(a.dp.nets) != 1 || len(a.node.routes) != 0 {
 		t.Errorf("removing a network made %d writes (want 1 delete); nets %v, locator routes %v", got, a.dp.nets, a.node.routes)

@@ -1,0 +1,139 @@
+package netutil
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"net"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/lace-cni/lace/internal/testutil"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// TestKeepResolved: a managed next hop is resolved by the kernel on its
+// own (no packet sent to it), an entry Lace did not make is left alone,
+// and Lace's entry goes when the next hop is no longer wanted.
+func TestKeepResolved(t *testing.T) {
+	testutil.SkipUnit(t, "root (network namespaces)")
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("neighbour tests need root")
+		}
+		t.Skip("neighbour tests need root (network namespaces)")
+	}
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	node, peer := "lkr"+hex.EncodeToString(b)+"-a", "lkr"+hex.EncodeToString(b)+"-b"
+	for _, n := range []string{node, peer} {
+		if err := CreateNamed(n); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = DeleteNamed(n) })
+	}
+	hop, other := netip.MustParseAddr("fd00:77::9"), netip.MustParseAddr("fd00:77::8")
+	var peerMAC net.HardwareAddr
+	err := Do(Path(node), func() error {
+		la := netlink.NewLinkAttrs()
+		la.Name = "ul"
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "ulpeer"}); err != nil {
+			return err
+		}
+		p, err := netlink.LinkByName("ulpeer")
+		if err != nil {
+			return err
+		}
+		f, err := os.Open(Path(peer))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := netlink.LinkSetNsFd(p, int(f.Fd())); err != nil {
+			return err
+		}
+		l, err := netlink.LinkByName("ul")
+		if err != nil {
+			return err
+		}
+		addr, _ := netlink.ParseAddr("fd00:77::1/64")
+		addr.Flags = unix.IFA_F_NODAD
+		if err := netlink.AddrAdd(l, addr); err != nil {
+			return err
+		}
+		// An entry of the operator's: never Lace's to remove.
+		if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: l.Attrs().Index, Family: unix.AF_INET6, IP: other.AsSlice(),
+			State: netlink.NUD_PERMANENT, HardwareAddr: net.HardwareAddr{2, 0, 0, 0, 0, 8}}); err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(l)
+	})
+	if err == nil {
+		err = Do(Path(peer), func() error {
+			l, err := netlink.LinkByName("ulpeer")
+			if err != nil {
+				return err
+			}
+			peerMAC = l.Attrs().HardwareAddr
+			addr, _ := netlink.ParseAddr(hop.String() + "/64")
+			addr.Flags = unix.IFA_F_NODAD
+			if err := netlink.AddrAdd(l, addr); err != nil {
+				return err
+			}
+			return netlink.LinkSetUp(l)
+		})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries := func() map[netip.Addr]netlink.Neigh {
+		out := map[netip.Addr]netlink.Neigh{}
+		_ = Do(Path(node), func() error {
+			l, err := netlink.LinkByName("ul")
+			if err != nil {
+				return err
+			}
+			list, err := netlink.NeighList(l.Attrs().Index, unix.AF_INET6)
+			for _, n := range list {
+				if a, ok := netip.AddrFromSlice(n.IP); ok {
+					out[a] = n
+				}
+			}
+			return err
+		})
+		return out
+	}
+	if err := KeepResolved(Path(node), "ul", []netip.Addr{hop}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n, ok := entries()[hop]
+		if ok && n.State&(netlink.NUD_REACHABLE|netlink.NUD_STALE|netlink.NUD_DELAY|netlink.NUD_PROBE) != 0 && n.HardwareAddr.String() == peerMAC.String() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("managed next hop %s not resolved to %s: %+v", hop, peerMAC, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// Idempotent: a second call leaves the resolved entry as it is.
+	if err := KeepResolved(Path(node), "ul", []netip.Addr{hop}); err != nil {
+		t.Fatal(err)
+	}
+	if n := entries()[hop]; n.HardwareAddr.String() != peerMAC.String() {
+		t.Errorf("a second call reset the resolved entry: %+v", n)
+	}
+	if err := KeepResolved(Path(node), "ul", nil); err != nil {
+		t.Fatal(err)
+	}
+	got := entries()
+	if n, ok := got[hop]; ok && n.FlagsExt&netlink.NTF_EXT_MANAGED != 0 {
+		t.Errorf("Lace's managed entry for %s stayed: %+v", hop, n)
+	}
+	if n, ok := got[other]; !ok || n.State != netlink.NUD_PERMANENT {
+		t.Errorf("the operator's entry for %s was touched: %+v (present %v)", other, n, ok)
+	}
+}
