@@ -86,7 +86,7 @@ func l2Host(h l2Place, self string, byName map[string]*viewNet, locators map[str
 // SID of the network in that node's locator; the sender sets its
 // behaviour), and per network the other nodes with ports in it, which its
 // flooded frames go to (their DT2M SIDs).
-func l2Tables(in NodeInput, ids map[string]uint32, locators map[string]netip.Prefix) ([]tables.L2Neighbor, []tables.FDBEntry, []tables.L2FloodNode) {
+func l2Tables(in NodeInput, located []l2Place, ids map[string]uint32, locators map[string]netip.Prefix) ([]tables.L2Neighbor, []tables.FDBEntry, []tables.L2FloodNode) {
 	l2 := map[string]*lacev1.Network{}
 	for i := range in.Networks {
 		if n := &in.Networks[i]; n.Spec.Type == lacev1.NetworkTypeL2 {
@@ -99,7 +99,7 @@ func l2Tables(in NodeInput, ids map[string]uint32, locators map[string]netip.Pre
 	seenAddr := map[string]bool{}
 	seenMAC := map[string]bool{}
 	seenNode := map[string]bool{}
-	for _, h := range l2Located(in) {
+	for _, h := range located {
 		id, ok := ids[h.network]
 		if l2[h.network] == nil || !ok || !inSubnets(l2[h.network], h.addr) {
 			continue

@@ -178,10 +178,11 @@ func ComputeNode(in NodeInput) NodeState {
 		st.Networks = append(st.Networks, tables.Network{ID: tables.NodeNetID})
 	}
 	st.HostRoutes = hostRoutes(in, ids, byName)
-	vt := readViewTopology(in, locators)
+	located := l2Located(in)
+	vt := readViewTopology(in, locators, located)
 	st.Classifiers = vt.classifiers()
 	st.Inside = insidePrefixes(in, locators)
-	st.L2Neighbors, st.L2FDB, st.L2Flood = l2Tables(in, ids, locators)
+	st.L2Neighbors, st.L2FDB, st.L2Flood = l2Tables(in, located, ids, locators)
 	for _, v := range vt.nets {
 		st.Routes = append(st.Routes, vt.view(v)...)
 	}
@@ -284,7 +285,7 @@ type viewSRP struct {
 	dst, ns labels.Selector
 }
 
-func readViewTopology(in NodeInput, locators map[string]netip.Prefix) *viewTopology {
+func readViewTopology(in NodeInput, locators map[string]netip.Prefix, located []l2Place) *viewTopology {
 	vt := &viewTopology{extOwner: map[netip.Prefix]*viewNet{}, extOf: map[netip.Prefix]netip.Prefix{}}
 	byName := map[string]*viewNet{}
 	for _, n := range in.Networks {
@@ -385,7 +386,7 @@ func readViewTopology(in NodeInput, locators map[string]netip.Prefix) *viewTopol
 		}
 	}
 
-	for _, h := range l2Located(in) {
+	for _, h := range located {
 		l2Host(h, in.Node, byName, locators)
 	}
 

@@ -443,42 +443,7 @@ func TestL2ChurnLeavesNothing(t *testing.T) {
 
 	const n = 200
 	start := time.Now()
-	for i := range n {
-		p := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("churn2-%03d", i), Labels: map[string]string{"app": "churn2", "net": "churn2"}},
-			Spec: corev1.PodSpec{TerminationGracePeriodSeconds: ptr.To[int64](1),
-				Containers: []corev1.Container{{Name: "pause", Image: "registry.k8s.io/pause:3.10"}}},
-		}
-		if _, err := client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() {
-		_ = client.CoreV1().Pods("default").DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "app=churn2"})
-	})
-	eventually(t, 6*time.Minute, "200 l2 pods running with addresses", func() error {
-		pods, err := client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=churn2"})
-		if err != nil {
-			return err
-		}
-		ready := 0
-		seen := map[string]string{vm4.String(): vm.Name, vm6.String(): vm.Name}
-		for _, p := range pods.Items {
-			if p.Status.Phase == corev1.PodRunning && len(p.Status.PodIPs) == 2 {
-				ready++
-				for _, ip := range p.Status.PodIPs {
-					if other, dup := seen[ip.IP]; dup {
-						return fmt.Errorf("address %s given to %s and %s", ip.IP, other, p.Name)
-					}
-					seen[ip.IP] = p.Name
-				}
-			}
-		}
-		if ready != n {
-			return fmt.Errorf("%d of %d running", ready, n)
-		}
-		return nil
-	})
+	churnPods(t, "churn2", map[string]string{"net": "churn2"}, n, 6*time.Minute, map[string]string{vm4.String(): vm.Name, vm6.String(): vm.Name})
 	t.Logf("200 l2 pods running in %s", time.Since(start).Round(time.Second))
 	var fdbs lacev1.FDBEntryList
 	if err := c.List(ctx, &fdbs, crclient.MatchingLabels{lacev1.LabelNetwork: "churn2"}); err != nil {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -550,39 +551,7 @@ func TestHundredPodsLeaveNothing(t *testing.T) {
 	ctx := context.Background()
 	const n = 100
 	start := time.Now()
-	for i := range n {
-		p := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("churn-%03d", i), Labels: map[string]string{"app": "churn"}},
-			Spec: corev1.PodSpec{TerminationGracePeriodSeconds: ptr.To[int64](1),
-				Containers: []corev1.Container{{Name: "pause", Image: "registry.k8s.io/pause:3.10"}}},
-		}
-		if _, err := client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	eventually(t, 4*time.Minute, "100 pods running with addresses", func() error {
-		pods, err := client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=churn"})
-		if err != nil {
-			return err
-		}
-		ready := 0
-		seen := map[string]string{}
-		for _, p := range pods.Items {
-			if p.Status.Phase == corev1.PodRunning && len(p.Status.PodIPs) == 2 {
-				ready++
-				for _, ip := range p.Status.PodIPs {
-					if other, dup := seen[ip.IP]; dup {
-						return fmt.Errorf("address %s given to %s and %s", ip.IP, other, p.Name)
-					}
-					seen[ip.IP] = p.Name
-				}
-			}
-		}
-		if ready != n {
-			return fmt.Errorf("%d of %d running", ready, n)
-		}
-		return nil
-	})
+	churnPods(t, "churn", nil, n, 4*time.Minute, nil)
 	t.Logf("100 pods running in %s", time.Since(start).Round(time.Second))
 	var neps lacev1.NetworkEndpointList
 	if err := c.List(ctx, &neps, crclient.InNamespace("default")); err != nil {
@@ -621,6 +590,57 @@ func TestHundredPodsLeaveNothing(t *testing.T) {
 	})
 	t.Logf("100 pods created and deleted in %s", time.Since(start).Round(time.Second))
 	residueMatchesPods(t, "node state matching the remaining pods")
+}
+
+// churnPods creates n pause pods named app-NNN (label app=app, plus
+// labels), deleted at the end of the test, and waits until all run with
+// two addresses, no address given twice nor one of taken's (address ->
+// holder).
+func churnPods(t *testing.T, app string, labels map[string]string, n int, within time.Duration, taken map[string]string) {
+	t.Helper()
+	ctx := context.Background()
+	sel := metav1.ListOptions{LabelSelector: "app=" + app}
+	for i := range n {
+		l := map[string]string{"app": app}
+		maps.Copy(l, labels)
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%03d", app, i), Labels: l},
+			Spec: corev1.PodSpec{TerminationGracePeriodSeconds: ptr.To[int64](1),
+				Containers: []corev1.Container{{Name: "pause", Image: "registry.k8s.io/pause:3.10"}}},
+		}
+		if _, err := client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_ = client.CoreV1().Pods("default").DeleteCollection(context.Background(), metav1.DeleteOptions{}, sel)
+	})
+	eventually(t, within, fmt.Sprintf("%d %s pods running with addresses", n, app), func() error {
+		pods, err := client.CoreV1().Pods("default").List(ctx, sel)
+		if err != nil {
+			return err
+		}
+		ready := 0
+		seen := maps.Clone(taken)
+		if seen == nil {
+			seen = map[string]string{}
+		}
+		for _, p := range pods.Items {
+			if p.Status.Phase == corev1.PodRunning && len(p.Status.PodIPs) == 2 {
+				ready++
+				for _, ip := range p.Status.PodIPs {
+					if other, dup := seen[ip.IP]; dup {
+						return fmt.Errorf("address %s given to %s and %s", ip.IP, other, p.Name)
+					}
+					seen[ip.IP] = p.Name
+				}
+			}
+		}
+		if ready != n {
+			return fmt.Errorf("%d of %d running", ready, n)
+		}
+		return nil
+	})
 }
 
 // residue is what a node holds per pod: veths, map entries, checkpointed
