@@ -197,8 +197,9 @@ static __noinline int l2_flood_remote(struct __sk_buff *skb, __u32 net_id)
 }
 
 /* l2_flood copies a broadcast or multicast frame to the network's other
- * ports on this node and to the other nodes with ports in it, then drops
- * the frame itself. */
+ * ports on this node and to the other nodes with ports in it; the frame
+ * itself is dropped, or sent to a node whose next hop is being resolved
+ * (l2_flood_remote). */
 static __noinline int l2_flood(struct __sk_buff *skb, __u32 net_id, __u32 from)
 {
 	l2_flood_local(skb, net_id, from);

@@ -13,6 +13,8 @@ import (
 type linuxNode struct {
 	ns       string // path of the node's network namespace
 	underlay string // name of the underlay interface
+	// neigh keeps the next hops of Lace's underlay routes resolved.
+	neigh *netutil.NeighKeeper
 }
 
 func (n linuxNode) UnderlayAddrs() ([]netip.Addr, error) {
@@ -59,7 +61,7 @@ func (n linuxNode) ReplaceOwnedRoute(dst netip.Prefix, via netip.Addr) error {
 }
 
 func (n linuxNode) KeepResolved(hops []netip.Addr) error {
-	return netutil.KeepResolved(n.ns, n.underlay, hops)
+	return n.neigh.Keep(n.ns, n.underlay, hops)
 }
 
 func (n linuxNode) DeleteRoute(dst netip.Prefix) error { return netutil.DeleteRoute(n.ns, dst, "") }

@@ -202,14 +202,16 @@ func TestProgL2Flood(t *testing.T) {
 // TestProgL2FloodUnresolvedNextHop: a flood to a node whose next hop the
 // kernel has not resolved yet is not lost: the frame itself goes there
 // through the kernel's neighbour resolution (bpf_redirect_neigh) instead
-// of a clone, which would leave with no destination MAC. CI lost every
-// flood to the other node this way when the fabric's neighbour had aged
-// out.
+// of a clone, which cannot be sent without the next hop's MAC (CI lost
+// every flood to the other node this way once the fabric's neighbour had
+// aged out). Only one node can take the frame itself: a second unresolved
+// one misses this flood, counted.
 func TestProgL2FloodUnresolvedNextHop(t *testing.T) {
 	d := progL2NodesDatapath(t)
 	if !ownNetns() {
 		t.Fatal("not in a network namespace of the test's own (TestMain)")
 	}
+	third := netip.MustParsePrefix("fd1a:ce:0:3::/64") // a third node's locator
 	la := netlink.NewLinkAttrs()
 	la.Name = "lfl2A"
 	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "lfl2B"}); err != nil {
@@ -233,6 +235,11 @@ func TestProgL2FloodUnresolvedNextHop(t *testing.T) {
 		os.WriteFile("/proc/sys/net/ipv6/conf/lfl2A/forwarding", []byte("1"), 0o644),
 		// No neighbour entry for the gateway: the FIB answers NO_NEIGH.
 		netlink.RouteAdd(&netlink.Route{LinkIndex: a.Attrs().Index, Dst: &net.IPNet{IP: progOther.Addr().AsSlice(), Mask: net.CIDRMask(64, 128)}, Gw: net.ParseIP("fe80::1")}),
+		netlink.RouteAdd(&netlink.Route{LinkIndex: a.Attrs().Index, Dst: &net.IPNet{IP: third.Addr().AsSlice(), Mask: net.CIDRMask(64, 128)}, Gw: net.ParseIP("fe80::2")}),
+		d.SyncL2Cluster([]L2Neighbor{{NetID: progNet, Addr: l2C4, MAC: l2MACC}, {NetID: progNet, Addr: l2C6, MAC: l2MACC}},
+			[]FDBEntry{{NetID: progNet, MAC: l2MACC, SID: SID(progOther, BehaviourL2IP, progNet, progNet)}},
+			[]L2FloodNode{{NetID: progNet, SID: SID(progOther, BehaviourL2Flood, progNet, progNet)},
+				{NetID: progNet, SID: SID(third, BehaviourL2Flood, progNet, progNet)}}),
 		d.SetConfig(Config{UnderlayIP: progNodeV6, UnderlayIPv4: progNodeV4, Locator: progLocator, UnderlayIfIndex: uint32(a.Attrs().Index), GuardUnderlay: true}),
 		d.SyncL2Local([]L2Neighbor{{NetID: progNet, Addr: l2A4, MAC: l2MACA}},
 			[]FDBEntry{{NetID: progNet, MAC: l2MACA, IfIndex: l2PortA}, {NetID: progNet, MAC: l2MACB, IfIndex: l2PortB}}),
@@ -247,7 +254,7 @@ func TestProgL2FloodUnresolvedNextHop(t *testing.T) {
 	var ret uint32
 	var out []byte
 	onlyForwarded(t, d, "flooded", func() {
-		onlyDrop(t, d, "", func() { ret, out = runL2(t, d, l2PortA, frame) })
+		onlyDrop(t, d, "no-underlay-route", func() { ret, out = runL2(t, d, l2PortA, frame) })
 	})
 	want := SID(progOther, BehaviourL2Flood, progNet, progNet).As16()
 	// The kernel resolves only for a frame not addressed to a multicast

@@ -40,10 +40,11 @@ func Capture(nsPath, ifName string, f func()) ([][]byte, error) {
 		return nil, err
 	}
 	var (
-		mu     sync.Mutex
-		frames [][]byte
-		done   = make(chan struct{})
-		exited = make(chan struct{})
+		mu      sync.Mutex
+		frames  [][]byte
+		readErr error
+		done    = make(chan struct{})
+		exited  = make(chan struct{})
 	)
 	go func() {
 		defer close(exited)
@@ -56,6 +57,11 @@ func Capture(nsPath, ifName string, f func()) ([][]byte, error) {
 		for {
 			n, _, err := unix.Recvfrom(fd, buf, 0)
 			if err != nil && err != unix.EAGAIN && err != unix.EINTR {
+				// The interface went away or down: what f did after
+				// this was not seen, which the caller must know.
+				mu.Lock()
+				readErr = fmt.Errorf("capture on %s: %w", ifName, err)
+				mu.Unlock()
 				return
 			}
 			if err != nil || n == 0 {
@@ -92,7 +98,7 @@ func Capture(nsPath, ifName string, f func()) ([][]byte, error) {
 	stop()
 	mu.Lock()
 	defer mu.Unlock()
-	return frames, nil
+	return frames, readErr
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -33,12 +34,16 @@ func TestCaptureStopsWhenFDoesNotReturn(t *testing.T) {
 
 	before := runtime.NumGoroutine()
 	var wg sync.WaitGroup
+	var ran atomic.Bool
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		_, _ = Capture(Path(name), "lo", func() { runtime.Goexit() })
+		_, _ = Capture(Path(name), "lo", func() { ran.Store(true); runtime.Goexit() })
 	}()
 	wg.Wait()
+	if !ran.Load() {
+		t.Fatal("the capture did not start (f never ran)")
+	}
 	deadline := time.Now().Add(5 * time.Second)
 	for runtime.NumGoroutine() > before {
 		if time.Now().After(deadline) {

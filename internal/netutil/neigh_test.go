@@ -15,8 +15,9 @@ import (
 )
 
 // TestKeepResolved: a managed next hop is resolved by the kernel on its
-// own (no packet sent to it), an entry Lace did not make is left alone,
-// and Lace's entry goes when the next hop is no longer wanted.
+// own (no packet sent to it); an operator's static entry for a next hop,
+// wanted or not, is left as it is; Lace's entry goes when its next hop is
+// no longer wanted.
 func TestKeepResolved(t *testing.T) {
 	testutil.SkipUnit(t, "root (network namespaces)")
 	if os.Geteuid() != 0 {
@@ -63,7 +64,8 @@ func TestKeepResolved(t *testing.T) {
 		if err := netlink.AddrAdd(l, addr); err != nil {
 			return err
 		}
-		// An entry of the operator's: never Lace's to remove.
+		// An entry of the operator's, for a next hop Lace wants too: never
+		// Lace's to change or remove.
 		if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: l.Attrs().Index, Family: unix.AF_INET6, IP: other.AsSlice(),
 			State: netlink.NUD_PERMANENT, HardwareAddr: net.HardwareAddr{2, 0, 0, 0, 0, 8}}); err != nil {
 			return err
@@ -90,7 +92,7 @@ func TestKeepResolved(t *testing.T) {
 	}
 	entries := func() map[netip.Addr]netlink.Neigh {
 		out := map[netip.Addr]netlink.Neigh{}
-		_ = Do(Path(node), func() error {
+		err := Do(Path(node), func() error {
 			l, err := netlink.LinkByName("ul")
 			if err != nil {
 				return err
@@ -103,10 +105,17 @@ func TestKeepResolved(t *testing.T) {
 			}
 			return err
 		})
+		if err != nil {
+			t.Fatal(err)
+		}
 		return out
 	}
-	if err := KeepResolved(Path(node), "ul", []netip.Addr{hop}); err != nil {
+	var k NeighKeeper
+	if err := k.Keep(Path(node), "ul", []netip.Addr{hop, other}); err != nil {
 		t.Fatal(err)
+	}
+	if n := entries()[other]; n.State != netlink.NUD_PERMANENT || n.FlagsExt&netlink.NTF_EXT_MANAGED != 0 {
+		t.Errorf("the operator's static entry for wanted next hop %s was taken over: %+v", other, n)
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -120,13 +129,13 @@ func TestKeepResolved(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	// Idempotent: a second call leaves the resolved entry as it is.
-	if err := KeepResolved(Path(node), "ul", []netip.Addr{hop}); err != nil {
+	if err := k.Keep(Path(node), "ul", []netip.Addr{hop, other}); err != nil {
 		t.Fatal(err)
 	}
 	if n := entries()[hop]; n.HardwareAddr.String() != peerMAC.String() {
 		t.Errorf("a second call reset the resolved entry: %+v", n)
 	}
-	if err := KeepResolved(Path(node), "ul", nil); err != nil {
+	if err := k.Keep(Path(node), "ul", nil); err != nil {
 		t.Fatal(err)
 	}
 	got := entries()

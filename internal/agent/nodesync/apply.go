@@ -87,33 +87,37 @@ func (s *Syncer) apply(st model.NodeState) error {
 	owned, err := s.node.OwnedRoutes()
 	errs = append(errs, err)
 	want := map[netip.Prefix]bool{}
-	for _, hr := range st.HostRoutes {
-		want[hr.Prefix] = true
-		if via, ok := owned[hr.Prefix]; !ok || via != hr.Via {
-			errs = append(errs, s.node.ReplaceOwnedRoute(hr.Prefix, hr.Via))
+	// The next hops of the routes in place stay resolved (below).
+	hops := map[netip.Addr]bool{}
+	route := func(dst netip.Prefix, via netip.Addr) {
+		want[dst] = true
+		if v, ok := owned[dst]; ok && v == via {
+			hops[via] = true
+			return
 		}
+		if err := s.node.ReplaceOwnedRoute(dst, via); err != nil {
+			errs = append(errs, err)
+			return
+		}
+		hops[via] = true
+	}
+	for _, hr := range st.HostRoutes {
+		route(hr.Prefix, hr.Via)
 	}
 	for _, lr := range st.LocatorRoutes {
-		want[lr.Locator] = true
-		if via, ok := owned[lr.Locator]; !ok || via != lr.Via {
-			errs = append(errs, s.node.ReplaceOwnedRoute(lr.Locator, lr.Via))
-		}
+		route(lr.Locator, lr.Via)
 	}
 	for p := range owned {
 		if !want[p] {
 			errs = append(errs, s.node.DeleteRoute(p))
 		}
 	}
-	// Their next hops stay resolved: the data plane's FIB lookups read
-	// the neighbour table only, and a flood cannot wait for resolution.
-	hops := map[netip.Addr]bool{}
-	for _, hr := range st.HostRoutes {
-		hops[hr.Via] = true
+	// The data plane's FIB lookups read the neighbour table only, and a
+	// flood cannot wait for resolution. Best effort: forwarding works
+	// without (more slowly), so a failure is logged, not the apply's.
+	if err := s.node.KeepResolved(slices.Collect(maps.Keys(hops))); err != nil {
+		s.log.Warn("keep the underlay next hops resolved", "error", err)
 	}
-	for _, lr := range st.LocatorRoutes {
-		hops[lr.Via] = true
-	}
-	errs = append(errs, s.node.KeepResolved(slices.Collect(maps.Keys(hops))))
 
 	errs = append(errs, s.pods.SyncEntries())
 	if err := errors.Join(errs...); err != nil {

@@ -75,6 +75,11 @@ func TestSyncSurvivesNodeApplyFailure(t *testing.T) {
 	if err == nil {
 		t.Error("the route failure was not kept for the reconciler")
 	}
+	// A next hop is kept resolved only for a route in place: one that
+	// could not be installed (an address off the link) is not probed.
+	if len(a.node.hops) != 0 {
+		t.Errorf("next hops kept resolved %v, want none: their route was not installed", a.node.hops)
+	}
 }
 
 // attachFailDP is a data plane on a kernel without tcx.
