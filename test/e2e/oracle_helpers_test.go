@@ -69,19 +69,22 @@ var (
 	quickTiming = probeTiming{timeout: 300 * time.Millisecond}
 )
 
-// oracleNets are the pool's l3 networks: a and c have the same subnets, e
-// lies inside b, d is anonymous. Their pods sit on the two nodes given, so
-// that every node holds pods of overlapping networks.
+// oracleNets are the pool's pod networks: a and c have the same subnets, e
+// lies inside b, d is anonymous, f is an l2 network (switched between its
+// pods, on one node and across nodes; routed through its gateway to the
+// others). Their pods sit on the nodes given, so that every node holds
+// pods of overlapping networks.
 var oracleNets = []struct {
 	suffix, v4, v6 string
-	anonymous      bool
-	nodes          [2]string
+	anonymous, l2  bool
+	nodes          []string
 }{
-	{"a", "10.61.0.0/16", "fd00:61::/48", false, [2]string{"n1", "n2"}},
-	{"b", "10.62.0.0/16", "fd00:62::/48", false, [2]string{"n2", "n3"}},
-	{"c", "10.61.0.0/16", "fd00:61::/48", false, [2]string{"n1", "n3"}},
-	{"d", "10.64.0.0/16", "fd00:64::/48", true, [2]string{"n3", "n1"}},
-	{"e", "10.62.128.0/17", "fd00:62:0:8000::/49", false, [2]string{"n2", "n1"}},
+	{"a", "10.61.0.0/16", "fd00:61::/48", false, false, []string{"n1", "n2"}},
+	{"b", "10.62.0.0/16", "fd00:62::/48", false, false, []string{"n2", "n3"}},
+	{"c", "10.61.0.0/16", "fd00:61::/48", false, false, []string{"n1", "n3"}},
+	{"d", "10.64.0.0/16", "fd00:64::/48", true, false, []string{"n3", "n1"}},
+	{"e", "10.62.128.0/17", "fd00:62:0:8000::/49", false, false, []string{"n2", "n1"}},
+	{"f", "10.63.0.0/24", "fd00:63::/64", false, true, []string{"n1", "n3", "n1"}},
 }
 
 // oPod is a netexec pod of the pool.
@@ -106,10 +109,10 @@ func (p *oPod) endpoint(v6 bool) model.Endpoint {
 type oraclePool struct {
 	prefix string
 	c      crclient.Client
-	// l3 are the pool's l3 networks (in oracleNets order), anon the
+	// nets are the pool's pod networks (in oracleNets order), anon the
 	// anonymous one, ext the pool's external network (the external host's
 	// served prefixes).
-	l3   []string
+	nets []string
 	anon string
 	ext  string
 	pods []*oPod // pool pods, then the default network's pod
@@ -158,8 +161,12 @@ func newOraclePool(t *testing.T) *oraclePool {
 	// run in reverse order).
 	for _, n := range oracleNets {
 		name := p.prefix + "-" + n.suffix
-		network(t, p.c, name, n.v4, n.v6, n.anonymous)
-		p.l3 = append(p.l3, name)
+		if n.l2 {
+			l2Network(t, p.c, name, n.v4, n.v6)
+		} else {
+			network(t, p.c, name, n.v4, n.v6, n.anonymous)
+		}
+		p.nets = append(p.nets, name)
 		if n.anonymous {
 			p.anon = name
 		}
@@ -174,7 +181,7 @@ func newOraclePool(t *testing.T) *oraclePool {
 	t.Cleanup(func() { _ = p.c.Delete(context.Background(), x) })
 	t.Cleanup(func() { p.deletePolicies(t) })
 	eventually(t, time.Minute, "pool networks with IDs", func() error {
-		for _, name := range append(append([]string(nil), p.l3...), p.ext) {
+		for _, name := range append(append([]string(nil), p.nets...), p.ext) {
 			var nw lacev1.Network
 			if err := p.c.Get(ctx, crKey(name), &nw); err != nil {
 				return err
@@ -191,7 +198,7 @@ func newOraclePool(t *testing.T) *oraclePool {
 	var specs []spec
 	for i, n := range oracleNets {
 		for j, node := range n.nodes {
-			specs = append(specs, spec{fmt.Sprintf("%s-%s%d", p.prefix, n.suffix, j+1), p.l3[i], node})
+			specs = append(specs, spec{fmt.Sprintf("%s-%s%d", p.prefix, n.suffix, j+1), p.nets[i], node})
 		}
 	}
 	specs = append(specs, spec{p.prefix + "-def", "default", "n2"})

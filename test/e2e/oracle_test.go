@@ -26,7 +26,8 @@ import (
 // TestOracleAgreesWithPackets checks the reachability oracle (model.Reach)
 // against real packets. Each seed draws a topology over a pool of networks
 // made once (l3 networks with identical and nested subnets, an anonymous
-// one, an external network served by the lab's external host, and the
+// one, an l2 network with two pods on one node and one on another, an
+// external network served by the lab's external host, and the
 // chart's default and world): labels on the pool networks and one to six
 // NetworkRoutingPolicies (one way, both directions, label meshes, group to
 // group, the anonymous network's self policy, to and from the external
@@ -51,7 +52,7 @@ func TestOracleAgreesWithPackets(t *testing.T) {
 	pool := newOraclePool(t)
 	setup := time.Since(start)
 	t.Logf("oracle pool %s: %d pods in %d networks ready in %s; seeds %d to %d", pool.prefix, len(pool.pods),
-		len(pool.l3)+1, setup.Round(100*time.Millisecond), first, first+uint64(n)-1)
+		len(pool.nets)+1, setup.Round(100*time.Millisecond), first, first+uint64(n)-1)
 	var failed []uint64
 	for seed := first; seed < first+uint64(n); seed++ {
 		if !t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) { pool.runSeed(t, seed) }) {
@@ -111,7 +112,7 @@ func selectorString(s *metav1.LabelSelector) string {
 func (p *oraclePool) topology(seed uint64) oracleTopology {
 	rng := rand.New(rand.NewPCG(seed, 0x1ace0c1e))
 	o := oracleTopology{seed: seed, groups: map[string]string{}}
-	labelled := append(append([]string(nil), p.l3...), p.ext)
+	labelled := append(append([]string(nil), p.nets...), p.ext)
 	for _, n := range labelled {
 		o.groups[n] = []string{"", "red", "blue"}[rng.IntN(3)]
 	}
@@ -146,7 +147,7 @@ func (p *oraclePool) topology(seed uint64) oracleTopology {
 		case 0: // one way, by name
 			add(byName(pick(all)), byName(pick(all)))
 		case 1: // both directions, as two policies
-			a, b := pick(p.l3), pick(all)
+			a, b := pick(p.nets), pick(all)
 			add(byName(a), byName(b))
 			add(byName(b), byName(a))
 		case 2: // a label mesh: one policy, the same label on both sides
@@ -159,13 +160,13 @@ func (p *oraclePool) topology(seed uint64) oracleTopology {
 		case 5: // to and from the external networks
 			switch rng.IntN(4) {
 			case 0:
-				add(byName(p.ext), byName(pick(p.l3)))
+				add(byName(p.ext), byName(pick(p.nets)))
 			case 1:
-				add(byName(pick(p.l3)), byName(p.ext))
+				add(byName(pick(p.nets)), byName(p.ext))
 			case 2:
-				add(byName(pick(p.l3)), byName("world"))
+				add(byName(pick(p.nets)), byName("world"))
 			default:
-				add(byName("world"), byName(pick(p.l3)))
+				add(byName("world"), byName(pick(p.nets)))
 			}
 		default: // set-based selectors
 			if rng.IntN(2) == 0 {
@@ -228,11 +229,13 @@ func (p *oraclePool) converge(t *testing.T, o oracleTopology) model.Topology {
 		// service ranges deny entries) into the views.
 		var nbps lacev1.NetworkBindingPolicyList
 		var neps lacev1.NetworkEndpointList
+		var nbrs lacev1.NeighborList
+		var fdbs lacev1.FDBEntryList
 		var svcs corev1.ServiceList
 		var slices discoveryv1.EndpointSliceList
 		var nss corev1.NamespaceList
 		var cidrs networkingv1.ServiceCIDRList
-		for _, l := range []crclient.ObjectList{&nets, &allocs, &ueps, &nrps, &srps, &nbps, &neps, &svcs, &slices, &nss, &cidrs} {
+		for _, l := range []crclient.ObjectList{&nets, &allocs, &ueps, &nrps, &srps, &nbps, &neps, &nbrs, &fdbs, &svcs, &slices, &nss, &cidrs} {
 			if err := p.c.List(ctx, l); err != nil {
 				return err
 			}
@@ -266,7 +269,8 @@ func (p *oraclePool) converge(t *testing.T, o oracleTopology) model.Topology {
 		for _, node := range p.nodes {
 			st := model.ComputeNode(model.NodeInput{Node: node, Networks: nets.Items, Allocations: allocs.Items,
 				Underlays: ueps.Items, RoutingPolicies: nrps.Items, Services: model.BoundServiceVIPs(svcs.Items, bound),
-				ServiceRoutingPolicies: srps.Items, Namespaces: nsLabels, ServiceCIDRs: model.ServiceCIDRPrefixes(cidrs.Items)})
+				ServiceRoutingPolicies: srps.Items, Namespaces: nsLabels, ServiceCIDRs: model.ServiceCIDRPrefixes(cidrs.Items),
+				Neighbors: nbrs.Items, FDBEntries: fdbs.Items})
 			dp, err := p.datapath(node)
 			if err != nil {
 				return err
