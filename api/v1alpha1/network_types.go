@@ -45,6 +45,7 @@ type Subnet struct {
 // +kubebuilder:validation:XValidation:rule="self.type != 'l3' || !has(self.ipv6Subnet) || has(self.ipv6Subnet.hostLocalPrefixLength)",message="spec.ipv6Subnet.hostLocalPrefixLength is required for an l3 network (the size of each node's block)",fieldPath=".ipv6Subnet"
 // +kubebuilder:validation:XValidation:rule="self.type == 'l3' || !has(self.ipv4Subnet) || !has(self.ipv4Subnet.hostLocalPrefixLength)",message="spec.ipv4Subnet.hostLocalPrefixLength is only for l3 networks",fieldPath=".ipv4Subnet.hostLocalPrefixLength"
 // +kubebuilder:validation:XValidation:rule="self.type == 'l3' || !has(self.ipv6Subnet) || !has(self.ipv6Subnet.hostLocalPrefixLength)",message="spec.ipv6Subnet.hostLocalPrefixLength is only for l3 networks",fieldPath=".ipv6Subnet.hostLocalPrefixLength"
+// +kubebuilder:validation:XValidation:rule="self.type != 'l2' || !has(self.anonymous) || !self.anonymous",message="spec.anonymous is only for l3 networks: the ports of an l2 network are one segment and always reach each other; keep other networks out with routing policies",fieldPath=".anonymous"
 // +kubebuilder:validation:XValidation:rule="self.type != 'external' || (has(self.externalPrefixes) && size(self.externalPrefixes) > 0)",message="an external network needs spec.externalPrefixes"
 // +kubebuilder:validation:XValidation:rule="self.type != 'external' || (!has(self.ipv4Subnet) && !has(self.ipv6Subnet))",message="an external network has no spec.ipv4Subnet or spec.ipv6Subnet: it is defined by spec.externalPrefixes"
 // +kubebuilder:validation:XValidation:rule="self.type == 'external' || !has(self.externalPrefixes) || size(self.externalPrefixes) == 0",message="spec.externalPrefixes is only for external networks",fieldPath=".externalPrefixes"
@@ -80,7 +81,8 @@ type NetworkSpec struct {
 	ExternalPrefixes []CIDR `json:"externalPrefixes,omitempty"`
 
 	// Anonymous suppresses the implicit route that lets endpoints reach
-	// their own network: even they need a NetworkRoutingPolicy.
+	// their own network: even they need a NetworkRoutingPolicy. l3 only:
+	// an l2 network's ports are one segment.
 	// +optional
 	Anonymous bool `json:"anonymous,omitempty"`
 }

@@ -88,6 +88,8 @@ func invalidCases() []invalidCase {
 			want: []string{"spec.ipv4Subnet", "hostLocalPrefixLength is required"}},
 		{name: "l3 v6 without hostLocalPrefixLength", doc: net("n3b", "  type: l3\n  ipv6Subnet: {prefix: 'fd00:1::/48'}\n"),
 			want: []string{"spec.ipv6Subnet", "hostLocalPrefixLength is required"}},
+		{name: "anonymous l2", doc: net("n2a", "  type: l2\n  anonymous: true\n  ipv4Subnet: {prefix: 10.1.0.0/24}\n"),
+			want: []string{"spec.anonymous", "only for l3 networks"}},
 		{name: "l2 with hostLocalPrefixLength", doc: net("n4", "  type: l2\n  ipv4Subnet: {prefix: 10.1.0.0/24, hostLocalPrefixLength: 26}\n"),
 			want: []string{"spec.ipv4Subnet.hostLocalPrefixLength", "only for l3"}},
 		{name: "external without prefixes", doc: net("n5", "  type: external\n"),

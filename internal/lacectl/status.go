@@ -16,6 +16,7 @@ import (
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/dpmetrics"
+	"github.com/lace-cni/lace/internal/model"
 )
 
 // CounterSource returns a node's data plane metrics (its agent's metrics
@@ -52,7 +53,7 @@ func Status(ctx context.Context, c client.Client, counters CounterSource, out io
 				ready = string(cond.Status)
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%v\t%s\n", n.Name, n.Spec.Type, n.Status.ID, strings.Join(subnets, ","), n.Spec.Anonymous, ready)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%v\t%s\n", n.Name, n.Spec.Type, n.Status.ID, strings.Join(subnets, ","), model.IsAnonymous(&n), ready)
 	}
 	tw.Flush()
 

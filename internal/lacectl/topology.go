@@ -94,7 +94,7 @@ type topoGraph struct {
 func buildGraph(t model.Topology) topoGraph {
 	var g topoGraph
 	for _, n := range t.Networks {
-		tn := topoNet{name: n.Name, typ: n.Spec.Type, id: n.Status.ID, anonymous: n.Spec.Anonymous, ready: n.Status.ID > 0}
+		tn := topoNet{name: n.Name, typ: n.Spec.Type, id: n.Status.ID, anonymous: model.IsAnonymous(&n), ready: n.Status.ID > 0}
 		if tn.typ == "" {
 			tn.typ = lacev1.NetworkTypeL3
 		}

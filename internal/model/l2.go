@@ -152,3 +152,11 @@ func inSubnets(n *lacev1.Network, a netip.Addr) bool {
 	}
 	return false
 }
+
+// IsAnonymous tells whether n is closed to its own endpoints. Never an l2
+// network: the API refuses the flag there (its ports are one segment,
+// switched, never through a view), and one stored before that rule is
+// read as open, as its ports behave.
+func IsAnonymous(n *lacev1.Network) bool {
+	return n.Spec.Anonymous && n.Spec.Type != lacev1.NetworkTypeL2
+}

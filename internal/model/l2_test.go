@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"net/netip"
 	"reflect"
 	"testing"
 
@@ -93,5 +94,32 @@ func TestL2HostRoutes(t *testing.T) {
 	}
 	if want := []string{"5 fd1a:ce:0:2:300:5:0:5"}; !reflect.DeepEqual(gotFl, want) {
 		t.Errorf("flood nodes %v, want %v", gotFl, want)
+	}
+}
+
+// TestL2NeverAnonymous: an l2 network stored with anonymous set (before
+// the API refused it) is open, as its switched ports behave: the data
+// plane's network entry, the views and the oracle agree.
+func TestL2NeverAnonymous(t *testing.T) {
+	nets := []lacev1.Network{l2("vms", nil, "10.50.0.0/24"), l3("sandbox", nil, "10.1.0.0/16")}
+	nets[0].Status.ID, nets[1].Status.ID = 5, 1
+	nets[0].Spec.Anonymous, nets[1].Spec.Anonymous = true, true
+	st := ComputeNode(NodeInput{Node: "n1", Networks: nets, Allocations: blocks12(nets), Underlays: testUnderlays})
+	for _, n := range st.Networks {
+		if want := n.ID == 1; n.Anonymous != want {
+			t.Errorf("network %d: anonymous %v, want %v", n.ID, n.Anonymous, want)
+		}
+	}
+	topo := Topology{Networks: nets}
+	a, b := netip.MustParseAddr("10.50.0.2"), netip.MustParseAddr("10.50.0.3")
+	v := Reach(topo, Endpoint{Kind: EndpointPod, Network: "vms", Addr: a, NodeName: "n1"},
+		Endpoint{Kind: EndpointPod, Network: "vms", Addr: b, NodeName: "n2"}, "tcp", 80)
+	if !v.Allowed {
+		t.Errorf("two pods of an l2 network stored as anonymous: %s, want allowed", v.Rule)
+	}
+	s4, s5 := netip.MustParseAddr("10.1.1.4"), netip.MustParseAddr("10.1.2.5")
+	if v := Reach(topo, Endpoint{Kind: EndpointPod, Network: "sandbox", Addr: s4, NodeName: "n1"},
+		Endpoint{Kind: EndpointPod, Network: "sandbox", Addr: s5, NodeName: "n2"}, "tcp", 80); v.Allowed {
+		t.Errorf("two pods of an anonymous l3 network: allowed (%s), want denied", v.Rule)
 	}
 }

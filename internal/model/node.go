@@ -129,7 +129,7 @@ func ComputeNode(in NodeInput) NodeState {
 		n := &in.Networks[i]
 		byName[n.Name] = n
 		if n.Status.ID > 0 {
-			st.Networks = append(st.Networks, tables.Network{ID: uint32(n.Status.ID), Anonymous: n.Spec.Anonymous})
+			st.Networks = append(st.Networks, tables.Network{ID: uint32(n.Status.ID), Anonymous: IsAnonymous(n)})
 		}
 	}
 	locators := map[string]netip.Prefix{}
@@ -293,7 +293,7 @@ func readViewTopology(in NodeInput, locators map[string]netip.Prefix, located []
 			continue
 		}
 		vn := &viewNet{name: n.Name, id: uint32(n.Status.ID), external: n.Spec.Type == lacev1.NetworkTypeExternal,
-			l3: n.Spec.Type == lacev1.NetworkTypeL3, l2: n.Spec.Type == lacev1.NetworkTypeL2, anonymous: n.Spec.Anonymous, labels: labels.Set(n.Labels)}
+			l3: n.Spec.Type == lacev1.NetworkTypeL3, l2: n.Spec.Type == lacev1.NetworkTypeL2, anonymous: IsAnonymous(&n), labels: labels.Set(n.Labels)}
 		var cidrs []lacev1.CIDR
 		if vn.external {
 			cidrs = n.Spec.ExternalPrefixes

@@ -267,7 +267,7 @@ func readTopology(t Topology) topo {
 		if n.Status.ID <= 0 {
 			continue
 		}
-		ni := &netInfo{name: n.Name, typ: n.Spec.Type, anonymous: n.Spec.Anonymous, labels: labels.Set(n.Labels)}
+		ni := &netInfo{name: n.Name, typ: n.Spec.Type, anonymous: IsAnonymous(&n), labels: labels.Set(n.Labels)}
 		var cidrs []lacev1.CIDR
 		if n.Spec.Type == lacev1.NetworkTypeExternal {
 			cidrs = n.Spec.ExternalPrefixes
