@@ -16,13 +16,7 @@ import (
 // tempPinDir is a fresh bpffs directory (root only).
 func tempPinDir(t *testing.T) string {
 	t.Helper()
-	testutil.SkipUnit(t, "root (bpffs)")
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("map tests need root")
-		}
-		t.Skip("map tests need root")
-	}
+	testutil.NeedRoot(t, "bpffs")
 	suffix := make([]byte, 3)
 	_, _ = rand.Read(suffix)
 	dir := filepath.Join(os.TempDir(), "lmaps"+hex.EncodeToString(suffix))

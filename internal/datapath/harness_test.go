@@ -64,13 +64,7 @@ type pod struct {
 
 func needRoot(t *testing.T) {
 	t.Helper()
-	testutil.SkipUnit(t, "root (network namespaces, eBPF)")
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("datapath tests need root")
-		}
-		t.Skip("datapath tests need root (network namespaces, eBPF)")
-	}
+	testutil.NeedRoot(t, "network namespaces, eBPF")
 }
 
 func newWorld(t *testing.T, nodes int) *world {

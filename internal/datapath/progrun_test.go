@@ -43,13 +43,7 @@ var (
 // programs one node with one pod (network 7) and one peer node.
 func progDatapath(t *testing.T) *Datapath {
 	t.Helper()
-	testutil.SkipUnit(t, "root (BPF_PROG_RUN)")
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("BPF_PROG_RUN tests need root")
-		}
-		t.Skip("BPF_PROG_RUN tests need root")
-	}
+	testutil.NeedRoot(t, "BPF_PROG_RUN")
 	suffix := make([]byte, 3)
 	_, _ = rand.Read(suffix)
 	dir := filepath.Join(os.TempDir(), "lprog"+hex.EncodeToString(suffix))

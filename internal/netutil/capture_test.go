@@ -3,7 +3,6 @@ package netutil
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -17,20 +16,7 @@ import (
 // t.Fatal) still stops the reader. One left behind spun on the closed
 // socket for the rest of the run and took a core from the tests after.
 func TestCaptureStopsWhenFDoesNotReturn(t *testing.T) {
-	testutil.SkipUnit(t, "root (network namespaces)")
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("capture tests need root")
-		}
-		t.Skip("capture tests need root (network namespaces)")
-	}
-	b := make([]byte, 3)
-	_, _ = rand.Read(b)
-	name := "lcap" + hex.EncodeToString(b)
-	if err := CreateNamed(name); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = DeleteNamed(name) })
+	name := testNS(t, "lcap")
 
 	before := runtime.NumGoroutine()
 	var wg sync.WaitGroup
@@ -53,4 +39,19 @@ func TestCaptureStopsWhenFDoesNotReturn(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// testNS makes a named network namespace of the test's own (prefix and a
+// random suffix), removed at the end, and returns its name.
+func testNS(t *testing.T, prefix string) string {
+	t.Helper()
+	testutil.NeedRoot(t, "network namespaces")
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	name := prefix + hex.EncodeToString(b)
+	if err := CreateNamed(name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = DeleteNamed(name) })
+	return name
 }

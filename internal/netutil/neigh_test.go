@@ -1,15 +1,12 @@
 package netutil
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"net"
 	"net/netip"
 	"os"
 	"testing"
 	"time"
 
-	"github.com/lace-cni/lace/internal/testutil"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -19,22 +16,7 @@ import (
 // wanted or not, is left as it is; Lace's entry goes when its next hop is
 // no longer wanted.
 func TestKeepResolved(t *testing.T) {
-	testutil.SkipUnit(t, "root (network namespaces)")
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("neighbour tests need root")
-		}
-		t.Skip("neighbour tests need root (network namespaces)")
-	}
-	b := make([]byte, 3)
-	_, _ = rand.Read(b)
-	node, peer := "lkr"+hex.EncodeToString(b)+"-a", "lkr"+hex.EncodeToString(b)+"-b"
-	for _, n := range []string{node, peer} {
-		if err := CreateNamed(n); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = DeleteNamed(n) })
-	}
+	node, peer := testNS(t, "lkra"), testNS(t, "lkrb")
 	hop, other := netip.MustParseAddr("fd00:77::9"), netip.MustParseAddr("fd00:77::8")
 	var peerMAC net.HardwareAddr
 	err := Do(Path(node), func() error {

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"net"
 	"net/netip"
-	"os"
 	"strconv"
 	"testing"
 
@@ -20,13 +19,7 @@ import (
 // the machine's), removed at the end.
 func namespaces(t *testing.T) (nodeNS, podNS string) {
 	t.Helper()
-	testutil.SkipUnit(t, "root (network namespaces)")
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("podnet tests need root")
-		}
-		t.Skip("podnet tests need root (network namespaces)")
-	}
+	testutil.NeedRoot(t, "network namespaces")
 	b := make([]byte, 3)
 	_, _ = rand.Read(b)
 	node, pod := "lpn"+hex.EncodeToString(b)+"-n", "lpn"+hex.EncodeToString(b)+"-p"

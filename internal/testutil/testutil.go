@@ -3,6 +3,7 @@
 package testutil
 
 import (
+	"os"
 	"testing"
 	"time"
 )
@@ -29,5 +30,19 @@ func SkipUnit(t testing.TB, needs string) {
 	t.Helper()
 	if testing.Short() {
 		t.Skipf("needs %s: not a unit test (-short, make unit); make test runs it", needs)
+	}
+}
+
+// NeedRoot skips a test that needs root (needs says for what) under -short
+// and where the tests do not run as root, and fails it in CI, where being
+// root is the point.
+func NeedRoot(t testing.TB, needs string) {
+	t.Helper()
+	SkipUnit(t, "root ("+needs+")")
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("needs root (%s)", needs)
+		}
+		t.Skipf("needs root (%s)", needs)
 	}
 }
