@@ -10,7 +10,12 @@
  *
  * Every frame is checked against the port first: its source MAC must be
  * the port's (lace_fdb says which port holds a MAC), its source address
- * the port's. This program owns no map; l2.h describes the ones it reads. */
+ * the port's. On a learning network (PORT_L2_LEARN) an address is also
+ * the port's when the network's neighbour table binds it to the frame's
+ * source MAC; a source MAC or address the network does not know is
+ * reported to the agent (l2_learn) and the frame dropped until the binding
+ * is published. This program owns no map; l2.h describes the ones it
+ * reads and the learning ring it writes. */
 #include "lace.h"
 #include "fwd.h"
 #include "neigh.h"
@@ -44,6 +49,57 @@ struct l2_port {
 	__u8 ip6[16];
 };
 
+/* src_addr_ok tells whether addr (family's) may be the source of a frame
+ * from port pt with source MAC smac (already known to live at the port):
+ * the port's own address, or on a learning port one its network binds to
+ * smac. */
+static __always_inline int src_addr_ok(const struct l2_port *pt, __u8 family, const __u8 *addr, const __u8 *smac)
+{
+	if (family == LACE_FAMILY_V4 && (pt->flags & PORT_HAS_V4) && eq4(addr, pt->ip4))
+		return 1;
+	if (family == LACE_FAMILY_V6 && (pt->flags & PORT_HAS_V6) && eq16(addr, pt->ip6))
+		return 1;
+	if (!(pt->flags & PORT_L2_LEARN))
+		return 0;
+	struct l2_neigh_val *n = neigh_of(pt->net_id, family, addr);
+	return n && mac_eq(n->mac, smac);
+}
+
+/* l2_learn reports a source MAC (and address, family not 0) port ifindex
+ * sent that its network does not know, at most once per L2_LEARN_GAP_NS
+ * per port, and drops the frame: it goes through once the agent had the
+ * binding published. */
+static __noinline int l2_learn(__u32 ifindex, __u32 net_id, const __u8 *mac, __u8 family, const __u8 *addr)
+{
+	__u64 now = bpf_ktime_get_ns();
+	__u64 *last = bpf_map_lookup_elem(&lace_l2_learn_gap, &ifindex);
+	if (last && now - *last < L2_LEARN_GAP_NS)
+		return drop(DROP_L2_LEARNING);
+	bpf_map_update_elem(&lace_l2_learn_gap, &ifindex, &now, BPF_ANY);
+	struct l2_learn_event *e = bpf_ringbuf_reserve(&lace_l2_learn, sizeof(*e), 0);
+	if (e) {
+		__builtin_memset(e, 0, sizeof(*e));
+		e->ifindex = ifindex;
+		e->net_id = net_id;
+		__builtin_memcpy(e->mac, mac, 6);
+		e->family = family;
+		if (family)
+			__builtin_memcpy(e->addr, addr, 16);
+		bpf_ringbuf_submit(e, 0);
+	}
+	return drop(DROP_L2_LEARNING);
+}
+
+/* l2_bad_source drops a frame whose source address is not the port's
+ * (src_addr_ok): reported for learning on a learning port, spoofed
+ * elsewhere. */
+static __always_inline int l2_bad_source(__u32 ifindex, const struct l2_port *pt, const __u8 *mac, __u8 family, const __u8 *addr)
+{
+	if (!(pt->flags & PORT_L2_LEARN))
+		return drop(DROP_SPOOF);
+	return l2_learn(ifindex, pt->net_id, mac, family, addr);
+}
+
 /* l2_arp answers an ARP request of the port for an address its network
  * holds. Nothing else it sends in ARP goes anywhere: a probe (duplicate
  * detection, from 0.0.0.0) or an announcement of its own address is never
@@ -55,10 +111,14 @@ static __noinline int l2_arp(struct __sk_buff *skb, const struct l2_port *pt, co
 		return drop(DROP_L2_NOT_FORWARDED);
 	if (!mac_eq(m.sha, smac))
 		return drop(DROP_L2_SPOOF_MAC);
+	/* A gratuitous ARP of an address the network does not know yet is
+	 * how a guest announces it: judged before it is refused. */
+	__u8 spa[16] = {};
+	__builtin_memcpy(spa, m.spa, 4);
+	if (*(__u32 *)m.spa != 0 && !src_addr_ok(pt, LACE_FAMILY_V4, spa, smac))
+		return l2_bad_source(skb->ingress_ifindex, pt, smac, LACE_FAMILY_V4, spa);
 	if (m.oper != ARP_REQUEST || *(__u32 *)m.spa == 0 || eq4(m.spa, m.tpa))
 		return drop(DROP_L2_NOT_FORWARDED);
-	if (!(pt->flags & PORT_HAS_V4) || !eq4(m.spa, pt->ip4))
-		return drop(DROP_SPOOF);
 	struct l2_neigh_val *n = neigh_of(pt->net_id, LACE_FAMILY_V4, m.tpa);
 	if (!n)
 		return drop(DROP_L2_UNKNOWN_NEIGH);
@@ -74,13 +134,13 @@ static __noinline int l2_arp(struct __sk_buff *skb, const struct l2_port *pt, co
  * an address its network holds is answered (the gateway's with the router
  * flag); duplicate address detection, advertisements, router
  * solicitations and MLD stay on the port. */
-static __noinline int l2_nd(struct __sk_buff *skb, const struct l2_port *pt)
+static __noinline int l2_nd(struct __sk_buff *skb, const struct l2_port *pt, const __u8 *smac)
 {
 	struct ns_msg m;
 	if (ns_read(skb, &m) || ns_is_dad(&m))
 		return drop(DROP_L2_NOT_FORWARDED);
-	if (!link_local6(m.saddr) && (!(pt->flags & PORT_HAS_V6) || !eq16(m.saddr, pt->ip6)))
-		return drop(DROP_SPOOF);
+	if (!link_local6(m.saddr) && !src_addr_ok(pt, LACE_FAMILY_V6, m.saddr, smac))
+		return l2_bad_source(skb->ingress_ifindex, pt, smac, LACE_FAMILY_V6, m.saddr);
 	struct l2_neigh_val *n = neigh_of(pt->net_id, LACE_FAMILY_V6, m.target);
 	if (!n)
 		return drop(DROP_L2_UNKNOWN_NEIGH);
@@ -238,6 +298,37 @@ static __always_inline int is_nd(struct ipv6hdr *ip6, void *end)
 	return (icmp[0] >= 130 && icmp[0] <= 137) || icmp[0] == 143;
 }
 
+/* l2_unknown_mac drops a frame whose source MAC is not the port's. On a
+ * learning port a unicast MAC its network does not place, or places on
+ * another node or port (a move), is reported with the frame's source
+ * address; never the gateway's, a multicast one or one of no address. */
+static __noinline int l2_unknown_mac(struct __sk_buff *skb, const struct l2_port *pt, const __u8 *mac, __u32 fdb_flags)
+{
+	if (!(pt->flags & PORT_L2_LEARN) || (fdb_flags & FDB_GATEWAY) || (mac[0] & 1) ||
+	    (*(const __u32 *)mac == 0 && *(const __u16 *)(mac + 4) == 0))
+		return drop(DROP_L2_SPOOF_MAC);
+	__u16 proto;
+	__u8 addr[16] = {};
+	__u8 family = 0;
+	if (bpf_skb_load_bytes(skb, offsetof(struct ethhdr, h_proto), &proto, 2))
+		return drop(DROP_NOT_IP);
+	if (proto == bpf_htons(ETH_P_ARP_)) {
+		/* Ethernet/IPv4 ARP: the sender's address after its MAC. */
+		if (!bpf_skb_load_bytes(skb, ETH_HLEN + 14, addr, 4) && *(__u32 *)addr)
+			family = LACE_FAMILY_V4;
+	} else if (proto == bpf_htons(ETH_P_IP)) {
+		if (!bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct iphdr, saddr), addr, 4) && *(__u32 *)addr)
+			family = LACE_FAMILY_V4;
+	} else if (proto == bpf_htons(ETH_P_IPV6)) {
+		if (!bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, saddr), addr, 16) && !link_local6(addr) &&
+		    (*(__u64 *)addr | *(__u64 *)(addr + 8)))
+			family = LACE_FAMILY_V6;
+	}
+	if (!family)
+		__builtin_memset(addr, 0, sizeof(addr));
+	return l2_learn(skb->ingress_ifindex, pt->net_id, mac, family, addr);
+}
+
 SEC("tc")
 int from_l2(struct __sk_buff *skb)
 {
@@ -265,7 +356,7 @@ int from_l2(struct __sk_buff *skb)
 	__builtin_memcpy(k.mac, eth->h_source, 6);
 	struct fdb_val *src = bpf_map_lookup_elem(&lace_fdb, &k);
 	if (!src || !(src->flags & FDB_LOCAL) || src->ifindex != ifindex)
-		return drop(DROP_L2_SPOOF_MAC);
+		return l2_unknown_mac(skb, &pt, k.mac, src ? src->flags : 0);
 
 	__u16 proto = eth->h_proto;
 	int icmp = 0; /* an ICMP or ICMPv6 header right after the IP header */
@@ -275,17 +366,21 @@ int from_l2(struct __sk_buff *skb)
 		struct iphdr *ip = (void *)(eth + 1);
 		if ((void *)(ip + 1) > end)
 			return drop(DROP_NOT_IP);
-		if (!(pt.flags & PORT_HAS_V4) || !eq4(&ip->saddr, pt.ip4))
-			return drop(DROP_SPOOF);
+		__u8 sa[16] = {};
+		__builtin_memcpy(sa, &ip->saddr, 4);
+		if (!src_addr_ok(&pt, LACE_FAMILY_V4, sa, k.mac))
+			return l2_bad_source(ifindex, &pt, k.mac, LACE_FAMILY_V4, sa);
 		icmp = ip->protocol == IPPROTO_ICMP;
 	} else if (proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = (void *)(eth + 1);
 		if ((void *)(ip6 + 1) > end)
 			return drop(DROP_NOT_IP);
 		if (is_nd(ip6, end))
-			return l2_nd(skb, &pt);
-		if (!(pt.flags & PORT_HAS_V6) || !eq16(&ip6->saddr, pt.ip6))
-			return drop(DROP_SPOOF);
+			return l2_nd(skb, &pt, k.mac);
+		__u8 sa[16];
+		__builtin_memcpy(sa, &ip6->saddr, 16);
+		if (!src_addr_ok(&pt, LACE_FAMILY_V6, sa, k.mac))
+			return l2_bad_source(ifindex, &pt, k.mac, LACE_FAMILY_V6, sa);
 		__u8 nh = ip6->nexthdr;
 		icmp = nh == IPPROTO_ICMPV6;
 		/* ND behind an extension header: a poisoned peer. */

@@ -767,7 +767,10 @@ static __noinline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 		return drop(DROP_FRAG_NO_FIRST);
 	__u32 ifindex;
 	__u8 macs[12];
-	if (local_pod(net_id, p.family, p.daddr, &ifindex, macs))
+	/* A switched frame may go to an address its network learned on a
+	 * port here (l2_learned_port): no endpoint entry names it. */
+	if (local_pod(net_id, p.family, p.daddr, &ifindex, macs) &&
+	    (!l2 || l2_learned_port(net_id, p.family, p.daddr, &ifindex, macs)))
 		return drop(DROP_NO_ENDPOINT);
 	if (l2)
 		return l2_decap(skb, &p, net_id, ifindex, macs);

@@ -23,6 +23,29 @@ type NetworkEndpointSpec struct {
 	// Interface is the pod's interface name inside its namespace.
 	// +optional
 	Interface string `json:"interface,omitempty"`
+	// Learned are the MACs and addresses the pod's port sent that its
+	// l2 network did not assign, learned by the node (spec.l2.learning),
+	// oldest first. lace-controller publishes each as an FDBEntry and a
+	// Neighbor held for this endpoint, unless another holds it.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	Learned []LearnedBinding `json:"learned,omitempty"`
+}
+
+// LearnedBinding is a MAC, and an address bound to it, that a port sent.
+type LearnedBinding struct {
+	// MAC is the source MAC.
+	// +required
+	MAC MACAddress `json:"mac"`
+	// Address is the source address sent from MAC, if any.
+	// +optional
+	Address IPAddress `json:"address,omitempty"`
+	// Sequence is the MAC's move sequence this port claims it with: one
+	// more than the FDBEntry's when the MAC lived elsewhere.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Sequence int64 `json:"sequence,omitempty"`
 }
 
 // NetworkEndpointStatus reports what lace-controller assigned and whether
@@ -161,9 +184,24 @@ type FDBEntrySpec struct {
 	Publisher string `json:"publisher,omitempty"`
 }
 
+// FDBEntryStatus reports on a learned MAC.
+type FDBEntryStatus struct {
+	// Conditions: Frozen (True while the MAC may not move: it moved 5
+	// times within 180 seconds, a duplicate MAC or a loop).
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// ConditionFrozen on an FDBEntry is True while its learned MAC may not
+// move (reason MACFlapping).
+const ConditionFrozen = "Frozen"
+
 // FDBEntry is the location (node) of a MAC address in an l2 network.
 //
 // +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Cluster,shortName=fdb,categories=lace
 // +kubebuilder:printcolumn:name="Network",type=string,JSONPath=`.spec.network`
 // +kubebuilder:printcolumn:name="MAC",type=string,JSONPath=`.spec.mac`
@@ -171,13 +209,15 @@ type FDBEntrySpec struct {
 // +kubebuilder:printcolumn:name="Sequence",type=integer,JSONPath=`.spec.sequence`
 // +kubebuilder:printcolumn:name="Learned",type=boolean,JSONPath=`.spec.learned`
 // +kubebuilder:printcolumn:name="Publisher",type=string,JSONPath=`.spec.publisher`
+// +kubebuilder:printcolumn:name="Frozen",type=string,JSONPath=`.status.conditions[?(@.type=="Frozen")].status`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type FDBEntry struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
 	// +required
-	Spec FDBEntrySpec `json:"spec"`
+	Spec   FDBEntrySpec   `json:"spec"`
+	Status FDBEntryStatus `json:"status,omitempty"`
 }
 
 // FDBEntryList is a list of FDBEntries.

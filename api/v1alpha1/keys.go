@@ -56,6 +56,14 @@ const (
 	// Neighbor or FDBEntry was allocated for (with LabelEndpointUID).
 	// Written and read by lace-controller; read by users.
 	AnnotationEndpoint = "lace-cni.io/endpoint"
+	// AnnotationMoves is, on a learned FDBEntry or Neighbor, the times
+	// (Unix milliseconds, comma-separated, newest last, at most 5) it
+	// moved between endpoints: lace-controller freezes one that moved 5
+	// times within 180 seconds (AnnotationFrozenUntil).
+	AnnotationMoves = "lace-cni.io/moves"
+	// AnnotationFrozenUntil is, on a learned FDBEntry or Neighbor, the
+	// time (RFC 3339) until which lace-controller refuses to move it.
+	AnnotationFrozenUntil = "lace-cni.io/frozen-until"
 	// AnnotationIPAMClaim is, on a Neighbor or FDBEntry, "namespace/name"
 	// of the IPAMClaim it is kept for (with LabelIPAMClaimUID), written and
 	// read by lace-controller. On a Pod it names the IPAMClaim (in the

@@ -46,6 +46,7 @@ type Subnet struct {
 // +kubebuilder:validation:XValidation:rule="self.type == 'l3' || !has(self.ipv4Subnet) || !has(self.ipv4Subnet.hostLocalPrefixLength)",message="spec.ipv4Subnet.hostLocalPrefixLength is only for l3 networks",fieldPath=".ipv4Subnet.hostLocalPrefixLength"
 // +kubebuilder:validation:XValidation:rule="self.type == 'l3' || !has(self.ipv6Subnet) || !has(self.ipv6Subnet.hostLocalPrefixLength)",message="spec.ipv6Subnet.hostLocalPrefixLength is only for l3 networks",fieldPath=".ipv6Subnet.hostLocalPrefixLength"
 // +kubebuilder:validation:XValidation:rule="self.type != 'l2' || !has(self.anonymous) || !self.anonymous",message="spec.anonymous is only for l3 networks: the ports of an l2 network are one segment and always reach each other; keep other networks out with routing policies",fieldPath=".anonymous"
+// +kubebuilder:validation:XValidation:rule="self.type == 'l2' || !has(self.l2)",message="spec.l2 is only for l2 networks",fieldPath=".l2"
 // +kubebuilder:validation:XValidation:rule="self.type != 'external' || (has(self.externalPrefixes) && size(self.externalPrefixes) > 0)",message="an external network needs spec.externalPrefixes"
 // +kubebuilder:validation:XValidation:rule="self.type != 'external' || (!has(self.ipv4Subnet) && !has(self.ipv6Subnet))",message="an external network has no spec.ipv4Subnet or spec.ipv6Subnet: it is defined by spec.externalPrefixes"
 // +kubebuilder:validation:XValidation:rule="self.type == 'external' || !has(self.externalPrefixes) || size(self.externalPrefixes) == 0",message="spec.externalPrefixes is only for external networks",fieldPath=".externalPrefixes"
@@ -85,6 +86,24 @@ type NetworkSpec struct {
 	// an l2 network's ports are one segment.
 	// +optional
 	Anonymous bool `json:"anonymous,omitempty"`
+
+	// L2 holds the options of an l2 network.
+	// +optional
+	L2 *L2Options `json:"l2,omitempty"`
+}
+
+// L2Options are the options of an l2 network.
+type L2Options struct {
+	// Learning lets a port carry addresses and MACs lace-controller did
+	// not assign (a guest with a static address, a VRRP MAC): a source
+	// the network does not know is learned from the port's traffic and
+	// published as a Neighbor and an FDBEntry with learned: true, and may
+	// move between ports (sequence + 1; a MAC that moves 5 times in 180
+	// seconds is frozen). Without it every source is checked against the
+	// port's assignment. An address or MAC lace-controller assigned is
+	// never learned elsewhere.
+	// +optional
+	Learning bool `json:"learning,omitempty"`
 }
 
 // IPFamily is IPv4 or IPv6.

@@ -238,4 +238,61 @@ static __noinline __attribute__((unused)) int l2_unnat(struct __sk_buff *skb, st
 	return unnat_reply(skb, p, v) ? -1 : 0;
 }
 
+/* Learning (PORT_L2_LEARN): a source its network does not know, reported
+ * to the agent through lace_l2_learn, at most one report per port every
+ * L2_LEARN_GAP_NS (lace_l2_learn_gap: a guest cannot fill the ring, nor the
+ * agent's work, faster than that). family 0: the MAC alone. */
+struct l2_learn_event {
+	__u32 ifindex;
+	__u32 net_id;
+	__u8 mac[6];
+	__u8 family;
+	__u8 pad;
+	__u8 addr[16];
+};
+
+#define L2_LEARN_GAP_NS (50 * 1000 * 1000ULL)
+
+/* Names the record's type in BTF for bpf2go (a ring has no value type). */
+const struct l2_learn_event *l2_learn_event_unused __attribute__((unused));
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 16);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_l2_learn SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_l2_learn_gap SEC(".maps");
+
+/* l2_learned_port finds the port on this node holding a learned address
+ * of network net_id: its neighbour entry's MAC, living at a learning port
+ * here (an assigned address has its endpoint entry, local_pod's). macs
+ * as local_pod's: the MAC first. */
+static __always_inline __attribute__((unused)) int l2_learned_port(__u32 net_id, __u8 family, const __u8 *addr, __u32 *ifindex, __u8 *macs)
+{
+	struct l2_neigh_key nk = {.net_id = net_id, .family = family};
+	__builtin_memcpy(nk.addr, addr, 16);
+	struct l2_neigh_val *n = bpf_map_lookup_elem(&lace_l2_neigh, &nk);
+	if (!n)
+		return -1;
+	struct fdb_key fk = {.net_id = net_id};
+	__builtin_memcpy(fk.mac, n->mac, 6);
+	struct fdb_val *f = bpf_map_lookup_elem(&lace_fdb, &fk);
+	if (!f || (f->flags & (FDB_LOCAL | FDB_GATEWAY)) != FDB_LOCAL)
+		return -1;
+	__u32 ifi = f->ifindex;
+	struct port_val *pv = bpf_map_lookup_elem(&lace_ports, &ifi);
+	if (!pv || !(pv->flags & PORT_L2_LEARN) || pv->net_id != net_id)
+		return -1;
+	*ifindex = ifi;
+	__builtin_memcpy(macs, n->mac, 6);
+	return 0;
+}
+
 #endif

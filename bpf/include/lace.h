@@ -102,7 +102,8 @@ enum drop_reason {
 	DROP_L2_NO_ROUTER = 39, /* l2-no-router: a frame to the network's gateway while the routing program is not loaded */
 	DROP_L2_NOT_CARRIED = 40, /* l2-frame-not-carried: a frame to a MAC on another node that is not IP addressed to that MAC's own address (only those cross nodes yet) */
 	DROP_L2_FLOOD_NOT_CARRIED = 41, /* l2-flood-not-carried: a flooded frame too large to cross the fabric whole (segmentation offload): delivered on its node only */
-	DROP_MAX = 42,
+	DROP_L2_LEARNING = 42, /* l2-learning: a frame of a learning l2 port from a MAC or address its network does not know yet: reported for learning, dropped until it is published */
+	DROP_MAX = 43,
 };
 
 enum fwd_counter {

@@ -66,6 +66,10 @@ struct port_val { /* keyed by the host-side ifindex */
 /* A port of an l2 network: from_l2 takes its frames (l2.c) and hands
  * from_pod those it routes. */
 #define PORT_L2 8
+/* A port of an l2 network that learns (spec.l2.learning): a source MAC or
+ * address it sends that the network does not know is reported to the agent
+ * (lace_l2_learn, l2.c), which publishes it through lace-controller. */
+#define PORT_L2_LEARN 16
 
 /* A pod's network namespace (its cookie) -> its port (host-side ifindex):
  * how the socket hooks tell a pod's sockets and find the pod. */

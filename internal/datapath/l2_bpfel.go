@@ -148,6 +148,16 @@ type l2L2FloodVal struct {
 	Sid     [16]uint8
 }
 
+type l2L2LearnEvent struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	NetId   uint32
+	Mac     [6]uint8
+	Family  uint8
+	Pad     uint8
+	Addr    [16]uint8
+}
+
 type l2L2NeighKey struct {
 	_      structs.HostLayout
 	NetId  uint32
@@ -287,36 +297,39 @@ type l2XlbRevVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	l2MapLaceAffinity      = "lace_affinity"
-	l2MapLaceBackends      = "lace_backends"
-	l2MapLaceCfg           = "lace_cfg"
-	l2MapLaceClassify      = "lace_classify"
-	l2MapLaceCt            = "lace_ct"
-	l2MapLaceCtLocal       = "lace_ct_local"
-	l2MapLaceCtNew         = "lace_ct_new"
-	l2MapLaceDrops         = "lace_drops"
-	l2MapLaceEndpoints     = "lace_endpoints"
-	l2MapLaceFdb           = "lace_fdb"
-	l2MapLaceForwarded     = "lace_forwarded"
-	l2MapLaceFrags         = "lace_frags"
-	l2MapLaceHostAddrs     = "lace_host_addrs"
-	l2MapLaceInside        = "lace_inside"
-	l2MapLaceL2Flood       = "lace_l2_flood"
-	l2MapLaceL2Jump        = "lace_l2_jump"
-	l2MapLaceL2Neigh       = "lace_l2_neigh"
-	l2MapLaceL2Nets        = "lace_l2_nets"
-	l2MapLaceNetworks      = "lace_networks"
-	l2MapLaceNodeLocs      = "lace_node_locs"
-	l2MapLaceNodes         = "lace_nodes"
-	l2MapLacePodNetns      = "lace_pod_netns"
-	l2MapLacePorts         = "lace_ports"
-	l2MapLaceRoutes        = "lace_routes"
-	l2MapLaceServices      = "lace_services"
-	l2MapLaceSnat          = "lace_snat"
-	l2MapLaceSnatExhausted = "lace_snat_exhausted"
-	l2MapLaceSrcRanges     = "lace_src_ranges"
-	l2MapLaceXlbRev        = "lace_xlb_rev"
-	l2ProgFromL2           = "from_l2"
+	l2MapLaceAffinity       = "lace_affinity"
+	l2MapLaceBackends       = "lace_backends"
+	l2MapLaceCfg            = "lace_cfg"
+	l2MapLaceClassify       = "lace_classify"
+	l2MapLaceCt             = "lace_ct"
+	l2MapLaceCtLocal        = "lace_ct_local"
+	l2MapLaceCtNew          = "lace_ct_new"
+	l2MapLaceDrops          = "lace_drops"
+	l2MapLaceEndpoints      = "lace_endpoints"
+	l2MapLaceFdb            = "lace_fdb"
+	l2MapLaceForwarded      = "lace_forwarded"
+	l2MapLaceFrags          = "lace_frags"
+	l2MapLaceHostAddrs      = "lace_host_addrs"
+	l2MapLaceInside         = "lace_inside"
+	l2MapLaceL2Flood        = "lace_l2_flood"
+	l2MapLaceL2Jump         = "lace_l2_jump"
+	l2MapLaceL2Learn        = "lace_l2_learn"
+	l2MapLaceL2LearnGap     = "lace_l2_learn_gap"
+	l2MapLaceL2Neigh        = "lace_l2_neigh"
+	l2MapLaceL2Nets         = "lace_l2_nets"
+	l2MapLaceNetworks       = "lace_networks"
+	l2MapLaceNodeLocs       = "lace_node_locs"
+	l2MapLaceNodes          = "lace_nodes"
+	l2MapLacePodNetns       = "lace_pod_netns"
+	l2MapLacePorts          = "lace_ports"
+	l2MapLaceRoutes         = "lace_routes"
+	l2MapLaceServices       = "lace_services"
+	l2MapLaceSnat           = "lace_snat"
+	l2MapLaceSnatExhausted  = "lace_snat_exhausted"
+	l2MapLaceSrcRanges      = "lace_src_ranges"
+	l2MapLaceXlbRev         = "lace_xlb_rev"
+	l2ProgFromL2            = "from_l2"
+	l2VarL2LearnEventUnused = "l2_learn_event_unused"
 )
 
 // loadL2 returns the embedded CollectionSpec for l2.
@@ -384,6 +397,8 @@ type l2MapSpecs struct {
 	LaceInside        *ebpf.MapSpec `ebpf:"lace_inside"`
 	LaceL2Flood       *ebpf.MapSpec `ebpf:"lace_l2_flood"`
 	LaceL2Jump        *ebpf.MapSpec `ebpf:"lace_l2_jump"`
+	LaceL2Learn       *ebpf.MapSpec `ebpf:"lace_l2_learn"`
+	LaceL2LearnGap    *ebpf.MapSpec `ebpf:"lace_l2_learn_gap"`
 	LaceL2Neigh       *ebpf.MapSpec `ebpf:"lace_l2_neigh"`
 	LaceL2Nets        *ebpf.MapSpec `ebpf:"lace_l2_nets"`
 	LaceNetworks      *ebpf.MapSpec `ebpf:"lace_networks"`
@@ -403,6 +418,7 @@ type l2MapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type l2VariableSpecs struct {
+	L2LearnEventUnused *ebpf.VariableSpec `ebpf:"l2_learn_event_unused"`
 }
 
 // l2Objects contains all objects after they have been loaded into the kernel.
@@ -441,6 +457,8 @@ type l2Maps struct {
 	LaceInside        *ebpf.Map `ebpf:"lace_inside"`
 	LaceL2Flood       *ebpf.Map `ebpf:"lace_l2_flood"`
 	LaceL2Jump        *ebpf.Map `ebpf:"lace_l2_jump"`
+	LaceL2Learn       *ebpf.Map `ebpf:"lace_l2_learn"`
+	LaceL2LearnGap    *ebpf.Map `ebpf:"lace_l2_learn_gap"`
 	LaceL2Neigh       *ebpf.Map `ebpf:"lace_l2_neigh"`
 	LaceL2Nets        *ebpf.Map `ebpf:"lace_l2_nets"`
 	LaceNetworks      *ebpf.Map `ebpf:"lace_networks"`
@@ -474,6 +492,8 @@ func (m *l2Maps) Close() error {
 		m.LaceInside,
 		m.LaceL2Flood,
 		m.LaceL2Jump,
+		m.LaceL2Learn,
+		m.LaceL2LearnGap,
 		m.LaceL2Neigh,
 		m.LaceL2Nets,
 		m.LaceNetworks,
@@ -494,6 +514,7 @@ func (m *l2Maps) Close() error {
 //
 // It can be passed to loadL2Objects or ebpf.CollectionSpec.LoadAndAssign.
 type l2Variables struct {
+	L2LearnEventUnused *ebpf.Variable `ebpf:"l2_learn_event_unused"`
 }
 
 // l2Programs contains all programs after they have been loaded into the kernel.

@@ -63,6 +63,8 @@ type Port struct {
 	NetNSCookie uint64
 	// L2: a port of an l2 network (from_l2 takes its frames).
 	L2 bool
+	// Learn: a port of an l2 network that learns (PORT_L2_LEARN).
+	Learn bool
 }
 
 // Route, Network and Classifier are the values of the routes (views),
@@ -243,6 +245,7 @@ const (
 	portHasV6  = 2
 	portSockLB = 4
 	portL2     = 8
+	portLearn  = 16
 )
 
 // UpsertPort adds or replaces a pod port. Its namespace's cookie goes in
@@ -277,6 +280,9 @@ func portVal(p Port) podPortVal {
 	}
 	if p.L2 {
 		v.Flags |= portL2
+	}
+	if p.L2 && p.Learn {
+		v.Flags |= portLearn
 	}
 	return v
 }
@@ -328,7 +334,7 @@ func (d *Datapath) Ports() ([]Port, error) {
 	var v podPortVal
 	it := d.pod.LacePorts.Iterate()
 	for it.Next(&k, &v) {
-		p := Port{IfIndex: k, NetID: v.NetId, L2: v.Flags&portL2 != 0}
+		p := Port{IfIndex: k, NetID: v.NetId, L2: v.Flags&portL2 != 0, Learn: v.Flags&portLearn != 0}
 		if v.Flags&portSockLB != 0 {
 			p.NetNSCookie = cookies[k]
 		}

@@ -46,6 +46,7 @@ var DropReasons = []string{
 	"l2-no-router",
 	"l2-frame-not-carried",
 	"l2-flood-not-carried",
+	"l2-learning",
 }
 
 // DropMeanings say what the drop reasons count, in the same order.
@@ -92,6 +93,7 @@ var DropMeanings = []string{
 	"a frame to the network's gateway while the routing program is not loaded",
 	"a frame to a MAC on another node that is not IP addressed to that MAC's own address (only those cross nodes yet)",
 	"a flooded frame too large to cross the fabric whole (segmentation offload): delivered on its node only",
+	"a frame of a learning l2 port from a MAC or address its network does not know yet: reported for learning, dropped until it is published",
 }
 
 // ForwardCounters name the counters, in the order of the C enum.

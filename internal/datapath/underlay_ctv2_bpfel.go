@@ -322,39 +322,42 @@ type underlayXlbScratch struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	underlayMapLaceAffinity      = "lace_affinity"
-	underlayMapLaceAnnounce      = "lace_announce"
-	underlayMapLaceBackends      = "lace_backends"
-	underlayMapLaceCfg           = "lace_cfg"
-	underlayMapLaceClassify      = "lace_classify"
-	underlayMapLaceCt            = "lace_ct"
-	underlayMapLaceCtLocal       = "lace_ct_local"
-	underlayMapLaceCtNew         = "lace_ct_new"
-	underlayMapLaceDrops         = "lace_drops"
-	underlayMapLaceEndpoints     = "lace_endpoints"
-	underlayMapLaceFdb           = "lace_fdb"
-	underlayMapLaceForwarded     = "lace_forwarded"
-	underlayMapLaceFrags         = "lace_frags"
-	underlayMapLaceHostAddrs     = "lace_host_addrs"
-	underlayMapLaceInside        = "lace_inside"
-	underlayMapLaceL2Flood       = "lace_l2_flood"
-	underlayMapLaceL2Jump        = "lace_l2_jump"
-	underlayMapLaceL2Neigh       = "lace_l2_neigh"
-	underlayMapLaceL2Nets        = "lace_l2_nets"
-	underlayMapLaceNetworks      = "lace_networks"
-	underlayMapLaceNodeLocs      = "lace_node_locs"
-	underlayMapLaceNodes         = "lace_nodes"
-	underlayMapLacePodNetns      = "lace_pod_netns"
-	underlayMapLacePorts         = "lace_ports"
-	underlayMapLaceRoutes        = "lace_routes"
-	underlayMapLaceServices      = "lace_services"
-	underlayMapLaceSnat          = "lace_snat"
-	underlayMapLaceSnatExhausted = "lace_snat_exhausted"
-	underlayMapLaceSrcRanges     = "lace_src_ranges"
-	underlayMapLaceXlbRev        = "lace_xlb_rev"
-	underlayMapLaceXlbScratch    = "lace_xlb_scratch"
-	underlayProgFromUnderlay     = "from_underlay"
-	underlayProgToUnderlay       = "to_underlay"
+	underlayMapLaceAffinity       = "lace_affinity"
+	underlayMapLaceAnnounce       = "lace_announce"
+	underlayMapLaceBackends       = "lace_backends"
+	underlayMapLaceCfg            = "lace_cfg"
+	underlayMapLaceClassify       = "lace_classify"
+	underlayMapLaceCt             = "lace_ct"
+	underlayMapLaceCtLocal        = "lace_ct_local"
+	underlayMapLaceCtNew          = "lace_ct_new"
+	underlayMapLaceDrops          = "lace_drops"
+	underlayMapLaceEndpoints      = "lace_endpoints"
+	underlayMapLaceFdb            = "lace_fdb"
+	underlayMapLaceForwarded      = "lace_forwarded"
+	underlayMapLaceFrags          = "lace_frags"
+	underlayMapLaceHostAddrs      = "lace_host_addrs"
+	underlayMapLaceInside         = "lace_inside"
+	underlayMapLaceL2Flood        = "lace_l2_flood"
+	underlayMapLaceL2Jump         = "lace_l2_jump"
+	underlayMapLaceL2Learn        = "lace_l2_learn"
+	underlayMapLaceL2LearnGap     = "lace_l2_learn_gap"
+	underlayMapLaceL2Neigh        = "lace_l2_neigh"
+	underlayMapLaceL2Nets         = "lace_l2_nets"
+	underlayMapLaceNetworks       = "lace_networks"
+	underlayMapLaceNodeLocs       = "lace_node_locs"
+	underlayMapLaceNodes          = "lace_nodes"
+	underlayMapLacePodNetns       = "lace_pod_netns"
+	underlayMapLacePorts          = "lace_ports"
+	underlayMapLaceRoutes         = "lace_routes"
+	underlayMapLaceServices       = "lace_services"
+	underlayMapLaceSnat           = "lace_snat"
+	underlayMapLaceSnatExhausted  = "lace_snat_exhausted"
+	underlayMapLaceSrcRanges      = "lace_src_ranges"
+	underlayMapLaceXlbRev         = "lace_xlb_rev"
+	underlayMapLaceXlbScratch     = "lace_xlb_scratch"
+	underlayProgFromUnderlay      = "from_underlay"
+	underlayProgToUnderlay        = "to_underlay"
+	underlayVarL2LearnEventUnused = "l2_learn_event_unused"
 )
 
 // loadUnderlay returns the embedded CollectionSpec for underlay.
@@ -424,6 +427,8 @@ type underlayMapSpecs struct {
 	LaceInside        *ebpf.MapSpec `ebpf:"lace_inside"`
 	LaceL2Flood       *ebpf.MapSpec `ebpf:"lace_l2_flood"`
 	LaceL2Jump        *ebpf.MapSpec `ebpf:"lace_l2_jump"`
+	LaceL2Learn       *ebpf.MapSpec `ebpf:"lace_l2_learn"`
+	LaceL2LearnGap    *ebpf.MapSpec `ebpf:"lace_l2_learn_gap"`
 	LaceL2Neigh       *ebpf.MapSpec `ebpf:"lace_l2_neigh"`
 	LaceL2Nets        *ebpf.MapSpec `ebpf:"lace_l2_nets"`
 	LaceNetworks      *ebpf.MapSpec `ebpf:"lace_networks"`
@@ -444,6 +449,7 @@ type underlayMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type underlayVariableSpecs struct {
+	L2LearnEventUnused *ebpf.VariableSpec `ebpf:"l2_learn_event_unused"`
 }
 
 // underlayObjects contains all objects after they have been loaded into the kernel.
@@ -483,6 +489,8 @@ type underlayMaps struct {
 	LaceInside        *ebpf.Map `ebpf:"lace_inside"`
 	LaceL2Flood       *ebpf.Map `ebpf:"lace_l2_flood"`
 	LaceL2Jump        *ebpf.Map `ebpf:"lace_l2_jump"`
+	LaceL2Learn       *ebpf.Map `ebpf:"lace_l2_learn"`
+	LaceL2LearnGap    *ebpf.Map `ebpf:"lace_l2_learn_gap"`
 	LaceL2Neigh       *ebpf.Map `ebpf:"lace_l2_neigh"`
 	LaceL2Nets        *ebpf.Map `ebpf:"lace_l2_nets"`
 	LaceNetworks      *ebpf.Map `ebpf:"lace_networks"`
@@ -518,6 +526,8 @@ func (m *underlayMaps) Close() error {
 		m.LaceInside,
 		m.LaceL2Flood,
 		m.LaceL2Jump,
+		m.LaceL2Learn,
+		m.LaceL2LearnGap,
 		m.LaceL2Neigh,
 		m.LaceL2Nets,
 		m.LaceNetworks,
@@ -539,6 +549,7 @@ func (m *underlayMaps) Close() error {
 //
 // It can be passed to loadUnderlayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type underlayVariables struct {
+	L2LearnEventUnused *ebpf.Variable `ebpf:"l2_learn_event_unused"`
 }
 
 // underlayPrograms contains all programs after they have been loaded into the kernel.
