@@ -124,6 +124,11 @@ type NeighborSpec struct {
 	// than allocated.
 	// +optional
 	Learned bool `json:"learned,omitempty"`
+	// Sequence orders moves of a learned address between ports: the
+	// highest sequence wins.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Sequence int64 `json:"sequence,omitempty"`
 	// Publisher is who published the binding: lace-controller for an
 	// allocated address, the node that saw it for a learned one.
 	// +optional
@@ -140,6 +145,7 @@ type NeighborSpec struct {
 // +kubebuilder:printcolumn:name="Address",type=string,JSONPath=`.spec.address`
 // +kubebuilder:printcolumn:name="MAC",type=string,JSONPath=`.spec.mac`
 // +kubebuilder:printcolumn:name="Learned",type=boolean,JSONPath=`.spec.learned`
+// +kubebuilder:printcolumn:name="Sequence",type=integer,JSONPath=`.spec.sequence`,priority=1
 // +kubebuilder:printcolumn:name="Publisher",type=string,JSONPath=`.spec.publisher`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Neighbor struct {

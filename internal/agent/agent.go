@@ -267,7 +267,9 @@ func wire(cfg *rest.Config, o Options, log *slog.Logger, dp *datapath.Datapath) 
 	if err := a.sync.SetupWithManager(mgr, hostPods); err != nil {
 		return nil, fmt.Errorf("setup node controller: %w", err)
 	}
-	for _, r := range []manager.RunnableFunc{a.pods.Serve, a.sync.Run, a.resync, a.status.Run} {
+	// l2 learning: the data plane's reports, recorded on the endpoints.
+	learnRing := func(ctx context.Context) error { return dp.ReadL2Learned(ctx, a.pods.Learned) }
+	for _, r := range []manager.RunnableFunc{a.pods.Serve, a.sync.Run, a.resync, a.status.Run, learnRing, a.pods.RecordLearned} {
 		if err := mgr.Add(r); err != nil {
 			return nil, err
 		}

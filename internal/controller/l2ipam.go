@@ -318,7 +318,8 @@ func heldBy(ctx context.Context, c client.Reader, h holder, network string) (map
 	var mac net.HardwareAddr
 	for _, n := range list.Items {
 		a, err := netip.ParseAddr(string(n.Spec.Address))
-		if err != nil || n.Spec.Network != network || n.DeletionTimestamp != nil {
+		// A learned binding held for the endpoint is no assignment.
+		if err != nil || n.Spec.Network != network || n.DeletionTimestamp != nil || n.Spec.Learned {
 			continue
 		}
 		held[a.Is4()] = a

@@ -115,6 +115,9 @@ func NewManager(cfg *rest.Config, o Options) (manager.Manager, error) {
 	if err := (&L2AddressReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: recorder}).SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("setup l2 address controller: %w", err)
 	}
+	if err := (&L2LearnReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: recorder}).SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("setup l2 learning controller: %w", err)
+	}
 	if err := (&IPAMClaimReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("setup IPAMClaim controller: %w", err)
 	}

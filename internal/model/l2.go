@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net"
 	"net/netip"
+	"slices"
 	"sort"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
@@ -159,4 +160,43 @@ func inSubnets(n *lacev1.Network, a netip.Addr) bool {
 // read as open, as its ports behave.
 func IsAnonymous(n *lacev1.Network) bool {
 	return n.Spec.Anonymous && n.Spec.Type != lacev1.NetworkTypeL2
+}
+
+// L2Learned is a learned MAC of an l2 network that lives on this node, at
+// the port of Endpoint (the NetworkEndpoint's namespace/name).
+type L2Learned struct {
+	NetID    uint32
+	MAC      net.HardwareAddr
+	Endpoint string
+}
+
+// l2Learning are the IDs of the learning l2 networks and the learned MACs
+// placed on this node (FDBEntries lace-controller published, learned,
+// with the endpoint they are held for), in order.
+func l2Learning(in NodeInput, ids map[string]uint32) ([]uint32, []L2Learned) {
+	var learning []uint32
+	for _, n := range in.Networks {
+		if id, ok := ids[n.Name]; ok && n.Spec.Type == lacev1.NetworkTypeL2 && n.Spec.L2 != nil && n.Spec.L2.Learning {
+			learning = append(learning, id)
+		}
+	}
+	slices.Sort(learning)
+	var out []L2Learned
+	for _, f := range in.FDBEntries {
+		mac, err := net.ParseMAC(string(f.Spec.MAC))
+		id, ok := ids[f.Spec.Network]
+		ep := f.Annotations[lacev1.AnnotationEndpoint]
+		if !f.Spec.Learned || f.Spec.Node != in.Node || f.DeletionTimestamp != nil || err != nil || len(mac) != 6 || !ok || ep == "" ||
+			!slices.Contains(learning, id) {
+			continue
+		}
+		out = append(out, L2Learned{NetID: id, MAC: mac, Endpoint: ep})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].NetID != out[j].NetID {
+			return out[i].NetID < out[j].NetID
+		}
+		return bytes.Compare(out[i].MAC, out[j].MAC) < 0
+	})
+	return learning, out
 }

@@ -74,6 +74,12 @@ type NodeState struct {
 	L2FDB       []tables.FDBEntry
 	// L2Flood are, per l2 network, the other nodes with ports in it.
 	L2Flood []tables.L2FloodNode
+	// L2Learning are the IDs of the l2 networks that learn
+	// (spec.l2.learning); L2Learned the learned MACs living on this node,
+	// each with the endpoint that holds it (the CNI server places them at
+	// its port).
+	L2Learning []uint32
+	L2Learned  []L2Learned
 	// Classifiers assign plain-IP sources to external networks.
 	Classifiers []tables.Classifier
 	// Inside are the prefixes no outside host has an address in (pod
@@ -183,6 +189,7 @@ func ComputeNode(in NodeInput) NodeState {
 	st.Classifiers = vt.classifiers()
 	st.Inside = insidePrefixes(in, locators)
 	st.L2Neighbors, st.L2FDB, st.L2Flood = l2Tables(in, located, ids, locators)
+	st.L2Learning, st.L2Learned = l2Learning(in, ids)
 	for _, v := range vt.nets {
 		st.Routes = append(st.Routes, vt.view(v)...)
 	}

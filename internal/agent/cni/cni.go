@@ -108,6 +108,8 @@ type Server struct {
 	// so doing it once per start is cheap).
 	mu             sync.Mutex
 	podsReattached bool
+	// learn is the l2 learning state (learn.go).
+	learn learnState
 }
 
 // New loads the checkpoint in stateDir and makes a server; Wire gives it

@@ -45,7 +45,7 @@ func (s *Server) SyncEntries() error {
 		hm, _ := net.ParseMAC(e.HostMAC)
 		// An l2 pod's entries too: from_pod delivers what is routed to it
 		// (HostMAC is the gateway's, its host side's own MAC).
-		p := datapath.Port{IfIndex: uint32(e.HostIfIndex), NetID: e.NetID, NetNSCookie: e.NetNSCookie, L2: e.L2}
+		p := datapath.Port{IfIndex: uint32(e.HostIfIndex), NetID: e.NetID, NetNSCookie: e.NetNSCookie, L2: e.L2, Learn: e.L2 && s.learn.learns(e.NetID)}
 		for _, ad := range e.Addrs {
 			wantEps = append(wantEps, datapath.Endpoint{NetID: e.NetID, Addr: ad, IfIndex: uint32(e.HostIfIndex), PodMAC: pm, HostMAC: hm})
 			if ad.Is4() {
@@ -61,7 +61,7 @@ func (s *Server) SyncEntries() error {
 	errs = append(errs,
 		s.dp.SyncEndpoints(wantEps, func(n uint32, ad netip.Addr) bool { return busyEps[endpointKey{n, ad}] }),
 		s.dp.SyncPorts(wantPorts, func(i uint32) bool { return busyPorts[i] }),
-		s.dp.SyncL2Local(l2Entries(s.cp.all())))
+		s.dp.SyncL2Local(s.l2LocalEntries(s.cp.all())))
 	// Programs: attached to every Ready endpoint's interface, detached from
 	// the others (a DEL's, or a leftover no endpoint claims).
 	pinned, err := s.dp.PinnedPodLinks()

@@ -119,6 +119,7 @@ func (s *Syncer) apply(st model.NodeState) error {
 		s.log.Warn("keep the underlay next hops resolved", "error", err)
 	}
 
+	s.pods.SetL2Learning(st.L2Learning, st.L2Learned)
 	errs = append(errs, s.pods.SyncEntries())
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("apply data plane: %w", err)

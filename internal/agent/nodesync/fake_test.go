@@ -178,6 +178,8 @@ type fakePods struct {
 	syncs int
 }
 
+func (p *fakePods) SetL2Learning([]uint32, []model.L2Learned) {}
+
 func (p *fakePods) SyncEntries() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -113,6 +113,9 @@ type Kernel interface {
 type Pods interface {
 	// SyncEntries makes the pods' entries follow their records.
 	SyncEntries() error
+	// SetL2Learning tells which l2 networks learn and which learned MACs
+	// live at this node's ports (model.NodeState), for SyncEntries.
+	SetL2Learning(learning []uint32, learned []model.L2Learned)
 	DropStaleEndpoints(ctx context.Context) error
 	AdoptOnce(ctx context.Context, st model.NodeState, nets []lacev1.Network) error
 	CollectEndpoints(ctx context.Context) error
