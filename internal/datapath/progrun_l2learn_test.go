@@ -117,3 +117,39 @@ func TestProgL2Learns(t *testing.T) {
 	expect(L2Learned{IfIndex: portC, NetID: progNet, MAC: macC, Addr: static4})
 	run("the learned address from another port", l2PortA, udp4(l2MACA, static4), actShot, "spoofed-source")
 }
+
+// TestProgL2LearnedFromNode: a switched packet from another node to an
+// address learned at a port here is delivered to that port, addressed to
+// the learned MAC; not when the port does not learn (no-endpoint): an
+// address is reached through the neighbour table only on a learning port.
+func TestProgL2LearnedFromNode(t *testing.T) {
+	d := progL2NodesDatapath(t)
+	guest := net.HardwareAddr{0x52, 0x54, 0, 0x12, 0x34, 0x56}
+	static4 := netip.MustParseAddr("10.70.1.200")
+	if err := d.SyncL2Local([]L2Neighbor{
+		{NetID: progNet, Addr: l2A4, MAC: l2MACA}, {NetID: progNet, Addr: static4, MAC: guest},
+		{NetID: progNet, Addr: l2Gw4, MAC: l2MACGw, Router: true},
+	}, []FDBEntry{
+		{NetID: progNet, MAC: l2MACA, IfIndex: l2PortA}, {NetID: progNet, MAC: guest, IfIndex: l2PortA},
+		{NetID: progNet, MAC: l2MACGw, Gateway: true},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	pkt := func() []byte {
+		return srv6(progPeerV6, SID(progLocator, BehaviourL2IP, progNet, progNet), ipv4(l2C4, static4, 17, udp(1000, 7)), true)
+	}
+	onlyDrop(t, d, "no-endpoint", func() {
+		if ret, _ := runUnderlay(t, d, pkt()); ret != actShot {
+			t.Errorf("verdict %d on a port that does not learn, want drop", ret)
+		}
+	})
+	if err := d.UpsertPort(Port{IfIndex: l2PortA, NetID: progNet, V4: l2A4, V6: l2A6, L2: true, Learn: true}); err != nil {
+		t.Fatal(err)
+	}
+	var ret uint32
+	var out []byte
+	onlyDrop(t, d, "", func() { ret, out = runUnderlay(t, d, pkt()) })
+	if ret != actRedirect || !bytesEqual(out[0:6], guest) || !bytesEqual(out[6:12], l2MACC) {
+		t.Fatalf("verdict %d, frame % x: want a redirect to %s from %s", ret, out[:14], guest, l2MACC)
+	}
+}

@@ -123,3 +123,39 @@ func TestL2NeverAnonymous(t *testing.T) {
 		t.Errorf("two pods of an anonymous l3 network: allowed (%s), want denied", v.Rule)
 	}
 }
+
+// TestL2Learning: the node learns on the l2 networks that say so, and
+// places at its ports only the learned MACs published for this node with
+// the endpoint they are held for; assigned MACs, other nodes' and those of
+// a network that does not learn are not its to place.
+func TestL2Learning(t *testing.T) {
+	learning := l2("vms", nil, "10.50.0.0/24")
+	learning.Spec.L2 = &lacev1.L2Options{Learning: true}
+	quiet := l2("quiet", nil, "10.51.0.0/24")
+	learned := func(network, mac, node, ep string) lacev1.FDBEntry {
+		f := fdb(network, mac, node)
+		f.Spec.Learned = true
+		if ep != "" {
+			f.Annotations = map[string]string{lacev1.AnnotationEndpoint: ep}
+		}
+		return f
+	}
+	in := NodeInput{Node: "n1", Networks: []lacev1.Network{learning, quiet},
+		FDBEntries: []lacev1.FDBEntry{
+			learned("vms", "52:54:00:00:00:02", "n1", "default/b"),
+			learned("vms", "52:54:00:00:00:01", "n1", "default/a"),
+			learned("vms", "52:54:00:00:00:03", "n2", "default/c"),
+			learned("vms", "52:54:00:00:00:04", "n1", ""),
+			fdb("vms", "0a:58:0a:32:00:05", "n1"),
+			learned("quiet", "52:54:00:00:00:05", "n1", "default/d"),
+		}}
+	ids := map[string]uint32{"vms": 7, "quiet": 8}
+	nets, got := l2Learning(in, ids)
+	if fmt.Sprint(nets) != "[7]" {
+		t.Errorf("learning networks %v, want [7]", nets)
+	}
+	want := "[{7 52:54:00:00:00:01 default/a} {7 52:54:00:00:00:02 default/b}]"
+	if fmt.Sprint(got) != want {
+		t.Errorf("learned MACs here %v, want %s", got, want)
+	}
+}

@@ -1,0 +1,235 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+	crclient "sigs.k8s.io/controller-runtime/pkg/client"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/model/ipam"
+	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/lab"
+)
+
+// staticGuest puts a guest with its own MAC and a static address behind
+// pod's eth0, as a VM behind its pod: a macvlan of eth0 in a namespace of
+// its own on node, holding addr (with the network's prefix length). The
+// returned path is the guest's namespace.
+func staticGuest(t *testing.T, podNS, node string, mac net.HardwareAddr, addrs ...netip.Prefix) string {
+	t.Helper()
+	name := fmt.Sprintf("e2e-guest-%d", rand.IntN(1<<30))
+	_, guest, err := lab.CreateNodeNetNS(labConfig(), node, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lab.DeleteNodeNetNS(labConfig(), node, name) })
+	f, err := os.Open(guest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	err = netutil.Do(podNS, func() error {
+		eth0, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		g := &netlink.Macvlan{LinkAttrs: netlink.LinkAttrs{Name: "g0", ParentIndex: eth0.Attrs().Index, HardwareAddr: mac}, Mode: netlink.MACVLAN_MODE_BRIDGE}
+		if err := netlink.LinkAdd(g); err != nil {
+			return fmt.Errorf("add the guest's macvlan: %w", err)
+		}
+		return netlink.LinkSetNsFd(g, int(f.Fd()))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = netutil.Do(guest, func() error {
+		g, err := netlink.LinkByName("g0")
+		if err != nil {
+			return err
+		}
+		for _, a := range addrs {
+			if err := netlink.AddrAdd(g, &netlink.Addr{IPNet: &net.IPNet{IP: a.Addr().AsSlice(), Mask: net.CIDRMask(a.Bits(), a.Addr().BitLen())}, Flags: unix.IFA_F_NODAD}); err != nil {
+				return err
+			}
+		}
+		return netlink.LinkSetUp(g)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return guest
+}
+
+// setLearning turns learning of l2 network name on or off.
+func setLearning(t *testing.T, c crclient.Client, name string, on bool) {
+	t.Helper()
+	eventually(t, 20*time.Second, fmt.Sprintf("learning of %s set to %v", name, on), func() error {
+		var nw lacev1.Network
+		if err := c.Get(context.Background(), crKey(name), &nw); err != nil {
+			return err
+		}
+		nw.Spec.L2 = &lacev1.L2Options{Learning: on}
+		return c.Update(context.Background(), &nw)
+	})
+}
+
+// TestL2LearnsStaticGuest: a guest behind a pod of an l2 network, with its
+// own MAC and a static address the controller never assigned, sends. While
+// the network does not learn, its frames are dropped as l2-spoofed-mac on
+// its node, nothing is published and a pod on another node cannot reach
+// it (a timeout and the drop counter moving). Once the network learns,
+// its first frames are dropped as l2-learning, its MAC and addresses are
+// published as learned FDBEntry and Neighbors (publisher: its node), and
+// the pod on the other node reaches it over TCP in both families, switched
+// through SRv6 to the guest's node. The guest's pod deleted, nothing
+// learned is left.
+func TestL2LearnsStaticGuest(t *testing.T) {
+	needLab(t)
+	c := laceClient(t)
+	ctx := context.Background()
+	v4Net, v6Net := netip.MustParsePrefix("10.69.0.0/24"), netip.MustParsePrefix("fd00:69::/64")
+	l2Network(t, c, "learn", v4Net.String(), v6Net.String())
+	host := netPod(t, "learn-host", "learn", "n1", true)
+	peer := netPod(t, "learn-peer", "learn", "n2", true)
+	mac := net.HardwareAddr{0x52, 0x54, 0x00, 0x69, 0x00, 0xc8}
+	g4, g6 := netip.MustParseAddr("10.69.0.200"), netip.MustParseAddr("fd00:69::c8")
+	guest := staticGuest(t, podNetNS(t, host), "n1", mac, netip.PrefixFrom(g4, 24), netip.PrefixFrom(g6, 64))
+	var lns []net.Listener
+	for _, a := range []netip.Addr{g4, g6} {
+		err := netutil.Do(guest, func() error {
+			l, err := net.Listen("tcp", net.JoinHostPort(a.String(), "9969"))
+			lns = append(lns, l)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, l := range lns {
+		t.Cleanup(func() { l.Close() })
+		go func() {
+			for {
+				conn, err := l.Accept()
+				if err != nil {
+					return
+				}
+				fmt.Fprint(conn, "guest")
+				conn.Close()
+			}
+		}()
+	}
+	// The guest speaks: what a guest does on boot (its sends resolve the
+	// peer, and carry its address).
+	peer4, peer6 := podAddrs(peer)
+	speak := func() {
+		_ = netutil.Do(guest, func() error {
+			for _, d := range []netip.Addr{peer4, peer6} {
+				if conn, err := net.DialTimeout("udp", net.JoinHostPort(d.String(), "8081"), time.Second); err == nil {
+					_, _ = conn.Write([]byte("hostname"))
+					conn.Close()
+				}
+			}
+			return nil
+		})
+	}
+	reach := func(dst netip.Addr) error {
+		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		conn, err := netutil.DialContext(dctx, podNetNS(t, peer), "tcp", net.JoinHostPort(dst.String(), "9969"))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+		buf := make([]byte, 16)
+		n, _ := conn.Read(buf)
+		if string(buf[:n]) != "guest" {
+			return fmt.Errorf("answered %q", buf[:n])
+		}
+		return nil
+	}
+	learnedObjects := func() (nbrs []lacev1.Neighbor, fdbs []lacev1.FDBEntry) {
+		var nl lacev1.NeighborList
+		var fl lacev1.FDBEntryList
+		if err := c.List(ctx, &nl, crclient.MatchingLabels{lacev1.LabelNetwork: "learn"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.List(ctx, &fl, crclient.MatchingLabels{lacev1.LabelNetwork: "learn"}); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range nl.Items {
+			if n.Spec.Learned {
+				nbrs = append(nbrs, n)
+			}
+		}
+		for _, f := range fl.Items {
+			if f.Spec.Learned {
+				fdbs = append(fdbs, f)
+			}
+		}
+		return nbrs, fdbs
+	}
+
+	// Not learning: spoofed, unreachable, nothing published.
+	before := nodeDrops(t, "n1")
+	speak()
+	if err := reach(g4); err == nil {
+		t.Fatal("the guest is reached before its network learns")
+	}
+	eventually(t, 10*time.Second, "the guest's frames dropped as l2-spoofed-mac on n1", func() error {
+		if after := nodeDrops(t, "n1"); after["l2-spoofed-mac"] <= before["l2-spoofed-mac"] {
+			return fmt.Errorf("l2-spoofed-mac %d -> %d", before["l2-spoofed-mac"], after["l2-spoofed-mac"])
+		}
+		return nil
+	})
+	if nbrs, fdbs := learnedObjects(); len(nbrs)+len(fdbs) > 0 {
+		t.Fatalf("published while the network does not learn: %d Neighbors, %d FDBEntries", len(nbrs), len(fdbs))
+	}
+
+	// Learning: reported, published, reached.
+	before = nodeDrops(t, "n1")
+	setLearning(t, c, "learn", true)
+	eventually(t, 60*time.Second, "the guest's MAC and addresses published as learned", func() error {
+		speak()
+		nbrs, fdbs := learnedObjects()
+		want := map[string]bool{ipam.NeighborName("learn", g4): false, ipam.NeighborName("learn", g6): false}
+		for _, n := range nbrs {
+			if _, ok := want[n.Name]; ok && string(n.Spec.MAC) == mac.String() && n.Spec.Publisher == "n1" {
+				want[n.Name] = true
+			}
+		}
+		for n, ok := range want {
+			if !ok {
+				return fmt.Errorf("Neighbor %s not published (learned: %d Neighbors)", n, len(nbrs))
+			}
+		}
+		if len(fdbs) != 1 || string(fdbs[0].Spec.MAC) != mac.String() || fdbs[0].Spec.Node != "n1" || fdbs[0].Spec.Publisher != "n1" {
+			return fmt.Errorf("learned FDBEntries %+v", fdbs)
+		}
+		return nil
+	})
+	if after := nodeDrops(t, "n1"); after["l2-learning"] <= before["l2-learning"] {
+		t.Errorf("l2-learning drops on n1 %d -> %d: the guest's first frames were not held for learning", before["l2-learning"], after["l2-learning"])
+	}
+	for _, a := range []netip.Addr{g4, g6} {
+		eventually(t, 30*time.Second, fmt.Sprintf("TCP from n2 to the guest at %s", a), func() error { return reach(a) })
+	}
+
+	// The guest's pod goes: what was learned for it goes with it.
+	deletePodNow(t, host.Name)
+	eventually(t, 60*time.Second, "the learned bindings released with the pod", func() error {
+		if nbrs, fdbs := learnedObjects(); len(nbrs)+len(fdbs) > 0 {
+			return fmt.Errorf("%d Neighbors, %d FDBEntries left", len(nbrs), len(fdbs))
+		}
+		return nil
+	})
+}
