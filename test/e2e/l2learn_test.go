@@ -3,41 +3,30 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/model/ipam"
 	"github.com/lace-cni/lace/internal/netutil"
-	"github.com/lace-cni/lace/lab"
 )
 
 // staticGuest puts a guest with its own MAC and a static address behind
 // pod's eth0, as a VM behind its pod: a macvlan of eth0 in a namespace of
-// its own on node, holding addr (with the network's prefix length). The
-// returned path is the guest's namespace.
-func staticGuest(t *testing.T, podNS, node string, mac net.HardwareAddr, addrs ...netip.Prefix) string {
+// its own, holding addrs. The returned path is the guest's namespace.
+func staticGuest(t *testing.T, podNS string, mac net.HardwareAddr, addrs ...netip.Prefix) string {
 	t.Helper()
-	name := fmt.Sprintf("e2e-guest-%d", rand.IntN(1<<30))
-	_, guest, err := lab.CreateNodeNetNS(labConfig(), node, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = lab.DeleteNodeNetNS(labConfig(), node, name) })
-	f, err := os.Open(guest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	err = netutil.Do(podNS, func() error {
+	guest, f := anonNetNS(t)
+	err := netutil.Do(podNS, func() error {
 		eth0, err := netlink.LinkByName("eth0")
 		if err != nil {
 			return err
@@ -67,6 +56,30 @@ func staticGuest(t *testing.T, podNS, node string, mac net.HardwareAddr, addrs .
 		t.Fatal(err)
 	}
 	return guest
+}
+
+// anonNetNS makes a network namespace of no name (the root namespace's
+// mounts stay as they were), held open until the test ends; it returns a
+// path that enters it and the open file.
+func anonNetNS(t *testing.T) (string, *os.File) {
+	t.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer orig.Close()
+	ns, err := netns.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netns.Set(orig); err != nil {
+		panic(fmt.Sprintf("return to the test's network namespace: %v", err))
+	}
+	f := os.NewFile(uintptr(ns), "guest-netns")
+	t.Cleanup(func() { f.Close() })
+	return fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), f.Fd()), f
 }
 
 // setLearning turns learning of l2 network name on or off.
@@ -102,7 +115,7 @@ func TestL2LearnsStaticGuest(t *testing.T) {
 	peer := netPod(t, "learn-peer", "learn", "n2", true)
 	mac := net.HardwareAddr{0x52, 0x54, 0x00, 0x69, 0x00, 0xc8}
 	g4, g6 := netip.MustParseAddr("10.69.0.200"), netip.MustParseAddr("fd00:69::c8")
-	guest := staticGuest(t, podNetNS(t, host), "n1", mac, netip.PrefixFrom(g4, 24), netip.PrefixFrom(g6, 64))
+	guest := staticGuest(t, podNetNS(t, host), mac, netip.PrefixFrom(g4, 24), netip.PrefixFrom(g6, 64))
 	var lns []net.Listener
 	for _, a := range []netip.Addr{g4, g6} {
 		err := netutil.Do(guest, func() error {

@@ -192,9 +192,10 @@ func (s *Server) recordLearned(ctx context.Context, key types.NamespacedName, bs
 		if slices.Equal(merged, ne.Spec.Learned) {
 			return nil
 		}
-		next := ne.DeepCopy()
-		next.Spec.Learned = merged
-		err := s.client.Patch(ctx, next, client.MergeFromWithOptions(&ne, client.MergeFromWithOptimisticLock{}))
+		// An update (the agent's role may not patch): conflicts with any
+		// write since the read, as the resourceVersion is sent.
+		ne.Spec.Learned = merged
+		err := s.client.Update(ctx, &ne)
 		if !apierrors.IsConflict(err) {
 			if err != nil {
 				return fmt.Errorf("update NetworkEndpoint %s: %w", key, err)

@@ -402,6 +402,9 @@ func (s *Server) writeNetworkEndpoint(ctx context.Context, pod *corev1.Pod, e En
 	ne.Labels[lacev1.LabelPodUID] = string(pod.UID)
 	ne.Labels[lacev1.LabelNetwork], ne.Labels[lacev1.LabelNode] = e.Network, s.opts.NodeName
 	ne.OwnerReferences = []metav1.OwnerReference{owner}
+	if ne.Spec.Network == spec.Network {
+		spec.Learned = ne.Spec.Learned // the port's learned bindings stay (learn.go)
+	}
 	ne.Spec = spec
 	return s.client.Update(ctx, ne)
 }
