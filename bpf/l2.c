@@ -95,7 +95,11 @@ static __noinline int l2_learn(__u32 ifindex, __u32 net_id, const __u8 *mac, __u
  * elsewhere. */
 static __always_inline int l2_bad_source(__u32 ifindex, const struct l2_port *pt, const __u8 *mac, __u8 family, const __u8 *addr)
 {
-	if (!(pt->flags & PORT_L2_LEARN))
+	/* An unspecified or link-local source is never learned: reporting
+	 * it would only spend the port's report on nothing (DHCP, mDNS). */
+	int never = family == LACE_FAMILY_V4 ? *(const __u32 *)addr == 0
+					      : (link_local6(addr) || !(*(const __u64 *)addr | *(const __u64 *)(addr + 8)));
+	if (!(pt->flags & PORT_L2_LEARN) || never)
 		return drop(DROP_SPOOF);
 	return l2_learn(ifindex, pt->net_id, mac, family, addr);
 }

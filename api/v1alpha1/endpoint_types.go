@@ -45,6 +45,7 @@ type LearnedBinding struct {
 	// more than the FDBEntry's when the MAC lived elsewhere.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1099511627776
 	Sequence int64 `json:"sequence,omitempty"`
 }
 
@@ -128,6 +129,7 @@ type NeighborSpec struct {
 	// highest sequence wins.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1099511627776
 	Sequence int64 `json:"sequence,omitempty"`
 	// Publisher is who published the binding: lace-controller for an
 	// allocated address, the node that saw it for a learned one.
@@ -179,6 +181,7 @@ type FDBEntrySpec struct {
 	// Sequence orders moves of the MAC: the highest sequence wins.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1099511627776
 	Sequence int64 `json:"sequence,omitempty"`
 	// Learned is true when the location was learned from traffic.
 	// +optional

@@ -266,18 +266,27 @@ func (r *IPAMClaimReconciler) handOver(ctx context.Context, ns, key string, keep
 // bound to the endpoint's network (the agent's binding at CNI ADD, which
 // a node's agent could misstate).
 func (r *L2AddressReconciler) firstHolder(ctx context.Context, ne *lacev1.NetworkEndpoint, pod *corev1.Pod, nw *lacev1.Network) (holder, request, *refusal, error) {
-	var ns corev1.Namespace
-	if err := r.Client.Get(ctx, client.ObjectKey{Name: pod.Namespace}, &ns); err != nil {
-		return holder{}, request{}, nil, fmt.Errorf("get namespace %s: %w", pod.Namespace, err)
-	}
-	var nbps lacev1.NetworkBindingPolicyList
-	if err := r.Client.List(ctx, &nbps); err != nil {
-		return holder{}, request{}, nil, fmt.Errorf("list binding policies: %w", err)
-	}
-	if b, err := model.Bind(nbps.Items, lacev1.MatchKindPod, pod.Namespace, pod.Name, pod.Labels, ns.Labels); err != nil || b.Network != nw.Name {
-		return holder{}, request{}, &refusal{ReasonNotBound, fmt.Sprintf("pod %s/%s is not bound to network %s (%v)", pod.Namespace, pod.Name, nw.Name, bindingWord(b, err))}, nil
+	why, err := notBound(ctx, r.Client, pod, nw.Name)
+	if err != nil || why != nil {
+		return holder{}, request{}, why, err
 	}
 	return r.holderOf(ctx, ne, pod, nw)
+}
+
+// notBound says why pod is not bound to network (nil: it is).
+func notBound(ctx context.Context, c client.Client, pod *corev1.Pod, network string) (*refusal, error) {
+	var ns corev1.Namespace
+	if err := c.Get(ctx, client.ObjectKey{Name: pod.Namespace}, &ns); err != nil {
+		return nil, fmt.Errorf("get namespace %s: %w", pod.Namespace, err)
+	}
+	var nbps lacev1.NetworkBindingPolicyList
+	if err := c.List(ctx, &nbps); err != nil {
+		return nil, fmt.Errorf("list binding policies: %w", err)
+	}
+	if b, err := model.Bind(nbps.Items, lacev1.MatchKindPod, pod.Namespace, pod.Name, pod.Labels, ns.Labels); err != nil || b.Network != network {
+		return &refusal{ReasonNotBound, fmt.Sprintf("pod %s/%s is not bound to network %s (%v)", pod.Namespace, pod.Name, network, bindingWord(b, err))}, nil
+	}
+	return nil, nil
 }
 
 func bindingWord(b model.Binding, err error) string {

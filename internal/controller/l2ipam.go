@@ -98,11 +98,25 @@ func (r *L2AddressReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("l2address").
 		For(&lacev1.NetworkEndpoint{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&lacev1.Neighbor{}, toHolder(lacev1.AnnotationEndpoint)).
-		Watches(&lacev1.FDBEntry{}, toHolder(lacev1.AnnotationEndpoint)).
+		// Learned objects are L2LearnReconciler's: a port's learning
+		// never costs this one-worker allocator a reconcile.
+		Watches(&lacev1.Neighbor{}, toHolder(lacev1.AnnotationEndpoint), builder.WithPredicates(notLearned)).
+		Watches(&lacev1.FDBEntry{}, toHolder(lacev1.AnnotationEndpoint), builder.WithPredicates(notLearned)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Complete(r)
 }
+
+// notLearned passes the Neighbors and FDBEntries lace-controller
+// assigned.
+var notLearned = predicate.NewPredicateFuncs(func(o client.Object) bool {
+	switch x := o.(type) {
+	case *lacev1.Neighbor:
+		return !x.Spec.Learned
+	case *lacev1.FDBEntry:
+		return !x.Spec.Learned
+	}
+	return true
+})
 
 // toHolder maps a Neighbor or FDBEntry to the namespace/name in its
 // annotation key.
@@ -248,6 +262,17 @@ func (r *L2AddressReconciler) assign(ctx context.Context, ne *lacev1.NetworkEndp
 	}
 	if rq.mac != nil {
 		mac = rq.mac
+	}
+	// A MAC another holds is refused before any address is claimed for
+	// it: a Neighbor naming another's MAC must never be left behind.
+	if mac != nil {
+		why, err := r.macTaken(ctx, h, nw.Name, mac)
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		if why != nil {
+			return reconcile.Result{RequeueAfter: l2Retry}, r.report(ctx, ne, nil, nil, metav1.ConditionFalse, why.reason, why.msg)
+		}
 	}
 	for _, is4 := range []bool{true, false} {
 		p, ok := l2Prefix(nw, is4)
@@ -411,7 +436,18 @@ func (r *L2AddressReconciler) claimFixed(ctx context.Context, h holder, network 
 		if err := r.Client.Get(ctx, client.ObjectKey{Name: ipam.NeighborName(network, a)}, &cur); err != nil {
 			return netip.Addr{}, nil, nil, fmt.Errorf("look up the holder of %s in network %s: %w", a, network, err)
 		}
-		if cur.Labels[h.label] == string(h.uid) {
+		if cur.Labels[h.label] == string(h.uid) && !cur.Spec.Learned {
+			return a, m, nil, nil
+		}
+		// An assignment takes an address a port only learned.
+		if cur.Spec.Learned {
+			if err := deleteAsRead(ctx, r.Client, &cur); err != nil {
+				return netip.Addr{}, nil, nil, fmt.Errorf("take learned %s of network %s for %s: %w", a, network, h.key, err)
+			}
+			log.FromContext(ctx).Info("an assignment took a learned l2 address", "holder", h.key, "network", network, "address", a, "learnedBy", holderName(&cur))
+			if err := r.Client.Create(ctx, h.neighbor(network, a, m)); err != nil {
+				return netip.Addr{}, nil, nil, fmt.Errorf("claim learned %s in network %s: %w", a, network, err)
+			}
 			return a, m, nil, nil
 		}
 		return netip.Addr{}, nil, &refusal{ReasonAddressTaken, fmt.Sprintf("%s of network %s is held by %s", a, network, holderName(&cur))}, nil
@@ -472,6 +508,21 @@ func (r *L2AddressReconciler) ensureFDB(ctx context.Context, h holder, ne *lacev
 	if err != nil {
 		return nil, fmt.Errorf("get FDBEntry %s: %w", name, err)
 	}
+	// An assignment takes a MAC a port only learned (macTaken let it
+	// through): the learned one goes, the assigned one is created with
+	// a higher sequence.
+	if cur.Spec.Learned {
+		if err := deleteAsRead(ctx, r.Client, &cur); err != nil {
+			return nil, fmt.Errorf("take learned MAC %s of network %s for %s: %w", mac, network, h.key, err)
+		}
+		f := h.fdbEntry(network, mac, ne.Spec.Node)
+		f.Spec.Sequence = cur.Spec.Sequence + 1
+		if err := r.Client.Create(ctx, f); err != nil {
+			return nil, fmt.Errorf("claim learned MAC %s in network %s: %w", mac, network, err)
+		}
+		log.FromContext(ctx).Info("an assignment took a learned l2 MAC", "holder", h.key, "network", network, "mac", mac, "learnedBy", holderName(&cur))
+		return nil, nil
+	}
 	if cur.Labels[h.label] != string(h.uid) {
 		return &refusal{ReasonAddressTaken, fmt.Sprintf("MAC %s of network %s is held by %s", mac, network, holderName(&cur))}, nil
 	}
@@ -485,6 +536,30 @@ func (r *L2AddressReconciler) ensureFDB(ctx context.Context, h holder, ne *lacev
 	}
 	log.FromContext(ctx).Info("moved an l2 MAC with its claim", "holder", h.key, "mac", mac, "from", cur.Spec.Node, "to", ne.Spec.Node, "sequence", next.Spec.Sequence)
 	return nil, nil
+}
+
+// macTaken refuses mac for h when another holds it as an assignment (a
+// learned MAC an assignment takes, ensureFDB).
+func (r *L2AddressReconciler) macTaken(ctx context.Context, h holder, network string, mac net.HardwareAddr) (*refusal, error) {
+	var cur lacev1.FDBEntry
+	err := r.Client.Get(ctx, client.ObjectKey{Name: ipam.FDBEntryName(network, mac)}, &cur)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("look up MAC %s in network %s: %w", mac, network, err)
+	}
+	if cur.Spec.Learned || cur.Labels[h.label] == string(h.uid) {
+		return nil, nil
+	}
+	return &refusal{ReasonAddressTaken, fmt.Sprintf("MAC %s of network %s is held by %s", mac, network, holderName(&cur))}, nil
+}
+
+// deleteAsRead deletes o as it was read (its UID and version): one
+// changed since is left alone, and the caller tries again.
+func deleteAsRead(ctx context.Context, c client.Client, o client.Object) error {
+	uid, rv := o.GetUID(), o.GetResourceVersion()
+	return client.IgnoreNotFound(c.Delete(ctx, o, client.Preconditions{UID: &uid, ResourceVersion: &rv}))
 }
 
 // report writes the assignment and condition AddressesAllocated to ne's

@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -36,9 +37,19 @@ const (
 	moveWindow = 180 * time.Second
 )
 
+// maxLearnedPerNetwork bounds the learned addresses and MACs of one
+// network: each is an entry in the maps every l2 network on a node shares.
+const maxLearnedPerNetwork = 4096
+
+// learnedIndex indexes NetworkEndpoints by the FDBEntry and Neighbor names
+// of their learned bindings: an object freed wakes the endpoints that
+// claimed it.
+const learnedIndex = "lace.learned"
+
 // Reasons of the learning Events and of condition Frozen.
 const (
 	ReasonLearnedTaken = "LearnedAddressTaken"
+	ReasonLearnedLimit = "LearnedLimitReached"
 	ReasonMACFlapping  = "MACFlapping"
 	ReasonThawed       = "Thawed"
 )
@@ -65,16 +76,50 @@ type L2LearnReconciler struct {
 // SetupWithManager registers the reconciler (after L2AddressReconciler,
 // which registers the holder indexes).
 func (r *L2LearnReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &lacev1.NetworkEndpoint{}, learnedIndex, func(o client.Object) []string {
+		ne := o.(*lacev1.NetworkEndpoint)
+		var out []string
+		for _, l := range ne.Spec.Learned {
+			if mac, err := net.ParseMAC(string(l.MAC)); err == nil {
+				out = append(out, ipam.FDBEntryName(ne.Spec.Network, mac))
+			}
+			if a, err := netip.ParseAddr(string(l.Address)); err == nil {
+				out = append(out, ipam.NeighborName(ne.Spec.Network, a.Unmap()))
+			}
+		}
+		return out
+	}); err != nil {
+		return fmt.Errorf("index NetworkEndpoints by learned bindings: %w", err)
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("l2learn").
 		For(&lacev1.NetworkEndpoint{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		// An update maps both the old and the new holder: the endpoint a
-		// binding moved away from is told too.
-		Watches(&lacev1.Neighbor{}, toHolder(lacev1.AnnotationEndpoint)).
-		Watches(&lacev1.FDBEntry{}, toHolder(lacev1.AnnotationEndpoint)).
+		// An update maps both the old and the new holder (the endpoint a
+		// binding moved away from is told too), and every endpoint that
+		// claims it: one freed is taken by the next claimant.
+		Watches(&lacev1.Neighbor{}, handler.EnqueueRequestsFromMapFunc(r.claimants)).
+		Watches(&lacev1.FDBEntry{}, handler.EnqueueRequestsFromMapFunc(r.claimants)).
 		Watches(&lacev1.Network{}, handler.EnqueueRequestsFromMapFunc(r.endpointsOf), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Complete(r)
+}
+
+// claimants maps a Neighbor or FDBEntry to its holder endpoint and the
+// endpoints whose learned bindings name it.
+func (r *L2LearnReconciler) claimants(ctx context.Context, o client.Object) []reconcile.Request {
+	var out []reconcile.Request
+	if ns, name, ok := strings.Cut(o.GetAnnotations()[lacev1.AnnotationEndpoint], "/"); ok {
+		out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}})
+	}
+	var list lacev1.NetworkEndpointList
+	if err := r.Client.List(ctx, &list, client.MatchingFields{learnedIndex: o.GetName()}); err != nil {
+		log.FromContext(ctx).Error(err, "list the endpoints that learned an object", "object", o.GetName())
+		return out
+	}
+	for _, ne := range list.Items {
+		out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&ne)})
+	}
+	return out
 }
 
 // endpointsOf maps a Network to its endpoints: learning turned off
@@ -111,7 +156,10 @@ func (r *L2LearnReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	var ne lacev1.NetworkEndpoint
 	err := r.Client.Get(ctx, req.NamespacedName, &ne)
 	if apierrors.IsNotFound(err) || (err == nil && ne.DeletionTimestamp != nil) {
-		return reconcile.Result{}, nil // L2AddressReconciler releases all it held
+		// What was held for it goes (L2AddressReconciler releases the
+		// same, but does not watch learned objects: an orphan left while
+		// the controller was down is swept from here).
+		return reconcile.Result{}, release(ctx, r.Client, endpointIndex, req.String(), "")
 	}
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("get NetworkEndpoint %s: %w", req, err)
@@ -134,7 +182,7 @@ func (r *L2LearnReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	var requeue time.Duration
 	kept := map[string]bool{} // object names this endpoint holds for want
 	for _, b := range want {
-		name, ok, after, err := r.learnMAC(ctx, h, &ne, b)
+		name, claim, ok, after, err := r.learnMAC(ctx, h, &ne, b)
 		if err != nil {
 			return reconcile.Result{}, err
 		}
@@ -146,7 +194,7 @@ func (r *L2LearnReconciler) Reconcile(ctx context.Context, req reconcile.Request
 		if !b.addr.IsValid() {
 			continue
 		}
-		name, ok, after, err = r.learnAddress(ctx, h, &ne, b)
+		name, ok, after, err = r.learnAddress(ctx, h, claim, &ne, b)
 		if err != nil {
 			return reconcile.Result{}, err
 		}
@@ -169,7 +217,11 @@ func sooner(a, b time.Duration) time.Duration {
 	return a
 }
 
-// trusted tells whether ne records its own pod on that pod's node.
+// trusted tells whether ne records its own pod on that pod's node, a pod
+// bound to ne's network that lace-controller gave its addresses there
+// (AddressesAllocated): a node's agent may write endpoints of any name and
+// network for its node, and must not learn through them in a network its
+// pods are not in.
 func (r *L2LearnReconciler) trusted(ctx context.Context, ne *lacev1.NetworkEndpoint) (bool, error) {
 	var pod corev1.Pod
 	err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(ne), &pod)
@@ -179,7 +231,12 @@ func (r *L2LearnReconciler) trusted(ctx context.Context, ne *lacev1.NetworkEndpo
 	if err != nil {
 		return false, fmt.Errorf("get pod %s/%s: %w", ne.Namespace, ne.Name, err)
 	}
-	return ne.Labels[lacev1.LabelPodUID] == string(pod.UID) && pod.Spec.NodeName == ne.Spec.Node && pod.DeletionTimestamp == nil, nil
+	if ne.Labels[lacev1.LabelPodUID] != string(pod.UID) || pod.Spec.NodeName != ne.Spec.Node || pod.DeletionTimestamp != nil ||
+		pod.Spec.HostNetwork || !meta.IsStatusConditionTrue(ne.Status.Conditions, lacev1.ConditionAddressesAllocated) || ne.Status.MAC == "" {
+		return false, nil
+	}
+	why, err := notBound(ctx, r.Client, &pod, ne.Spec.Network)
+	return why == nil && err == nil, err
 }
 
 // validBindings are the bindings of ne that may be learned in nw: a
@@ -193,7 +250,11 @@ func validBindings(ne *lacev1.NetworkEndpoint, nw *lacev1.Network) []learnedBind
 	for i := len(ne.Spec.Learned) - 1; i >= 0; i-- {
 		l := ne.Spec.Learned[i]
 		mac, err := net.ParseMAC(string(l.MAC))
-		if err != nil || len(mac) != 6 || mac[0]&1 != 0 || mac.String() == gw || mac.String() == "00:00:00:00:00:00" {
+		// Never the gateway's, a multicast or zero MAC, nor one of the
+		// range the IPAM derives (0a:58-0a:5a): holding those would keep
+		// the addresses they derive from unassignable.
+		if err != nil || len(mac) != 6 || mac[0]&1 != 0 || mac.String() == gw || mac.String() == "00:00:00:00:00:00" ||
+			(mac[0] == 0x0a && mac[1] >= 0x58 && mac[1] <= 0x5a) {
 			continue
 		}
 		b := learnedBinding{mac: mac, seq: l.Sequence}
@@ -222,74 +283,124 @@ func validBindings(ne *lacev1.NetworkEndpoint, nw *lacev1.Network) []learnedBind
 
 // learnMAC makes b's MAC this endpoint's (at its node): created when
 // nobody holds it, taken from another endpoint that learned it with a
-// lower sequence unless frozen; refused when assigned. It returns the
-// FDBEntry's name, whether this endpoint holds it, and when to look again
-// (a freeze ending).
-func (r *L2LearnReconciler) learnMAC(ctx context.Context, h holder, ne *lacev1.NetworkEndpoint, b learnedBinding) (string, bool, time.Duration, error) {
+// lower sequence unless frozen; refused when assigned to another. It
+// returns the FDBEntry's name, the IPAMClaim UID holding it when it is the
+// endpoint's own MAC kept by its claim, whether this endpoint holds it, and
+// when to look again (a freeze ending).
+func (r *L2LearnReconciler) learnMAC(ctx context.Context, h holder, ne *lacev1.NetworkEndpoint, b learnedBinding) (string, string, bool, time.Duration, error) {
 	network := ne.Spec.Network
 	name := ipam.FDBEntryName(network, b.mac)
 	var cur lacev1.FDBEntry
 	err := r.Client.Get(ctx, client.ObjectKey{Name: name}, &cur)
 	if apierrors.IsNotFound(err) {
+		if full, err := r.full(ctx, ne, "MAC "+b.mac.String()); err != nil || full {
+			return "", "", false, 0, err
+		}
 		f := h.fdbEntry(network, b.mac, ne.Spec.Node)
 		f.Spec.Learned, f.Spec.Sequence, f.Spec.Publisher = true, b.seq, ne.Spec.Node
 		if err := r.Client.Create(ctx, f); err != nil && !apierrors.IsAlreadyExists(err) {
-			return "", false, 0, fmt.Errorf("publish learned MAC %s of network %s: %w", b.mac, network, err)
+			return "", "", false, 0, fmt.Errorf("publish learned MAC %s of network %s: %w", b.mac, network, err)
 		} else if err != nil {
-			return "", false, time.Second, nil // taken meanwhile: judged again
+			return "", "", false, time.Second, nil // taken meanwhile: judged again
 		}
 		log.FromContext(ctx).Info("learned an l2 MAC", "endpoint", h.key, "network", network, "mac", b.mac, "node", ne.Spec.Node)
-		return name, true, 0, nil
+		return name, "", true, 0, nil
 	}
 	if err != nil {
-		return "", false, 0, fmt.Errorf("get FDBEntry %s: %w", name, err)
+		return "", "", false, 0, fmt.Errorf("get FDBEntry %s: %w", name, err)
 	}
 	thawAfter, err := r.thaw(ctx, &cur)
 	if err != nil {
-		return "", false, 0, err
+		return "", "", false, 0, err
 	}
 	if cur.Labels[h.label] == string(h.uid) {
-		return name, true, thawAfter, nil
+		return name, "", true, thawAfter, nil
+	}
+	// The endpoint's own MAC, kept by its IPAMClaim (a VM's): its
+	// addresses may be learned on it too (status is lace-controller's).
+	if claim := cur.Labels[lacev1.LabelIPAMClaimUID]; !cur.Spec.Learned && claim != "" && string(ne.Status.MAC) == b.mac.String() {
+		return name, claim, true, 0, nil
 	}
 	if !cur.Spec.Learned {
 		r.Recorder.Eventf(ne, corev1.EventTypeWarning, ReasonLearnedTaken, "MAC %s sent on this port is assigned to %s in network %s: not learned", b.mac, holderName(&cur), network)
-		return "", false, 0, nil
+		return "", "", false, 0, nil
 	}
 	if b.seq <= cur.Spec.Sequence {
-		return "", false, 0, nil // the holder's claim is newer
+		return "", "", false, 0, nil // the holder's claim is newer
 	}
 	if thawAfter > 0 {
-		return "", false, thawAfter, nil
+		return "", "", false, thawAfter, nil
 	}
 	next := cur.DeepCopy()
 	next.Spec.Node, next.Spec.Sequence, next.Spec.Publisher = ne.Spec.Node, b.seq, ne.Spec.Node
 	froze := r.moved(next, h)
 	if err := r.Client.Patch(ctx, next, client.MergeFromWithOptions(&cur, client.MergeFromWithOptimisticLock{})); err != nil {
-		return "", false, 0, fmt.Errorf("move learned MAC %s of network %s to %s: %w", b.mac, network, h.key, err)
+		return "", "", false, 0, fmt.Errorf("move learned MAC %s of network %s to %s: %w", b.mac, network, h.key, err)
 	}
 	log.FromContext(ctx).Info("moved a learned l2 MAC", "mac", b.mac, "network", network, "from", cur.Spec.Node, "to", ne.Spec.Node, "sequence", b.seq)
 	if !froze {
-		return name, true, 0, nil
+		return name, "", true, 0, nil
 	}
 	msg := fmt.Sprintf("MAC %s of network %s moved %d times within %s (now to node %s, endpoint %s): frozen there until %s; a duplicate MAC or a loop",
 		b.mac, network, maxMoves, moveWindow, ne.Spec.Node, h.key, next.Annotations[lacev1.AnnotationFrozenUntil])
 	r.Recorder.Event(next, corev1.EventTypeWarning, ReasonMACFlapping, msg)
 	r.Recorder.Event(ne, corev1.EventTypeWarning, ReasonMACFlapping, msg)
-	return name, true, moveWindow, r.setFrozen(ctx, next, metav1.ConditionTrue, ReasonMACFlapping, msg)
+	return name, "", true, moveWindow, r.setFrozen(ctx, next, metav1.ConditionTrue, ReasonMACFlapping, msg)
+}
+
+// full tells whether ne's network holds maxLearnedPerNetwork learned
+// objects of what's kind already (a Warning Event then).
+func (r *L2LearnReconciler) full(ctx context.Context, ne *lacev1.NetworkEndpoint, what string) (bool, error) {
+	var n int
+	sel := client.MatchingLabels{lacev1.LabelNetwork: ne.Spec.Network}
+	if strings.HasPrefix(what, "MAC") {
+		var l lacev1.FDBEntryList
+		if err := r.Client.List(ctx, &l, sel); err != nil {
+			return false, fmt.Errorf("list FDBEntries of network %s: %w", ne.Spec.Network, err)
+		}
+		for _, f := range l.Items {
+			if f.Spec.Learned {
+				n++
+			}
+		}
+	} else {
+		var l lacev1.NeighborList
+		if err := r.Client.List(ctx, &l, sel); err != nil {
+			return false, fmt.Errorf("list Neighbors of network %s: %w", ne.Spec.Network, err)
+		}
+		for _, x := range l.Items {
+			if x.Spec.Learned {
+				n++
+			}
+		}
+	}
+	if n < maxLearnedPerNetwork {
+		return false, nil
+	}
+	r.Recorder.Eventf(ne, corev1.EventTypeWarning, ReasonLearnedLimit, "network %s holds %d learned %ss already: %s not learned", ne.Spec.Network, n, strings.Fields(what)[0], what)
+	return true, nil
 }
 
 // learnAddress makes b's address this endpoint's, bound to b's MAC (which
 // it holds): created when nobody holds it, taken over from another
 // endpoint that learned it (with the MAC that moved here, or with a lower
 // sequence unless frozen); refused when assigned.
-func (r *L2LearnReconciler) learnAddress(ctx context.Context, h holder, ne *lacev1.NetworkEndpoint, b learnedBinding) (string, bool, time.Duration, error) {
+func (r *L2LearnReconciler) learnAddress(ctx context.Context, h holder, claim string, ne *lacev1.NetworkEndpoint, b learnedBinding) (string, bool, time.Duration, error) {
 	network := ne.Spec.Network
 	name := ipam.NeighborName(network, b.addr)
 	var cur lacev1.Neighbor
 	err := r.Client.Get(ctx, client.ObjectKey{Name: name}, &cur)
 	if apierrors.IsNotFound(err) {
+		if full, err := r.full(ctx, ne, "address "+b.addr.String()); err != nil || full {
+			return "", false, 0, err
+		}
 		n := h.neighbor(network, b.addr, b.mac)
 		n.Spec.Learned, n.Spec.Sequence, n.Spec.Publisher = true, b.seq, ne.Spec.Node
+		if claim != "" {
+			// Joined with the MAC its claim holds (model's sameHolder);
+			// released with the endpoint.
+			n.Labels[lacev1.LabelIPAMClaimUID] = claim
+		}
 		if err := r.Client.Create(ctx, n); err != nil && !apierrors.IsAlreadyExists(err) {
 			return "", false, 0, fmt.Errorf("publish learned address %s of network %s: %w", b.addr, network, err)
 		} else if err != nil {
@@ -422,12 +533,19 @@ func (r *L2LearnReconciler) withdraw(ctx context.Context, ne *lacev1.NetworkEndp
 		return 0, fmt.Errorf("list FDBEntries of %s: %w", key, err)
 	}
 	var doomed []client.Object
-	for i := range nbrs.Items {
-		if n := &nbrs.Items[i]; n.Spec.Learned && !kept[n.Name] && n.Labels[lacev1.LabelEndpointUID] == string(ne.UID) {
-			doomed = append(doomed, n)
-		}
-	}
 	var requeue time.Duration
+	for i := range nbrs.Items {
+		n := &nbrs.Items[i]
+		if !n.Spec.Learned || kept[n.Name] || n.Labels[lacev1.LabelEndpointUID] != string(ne.UID) {
+			continue
+		}
+		// Frozen, as a MAC (below): its moves are not forgotten.
+		if d := frozenFor(n, r.now()); d > 0 {
+			requeue = sooner(requeue, d)
+			continue
+		}
+		doomed = append(doomed, n)
+	}
 	for i := range fdbs.Items {
 		f := &fdbs.Items[i]
 		if !f.Spec.Learned || kept[f.Name] || f.Labels[lacev1.LabelEndpointUID] != string(ne.UID) {
@@ -442,8 +560,7 @@ func (r *L2LearnReconciler) withdraw(ctx context.Context, ne *lacev1.NetworkEndp
 		doomed = append(doomed, f)
 	}
 	for _, o := range doomed {
-		uid, rv := o.GetUID(), o.GetResourceVersion()
-		if err := r.Client.Delete(ctx, o, client.Preconditions{UID: &uid, ResourceVersion: &rv}); client.IgnoreNotFound(err) != nil {
+		if err := deleteAsRead(ctx, r.Client, o); err != nil {
 			return 0, fmt.Errorf("withdraw learned %T %s of %s: %w", o, o.GetName(), key, err)
 		}
 		log.FromContext(ctx).Info("withdrew a learned l2 binding", "endpoint", key, "object", o.GetName())

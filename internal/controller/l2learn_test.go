@@ -115,12 +115,16 @@ func TestL2Learning(t *testing.T) {
 		t.Errorf("a's assignment changed to %v/%s with a learned binding, was %v/%s", a.Addresses, a.MAC, got["a"].Addresses, got["a"].MAC)
 	}
 
-	// b claims c's assigned address and MAC: refused, nothing moves.
+	// b claims c's assigned address and m's assigned MAC: refused,
+	// nothing moves; a MAC of the range the IPAM derives (c's) is not
+	// even tried.
+	annotatedL2Pod(t, c, "m", "n3", "learn", map[string]string{lacev1.AnnotationMACAddress: "02:00:00:00:00:42"})
+	assigned(t, c, []string{"m"}, 1)
 	cAddr := string(got["c"].Addresses[0])
 	setLearned(t, c, "b", lacev1.LearnedBinding{MAC: lacev1.MACAddress("52:54:00:00:00:0b"), Address: lacev1.IPAddress(cAddr)},
-		lacev1.LearnedBinding{MAC: got["c"].MAC, Sequence: 9})
+		lacev1.LearnedBinding{MAC: "02:00:00:00:00:42", Sequence: 9}, lacev1.LearnedBinding{MAC: got["c"].MAC, Sequence: 9})
 	warned(t, c, "b", "LearnedAddressTaken", "address "+cAddr, "endpoint default/c")
-	warned(t, c, "b", "LearnedAddressTaken", "MAC "+string(got["c"].MAC), "endpoint default/c")
+	warned(t, c, "b", "LearnedAddressTaken", "MAC 02:00:00:00:00:42", "endpoint default/m")
 	var cn lacev1.Neighbor
 	if err := c.Get(ctx, client.ObjectKey{Name: ipam.NeighborName("learn", netip.MustParseAddr(cAddr))}, &cn); err != nil || cn.Spec.Learned ||
 		string(cn.Spec.MAC) != string(got["c"].MAC) {
@@ -213,15 +217,47 @@ func TestL2Learning(t *testing.T) {
 		}
 		return nil
 	})
-	// b's deletion releases the frozen MAC with everything else of b.
-	deletePodAndEndpoint(t, c, "b")
-	eventually(t, 30*time.Second, "b's frozen MAC released", func() error {
-		var cur lacev1.FDBEntry
-		if err := c.Get(ctx, client.ObjectKey{Name: f.Name}, &cur); err == nil {
-			return fmt.Errorf("still held by %s", cur.Annotations[lacev1.AnnotationEndpoint])
+	// Learning on again; b's deletion releases the frozen MAC with
+	// everything else of b, and a, which still claims it, takes it at
+	// once (nothing else would wake it).
+	eventually(t, 10*time.Second, "learning turned on", func() error {
+		var cur lacev1.Network
+		if err := c.Get(ctx, client.ObjectKey{Name: "learn"}, &cur); err != nil {
+			return err
 		}
-		return nil
+		cur.Spec.L2 = &lacev1.L2Options{Learning: true}
+		return c.Update(ctx, &cur)
 	})
+	fdbAt(t, c, "learn", mustMAC("52:54:00:00:00:0d"), "a", "n1", 0)
+	deletePodAndEndpoint(t, c, "b")
+	fdbAt(t, c, "learn", guest, "a", "n1", 6)
+	neighborOf(t, c, "learn", static, guest, "a")
+
+	// An assignment takes an address a port only learned.
+	learned201 := netip.MustParseAddr("10.56.0.201")
+	setLearned(t, c, "c", lacev1.LearnedBinding{MAC: "52:54:00:00:00:0e", Address: lacev1.IPAddress(learned201.String())})
+	neighborOf(t, c, "learn", learned201, mustMAC("52:54:00:00:00:0e"), "c")
+	annotatedL2Pod(t, c, "fixed", "n2", "learn", map[string]string{lacev1.AnnotationIPAddresses: learned201.String()})
+	if got := assigned(t, c, []string{"fixed"}, 1)["fixed"]; string(got.Addresses[0]) != learned201.String() {
+		t.Errorf("fixed got %v, want the learned %s", got.Addresses, learned201)
+	}
+	warned(t, c, "c", "LearnedAddressTaken", "address "+learned201.String(), "endpoint default/fixed")
+
+	// A node's endpoint of a pod not bound to a learning network learns
+	// nothing there (a compromised agent naming another tenant's network).
+	other := l2Network("other", "10.57.0.0/24", "")
+	other.Spec.L2 = &lacev1.L2Options{Learning: true}
+	create(t, c, other)
+	l2Pod(t, c, "x", "n1", "other")
+	refused(t, c, "x", "NotBoundToNetwork")
+	setLearned(t, c, "x", lacev1.LearnedBinding{MAC: "52:54:00:00:00:0f"})
+	setLearned(t, c, "a", lacev1.LearnedBinding{MAC: lacev1.MACAddress(guest.String()), Address: lacev1.IPAddress(static.String()), Sequence: 6},
+		lacev1.LearnedBinding{MAC: "52:54:00:00:00:10"})
+	fdbAt(t, c, "learn", mustMAC("52:54:00:00:00:10"), "a", "n1", 0)
+	var fx lacev1.FDBEntry
+	if err := c.Get(ctx, client.ObjectKey{Name: ipam.FDBEntryName("other", mustMAC("52:54:00:00:00:0f"))}, &fx); err == nil {
+		t.Errorf("an endpoint of a pod not bound to network other learned %s there", fx.Spec.MAC)
+	}
 }
 
 func mustMAC(s string) net.HardwareAddr {

@@ -101,6 +101,8 @@ func TestProgL2Learns(t *testing.T) {
 	run("a port that does not learn, unknown MAC", l2PortA, udp4(guest, static4), actShot, "l2-spoofed-mac")
 	run("a port that does not learn, unknown address", l2PortA, udp4(l2MACA, static4), actShot, "spoofed-source")
 	run("a port that does not learn, ARP from an unknown address", l2PortA, fromMAC(l2MACA, arpRequest(l2MACA, static4, l2B4)), actShot, "spoofed-source")
+	run("an unspecified source (DHCP)", portC, udp4(macC, netip.IPv4Unspecified()), actShot, "spoofed-source")
+	run("a link-local source", portC, udp6(macC, netip.MustParseAddr("fe80::1")), actShot, "spoofed-source")
 	run("marker", portC, udp6(macC, static6), actShot, "l2-learning")
 	expect(L2Learned{IfIndex: portC, NetID: progNet, MAC: macC, Addr: static6})
 

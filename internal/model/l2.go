@@ -20,19 +20,24 @@ type l2Place struct {
 	addr    netip.Addr
 	mac     net.HardwareAddr
 	node    string
+	learned bool
 }
 
 // l2Located joins Neighbors and FDBEntries, in name order, skipping what is
-// being deleted, malformed, or whose MAC is on no node.
+// being deleted, malformed, or whose MAC is on no node. A Neighbor joins
+// only the FDBEntry of its own holder (sameHolder): one left pointing at a
+// MAC another holds (an assignment refused after its address was claimed,
+// a MAC that moved) must not place that address where the other's MAC
+// lives, on whose port it would be delivered.
 func l2Located(in NodeInput) []l2Place {
 	type macKey struct{ network, mac string }
-	where := make(map[macKey]string, len(in.FDBEntries))
-	for _, f := range in.FDBEntries {
+	where := make(map[macKey]*lacev1.FDBEntry, len(in.FDBEntries))
+	for i, f := range in.FDBEntries {
 		mac, err := net.ParseMAC(string(f.Spec.MAC))
 		if f.DeletionTimestamp != nil || err != nil || len(mac) != 6 || f.Spec.Node == "" {
 			continue
 		}
-		where[macKey{f.Spec.Network, mac.String()}] = f.Spec.Node
+		where[macKey{f.Spec.Network, mac.String()}] = &in.FDBEntries[i]
 	}
 	nbrs := append([]lacev1.Neighbor(nil), in.Neighbors...)
 	sort.Slice(nbrs, func(i, j int) bool { return nbrs[i].Name < nbrs[j].Name })
@@ -43,23 +48,36 @@ func l2Located(in NodeInput) []l2Place {
 		if n.DeletionTimestamp != nil || err1 != nil || err2 != nil || len(mac) != 6 {
 			continue
 		}
-		node, ok := where[macKey{n.Spec.Network, mac.String()}]
-		if !ok {
+		f, ok := where[macKey{n.Spec.Network, mac.String()}]
+		if !ok || !sameHolder(&n, f) {
 			continue
 		}
-		out = append(out, l2Place{network: n.Spec.Network, addr: a.Unmap(), mac: mac, node: node})
+		out = append(out, l2Place{network: n.Spec.Network, addr: a.Unmap(), mac: mac, node: f.Spec.Node, learned: n.Spec.Learned})
 	}
 	return out
+}
+
+// sameHolder tells whether a Neighbor and an FDBEntry are held for the
+// same endpoint or IPAMClaim (lace-controller's holder labels). A learned
+// address on a MAC its endpoint holds through an IPAMClaim carries both.
+func sameHolder(n *lacev1.Neighbor, f *lacev1.FDBEntry) bool {
+	for _, l := range []string{lacev1.LabelEndpointUID, lacev1.LabelIPAMClaimUID} {
+		if v := n.Labels[l]; v != "" && v == f.Labels[l] {
+			return true
+		}
+	}
+	return false
 }
 
 // l2Host gives an l2 network a block for one of its addresses, at the node
 // its MAC lives on: an l2 subnet spans nodes, so views route it address by
 // address (what is switched inside the network never looks at views). An
 // address outside the network's subnets, or on a node without a locator,
-// is not routed.
+// is not routed, nor a learned one: routing reaches a pod's assigned
+// addresses (its endpoint entry), a learned address is only switched.
 func l2Host(h l2Place, self string, byName map[string]*viewNet, locators map[string]netip.Prefix) {
 	vn := byName[h.network]
-	if vn == nil || !vn.l2 {
+	if vn == nil || !vn.l2 || h.learned {
 		return
 	}
 	p := netip.PrefixFrom(h.addr, h.addr.BitLen())

@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"strings"
 	"net/netip"
 	"reflect"
 	"testing"
@@ -11,13 +12,15 @@ import (
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 )
 
+// nbr and fdb are held for the holder named after their MAC: a
+// Neighbor joins the FDBEntry of its MAC.
 func nbr(network, addr, mac string) lacev1.Neighbor {
-	return lacev1.Neighbor{ObjectMeta: metav1.ObjectMeta{Name: network + "." + addr},
+	return lacev1.Neighbor{ObjectMeta: metav1.ObjectMeta{Name: network + "." + addr, Labels: map[string]string{lacev1.LabelEndpointUID: "uid-" + strings.ToLower(mac)}},
 		Spec: lacev1.NeighborSpec{Network: network, Address: lacev1.IPAddress(addr), MAC: lacev1.MACAddress(mac)}}
 }
 
 func fdb(network, mac, node string) lacev1.FDBEntry {
-	return lacev1.FDBEntry{ObjectMeta: metav1.ObjectMeta{Name: network + "." + mac},
+	return lacev1.FDBEntry{ObjectMeta: metav1.ObjectMeta{Name: network + "." + mac, Labels: map[string]string{lacev1.LabelEndpointUID: "uid-" + strings.ToLower(mac)}},
 		Spec: lacev1.FDBEntrySpec{Network: network, MAC: lacev1.MACAddress(mac), Node: node}}
 }
 
@@ -32,6 +35,8 @@ func TestL2HostRoutes(t *testing.T) {
 	now := metav1.Now()
 	gone := fdb("vms", "0a:58:0a:32:00:09", "n1")
 	gone.DeletionTimestamp = &now
+	stray := nbr("vms", "10.50.0.8", "0a:58:0a:32:00:03")
+	stray.Labels[lacev1.LabelEndpointUID] = "another"
 	in := NodeInput{Node: "n1", Networks: nets, Allocations: blocks12(nets), Underlays: testUnderlays,
 		RoutingPolicies: []lacev1.NetworkRoutingPolicy{byName("red", "vms")},
 		Neighbors: []lacev1.Neighbor{
@@ -42,6 +47,7 @@ func TestL2HostRoutes(t *testing.T) {
 			nbr("vms", "10.99.0.6", "0a:58:0a:32:00:06"), // outside the subnet
 			nbr("vms", "10.50.0.9", "0a:58:0a:32:00:09"), // its FDBEntry is being deleted
 			nbr("red", "10.1.1.7", "0a:58:0a:01:01:07"),  // not an l2 network
+			stray, // another holder's MAC
 		},
 		FDBEntries: []lacev1.FDBEntry{
 			fdb("vms", "0A:58:0A:32:00:02", "n1"), fdb("vms", "0a:58:0a:32:00:03", "n2"), fdb("vms", "0a:58:0a:32:00:05", "n4"),

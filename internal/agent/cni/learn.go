@@ -36,6 +36,17 @@ const maxLearned = 16
 // reports makes one update per endpoint.
 const learnRound = 200 * time.Millisecond
 
+// A port may add learnBurst new bindings at once, then one per
+// learnRefill: a guest cycling through sources cannot make its endpoint,
+// and lace-controller's work, churn faster.
+const (
+	learnBurst  = maxLearned
+	learnRefill = 10 * time.Second
+)
+
+// maxSequence is the API's bound on a move sequence.
+const maxSequence = 1 << 40
+
 type learnState struct {
 	mu       sync.Mutex
 	learning map[uint32]bool
@@ -43,6 +54,43 @@ type learnState struct {
 	// pending are the reports not written yet, by endpoint (namespace/
 	// name) and binding.
 	pending map[types.NamespacedName][]lacev1.LearnedBinding
+	// budget is each endpoint's allowance of new bindings (learnBurst,
+	// learnRefill), used by RecordLearned only.
+	budget map[types.NamespacedName]*learnBudget
+}
+
+type learnBudget struct {
+	tokens float64
+	at     time.Time
+}
+
+// forgetFull drops the allowances that have refilled: an endpoint gone
+// leaves nothing behind.
+func (l *learnState) forgetFull(now time.Time) {
+	for k, b := range l.budget {
+		if now.Sub(b.at) >= learnBurst*learnRefill {
+			delete(l.budget, k)
+		}
+	}
+}
+
+// take spends one new binding of key's allowance at now, if any is left.
+func (l *learnState) take(key types.NamespacedName, now time.Time) bool {
+	if l.budget == nil {
+		l.budget = map[types.NamespacedName]*learnBudget{}
+	}
+	b := l.budget[key]
+	if b == nil {
+		b = &learnBudget{tokens: learnBurst, at: now}
+		l.budget[key] = b
+	}
+	b.tokens = min(learnBurst, b.tokens+float64(now.Sub(b.at))/float64(learnRefill))
+	b.at = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
 }
 
 func (l *learnState) learns(netID uint32) bool {
@@ -142,7 +190,7 @@ func (s *Server) claimSequence(network string, ep types.NamespacedName, mac net.
 	var f lacev1.FDBEntry
 	if err := s.client.Get(ctx, client.ObjectKey{Name: ipam.FDBEntryName(network, mac)}, &f); err == nil &&
 		(f.Annotations[lacev1.AnnotationEndpoint] != ep.String() || f.Spec.Node != s.opts.NodeName) {
-		seq = f.Spec.Sequence + 1
+		seq = min(f.Spec.Sequence+1, maxSequence)
 	}
 	if !addr.IsValid() {
 		return seq
@@ -150,7 +198,7 @@ func (s *Server) claimSequence(network string, ep types.NamespacedName, mac net.
 	var n lacev1.Neighbor
 	if err := s.client.Get(ctx, client.ObjectKey{Name: ipam.NeighborName(network, addr)}, &n); err == nil &&
 		(n.Annotations[lacev1.AnnotationEndpoint] != ep.String() || string(n.Spec.MAC) != mac.String()) {
-		seq = max(seq, n.Spec.Sequence+1)
+		seq = max(seq, min(n.Spec.Sequence+1, maxSequence))
 	}
 	return seq
 }
@@ -169,13 +217,38 @@ func (s *Server) RecordLearned(ctx context.Context) error {
 		s.learn.mu.Lock()
 		pending := s.learn.pending
 		s.learn.pending = nil
+		s.learn.forgetFull(time.Now())
 		s.learn.mu.Unlock()
 		for key, bs := range pending {
+			if bs = s.withinBudget(key, bs); len(bs) == 0 {
+				continue
+			}
 			if err := s.recordLearned(ctx, key, bs); err != nil {
 				s.log.Warn("record learned l2 bindings", "endpoint", key.String(), "error", err)
 			}
 		}
 	}
+}
+
+// withinBudget keeps the bindings of bs endpoint key may add now: one it
+// recorded before (the same MAC and address) costs nothing.
+func (s *Server) withinBudget(key types.NamespacedName, bs []lacev1.LearnedBinding) []lacev1.LearnedBinding {
+	var have []lacev1.LearnedBinding
+	var ne lacev1.NetworkEndpoint
+	if err := s.client.Get(context.Background(), key, &ne); err == nil {
+		have = ne.Spec.Learned
+	}
+	now := time.Now()
+	s.learn.mu.Lock()
+	defer s.learn.mu.Unlock()
+	var out []lacev1.LearnedBinding
+	for _, b := range bs {
+		known := slices.ContainsFunc(append(have, out...), func(o lacev1.LearnedBinding) bool { return o.MAC == b.MAC && o.Address == b.Address })
+		if known || s.learn.take(key, now) {
+			out = append(out, b)
+		}
+	}
+	return out
 }
 
 // recordLearned merges bs into the learned bindings of endpoint key.

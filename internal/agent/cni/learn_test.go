@@ -3,6 +3,9 @@ package cni
 import (
 	"fmt"
 	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 )
@@ -32,5 +35,35 @@ func TestMergeLearned(t *testing.T) {
 		if got := mergeLearned(c.have, c.bs); fmt.Sprint(got) != fmt.Sprint(c.want) {
 			t.Errorf("%s: got %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+// TestLearnBudget: an endpoint adds learnBurst new bindings at once, then
+// one per learnRefill; another endpoint has its own allowance; a refilled
+// allowance is forgotten.
+func TestLearnBudget(t *testing.T) {
+	var l learnState
+	a, b := types.NamespacedName{Namespace: "t", Name: "a"}, types.NamespacedName{Namespace: "t", Name: "b"}
+	now := time.Unix(1000, 0)
+	for i := range learnBurst {
+		if !l.take(a, now) {
+			t.Fatalf("new binding %d of the burst refused", i+1)
+		}
+	}
+	if l.take(a, now) {
+		t.Fatal("a binding beyond the burst taken")
+	}
+	if !l.take(b, now) {
+		t.Fatal("another endpoint shares the first's allowance")
+	}
+	if l.take(a, now.Add(learnRefill/2)) {
+		t.Fatal("a binding taken before the refill")
+	}
+	if !l.take(a, now.Add(learnRefill)) || l.take(a, now.Add(learnRefill)) {
+		t.Fatal("not one binding per refill")
+	}
+	l.forgetFull(now.Add(learnRefill + learnBurst*learnRefill))
+	if len(l.budget) != 0 {
+		t.Fatalf("%d allowances left after they refilled", len(l.budget))
 	}
 }
