@@ -2,9 +2,9 @@ package model
 
 import (
 	"fmt"
-	"strings"
 	"net/netip"
 	"reflect"
+	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
