@@ -251,10 +251,11 @@ func validBindings(ne *lacev1.NetworkEndpoint, nw *lacev1.Network) []learnedBind
 		l := ne.Spec.Learned[i]
 		mac, err := net.ParseMAC(string(l.MAC))
 		// Never the gateway's, a multicast or zero MAC, nor one of the
-		// range the IPAM derives (0a:58-0a:5a): holding those would keep
-		// the addresses they derive from unassignable.
-		if err != nil || len(mac) != 6 || mac[0]&1 != 0 || mac.String() == gw || mac.String() == "00:00:00:00:00:00" ||
-			(mac[0] == 0x0a && mac[1] >= 0x58 && mac[1] <= 0x5a) {
+		// range the IPAM derives (0a:58-0a:5a) but the endpoint's own:
+		// holding those would keep the addresses they derive from
+		// unassignable.
+		derived := len(mac) == 6 && mac[0] == 0x0a && mac[1] >= 0x58 && mac[1] <= 0x5a && mac.String() != string(ne.Status.MAC)
+		if err != nil || len(mac) != 6 || mac[0]&1 != 0 || mac.String() == gw || mac.String() == "00:00:00:00:00:00" || derived {
 			continue
 		}
 		b := learnedBinding{mac: mac, seq: l.Sequence}

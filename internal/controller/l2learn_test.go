@@ -11,8 +11,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	ipamclaimsv1 "github.com/lace-cni/lace/api/ipamclaims/v1alpha1"
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/model/ipam"
 )
@@ -242,6 +244,25 @@ func TestL2Learning(t *testing.T) {
 		t.Errorf("fixed got %v, want the learned %s", got.Addresses, learned201)
 	}
 	warned(t, c, "c", "LearnedAddressTaken", "address "+learned201.String(), "endpoint default/fixed")
+
+	// A VM whose MAC its IPAMClaim holds learns an address on that MAC:
+	// the Neighbor carries the claim's UID too, so the model places it
+	// with the claim's FDBEntry.
+	vmClaim := &ipamclaimsv1.IPAMClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vm.learn"},
+		Spec: ipamclaimsv1.IPAMClaimSpec{Network: "learn", Interface: "eth0"}}
+	create(t, c, vmClaim)
+	annotatedL2Pod(t, c, "vm", "n3", "learn", map[string]string{lacev1.AnnotationIPAMClaim: "vm.learn"})
+	vm := assigned(t, c, []string{"vm"}, 1)["vm"]
+	secondary := netip.MustParseAddr("10.56.0.202")
+	setLearned(t, c, "vm", lacev1.LearnedBinding{MAC: vm.MAC, Address: lacev1.IPAddress(secondary.String())})
+	neighborOf(t, c, "learn", secondary, mustMAC(string(vm.MAC)), "vm")
+	if err := c.Get(ctx, client.ObjectKey{Name: vmClaim.Name, Namespace: "default"}, vmClaim); err != nil {
+		t.Fatal(err)
+	}
+	var sn lacev1.Neighbor
+	if err := c.Get(ctx, client.ObjectKey{Name: ipam.NeighborName("learn", secondary)}, &sn); err != nil || sn.Labels[lacev1.LabelIPAMClaimUID] != string(vmClaim.UID) {
+		t.Errorf("the VM's learned address is not joined with its claim's MAC: labels %v (%v)", sn.Labels, err)
+	}
 
 	// A node's endpoint of a pod not bound to a learning network learns
 	// nothing there (a compromised agent naming another tenant's network).
