@@ -620,12 +620,32 @@ static __noinline int foreign_source(__u32 src_net, struct pkt *p, const void *o
 	return !eq8(rv->sid, loc);
 }
 
+/* l2_foreign_source tells whether the source of a switched packet of
+ * network net_id from node osrc is not placed there: its Neighbor's MAC
+ * must live at that node (its FDB entry's SID in the node's locator), as
+ * a flooded frame's (l2_flood_in). Views do not hold learned addresses,
+ * so foreign_source cannot judge a switched source. */
+static __noinline int l2_foreign_source(__u32 net_id, struct pkt *p, const __u8 *osrc)
+{
+	struct l2_neigh_key nk = {.net_id = net_id, .family = p->family};
+	__builtin_memcpy(nk.addr, p->saddr, 16);
+	struct l2_neigh_val *n = bpf_map_lookup_elem(&lace_l2_neigh, &nk);
+	if (!n)
+		return 1;
+	struct fdb_key fk = {.net_id = net_id};
+	__builtin_memcpy(fk.mac, n->mac, 6);
+	struct fdb_val *f = bpf_map_lookup_elem(&lace_fdb, &fk);
+	struct host_key hk = {.family = LACE_FAMILY_V6};
+	__builtin_memcpy(hk.addr, osrc, 16);
+	__u64 *loc = bpf_map_lookup_elem(&lace_node_locs, &hk);
+	return !f || !loc || !(f->flags & FDB_REMOTE) || !eq8(f->sid, loc);
+}
+
 /* l2_decap delivers a switched frame of l2 network net_id that came as its
  * IP packet (SID_L2_IP) to the port holding its destination (ifindex,
  * macs: the pod's MAC first), rebuilt with the source's MAC from the
  * neighbour table. Switching stays inside a network, and the source's
- * address was placed at the sending node (foreign_source, by the host
- * routes of its Neighbor). No flow is tracked; a Service endpoint's answer
+ * address was placed at the sending node (l2_foreign_source). No flow is tracked; a Service endpoint's answer
  * to a translated flow leaves from the VIP (l2_unnat). */
 static __noinline int l2_decap(struct __sk_buff *skb, struct pkt *p, __u32 net_id, __u32 ifindex, __u8 *macs)
 {
@@ -761,7 +781,9 @@ static __noinline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 	if (parse_ip(skb, inner_proto, ETH_HLEN + sizeof(struct ipv6hdr), &p))
 		return drop(DROP_DECAP_TRUNCATED);
 
-	if (foreign_source(src_net, &p, &outer->saddr))
+	/* A switched packet's source is judged by the l2 tables (l2_decap):
+	 * its Neighbor's MAC lives at the sending node. */
+	if (l2 ? l2_foreign_source(net_id, &p, (const __u8 *)&outer->saddr) : foreign_source(src_net, &p, &outer->saddr))
 		return drop(DROP_DECAP_FOREIGN);
 	if (frag_track(&p, src_net, net_id))
 		return drop(DROP_FRAG_NO_FIRST);

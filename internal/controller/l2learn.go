@@ -51,6 +51,7 @@ const (
 	ReasonLearnedTaken = "LearnedAddressTaken"
 	ReasonLearnedLimit = "LearnedLimitReached"
 	ReasonMACFlapping  = "MACFlapping"
+	ReasonMACFrozen    = "MACFrozen"
 	ReasonThawed       = "Thawed"
 )
 
@@ -330,6 +331,8 @@ func (r *L2LearnReconciler) learnMAC(ctx context.Context, h holder, ne *lacev1.N
 		return "", "", false, 0, nil // the holder's claim is newer
 	}
 	if thawAfter > 0 {
+		r.Recorder.Eventf(ne, corev1.EventTypeWarning, ReasonMACFrozen, "MAC %s of network %s is frozen at node %s until %s: not moved here",
+			b.mac, network, cur.Spec.Node, cur.Annotations[lacev1.AnnotationFrozenUntil])
 		return "", "", false, thawAfter, nil
 	}
 	next := cur.DeepCopy()
@@ -441,7 +444,7 @@ func (r *L2LearnReconciler) learnAddress(ctx context.Context, h holder, claim st
 	next.Spec.MAC, next.Spec.Publisher = lacev1.MACAddress(b.mac.String()), ne.Spec.Node
 	next.Spec.Sequence = max(cur.Spec.Sequence, b.seq)
 	froze := !sameMAC && r.moved(next, h)
-	if err := r.Client.Update(ctx, next); err != nil {
+	if err := r.Client.Patch(ctx, next, client.MergeFromWithOptions(&cur, client.MergeFromWithOptimisticLock{})); err != nil {
 		return "", false, 0, fmt.Errorf("move learned address %s of network %s to %s: %w", b.addr, network, h.key, err)
 	}
 	if froze {

@@ -154,4 +154,29 @@ func TestProgL2LearnedFromNode(t *testing.T) {
 	if ret != actRedirect || !bytesEqual(out[0:6], guest) || !bytesEqual(out[6:12], l2MACC) {
 		t.Fatalf("verdict %d, frame % x: want a redirect to %s from %s", ret, out[:14], guest, l2MACC)
 	}
+	// A source learned on the peer node (no view routes it) is placed
+	// there by its Neighbor and FDB entry: taken from that node only.
+	remoteGuest := net.HardwareAddr{0x52, 0x54, 0, 0x12, 0x34, 0x57}
+	remote4 := netip.MustParseAddr("10.70.1.201")
+	if err := d.SyncL2Cluster([]L2Neighbor{{NetID: progNet, Addr: l2C4, MAC: l2MACC}, {NetID: progNet, Addr: remote4, MAC: remoteGuest}},
+		[]FDBEntry{{NetID: progNet, MAC: l2MACC, SID: SID(progOther, BehaviourL2IP, progNet, progNet)},
+			{NetID: progNet, MAC: remoteGuest, SID: SID(progOther, BehaviourL2IP, progNet, progNet)}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	fromRemote := srv6(progPeerV6, SID(progLocator, BehaviourL2IP, progNet, progNet), ipv4(remote4, l2A4, 17, udp(1000, 7)), true)
+	onlyDrop(t, d, "", func() {
+		if ret, out = runUnderlay(t, d, fromRemote); ret != actRedirect || !bytesEqual(out[6:12], remoteGuest) {
+			t.Errorf("from a learned source on the peer: verdict %d, frame % x", ret, out[:14])
+		}
+	})
+	if err := d.SyncL2Cluster([]L2Neighbor{{NetID: progNet, Addr: l2C4, MAC: l2MACC}, {NetID: progNet, Addr: remote4, MAC: remoteGuest}},
+		[]FDBEntry{{NetID: progNet, MAC: l2MACC, SID: SID(progOther, BehaviourL2IP, progNet, progNet)},
+			{NetID: progNet, MAC: remoteGuest, SID: SID(netip.MustParsePrefix("fd1a:ce:0:3::/64"), BehaviourL2IP, progNet, progNet)}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	onlyDrop(t, d, "decap-foreign-source", func() {
+		if ret, _ := runUnderlay(t, d, fromRemote); ret != actShot {
+			t.Errorf("from a source whose MAC lives on a third node: verdict %d, want drop", ret)
+		}
+	})
 }

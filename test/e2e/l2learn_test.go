@@ -7,8 +7,13 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -245,4 +250,101 @@ func TestL2LearnsStaticGuest(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestL2FlappingMACFrozen: two guests with the same MAC (a duplicate, or a
+// loop) behind pods on two nodes of a learning network both speak: the
+// MAC moves between the nodes with rising sequences until its fifth move,
+// then it is frozen where it is (condition Frozen on its FDBEntry, Warning
+// MACFlapping Events on it and on the endpoint) and stops moving.
+func TestL2FlappingMACFrozen(t *testing.T) {
+	needLab(t)
+	c := laceClient(t)
+	ctx := context.Background()
+	l2Network(t, c, "flap", "10.70.0.0/24", "fd00:70::/64")
+	setLearning(t, c, "flap", true)
+	one := netPod(t, "flap-1", "flap", "n1", true)
+	two := netPod(t, "flap-2", "flap", "n2", true)
+	peer := netPod(t, "flap-peer", "flap", "n3", true)
+	mac := net.HardwareAddr{0x52, 0x54, 0x00, 0x70, 0x00, 0x01}
+	guests := []string{
+		staticGuest(t, podNetNS(t, one), mac, netip.MustParsePrefix("10.70.0.210/24")),
+		staticGuest(t, podNetNS(t, two), mac, netip.MustParsePrefix("10.70.0.211/24")),
+	}
+	peer4, _ := podAddrs(peer)
+	speak := func() {
+		for _, g := range guests {
+			_ = netutil.Do(g, func() error {
+				conn, err := net.DialTimeout("udp", net.JoinHostPort(peer4.String(), "8081"), time.Second)
+				if err == nil {
+					_, _ = conn.Write([]byte("hostname"))
+					conn.Close()
+				}
+				return nil
+			})
+		}
+	}
+	name := ipam.FDBEntryName("flap", mac)
+	var f lacev1.FDBEntry
+	eventually(t, 2*time.Minute, "the duplicate MAC frozen", func() error {
+		speak()
+		if err := c.Get(ctx, crKey(name), &f); err != nil {
+			return err
+		}
+		if !meta.IsStatusConditionTrue(f.Status.Conditions, lacev1.ConditionFrozen) {
+			return fmt.Errorf("at %s, sequence %d, not frozen", f.Spec.Node, f.Spec.Sequence)
+		}
+		return nil
+	})
+	if f.Spec.Sequence < 5 || !f.Spec.Learned {
+		t.Errorf("frozen at sequence %d (learned %v): want the fifth move's", f.Spec.Sequence, f.Spec.Learned)
+	}
+	eventually(t, 30*time.Second, "Warning MACFlapping on the FDBEntry", func() error {
+		evs, err := client.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+		if err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if e.Reason == "MACFlapping" && e.Type == corev1.EventTypeWarning && strings.Contains(e.Message, mac.String()) {
+				return nil
+			}
+		}
+		return fmt.Errorf("no MACFlapping Event among %d", len(evs.Items))
+	})
+	// Frozen: both guests keep speaking and the MAC stays where it is.
+	// The other node's reports reach lace-controller (the rounds below
+	// wait for one), which refuses them.
+	frozenAt, seq := f.Spec.Node, f.Spec.Sequence
+	other := map[string]string{"n1": "flap-2", "n2": "flap-1"}[frozenAt]
+	eventually(t, 30*time.Second, "the other endpoint claiming the frozen MAC again", func() error {
+		speak()
+		var ne lacev1.NetworkEndpoint
+		if err := c.Get(ctx, crclient.ObjectKey{Namespace: "default", Name: other}, &ne); err != nil {
+			return err
+		}
+		for _, b := range ne.Spec.Learned {
+			if string(b.MAC) == mac.String() && b.Sequence > seq {
+				return nil
+			}
+		}
+		return fmt.Errorf("no claim above sequence %d in %v", seq, ne.Spec.Learned)
+	})
+	eventually(t, 30*time.Second, "the claim refused: Warning MACFrozen on "+other, func() error {
+		evs, err := client.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + other})
+		if err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if e.Reason == "MACFrozen" && strings.Contains(e.Message, mac.String()) {
+				return nil
+			}
+		}
+		return fmt.Errorf("no MACFrozen Event among %d", len(evs.Items))
+	})
+	if err := c.Get(ctx, crKey(name), &f); err != nil {
+		t.Fatal(err)
+	}
+	if f.Spec.Node != frozenAt || f.Spec.Sequence != seq {
+		t.Errorf("the frozen MAC moved to %s (sequence %d), was at %s (%d)", f.Spec.Node, f.Spec.Sequence, frozenAt, seq)
+	}
 }
