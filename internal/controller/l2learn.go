@@ -499,13 +499,19 @@ func frozenFor(o client.Object, now time.Time) time.Duration {
 	return until.Sub(now)
 }
 
-// thaw ends f's freeze once it is over (condition Frozen False); it
-// returns how long f stays frozen.
+// thaw ends f's freeze once it is over (condition Frozen False), and
+// reports a freeze whose condition a failed write left out; it returns
+// how long f stays frozen.
 func (r *L2LearnReconciler) thaw(ctx context.Context, f *lacev1.FDBEntry) (time.Duration, error) {
+	c := meta.FindStatusCondition(f.Status.Conditions, lacev1.ConditionFrozen)
 	if d := frozenFor(f, r.now()); d > 0 {
+		if c == nil || c.Status != metav1.ConditionTrue {
+			msg := fmt.Sprintf("MAC %s of network %s moved %d times within %s: frozen at node %s until %s",
+				f.Spec.MAC, f.Spec.Network, maxMoves, moveWindow, f.Spec.Node, f.Annotations[lacev1.AnnotationFrozenUntil])
+			return d, r.setFrozen(ctx, f, metav1.ConditionTrue, ReasonMACFlapping, msg)
+		}
 		return d, nil
 	}
-	c := meta.FindStatusCondition(f.Status.Conditions, lacev1.ConditionFrozen)
 	if c == nil || c.Status != metav1.ConditionTrue {
 		return 0, nil
 	}
