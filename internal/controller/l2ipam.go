@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -108,15 +109,18 @@ func (r *L2AddressReconciler) SetupWithManager(mgr ctrl.Manager) error {
 
 // notLearned passes the Neighbors and FDBEntries lace-controller
 // assigned.
-var notLearned = predicate.NewPredicateFuncs(func(o client.Object) bool {
+var notLearned = predicate.NewPredicateFuncs(func(o client.Object) bool { return !isLearned(o) })
+
+// isLearned tells whether o is a learned Neighbor or FDBEntry.
+func isLearned(o runtime.Object) bool {
 	switch x := o.(type) {
 	case *lacev1.Neighbor:
-		return !x.Spec.Learned
+		return x.Spec.Learned
 	case *lacev1.FDBEntry:
-		return !x.Spec.Learned
+		return x.Spec.Learned
 	}
-	return true
-})
+	return false
+}
 
 // toHolder maps a Neighbor or FDBEntry to the namespace/name in its
 // annotation key.
@@ -229,10 +233,7 @@ func parseRequest(pod *corev1.Pod, nw *lacev1.Network, claimed []string) (reques
 	}
 	if v := pod.Annotations[lacev1.AnnotationMACAddress]; v != "" {
 		m, err := net.ParseMAC(v)
-		// 0a:58-0a:5a are what the IPAM derives (ipam.L2MAC, the gateway):
-		// asking for them would squat on the addresses they derive from.
-		if err != nil || len(m) != 6 || m[0]&1 != 0 || m.String() == "00:00:00:00:00:00" ||
-			(m[0] == 0x0a && m[1] >= 0x58 && m[1] <= 0x5a) {
+		if err != nil || !ipam.L2Claimable(m) {
 			return rq, &refusal{ReasonInvalidRequest, fmt.Sprintf("%q is not a MAC an endpoint may ask for (unicast, not zero, not 0a:58-0a:5a, which the IPAM derives)", v)}
 		}
 		rq.mac = m

@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -245,18 +246,14 @@ func (r *L2LearnReconciler) trusted(ctx context.Context, ne *lacev1.NetworkEndpo
 // the network's subnet of its family; one per MAC and per address, the
 // last written winning.
 func validBindings(ne *lacev1.NetworkEndpoint, nw *lacev1.Network) []learnedBinding {
-	gw := ipam.L2GatewayMAC(nw.Status.ID).String()
 	seenMAC, seenAddr := map[string]bool{}, map[netip.Addr]bool{}
 	var out []learnedBinding
 	for i := len(ne.Spec.Learned) - 1; i >= 0; i-- {
 		l := ne.Spec.Learned[i]
 		mac, err := net.ParseMAC(string(l.MAC))
-		// Never the gateway's, a multicast or zero MAC, nor one of the
-		// range the IPAM derives (0a:58-0a:5a) but the endpoint's own:
-		// holding those would keep the addresses they derive from
-		// unassignable.
-		derived := len(mac) == 6 && mac[0] == 0x0a && mac[1] >= 0x58 && mac[1] <= 0x5a && mac.String() != string(ne.Status.MAC)
-		if err != nil || len(mac) != 6 || mac[0]&1 != 0 || mac.String() == gw || mac.String() == "00:00:00:00:00:00" || derived {
+		// A MAC an endpoint may claim (not the gateway's, which the IPAM
+		// derives too), or the endpoint's own.
+		if err != nil || (mac.String() != string(ne.Status.MAC) && !ipam.L2Claimable(mac)) {
 			continue
 		}
 		b := learnedBinding{mac: mac, seq: l.Sequence}
@@ -295,7 +292,7 @@ func (r *L2LearnReconciler) learnMAC(ctx context.Context, h holder, ne *lacev1.N
 	var cur lacev1.FDBEntry
 	err := r.Client.Get(ctx, client.ObjectKey{Name: name}, &cur)
 	if apierrors.IsNotFound(err) {
-		if full, err := r.full(ctx, ne, "MAC "+b.mac.String()); err != nil || full {
+		if full, err := r.full(ctx, ne, &lacev1.FDBEntryList{}, "MAC "+b.mac.String()); err != nil || full {
 			return "", "", false, 0, err
 		}
 		f := h.fdbEntry(network, b.mac, ne.Spec.Node)
@@ -353,35 +350,23 @@ func (r *L2LearnReconciler) learnMAC(ctx context.Context, h holder, ne *lacev1.N
 }
 
 // full tells whether ne's network holds maxLearnedPerNetwork learned
-// objects of what's kind already (a Warning Event then).
-func (r *L2LearnReconciler) full(ctx context.Context, ne *lacev1.NetworkEndpoint, what string) (bool, error) {
-	var n int
-	sel := client.MatchingLabels{lacev1.LabelNetwork: ne.Spec.Network}
-	if strings.HasPrefix(what, "MAC") {
-		var l lacev1.FDBEntryList
-		if err := r.Client.List(ctx, &l, sel); err != nil {
-			return false, fmt.Errorf("list FDBEntries of network %s: %w", ne.Spec.Network, err)
-		}
-		for _, f := range l.Items {
-			if f.Spec.Learned {
-				n++
-			}
-		}
-	} else {
-		var l lacev1.NeighborList
-		if err := r.Client.List(ctx, &l, sel); err != nil {
-			return false, fmt.Errorf("list Neighbors of network %s: %w", ne.Spec.Network, err)
-		}
-		for _, x := range l.Items {
-			if x.Spec.Learned {
-				n++
-			}
-		}
+// objects of list's kind already (a Warning Event then, naming what, the
+// one refused).
+func (r *L2LearnReconciler) full(ctx context.Context, ne *lacev1.NetworkEndpoint, list client.ObjectList, what string) (bool, error) {
+	if err := r.Client.List(ctx, list, client.MatchingLabels{lacev1.LabelNetwork: ne.Spec.Network}); err != nil {
+		return false, fmt.Errorf("list the learned objects of network %s: %w", ne.Spec.Network, err)
 	}
+	n := 0
+	_ = meta.EachListItem(list, func(o runtime.Object) error {
+		if isLearned(o) {
+			n++
+		}
+		return nil
+	})
 	if n < maxLearnedPerNetwork {
 		return false, nil
 	}
-	r.Recorder.Eventf(ne, corev1.EventTypeWarning, ReasonLearnedLimit, "network %s holds %d learned %ss already: %s not learned", ne.Spec.Network, n, strings.Fields(what)[0], what)
+	r.Recorder.Eventf(ne, corev1.EventTypeWarning, ReasonLearnedLimit, "network %s holds %d learned objects of this kind already: %s not learned", ne.Spec.Network, n, what)
 	return true, nil
 }
 
@@ -395,7 +380,7 @@ func (r *L2LearnReconciler) learnAddress(ctx context.Context, h holder, claim st
 	var cur lacev1.Neighbor
 	err := r.Client.Get(ctx, client.ObjectKey{Name: name}, &cur)
 	if apierrors.IsNotFound(err) {
-		if full, err := r.full(ctx, ne, "address "+b.addr.String()); err != nil || full {
+		if full, err := r.full(ctx, ne, &lacev1.NeighborList{}, "address "+b.addr.String()); err != nil || full {
 			return "", false, 0, err
 		}
 		n := h.neighbor(network, b.addr, b.mac)

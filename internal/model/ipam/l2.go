@@ -81,6 +81,15 @@ func L2MAC(a netip.Addr, salt uint32) net.HardwareAddr {
 	return mac
 }
 
+// L2Claimable tells whether an endpoint may claim mac for itself (ask for
+// it, or have it learned): unicast, not zero, and outside 0a:58-0a:5a,
+// which the IPAM derives (L2MAC, L2GatewayMAC): holding one of those would
+// squat on the address it derives from.
+func L2Claimable(mac net.HardwareAddr) bool {
+	return len(mac) == 6 && mac[0]&1 == 0 && mac.String() != "00:00:00:00:00:00" &&
+		(mac[0] != 0x0a || mac[1] < 0x58 || mac[1] > 0x5a)
+}
+
 // L2GatewayMAC is the gateway's MAC in l2 network id, the same on every
 // node: 0a:5a and the network ID; never an endpoint's (L2MAC).
 func L2GatewayMAC(id int32) net.HardwareAddr {

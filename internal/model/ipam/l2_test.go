@@ -1,6 +1,7 @@
 package ipam
 
 import (
+	"net"
 	"net/netip"
 	"testing"
 )
@@ -61,5 +62,18 @@ func TestL2MACAndNames(t *testing.T) {
 	}
 	if n := FDBEntryName("storage", L2MAC(a, 0)); n != "storage.0a580a320005" {
 		t.Errorf("FDB name %s", n)
+	}
+}
+
+func TestL2Claimable(t *testing.T) {
+	for mac, want := range map[string]bool{
+		"52:54:00:12:34:56": true, "02:00:00:00:00:42": true, "0a:57:ff:00:00:01": true, "0a:5b:00:00:00:01": true,
+		"0a:58:0a:32:00:05": false, "0a:59:00:00:00:05": false, "0a:5a:00:00:00:07": false, // derived: endpoints', the gateway's
+		"01:00:5e:00:00:01": false, "ff:ff:ff:ff:ff:ff": false, "00:00:00:00:00:00": false,
+	} {
+		m, _ := net.ParseMAC(mac)
+		if got := L2Claimable(m); got != want {
+			t.Errorf("L2Claimable(%s) = %v, want %v", mac, got, want)
+		}
 	}
 }
