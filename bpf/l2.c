@@ -204,8 +204,13 @@ static __noinline int l2_flood_remote(struct __sk_buff *skb, __u32 net_id)
 	if (bpf_skb_load_bytes(skb, 0, &inner, sizeof(inner)))
 		return drop(DROP_ADJUST);
 	__u32 frame_len = skb->len;
-	if (bpf_skb_adjust_room(skb, sizeof(struct ipv6hdr) + ETH_HLEN, BPF_ADJ_ROOM_MAC,
-				BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 | BPF_F_ADJ_ROOM_ENCAP_L2_ETH | BPF_F_ADJ_ROOM_ENCAP_L2(ETH_HLEN)))
+	/* An announcement of a live migration (RARP, ARP) is no IP, which
+	 * bpf_skb_adjust_room refuses: room is made in front of it instead,
+	 * and it goes by clones only (bpf_redirect_neigh resolves for IP). */
+	int ip = inner.h_proto == bpf_htons(ETH_P_IP) || inner.h_proto == bpf_htons(ETH_P_IPV6);
+	if (ip ? bpf_skb_adjust_room(skb, sizeof(struct ipv6hdr) + ETH_HLEN, BPF_ADJ_ROOM_MAC,
+				     BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 | BPF_F_ADJ_ROOM_ENCAP_L2_ETH | BPF_F_ADJ_ROOM_ENCAP_L2(ETH_HLEN))
+	       : bpf_skb_change_head(skb, sizeof(struct ipv6hdr) + ETH_HLEN, 0))
 		return drop(DROP_ADJUST);
 	struct ipv6hdr outer = {.version = 6, .nexthdr = IPPROTO_ETHERNET, .hop_limit = 64,
 				.payload_len = bpf_htons(frame_len)};
@@ -235,7 +240,7 @@ static __noinline int l2_flood_remote(struct __sk_buff *skb, __u32 net_id)
 		if (bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, daddr), v->sid, 16, 0))
 			return drop(DROP_ADJUST);
 		long rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
-		if (rc == BPF_FIB_LKUP_RET_NO_NEIGH && !unresolved_if) {
+		if (rc == BPF_FIB_LKUP_RET_NO_NEIGH && !unresolved_if && ip) {
 			__builtin_memcpy(unresolved, v->sid, 16);
 			unresolved_if = fib.ifindex;
 			continue;
@@ -333,6 +338,52 @@ static __noinline int l2_unknown_mac(struct __sk_buff *skb, const struct l2_port
 	return l2_learn(skb->ingress_ifindex, pt->net_id, mac, family, addr);
 }
 
+/* l2_activate moves the MAC of entry f (key k) to its standby port, the
+ * port this frame came from: the live migration's VM runs here now. The
+ * agent hears of it (lace-controller publishes the move, sequence + 1);
+ * the other nodes follow the frame's announcement, or the VM's first frame
+ * to them (fdb_from_node). It tells whether the frame is an announcement
+ * and nothing else (QEMU's RARP, a gratuitous ARP, an unsolicited
+ * neighbour advertisement: broadcast or multicast, not IP data), which
+ * l2_announce carries to the other nodes. */
+static __noinline int l2_activate(struct __sk_buff *skb, const struct fdb_key *k, const struct fdb_val *f)
+{
+	__u32 seq = f->seq;
+	l2_move(k, f);
+	count(FWD_L2_ACTIVATED);
+	struct l2_learn_event *e = bpf_ringbuf_reserve(&lace_l2_learn, sizeof(*e), 0);
+	if (e) {
+		__builtin_memset(e, 0, sizeof(*e));
+		e->ifindex = skb->ingress_ifindex;
+		e->net_id = k->net_id;
+		__builtin_memcpy(e->mac, k->mac, 6);
+		e->kind = L2_EVENT_ACTIVATED;
+		e->seq = seq;
+		bpf_ringbuf_submit(e, 0);
+	}
+	struct ethhdr eth;
+	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) || !(eth.h_dest[0] & 1))
+		return 0;
+	if (eth.h_proto == bpf_htons(ETH_P_IP))
+		return 0;
+	if (eth.h_proto != bpf_htons(ETH_P_IPV6))
+		return 1;
+	__u8 nh, type;
+	return !bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, nexthdr), &nh, 1) && nh == IPPROTO_ICMPV6 &&
+	       !bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(struct ipv6hdr), &type, 1) && type == 136;
+}
+
+/* l2_announce carries an announcement to the other nodes with ports in
+ * the network (DT2M), which move the MAC here (l2_flood_in); it goes to no
+ * port: a peer learns nothing from it that its network does not answer. */
+static __noinline int l2_announce(struct __sk_buff *skb, __u32 net_id)
+{
+	int rc = l2_flood_remote(skb, net_id);
+	if (rc && rc != TC_ACT_REDIRECT)
+		return rc;
+	return rc ? rc : TC_ACT_SHOT;
+}
+
 SEC("tc")
 int from_l2(struct __sk_buff *skb)
 {
@@ -359,8 +410,15 @@ int from_l2(struct __sk_buff *skb)
 	struct fdb_key k = {.net_id = pt.net_id};
 	__builtin_memcpy(k.mac, eth->h_source, 6);
 	struct fdb_val *src = bpf_map_lookup_elem(&lace_fdb, &k);
-	if (!src || !(src->flags & FDB_LOCAL) || src->ifindex != ifindex)
-		return l2_unknown_mac(skb, &pt, k.mac, src ? src->flags : 0);
+	if (!src)
+		return l2_unknown_mac(skb, &pt, k.mac, 0);
+	if (fdb_port(&k, src) != ifindex) {
+		/* At its standby port: a live migration's VM, here now. */
+		if (!(src->flags & FDB_ALT) || src->alt_ifindex != ifindex || fdb_moved(&k, src))
+			return l2_unknown_mac(skb, &pt, k.mac, src->flags);
+		if (l2_activate(skb, &k, src))
+			return l2_announce(skb, pt.net_id);
+	}
 
 	__u16 proto = eth->h_proto;
 	int icmp = 0; /* an ICMP or ICMPv6 header right after the IP header */
@@ -410,15 +468,17 @@ int from_l2(struct __sk_buff *skb)
 		return drop(DROP_L2_NO_ROUTER);
 	}
 	/* Switched: an ICMP error only about what its receiver sent here. */
-	__u32 dflags = dst->flags, difindex = dst->ifindex;
+	__u32 difindex = fdb_port(&k, dst);
+	const __u8 *node = fdb_node(&k, dst);
 	__u8 dsid[16];
-	__builtin_memcpy(dsid, dst->sid, 16);
+	if (node)
+		__builtin_memcpy(dsid, node, 16);
 	if (icmp && l2_foreign_error(skb, ETH_HLEN, proto == bpf_htons(ETH_P_IP) ? LACE_FAMILY_V4 : LACE_FAMILY_V6))
 		return drop(DROP_ICMP_NOT_OURS);
-	if (dflags & FDB_REMOTE)
+	if (node)
 		return l2_to_node(skb, pt.net_id, k.mac, dsid);
 	/* A frame back to its own port is no switching. */
-	if (!(dflags & FDB_LOCAL) || difindex == ifindex)
+	if (!difindex || difindex == ifindex)
 		return drop(DROP_L2_UNKNOWN_DST);
 	return l2_to_port(skb, pt.net_id, difindex);
 }

@@ -638,7 +638,7 @@ static __noinline int l2_foreign_source(__u32 net_id, struct pkt *p, const __u8 
 	struct host_key hk = {.family = LACE_FAMILY_V6};
 	__builtin_memcpy(hk.addr, osrc, 16);
 	__u64 *loc = bpf_map_lookup_elem(&lace_node_locs, &hk);
-	return !f || !loc || !(f->flags & FDB_REMOTE) || !eq8(f->sid, loc);
+	return !f || !loc || !fdb_from_node(&fk, f, loc);
 }
 
 /* l2_decap delivers a switched frame of l2 network net_id that came as its
@@ -692,23 +692,27 @@ static __noinline int l2_flood_in(struct __sk_buff *skb, __u32 net_id, const __u
 		return drop(DROP_DECAP_TRUNCATED);
 	if (nexthdr != IPPROTO_ETHERNET)
 		return drop(DROP_DECAP_PROTO);
-	__u64 flags = BPF_F_ADJ_ROOM_NO_CSUM_RESET;
-	if (inner.h_proto == bpf_htons(ETH_P_IP))
-		flags |= LACE_ADJ_ROOM_DECAP_L3_IPV4;
-	else if (inner.h_proto == bpf_htons(ETH_P_IPV6))
-		flags |= LACE_ADJ_ROOM_DECAP_L3_IPV6;
-	else
-		return drop(DROP_DECAP_PROTO);
 	if (!(inner.h_dest[0] & 1))
 		return drop(DROP_DECAP_SID);
+	/* The source MAC lives at the sending node, or moves there: a live
+	 * migration's announcement (l2_announce) does that and nothing else. */
 	struct fdb_key fk = {.net_id = net_id};
 	__builtin_memcpy(fk.mac, inner.h_source, 6);
 	struct fdb_val *f = bpf_map_lookup_elem(&lace_fdb, &fk);
 	struct host_key hk = {.family = LACE_FAMILY_V6};
 	__builtin_memcpy(hk.addr, osrc, 16);
 	__u64 *loc = bpf_map_lookup_elem(&lace_node_locs, &hk);
-	if (!f || !loc || !(f->flags & FDB_REMOTE) || !eq8(f->sid, loc))
+	if (!f || !loc || !fdb_from_node(&fk, f, loc))
 		return drop(DROP_DECAP_FOREIGN);
+	__u64 flags = BPF_F_ADJ_ROOM_NO_CSUM_RESET;
+	if (inner.h_proto == bpf_htons(ETH_P_IP))
+		flags |= LACE_ADJ_ROOM_DECAP_L3_IPV4;
+	else if (inner.h_proto == bpf_htons(ETH_P_IPV6))
+		flags |= LACE_ADJ_ROOM_DECAP_L3_IPV6;
+	else if (inner.h_proto == bpf_htons(ETH_P_ARP_) || inner.h_proto == bpf_htons(ETH_P_RARP_))
+		return TC_ACT_SHOT; /* an announcement: done */
+	else
+		return drop(DROP_DECAP_PROTO);
 	/* The frame's IP source is its MAC's own address (the sending port's,
 	 * as from_l2 checked there), and no neighbour discovery rides along:
 	 * a multicast advertisement would move every port's neighbour entry

@@ -31,6 +31,26 @@ type NetworkEndpointSpec struct {
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=16
 	Learned []LearnedBinding `json:"learned,omitempty"`
+	// Activated is written by the pod's node when the VM of a live
+	// migration showed up at this pod's port (its first frame, or its
+	// announcement: RARP, gratuitous ARP, unsolicited neighbour
+	// advertisement) while its MAC lived on another node. lace-controller
+	// then moves the MAC's FDBEntry here, with its sequence one higher.
+	// +optional
+	Activated *L2Activation `json:"activated,omitempty"`
+}
+
+// L2Activation is a MAC that showed up at its standby port.
+type L2Activation struct {
+	// MAC is the MAC that showed up.
+	// +required
+	MAC MACAddress `json:"mac"`
+	// Sequence is the low 32 bits of the MAC's FDBEntry sequence the node
+	// held when it showed up: a later move makes it stale.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=4294967295
+	Sequence int64 `json:"sequence,omitempty"`
 }
 
 // LearnedBinding is a MAC, and an address bound to it, that a port sent.
@@ -183,6 +203,14 @@ type FDBEntrySpec struct {
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=1099511627776
 	Sequence int64 `json:"sequence,omitempty"`
+	// Standby is another node where the MAC may show up next: a live
+	// migration's target, running a second pod of the MAC's IPAMClaim.
+	// Every node moves the MAC there the moment it shows up there (the
+	// target's announcement, or the VM's first frame), before this object
+	// says so.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Standby string `json:"standby,omitempty"`
 	// Learned is true when the location was learned from traffic.
 	// +optional
 	Learned bool `json:"learned,omitempty"`
@@ -216,6 +244,7 @@ const ConditionFrozen = "Frozen"
 // +kubebuilder:printcolumn:name="MAC",type=string,JSONPath=`.spec.mac`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.node`
 // +kubebuilder:printcolumn:name="Sequence",type=integer,JSONPath=`.spec.sequence`
+// +kubebuilder:printcolumn:name="Standby",type=string,JSONPath=`.spec.standby`,priority=1
 // +kubebuilder:printcolumn:name="Learned",type=boolean,JSONPath=`.spec.learned`
 // +kubebuilder:printcolumn:name="Publisher",type=string,JSONPath=`.spec.publisher`
 // +kubebuilder:printcolumn:name="Frozen",type=string,JSONPath=`.status.conditions[?(@.type=="Frozen")].status`

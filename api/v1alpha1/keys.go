@@ -56,6 +56,11 @@ const (
 	// Neighbor or FDBEntry was allocated for (with LabelEndpointUID).
 	// Written and read by lace-controller; read by users.
 	AnnotationEndpoint = "lace-cni.io/endpoint"
+	// AnnotationStandbyEndpoint is, on an FDBEntry with spec.standby,
+	// "namespace/name" of the NetworkEndpoint of the pod there (a live
+	// migration's target): the standby goes with it. Written and read by
+	// lace-controller.
+	AnnotationStandbyEndpoint = "lace-cni.io/standby-endpoint"
 	// AnnotationMoves is, on a learned FDBEntry or Neighbor, the times
 	// (Unix milliseconds, comma-separated, newest last, at most 5) it
 	// moved between endpoints: lace-controller freezes one that moved 5

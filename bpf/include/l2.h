@@ -30,17 +30,23 @@ struct fdb_key {
 };
 
 struct fdb_val {
-	__u32 ifindex; /* FDB_LOCAL: the port's host side */
+	__u32 ifindex;     /* FDB_LOCAL: the port's host side */
 	__u32 flags;
-	__u32 seq;     /* the MAC's move sequence (RFC 7432 section 15) */
-	__u32 pad;
-	__u8 sid[16];  /* FDB_REMOTE: the node's SID for the network's frames */
+	__u32 seq;         /* the MAC's move sequence (RFC 7432 section 15), low 32 bits */
+	__u32 alt_ifindex; /* FDB_ALT: the standby port on this node, or 0 */
+	__u8 sid[16];      /* FDB_REMOTE: the node's SID for the network's frames */
+	__u8 alt_sid[16];  /* FDB_ALT, alt_ifindex 0: the standby node's SID */
 };
 #define FDB_LOCAL 1
 /* The anycast gateway's MAC, the same on every node: what is sent to it
  * is routed (from_pod). */
 #define FDB_GATEWAY 2
 #define FDB_REMOTE 4
+/* The MAC has a standby location (a live migration's target: a second pod
+ * of its IPAMClaim, which lace-controller published in its FDBEntry): it
+ * moves there, on this node's own authority, the moment it shows up there
+ * (lace_l2_moves). */
+#define FDB_ALT 8
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -57,6 +63,79 @@ struct {
 	__type(value, struct fdb_val);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lace_fdb SEC(".maps");
+
+/* The MACs that moved to their standby location (FDB_ALT), written by the
+ * data plane when the MAC appeared there: at the standby port itself
+ * (from_l2, the migrated VM's first frame or announcement) or in a frame
+ * from the standby node (decap: RFC 8986's End.DT2U learns the source).
+ * A move holds for the entry's sequence only: lace-controller publishing
+ * the move (sequence + 1) makes the entry say it itself. The agent deletes
+ * a move when the entry loses its standby. */
+struct l2_move_val {
+	__u32 seq;
+	__u32 pad;
+	__u64 at; /* ktime of the move */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct fdb_key);
+	__type(value, struct l2_move_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_l2_moves SEC(".maps");
+
+/* fdb_moved tells whether the MAC of entry f (key k) lives at its standby
+ * location now. */
+static __always_inline int fdb_moved(const struct fdb_key *k, const struct fdb_val *f)
+{
+	if (!(f->flags & FDB_ALT))
+		return 0;
+	struct l2_move_val *m = bpf_map_lookup_elem(&lace_l2_moves, k);
+	return m && m->seq == f->seq;
+}
+
+/* fdb_port is the port on this node the MAC of f lives at now (0: none). */
+static __always_inline __u32 fdb_port(const struct fdb_key *k, const struct fdb_val *f)
+{
+	if (fdb_moved(k, f))
+		return f->alt_ifindex;
+	return (f->flags & (FDB_LOCAL | FDB_GATEWAY)) == FDB_LOCAL ? f->ifindex : 0;
+}
+
+/* fdb_node is the SID of the node the MAC of f lives on now (NULL: this
+ * one, or the gateway). */
+static __always_inline const __u8 *fdb_node(const struct fdb_key *k, const struct fdb_val *f)
+{
+	if (fdb_moved(k, f))
+		return f->alt_ifindex ? 0 : f->alt_sid;
+	return (f->flags & FDB_REMOTE) ? f->sid : 0;
+}
+
+/* l2_move records that the MAC of f (key k) lives at its standby location
+ * from now on (for f's sequence). */
+static __always_inline void l2_move(const struct fdb_key *k, const struct fdb_val *f)
+{
+	struct l2_move_val m = {.seq = f->seq, .at = bpf_ktime_get_ns()};
+	bpf_map_update_elem(&lace_l2_moves, k, &m, BPF_ANY);
+}
+
+/* fdb_from_node tells whether the MAC of f (key k) lives on the node of
+ * locator loc: a frame from it there is the MAC's own. A MAC whose standby
+ * is that node moves there (the migrated VM's frame, or its node's
+ * announcement, came first). */
+static __always_inline int fdb_from_node(const struct fdb_key *k, const struct fdb_val *f, const void *loc)
+{
+	const __u8 *sid = fdb_node(k, f);
+	if (sid && eq8(sid, loc))
+		return 1;
+	if ((f->flags & FDB_ALT) && !f->alt_ifindex && eq8(f->alt_sid, loc) && !fdb_moved(k, f)) {
+		l2_move(k, f);
+		count(FWD_L2_MOVED);
+		return 1;
+	}
+	return 0;
+}
 
 /* Slot 0: from_pod, where a frame to the gateway MAC continues. The agent
  * sets it after loading both programs. */
@@ -247,9 +326,14 @@ struct l2_learn_event {
 	__u32 net_id;
 	__u8 mac[6];
 	__u8 family;
-	__u8 pad;
+	__u8 kind; /* L2_EVENT_* */
 	__u8 addr[16];
+	__u32 seq; /* L2_EVENT_ACTIVATED: the FDB entry's sequence */
 };
+/* A source to learn; a MAC that showed up at its standby port here (a live
+ * migration's target: lace-controller publishes the move). */
+#define L2_EVENT_LEARN 0
+#define L2_EVENT_ACTIVATED 1
 
 #define L2_LEARN_GAP_NS (50 * 1000 * 1000ULL)
 
@@ -284,9 +368,11 @@ static __always_inline __attribute__((unused)) int l2_learned_port(__u32 net_id,
 	struct fdb_key fk = {.net_id = net_id};
 	__builtin_memcpy(fk.mac, n->mac, 6);
 	struct fdb_val *f = bpf_map_lookup_elem(&lace_fdb, &fk);
-	if (!f || (f->flags & (FDB_LOCAL | FDB_GATEWAY)) != FDB_LOCAL)
+	if (!f)
 		return -1;
-	__u32 ifi = f->ifindex;
+	__u32 ifi = fdb_port(&fk, f);
+	if (!ifi)
+		return -1;
 	struct port_val *pv = bpf_map_lookup_elem(&lace_ports, &ifi);
 	if (!pv || !(pv->flags & PORT_L2_LEARN) || pv->net_id != net_id)
 		return -1;

@@ -122,7 +122,9 @@ enum fwd_counter {
 	FWD_L2_SWITCHED = 12, /* switched: an l2 frame delivered by destination MAC to a port on this node */
 	FWD_L2_ANSWERED = 13, /* l2-answered: an ARP request or neighbour solicitation of an l2 port answered from its network's neighbour table */
 	FWD_L2_FLOODED = 14, /* flooded: an l2 broadcast or multicast frame copied to its network's other ports on the node and to the other nodes with ports in it */
-	FWD_MAX = 15,
+	FWD_L2_ACTIVATED = 15, /* l2-activated: an l2 MAC showed up at its standby port on this node (a live migration's target): it lives here from now on, announced to the other nodes */
+	FWD_L2_MOVED = 16, /* l2-moved: a frame from the standby node of an l2 MAC (a live migration's target) moved the MAC there on this node */
+	FWD_MAX = 17,
 };
 
 /* skb->mark of what Lace's own encapsulation sends (encap_and_send):

@@ -10,6 +10,7 @@
 #include "lace.h"
 
 #define ETH_P_ARP_ 0x0806
+#define ETH_P_RARP_ 0x8035
 
 struct arp_eth4 {
 	__be16 htype;

@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/lace-cni/lace/internal/tables"
 )
 
@@ -27,6 +29,7 @@ const (
 	fdbLocal    = 1
 	fdbGateway  = 2
 	fdbRemote   = 4
+	fdbAlt      = 8
 	neighRouter = 1
 )
 
@@ -41,13 +44,63 @@ func l2NeighEntry(n L2Neighbor) (l2L2NeighKey, l2L2NeighVal) {
 
 func fdbEntry(e FDBEntry) (l2FdbKey, l2FdbVal) {
 	k := l2FdbKey{NetId: e.NetID, Mac: mac6(e.MAC)}
+	var v l2FdbVal
 	switch {
 	case e.Gateway:
 		return k, l2FdbVal{Flags: fdbGateway}
 	case e.IfIndex != 0:
-		return k, l2FdbVal{Flags: fdbLocal, Ifindex: e.IfIndex}
+		v = l2FdbVal{Flags: fdbLocal, Ifindex: e.IfIndex}
+	default:
+		v = l2FdbVal{Flags: fdbRemote, Sid: e.SID.As16()}
 	}
-	return k, l2FdbVal{Flags: fdbRemote, Sid: e.SID.As16()}
+	v.Seq = e.Seq
+	switch {
+	case e.StandbyIfIndex != 0 && e.IfIndex == 0:
+		v.Flags |= fdbAlt
+		v.AltIfindex = e.StandbyIfIndex
+	case e.StandbySID.Is6():
+		v.Flags |= fdbAlt
+		v.AltSid = e.StandbySID.As16()
+	}
+	return k, v
+}
+
+// mergeFDB is the FDB of w: the cluster's entries of the networks here,
+// the pods' ports over them (a MAC that just moved here is this node's
+// before the API says so), except where the cluster names a standby: a
+// MAC that lives here with a standby elsewhere keeps it, and a pod here
+// that is a MAC's standby (a live migration's target) is only that until
+// the MAC shows up at its port.
+func mergeFDB(w *l2Want, here map[uint32]bool) map[l2FdbKey]l2FdbVal {
+	cluster := make(map[l2FdbKey]FDBEntry, len(w.clusterFDB))
+	for _, e := range w.clusterFDB {
+		if here[e.NetID] {
+			cluster[l2FdbKey{NetId: e.NetID, Mac: mac6(e.MAC)}] = e
+		}
+	}
+	wf := make(map[l2FdbKey]l2FdbVal, len(w.localFDB)+len(w.clusterFDB))
+	for k, e := range cluster {
+		if !e.Here {
+			e.StandbyHere = false // its port, if any, is merged below
+			_, v := fdbEntry(e)
+			wf[k] = v
+		}
+	}
+	for _, l := range w.localFDB {
+		k := l2FdbKey{NetId: l.NetID, Mac: mac6(l.MAC)}
+		c, ok := cluster[k]
+		switch {
+		case ok && c.StandbyHere && l.IfIndex != 0:
+			c.StandbyIfIndex = l.IfIndex
+			_, wf[k] = fdbEntry(c)
+		case ok && c.Here && l.IfIndex != 0:
+			l.Seq, l.StandbySID = c.Seq, c.StandbySID
+			_, wf[k] = fdbEntry(l)
+		default:
+			_, wf[k] = fdbEntry(l)
+		}
+	}
+	return wf
 }
 
 // l2Want is the desired content of the l2 tables from each of their two
@@ -143,7 +196,7 @@ func checkL2(neigh []L2Neighbor, fdb []FDBEntry) error {
 		}
 	}
 	for _, e := range fdb {
-		if len(e.MAC) != 6 || (!e.Gateway && e.IfIndex == 0 && !e.SID.Is6()) {
+		if len(e.MAC) != 6 || (!e.Gateway && e.IfIndex == 0 && !e.SID.Is6() && !(e.Here && e.StandbySID.Is6())) {
 			return fmt.Errorf("fdb entry %v of network %d: invalid MAC, or neither port, gateway nor SID", e.MAC, e.NetID)
 		}
 	}
@@ -176,23 +229,14 @@ func (d *Datapath) syncL2() error {
 		k, v := l2NeighEntry(n)
 		wn[k] = v
 	}
-	wf := make(map[l2FdbKey]l2FdbVal, len(w.localFDB)+len(w.clusterFDB))
-	for _, e := range w.clusterFDB {
-		if here[e.NetID] {
-			k, v := fdbEntry(e)
-			wf[k] = v
-		}
-	}
-	for _, e := range w.localFDB {
-		k, v := fdbEntry(e)
-		wf[k] = v
-	}
+	wf := mergeFDB(w, here)
 	wNets, wFlood := floodTables(w)
 	if err := errors.Join(t.l2Neigh.known(), t.fdb.known(), t.l2Nets.known(), t.l2Flood.known()); err != nil {
 		return err
 	}
 	nPuts, nVals, nDels := t.l2Neigh.diff(wn, nil)
 	fPuts, fVals, fDels := t.fdb.diff(wf, nil)
+	stale := staleMoves(t.fdb.have, wf, append(fPuts, fDels...))
 	// A list's entries are written before its count grows and removed
 	// after it shrinks: the programs read entries below the count only.
 	cPuts, cVals, cDels := t.l2Nets.diff(wNets, nil)
@@ -206,12 +250,61 @@ func (d *Datapath) syncL2() error {
 		func() error { return t.l2Nets.put(cPuts, cVals) },
 		func() error { return t.l2Nets.del(cDels) },
 		func() error { return t.l2Flood.del(lDels) },
+		func() error { return d.forgetMoves(stale) },
 	} {
 		if err := step(); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// staleMoves are the keys among changed whose move (lace_l2_moves) the
+// new entry no longer stands behind: it lost its standby, or has another
+// standby or sequence. A stale move is never read (fdb_moved checks the
+// sequence), but a new standby of the same sequence and place must start
+// where the MAC lives, not where an aborted migration moved it.
+func staleMoves(have, want map[l2FdbKey]l2FdbVal, changed []l2FdbKey) []l2FdbKey {
+	var out []l2FdbKey
+	for _, k := range changed {
+		old, ok := have[k]
+		if !ok || old.Flags&fdbAlt == 0 {
+			continue
+		}
+		if v, ok := want[k]; !ok || v.Flags&fdbAlt == 0 || v.Seq != old.Seq || v.AltIfindex != old.AltIfindex || v.AltSid != old.AltSid {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// forgetMoves deletes the data plane's moves of keys.
+func (d *Datapath) forgetMoves(keys []l2FdbKey) error {
+	for _, k := range keys {
+		if err := d.l2.LaceL2Moves.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("forget the move of %v in network %d: %w", net.HardwareAddr(k.Mac[:]), k.NetId, err)
+		}
+	}
+	return nil
+}
+
+// L2Move is a MAC the data plane moved to its standby location.
+type L2Move struct {
+	NetID uint32
+	MAC   net.HardwareAddr
+	Seq   uint32
+}
+
+// L2Moves lists the data plane's moves (lace_l2_moves), current or stale.
+func (d *Datapath) L2Moves() ([]L2Move, error) {
+	var out []L2Move
+	var k l2FdbKey
+	var v l2L2MoveVal
+	it := d.l2.LaceL2Moves.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, L2Move{NetID: k.NetId, MAC: append(net.HardwareAddr(nil), k.Mac[:]...), Seq: v.Seq})
+	}
+	return out, it.Err()
 }
 
 // L2Neighbors lists the l2 neighbour tables as the kernel holds them.
@@ -235,9 +328,15 @@ func (d *Datapath) FDB() ([]FDBEntry, error) {
 	it := d.l2.LaceFdb.Iterate()
 	for it.Next(&k, &v) {
 		e := FDBEntry{NetID: k.NetId, MAC: append(net.HardwareAddr(nil), k.Mac[:]...),
-			IfIndex: v.Ifindex, Gateway: v.Flags&fdbGateway != 0}
+			IfIndex: v.Ifindex, Gateway: v.Flags&fdbGateway != 0, Seq: v.Seq}
 		if v.Flags&fdbRemote != 0 {
 			e.SID = netip.AddrFrom16(v.Sid)
+		}
+		if v.Flags&fdbAlt != 0 {
+			e.StandbyIfIndex = v.AltIfindex
+			if v.AltIfindex == 0 {
+				e.StandbySID = netip.AddrFrom16(v.AltSid)
+			}
 		}
 		out = append(out, e)
 	}

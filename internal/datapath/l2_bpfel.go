@@ -98,12 +98,13 @@ type l2FdbKey struct {
 }
 
 type l2FdbVal struct {
-	_       structs.HostLayout
-	Ifindex uint32
-	Flags   uint32
-	Seq     uint32
-	Pad     uint32
-	Sid     [16]uint8
+	_          structs.HostLayout
+	Ifindex    uint32
+	Flags      uint32
+	Seq        uint32
+	AltIfindex uint32
+	Sid        [16]uint8
+	AltSid     [16]uint8
 }
 
 type l2FragKey struct {
@@ -154,8 +155,16 @@ type l2L2LearnEvent struct {
 	NetId   uint32
 	Mac     [6]uint8
 	Family  uint8
-	Pad     uint8
+	Kind    uint8
 	Addr    [16]uint8
+	Seq     uint32
+}
+
+type l2L2MoveVal struct {
+	_   structs.HostLayout
+	Seq uint32
+	Pad uint32
+	At  uint64
 }
 
 type l2L2NeighKey struct {
@@ -315,6 +324,7 @@ const (
 	l2MapLaceL2Jump         = "lace_l2_jump"
 	l2MapLaceL2Learn        = "lace_l2_learn"
 	l2MapLaceL2LearnGap     = "lace_l2_learn_gap"
+	l2MapLaceL2Moves        = "lace_l2_moves"
 	l2MapLaceL2Neigh        = "lace_l2_neigh"
 	l2MapLaceL2Nets         = "lace_l2_nets"
 	l2MapLaceNetworks       = "lace_networks"
@@ -399,6 +409,7 @@ type l2MapSpecs struct {
 	LaceL2Jump        *ebpf.MapSpec `ebpf:"lace_l2_jump"`
 	LaceL2Learn       *ebpf.MapSpec `ebpf:"lace_l2_learn"`
 	LaceL2LearnGap    *ebpf.MapSpec `ebpf:"lace_l2_learn_gap"`
+	LaceL2Moves       *ebpf.MapSpec `ebpf:"lace_l2_moves"`
 	LaceL2Neigh       *ebpf.MapSpec `ebpf:"lace_l2_neigh"`
 	LaceL2Nets        *ebpf.MapSpec `ebpf:"lace_l2_nets"`
 	LaceNetworks      *ebpf.MapSpec `ebpf:"lace_networks"`
@@ -459,6 +470,7 @@ type l2Maps struct {
 	LaceL2Jump        *ebpf.Map `ebpf:"lace_l2_jump"`
 	LaceL2Learn       *ebpf.Map `ebpf:"lace_l2_learn"`
 	LaceL2LearnGap    *ebpf.Map `ebpf:"lace_l2_learn_gap"`
+	LaceL2Moves       *ebpf.Map `ebpf:"lace_l2_moves"`
 	LaceL2Neigh       *ebpf.Map `ebpf:"lace_l2_neigh"`
 	LaceL2Nets        *ebpf.Map `ebpf:"lace_l2_nets"`
 	LaceNetworks      *ebpf.Map `ebpf:"lace_networks"`
@@ -494,6 +506,7 @@ func (m *l2Maps) Close() error {
 		m.LaceL2Jump,
 		m.LaceL2Learn,
 		m.LaceL2LearnGap,
+		m.LaceL2Moves,
 		m.LaceL2Neigh,
 		m.LaceL2Nets,
 		m.LaceNetworks,

@@ -17,12 +17,21 @@ import (
 // L2Learned is a source an l2 port of a learning network sent that its
 // network did not know (bpf/include/l2.h, struct l2_learn_event): a MAC,
 // and the address sent from it when the frame had one.
+//
+// Activated: instead, the MAC showed up at port IfIndex, its standby (a
+// live migration's target), while its FDB entry had sequence Seq; the
+// data plane moved it there.
 type L2Learned struct {
-	IfIndex uint32
-	NetID   uint32
-	MAC     net.HardwareAddr
-	Addr    netip.Addr // invalid: the MAC alone
+	IfIndex   uint32
+	NetID     uint32
+	MAC       net.HardwareAddr
+	Addr      netip.Addr // invalid: the MAC alone
+	Activated bool
+	Seq       uint32
 }
+
+// l2_learn_event.kind (bpf/include/l2.h).
+const l2EventActivated = 1
 
 // ReadL2Learned hands each learning report of the data plane to f until
 // ctx ends. The program sends at most one per port every 50 ms; f runs on
@@ -52,7 +61,8 @@ func (d *Datapath) ReadL2Learned(ctx context.Context, f func(L2Learned)) error {
 		if err := binary.Read(bytes.NewReader(rec.RawSample), binary.NativeEndian, &ev); err != nil {
 			continue // a short record: nothing to learn from it
 		}
-		l := L2Learned{IfIndex: ev.Ifindex, NetID: ev.NetId, MAC: append(net.HardwareAddr(nil), ev.Mac[:]...)}
+		l := L2Learned{IfIndex: ev.Ifindex, NetID: ev.NetId, MAC: append(net.HardwareAddr(nil), ev.Mac[:]...),
+			Activated: ev.Kind == l2EventActivated, Seq: ev.Seq}
 		if ev.Family != 0 {
 			l.Addr = fromAddr16(ev.Family, ev.Addr)
 		}

@@ -27,6 +27,9 @@ var layoutVersions = map[string]uint32{
 	// 2: struct xlb_rev_val gained isn and flags (a reset ahead of a SYN
 	// given a port whose last flow may be half open at the endpoint).
 	"lace_xlb_rev": 2,
+	// 2: struct fdb_val gained alt_ifindex and alt_sid (a MAC's standby
+	// location, a live migration's target).
+	"lace_fdb": 2,
 }
 
 func init() {

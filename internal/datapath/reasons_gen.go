@@ -113,6 +113,8 @@ var ForwardCounters = []string{
 	"switched",
 	"l2-answered",
 	"flooded",
+	"l2-activated",
+	"l2-moved",
 }
 
 // ForwardMeanings say what the forwarding counters count, in the same order.
@@ -132,4 +134,6 @@ var ForwardMeanings = []string{
 	"an l2 frame delivered by destination MAC to a port on this node",
 	"an ARP request or neighbour solicitation of an l2 port answered from its network's neighbour table",
 	"an l2 broadcast or multicast frame copied to its network's other ports on the node and to the other nodes with ports in it",
+	"an l2 MAC showed up at its standby port on this node (a live migration's target): it lives here from now on, announced to the other nodes",
+	"a frame from the standby node of an l2 MAC (a live migration's target) moved the MAC there on this node",
 }

@@ -105,12 +105,13 @@ type underlayFdbKey struct {
 }
 
 type underlayFdbVal struct {
-	_       structs.HostLayout
-	Ifindex uint32
-	Flags   uint32
-	Seq     uint32
-	Pad     uint32
-	Sid     [16]uint8
+	_          structs.HostLayout
+	Ifindex    uint32
+	Flags      uint32
+	Seq        uint32
+	AltIfindex uint32
+	Sid        [16]uint8
+	AltSid     [16]uint8
 }
 
 type underlayFragKey struct {
@@ -153,6 +154,13 @@ type underlayL2FloodVal struct {
 	Ifindex uint32
 	Pad     uint32
 	Sid     [16]uint8
+}
+
+type underlayL2MoveVal struct {
+	_   structs.HostLayout
+	Seq uint32
+	Pad uint32
+	At  uint64
 }
 
 type underlayL2NeighKey struct {
@@ -341,6 +349,7 @@ const (
 	underlayMapLaceL2Jump         = "lace_l2_jump"
 	underlayMapLaceL2Learn        = "lace_l2_learn"
 	underlayMapLaceL2LearnGap     = "lace_l2_learn_gap"
+	underlayMapLaceL2Moves        = "lace_l2_moves"
 	underlayMapLaceL2Neigh        = "lace_l2_neigh"
 	underlayMapLaceL2Nets         = "lace_l2_nets"
 	underlayMapLaceNetworks       = "lace_networks"
@@ -429,6 +438,7 @@ type underlayMapSpecs struct {
 	LaceL2Jump        *ebpf.MapSpec `ebpf:"lace_l2_jump"`
 	LaceL2Learn       *ebpf.MapSpec `ebpf:"lace_l2_learn"`
 	LaceL2LearnGap    *ebpf.MapSpec `ebpf:"lace_l2_learn_gap"`
+	LaceL2Moves       *ebpf.MapSpec `ebpf:"lace_l2_moves"`
 	LaceL2Neigh       *ebpf.MapSpec `ebpf:"lace_l2_neigh"`
 	LaceL2Nets        *ebpf.MapSpec `ebpf:"lace_l2_nets"`
 	LaceNetworks      *ebpf.MapSpec `ebpf:"lace_networks"`
@@ -491,6 +501,7 @@ type underlayMaps struct {
 	LaceL2Jump        *ebpf.Map `ebpf:"lace_l2_jump"`
 	LaceL2Learn       *ebpf.Map `ebpf:"lace_l2_learn"`
 	LaceL2LearnGap    *ebpf.Map `ebpf:"lace_l2_learn_gap"`
+	LaceL2Moves       *ebpf.Map `ebpf:"lace_l2_moves"`
 	LaceL2Neigh       *ebpf.Map `ebpf:"lace_l2_neigh"`
 	LaceL2Nets        *ebpf.Map `ebpf:"lace_l2_nets"`
 	LaceNetworks      *ebpf.Map `ebpf:"lace_networks"`
@@ -528,6 +539,7 @@ func (m *underlayMaps) Close() error {
 		m.LaceL2Jump,
 		m.LaceL2Learn,
 		m.LaceL2LearnGap,
+		m.LaceL2Moves,
 		m.LaceL2Neigh,
 		m.LaceL2Nets,
 		m.LaceNetworks,

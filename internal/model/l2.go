@@ -21,6 +21,10 @@ type l2Place struct {
 	mac     net.HardwareAddr
 	node    string
 	learned bool
+	// seq and standby are its FDBEntry's: the move sequence, and the
+	// node a live migration's target runs on ("": none).
+	seq     uint32
+	standby string
 }
 
 // l2Located joins Neighbors and FDBEntries, in name order, skipping what is
@@ -52,7 +56,8 @@ func l2Located(in NodeInput) []l2Place {
 		if !ok || !sameHolder(&n, f) {
 			continue
 		}
-		out = append(out, l2Place{network: n.Spec.Network, addr: a.Unmap(), mac: mac, node: f.Spec.Node, learned: n.Spec.Learned})
+		out = append(out, l2Place{network: n.Spec.Network, addr: a.Unmap(), mac: mac, node: f.Spec.Node, learned: n.Spec.Learned,
+			seq: uint32(f.Spec.Sequence), standby: f.Spec.Standby})
 	}
 	return out
 }
@@ -127,14 +132,20 @@ func l2Tables(in NodeInput, located []l2Place, ids map[string]uint32, locators m
 			seenAddr[k] = true
 			neigh = append(neigh, tables.L2Neighbor{NetID: id, Addr: h.addr, MAC: h.mac})
 		}
-		loc, ok := locators[h.node]
-		if k := h.network + "/" + h.mac.String(); h.node != in.Node && ok && !seenMAC[k] {
-			seenMAC[k] = true
-			fdb = append(fdb, tables.FDBEntry{NetID: id, MAC: h.mac, SID: tables.SID(loc, tables.BehaviourL2IP, id, id)})
+		if k := h.network + "/" + h.mac.String(); !seenMAC[k] {
+			if e, ok := fdbEntryOf(h, in.Node, id, locators); ok {
+				seenMAC[k] = true
+				fdb = append(fdb, e)
+			}
 		}
-		if k := h.network + "/" + h.node; h.node != in.Node && ok && !seenNode[k] {
-			seenNode[k] = true
-			flood = append(flood, tables.L2FloodNode{NetID: id, SID: tables.SID(loc, tables.BehaviourL2Flood, id, id)})
+		// A live migration's target node hears the network's floods too:
+		// its VM may be there already.
+		for _, node := range []string{h.node, h.standby} {
+			loc, ok := locators[node]
+			if k := h.network + "/" + node; node != "" && node != in.Node && ok && !seenNode[k] {
+				seenNode[k] = true
+				flood = append(flood, tables.L2FloodNode{NetID: id, SID: tables.SID(loc, tables.BehaviourL2Flood, id, id)})
+			}
 		}
 	}
 	sort.Slice(neigh, func(i, j int) bool {
@@ -156,6 +167,30 @@ func l2Tables(in NodeInput, located []l2Place, ids map[string]uint32, locators m
 		return flood[i].SID.Less(flood[j].SID)
 	})
 	return neigh, fdb, flood
+}
+
+// fdbEntryOf is the cluster's FDB entry on node self for the MAC of h:
+// where it lives when that is another node, and its standby (a live
+// migration's target) when it has one, here or on another node.
+func fdbEntryOf(h l2Place, self string, id uint32, locators map[string]netip.Prefix) (tables.FDBEntry, bool) {
+	e := tables.FDBEntry{NetID: id, MAC: h.mac, Seq: h.seq}
+	if h.standby != "" && h.standby != h.node && !h.learned {
+		if h.standby == self {
+			e.StandbyHere = true
+		} else if loc, ok := locators[h.standby]; ok {
+			e.StandbySID = tables.SID(loc, tables.BehaviourL2IP, id, id)
+		}
+	}
+	if h.node == self {
+		e.Here = true
+		return e, e.StandbySID.IsValid()
+	}
+	loc, ok := locators[h.node]
+	if !ok {
+		return e, false
+	}
+	e.SID = tables.SID(loc, tables.BehaviourL2IP, id, id)
+	return e, true
 }
 
 // inSubnets tells whether a is in one of n's subnets (the controller gives

@@ -56,12 +56,28 @@ type L2Neighbor struct {
 // frame to MAC goes. One of IfIndex (a port on this node), Gateway (the
 // anycast gateway, routed) or SID (another node: the SID of the network
 // in its locator, whose behaviour byte the sender sets) is set.
+//
+// A MAC with a standby location (a live migration's target: a second pod
+// of its IPAMClaim on another node) carries it too, StandbyIfIndex (a port
+// here) or StandbySID (another node): the data plane moves the MAC there
+// when it shows up there, before the API says so. The node's sync gives
+// the cluster's view (SID or Here, StandbySID or StandbyHere); the ports
+// are the pods' (datapath merges both).
 type FDBEntry struct {
 	NetID   uint32
 	MAC     net.HardwareAddr
 	IfIndex uint32
 	Gateway bool
 	SID     netip.Addr
+	// Seq is the MAC's move sequence (its FDBEntry's, low 32 bits): a move
+	// the data plane made holds for that sequence only.
+	Seq            uint32
+	StandbyIfIndex uint32
+	StandbySID     netip.Addr
+	// Here: the MAC lives on this node (at its pod's port) and has a
+	// standby on another node. StandbyHere: its standby is this node's
+	// pod holding it.
+	Here, StandbyHere bool
 }
 
 // SID returns the SID of behaviour inside locator (a /64) for a packet of
