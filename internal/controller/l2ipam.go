@@ -96,6 +96,14 @@ func (r *L2AddressReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			}
 		}
 	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &lacev1.FDBEntry{}, standbyIndex, func(o client.Object) []string {
+		if k := o.GetAnnotations()[lacev1.AnnotationStandbyEndpoint]; k != "" {
+			return []string{k}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("index FDBEntries by standby: %w", err)
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("l2address").
 		For(&lacev1.NetworkEndpoint{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
@@ -103,6 +111,9 @@ func (r *L2AddressReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// never costs this one-worker allocator a reconcile.
 		Watches(&lacev1.Neighbor{}, toHolder(lacev1.AnnotationEndpoint), builder.WithPredicates(notLearned)).
 		Watches(&lacev1.FDBEntry{}, toHolder(lacev1.AnnotationEndpoint), builder.WithPredicates(notLearned)).
+		// A standby whose endpoint went while the controller was down is
+		// ended when it starts.
+		Watches(&lacev1.FDBEntry{}, toHolder(lacev1.AnnotationStandbyEndpoint), builder.WithPredicates(notLearned)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Complete(r)
 }
@@ -139,6 +150,9 @@ func (r *L2AddressReconciler) Reconcile(ctx context.Context, req reconcile.Reque
 	var ne lacev1.NetworkEndpoint
 	err := r.Client.Get(ctx, req.NamespacedName, &ne)
 	if apierrors.IsNotFound(err) || (err == nil && ne.DeletionTimestamp != nil) {
+		if err := dropStandby(ctx, r.Client, req.String()); err != nil {
+			return reconcile.Result{}, err
+		}
 		return reconcile.Result{}, release(ctx, r.Client, endpointIndex, req.String(), "")
 	}
 	if err != nil {
@@ -313,7 +327,7 @@ func (r *L2AddressReconciler) assign(ctx context.Context, ne *lacev1.NetworkEndp
 			addrs = append(addrs, a)
 		}
 	}
-	why, err := r.ensureFDB(ctx, h, ne, nw.Name, mac)
+	why, err := r.ensureFDB(ctx, &h, ne, nw.Name, mac)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -491,8 +505,10 @@ func (r *L2AddressReconciler) freeMAC(ctx context.Context, network string, a net
 var errNoFreeMAC = errors.New("no free MAC")
 
 // ensureFDB claims mac for h at ne's node; a claim's MAC follows the
-// pod that owns the claim, with its sequence one higher.
-func (r *L2AddressReconciler) ensureFDB(ctx context.Context, h holder, ne *lacev1.NetworkEndpoint, network string, mac net.HardwareAddr) (*refusal, error) {
+// pod that owns the claim, with its sequence one higher. Another pod of
+// the claim (a live migration's target) is the MAC's standby until its
+// VM shows up there (migrate.go), when it becomes the owner.
+func (r *L2AddressReconciler) ensureFDB(ctx context.Context, h *holder, ne *lacev1.NetworkEndpoint, network string, mac net.HardwareAddr) (*refusal, error) {
 	name := ipam.FDBEntryName(network, mac)
 	var cur lacev1.FDBEntry
 	err := r.Client.Get(ctx, client.ObjectKey{Name: name}, &cur)
@@ -527,16 +543,16 @@ func (r *L2AddressReconciler) ensureFDB(ctx context.Context, h holder, ne *lacev
 	if cur.Labels[h.label] != string(h.uid) {
 		return &refusal{ReasonAddressTaken, fmt.Sprintf("MAC %s of network %s is held by %s", mac, network, holderName(&cur))}, nil
 	}
-	if cur.Spec.Node == ne.Spec.Node || !h.owns(ne) {
+	if cur.Spec.Node == ne.Spec.Node {
 		return nil, nil
 	}
-	next := cur.DeepCopy()
-	next.Spec.Node, next.Spec.Sequence, next.Spec.Publisher = ne.Spec.Node, cur.Spec.Sequence+1, lacev1.PublisherController
-	if err := r.Client.Patch(ctx, next, client.MergeFromWithOptions(&cur, client.MergeFromWithOptimisticLock{})); err != nil {
-		return nil, fmt.Errorf("move MAC %s of network %s to node %s: %w", mac, network, ne.Spec.Node, err)
+	if !h.owns(ne) {
+		if !activated(ne, &cur) {
+			return nil, r.standBy(ctx, &cur, ne)
+		}
+		h.owner = ne.Name // its VM runs here now: the claim follows
 	}
-	log.FromContext(ctx).Info("moved an l2 MAC with its claim", "holder", h.key, "mac", mac, "from", cur.Spec.Node, "to", ne.Spec.Node, "sequence", next.Spec.Sequence)
-	return nil, nil
+	return nil, r.moveFDB(ctx, h, &cur, ne)
 }
 
 // macTaken refuses mac for h when another holds it as an assignment (a

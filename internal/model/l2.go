@@ -56,8 +56,11 @@ func l2Located(in NodeInput) []l2Place {
 		if !ok || !sameHolder(&n, f) {
 			continue
 		}
-		out = append(out, l2Place{network: n.Spec.Network, addr: a.Unmap(), mac: mac, node: f.Spec.Node, learned: n.Spec.Learned,
-			seq: uint32(f.Spec.Sequence), standby: f.Spec.Standby})
+		p := l2Place{network: n.Spec.Network, addr: a.Unmap(), mac: mac, node: f.Spec.Node, learned: n.Spec.Learned, seq: uint32(f.Spec.Sequence)}
+		if !f.Spec.Learned { // a learned MAC moves by the learning, never to a standby
+			p.standby = f.Spec.Standby
+		}
+		out = append(out, p)
 	}
 	return out
 }
@@ -174,7 +177,7 @@ func l2Tables(in NodeInput, located []l2Place, ids map[string]uint32, locators m
 // migration's target) when it has one, here or on another node.
 func fdbEntryOf(h l2Place, self string, id uint32, locators map[string]netip.Prefix) (tables.FDBEntry, bool) {
 	e := tables.FDBEntry{NetID: id, MAC: h.mac, Seq: h.seq}
-	if h.standby != "" && h.standby != h.node && !h.learned {
+	if h.standby != "" && h.standby != h.node {
 		if h.standby == self {
 			e.StandbyHere = true
 		} else if loc, ok := locators[h.standby]; ok {

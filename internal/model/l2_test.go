@@ -165,3 +165,55 @@ func TestL2Learning(t *testing.T) {
 		t.Errorf("learned MACs here %v, want %s", got, want)
 	}
 }
+
+// TestL2Standby: a MAC with a standby (a live migration's target) carries
+// it on every node: where it lives, the standby's SID; on the standby's
+// node, that its pod there is the standby; elsewhere, both. The standby's
+// node hears the network's floods. A learned MAC has no standby.
+func TestL2Standby(t *testing.T) {
+	nets := []lacev1.Network{l2("vms", nil, "10.50.0.0/24")}
+	nets[0].Status.ID = 5
+	underlays := append(append([]lacev1.UnderlayEndpoint(nil), testUnderlays...),
+		lacev1.UnderlayEndpoint{Spec: lacev1.UnderlayEndpointSpec{Node: "n3", Addresses: []lacev1.IPAddress{"fd00:30::13"}, Locator: "fd1a:ce:0:3::/64"}})
+	f := fdb("vms", "52:54:00:00:00:01", "n1")
+	f.Spec.Standby, f.Spec.Sequence = "n2", 4
+	learned := fdb("vms", "52:54:00:00:00:02", "n1")
+	learned.Spec.Standby, learned.Spec.Learned = "n2", true
+	in := NodeInput{Networks: nets, Underlays: underlays,
+		Neighbors:  []lacev1.Neighbor{nbr("vms", "10.50.0.2", "52:54:00:00:00:01"), nbr("vms", "10.50.0.3", "52:54:00:00:00:02")},
+		FDBEntries: []lacev1.FDBEntry{f, learned}}
+	for node, want := range map[string][]string{
+		"n1": {"52:54:00:00:00:01 here seq 4 standby fd1a:ce:0:2:400:5:0:5"},
+		"n2": {"52:54:00:00:00:01 at fd1a:ce:0:1:400:5:0:5 seq 4 standby here", "52:54:00:00:00:02 at fd1a:ce:0:1:400:5:0:5 seq 0"},
+		"n3": {"52:54:00:00:00:01 at fd1a:ce:0:1:400:5:0:5 seq 4 standby fd1a:ce:0:2:400:5:0:5", "52:54:00:00:00:02 at fd1a:ce:0:1:400:5:0:5 seq 0"},
+	} {
+		in.Node = node
+		st := ComputeNode(in)
+		var got []string
+		for _, e := range st.L2FDB {
+			s := e.MAC.String()
+			if e.Here {
+				s += " here"
+			} else {
+				s += " at " + e.SID.String()
+			}
+			s += fmt.Sprintf(" seq %d", e.Seq)
+			if e.StandbyHere {
+				s += " standby here"
+			} else if e.StandbySID.IsValid() {
+				s += " standby " + e.StandbySID.String()
+			}
+			got = append(got, s)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: fdb %v, want %v", node, got, want)
+		}
+		var flood []string
+		for _, fl := range st.L2Flood {
+			flood = append(flood, fl.SID.String())
+		}
+		if node == "n1" && !reflect.DeepEqual(flood, []string{"fd1a:ce:0:2:300:5:0:5"}) {
+			t.Errorf("n1 floods to %v, want the standby's node", flood)
+		}
+	}
+}

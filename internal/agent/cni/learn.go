@@ -140,6 +140,10 @@ func (s *Server) l2LocalEntries(eps []Endpoint) ([]datapath.L2Neighbor, []datapa
 // address (if any) is in the network's subnets; the rest is dropped
 // (the program's rate limit bounds how often this runs).
 func (s *Server) Learned(l datapath.L2Learned) {
+	if l.Activated {
+		s.activated(l)
+		return
+	}
 	var ep *Endpoint
 	for _, e := range s.cp.all() {
 		if e.Ready && !e.Deleting && e.L2 && uint32(e.HostIfIndex) == l.IfIndex && e.NetID == l.NetID {

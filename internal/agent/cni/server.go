@@ -403,7 +403,9 @@ func (s *Server) writeNetworkEndpoint(ctx context.Context, pod *corev1.Pod, e En
 	ne.Labels[lacev1.LabelNetwork], ne.Labels[lacev1.LabelNode] = e.Network, s.opts.NodeName
 	ne.OwnerReferences = []metav1.OwnerReference{owner}
 	if ne.Spec.Network == spec.Network {
-		spec.Learned = ne.Spec.Learned // the port's learned bindings stay (learn.go)
+		// The port's learned bindings and activation stay (learn.go,
+		// migrate.go).
+		spec.Learned, spec.Activated = ne.Spec.Learned, ne.Spec.Activated
 	}
 	ne.Spec = spec
 	return s.client.Update(ctx, ne)

@@ -1,0 +1,73 @@
+package cni
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/datapath"
+)
+
+// Live migration on l2 networks: a second pod of a VM's IPAMClaim (the
+// migration's target) gets the VM's addresses and MAC, and its port is
+// the MAC's standby (lace-controller names its node in the MAC's
+// FDBEntry). When the VM shows up there, the data plane moves the MAC to
+// the port at once and reports it (Learned, Activated); the agent records
+// the activation in the endpoint's spec.activated, and lace-controller
+// moves the FDBEntry here with its sequence one higher, which every node
+// then follows (the data plane's move holds until then).
+
+// activated records the data plane's report that the MAC of the endpoint
+// at port l.IfIndex showed up there. Off the ring reader's goroutine: an
+// API write must not hold up the reports behind it.
+func (s *Server) activated(l datapath.L2Learned) {
+	var ep *Endpoint
+	for _, e := range s.cp.all() {
+		if e.Ready && !e.Deleting && e.L2 && uint32(e.HostIfIndex) == l.IfIndex && e.NetID == l.NetID && e.PodMAC == l.MAC.String() {
+			ep = &e
+			break
+		}
+	}
+	if ep == nil {
+		return
+	}
+	key := types.NamespacedName{Namespace: ep.PodNS, Name: ep.PodName}
+	act := lacev1.L2Activation{MAC: lacev1.MACAddress(l.MAC.String()), Sequence: int64(l.Seq)}
+	s.log.Info("a migrated VM showed up at its standby port", "endpoint", key.String(), "mac", act.MAC, "sequence", l.Seq)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.recordActivation(ctx, key, act); err != nil {
+			s.log.Warn("record an l2 activation", "endpoint", key.String(), "error", err)
+		}
+	}()
+}
+
+// recordActivation writes act to the spec of endpoint key.
+func (s *Server) recordActivation(ctx context.Context, key types.NamespacedName, act lacev1.L2Activation) error {
+	for range 5 {
+		var ne lacev1.NetworkEndpoint
+		if err := s.client.Get(ctx, key, &ne); err != nil {
+			return fmt.Errorf("get NetworkEndpoint %s: %w", key, err)
+		}
+		if ne.Spec.Node != s.opts.NodeName || ne.DeletionTimestamp != nil {
+			return nil
+		}
+		if a := ne.Spec.Activated; a != nil && *a == act {
+			return nil
+		}
+		ne.Spec.Activated = &act
+		err := s.client.Update(ctx, &ne)
+		if !apierrors.IsConflict(err) {
+			if err != nil {
+				return fmt.Errorf("update NetworkEndpoint %s: %w", key, err)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("update NetworkEndpoint %s: conflicts", key)
+}
