@@ -338,16 +338,61 @@ static __noinline int l2_unknown_mac(struct __sk_buff *skb, const struct l2_port
 	return l2_learn(skb->ingress_ifindex, pt->net_id, mac, family, addr);
 }
 
-/* l2_activate moves the MAC of entry f (key k) to its standby port, the
- * port this frame came from: the live migration's VM runs here now. The
- * agent hears of it (lace-controller publishes the move, sequence + 1);
- * the other nodes follow the frame's announcement, or the VM's first frame
- * to them (fdb_from_node). It tells whether the frame is an announcement
- * and nothing else (QEMU's RARP, a gratuitous ARP, an unsolicited
- * neighbour advertisement: broadcast or multicast, not IP data), which
- * l2_announce carries to the other nodes. */
-static __noinline int l2_activate(struct __sk_buff *skb, const struct fdb_key *k, const struct fdb_val *f)
+/* What the first frame at a standby port is (l2_activate). */
+#define L2_STANDBY_DATA 0     /* the VM's data: it runs here now */
+#define L2_STANDBY_ANNOUNCE 1 /* the VM's announcement: carried to the other nodes */
+#define L2_STANDBY_NOT_YET 2  /* not the VM: dropped, nothing moves */
+
+/* l2_standby_frame says what the frame at standby port pt is. Only the VM
+ * moves the MAC: QEMU's RARP, a gratuitous ARP or an unsolicited
+ * neighbour advertisement of the port's own address, or IP from that
+ * address. What the target pod's own kernel sends with the MAC before the
+ * VM is there (duplicate address detection, router solicitations, MLD:
+ * from no address or a link-local one) is not it: the port carries
+ * nothing until then (OVN's activation-strategy=rarp). */
+static __always_inline int l2_standby_frame(struct __sk_buff *skb, const struct l2_port *pt, const struct ethhdr *eth)
 {
+	__u8 a[16];
+	if (eth->h_proto == bpf_htons(ETH_P_RARP_))
+		return L2_STANDBY_ANNOUNCE;
+	if (eth->h_proto == bpf_htons(ETH_P_ARP_)) {
+		/* A gratuitous ARP: sender and target address alike, its own. */
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + 14, a, 4) || bpf_skb_load_bytes(skb, ETH_HLEN + 24, a + 4, 4))
+			return L2_STANDBY_NOT_YET;
+		return (pt->flags & PORT_HAS_V4) && eq4(a, pt->ip4) && eq4(a + 4, pt->ip4) ? L2_STANDBY_ANNOUNCE : L2_STANDBY_NOT_YET;
+	}
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct iphdr, saddr), a, 4))
+			return L2_STANDBY_NOT_YET;
+		return (pt->flags & PORT_HAS_V4) && eq4(a, pt->ip4) ? L2_STANDBY_DATA : L2_STANDBY_NOT_YET;
+	}
+	if (eth->h_proto != bpf_htons(ETH_P_IPV6) || !(pt->flags & PORT_HAS_V6) ||
+	    bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, saddr), a, 16) || !eq16(a, pt->ip6))
+		return L2_STANDBY_NOT_YET;
+	__u8 nh, type;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, nexthdr), &nh, 1) || nh != IPPROTO_ICMPV6)
+		return L2_STANDBY_DATA;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(struct ipv6hdr), &type, 1))
+		return L2_STANDBY_NOT_YET;
+	if (type == 136)
+		return L2_STANDBY_ANNOUNCE;
+	return (type >= 130 && type <= 137) || type == 143 ? L2_STANDBY_NOT_YET : L2_STANDBY_DATA;
+}
+
+/* l2_activate moves the MAC of entry f (key k) to its standby port pt, the
+ * port this frame came from, when the frame is the VM's (l2_standby_frame):
+ * the live migration's VM runs here now. The agent hears of it
+ * (lace-controller publishes the move, sequence + 1); the other nodes
+ * follow the announcement (l2_announce), or the VM's first frame to them
+ * (fdb_from_node). It returns what the frame is. */
+static __noinline int l2_activate(struct __sk_buff *skb, const struct l2_port *pt, const struct fdb_key *k, const struct fdb_val *f)
+{
+	struct ethhdr eth;
+	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)))
+		return L2_STANDBY_NOT_YET;
+	int what = l2_standby_frame(skb, pt, &eth);
+	if (what == L2_STANDBY_NOT_YET)
+		return what;
 	__u32 seq = f->seq;
 	l2_move(k, f);
 	count(FWD_L2_ACTIVATED);
@@ -361,16 +406,7 @@ static __noinline int l2_activate(struct __sk_buff *skb, const struct fdb_key *k
 		e->seq = seq;
 		bpf_ringbuf_submit(e, 0);
 	}
-	struct ethhdr eth;
-	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) || !(eth.h_dest[0] & 1))
-		return 0;
-	if (eth.h_proto == bpf_htons(ETH_P_IP))
-		return 0;
-	if (eth.h_proto != bpf_htons(ETH_P_IPV6))
-		return 1;
-	__u8 nh, type;
-	return !bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, nexthdr), &nh, 1) && nh == IPPROTO_ICMPV6 &&
-	       !bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(struct ipv6hdr), &type, 1) && type == 136;
+	return what;
 }
 
 /* l2_announce carries an announcement to the other nodes with ports in
@@ -416,7 +452,10 @@ int from_l2(struct __sk_buff *skb)
 		/* At its standby port: a live migration's VM, here now. */
 		if (!(src->flags & FDB_ALT) || src->alt_ifindex != ifindex || fdb_moved(&k, src))
 			return l2_unknown_mac(skb, &pt, k.mac, src->flags);
-		if (l2_activate(skb, &k, src))
+		int what = l2_activate(skb, &pt, &k, src);
+		if (what == L2_STANDBY_NOT_YET)
+			return drop(DROP_L2_STANDBY);
+		if (what == L2_STANDBY_ANNOUNCE)
 			return l2_announce(skb, pt.net_id);
 	}
 

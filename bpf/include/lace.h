@@ -103,7 +103,8 @@ enum drop_reason {
 	DROP_L2_NOT_CARRIED = 40, /* l2-frame-not-carried: a frame to a MAC on another node that is not IP addressed to that MAC's own address (only those cross nodes yet) */
 	DROP_L2_FLOOD_NOT_CARRIED = 41, /* l2-flood-not-carried: a flooded frame too large to cross the fabric whole (segmentation offload): delivered on its node only */
 	DROP_L2_LEARNING = 42, /* l2-learning: a frame of a learning l2 port from a MAC or address its network does not know yet: reported for learning, dropped until it is published */
-	DROP_MAX = 43,
+	DROP_L2_STANDBY = 43, /* l2-standby: a frame at a live migration's target port before the VM showed up there (the target pod's own address configuration, never an announcement or the VM's data) */
+	DROP_MAX = 44,
 };
 
 enum fwd_counter {

@@ -114,7 +114,15 @@ func TestProgL2MigrationTarget(t *testing.T) {
 	go func() { done <- d.ReadL2Learned(ctx, func(l L2Learned) { events <- l }) }()
 	t.Cleanup(func() { cancel(); mustL2(t, <-done) })
 
+	// The target pod's own chatter with the MAC moves nothing.
 	var ret uint32
+	onlyDrop(t, d, "l2-standby", func() {
+		runL2(t, d, l2PortVM, fromMAC(l2VM, ether(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, 0x0800,
+			ipv4(netip.IPv4Unspecified(), netip.MustParseAddr("255.255.255.255"), 17, udp(68, 67)))))
+	})
+	if moves, err := d.L2Moves(); err != nil || len(moves) != 0 {
+		t.Fatalf("moves %v (%v) after the pod's own frame, want none", moves, err)
+	}
 	onlyForwarded(t, d, "l2-activated", func() {
 		onlyDrop(t, d, "no-underlay-route", func() { ret, out = runL2(t, d, l2PortVM, rarp(l2VM)) })
 	})
@@ -154,6 +162,20 @@ func TestProgL2MigrationTarget(t *testing.T) {
 	}
 	// A port that is no standby cannot take the MAC.
 	onlyDrop(t, d, "l2-spoofed-mac", func() { runL2(t, d, l2PortB, rarp(l2VM)) })
+	// The announcement lost, the VM's first data moves it, and goes on.
+	onlyForwarded(t, d, "l2-activated", func() {
+		onlyDrop(t, d, "", func() {
+			if ret, _ = runL2(t, d, l2PortVM, fromMAC(l2VM, ether(l2MACA, 0x0800, ipv4(l2VM4, l2A4, 17, udp(7, 1000))))); ret != actRedirect {
+				t.Errorf("the VM's first data frame: verdict %d, want switched to its destination", ret)
+			}
+		})
+	})
+	if e := vmFDB(t, d); e.Seq != 4 {
+		t.Fatalf("entry %+v", e)
+	}
+	if moves, err := d.L2Moves(); err != nil || len(moves) != 1 || moves[0].Seq != 4 {
+		t.Errorf("moves %v (%v), want the VM's at sequence 4", moves, err)
+	}
 }
 
 // TestProgL2MigrationFollower: a third node moves the VM's MAC to its

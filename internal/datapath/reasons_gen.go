@@ -47,6 +47,7 @@ var DropReasons = []string{
 	"l2-frame-not-carried",
 	"l2-flood-not-carried",
 	"l2-learning",
+	"l2-standby",
 }
 
 // DropMeanings say what the drop reasons count, in the same order.
@@ -94,6 +95,7 @@ var DropMeanings = []string{
 	"a frame to a MAC on another node that is not IP addressed to that MAC's own address (only those cross nodes yet)",
 	"a flooded frame too large to cross the fabric whole (segmentation offload): delivered on its node only",
 	"a frame of a learning l2 port from a MAC or address its network does not know yet: reported for learning, dropped until it is published",
+	"a frame at a live migration's target port before the VM showed up there (the target pod's own address configuration, never an announcement or the VM's data)",
 }
 
 // ForwardCounters name the counters, in the order of the C enum.
