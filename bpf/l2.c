@@ -345,8 +345,8 @@ static __noinline int l2_unknown_mac(struct __sk_buff *skb, const struct l2_port
 
 /* l2_standby_frame says what the frame at standby port pt is. Only the VM
  * moves the MAC: QEMU's RARP, a gratuitous ARP or an unsolicited
- * neighbour advertisement of the port's own address, or IP from that
- * address. What the target pod's own kernel sends with the MAC before the
+ * neighbour advertisement of the port's own address, or IP (an ARP
+ * request, a neighbour solicitation) from that address. What the target pod's own kernel sends with the MAC before the
  * VM is there (duplicate address detection, router solicitations, MLD:
  * from no address or a link-local one) is not it: the port carries
  * nothing until then (OVN's activation-strategy=rarp). */
@@ -356,10 +356,13 @@ static __always_inline int l2_standby_frame(struct __sk_buff *skb, const struct 
 	if (eth->h_proto == bpf_htons(ETH_P_RARP_))
 		return L2_STANDBY_ANNOUNCE;
 	if (eth->h_proto == bpf_htons(ETH_P_ARP_)) {
-		/* A gratuitous ARP: sender and target address alike, its own. */
-		if (bpf_skb_load_bytes(skb, ETH_HLEN + 14, a, 4) || bpf_skb_load_bytes(skb, ETH_HLEN + 24, a + 4, 4))
+		/* From its own address: a gratuitous ARP (sender and target
+		 * alike) announces, a request is the VM resolving a peer (its
+		 * link came up anew and its cache is empty). */
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + 14, a, 4) || bpf_skb_load_bytes(skb, ETH_HLEN + 24, a + 4, 4) ||
+		    !(pt->flags & PORT_HAS_V4) || !eq4(a, pt->ip4))
 			return L2_STANDBY_NOT_YET;
-		return (pt->flags & PORT_HAS_V4) && eq4(a, pt->ip4) && eq4(a + 4, pt->ip4) ? L2_STANDBY_ANNOUNCE : L2_STANDBY_NOT_YET;
+		return eq4(a + 4, pt->ip4) ? L2_STANDBY_ANNOUNCE : L2_STANDBY_DATA;
 	}
 	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
 		if (bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct iphdr, saddr), a, 4))
@@ -374,8 +377,12 @@ static __always_inline int l2_standby_frame(struct __sk_buff *skb, const struct 
 		return L2_STANDBY_DATA;
 	if (bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(struct ipv6hdr), &type, 1))
 		return L2_STANDBY_NOT_YET;
+	/* From its own address: an advertisement announces, a solicitation is
+	 * the VM resolving a peer; the rest of ND and MLD is any kernel's. */
 	if (type == 136)
 		return L2_STANDBY_ANNOUNCE;
+	if (type == 135)
+		return L2_STANDBY_DATA;
 	return (type >= 130 && type <= 137) || type == 143 ? L2_STANDBY_NOT_YET : L2_STANDBY_DATA;
 }
 

@@ -176,6 +176,21 @@ func TestProgL2MigrationTarget(t *testing.T) {
 	if moves, err := d.L2Moves(); err != nil || len(moves) != 1 || moves[0].Seq != 4 {
 		t.Errorf("moves %v (%v), want the VM's at sequence 4", moves, err)
 	}
+	// A VM whose link came up anew resolves its peer first: its ARP
+	// request from its own address moves it, and is answered.
+	syncMigrateCluster(t, d, FDBEntry{NetID: progNet, MAC: l2VM, SID: l2SID(progOther), Seq: 5, StandbyHere: true})
+	onlyDrop(t, d, "l2-standby", func() {
+		runL2(t, d, l2PortVM, fromMAC(l2VM, arpRequest(l2VM, netip.MustParseAddr("10.70.1.51"), l2A4)))
+	})
+	onlyForwarded(t, d, "l2-activated", func() {
+		onlyForwarded(t, d, "l2-answered", func() {
+			onlyDrop(t, d, "", func() {
+				if ret, _ = runL2(t, d, l2PortVM, fromMAC(l2VM, arpRequest(l2VM, l2VM4, l2A4))); ret != actRedirect {
+					t.Errorf("the VM's ARP request: verdict %d, want answered", ret)
+				}
+			})
+		})
+	})
 }
 
 // TestProgL2MigrationFollower: a third node moves the VM's MAC to its

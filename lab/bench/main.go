@@ -38,7 +38,8 @@ func main() {
 	dur := flag.Duration("duration", 3*time.Second, fmt.Sprintf("length of each throughput and latency run (each path runs %d rounds)", rounds))
 	pods := flag.Int("pods", 100, "pods for the CNI ADD latency run")
 	bin := flag.String("bin", "bin", "directory of the Lace binaries")
-	only := flag.String("only", "forwarding,l2,cni,services,failover", "benchmarks to run (comma separated)")
+	only := flag.String("only", "forwarding,l2,migration,cni,services,failover", "benchmarks to run (comma separated)")
+	migrationRounds := flag.Int("migration-rounds", 3, "live migrations each way (announced, announcement lost) of the migration benchmark")
 	failoverRounds := flag.Int("failover-rounds", 3, "rounds of the L2 failover benchmark")
 	labName := flag.String("lab", "", "run on this lab, which is up already (and stays up), instead of a new one")
 	var so svcOptions
@@ -63,8 +64,8 @@ func main() {
 	want := map[string]bool{}
 	for _, b := range strings.Split(*only, ",") {
 		b = strings.TrimSpace(b)
-		if b != "forwarding" && b != "cni" && b != "services" && b != "failover" && b != "l2" {
-			fmt.Fprintf(os.Stderr, "bench: --only: %q is not forwarding, l2, cni, services or failover\n", b)
+		if b != "forwarding" && b != "cni" && b != "services" && b != "failover" && b != "l2" && b != "migration" {
+			fmt.Fprintf(os.Stderr, "bench: --only: %q is not forwarding, l2, migration, cni, services or failover\n", b)
 			os.Exit(2)
 		}
 		want[b] = true
@@ -72,7 +73,7 @@ func main() {
 	// An interrupt cancels the run, so that the deferred cleanups (lab,
 	// peer namespaces) still happen.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, *bin, *labName, want, *dur, *pods, *failoverRounds, so)
+	err := run(ctx, *bin, *labName, want, *dur, *pods, *failoverRounds, *migrationRounds, so)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -80,7 +81,7 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, bin, name string, want map[string]bool, dur time.Duration, pods, failoverRounds int, so svcOptions) error {
+func run(ctx context.Context, bin, name string, want map[string]bool, dur time.Duration, pods, failoverRounds, migrationRounds int, so svcOptions) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("the benchmark needs root (network namespaces, eBPF)")
 	}
@@ -90,7 +91,12 @@ func run(ctx context.Context, bin, name string, want map[string]bool, dur time.D
 		_, _ = rand.Read(suffix)
 		name = "bench" + hex.EncodeToString(suffix)
 		labBin := filepath.Join(bin, "lace-lab")
-		up := exec.Command(labBin, "up", "--name", name, "--nodes", "2", "--zones", "1", "--dns=false")
+		// A live migration needs a third node: the VM's peer.
+		nodes := "2"
+		if want["migration"] {
+			nodes = "3"
+		}
+		up := exec.Command(labBin, "up", "--name", name, "--nodes", nodes, "--zones", "1", "--dns=false")
 		up.Stdout, up.Stderr = os.Stderr, os.Stderr
 		// Down even when up fails half-way; it removes what exists.
 		defer func() {
@@ -110,6 +116,11 @@ func run(ctx context.Context, bin, name string, want map[string]bool, dur time.D
 	}
 	if want["l2"] {
 		if err := benchL2(ctx, name, dur); err != nil {
+			return err
+		}
+	}
+	if want["migration"] {
+		if err := benchMigration(ctx, name, migrationRounds); err != nil {
 			return err
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -16,7 +15,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -68,23 +66,12 @@ func staticGuest(t *testing.T, podNS string, mac net.HardwareAddr, addrs ...neti
 // path that enters it and the open file.
 func anonNetNS(t *testing.T) (string, *os.File) {
 	t.Helper()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
+	path, f, err := netutil.NewAnonNS()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer orig.Close()
-	ns, err := netns.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := netns.Set(orig); err != nil {
-		panic(fmt.Sprintf("return to the test's network namespace: %v", err))
-	}
-	f := os.NewFile(uintptr(ns), "guest-netns")
 	t.Cleanup(func() { f.Close() })
-	return fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), f.Fd()), f
+	return path, f
 }
 
 // setLearning turns learning of l2 network name on or off.
