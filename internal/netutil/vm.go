@@ -1,6 +1,7 @@
 package netutil
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -13,8 +14,9 @@ import (
 
 // What the lab needs to stand in for a virtual machine behind its pod
 // (lab/vmsim): a namespace of its own for the guest, the pod's side as
-// KubeVirt's bridge binding leaves it, and the guest's link moving between
-// pods as a live migration moves the VM.
+// KubeVirt's bridge binding leaves it, and a wire that joins the guest's
+// link to one pod's tap at a time, switched as a live migration switches
+// the VM's NIC from one host's tap to another's.
 
 // NewAnonNS makes a network namespace of no name (no mount anywhere: the
 // root namespace's mounts stay as they were), with its loopback up. It
@@ -91,32 +93,55 @@ func BindBridge(nsPath, link, bridge string, mac net.HardwareAddr) (int, error) 
 	return mtu, err
 }
 
-// MoveLink moves link from the namespace at fromNS into the one at toNS,
-// where it joins bridge master and comes up.
-func MoveLink(fromNS, link, toNS, master string) error {
-	target, err := netns.GetFromPath(toNS)
-	if err != nil {
-		return fmt.Errorf("open netns %s: %w", toNS, err)
-	}
-	defer target.Close()
-	if err := withLink(fromNS, link, func(n *NS, l netlink.Link) error {
-		if err := n.h.LinkSetNsFd(l, int(target)); err != nil {
-			return fmt.Errorf("move %s to %s: %w", link, toNS, err)
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
-	return withLink(toNS, link, func(n *NS, l netlink.Link) error {
-		_, br, err := n.Link(master)
+// Patch joins links a and b of the namespace at nsPath as one wire: what
+// arrives on either leaves on the other (tc mirred, no bridge, no link
+// going down), replacing whatever either was joined to.
+func Patch(nsPath, a, b string) error {
+	for _, p := range [][2]string{{a, b}, {b, a}} {
+		to, err := GetLink(nsPath, p[1])
 		if err != nil {
 			return err
 		}
-		if err := n.h.LinkSetMaster(l, br); err != nil {
-			return fmt.Errorf("attach %s to %s: %w", link, master, err)
+		err = withLink(nsPath, p[0], func(n *NS, l netlink.Link) error {
+			q := &netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: l.Attrs().Index,
+				Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}, QdiscType: "clsact"}
+			if err := n.h.QdiscAdd(q); err != nil && !errors.Is(err, unix.EEXIST) {
+				return fmt.Errorf("add clsact to %s: %w", p[0], err)
+			}
+			// u32 with no key matches everything (matchall is not built
+			// into every kernel); its handle 800::800 makes a second
+			// Patch replace the filter in place.
+			f := &netlink.U32{FilterAttrs: netlink.FilterAttrs{LinkIndex: l.Attrs().Index,
+				Parent: netlink.HANDLE_MIN_INGRESS, Handle: 0x80000800, Protocol: unix.ETH_P_ALL, Priority: 1},
+				Actions: []netlink.Action{netlink.NewMirredAction(to.Index)}}
+			if err := n.h.FilterReplace(f); err != nil {
+				return fmt.Errorf("join %s to %s: %w", p[0], p[1], err)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
 		}
-		if err := n.h.LinkSetUp(l); err != nil {
-			return fmt.Errorf("set %s up: %w", link, err)
+	}
+	return nil
+}
+
+// Unplug joins link of the namespace at nsPath to nothing: what arrives
+// on it goes to the namespace's own stack, which must hold no address to
+// answer it (QuietNS).
+func Unplug(nsPath, link string) error {
+	return RemoveFilters(nsPath, link)
+}
+
+// QuietNS makes the namespace at nsPath speak no IPv6 on its links (no
+// link-local address, no router solicitation, no MLD): a namespace of
+// wires only.
+func QuietNS(nsPath string) error {
+	return Do(nsPath, func() error {
+		for _, c := range []string{"all", "default"} {
+			if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+c+"/disable_ipv6", []byte("1"), 0o644); err != nil {
+				return fmt.Errorf("turn IPv6 off (%s): %w", c, err)
+			}
 		}
 		return nil
 	})

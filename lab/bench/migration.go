@@ -118,6 +118,9 @@ func benchMigration(ctx context.Context, name string, rounds int) error {
 		return err
 	}
 	defer g.Close()
+	if err := g.Plug(nsOf["bench-vm-tgt"]); err != nil {
+		return err
+	}
 	var pr *vmsim.Probe
 	if err := waitFor(ctx, 30*time.Second, "the VM's stream to the peer", func() error {
 		pr, err = vmsim.StartProbe(g, nsOf["bench-vm-peer"], ipOf["bench-vm-peer"], ipOf["bench-vm-src"], 9972)

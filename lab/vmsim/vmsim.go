@@ -1,10 +1,13 @@
 // Package vmsim stands in for a KubeVirt virtual machine on the lab: a
 // guest network namespace (its own MAC and addresses, its sockets) behind a
-// pod's bridge binding, as KubeVirt wires a VM, which a live migration
-// moves to another pod by moving the guest's link, the guest and its
-// sockets untouched, as a VM's are. The announcement QEMU sends on arrival
-// (RARP) is the guest's to send. It owns the guest namespace and the links
-// it makes; the pods' namespaces are the lab's.
+// pod's bridge binding, as KubeVirt wires a VM. The guest's link reaches
+// the pod's tap through a wire (a namespace of its own joining two links
+// with tc), which a live migration switches to the target pod's tap: the
+// guest, its link and its sockets untouched and never down, as a VM's NIC
+// is while QEMU moves it between hosts. The announcement QEMU sends on
+// arrival (RARP) is the guest's to send. It owns the guest's and the
+// wire's namespaces and the links it makes; the pods' namespaces are the
+// lab's.
 package vmsim
 
 import (
@@ -23,6 +26,7 @@ const (
 	Bridge   = "k6t-eth0"
 	tapName  = "tap0"
 	linkName = "vm0"
+	wireLink = "w0"
 	podLink  = "eth0"
 )
 
@@ -32,8 +36,13 @@ type Guest struct {
 	NS    string
 	MAC   net.HardwareAddr
 	Addrs []netip.Prefix
-	file  *os.File
-	pod   string // the namespace of the pod it runs behind now
+	mtu   int
+	files []*os.File
+	wire  string
+	// ends are the wire's links to the pods' taps, by pod namespace; at
+	// is the pod the guest runs behind now.
+	ends map[string]string
+	at   string
 }
 
 // Bind wires pod's namespace (podNS) as KubeVirt's bridge binding does:
@@ -54,45 +63,89 @@ func Bind(podNS string) (int, error) {
 // Start boots a guest with mac and addrs behind the pod at podNS, whose
 // namespace Bind wired; its link has mtu.
 func Start(podNS string, mac net.HardwareAddr, mtu int, addrs ...netip.Prefix) (*Guest, error) {
-	path, f, err := netutil.NewAnonNS()
-	if err != nil {
+	g := &Guest{MAC: mac, Addrs: addrs, mtu: mtu, ends: map[string]string{}}
+	for _, ns := range []*string{&g.NS, &g.wire} {
+		path, f, err := netutil.NewAnonNS()
+		if err != nil {
+			g.Close()
+			return nil, err
+		}
+		*ns, g.files = path, append(g.files, f)
+	}
+	if err := netutil.QuietNS(g.wire); err != nil {
+		g.Close()
 		return nil, err
 	}
-	g := &Guest{NS: path, MAC: mac, Addrs: addrs, file: f, pod: podNS}
-	if err := netutil.EnsureVeth(netutil.VethSpec{NSPath: podNS, Name: tapName, PeerNSPath: path, PeerName: linkName,
-		Master: Bridge, MTU: mtu, PeerMAC: mac}); err != nil {
-		f.Close()
+	if err := netutil.EnsureVeth(netutil.VethSpec{NSPath: g.wire, Name: wireLink, PeerNSPath: g.NS, PeerName: linkName,
+		MTU: mtu, PeerMAC: mac}); err != nil {
+		g.Close()
 		return nil, fmt.Errorf("the guest's link: %w", err)
 	}
 	for _, a := range addrs {
-		if err := netutil.EnsureAddr(path, linkName, a); err != nil {
+		if err := netutil.EnsureAddr(g.NS, linkName, a); err != nil {
 			g.Close()
 			return nil, err
 		}
 	}
+	if err := g.Plug(podNS); err != nil {
+		g.Close()
+		return nil, err
+	}
+	if err := netutil.Patch(g.wire, wireLink, g.ends[podNS]); err != nil {
+		g.Close()
+		return nil, err
+	}
+	g.at = podNS
 	return g, nil
 }
 
-// Migrate moves the guest behind the pod at podNS (wired by Bind), as a
-// live migration's switch-over does: its link leaves the old pod and joins
-// the new one's bridge. With announce, the guest then announces itself as
-// QEMU does (a RARP from its MAC); a lost announcement leaves the guest's
-// first frame to say it.
-func (g *Guest) Migrate(podNS string, announce bool) error {
-	if err := netutil.MoveLink(g.pod, tapName, podNS, Bridge); err != nil {
+// Plug gives the pod at podNS (wired by Bind) a tap for the guest, as a
+// migration's target launcher has one before the VM arrives: joined to
+// nothing until Migrate.
+func (g *Guest) Plug(podNS string) error {
+	if _, ok := g.ends[podNS]; ok {
+		return nil
+	}
+	end := fmt.Sprintf("p%d", len(g.ends))
+	if err := netutil.EnsureVeth(netutil.VethSpec{NSPath: podNS, Name: tapName, PeerNSPath: g.wire, PeerName: end,
+		Master: Bridge, MTU: g.mtu}); err != nil {
+		return fmt.Errorf("the tap of %s: %w", podNS, err)
+	}
+	if err := netutil.Unplug(g.wire, end); err != nil {
 		return err
 	}
-	g.pod = podNS
+	g.ends[podNS] = end
+	return nil
+}
+
+// Migrate switches the guest to the pod at podNS (Plug gave it a tap), as
+// a live migration's switch-over does: from now on its frames reach that
+// pod, and only that pod's reach it. With announce, the guest then
+// announces itself as QEMU does (a RARP from its MAC); a lost announcement
+// leaves the guest's first frame to say it.
+func (g *Guest) Migrate(podNS string, announce bool) error {
+	if err := g.Plug(podNS); err != nil {
+		return err
+	}
+	if err := netutil.Patch(g.wire, wireLink, g.ends[podNS]); err != nil {
+		return err
+	}
+	if err := netutil.Unplug(g.wire, g.ends[g.at]); err != nil {
+		return err
+	}
+	g.at = podNS
 	if !announce {
 		return nil
 	}
 	return netutil.SendFrames(g.NS, linkName, [][]byte{RARP(g.MAC)})
 }
 
-// Close removes the guest: its link (and the tap with it) and namespace.
+// Close removes the guest and its wire: their namespaces, and the links
+// with them (the pods' taps go with their peers).
 func (g *Guest) Close() {
-	_ = netutil.DeleteLink(g.NS, linkName)
-	g.file.Close()
+	for _, f := range g.files {
+		f.Close()
+	}
 }
 
 // RARP is QEMU's self-announcement of a migrated VM (qemu_announce_self):

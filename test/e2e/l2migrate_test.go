@@ -17,10 +17,9 @@ import (
 	"github.com/lace-cni/lace/lab/vmsim"
 )
 
-// migrationTarget is the e2e bound on a live migration's outage: the
-// peers' published figure. make bench (--only migration) reports the
-// figure against Lace's own target, 0.2 s.
-const migrationTarget = 500 * time.Millisecond
+// migrationTarget is Lace's bound on a live migration's outage (the peers
+// publish 0.5 s); make bench (--only migration) reports the figures.
+const migrationTarget = 200 * time.Millisecond
 
 // migID is the network ID of the migration test's network (diagnostics).
 var migID uint32
@@ -128,8 +127,8 @@ func migrate(t *testing.T, g *vmsim.Guest, pr *vmsim.Probe, podNS string, announ
 // to the target and the guest sends QEMU's RARP: the MAC moves on every node
 // at once (the target activated, the others moved by its announcement),
 // lace-controller then publishes the move (sequence + 1), and the outage
-// stays under the peers' 0.5 s with no reset. Back to the source with the
-// announcement lost, the VM's first frame moves it. The source pod deleted,
+// stays under 0.2 s (the peers publish 0.5 s) with no reset. Back to the source with the
+// announcement lost, the VM's first frame moves it, as fast. The source pod deleted,
 // its standby goes.
 func TestL2LiveMigration(t *testing.T) {
 	needLab(t)
@@ -183,6 +182,9 @@ func TestL2LiveMigration(t *testing.T) {
 	}
 	tgtNS := podNetNS(t, tgt)
 	if _, err := vmsim.Bind(tgtNS); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Plug(tgtNS); err != nil {
 		t.Fatal(err)
 	}
 	fdbName := ipam.FDBEntryName("mig", mac)
