@@ -36,7 +36,7 @@ const (
 // benchMigration measures a live migration's outage on an l2 network: a
 // VM (lab/vmsim: a guest namespace behind its virt-launcher pod's bridge
 // binding) streams TCP to a pod on the third node, which pings it every
-// 10 ms, while the VM moves between its pods on the first two nodes, in
+// 10 ms, while the VM's NIC moves between its pods on the first two nodes, in
 // turns with QEMU's announcement (RARP) and with the announcement lost
 // (its first frame moves it). The outage is the longest silence of each.
 func benchMigration(ctx context.Context, name string, rounds int) error {
@@ -186,7 +186,7 @@ func benchMigration(ctx context.Context, name string, rounds int) error {
 			lost[0], lost[1] = append(lost[0], ping), append(lost[1], stream)
 		}
 	}
-	fmt.Printf("live migration on an l2 network (a guest namespace behind KubeVirt's bridge binding, moved between pods on two nodes; a TCP stream from it and a %v ping to it from a pod on a third node; %d migrations each way, no TCP reset)\n",
+	fmt.Printf("live migration on an l2 network (a guest namespace behind KubeVirt's bridge binding, its NIC switched between pods on two nodes; a TCP stream from it and a %v ping to it from a pod on a third node; %d migrations each way, no TCP reset; outage = the longest silence, one ping interval included)\n",
 		vmsim.PingInterval, rounds)
 	fmt.Printf("peer = the interruption OVN-Kubernetes and Kube-OVN publish (%v, TCP intact); target <= %v\n", peerMigrationOutage, migrationTarget)
 	tab := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
