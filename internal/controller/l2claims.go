@@ -118,7 +118,16 @@ func (r *L2AddressReconciler) holderOf(ctx context.Context, ne *lacev1.NetworkEn
 	if claim.Spec.Network != nw.Name {
 		return holder{}, request{}, &refusal{ReasonIPAMClaimWrongTarget, fmt.Sprintf("IPAMClaim %s/%s is for network %q, the pod is in %q", pod.Namespace, name, claim.Spec.Network, nw.Name)}, nil
 	}
+	// A node's kubelet may create a mirror pod in any namespace, with any
+	// annotation: it must not take a VM's addresses (nor become its
+	// migration's target) that way.
+	if _, mirror := pod.Annotations[corev1.MirrorPodAnnotationKey]; mirror {
+		return holder{}, request{}, &refusal{ReasonInvalidRequest, fmt.Sprintf("pod %s is a static pod (a node's mirror pod): it may not name IPAMClaim %s", pod.Name, name)}, nil
+	}
 	h := r.claimHolder(ctx, &claim, pod.Name)
+	if why, err := r.notSameVM(ctx, h, pod); err != nil || why != nil {
+		return holder{}, request{}, why, err
+	}
 	asked := claim.Status.IPs
 	if len(asked) == 0 {
 		asked = claim.Spec.IPRequests
@@ -145,6 +154,46 @@ func (r *L2AddressReconciler) recordClaim(ctx context.Context, h holder, nw *lac
 	}
 	if err := r.Client.Status().Patch(ctx, next, client.MergeFromWithOptions(h.claim, client.MergeFromWithOptimisticLock{})); err != nil {
 		return fmt.Errorf("record addresses in IPAMClaim %s: %w", h.key, err)
+	}
+	*h.claim = *next
+	return nil
+}
+
+// notSameVM refuses pod a claim another live pod owns (a live
+// migration's source) unless both belong to the same controller (a
+// KubeVirt VirtualMachineInstance owns both of its migration's pods), or
+// to none.
+func (r *L2AddressReconciler) notSameVM(ctx context.Context, h holder, pod *corev1.Pod) (*refusal, error) {
+	if h.owner == pod.Name {
+		return nil, nil
+	}
+	var owner corev1.Pod
+	err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: h.owner}, &owner)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get pod %s/%s: %w", pod.Namespace, h.owner, err)
+	}
+	a, b := metav1.GetControllerOf(&owner), metav1.GetControllerOf(pod)
+	if (a == nil && b == nil) || (a != nil && b != nil && a.UID == b.UID) {
+		return nil, nil
+	}
+	return &refusal{ReasonAddressTaken, fmt.Sprintf("IPAMClaim %s is in use by pod %s, of another owner than pod %s", h.key, h.owner, pod.Name)}, nil
+}
+
+// setOwner records pod as the owner of h's claim, its addresses as they
+// are: before the MAC moves to it, so that no reconcile in between (or
+// after a restart) takes the MAC back to the pod it left.
+func (r *L2AddressReconciler) setOwner(ctx context.Context, h *holder, pod string) error {
+	h.owner = pod
+	if h.claim == nil || (h.claim.Status.OwnerPod != nil && h.claim.Status.OwnerPod.Name == pod) {
+		return nil
+	}
+	next := h.claim.DeepCopy()
+	next.Status.OwnerPod = &ipamclaimsv1.OwnerPod{Name: pod}
+	if err := r.Client.Status().Patch(ctx, next, client.MergeFromWithOptions(h.claim, client.MergeFromWithOptimisticLock{})); err != nil {
+		return fmt.Errorf("record pod %s the owner of IPAMClaim %s: %w", pod, h.key, err)
 	}
 	*h.claim = *next
 	return nil

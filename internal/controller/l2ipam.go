@@ -114,6 +114,7 @@ func (r *L2AddressReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// A standby whose endpoint went while the controller was down is
 		// ended when it starts.
 		Watches(&lacev1.FDBEntry{}, toHolder(lacev1.AnnotationStandbyEndpoint), builder.WithPredicates(notLearned)).
+		Watches(&lacev1.NetworkEndpoint{}, siblingsOf(r.Client)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Complete(r)
 }
@@ -550,7 +551,10 @@ func (r *L2AddressReconciler) ensureFDB(ctx context.Context, h *holder, ne *lace
 		if !activated(ne, &cur) {
 			return nil, r.standBy(ctx, &cur, ne)
 		}
-		h.owner = ne.Name // its VM runs here now: the claim follows
+		// Its VM runs here now: the claim follows, and says so first.
+		if err := r.setOwner(ctx, h, ne.Name); err != nil {
+			return nil, err
+		}
 	}
 	return nil, r.moveFDB(ctx, h, &cur, ne)
 }

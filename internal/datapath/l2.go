@@ -68,9 +68,10 @@ func fdbEntry(e FDBEntry) (l2FdbKey, l2FdbVal) {
 // mergeFDB is the FDB of w: the cluster's entries of the networks here,
 // the pods' ports over them (a MAC that just moved here is this node's
 // before the API says so), except where the cluster names a standby: a
-// MAC that lives here with a standby elsewhere keeps it, and a pod here
-// that is a MAC's standby (a live migration's target) is only that until
-// the MAC shows up at its port.
+// MAC that lives here with a standby elsewhere keeps it, a pod here that
+// is a MAC's standby (a live migration's target) is only that until the
+// MAC shows up at its port, and a pod here that is neither (a third pod of
+// the claim) holds nothing: only the MAC's node and its standby may.
 func mergeFDB(w *l2Want, here map[uint32]bool) map[l2FdbKey]l2FdbVal {
 	cluster := make(map[l2FdbKey]FDBEntry, len(w.clusterFDB))
 	for _, e := range w.clusterFDB {
@@ -96,6 +97,8 @@ func mergeFDB(w *l2Want, here map[uint32]bool) map[l2FdbKey]l2FdbVal {
 		case ok && c.Here && l.IfIndex != 0:
 			l.Seq, l.StandbySID = c.Seq, c.StandbySID
 			_, wf[k] = fdbEntry(l)
+		case ok && c.StandbySID.IsValid():
+			// Placed elsewhere, standing by elsewhere: the cluster's.
 		default:
 			_, wf[k] = fdbEntry(l)
 		}
@@ -242,6 +245,9 @@ func (d *Datapath) syncL2() error {
 	cPuts, cVals, cDels := t.l2Nets.diff(wNets, nil)
 	lPuts, lVals, lDels := t.l2Flood.diff(wFlood, nil)
 	for _, step := range []func() error{
+		// Before the entries change: a move the data plane makes after
+		// the new entry is written is for the new entry, and stays.
+		func() error { return d.forgetMoves(stale) },
 		func() error { return t.l2Neigh.del(nDels) },
 		func() error { return t.fdb.put(fPuts, fVals) },
 		func() error { return t.fdb.del(fDels) },
@@ -250,7 +256,6 @@ func (d *Datapath) syncL2() error {
 		func() error { return t.l2Nets.put(cPuts, cVals) },
 		func() error { return t.l2Nets.del(cDels) },
 		func() error { return t.l2Flood.del(lDels) },
-		func() error { return d.forgetMoves(stale) },
 	} {
 		if err := step(); err != nil {
 			return err
@@ -293,6 +298,26 @@ type L2Move struct {
 	NetID uint32
 	MAC   net.HardwareAddr
 	Seq   uint32
+}
+
+// L2Activated lists the MACs the data plane moved to a standby port on
+// this node that still hold (their entry's sequence), as the ring reports
+// them (Activated): what a report lost on the way, or an agent that
+// restarted after the move, did not record.
+func (d *Datapath) L2Activated() ([]L2Learned, error) {
+	var out []L2Learned
+	var k l2FdbKey
+	var m l2L2MoveVal
+	it := d.l2.LaceL2Moves.Iterate()
+	for it.Next(&k, &m) {
+		var v l2FdbVal
+		if err := d.l2.LaceFdb.Lookup(k, &v); err != nil || v.Flags&fdbAlt == 0 || v.AltIfindex == 0 || v.Seq != m.Seq {
+			continue
+		}
+		out = append(out, L2Learned{IfIndex: v.AltIfindex, NetID: k.NetId, MAC: append(net.HardwareAddr(nil), k.Mac[:]...),
+			Activated: true, Seq: m.Seq})
+	}
+	return out, it.Err()
 }
 
 // L2Moves lists the data plane's moves (lace_l2_moves), current or stale.

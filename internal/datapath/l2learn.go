@@ -58,7 +58,13 @@ func (d *Datapath) ReadL2Learned(ctx context.Context, f func(L2Learned)) error {
 			return fmt.Errorf("read the l2 learning ring: %w", err)
 		}
 		var ev l2L2LearnEvent
-		if err := binary.Read(bytes.NewReader(rec.RawSample), binary.NativeEndian, &ev); err != nil {
+		// A program of the build before (a rolling upgrade) writes the
+		// shorter record of its time: the fields it lacks are zero.
+		raw := rec.RawSample
+		if n := binary.Size(ev); len(raw) < n {
+			raw = append(raw, make([]byte, n-len(raw))...)
+		}
+		if err := binary.Read(bytes.NewReader(raw), binary.NativeEndian, &ev); err != nil {
 			continue // a short record: nothing to learn from it
 		}
 		l := L2Learned{IfIndex: ev.Ifindex, NetID: ev.NetId, MAC: append(net.HardwareAddr(nil), ev.Mac[:]...),

@@ -34,6 +34,9 @@ type Tables interface {
 	// SyncL2 makes the l2 networks' neighbour tables and forwarding
 	// databases exactly neigh and fdb.
 	SyncL2Local(neigh []datapath.L2Neighbor, fdb []datapath.FDBEntry) error
+	// L2Activated are the MACs that moved to a standby port here and
+	// still live there (migrate.go).
+	L2Activated() ([]datapath.L2Learned, error)
 }
 
 // Kernel is what the server changes in the node's namespace: pod

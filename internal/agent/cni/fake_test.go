@@ -39,6 +39,8 @@ type fakeDP struct {
 	l2       map[string]bool // the program attached: from_l2 (true) or from_pod
 	neigh    []datapath.L2Neighbor
 	fdb      []datapath.FDBEntry
+	// activated is what L2Activated reports.
+	activated []datapath.L2Learned
 }
 
 func newFakeDP() *fakeDP {
@@ -57,6 +59,11 @@ func (f *fakeDP) SyncL2Local(n []datapath.L2Neighbor, e []datapath.FDBEntry) err
 	defer f.mu.Unlock()
 	f.neigh, f.fdb = n, e
 	return nil
+}
+func (f *fakeDP) L2Activated() ([]datapath.L2Learned, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.activated, nil
 }
 func (f *fakeDP) DetachPod(h string) error          { return f.w(func() { delete(f.attached, h) }) }
 func (f *fakeDP) PinnedPodLinks() ([]string, error) { return agenttest.Keys(&f.mu, f.attached), nil }

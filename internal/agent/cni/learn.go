@@ -57,6 +57,9 @@ type learnState struct {
 	// budget is each endpoint's allowance of new bindings (learnBurst,
 	// learnRefill), used by RecordLearned only.
 	budget map[types.NamespacedName]*learnBudget
+	// activations are the activations recorded (migrate.go), while their
+	// move holds.
+	activations map[types.NamespacedName]lacev1.L2Activation
 }
 
 type learnBudget struct {
@@ -208,7 +211,8 @@ func (s *Server) claimSequence(network string, ep types.NamespacedName, mac net.
 }
 
 // RecordLearned writes the recorded bindings to their endpoints' specs
-// every learnRound until ctx ends.
+// every learnRound until ctx ends, and catches up with activations no
+// report said.
 func (s *Server) RecordLearned(ctx context.Context) error {
 	t := time.NewTicker(learnRound)
 	defer t.Stop()
@@ -218,6 +222,7 @@ func (s *Server) RecordLearned(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
+		s.catchUpActivations()
 		s.learn.mu.Lock()
 		pending := s.learn.pending
 		s.learn.pending = nil

@@ -37,6 +37,9 @@ func (s *Server) activated(l datapath.L2Learned) {
 	}
 	key := types.NamespacedName{Namespace: ep.PodNS, Name: ep.PodName}
 	act := lacev1.L2Activation{MAC: lacev1.MACAddress(l.MAC.String()), Sequence: int64(l.Seq)}
+	if !s.learn.firstActivation(key, act) {
+		return
+	}
 	s.log.Info("a migrated VM showed up at its standby port", "endpoint", key.String(), "mac", act.MAC, "sequence", l.Seq)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -70,4 +73,46 @@ func (s *Server) recordActivation(ctx context.Context, key types.NamespacedName,
 		}
 	}
 	return fmt.Errorf("update NetworkEndpoint %s: conflicts", key)
+}
+
+// firstActivation tells whether act of endpoint key is news: the ring's
+// report and the catch-up (catchUpActivations) say it once.
+func (l *learnState) firstActivation(key types.NamespacedName, act lacev1.L2Activation) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.activations == nil {
+		l.activations = map[types.NamespacedName]lacev1.L2Activation{}
+	}
+	if l.activations[key] == act {
+		return false
+	}
+	l.activations[key] = act
+	return true
+}
+
+// catchUpActivations records the moves to standby ports here that no
+// report said (a full ring, an agent restarted after the move), and
+// forgets the endpoints whose move is over.
+func (s *Server) catchUpActivations() {
+	acts, err := s.dp.L2Activated()
+	if err != nil {
+		s.log.Warn("read the l2 moves", "error", err)
+		return
+	}
+	live := map[types.NamespacedName]bool{}
+	for _, l := range acts {
+		s.activated(l)
+		for _, e := range s.cp.all() {
+			if uint32(e.HostIfIndex) == l.IfIndex {
+				live[types.NamespacedName{Namespace: e.PodNS, Name: e.PodName}] = true
+			}
+		}
+	}
+	s.learn.mu.Lock()
+	defer s.learn.mu.Unlock()
+	for k := range s.learn.activations {
+		if !live[k] {
+			delete(s.learn.activations, k)
+		}
+	}
 }
