@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	crclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	ipamclaimsv1 "github.com/lace-cni/lace/api/ipamclaims/v1alpha1"
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
@@ -59,6 +60,23 @@ func standbyOn(t *testing.T, node string, id uint32, mac net.HardwareAddr, here 
 		}
 		return fmt.Errorf("no entry")
 	})
+}
+
+// fdbAt waits until FDBEntry name is at node with standby ("": none) and,
+// when seq >= 0, that sequence; it returns the entry.
+func fdbAt(t *testing.T, c crclient.Client, name, node, standby string, seq int64) lacev1.FDBEntry {
+	t.Helper()
+	var f lacev1.FDBEntry
+	eventually(t, 60*time.Second, fmt.Sprintf("FDBEntry %s at %s, standby %q", name, node, standby), func() error {
+		if err := c.Get(context.Background(), crKey(name), &f); err != nil {
+			return err
+		}
+		if f.Spec.Node != node || f.Spec.Standby != standby || (seq >= 0 && f.Spec.Sequence != seq) {
+			return fmt.Errorf("spec %+v, want sequence %d", f.Spec, seq)
+		}
+		return nil
+	})
+	return f
 }
 
 // dumpMigration logs, when t failed, what each node's data plane holds of
@@ -188,17 +206,7 @@ func TestL2LiveMigration(t *testing.T) {
 		t.Fatal(err)
 	}
 	fdbName := ipam.FDBEntryName("mig", mac)
-	var f lacev1.FDBEntry
-	eventually(t, 30*time.Second, "n2 the MAC's standby", func() error {
-		if err := c.Get(ctx, crKey(fdbName), &f); err != nil {
-			return err
-		}
-		if f.Spec.Node != "n1" || f.Spec.Standby != "n2" {
-			return fmt.Errorf("spec %+v", f.Spec)
-		}
-		return nil
-	})
-	seq := f.Spec.Sequence
+	seq := fdbAt(t, c, fdbName, "n1", "n2", -1).Spec.Sequence
 	standbyOn(t, "n1", id, mac, false)
 	standbyOn(t, "n2", id, mac, true)
 	standbyOn(t, "n3", id, mac, false)
@@ -218,15 +226,7 @@ func TestL2LiveMigration(t *testing.T) {
 	if m := nodeForwarded(t, "n3")["l2-moved"]; m <= moved {
 		t.Errorf("n3 never moved the VM's MAC on its own (l2-moved %d -> %d)", moved, m)
 	}
-	eventually(t, 30*time.Second, "lace-controller publishing the move", func() error {
-		if err := c.Get(ctx, crKey(fdbName), &f); err != nil {
-			return err
-		}
-		if f.Spec.Node != "n2" || f.Spec.Sequence != seq+1 || f.Spec.Standby != "n1" {
-			return fmt.Errorf("spec %+v, want n2 at sequence %d with n1 standing by", f.Spec, seq+1)
-		}
-		return nil
-	})
+	fdbAt(t, c, fdbName, "n2", "n1", seq+1) // lace-controller publishing the move
 	standbyOn(t, "n1", id, mac, true)
 	standbyOn(t, "n3", id, mac, false)
 
@@ -236,28 +236,12 @@ func TestL2LiveMigration(t *testing.T) {
 	if ping > migrationTarget || stream > migrationTarget {
 		t.Errorf("outage %v (ping) and %v (stream), want under %v", ping, stream, migrationTarget)
 	}
-	eventually(t, 30*time.Second, "lace-controller publishing the move back", func() error {
-		if err := c.Get(ctx, crKey(fdbName), &f); err != nil {
-			return err
-		}
-		if f.Spec.Node != "n1" || f.Spec.Sequence != seq+2 {
-			return fmt.Errorf("spec %+v, want n1 at sequence %d", f.Spec, seq+2)
-		}
-		return nil
-	})
+	fdbAt(t, c, fdbName, "n1", "n2", seq+2) // and the move back
 
 	// The other pod goes (KubeVirt deletes the source when done): its
 	// standby with it, the VM untouched.
 	deletePodNow(t, tgt.Name)
-	eventually(t, 60*time.Second, "the standby gone with its pod", func() error {
-		if err := c.Get(ctx, crKey(fdbName), &f); err != nil {
-			return err
-		}
-		if f.Spec.Standby != "" || f.Spec.Node != "n1" {
-			return fmt.Errorf("spec %+v", f.Spec)
-		}
-		return nil
-	})
+	fdbAt(t, c, fdbName, "n1", "", -1)
 	if r, _ := pr.Arrived(time.Now().Add(-time.Second)); r < 50 || pr.Err() != nil {
 		t.Errorf("after the other pod went: %d echo replies in the last second, stream error %v", r, pr.Err())
 	}

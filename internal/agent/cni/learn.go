@@ -262,21 +262,29 @@ func (s *Server) withinBudget(key types.NamespacedName, bs []lacev1.LearnedBindi
 
 // recordLearned merges bs into the learned bindings of endpoint key.
 func (s *Server) recordLearned(ctx context.Context, key types.NamespacedName, bs []lacev1.LearnedBinding) error {
-	for range 3 {
+	return s.updateOwnEndpoint(ctx, key, func(spec *lacev1.NetworkEndpointSpec) bool {
+		merged := mergeLearned(spec.Learned, bs)
+		if slices.Equal(merged, spec.Learned) {
+			return false
+		}
+		spec.Learned = merged
+		return true
+	})
+}
+
+// updateOwnEndpoint applies change to the spec of endpoint key, when it is
+// this node's and change says it changed it, retrying on conflicts. An
+// update (the agent's role may not patch): it conflicts with any write
+// since the read, as the resourceVersion is sent.
+func (s *Server) updateOwnEndpoint(ctx context.Context, key types.NamespacedName, change func(*lacev1.NetworkEndpointSpec) bool) error {
+	for range 5 {
 		var ne lacev1.NetworkEndpoint
 		if err := s.client.Get(ctx, key, &ne); err != nil {
 			return client.IgnoreNotFound(err)
 		}
-		if ne.Spec.Node != s.opts.NodeName || ne.DeletionTimestamp != nil {
+		if ne.Spec.Node != s.opts.NodeName || ne.DeletionTimestamp != nil || !change(&ne.Spec) {
 			return nil
 		}
-		merged := mergeLearned(ne.Spec.Learned, bs)
-		if slices.Equal(merged, ne.Spec.Learned) {
-			return nil
-		}
-		// An update (the agent's role may not patch): conflicts with any
-		// write since the read, as the resourceVersion is sent.
-		ne.Spec.Learned = merged
 		err := s.client.Update(ctx, &ne)
 		if !apierrors.IsConflict(err) {
 			if err != nil {

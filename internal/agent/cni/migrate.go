@@ -2,10 +2,8 @@ package cni
 
 import (
 	"context"
-	"fmt"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
@@ -52,27 +50,13 @@ func (s *Server) activated(l datapath.L2Learned) {
 
 // recordActivation writes act to the spec of endpoint key.
 func (s *Server) recordActivation(ctx context.Context, key types.NamespacedName, act lacev1.L2Activation) error {
-	for range 5 {
-		var ne lacev1.NetworkEndpoint
-		if err := s.client.Get(ctx, key, &ne); err != nil {
-			return fmt.Errorf("get NetworkEndpoint %s: %w", key, err)
+	return s.updateOwnEndpoint(ctx, key, func(spec *lacev1.NetworkEndpointSpec) bool {
+		if a := spec.Activated; a != nil && *a == act {
+			return false
 		}
-		if ne.Spec.Node != s.opts.NodeName || ne.DeletionTimestamp != nil {
-			return nil
-		}
-		if a := ne.Spec.Activated; a != nil && *a == act {
-			return nil
-		}
-		ne.Spec.Activated = &act
-		err := s.client.Update(ctx, &ne)
-		if !apierrors.IsConflict(err) {
-			if err != nil {
-				return fmt.Errorf("update NetworkEndpoint %s: %w", key, err)
-			}
-			return nil
-		}
-	}
-	return fmt.Errorf("update NetworkEndpoint %s: conflicts", key)
+		spec.Activated = &act
+		return true
+	})
 }
 
 // firstActivation tells whether act of endpoint key is news: the ring's
