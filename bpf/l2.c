@@ -21,11 +21,6 @@
 #include "neigh.h"
 #include "l2.h"
 
-static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
-{
-	return *(const __u32 *)a == *(const __u32 *)b && *(const __u16 *)(a + 4) == *(const __u16 *)(b + 4);
-}
-
 static __always_inline int link_local6(const __u8 *a)
 {
 	return a[0] == 0xfe && (a[1] & 0xc0) == 0x80;
@@ -104,10 +99,30 @@ static __always_inline int l2_bad_source(__u32 ifindex, const struct l2_port *pt
 	return l2_learn(ifindex, pt->net_id, mac, family, addr);
 }
 
+/* What l2_flood copies a frame for. Also what l2_arp and l2_nd return
+ * (L2_FLOOD_UNKNOWN) for a question from_l2 is to flood: a frame is
+ * flooded from one place in the program, which the verifier walks once. */
+#define L2_FLOOD_ALL 0      /* a broadcast or multicast: every port */
+#define L2_FLOOD_UNKNOWN 1  /* looking for what a learning network does not know: learning ports */
+#define L2_FLOOD_ANNOUNCE 2 /* a live migration's announcement: the other nodes only */
+#define L2_FLOOD_IT 0x1ace  /* not a tc verdict: from_l2 floods the frame as L2_FLOOD_UNKNOWN */
+
+/* eth_bcast tells whether the frame goes to a broadcast or multicast MAC:
+ * a question flooded to find an address goes so (a unicast one, a
+ * neighbour's revalidation, was meant for one MAC). */
+static __always_inline int eth_bcast(struct __sk_buff *skb)
+{
+	__u8 d;
+	return !bpf_skb_load_bytes(skb, 0, &d, 1) && (d & 1);
+}
+
 /* l2_arp answers an ARP request of the port for an address its network
- * holds. Nothing else it sends in ARP goes anywhere: a probe (duplicate
- * detection, from 0.0.0.0) or an announcement of its own address is never
- * answered, and nobody else asks it (every question is answered here). */
+ * holds; on a learning network a broadcast one for an address it does
+ * not hold is flooded to its learning ports (whoever holds it answers, and is learned
+ * from that answer). Nothing else it sends in ARP goes anywhere: a probe
+ * (duplicate detection, from 0.0.0.0) or an announcement of its own
+ * address is never answered, and nobody else asks it (every question is
+ * answered here or flooded). */
 static __noinline int l2_arp(struct __sk_buff *skb, const struct l2_port *pt, const __u8 *smac)
 {
 	struct arp_msg m;
@@ -125,7 +140,7 @@ static __noinline int l2_arp(struct __sk_buff *skb, const struct l2_port *pt, co
 		return drop(DROP_L2_NOT_FORWARDED);
 	struct l2_neigh_val *n = neigh_of(pt->net_id, LACE_FAMILY_V4, m.tpa);
 	if (!n)
-		return drop(DROP_L2_UNKNOWN_NEIGH);
+		return (pt->flags & PORT_L2_LEARN) && eth_bcast(skb) ? L2_FLOOD_IT : drop(DROP_L2_UNKNOWN_NEIGH);
 	__u8 mac[6];
 	__builtin_memcpy(mac, n->mac, 6);
 	if (arp_reply(skb, &m, mac))
@@ -136,16 +151,25 @@ static __noinline int l2_arp(struct __sk_buff *skb, const struct l2_port *pt, co
 
 /* l2_nd handles the port's neighbour discovery and MLD: a solicitation for
  * an address its network holds is answered (the gateway's with the router
- * flag); duplicate address detection, advertisements, router
- * solicitations and MLD stay on the port. */
+ * flag); on a learning network a plain multicast one (ns_flood_ok) for
+ * an address it does not hold is flooded to its learning ports. Duplicate address
+ * detection, advertisements, router solicitations and MLD stay on the
+ * port; an advertisement (or anything of ND) from an address the network
+ * does not know yet is how a guest announces it: judged first. */
 static __noinline int l2_nd(struct __sk_buff *skb, const struct l2_port *pt, const __u8 *smac)
 {
+	__u8 sa[16];
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, saddr), sa, 16))
+		return drop(DROP_L2_NOT_FORWARDED);
+	if (!link_local6(sa) && (*(__u64 *)sa | *(__u64 *)(sa + 8)) && !src_addr_ok(pt, LACE_FAMILY_V6, sa, smac))
+		return l2_bad_source(skb->ingress_ifindex, pt, smac, LACE_FAMILY_V6, sa);
 	struct ns_msg m;
 	if (ns_read(skb, &m) || ns_is_dad(&m))
 		return drop(DROP_L2_NOT_FORWARDED);
-	if (!link_local6(m.saddr) && !src_addr_ok(pt, LACE_FAMILY_V6, m.saddr, smac))
-		return l2_bad_source(skb->ingress_ifindex, pt, smac, LACE_FAMILY_V6, m.saddr);
 	struct l2_neigh_val *n = neigh_of(pt->net_id, LACE_FAMILY_V6, m.target);
+	__u8 target[16];
+	if (!n && (pt->flags & PORT_L2_LEARN) && eth_bcast(skb) && !link_local6(m.saddr) && ns_flood_ok(skb, ETH_HLEN, smac, target))
+		return L2_FLOOD_IT;
 	if (!n)
 		return drop(DROP_L2_UNKNOWN_NEIGH);
 	__u8 mac[6];
@@ -203,11 +227,23 @@ static __noinline int l2_flood_remote(struct __sk_buff *skb, __u32 net_id)
 	struct ethhdr inner;
 	if (bpf_skb_load_bytes(skb, 0, &inner, sizeof(inner)))
 		return drop(DROP_ADJUST);
-	__u32 frame_len = skb->len;
-	/* An announcement of a live migration (RARP, ARP) is no IP, which
-	 * bpf_skb_adjust_room refuses: room is made in front of it instead,
-	 * and it goes by clones only (bpf_redirect_neigh resolves for IP). */
+	/* An announcement of a live migration (RARP, ARP) or an ARP request is
+	 * no IP, which bpf_skb_adjust_room refuses: room is made in front of
+	 * it instead, and it goes by clones only (bpf_redirect_neigh resolves
+	 * for IP). */
 	int ip = inner.h_proto == bpf_htons(ETH_P_IP) || inner.h_proto == bpf_htons(ETH_P_IPV6);
+	/* Padded to Ethernet's shortest frame, zeros, as a wire would: the
+	 * receiver's bpf_skb_adjust_room must leave an IPv6 header's worth
+	 * behind the outer Ethernet header, which a bare ARP (42 bytes) does
+	 * not. */
+	if (!ip && skb->len < L2_MIN_FRAME) {
+		__u8 zeros[L2_MIN_FRAME - L2_ARP_FRAME] = {};
+		__u32 len = skb->len;
+		__u32 pad = L2_MIN_FRAME - len;
+		if (pad > sizeof(zeros) || bpf_skb_change_tail(skb, L2_MIN_FRAME, 0) || bpf_skb_store_bytes(skb, len, zeros, pad, 0))
+			return drop(DROP_ADJUST);
+	}
+	__u32 frame_len = skb->len;
 	if (ip ? bpf_skb_adjust_room(skb, sizeof(struct ipv6hdr) + ETH_HLEN, BPF_ADJ_ROOM_MAC,
 				     BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 | BPF_F_ADJ_ROOM_ENCAP_L2_ETH | BPF_F_ADJ_ROOM_ENCAP_L2(ETH_HLEN))
 	       : bpf_skb_change_head(skb, sizeof(struct ipv6hdr) + ETH_HLEN, 0))
@@ -265,17 +301,28 @@ static __noinline int l2_flood_remote(struct __sk_buff *skb, __u32 net_id)
 	return bpf_redirect_neigh(unresolved_if, 0, 0, 0);
 }
 
-/* l2_flood copies a broadcast or multicast frame to the network's other
- * ports on this node and to the other nodes with ports in it; the frame
- * itself is dropped, or sent to a node whose next hop is being resolved
- * (l2_flood_remote). */
-static __noinline int l2_flood(struct __sk_buff *skb, __u32 net_id, __u32 from)
+/* l2_flood copies a frame (mode L2_FLOOD_*) to the network's other ports
+ * on this node and to the other nodes with ports in it; the frame itself
+ * is dropped, or sent to a node whose next hop is being resolved
+ * (l2_flood_remote). L2_FLOOD_UNKNOWN: the frame looks for an address or
+ * MAC its learning network does not know (a silent guest's, as a switch
+ * floods what it has not learned): only learning ports take it, and each
+ * node receiving it judges it so again (l2_flood_in).
+ * L2_FLOOD_ANNOUNCE: an announcement goes to no port: a peer learns
+ * nothing from it that its network does not answer; the other nodes move
+ * the MAC here (l2_flood_in). */
+/* Global, not static: the verifier walks it once with any mode, not once
+ * per path that reaches it with another (its two bounded loops are what
+ * costs). */
+__noinline int l2_flood(struct __sk_buff *skb, __u32 net_id, __u32 from, int mode)
 {
-	l2_flood_local(skb, net_id, from);
+	if (mode != L2_FLOOD_ANNOUNCE)
+		l2_flood_local(skb, net_id, from, mode == L2_FLOOD_UNKNOWN);
 	int rc = l2_flood_remote(skb, net_id);
 	if (rc && rc != TC_ACT_REDIRECT)
 		return rc;
-	count(FWD_L2_FLOODED);
+	if (mode != L2_FLOOD_ANNOUNCE)
+		count(mode == L2_FLOOD_UNKNOWN ? FWD_L2_UNKNOWN_FLOODED : FWD_L2_FLOODED);
 	return rc ? rc : TC_ACT_SHOT;
 }
 
@@ -416,17 +463,6 @@ static __noinline int l2_activate(struct __sk_buff *skb, const struct l2_port *p
 	return what;
 }
 
-/* l2_announce carries an announcement to the other nodes with ports in
- * the network (DT2M), which move the MAC here (l2_flood_in); it goes to no
- * port: a peer learns nothing from it that its network does not answer. */
-static __noinline int l2_announce(struct __sk_buff *skb, __u32 net_id)
-{
-	int rc = l2_flood_remote(skb, net_id);
-	if (rc && rc != TC_ACT_REDIRECT)
-		return rc;
-	return rc ? rc : TC_ACT_SHOT;
-}
-
 SEC("tc")
 int from_l2(struct __sk_buff *skb)
 {
@@ -440,6 +476,7 @@ int from_l2(struct __sk_buff *skb)
 	if (skb->vlan_present)
 		return drop(DROP_NOT_IP);
 	struct l2_port pt = {.net_id = port->net_id, .flags = port->flags};
+	int mode = L2_FLOOD_ALL; /* when flooded */
 	__builtin_memcpy(pt.ip4, port->ip4, 4);
 	__builtin_memcpy(pt.ip6, port->ip6, 16);
 
@@ -462,14 +499,21 @@ int from_l2(struct __sk_buff *skb)
 		int what = l2_activate(skb, &pt, &k, src);
 		if (what == L2_STANDBY_NOT_YET)
 			return drop(DROP_L2_STANDBY);
-		if (what == L2_STANDBY_ANNOUNCE)
-			return l2_announce(skb, pt.net_id);
+		if (what == L2_STANDBY_ANNOUNCE) {
+			mode = L2_FLOOD_ANNOUNCE;
+			goto flood;
+		}
 	}
 
 	__u16 proto = eth->h_proto;
 	int icmp = 0; /* an ICMP or ICMPv6 header right after the IP header */
-	if (proto == bpf_htons(ETH_P_ARP_))
-		return l2_arp(skb, &pt, k.mac);
+	if (proto == bpf_htons(ETH_P_ARP_)) {
+		int rc = l2_arp(skb, &pt, k.mac);
+		if (rc != L2_FLOOD_IT)
+			return rc;
+		mode = L2_FLOOD_UNKNOWN;
+		goto flood;
+	}
 	if (proto == bpf_htons(ETH_P_IP)) {
 		struct iphdr *ip = (void *)(eth + 1);
 		if ((void *)(ip + 1) > end)
@@ -483,8 +527,13 @@ int from_l2(struct __sk_buff *skb)
 		struct ipv6hdr *ip6 = (void *)(eth + 1);
 		if ((void *)(ip6 + 1) > end)
 			return drop(DROP_NOT_IP);
-		if (is_nd(ip6, end))
-			return l2_nd(skb, &pt, k.mac);
+		if (is_nd(ip6, end)) {
+			int rc = l2_nd(skb, &pt, k.mac);
+			if (rc != L2_FLOOD_IT)
+				return rc;
+			mode = L2_FLOOD_UNKNOWN;
+			goto flood;
+		}
 		__u8 sa[16];
 		__builtin_memcpy(sa, &ip6->saddr, 16);
 		if (!src_addr_ok(&pt, LACE_FAMILY_V6, sa, k.mac))
@@ -504,29 +553,39 @@ int from_l2(struct __sk_buff *skb)
 		return drop(DROP_NOT_IP);
 
 	if (eth->h_dest[0] & 1)
-		return l2_flood(skb, pt.net_id, ifindex);
+		goto flood;
 	__builtin_memcpy(k.mac, eth->h_dest, 6);
 	struct fdb_val *dst = bpf_map_lookup_elem(&lace_fdb, &k);
-	if (!dst)
-		return drop(DROP_L2_UNKNOWN_DST);
-	if (dst->flags & FDB_GATEWAY) {
+	if (dst && (dst->flags & FDB_GATEWAY)) {
 		bpf_tail_call(skb, &lace_l2_jump, L2_JUMP_ROUTE);
 		return drop(DROP_L2_NO_ROUTER);
 	}
 	/* Switched: an ICMP error only about what its receiver sent here. */
+	if (icmp && l2_foreign_error(skb, ETH_HLEN, proto == bpf_htons(ETH_P_IP) ? LACE_FAMILY_V4 : LACE_FAMILY_V6))
+		return drop(DROP_ICMP_NOT_OURS);
+	/* A MAC the network does not place: a learning network looks for it
+	 * (a silent guest's, or one whose entry aged out of a peer's cache). */
+	if (!dst) {
+		int v4 = proto == bpf_htons(ETH_P_IP);
+		struct l2_neigh_key nk = {.net_id = pt.net_id, .family = v4 ? LACE_FAMILY_V4 : LACE_FAMILY_V6};
+		if (!(pt.flags & PORT_L2_LEARN) || !l2_unknown_ip_ok(skb, ETH_HLEN, &nk, v4))
+			return drop(DROP_L2_UNKNOWN_DST);
+		mode = L2_FLOOD_UNKNOWN;
+		goto flood;
+	}
 	__u32 difindex = fdb_port(&k, dst);
 	const __u8 *node = fdb_node(&k, dst);
 	__u8 dsid[16];
 	if (node)
 		__builtin_memcpy(dsid, node, 16);
-	if (icmp && l2_foreign_error(skb, ETH_HLEN, proto == bpf_htons(ETH_P_IP) ? LACE_FAMILY_V4 : LACE_FAMILY_V6))
-		return drop(DROP_ICMP_NOT_OURS);
 	if (node)
 		return l2_to_node(skb, pt.net_id, k.mac, dsid);
 	/* A frame back to its own port is no switching. */
 	if (!difindex || difindex == ifindex)
 		return drop(DROP_L2_UNKNOWN_DST);
 	return l2_to_port(skb, pt.net_id, difindex);
+flood:
+	return l2_flood(skb, pt.net_id, ifindex, mode);
 }
 
 char __license[] SEC("license") = "GPL";

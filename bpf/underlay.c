@@ -679,10 +679,49 @@ static __noinline int l2_decap(struct __sk_buff *skb, struct pkt *p, __u32 net_i
 	return bpf_redirect_peer(ifindex, 0);
 }
 
+/* l2_flood_in_arp judges the ARP message at off, in a frame from source
+ * MAC smac flooded from another node: -1 when it is a request its
+ * learning network floods (l2_arp), from its sender's own address (the
+ * network binds it to smac) for an address this node does not hold
+ * either (one it holds is answered on every node, never carried); else
+ * the program's verdict. A reply or a gratuitous ARP is a live
+ * migration's announcement (fdb_from_node moved the MAC): done. */
+static __always_inline int l2_flood_in_arp(struct __sk_buff *skb, __u32 off, __u32 net_id, const __u8 *smac)
+{
+	struct arp_eth4 arp;
+	if (bpf_skb_load_bytes(skb, off, &arp, sizeof(arp)) || arp.htype != bpf_htons(1) ||
+	    arp.ptype != bpf_htons(ETH_P_IP) || arp.hlen != 6 || arp.plen != 4)
+		return drop(DROP_DECAP_PROTO);
+	/* Copied out: a packed header's words sit unaligned on the stack. */
+	__u32 spa, tpa;
+	__builtin_memcpy(&spa, arp.spa, 4);
+	__builtin_memcpy(&tpa, arp.tpa, 4);
+	if (arp.oper != bpf_htons(ARP_REQUEST) || spa == tpa)
+		return TC_ACT_SHOT;
+	if (!spa)
+		return drop(DROP_L2_NOT_FORWARDED);
+	struct l2_neigh_key nk = {.net_id = net_id, .family = LACE_FAMILY_V4};
+	__builtin_memcpy(nk.addr, &spa, 4);
+	struct l2_neigh_val *n = bpf_map_lookup_elem(&lace_l2_neigh, &nk);
+	if (!n || !mac_eq(n->mac, smac) || !mac_eq(arp.sha, smac))
+		return drop(DROP_DECAP_FOREIGN);
+	__builtin_memcpy(nk.addr, &tpa, 4);
+	if (bpf_map_lookup_elem(&lace_l2_neigh, &nk))
+		return drop(DROP_L2_UNKNOWN_NEIGH);
+	return -1;
+}
+
 /* l2_flood_in delivers a flooded frame of l2 network net_id (DT2M: the
  * whole frame, next header 143) from node osrc to the network's ports on
- * this node. Its source MAC must live at that node (its FDB entry), and it
- * must be a broadcast or multicast of IP. */
+ * this node. Its source MAC must live at that node (its FDB entry); an IP
+ * frame's source address must be that MAC's. A broadcast or multicast of
+ * IP goes to every port. What a learning network floods to find an
+ * address or MAC it does not know goes to its learning ports only: an ARP
+ * request or a plain neighbour solicitation for an address this node does
+ * not hold either, a unicast frame to a MAC this node does not place
+ * either (the sender's node did not know it; one known here would have
+ * come switched). An ARP or RARP announcement of a live migration moves
+ * the MAC (fdb_from_node) and goes nowhere. */
 static __noinline int l2_flood_in(struct __sk_buff *skb, __u32 net_id, const __u8 *osrc)
 {
 	__u8 nexthdr;
@@ -692,8 +731,6 @@ static __noinline int l2_flood_in(struct __sk_buff *skb, __u32 net_id, const __u
 		return drop(DROP_DECAP_TRUNCATED);
 	if (nexthdr != IPPROTO_ETHERNET)
 		return drop(DROP_DECAP_PROTO);
-	if (!(inner.h_dest[0] & 1))
-		return drop(DROP_DECAP_SID);
 	/* The source MAC lives at the sending node, or moves there: a live
 	 * migration's announcement (l2_announce) does that and nothing else. */
 	struct fdb_key fk = {.net_id = net_id};
@@ -704,34 +741,64 @@ static __noinline int l2_flood_in(struct __sk_buff *skb, __u32 net_id, const __u
 	__u64 *loc = bpf_map_lookup_elem(&lace_node_locs, &hk);
 	if (!f || !loc || !fdb_from_node(&fk, f, loc))
 		return drop(DROP_DECAP_FOREIGN);
-	__u64 flags = BPF_F_ADJ_ROOM_NO_CSUM_RESET;
-	if (inner.h_proto == bpf_htons(ETH_P_IP))
-		flags |= LACE_ADJ_ROOM_DECAP_L3_IPV4;
-	else if (inner.h_proto == bpf_htons(ETH_P_IPV6))
-		flags |= LACE_ADJ_ROOM_DECAP_L3_IPV6;
-	else if (inner.h_proto == bpf_htons(ETH_P_ARP_) || inner.h_proto == bpf_htons(ETH_P_RARP_))
-		return TC_ACT_SHOT; /* an announcement: done */
-	else
-		return drop(DROP_DECAP_PROTO);
-	/* The frame's IP source is its MAC's own address (the sending port's,
-	 * as from_l2 checked there), and no neighbour discovery rides along:
-	 * a multicast advertisement would move every port's neighbour entry
-	 * (the gateway's) to the sender's MAC. */
+	int unknown = !(inner.h_dest[0] & 1);
+	if (unknown) {
+		__builtin_memcpy(fk.mac, inner.h_dest, 6);
+		if (bpf_map_lookup_elem(&lace_fdb, &fk))
+			return drop(DROP_L2_UNKNOWN_DST);
+	}
 	__u32 l3 = ETH_HLEN + sizeof(struct ipv6hdr) + ETH_HLEN;
 	int v4 = inner.h_proto == bpf_htons(ETH_P_IP);
-	struct l2_neigh_key nk = {.net_id = net_id, .family = v4 ? LACE_FAMILY_V4 : LACE_FAMILY_V6};
-	if (bpf_skb_load_bytes(skb, l3 + (v4 ? offsetof(struct iphdr, saddr) : offsetof(struct ipv6hdr, saddr)), nk.addr, v4 ? 4 : 16))
-		return drop(DROP_DECAP_TRUNCATED);
-	struct l2_neigh_val *n = bpf_map_lookup_elem(&lace_l2_neigh, &nk);
-	if (!n || *(__u32 *)n->mac != *(__u32 *)inner.h_source || *(__u16 *)(n->mac + 4) != *(__u16 *)(inner.h_source + 4))
-		return drop(DROP_DECAP_FOREIGN);
-	if (!v4 && l2_carries_nd(skb, l3))
-		return drop(DROP_L2_NOT_FORWARDED);
+	if (v4 || inner.h_proto == bpf_htons(ETH_P_IPV6))
+		; /* IP: judged below (this shape keeps the stack within bounds) */
+	else if (inner.h_proto == bpf_htons(ETH_P_RARP_))
+		return TC_ACT_SHOT; /* an announcement: done */
+	else if (inner.h_proto != bpf_htons(ETH_P_ARP_) || unknown)
+		return drop(DROP_DECAP_PROTO);
+	else {
+		int rc = l2_flood_in_arp(skb, l3, net_id, inner.h_source);
+		if (rc != -1)
+			return rc;
+		unknown = 1;
+	}
+	if (v4 || inner.h_proto == bpf_htons(ETH_P_IPV6)) {
+		/* The frame's IP source is its MAC's own address (the sending
+		 * port's, as from_l2 checked there), and no neighbour discovery
+		 * rides along but a plain solicitation for an address this node
+		 * does not hold: a multicast advertisement would move every
+		 * port's neighbour entry (the gateway's) to the sender's MAC. */
+		struct l2_neigh_key nk = {.net_id = net_id, .family = v4 ? LACE_FAMILY_V4 : LACE_FAMILY_V6};
+		if (bpf_skb_load_bytes(skb, l3 + (v4 ? offsetof(struct iphdr, saddr) : offsetof(struct ipv6hdr, saddr)), nk.addr,
+				       v4 ? 4 : 16))
+			return drop(DROP_DECAP_TRUNCATED);
+		struct l2_neigh_val *n = bpf_map_lookup_elem(&lace_l2_neigh, &nk);
+		if (!n || !mac_eq(n->mac, inner.h_source))
+			return drop(DROP_DECAP_FOREIGN);
+		/* A unicast frame's destination is no address the network holds,
+		 * and no ICMP error (l2_unknown_ip_ok), as its sender's node
+		 * checked. */
+		if (unknown && !l2_unknown_ip_ok(skb, l3, &nk, v4))
+			return drop(DROP_L2_UNKNOWN_DST);
+		if (!v4 && l2_carries_nd(skb, l3)) {
+			if (unknown || !ns_flood_ok(skb, l3, inner.h_source, nk.addr))
+				return drop(DROP_L2_NOT_FORWARDED);
+			if (bpf_map_lookup_elem(&lace_l2_neigh, &nk))
+				return drop(DROP_L2_UNKNOWN_NEIGH);
+			unknown = 1;
+		}
+	}
+	/* An ARP request was padded by its sender (l2_flood_remote): what
+	 * the outer headers leave behind is an IPv6 header's worth at least,
+	 * as bpf_skb_adjust_room wants. */
+	/* Computed here, not kept: this function's stack is at the limit of
+	 * from_underlay's chain of calls. */
+	__u64 flags = BPF_F_ADJ_ROOM_NO_CSUM_RESET | (v4 ? LACE_ADJ_ROOM_DECAP_L3_IPV4
+							   : inner.h_proto == bpf_htons(ETH_P_IPV6) ? LACE_ADJ_ROOM_DECAP_L3_IPV6 : 0);
 	if (bpf_skb_adjust_room(skb, -(int)(sizeof(struct ipv6hdr) + ETH_HLEN), BPF_ADJ_ROOM_MAC, flags) ||
 	    bpf_skb_store_bytes(skb, 0, &inner, sizeof(inner), 0))
 		return drop(DROP_ADJUST);
-	l2_flood_local(skb, net_id, 0);
-	count(FWD_L2_FLOODED);
+	l2_flood_local(skb, net_id, 0, unknown);
+	count(unknown ? FWD_L2_UNKNOWN_FLOODED : FWD_L2_FLOODED);
 	return TC_ACT_SHOT;
 }
 

@@ -23,6 +23,14 @@ struct l2_neigh_val {
 /* The network's gateway: its advertisement carries the router flag. */
 #define NEIGH_ROUTER 1
 
+/* mac_eq compares two MACs byte by byte: one may sit anywhere in a
+ * header copied to the stack, where the verifier refuses a misaligned
+ * wider load. */
+static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
+{
+	return !((a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3]) | (a[4] ^ b[4]) | (a[5] ^ b[5]));
+}
+
 struct fdb_key {
 	__u32 net_id;
 	__u8 mac[6];
@@ -246,6 +254,11 @@ static __noinline __attribute__((unused)) int l2_foreign_error(struct __sk_buff 
  * in lace_l2_nets. */
 #define L2_FLOOD_MAX 128
 
+/* Ethernet's shortest frame (without its checksum), and an IPv4 ARP
+ * message's frame, which a stack sends unpadded on a veth. */
+#define L2_MIN_FRAME 60
+#define L2_ARP_FRAME 42
+
 struct l2_flood_key {
 	__u32 net_id;
 	__u32 idx;
@@ -279,9 +292,11 @@ struct {
 } lace_l2_nets SEC(".maps");
 
 /* l2_flood_local copies the frame to the network's ports on this node but
- * skip (the port it came from). Bounded: the verifier walks it once per
- * iteration, L2_FLOOD_MAX at most. */
-static __always_inline void l2_flood_local(struct __sk_buff *skb, __u32 net_id, __u32 skip)
+ * skip (the port it came from); learning: only to ports that learn (what
+ * is flooded to find an address or MAC its network does not know, which
+ * only a learning network may hold). Bounded: the verifier walks it once
+ * per iteration, L2_FLOOD_MAX at most. */
+static __always_inline void l2_flood_local(struct __sk_buff *skb, __u32 net_id, __u32 skip, int learning)
 {
 	struct l2_net_val *nv = bpf_map_lookup_elem(&lace_l2_nets, &net_id);
 	if (!nv)
@@ -292,9 +307,66 @@ static __always_inline void l2_flood_local(struct __sk_buff *skb, __u32 net_id, 
 			break;
 		struct l2_flood_key k = {.net_id = net_id, .idx = i};
 		struct l2_flood_val *v = bpf_map_lookup_elem(&lace_l2_flood, &k);
-		if (v && v->ifindex != skip)
-			bpf_clone_redirect(skb, v->ifindex, 0);
+		if (!v || v->ifindex == skip)
+			continue;
+		if (learning) {
+			__u32 ifi = v->ifindex;
+			struct port_val *pv = bpf_map_lookup_elem(&lace_ports, &ifi);
+			if (!pv || !(pv->flags & PORT_L2_LEARN) || pv->net_id != net_id)
+				continue;
+		}
+		bpf_clone_redirect(skb, v->ifindex, 0);
 	}
+}
+
+/* l2_unknown_ip_ok tells whether the IP packet at l3_off (v4 or IPv6), in
+ * a unicast frame to a MAC its learning network does not place, may be
+ * flooded to find that MAC: not when its destination is an address the
+ * network holds (its frame belongs to that address's MAC: a stale cache,
+ * or a tenant spraying another's traffic to every learning port), nor an
+ * ICMP error (about a flow its unknown receiver cannot have had). */
+static __always_inline __attribute__((unused)) int l2_unknown_ip_ok(struct __sk_buff *skb, __u32 l3_off, struct l2_neigh_key *nk, int v4)
+{
+	/* nk is the caller's (its net_id and family set), its address the
+	 * only buffer: stack is scarce where this runs, deep in
+	 * from_underlay's calls. */
+	if (bpf_skb_load_bytes(skb, l3_off + (v4 ? offsetof(struct iphdr, daddr) : offsetof(struct ipv6hdr, daddr)), nk->addr, v4 ? 4 : 16) ||
+	    bpf_map_lookup_elem(&lace_l2_neigh, nk))
+		return 0;
+	__u8 *h = nk->addr;
+	if (bpf_skb_load_bytes(skb, l3_off + (v4 ? offsetof(struct iphdr, protocol) : offsetof(struct ipv6hdr, nexthdr)), h, 1))
+		return 0;
+	/* The first header after a bare IP header: an options-laden one is
+	 * judged as a non-error (its sender's node ran l2_foreign_error). */
+	if (h[0] != (v4 ? IPPROTO_ICMP : IPPROTO_ICMPV6))
+		return 1;
+	if (bpf_skb_load_bytes(skb, l3_off + (v4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr)), h + 1, 1))
+		return 0;
+	return v4 ? h[1] != 3 && h[1] != 11 && h[1] != 12 : h[1] >= 128;
+}
+
+/* ns_flood_ok tells whether the IPv6 packet at l3_off is a plain neighbour
+ * solicitation (no extension header, hop limit 255) whose only option, if
+ * it has one, is its source link-layer address smac, and gives its
+ * target: the one piece of ND a learning network floods (to find an
+ * address it does not hold), on both ends of the fabric. Its receivers
+ * bind the solicitation's source to that option: nothing else may ride
+ * along. */
+static __always_inline __attribute__((unused)) int ns_flood_ok(struct __sk_buff *skb, __u32 l3_off, const __u8 *smac, __u8 *target)
+{
+	/* Loaded piecemeal: this runs deep in from_underlay's calls, where
+	 * the stack is counted. h: payload length, next header, hop limit. */
+	__u8 h[8];
+	if (bpf_skb_load_bytes(skb, l3_off + offsetof(struct ipv6hdr, payload_len), h, 4) || h[2] != IPPROTO_ICMPV6 ||
+	    h[3] != 255)
+		return 0;
+	__u16 len = ((__u16)h[0] << 8) | h[1];
+	__u32 icmp = l3_off + sizeof(struct ipv6hdr);
+	if ((len != 24 && len != 32) || bpf_skb_load_bytes(skb, icmp, h, 2) || h[0] != 135 || h[1] != 0)
+		return 0;
+	if (len == 32 && (bpf_skb_load_bytes(skb, icmp + 24, h, 8) || h[0] != 1 || h[1] != 1 || !mac_eq(h + 2, smac)))
+		return 0;
+	return !bpf_skb_load_bytes(skb, icmp + 8, target, 16);
 }
 
 /* l2_unnat: a switched frame may be a Service endpoint's answer to a

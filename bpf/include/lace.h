@@ -96,8 +96,8 @@ enum drop_reason {
 	DROP_FRAG_NO_FIRST = 33, /* fragment-before-first: a later IP fragment whose first fragment (with the ports) was not seen: out of order, lost, forged, or of another network */
 	DROP_ICMP_IN_NOT_OURS = 34, /* icmp-error-in-no-flow: an ICMP error toward a pod about no live flow of that pod whose peer is the error's sender (its network, or outside for an outside flow) */
 	DROP_L2_SPOOF_MAC = 35, /* l2-spoofed-mac: a frame from an l2 port whose source MAC is not the port's */
-	DROP_L2_UNKNOWN_DST = 36, /* l2-unknown-destination: a unicast frame to a MAC its l2 network does not know */
-	DROP_L2_UNKNOWN_NEIGH = 37, /* l2-unknown-neighbour: an ARP request or neighbour solicitation for an address its l2 network does not hold */
+	DROP_L2_UNKNOWN_DST = 36, /* l2-unknown-destination: a unicast frame to a MAC its l2 network does not know, on a network that does not learn (a learning one floods it); or flooded from another node to a MAC this node places */
+	DROP_L2_UNKNOWN_NEIGH = 37, /* l2-unknown-neighbour: an ARP request or neighbour solicitation for an address its l2 network does not hold, on a network that does not learn (a learning one floods it); or flooded from another node for an address this node holds */
 	DROP_L2_NOT_FORWARDED = 38, /* l2-not-forwarded: address resolution an l2 port does not send on (duplicate address detection, gratuitous ARP, ARP and ND replies, router solicitations, MLD) */
 	DROP_L2_NO_ROUTER = 39, /* l2-no-router: a frame to the network's gateway while the routing program is not loaded */
 	DROP_L2_NOT_CARRIED = 40, /* l2-frame-not-carried: a frame to a MAC on another node that is not IP addressed to that MAC's own address (only those cross nodes yet) */
@@ -125,7 +125,8 @@ enum fwd_counter {
 	FWD_L2_FLOODED = 14, /* flooded: an l2 broadcast or multicast frame copied to its network's other ports on the node and to the other nodes with ports in it */
 	FWD_L2_ACTIVATED = 15, /* l2-activated: an l2 MAC showed up at its standby port on this node (a live migration's target): it lives here from now on, announced to the other nodes */
 	FWD_L2_MOVED = 16, /* l2-moved: a frame from the standby node of an l2 MAC (a live migration's target) moved the MAC there on this node */
-	FWD_MAX = 17,
+	FWD_L2_UNKNOWN_FLOODED = 17, /* l2-unknown-flooded: on a learning l2 network, an ARP request or neighbour solicitation for an address it does not hold, or a unicast frame to a MAC it does not place, copied to its learning ports on this node and to the other nodes with ports in it (a silent guest is found as on a switch) */
+	FWD_MAX = 18,
 };
 
 /* skb->mark of what Lace's own encapsulation sends (encap_and_send):

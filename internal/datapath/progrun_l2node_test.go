@@ -142,7 +142,8 @@ func TestProgL2FromNode(t *testing.T) {
 // other ports and sent whole (next header 143) to the DT2M SID of every
 // other node with ports in the network, the frame itself consumed; a
 // flooded frame from a node is taken only from the node its source MAC
-// lives on, only as a broadcast or multicast of IP.
+// lives on, only as a broadcast or multicast of IP (or as what a learning
+// network looks for: TestProgL2UnknownFromNode).
 func TestProgL2Flood(t *testing.T) {
 	d := progL2NodesDatapath(t)
 	if err := d.SyncL2Local([]L2Neighbor{{NetID: progNet, Addr: l2A4, MAC: l2MACA}},
@@ -185,7 +186,7 @@ func TestProgL2Flood(t *testing.T) {
 	}{
 		{"a MAC that lives elsewhere", "decap-foreign-source", flooded(l2MACA, bcast, 0x0800, bc)},
 		{"an unknown MAC", "decap-foreign-source", flooded(net.HardwareAddr{0x0a, 0x58, 10, 70, 1, 99}, bcast, 0x0800, bc)},
-		{"unicast", "decap-unknown-sid", flooded(l2MACC, l2MACA, 0x0800, bc)},
+		{"unicast to a MAC placed here", "l2-unknown-destination", flooded(l2MACC, l2MACA, 0x0800, bc)},
 		{"not IP", "decap-bad-protocol", flooded(l2MACC, bcast, 0x88cc, make([]byte, 46))},
 		{"not Ethernet", "decap-bad-protocol", ether(unicastMAC, 0x86dd, ipv6(progPeerV6, mySID, 4, bc))},
 	} {

@@ -88,8 +88,8 @@ var DropMeanings = []string{
 	"a later IP fragment whose first fragment (with the ports) was not seen: out of order, lost, forged, or of another network",
 	"an ICMP error toward a pod about no live flow of that pod whose peer is the error's sender (its network, or outside for an outside flow)",
 	"a frame from an l2 port whose source MAC is not the port's",
-	"a unicast frame to a MAC its l2 network does not know",
-	"an ARP request or neighbour solicitation for an address its l2 network does not hold",
+	"a unicast frame to a MAC its l2 network does not know, on a network that does not learn (a learning one floods it); or flooded from another node to a MAC this node places",
+	"an ARP request or neighbour solicitation for an address its l2 network does not hold, on a network that does not learn (a learning one floods it); or flooded from another node for an address this node holds",
 	"address resolution an l2 port does not send on (duplicate address detection, gratuitous ARP, ARP and ND replies, router solicitations, MLD)",
 	"a frame to the network's gateway while the routing program is not loaded",
 	"a frame to a MAC on another node that is not IP addressed to that MAC's own address (only those cross nodes yet)",
@@ -117,6 +117,7 @@ var ForwardCounters = []string{
 	"flooded",
 	"l2-activated",
 	"l2-moved",
+	"l2-unknown-flooded",
 }
 
 // ForwardMeanings say what the forwarding counters count, in the same order.
@@ -138,4 +139,5 @@ var ForwardMeanings = []string{
 	"an l2 broadcast or multicast frame copied to its network's other ports on the node and to the other nodes with ports in it",
 	"an l2 MAC showed up at its standby port on this node (a live migration's target): it lives here from now on, announced to the other nodes",
 	"a frame from the standby node of an l2 MAC (a live migration's target) moved the MAC there on this node",
+	"on a learning l2 network, an ARP request or neighbour solicitation for an address it does not hold, or a unicast frame to a MAC it does not place, copied to its learning ports on this node and to the other nodes with ports in it (a silent guest is found as on a switch)",
 }

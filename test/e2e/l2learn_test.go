@@ -61,6 +61,33 @@ func staticGuest(t *testing.T, podNS string, mac net.HardwareAddr, addrs ...neti
 	return guest
 }
 
+// guestServes answers TCP on port 9969 of each of addrs in guest's
+// namespace with "guest", until the test ends.
+func guestServes(t *testing.T, guest string, addrs ...netip.Addr) {
+	t.Helper()
+	for _, a := range addrs {
+		var l net.Listener
+		err := netutil.Do(guest, func() (err error) {
+			l, err = net.Listen("tcp", net.JoinHostPort(a.String(), "9969"))
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		go func() {
+			for {
+				conn, err := l.Accept()
+				if err != nil {
+					return
+				}
+				fmt.Fprint(conn, "guest")
+				conn.Close()
+			}
+		}()
+	}
+}
+
 // anonNetNS makes a network namespace of no name (the root namespace's
 // mounts stay as they were), held open until the test ends; it returns a
 // path that enters it and the open file.
@@ -95,8 +122,10 @@ func setLearning(t *testing.T, c crclient.Client, name string, on bool) {
 // its first frames are dropped as l2-learning, its MAC and addresses are
 // published as learned FDBEntry and Neighbors (publisher: its node), and
 // the pod on the other node reaches it over TCP in both families, switched
-// through SRv6 to the guest's node. The guest's pod deleted, nothing
-// learned is left.
+// through SRv6 to the guest's node. A second, silent guest is found by
+// the peer's flooded ARP and neighbour solicitation (l2-unknown-flooded
+// on both nodes), learned from its answer, and reached. The guests' pod
+// deleted, nothing learned is left.
 func TestL2LearnsStaticGuest(t *testing.T) {
 	needLab(t)
 	c := laceClient(t)
@@ -108,30 +137,7 @@ func TestL2LearnsStaticGuest(t *testing.T) {
 	mac := net.HardwareAddr{0x52, 0x54, 0x00, 0x69, 0x00, 0xc8}
 	g4, g6 := netip.MustParseAddr("10.69.0.200"), netip.MustParseAddr("fd00:69::c8")
 	guest := staticGuest(t, podNetNS(t, host), mac, netip.PrefixFrom(g4, 24), netip.PrefixFrom(g6, 64))
-	var lns []net.Listener
-	for _, a := range []netip.Addr{g4, g6} {
-		err := netutil.Do(guest, func() error {
-			l, err := net.Listen("tcp", net.JoinHostPort(a.String(), "9969"))
-			lns = append(lns, l)
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, l := range lns {
-		t.Cleanup(func() { l.Close() })
-		go func() {
-			for {
-				conn, err := l.Accept()
-				if err != nil {
-					return
-				}
-				fmt.Fprint(conn, "guest")
-				conn.Close()
-			}
-		}()
-	}
+	guestServes(t, guest, g4, g6)
 	// The guest speaks: what a guest does on boot (its sends resolve the
 	// peer, and carry its address).
 	peer4, peer6 := podAddrs(peer)
@@ -227,6 +233,26 @@ func TestL2LearnsStaticGuest(t *testing.T) {
 	}
 	for _, a := range []netip.Addr{g4, g6} {
 		eventually(t, 30*time.Second, fmt.Sprintf("TCP from n2 to the guest at %s", a), func() error { return reach(a) })
+	}
+
+	// A silent guest (it never sends first) is found as on a switch: the
+	// peer's ARP request and neighbour solicitation for it, which its
+	// network cannot answer, are flooded to the learning ports of every
+	// node with ports in the network; the guest's answer is learned, and
+	// the peer's next question answered.
+	silentMAC := net.HardwareAddr{0x52, 0x54, 0x00, 0x69, 0x00, 0xc9}
+	s4, s6 := netip.MustParseAddr("10.69.0.201"), netip.MustParseAddr("fd00:69::c9")
+	silent := staticGuest(t, podNetNS(t, host), silentMAC, netip.PrefixFrom(s4, 24), netip.PrefixFrom(s6, 64))
+	guestServes(t, silent, s4, s6)
+	sent, taken := nodeForwarded(t, "n2")["l2-unknown-flooded"], nodeForwarded(t, "n1")["l2-unknown-flooded"]
+	for _, a := range []netip.Addr{s4, s6} {
+		eventually(t, 30*time.Second, fmt.Sprintf("TCP from n2 to the silent guest at %s", a), func() error { return reach(a) })
+	}
+	if got := nodeForwarded(t, "n2")["l2-unknown-flooded"]; got < sent+2 {
+		t.Errorf("n2 flooded %d questions for the silent guest, want one per family at least", got-sent)
+	}
+	if got := nodeForwarded(t, "n1")["l2-unknown-flooded"]; got < taken+2 {
+		t.Errorf("n1 took %d flooded questions for the silent guest, want one per family at least", got-taken)
 	}
 
 	// The guest's pod goes: what was learned for it goes with it.
