@@ -437,7 +437,7 @@ static __always_inline int l2_standby_frame(struct __sk_buff *skb, const struct 
  * port this frame came from, when the frame is the VM's (l2_standby_frame):
  * the live migration's VM runs here now. The agent hears of it
  * (lace-controller publishes the move, sequence + 1); the other nodes
- * follow the announcement (l2_announce), or the VM's first frame to them
+ * follow the announcement (L2_FLOOD_ANNOUNCE), or the VM's first frame to them
  * (fdb_from_node). It returns what the frame is. */
 static __noinline int l2_activate(struct __sk_buff *skb, const struct l2_port *pt, const struct fdb_key *k, const struct fdb_val *f)
 {

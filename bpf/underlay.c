@@ -732,7 +732,7 @@ static __noinline int l2_flood_in(struct __sk_buff *skb, __u32 net_id, const __u
 	if (nexthdr != IPPROTO_ETHERNET)
 		return drop(DROP_DECAP_PROTO);
 	/* The source MAC lives at the sending node, or moves there: a live
-	 * migration's announcement (l2_announce) does that and nothing else. */
+	 * migration's announcement (l2_flood, L2_FLOOD_ANNOUNCE) does that and nothing else. */
 	struct fdb_key fk = {.net_id = net_id};
 	__builtin_memcpy(fk.mac, inner.h_source, 6);
 	struct fdb_val *f = bpf_map_lookup_elem(&lace_fdb, &fk);

@@ -61,6 +61,11 @@ const (
 	// migration's target): the standby goes with it. Written and read by
 	// lace-controller.
 	AnnotationStandbyEndpoint = "lace-cni.io/standby-endpoint"
+	// AnnotationMigrationTargetReady is KubeVirt's, on a live
+	// migration's target pod (virt-launcher): the time the target was
+	// ready to run the VM. Read by lace-agent: the VM's MAC moves to the
+	// pod's standby port then, as on the VM's first frame there.
+	AnnotationMigrationTargetReady = "kubevirt.io/migration-target-ready-timestamp"
 	// AnnotationMoves is, on a learned FDBEntry or Neighbor, the times
 	// (Unix milliseconds, comma-separated, newest last, at most 5) it
 	// moved between endpoints: lace-controller freezes one that moved 5

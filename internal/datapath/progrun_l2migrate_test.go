@@ -277,3 +277,46 @@ func mustL2(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// TestL2ActivateStandby: the agent's move of a MAC to its standby port
+// (KubeVirt said the target is ready) is the data plane's own: the MAC
+// stands by at that port only (L2Standby), moves for the entry's
+// sequence, is then switched to the port here and listed as activated,
+// and lace-controller's next sequence ends the move.
+func TestL2ActivateStandby(t *testing.T) {
+	d := progL2MigrateDatapath(t, true, FDBEntry{NetID: progNet, MAC: l2VM, SID: l2SID(progOther), Seq: 3, StandbyHere: true})
+	standby := func(port uint32) (uint32, bool) {
+		t.Helper()
+		seq, ok, err := d.L2Standby(progNet, l2VM, port)
+		mustL2(t, err)
+		return seq, ok
+	}
+	if _, ok := standby(l2PortA); ok {
+		t.Fatal("the VM's MAC stands by at another port")
+	}
+	seq, ok := standby(l2PortVM)
+	if !ok || seq != 3 {
+		t.Fatalf("standby at its port: %d %v, want sequence 3", seq, ok)
+	}
+	mustL2(t, d.ActivateStandby(progNet, l2VM, seq))
+	if _, ok := standby(l2PortVM); ok {
+		t.Error("still standing by after the move")
+	}
+	acts, err := d.L2Activated()
+	mustL2(t, err)
+	if len(acts) != 1 || acts[0].IfIndex != l2PortVM || acts[0].Seq != 3 {
+		t.Errorf("activated %+v, want the VM at its port, sequence 3", acts)
+	}
+	toVM := fromMAC(l2MACA, ether(l2VM, 0x0800, ipv4(l2A4, l2VM4, 17, udp(1000, 7))))
+	onlyForwarded(t, d, "switched", func() {
+		onlyDrop(t, d, "", func() {
+			if ret, _ := runL2(t, d, l2PortA, toVM); ret != actRedirect {
+				t.Errorf("a frame to the VM after the move: verdict %d, want a redirect to its port here", ret)
+			}
+		})
+	})
+	syncMigrateCluster(t, d, FDBEntry{NetID: progNet, MAC: l2VM, SID: l2SID(progOther), Seq: 4, StandbyHere: true})
+	if seq, ok := standby(l2PortVM); !ok || seq != 4 {
+		t.Errorf("after the next sequence: standby %d %v, want sequence 4 standing by again", seq, ok)
+	}
+}

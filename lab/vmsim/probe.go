@@ -243,9 +243,14 @@ func longestGap(ts []time.Time, from, to time.Time) time.Duration {
 	return max(gap, to.Sub(last))
 }
 
-// Stop ends the probe and closes what it opened.
+// Stop ends the probe and closes what it opened; once (a second call
+// would close a descriptor number someone else may hold by then).
 func (p *Probe) Stop() {
 	p.mu.Lock()
+	if p.stopping {
+		p.mu.Unlock()
+		return
+	}
 	p.stopping = true
 	p.mu.Unlock()
 	if p.cancel != nil {

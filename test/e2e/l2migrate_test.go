@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	ipamclaimsv1 "github.com/lace-cni/lace/api/ipamclaims/v1alpha1"
@@ -104,6 +105,26 @@ func dumpMigration(t *testing.T, id uint32, mac net.HardwareAddr, before map[str
 	}
 }
 
+// probeFlowing starts a probe between guest g and the peer (in peerNS, at
+// peer) to the guest's address to on port, stopped when the test ends, and
+// waits until its pings are answered and its stream reads.
+func probeFlowing(t *testing.T, g *vmsim.Guest, peerNS string, peer, to netip.Addr, port int) *vmsim.Probe {
+	t.Helper()
+	var pr *vmsim.Probe
+	eventually(t, 30*time.Second, fmt.Sprintf("the guest's stream to the peer (port %d)", port), func() (err error) {
+		pr, err = vmsim.StartProbe(g, peerNS, peer, to, port)
+		return err
+	})
+	t.Cleanup(pr.Stop)
+	eventually(t, 20*time.Second, "the peer's pings answered by the guest", func() error {
+		if r, s := pr.Arrived(time.Now().Add(-time.Second)); r < 50 || s == 0 {
+			return fmt.Errorf("%d echo replies and %d reads in the last second", r, s)
+		}
+		return nil
+	})
+	return pr
+}
+
 // migrate moves g behind the pod at podNS and measures the outage the
 // probe saw: the longest silence of the ping and of the stream from 100 ms
 // before the switch-over until both flowed again for a second.
@@ -146,8 +167,10 @@ func migrate(t *testing.T, g *vmsim.Guest, pr *vmsim.Probe, podNS string, announ
 // at once (the target activated, the others moved by its announcement),
 // lace-controller then publishes the move (sequence + 1), and the outage
 // stays under 0.2 s (the peers publish 0.5 s) with no reset. Back to the source with the
-// announcement lost, the VM's first frame moves it, as fast. The source pod deleted,
-// its standby goes.
+// announcement lost, the VM's first frame moves it, as fast. To a new
+// target, KubeVirt's word alone (the target pod's migration-target-ready
+// annotation) moves it, with no frame of the VM there. The source pod
+// deleted, its standby goes.
 func TestL2LiveMigration(t *testing.T) {
 	needLab(t)
 	c := laceClient(t)
@@ -180,18 +203,7 @@ func TestL2LiveMigration(t *testing.T) {
 	}
 	t.Cleanup(g.Close)
 	peer4, _ := podAddrs(peer)
-	var pr *vmsim.Probe
-	eventually(t, 30*time.Second, "the guest's stream to the peer", func() error {
-		pr, err = vmsim.StartProbe(g, podNetNS(t, peer), peer4, vm4, 9971)
-		return err
-	})
-	t.Cleanup(pr.Stop)
-	eventually(t, 20*time.Second, "the peer's pings answered by the guest", func() error {
-		if r, s := pr.Arrived(time.Now().Add(-time.Second)); r < 50 || s == 0 {
-			return fmt.Errorf("%d echo replies and %d reads in the last second", r, s)
-		}
-		return nil
-	})
+	pr := probeFlowing(t, g, podNetNS(t, peer), peer4, vm4, 9971)
 
 	// The target: the VM's addresses and MAC, the standby everywhere.
 	tgt := launcherPod(t, "mig-tgt", "mig", "n2", claim.Name)
@@ -238,10 +250,42 @@ func TestL2LiveMigration(t *testing.T) {
 	}
 	fdbAt(t, c, fdbName, "n1", "n2", seq+2) // and the move back
 
-	// The other pod goes (KubeVirt deletes the source when done): its
-	// standby with it, the VM untouched.
+	// KubeVirt's word alone moves the MAC. The first target done with (a
+	// pod is a migration's target once), a new one stands by; marked ready
+	// while the guest is silent and not even there (the probe stopped),
+	// the MAC moves to it (sequence + 1) with no frame activating it.
 	deletePodNow(t, tgt.Name)
 	fdbAt(t, c, fdbName, "n1", "", -1)
+	pr.Stop()
+	tgt = launcherPod(t, "mig-tgt2", "mig", "n2", claim.Name)
+	tgtNS = podNetNS(t, tgt)
+	if _, err := vmsim.Bind(tgtNS); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Plug(tgtNS); err != nil {
+		t.Fatal(err)
+	}
+	seq = fdbAt(t, c, fdbName, "n1", "n2", -1).Spec.Sequence
+	standbyOn(t, "n2", id, mac, true)
+	activated = nodeForwarded(t, "n2")["l2-activated"]
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, lacev1.AnnotationMigrationTargetReady, time.Now().UTC().Format(time.RFC3339))
+	if _, err := client.CoreV1().Pods("default").Patch(ctx, tgt.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	fdbAt(t, c, fdbName, "n2", "n1", seq+1)
+	if a := nodeForwarded(t, "n2")["l2-activated"]; a != activated {
+		t.Errorf("n2's data plane activated the MAC (l2-activated %d -> %d): the annotation was not what moved it", activated, a)
+	}
+	// The guest follows, silent still: it is reached there.
+	if err := g.Migrate(tgtNS, false); err != nil {
+		t.Fatal(err)
+	}
+	pr = probeFlowing(t, g, podNetNS(t, peer), peer4, vm4, 9972)
+
+	// The other pod goes (KubeVirt deletes the source when done): its
+	// standby with it, the VM untouched.
+	deletePodNow(t, src.Name)
+	fdbAt(t, c, fdbName, "n2", "", -1)
 	if r, _ := pr.Arrived(time.Now().Add(-time.Second)); r < 50 || pr.Err() != nil {
 		t.Errorf("after the other pod went: %d echo replies in the last second, stream error %v", r, pr.Err())
 	}

@@ -3,6 +3,7 @@ package cni
 import (
 	"context"
 	"log/slog"
+	"net"
 	"net/netip"
 	"sync"
 
@@ -37,6 +38,10 @@ type Tables interface {
 	// L2Activated are the MACs that moved to a standby port here and
 	// still live there (migrate.go).
 	L2Activated() ([]datapath.L2Learned, error)
+	// L2Standby tells whether a MAC stands by at a port here, not moved
+	// there yet (its entry's sequence); ActivateStandby moves it there.
+	L2Standby(netID uint32, mac net.HardwareAddr, ifindex uint32) (uint32, bool, error)
+	ActivateStandby(netID uint32, mac net.HardwareAddr, seq uint32) error
 }
 
 // Kernel is what the server changes in the node's namespace: pod

@@ -41,6 +41,9 @@ type fakeDP struct {
 	fdb      []datapath.FDBEntry
 	// activated is what L2Activated reports.
 	activated []datapath.L2Learned
+	// standby is the MACs standing by at a port here (L2Standby), by
+	// MAC: their sequence; ActivateStandby moves them to activated.
+	standby map[string]datapath.L2Learned
 }
 
 func newFakeDP() *fakeDP {
@@ -64,6 +67,26 @@ func (f *fakeDP) L2Activated() ([]datapath.L2Learned, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.activated, nil
+}
+func (f *fakeDP) L2Standby(netID uint32, mac net.HardwareAddr, ifindex uint32) (uint32, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l, ok := f.standby[mac.String()]
+	if !ok || l.NetID != netID || l.IfIndex != ifindex {
+		return 0, false, nil
+	}
+	return l.Seq, true, nil
+}
+func (f *fakeDP) ActivateStandby(netID uint32, mac net.HardwareAddr, seq uint32) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l, ok := f.standby[mac.String()]
+	if !ok || l.NetID != netID || l.Seq != seq {
+		return fmt.Errorf("MAC %s stands by nowhere at sequence %d", mac, seq)
+	}
+	delete(f.standby, mac.String())
+	f.activated = append(f.activated, l)
+	return nil
 }
 func (f *fakeDP) DetachPod(h string) error          { return f.w(func() { delete(f.attached, h) }) }
 func (f *fakeDP) PinnedPodLinks() ([]string, error) { return agenttest.Keys(&f.mu, f.attached), nil }

@@ -211,8 +211,8 @@ func (s *Server) claimSequence(network string, ep types.NamespacedName, mac net.
 }
 
 // RecordLearned writes the recorded bindings to their endpoints' specs
-// every learnRound until ctx ends, and catches up with activations no
-// report said.
+// every learnRound until ctx ends, moves the MACs of migration targets
+// KubeVirt marked ready, and catches up with activations no report said.
 func (s *Server) RecordLearned(ctx context.Context) error {
 	t := time.NewTicker(learnRound)
 	defer t.Stop()
@@ -222,6 +222,7 @@ func (s *Server) RecordLearned(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
+		s.activateReadyTargets(ctx)
 		s.catchUpActivations()
 		s.learn.mu.Lock()
 		pending := s.learn.pending

@@ -2,8 +2,10 @@ package cni
 
 import (
 	"context"
+	"net"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
@@ -17,7 +19,9 @@ import (
 // the port at once and reports it (Learned, Activated); the agent records
 // the activation in the endpoint's spec.activated, and lace-controller
 // moves the FDBEntry here with its sequence one higher, which every node
-// then follows (the data plane's move holds until then).
+// then follows (the data plane's move holds until then). KubeVirt's word
+// that the target is ready (AnnotationMigrationTargetReady on its pod)
+// moves the MAC too, should the VM stay silent (activateReadyTargets).
 
 // activated records the data plane's report that the MAC of the endpoint
 // at port l.IfIndex showed up there. Off the ring reader's goroutine: an
@@ -98,5 +102,52 @@ func (s *Server) catchUpActivations() {
 		if !live[k] {
 			delete(s.learn.activations, k)
 		}
+	}
+}
+
+// activateReadyTargets moves to its port here the MAC of each l2 endpoint
+// whose MAC stands by there (a live migration's target) and whose pod
+// KubeVirt marked ready (AnnotationMigrationTargetReady), as the VM's
+// first frame there would, and records the activation: a VM that stays
+// silent after its migration (its announcement lost, nothing to send) is
+// reached at the target all the same, at the control plane's pace. The
+// pod is read (from the cache) only for a MAC that stands by here; a pod
+// activated before (a later migration's source) is not activated again.
+func (s *Server) activateReadyTargets(ctx context.Context) {
+	for _, e := range s.cp.all() {
+		if !e.Ready || e.Deleting || !e.L2 {
+			continue
+		}
+		mac, err := net.ParseMAC(e.PodMAC)
+		if err != nil {
+			continue
+		}
+		seq, standby, err := s.dp.L2Standby(e.NetID, mac, uint32(e.HostIfIndex))
+		if err != nil {
+			s.log.Warn("read an l2 standby", "mac", e.PodMAC, "error", err)
+			continue
+		}
+		if !standby {
+			continue
+		}
+		var pod corev1.Pod
+		key := types.NamespacedName{Namespace: e.PodNS, Name: e.PodName}
+		if err := s.client.Get(ctx, key, &pod); err != nil || string(pod.UID) != e.PodUID ||
+			pod.Annotations[lacev1.AnnotationMigrationTargetReady] == "" {
+			continue
+		}
+		// A pod is a migration's target once: one whose VM ran here
+		// before (spec.activated) and left again is the next migration's
+		// source, and its annotation is about the migration before.
+		var ne lacev1.NetworkEndpoint
+		if err := s.client.Get(ctx, key, &ne); err != nil || ne.Spec.Activated != nil {
+			continue
+		}
+		if err := s.dp.ActivateStandby(e.NetID, mac, seq); err != nil {
+			s.log.Warn("activate a migration's ready target", "endpoint", key.String(), "error", err)
+			continue
+		}
+		s.log.Info("a migration's target is ready: its VM's MAC moved to its port", "endpoint", key.String(), "mac", e.PodMAC, "sequence", seq)
+		s.activated(datapath.L2Learned{IfIndex: uint32(e.HostIfIndex), NetID: e.NetID, MAC: mac, Activated: true, Seq: seq})
 	}
 }
