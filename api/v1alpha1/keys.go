@@ -159,3 +159,13 @@ const (
 // names a LoadBalancerClass of Lace: lace-cni.io/<class name>. Written by
 // users; read by the model's VIP allocation and by lacectl.
 const LoadBalancerClassPrefix = "lace-cni.io/"
+
+// IPAMClaimOf is the IPAMClaim (in the pod's namespace) that a pod with
+// annotations ann names, if any: AnnotationIPAMClaim first, else
+// KubeVirt's AnnotationOVNPrimaryUDNIPAMClaim.
+func IPAMClaimOf(ann map[string]string) string {
+	if n := ann[AnnotationIPAMClaim]; n != "" {
+		return n
+	}
+	return ann[AnnotationOVNPrimaryUDNIPAMClaim]
+}

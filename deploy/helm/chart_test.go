@@ -454,7 +454,7 @@ func TestRBACLeastPrivilege(t *testing.T) {
 		"lace-controller create lace-cni.io/neighbors", "lace-controller delete lace-cni.io/fdbentries",
 		"lace-controller patch lace-cni.io/networkendpoints/status", "lace-controller patch lace-cni.io/fdbentries",
 		"lace-controller patch lace-cni.io/neighbors", "lace-controller watch k8s.cni.cncf.io/ipamclaims",
-		"lace-controller patch k8s.cni.cncf.io/ipamclaims/status",
+		"lace-controller patch k8s.cni.cncf.io/ipamclaims/status", "lace-agent get k8s.cni.cncf.io/ipamclaims",
 	} {
 		if !can[want] {
 			t.Errorf("RBAC lacks %q", want)
@@ -463,7 +463,8 @@ func TestRBACLeastPrivilege(t *testing.T) {
 	// The agents never claim l2 addresses or MACs: the controller alone does.
 	for _, deny := range []string{"lace-agent update lace-cni.io/networks", "lace-agent delete /pods",
 		"lace-agent create lace-cni.io/neighbors", "lace-agent create lace-cni.io/fdbentries",
-		"lace-agent patch lace-cni.io/networkendpoints/status",
+		"lace-agent patch lace-cni.io/networkendpoints/status", "lace-agent patch k8s.cni.cncf.io/ipamclaims/status",
+		"lace-agent list k8s.cni.cncf.io/ipamclaims",
 		"lace-controller get /secrets"} {
 		if can[deny] {
 			t.Errorf("RBAC grants %q", deny)

@@ -88,18 +88,10 @@ func (r *L2AddressReconciler) claimHolder(ctx context.Context, claim *ipamclaims
 	return h
 }
 
-// claimName is the IPAMClaim a pod names, if any.
-func claimName(pod *corev1.Pod) string {
-	if n := pod.Annotations[lacev1.AnnotationIPAMClaim]; n != "" {
-		return n
-	}
-	return pod.Annotations[lacev1.AnnotationOVNPrimaryUDNIPAMClaim]
-}
-
 // holderOf decides who ne's addresses are held for and what its pod
 // asked for; a refusal when the claim it names is unusable.
 func (r *L2AddressReconciler) holderOf(ctx context.Context, ne *lacev1.NetworkEndpoint, pod *corev1.Pod, nw *lacev1.Network) (holder, request, *refusal, error) {
-	name := claimName(pod)
+	name := lacev1.IPAMClaimOf(pod.Annotations)
 	if name == "" {
 		rq, why := parseRequest(pod, nw, nil)
 		return endpointHolder(ne), rq, why, nil

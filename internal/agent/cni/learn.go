@@ -60,6 +60,10 @@ type learnState struct {
 	// activations are the activations recorded (migrate.go), while their
 	// move holds.
 	activations map[types.NamespacedName]lacev1.L2Activation
+	// notTargets are the standby endpoints whose pod's target-ready
+	// annotation is not the newest of its VM, by the entry's sequence
+	// they were judged at (activateReadyTargets): judged once.
+	notTargets map[types.NamespacedName]uint32
 }
 
 type learnBudget struct {

@@ -2,11 +2,16 @@ package cni
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ipamclaimsv1 "github.com/lace-cni/lace/api/ipamclaims/v1alpha1"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/datapath"
@@ -48,6 +53,7 @@ func (s *Server) activated(l datapath.L2Learned) {
 		defer cancel()
 		if err := s.recordActivation(ctx, key, act); err != nil {
 			s.log.Warn("record an l2 activation", "endpoint", key.String(), "error", err)
+			s.learn.forgetActivation(key, act) // the next catch-up tries again
 		}
 	}()
 }
@@ -76,6 +82,15 @@ func (l *learnState) firstActivation(key types.NamespacedName, act lacev1.L2Acti
 	}
 	l.activations[key] = act
 	return true
+}
+
+// forgetActivation forgets that act of endpoint key was recorded.
+func (l *learnState) forgetActivation(key types.NamespacedName, act lacev1.L2Activation) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.activations[key] == act {
+		delete(l.activations, key)
+	}
 }
 
 // catchUpActivations records the moves to standby ports here that no
@@ -110,10 +125,13 @@ func (s *Server) catchUpActivations() {
 // KubeVirt marked ready (AnnotationMigrationTargetReady), as the VM's
 // first frame there would, and records the activation: a VM that stays
 // silent after its migration (its announcement lost, nothing to send) is
-// reached at the target all the same, at the control plane's pace. The
-// pod is read (from the cache) only for a MAC that stands by here; a pod
-// activated before (a later migration's source) is not activated again.
+// reached at the target all the same, at the control plane's pace. A pod
+// is a target once: not after its VM ran there (spec.activated), nor when
+// the pod holding the VM's claim was marked ready later than it (an older
+// target, the next migration's source now: readyIsNewest). Cached reads
+// only for a MAC that stands by here, API reads once per sequence.
 func (s *Server) activateReadyTargets(ctx context.Context) {
+	seen := map[types.NamespacedName]bool{}
 	for _, e := range s.cp.all() {
 		if !e.Ready || e.Deleting || !e.L2 {
 			continue
@@ -130,17 +148,30 @@ func (s *Server) activateReadyTargets(ctx context.Context) {
 		if !standby {
 			continue
 		}
-		var pod corev1.Pod
 		key := types.NamespacedName{Namespace: e.PodNS, Name: e.PodName}
-		if err := s.client.Get(ctx, key, &pod); err != nil || string(pod.UID) != e.PodUID ||
+		seen[key] = true
+		// Read only, never kept: no copy of the cached objects.
+		var ne lacev1.NetworkEndpoint
+		if err := s.client.Get(ctx, key, &ne, client.UnsafeDisableDeepCopy); err != nil || ne.Spec.Activated != nil ||
+			ne.Labels[lacev1.LabelPodUID] != e.PodUID {
+			continue
+		}
+		var pod corev1.Pod
+		if err := s.client.Get(ctx, key, &pod, client.UnsafeDisableDeepCopy); err != nil || string(pod.UID) != e.PodUID ||
 			pod.Annotations[lacev1.AnnotationMigrationTargetReady] == "" {
 			continue
 		}
-		// A pod is a migration's target once: one whose VM ran here
-		// before (spec.activated) and left again is the next migration's
-		// source, and its annotation is about the migration before.
-		var ne lacev1.NetworkEndpoint
-		if err := s.client.Get(ctx, key, &ne); err != nil || ne.Spec.Activated != nil {
+		if s.learn.judgedNotTarget(key, seq) {
+			continue
+		}
+		newest, err := s.readyIsNewest(ctx, &pod)
+		if err != nil {
+			s.log.Warn("judge a migration's ready target", "endpoint", key.String(), "error", err)
+			continue
+		}
+		if !newest {
+			s.learn.notTarget(key, seq)
+			s.log.Info("a pod marked ready as a migration's target before its VM's current pod stands by: not activated", "endpoint", key.String())
 			continue
 		}
 		if err := s.dp.ActivateStandby(e.NetID, mac, seq); err != nil {
@@ -149,5 +180,71 @@ func (s *Server) activateReadyTargets(ctx context.Context) {
 		}
 		s.log.Info("a migration's target is ready: its VM's MAC moved to its port", "endpoint", key.String(), "mac", e.PodMAC, "sequence", seq)
 		s.activated(datapath.L2Learned{IfIndex: uint32(e.HostIfIndex), NetID: e.NetID, MAC: mac, Activated: true, Seq: seq})
+	}
+	s.learn.forgetNotTargets(seen)
+}
+
+// readyIsNewest tells whether pod's target-ready mark is later than that
+// of the pod holding its IPAMClaim (the VM's current pod, which has none
+// when it was never a target), read from the API server.
+func (s *Server) readyIsNewest(ctx context.Context, pod *corev1.Pod) (bool, error) {
+	name := lacev1.IPAMClaimOf(pod.Annotations)
+	if name == "" {
+		return false, nil
+	}
+	var claim ipamclaimsv1.IPAMClaim
+	if err := s.reader.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: name}, &claim); err != nil {
+		return false, fmt.Errorf("get IPAMClaim %s/%s: %w", pod.Namespace, name, err)
+	}
+	o := claim.Status.OwnerPod
+	if o == nil {
+		return true, nil
+	}
+	if o.Name == pod.Name {
+		return false, nil
+	}
+	var owner corev1.Pod
+	if err := s.reader.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: o.Name}, &owner); apierrors.IsNotFound(err) {
+		return true, nil
+	} else if err != nil {
+		return false, fmt.Errorf("get the claim's owner %s/%s: %w", pod.Namespace, o.Name, err)
+	}
+	mine := readyAt(pod)
+	return mine.After(readyAt(&owner)), nil
+}
+
+// readyAt is when pod was marked ready as a migration's target (zero:
+// never, or not a time).
+func readyAt(pod *corev1.Pod) time.Time {
+	t, _ := time.Parse(time.RFC3339, pod.Annotations[lacev1.AnnotationMigrationTargetReady])
+	return t
+}
+
+// judgedNotTarget tells whether endpoint key was judged no target at
+// sequence seq; notTarget records it; forgetNotTargets forgets the
+// endpoints that stand by no more.
+func (l *learnState) judgedNotTarget(key types.NamespacedName, seq uint32) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s, ok := l.notTargets[key]
+	return ok && s == seq
+}
+
+func (l *learnState) notTarget(key types.NamespacedName, seq uint32) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.notTargets == nil {
+		l.notTargets = map[types.NamespacedName]uint32{}
+	}
+	l.notTargets[key] = seq
+}
+
+func (l *learnState) forgetNotTargets(standing map[types.NamespacedName]bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for k := range l.notTargets {
+		if !standing[k] {
+			delete(l.notTargets, k)
+		}
 	}
 }
