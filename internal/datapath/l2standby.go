@@ -16,12 +16,10 @@ import (
 
 // standbyKey is the FDB key of mac in network netID.
 func standbyKey(netID uint32, mac net.HardwareAddr) (l2FdbKey, error) {
-	k := l2FdbKey{NetId: netID}
-	if len(mac) != len(k.Mac) {
-		return k, fmt.Errorf("MAC %q of network %d is no Ethernet MAC", mac, netID)
+	if len(mac) != 6 {
+		return l2FdbKey{}, fmt.Errorf("MAC %q of network %d is no Ethernet MAC", mac, netID)
 	}
-	copy(k.Mac[:], mac)
-	return k, nil
+	return l2FdbKey{NetId: netID, Mac: mac6(mac)}, nil
 }
 
 // L2Standby tells whether the MAC of network netID stands by at port
