@@ -109,7 +109,7 @@ static __noinline int route_in(struct __sk_buff *skb, struct pkt *p, __u32 net_i
 	__u8 sid[16];
 	__builtin_memcpy(sid, rv->sid, 16);
 	if (flags & ROUTE_LOCAL)
-		return deliver_local(skb, p, ctx_net, net_id, FWD_LOCAL);
+		return deliver_answer(skb, p, ctx_net, net_id, FWD_LOCAL);
 	if (dec_ttl(skb, p))
 		return drop(DROP_ADJUST);
 	if (flags & ROUTE_EXTERNAL)
@@ -291,7 +291,7 @@ static __noinline int hairpin_back(struct __sk_buff *skb, struct pkt *p, __u32 n
 		return drop(DROP_ADJUST);
 	__builtin_memcpy(p->saddr, vip, 16);
 	p->sport = vport;
-	return deliver_local(skb, p, net_id, net_id, FWD_LOCAL);
+	return deliver_answer(skb, p, net_id, net_id, FWD_LOCAL);
 }
 
 SEC("tc")
@@ -366,6 +366,8 @@ int from_pod(struct __sk_buff *skb)
 			struct route_val *hv = view_lookup(net_id, &p);
 			if (!hv || !(hv->flags & ROUTE_EXTERNAL))
 				return drop(DROP_HOST);
+			if (pol_denied(ifindex, POL_OUT, hv->dst_net, &p))
+				return drop(DROP_POLICY);
 		}
 		count(FWD_HOST);
 		return TC_ACT_OK;
@@ -432,6 +434,10 @@ int from_pod(struct __sk_buff *skb)
 			return drop(sr && (sr->flags & ROUTE_SUBNET) ? DROP_NO_ENDPOINT : DROP_ISOLATED);
 		__u32 sflags = sr->flags, sdst = sr->dst_net;
 		__builtin_memcpy(sid, sr->sid, 16);
+		/* Decided on the endpoint the service chose, as upstream's
+		 * policies are. */
+		if (pol_denied(ifindex, POL_OUT, (sflags & ROUTE_EXTERNAL) ? sdst : svc_net, &p))
+			return drop(DROP_POLICY);
 		if (sflags & ROUTE_LOCAL)
 			return deliver_local(skb, &p, svc_net, net_id, FWD_LOCAL);
 		if (sflags & ROUTE_EXTERNAL) {
@@ -458,6 +464,8 @@ int from_pod(struct __sk_buff *skb)
 		return drop(DROP_NO_ENDPOINT);
 	__u32 flags = rv->flags, dst_net = rv->dst_net;
 	__builtin_memcpy(sid, rv->sid, 16);
+	if (!icmp_err && pol_denied(ifindex, POL_OUT, dst_net, &p))
+		return drop(DROP_POLICY);
 	if (flags & ROUTE_EXTERNAL) {
 		if (icmp_err)
 			return drop(DROP_ISOLATED); /* about no flow of ours */

@@ -423,6 +423,10 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 		int host = host_addr(p->family, x->be);
 		if (!host && local_pod(sv.net_id, p->family, x->be, &ifindex, macs))
 			return drop(DROP_NO_ENDPOINT);
+		/* The client's address is kept: the endpoint's ingress
+		 * policies decide on it, as on any outside source. */
+		if (!host && pol_denied(ifindex, POL_IN, ext, p))
+			return drop(DROP_POLICY);
 		/* The endpoint's side: its answers leave from the frontend. */
 		ct_key_of(&x->ek, host ? NODE_NET_ID : sv.net_id, p, 0);
 		struct ct_val *fl = ct_lookup(&x->ek);
@@ -870,9 +874,10 @@ static __noinline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 	int icmp_err = is_icmp_error(&p);
 	if (icmp_err && icmp_in_refused(skb, &p, net_id, src_net))
 		return drop(DROP_ICMP_IN_NOT_OURS);
-	struct ct_val *ct = ct_track_in(net_id, src_net, &p, icmp_err);
-	if (ct_other_net(ct, src_net))
-		return drop(DROP_CT_OTHER_NET);
+	struct ct_val *ct;
+	int rc = ct_track_in(net_id, src_net, &p, icmp_err, ifindex, &ct);
+	if (rc)
+		return drop(rc);
 	/* A reply from a service endpoint to its client comes from the VIP. */
 	int unnat = ct && (ct->flags & (CT_DNAT | CT_ORIGIN_LOCAL)) == (CT_DNAT | CT_ORIGIN_LOCAL);
 	__u8 vip[16];

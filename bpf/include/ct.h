@@ -17,6 +17,7 @@
 #define LACE_CT_H
 
 #include "lace.h"
+#include "policy.h"
 
 struct ct_key {
 	__u32 net_id; /* the local pod's network */
@@ -439,39 +440,43 @@ static __always_inline struct ct_val *ct_update(struct ct_key *k, struct ct_val 
 	return v;
 }
 
-/* ct_track_in records packet p arriving for a local pod in network
- * net_id from network src_net (a pod network, or the external network a
- * plain-IP source was classified into), and returns the flow's entry when
- * it was there before. ICMP errors update nothing.
+/* ct_track_in records packet p arriving for the local pod at port ifindex
+ * in network net_id from network src_net (a pod network, or the external
+ * network a plain-IP source was classified into). It returns 0 with *out
+ * the flow's entry when it was there before (NULL when p opened it, or is
+ * an ICMP error, which updates nothing), or the drop reason.
  *
  * A live entry belongs to its peer network: a packet from another network
  * with the same tuple (overlapping subnets, or a forged source) neither
- * refreshes it, closes it nor takes it over, whatever its TCP flags. The
- * entry is returned untouched, and the caller, seeing its peer_net is not
- * src_net, refuses the packet (ct_other_net): it could only be delivered
- * as part of a flow that is not its own. The key cannot carry the peer
- * network instead: the pod's side of a flow learns that network from the
- * entry (replies in an overlapping network's context). */
-static __always_inline struct ct_val *ct_track_in(__u32 net_id, __u32 src_net, struct pkt *p, int icmp_err)
+ * refreshes it, closes it nor takes it over, whatever its TCP flags: it
+ * is refused (DROP_CT_OTHER_NET), as it could only be delivered as part
+ * of a flow that is not its own. The key cannot carry the peer network
+ * instead: the pod's side of a flow learns that network from the entry
+ * (replies in an overlapping network's context).
+ *
+ * The pod's ingress policies decide every packet but a reply to a flow
+ * the pod opened (policy.h), before anything is recorded: a refused
+ * flow takes no entry. ifindex 0 (a constant) asks no policy: a path that
+ * carries only replies. */
+static __always_inline int ct_track_in(__u32 net_id, __u32 src_net, struct pkt *p, int icmp_err, __u32 ifindex,
+				       struct ct_val **out)
 {
+	*out = NULL;
 	if (icmp_err)
-		return NULL;
+		return 0;
 	struct ct_key k;
 	ct_key_of(&k, net_id, p, 0);
 	struct ct_val *v = ct_lookup(&k);
 	if (v && v->peer_net != src_net)
-		return v;
-	if (v && !(is_tcp_syn(p) && ct_closing(v)))
-		return ct_update(&k, v, p, !(v->flags & CT_ORIGIN_LOCAL));
+		return DROP_CT_OTHER_NET;
+	if (ifindex && !(v && (v->flags & CT_ORIGIN_LOCAL)) && pol_denied(ifindex, POL_IN, src_net, p))
+		return DROP_POLICY;
+	if (v && !(is_tcp_syn(p) && ct_closing(v))) {
+		*out = ct_update(&k, v, p, !(v->flags & CT_ORIGIN_LOCAL));
+		return 0;
+	}
 	ct_create(&k, src_net, 0, 0, p, 1);
-	return NULL;
-}
-
-/* ct_other_net tells whether ct_track_in's answer is another network's
- * flow. */
-static __always_inline int ct_other_net(struct ct_val *ct, __u32 src_net)
-{
-	return ct && ct->peer_net != src_net;
+	return 0;
 }
 
 /* snat_exhausted counts a failed port pick toward sk's destination. */

@@ -421,22 +421,39 @@ static __noinline __attribute__((unused)) int icmp_in_refused(struct __sk_buff *
 	return bpf_map_lookup_elem(&lace_inside, ck) != NULL;
 }
 
-/* deliver_local hands the packet to the pod holding its destination in
- * network dst_net on this node, recording the flow (from src_net) so the
- * pod's replies go back in that context. */
-static __noinline __attribute__((unused)) int deliver_local(struct __sk_buff *skb, struct pkt *p, __u32 dst_net, __u32 src_net, __u32 what)
+/* deliver hands the packet to the pod holding its destination in network
+ * dst_net on this node, recording the flow (from src_net) so the pod's
+ * replies go back in that context. decide (a constant) says whether the
+ * pod's ingress policies may be asked: not on the paths that carry only
+ * replies, whose call chains have no stack left for them. */
+static __always_inline int deliver(struct __sk_buff *skb, struct pkt *p, __u32 dst_net, __u32 src_net, __u32 what,
+				   int decide)
 {
 	__u32 ifindex;
 	__u8 macs[12];
 	if (local_pod(dst_net, p->family, p->daddr, &ifindex, macs))
 		return drop(DROP_NO_ENDPOINT);
-	struct ct_val *ct = ct_track_in(dst_net, src_net, p, is_icmp_error(p));
-	if (ct_other_net(ct, src_net))
-		return drop(DROP_CT_OTHER_NET);
+	struct ct_val *ct;
+	int rc = ct_track_in(dst_net, src_net, p, is_icmp_error(p), decide ? ifindex : 0, &ct);
+	if (rc)
+		return drop(rc);
 	if (dec_ttl(skb, p) || unnat_reply(skb, p, ct) || set_macs(skb, macs, macs + 6))
 		return drop(DROP_ADJUST);
 	count(what);
 	return bpf_redirect_peer(ifindex, 0);
+}
+
+/* deliver_local delivers a packet of any flow (deliver). */
+static __noinline __attribute__((unused)) int deliver_local(struct __sk_buff *skb, struct pkt *p, __u32 dst_net, __u32 src_net, __u32 what)
+{
+	return deliver(skb, p, dst_net, src_net, what, 1);
+}
+
+/* deliver_answer delivers a reply to a flow the pod opened (deliver):
+ * its own egress policies decided that flow. */
+static __noinline __attribute__((unused)) int deliver_answer(struct __sk_buff *skb, struct pkt *p, __u32 dst_net, __u32 src_net, __u32 what)
+{
+	return deliver(skb, p, dst_net, src_net, what, 0);
 }
 
 /* snat_out sends a pod's packet to an external network from the node's

@@ -104,7 +104,8 @@ enum drop_reason {
 	DROP_L2_FLOOD_NOT_CARRIED = 41, /* l2-flood-not-carried: a flooded frame too large to cross the fabric whole (segmentation offload): delivered on its node only */
 	DROP_L2_LEARNING = 42, /* l2-learning: a frame of a learning l2 port from a MAC or address its network does not know yet: reported for learning, dropped until it is published */
 	DROP_L2_STANDBY = 43, /* l2-standby: a frame at a live migration's target port before the VM showed up there (the target pod's own address configuration, never an announcement or the VM's data) */
-	DROP_MAX = 44,
+	DROP_POLICY = 44, /* policy: refused by a NetworkPolicy of the pod it goes to or comes from (counted per policy: lace_policy_drops_total) */
+	DROP_MAX = 45,
 };
 
 enum fwd_counter {

@@ -45,6 +45,7 @@ import (
 	"github.com/lace-cni/lace/internal/agent/announce"
 	"github.com/lace-cni/lace/internal/agent/cni"
 	"github.com/lace-cni/lace/internal/agent/nodesync"
+	"github.com/lace-cni/lace/internal/agent/policy"
 	"github.com/lace-cni/lace/internal/agent/status"
 	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/dpmetrics"
@@ -216,6 +217,15 @@ func wire(cfg *rest.Config, o Options, log *slog.Logger, dp *datapath.Datapath) 
 	if err != nil {
 		return nil, fmt.Errorf("hostNetwork pods cache: %w", err)
 	}
+	// Every pod's labels and named ports: the network policies' peers.
+	allPods, err := cache.New(cfg, cache.Options{Scheme: scheme.Scheme, HTTPClient: mgr.GetHTTPClient(), Mapper: mgr.GetRESTMapper(),
+		DefaultTransform: policy.TrimPod, ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: {}}})
+	if err == nil {
+		err = mgr.Add(allPods)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("every-pod cache: %w", err)
+	}
 	log = log.With("node", o.NodeName)
 	c, reader := mgr.GetClient(), mgr.GetAPIReader()
 	rec := mgr.GetEventRecorderFor("lace-agent/" + o.NodeName)
@@ -266,6 +276,15 @@ func wire(cfg *rest.Config, o Options, log *slog.Logger, dp *datapath.Datapath) 
 	}
 	if err := a.sync.SetupWithManager(mgr, hostPods); err != nil {
 		return nil, fmt.Errorf("setup node controller: %w", err)
+	}
+	// NetworkPolicy: compiled for the node's pods, written to the data
+	// plane after every change.
+	pol := policy.New(log, mgr.GetCache(), allPods, a.pods, dp)
+	if err := status.RegisterCollector(metrics.Registry, policy.NewCollector(pol)); err != nil {
+		return nil, fmt.Errorf("register policy metrics: %w", err)
+	}
+	if err := mgr.Add(manager.RunnableFunc(pol.Run)); err != nil {
+		return nil, fmt.Errorf("add the policy enforcer: %w", err)
 	}
 	// l2 learning: the data plane's reports, recorded on the endpoints.
 	learnRing := func(ctx context.Context) error { return dp.ReadL2Learned(ctx, a.pods.Learned) }

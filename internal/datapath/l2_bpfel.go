@@ -206,6 +206,47 @@ type l2NetVal struct {
 	Flags uint32
 }
 
+type l2PolCidrKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Family    uint8
+	Addr      [16]uint8
+	_         [3]byte
+}
+
+type l2PolEpVal struct {
+	_        structs.HostLayout
+	Isolated uint32
+	DenyIn   uint32
+	DenyOut  uint32
+}
+
+type l2PolKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Ifindex   uint32
+	Class     uint32
+	Dir       uint8
+	Proto     uint8
+	Port      uint16
+}
+
+type l2PolPeerKey struct {
+	_      structs.HostLayout
+	NetId  uint32
+	Family uint8
+	Pad    [3]uint8
+	Addr   [16]uint8
+}
+
+type l2PolVal struct {
+	_      structs.HostLayout
+	Policy uint32
+	Rule   uint16
+	Allow  uint8
+	Pad    uint8
+}
+
 type l2PortVal struct {
 	_     structs.HostLayout
 	NetId uint32
@@ -331,6 +372,11 @@ const (
 	l2MapLaceNodeLocs       = "lace_node_locs"
 	l2MapLaceNodes          = "lace_nodes"
 	l2MapLacePodNetns       = "lace_pod_netns"
+	l2MapLacePol            = "lace_pol"
+	l2MapLacePolCidrs       = "lace_pol_cidrs"
+	l2MapLacePolDrops       = "lace_pol_drops"
+	l2MapLacePolEps         = "lace_pol_eps"
+	l2MapLacePolPeers       = "lace_pol_peers"
 	l2MapLacePorts          = "lace_ports"
 	l2MapLaceRoutes         = "lace_routes"
 	l2MapLaceServices       = "lace_services"
@@ -416,6 +462,11 @@ type l2MapSpecs struct {
 	LaceNodeLocs      *ebpf.MapSpec `ebpf:"lace_node_locs"`
 	LaceNodes         *ebpf.MapSpec `ebpf:"lace_nodes"`
 	LacePodNetns      *ebpf.MapSpec `ebpf:"lace_pod_netns"`
+	LacePol           *ebpf.MapSpec `ebpf:"lace_pol"`
+	LacePolCidrs      *ebpf.MapSpec `ebpf:"lace_pol_cidrs"`
+	LacePolDrops      *ebpf.MapSpec `ebpf:"lace_pol_drops"`
+	LacePolEps        *ebpf.MapSpec `ebpf:"lace_pol_eps"`
+	LacePolPeers      *ebpf.MapSpec `ebpf:"lace_pol_peers"`
 	LacePorts         *ebpf.MapSpec `ebpf:"lace_ports"`
 	LaceRoutes        *ebpf.MapSpec `ebpf:"lace_routes"`
 	LaceServices      *ebpf.MapSpec `ebpf:"lace_services"`
@@ -477,6 +528,11 @@ type l2Maps struct {
 	LaceNodeLocs      *ebpf.Map `ebpf:"lace_node_locs"`
 	LaceNodes         *ebpf.Map `ebpf:"lace_nodes"`
 	LacePodNetns      *ebpf.Map `ebpf:"lace_pod_netns"`
+	LacePol           *ebpf.Map `ebpf:"lace_pol"`
+	LacePolCidrs      *ebpf.Map `ebpf:"lace_pol_cidrs"`
+	LacePolDrops      *ebpf.Map `ebpf:"lace_pol_drops"`
+	LacePolEps        *ebpf.Map `ebpf:"lace_pol_eps"`
+	LacePolPeers      *ebpf.Map `ebpf:"lace_pol_peers"`
 	LacePorts         *ebpf.Map `ebpf:"lace_ports"`
 	LaceRoutes        *ebpf.Map `ebpf:"lace_routes"`
 	LaceServices      *ebpf.Map `ebpf:"lace_services"`
@@ -513,6 +569,11 @@ func (m *l2Maps) Close() error {
 		m.LaceNodeLocs,
 		m.LaceNodes,
 		m.LacePodNetns,
+		m.LacePol,
+		m.LacePolCidrs,
+		m.LacePolDrops,
+		m.LacePolEps,
+		m.LacePolPeers,
 		m.LacePorts,
 		m.LaceRoutes,
 		m.LaceServices,

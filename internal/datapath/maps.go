@@ -295,6 +295,11 @@ func (d *Datapath) DeletePort(ifindex uint32) error {
 	if err := d.tab.ports.del([]uint32{ifindex}); err != nil {
 		return err
 	}
+	// The next pod given this ifindex starts with no policy of the last
+	// one: its own come with the next policy sync.
+	if err := d.tab.pol.eps.del([]uint32{ifindex}); err != nil {
+		return err
+	}
 	return d.forgetNetNS(ifindex, 0)
 }
 

@@ -32,6 +32,7 @@ type nodeTables struct {
 	l2Nets    *table[uint32, l2L2NetVal]
 	l2Flood   *table[l2L2FloodKey, l2L2FloodVal]
 	l2        l2Want
+	pol       policyTables
 	// flowKey keys the endpoint pick's flow hash (lb_flow_hash): drawn
 	// once per node and kept in the pinned config, so that an agent
 	// restart leaves every flow's draw as it was.
@@ -61,6 +62,7 @@ func (d *Datapath) newTables() {
 		l2Nets:    newTable[uint32, l2L2NetVal]("lace_l2_nets", d.l2.LaceL2Nets),
 		l2Flood:   newTable[l2L2FloodKey, l2L2FloodVal]("lace_l2_flood", d.l2.LaceL2Flood),
 	}
+	d.newPolicyTables()
 }
 
 // checker is a table as CheckTables sees it.
@@ -85,7 +87,8 @@ func (d *Datapath) CheckTables() (map[string]int, error) {
 	out := map[string]int{}
 	var errs []error
 	for _, c := range []checker{t.hostAddrs, t.cfg, t.nodes, t.nodeLocs, t.networks, t.backends, t.srcRanges, t.services,
-		t.routes, t.classify, t.inside, t.podNetns, t.ports, t.endpoints, t.announce, t.fdb, t.l2Neigh, t.l2Flood, t.l2Nets} {
+		t.routes, t.classify, t.inside, t.podNetns, t.ports, t.endpoints, t.announce, t.fdb, t.l2Neigh, t.l2Flood, t.l2Nets,
+		t.pol.verdicts, t.pol.cidrs, t.pol.peers, t.pol.eps} {
 		n, err := c.check()
 		if err != nil {
 			errs = append(errs, err)

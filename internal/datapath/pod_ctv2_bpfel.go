@@ -138,6 +138,47 @@ type podNetVal struct {
 	Flags uint32
 }
 
+type podPolCidrKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Family    uint8
+	Addr      [16]uint8
+	_         [3]byte
+}
+
+type podPolEpVal struct {
+	_        structs.HostLayout
+	Isolated uint32
+	DenyIn   uint32
+	DenyOut  uint32
+}
+
+type podPolKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Ifindex   uint32
+	Class     uint32
+	Dir       uint8
+	Proto     uint8
+	Port      uint16
+}
+
+type podPolPeerKey struct {
+	_      structs.HostLayout
+	NetId  uint32
+	Family uint8
+	Pad    [3]uint8
+	Addr   [16]uint8
+}
+
+type podPolVal struct {
+	_      structs.HostLayout
+	Policy uint32
+	Rule   uint16
+	Allow  uint8
+	Pad    uint8
+}
+
 type podPortVal struct {
 	_     structs.HostLayout
 	NetId uint32
@@ -255,6 +296,11 @@ const (
 	podMapLaceNodeLocs      = "lace_node_locs"
 	podMapLaceNodes         = "lace_nodes"
 	podMapLacePodNetns      = "lace_pod_netns"
+	podMapLacePol           = "lace_pol"
+	podMapLacePolCidrs      = "lace_pol_cidrs"
+	podMapLacePolDrops      = "lace_pol_drops"
+	podMapLacePolEps        = "lace_pol_eps"
+	podMapLacePolPeers      = "lace_pol_peers"
 	podMapLacePorts         = "lace_ports"
 	podMapLaceRoutes        = "lace_routes"
 	podMapLaceServices      = "lace_services"
@@ -333,6 +379,11 @@ type podMapSpecs struct {
 	LaceNodeLocs      *ebpf.MapSpec `ebpf:"lace_node_locs"`
 	LaceNodes         *ebpf.MapSpec `ebpf:"lace_nodes"`
 	LacePodNetns      *ebpf.MapSpec `ebpf:"lace_pod_netns"`
+	LacePol           *ebpf.MapSpec `ebpf:"lace_pol"`
+	LacePolCidrs      *ebpf.MapSpec `ebpf:"lace_pol_cidrs"`
+	LacePolDrops      *ebpf.MapSpec `ebpf:"lace_pol_drops"`
+	LacePolEps        *ebpf.MapSpec `ebpf:"lace_pol_eps"`
+	LacePolPeers      *ebpf.MapSpec `ebpf:"lace_pol_peers"`
 	LacePorts         *ebpf.MapSpec `ebpf:"lace_ports"`
 	LaceRoutes        *ebpf.MapSpec `ebpf:"lace_routes"`
 	LaceServices      *ebpf.MapSpec `ebpf:"lace_services"`
@@ -385,6 +436,11 @@ type podMaps struct {
 	LaceNodeLocs      *ebpf.Map `ebpf:"lace_node_locs"`
 	LaceNodes         *ebpf.Map `ebpf:"lace_nodes"`
 	LacePodNetns      *ebpf.Map `ebpf:"lace_pod_netns"`
+	LacePol           *ebpf.Map `ebpf:"lace_pol"`
+	LacePolCidrs      *ebpf.Map `ebpf:"lace_pol_cidrs"`
+	LacePolDrops      *ebpf.Map `ebpf:"lace_pol_drops"`
+	LacePolEps        *ebpf.Map `ebpf:"lace_pol_eps"`
+	LacePolPeers      *ebpf.Map `ebpf:"lace_pol_peers"`
 	LacePorts         *ebpf.Map `ebpf:"lace_ports"`
 	LaceRoutes        *ebpf.Map `ebpf:"lace_routes"`
 	LaceServices      *ebpf.Map `ebpf:"lace_services"`
@@ -413,6 +469,11 @@ func (m *podMaps) Close() error {
 		m.LaceNodeLocs,
 		m.LaceNodes,
 		m.LacePodNetns,
+		m.LacePol,
+		m.LacePolCidrs,
+		m.LacePolDrops,
+		m.LacePolEps,
+		m.LacePolPeers,
 		m.LacePorts,
 		m.LaceRoutes,
 		m.LaceServices,

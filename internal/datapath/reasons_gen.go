@@ -48,6 +48,7 @@ var DropReasons = []string{
 	"l2-flood-not-carried",
 	"l2-learning",
 	"l2-standby",
+	"policy",
 }
 
 // DropMeanings say what the drop reasons count, in the same order.
@@ -96,6 +97,7 @@ var DropMeanings = []string{
 	"a flooded frame too large to cross the fabric whole (segmentation offload): delivered on its node only",
 	"a frame of a learning l2 port from a MAC or address its network does not know yet: reported for learning, dropped until it is published",
 	"a frame at a live migration's target port before the VM showed up there (the target pod's own address configuration, never an announcement or the VM's data)",
+	"refused by a NetworkPolicy of the pod it goes to or comes from (counted per policy: lace_policy_drops_total)",
 }
 
 // ForwardCounters name the counters, in the order of the C enum.

@@ -116,6 +116,47 @@ type sockNetVal struct {
 	Flags uint32
 }
 
+type sockPolCidrKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Family    uint8
+	Addr      [16]uint8
+	_         [3]byte
+}
+
+type sockPolEpVal struct {
+	_        structs.HostLayout
+	Isolated uint32
+	DenyIn   uint32
+	DenyOut  uint32
+}
+
+type sockPolKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Ifindex   uint32
+	Class     uint32
+	Dir       uint8
+	Proto     uint8
+	Port      uint16
+}
+
+type sockPolPeerKey struct {
+	_      structs.HostLayout
+	NetId  uint32
+	Family uint8
+	Pad    [3]uint8
+	Addr   [16]uint8
+}
+
+type sockPolVal struct {
+	_      structs.HostLayout
+	Policy uint32
+	Rule   uint16
+	Allow  uint8
+	Pad    uint8
+}
+
 type sockPortVal struct {
 	_     structs.HostLayout
 	NetId uint32
@@ -249,6 +290,11 @@ const (
 	sockMapLaceNodeLocs      = "lace_node_locs"
 	sockMapLaceNodes         = "lace_nodes"
 	sockMapLacePodNetns      = "lace_pod_netns"
+	sockMapLacePol           = "lace_pol"
+	sockMapLacePolCidrs      = "lace_pol_cidrs"
+	sockMapLacePolDrops      = "lace_pol_drops"
+	sockMapLacePolEps        = "lace_pol_eps"
+	sockMapLacePolPeers      = "lace_pol_peers"
 	sockMapLacePorts         = "lace_ports"
 	sockMapLaceRoutes        = "lace_routes"
 	sockMapLaceServices      = "lace_services"
@@ -339,6 +385,11 @@ type sockMapSpecs struct {
 	LaceNodeLocs      *ebpf.MapSpec `ebpf:"lace_node_locs"`
 	LaceNodes         *ebpf.MapSpec `ebpf:"lace_nodes"`
 	LacePodNetns      *ebpf.MapSpec `ebpf:"lace_pod_netns"`
+	LacePol           *ebpf.MapSpec `ebpf:"lace_pol"`
+	LacePolCidrs      *ebpf.MapSpec `ebpf:"lace_pol_cidrs"`
+	LacePolDrops      *ebpf.MapSpec `ebpf:"lace_pol_drops"`
+	LacePolEps        *ebpf.MapSpec `ebpf:"lace_pol_eps"`
+	LacePolPeers      *ebpf.MapSpec `ebpf:"lace_pol_peers"`
 	LacePorts         *ebpf.MapSpec `ebpf:"lace_ports"`
 	LaceRoutes        *ebpf.MapSpec `ebpf:"lace_routes"`
 	LaceServices      *ebpf.MapSpec `ebpf:"lace_services"`
@@ -391,6 +442,11 @@ type sockMaps struct {
 	LaceNodeLocs      *ebpf.Map `ebpf:"lace_node_locs"`
 	LaceNodes         *ebpf.Map `ebpf:"lace_nodes"`
 	LacePodNetns      *ebpf.Map `ebpf:"lace_pod_netns"`
+	LacePol           *ebpf.Map `ebpf:"lace_pol"`
+	LacePolCidrs      *ebpf.Map `ebpf:"lace_pol_cidrs"`
+	LacePolDrops      *ebpf.Map `ebpf:"lace_pol_drops"`
+	LacePolEps        *ebpf.Map `ebpf:"lace_pol_eps"`
+	LacePolPeers      *ebpf.Map `ebpf:"lace_pol_peers"`
 	LacePorts         *ebpf.Map `ebpf:"lace_ports"`
 	LaceRoutes        *ebpf.Map `ebpf:"lace_routes"`
 	LaceServices      *ebpf.Map `ebpf:"lace_services"`
@@ -419,6 +475,11 @@ func (m *sockMaps) Close() error {
 		m.LaceNodeLocs,
 		m.LaceNodes,
 		m.LacePodNetns,
+		m.LacePol,
+		m.LacePolCidrs,
+		m.LacePolDrops,
+		m.LacePolEps,
+		m.LacePolPeers,
 		m.LacePorts,
 		m.LaceRoutes,
 		m.LaceServices,

@@ -202,6 +202,47 @@ type underlayNetVal struct {
 	Flags uint32
 }
 
+type underlayPolCidrKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Family    uint8
+	Addr      [16]uint8
+	_         [3]byte
+}
+
+type underlayPolEpVal struct {
+	_        structs.HostLayout
+	Isolated uint32
+	DenyIn   uint32
+	DenyOut  uint32
+}
+
+type underlayPolKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Ifindex   uint32
+	Class     uint32
+	Dir       uint8
+	Proto     uint8
+	Port      uint16
+}
+
+type underlayPolPeerKey struct {
+	_      structs.HostLayout
+	NetId  uint32
+	Family uint8
+	Pad    [3]uint8
+	Addr   [16]uint8
+}
+
+type underlayPolVal struct {
+	_      structs.HostLayout
+	Policy uint32
+	Rule   uint16
+	Allow  uint8
+	Pad    uint8
+}
+
 type underlayPortVal struct {
 	_     structs.HostLayout
 	NetId uint32
@@ -356,6 +397,11 @@ const (
 	underlayMapLaceNodeLocs       = "lace_node_locs"
 	underlayMapLaceNodes          = "lace_nodes"
 	underlayMapLacePodNetns       = "lace_pod_netns"
+	underlayMapLacePol            = "lace_pol"
+	underlayMapLacePolCidrs       = "lace_pol_cidrs"
+	underlayMapLacePolDrops       = "lace_pol_drops"
+	underlayMapLacePolEps         = "lace_pol_eps"
+	underlayMapLacePolPeers       = "lace_pol_peers"
 	underlayMapLacePorts          = "lace_ports"
 	underlayMapLaceRoutes         = "lace_routes"
 	underlayMapLaceServices       = "lace_services"
@@ -445,6 +491,11 @@ type underlayMapSpecs struct {
 	LaceNodeLocs      *ebpf.MapSpec `ebpf:"lace_node_locs"`
 	LaceNodes         *ebpf.MapSpec `ebpf:"lace_nodes"`
 	LacePodNetns      *ebpf.MapSpec `ebpf:"lace_pod_netns"`
+	LacePol           *ebpf.MapSpec `ebpf:"lace_pol"`
+	LacePolCidrs      *ebpf.MapSpec `ebpf:"lace_pol_cidrs"`
+	LacePolDrops      *ebpf.MapSpec `ebpf:"lace_pol_drops"`
+	LacePolEps        *ebpf.MapSpec `ebpf:"lace_pol_eps"`
+	LacePolPeers      *ebpf.MapSpec `ebpf:"lace_pol_peers"`
 	LacePorts         *ebpf.MapSpec `ebpf:"lace_ports"`
 	LaceRoutes        *ebpf.MapSpec `ebpf:"lace_routes"`
 	LaceServices      *ebpf.MapSpec `ebpf:"lace_services"`
@@ -508,6 +559,11 @@ type underlayMaps struct {
 	LaceNodeLocs      *ebpf.Map `ebpf:"lace_node_locs"`
 	LaceNodes         *ebpf.Map `ebpf:"lace_nodes"`
 	LacePodNetns      *ebpf.Map `ebpf:"lace_pod_netns"`
+	LacePol           *ebpf.Map `ebpf:"lace_pol"`
+	LacePolCidrs      *ebpf.Map `ebpf:"lace_pol_cidrs"`
+	LacePolDrops      *ebpf.Map `ebpf:"lace_pol_drops"`
+	LacePolEps        *ebpf.Map `ebpf:"lace_pol_eps"`
+	LacePolPeers      *ebpf.Map `ebpf:"lace_pol_peers"`
 	LacePorts         *ebpf.Map `ebpf:"lace_ports"`
 	LaceRoutes        *ebpf.Map `ebpf:"lace_routes"`
 	LaceServices      *ebpf.Map `ebpf:"lace_services"`
@@ -546,6 +602,11 @@ func (m *underlayMaps) Close() error {
 		m.LaceNodeLocs,
 		m.LaceNodes,
 		m.LacePodNetns,
+		m.LacePol,
+		m.LacePolCidrs,
+		m.LacePolDrops,
+		m.LacePolEps,
+		m.LacePolPeers,
 		m.LacePorts,
 		m.LaceRoutes,
 		m.LaceServices,

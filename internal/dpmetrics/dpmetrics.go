@@ -32,6 +32,9 @@ const (
 	// that the periodic check found differing from what the agent wrote
 	// and repaired, by map: a counter (0 unless someone else writes them).
 	TableRepairs = "lace_agent_table_repairs_total"
+	// PolicyDrops counts the packets each network policy refused on the
+	// node, by policy (kind, namespace, name): a counter.
+	PolicyDrops = "lace_policy_drops_total"
 
 	LabelKind   = "kind"
 	LabelReason = "reason"

@@ -140,6 +140,17 @@ func (s *Server) Count() int { return len(s.cp.all()) }
 // CheckpointLost says whether no usable checkpoint was found at start.
 func (s *Server) CheckpointLost() bool { return s.cp.lost }
 
+// EachLocal calls fn with every pod attachment's pod and host-side port:
+// the subjects of the node's network policies. An attachment still being
+// made is one: its port may already carry the pod's packets.
+func (s *Server) EachLocal(fn func(namespace, name string, ifindex uint32)) {
+	for _, e := range s.cp.all() {
+		if !e.Deleting && e.PodName != "" && e.HostIfIndex > 0 {
+			fn(e.PodNS, e.PodName, uint32(e.HostIfIndex))
+		}
+	}
+}
+
 // EachAttachment calls fn with every Ready attachment that names a pod.
 func (s *Server) EachAttachment(fn func(podUID string, netID uint32, addrs []netip.Addr)) {
 	for _, e := range s.cp.all() {

@@ -1,0 +1,165 @@
+/* Kubernetes NetworkPolicy, decided per packet of a flow's opening side.
+ *
+ * The agent compiles the policies that select this node's pods
+ * (internal/netpol) into three tables, and this header decides with them:
+ * - lace_pol_eps: a pod's port (host-side ifindex) -> the directions a
+ *   policy isolates it in, and the policy a denied packet is counted on.
+ *   A port absent here, or not isolated in the direction, is not looked
+ *   further: an unpolicied pod costs one hash lookup.
+ * - lace_pol_peers (a pod's address in its network, exact) and
+ *   lace_pol_cidrs (any address, longest prefix): the peer's class, the
+ *   set of policy peers (selectors, ipBlocks, named ports) it matches.
+ *   A pod address is found in its own network only, so overlapping
+ *   addresses of two networks are never confused; a pod's class already
+ *   holds the ipBlocks its address lies in.
+ * - lace_pol: (port, class, direction, protocol, destination port) ->
+ *   allowed, by longest prefix (a port range is a few prefixes).
+ *
+ * What is decided: every packet the pod's side did not answer. A reply
+ * (conntrack holds the flow as opened by the other side) is the flow
+ * the other side's decision admitted. A packet of an open flow is
+ * decided again, so a policy removed or narrowed takes the flows it no
+ * longer allows with it at once. */
+#ifndef LACE_POLICY_H
+#define LACE_POLICY_H
+
+#define POL_IN 1
+#define POL_OUT 2
+
+struct pol_ep_val {
+	__u32 isolated; /* POL_IN | POL_OUT */
+	__u32 deny_in;  /* policy id a denied inbound packet is counted on */
+	__u32 deny_out;
+};
+
+struct pol_peer_key {
+	__u32 net_id;
+	__u8 family;
+	__u8 pad[3];
+	__u8 addr[16];
+};
+
+struct pol_cidr_key {
+	__u32 prefixlen; /* 8 + the address bits */
+	__u8 family;
+	__u8 addr[16];
+};
+
+/* Compared as bytes in this order by the trie: the port, class,
+ * direction, protocol (TCP, UDP or SCTP; 0 for any other, with port 0)
+ * and destination port (network order). prefixlen 72 covers every
+ * protocol, 80 every port of one, 80 + k a port range's aligned block. */
+struct pol_key {
+	__u32 prefixlen;
+	__u32 ifindex;
+	__u32 class;
+	__u8 dir;
+	__u8 proto;
+	__u16 port;
+};
+#define POL_KEY_BITS 96
+
+struct pol_val {
+	__u32 policy; /* the policy whose rule decides */
+	__u16 rule;
+	__u8 allow;
+	__u8 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct pol_ep_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_pol_eps SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144);
+	__type(key, struct pol_peer_key);
+	__type(value, __u32);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_pol_peers SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 65536);
+	__type(key, struct pol_cidr_key);
+	__type(value, __u32);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_pol_cidrs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 524288);
+	__type(key, struct pol_key);
+	__type(value, struct pol_val);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_pol SEC(".maps");
+
+/* Drops per policy id (the agent names them: lace_policy_drops_total). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_pol_drops SEC(".maps");
+
+/* pol_denied tells whether the policies of the pod at port ifindex refuse
+ * packet p in direction dir (POL_IN: p comes from its source in network
+ * peer_net; POL_OUT: p goes to its destination in peer_net), counting the
+ * drop on the deciding policy. A global function: verified once, however
+ * many paths reach it. */
+__noinline int pol_denied(__u32 ifindex, __u32 dir, __u32 peer_net, struct pkt *p)
+{
+	if (!p)
+		return 0;
+	struct pol_ep_val *ep = bpf_map_lookup_elem(&lace_pol_eps, &ifindex);
+	if (!ep || !(ep->isolated & dir))
+		return 0;
+	__u32 deny = dir == POL_IN ? ep->deny_in : ep->deny_out;
+
+	struct pol_peer_key pk = {.net_id = peer_net, .family = p->family};
+	__builtin_memcpy(pk.addr, dir == POL_IN ? p->saddr : p->daddr, 16);
+	__u32 class = 0;
+	__u32 *c = bpf_map_lookup_elem(&lace_pol_peers, &pk);
+	if (c) {
+		class = *c;
+	} else {
+		struct pol_cidr_key ck = {.prefixlen = 8 + (p->family == LACE_FAMILY_V4 ? 32 : 128), .family = p->family};
+		__builtin_memcpy(ck.addr, pk.addr, 16);
+		c = bpf_map_lookup_elem(&lace_pol_cidrs, &ck);
+		if (c)
+			class = *c;
+	}
+
+	int ports = p->proto == IPPROTO_TCP || p->proto == IPPROTO_UDP || p->proto == IPPROTO_SCTP;
+	struct pol_key k = {
+		.prefixlen = POL_KEY_BITS,
+		.ifindex = ifindex,
+		.class = class,
+		.dir = dir,
+		.proto = ports ? p->proto : 0,
+		.port = ports ? p->dport : 0,
+	};
+	struct pol_val *v = bpf_map_lookup_elem(&lace_pol, &k);
+	if (v && v->allow)
+		return 0;
+	if (v)
+		deny = v->policy;
+	__u64 *n = bpf_map_lookup_elem(&lace_pol_drops, &deny);
+	if (n) {
+		*n += 1; /* per CPU */
+	} else {
+		__u64 one = 1;
+		bpf_map_update_elem(&lace_pol_drops, &deny, &one, BPF_NOEXIST);
+	}
+	return 1;
+}
+
+#endif

@@ -1,0 +1,271 @@
+// Package policy enforces the cluster's NetworkPolicies on the node's
+// pods: it watches the policies, every pod's labels and named ports, the
+// namespaces' labels, the pods' NetworkEndpoints (their networks and
+// addresses) and the networks, compiles them for this node's pods
+// (internal/netpol) and writes the result to the data plane's policy
+// tables (datapath.SyncPolicies), again after every change.
+//
+// It owns the policy tables and nothing else of the data plane; the pods'
+// own entries are the CNI server's, the node's tables the sync's.
+package policy
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/dpmetrics"
+	"github.com/lace-cni/lace/internal/netpol"
+)
+
+// DataPlane is what enforcing needs of the data plane.
+type DataPlane interface {
+	SyncPolicies(netpol.Tables) error
+	PolicyDrops() (map[uint32]uint64, error)
+}
+
+// Locals are the node's pods and their ports (the CNI server's records).
+type Locals interface {
+	EachLocal(fn func(namespace, name string, ifindex uint32))
+}
+
+// Enforcer compiles and writes the node's policy tables.
+type Enforcer struct {
+	log    *slog.Logger
+	cache  cache.Cache // policies, namespaces, NetworkEndpoints, networks
+	pods   cache.Cache // every pod, trimmed (TrimPod)
+	locals Locals
+	dp     DataPlane
+	kick   chan struct{}
+
+	mu       sync.Mutex
+	policies map[uint32]netpol.PolicyRef // of the tables last written
+}
+
+// New makes an Enforcer; Run starts it.
+func New(log *slog.Logger, c, pods cache.Cache, locals Locals, dp DataPlane) *Enforcer {
+	return &Enforcer{log: log.With("part", "policy"), cache: c, pods: pods, locals: locals, dp: dp,
+		kick: make(chan struct{}, 1)}
+}
+
+// Kick asks for the tables to be compiled again (a local pod came or
+// went).
+func (e *Enforcer) Kick() {
+	select {
+	case e.kick <- struct{}{}:
+	default:
+	}
+}
+
+// settle is how long a burst of changes is gathered into one compile.
+const settle = 20 * time.Millisecond
+
+// retry is how long a failed compile or write waits before the next.
+const retry = time.Second
+
+// Run watches the inputs and keeps the tables written until ctx ends.
+func (e *Enforcer) Run(ctx context.Context) error {
+	h := toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { e.Kick() },
+		UpdateFunc: func(any, any) { e.Kick() },
+		DeleteFunc: func(any) { e.Kick() },
+	}
+	for _, w := range []struct {
+		c   cache.Cache
+		obj client.Object
+	}{
+		{e.cache, &networkingv1.NetworkPolicy{}}, {e.cache, &corev1.Namespace{}},
+		{e.cache, &lacev1.NetworkEndpoint{}}, {e.cache, &lacev1.Network{}}, {e.pods, &corev1.Pod{}},
+	} {
+		inf, err := w.c.GetInformer(ctx, w.obj)
+		if err != nil {
+			return fmt.Errorf("watch %T: %w", w.obj, err)
+		}
+		if _, err := inf.AddEventHandler(h); err != nil {
+			return fmt.Errorf("watch %T: %w", w.obj, err)
+		}
+	}
+	e.Kick()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-e.kick:
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(settle):
+		}
+		if err := e.apply(ctx); err != nil {
+			e.log.Error("enforce network policies", "err", err)
+			time.AfterFunc(retry, e.Kick)
+		}
+	}
+}
+
+// apply compiles the policies for the node's pods and writes them.
+func (e *Enforcer) apply(ctx context.Context) error {
+	in, err := e.input(ctx)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	t := netpol.Compile(in)
+	if err := e.dp.SyncPolicies(t); err != nil {
+		return fmt.Errorf("write policy tables: %w", err)
+	}
+	e.mu.Lock()
+	e.policies = t.Policies
+	e.mu.Unlock()
+	e.log.Debug("network policies enforced", "policies", len(in.Policies), "subjects", len(t.Endpoints),
+		"verdicts", len(t.Verdicts), "classes", len(t.Peers)+len(t.CIDRs), "took", time.Since(start))
+	return nil
+}
+
+// input reads the compile's input from the caches.
+func (e *Enforcer) input(ctx context.Context) (netpol.Input, error) {
+	var in netpol.Input
+	var nps networkingv1.NetworkPolicyList
+	if err := e.cache.List(ctx, &nps); err != nil {
+		return in, fmt.Errorf("list network policies: %w", err)
+	}
+	for i := range nps.Items {
+		in.Policies = append(in.Policies, &nps.Items[i])
+	}
+	var nss corev1.NamespaceList
+	if err := e.cache.List(ctx, &nss); err != nil {
+		return in, fmt.Errorf("list namespaces: %w", err)
+	}
+	in.Namespaces = make(map[string]map[string]string, len(nss.Items))
+	for _, ns := range nss.Items {
+		in.Namespaces[ns.Name] = ns.Labels
+	}
+	var nets lacev1.NetworkList
+	if err := e.cache.List(ctx, &nets); err != nil {
+		return in, fmt.Errorf("list networks: %w", err)
+	}
+	netID := make(map[string]uint32, len(nets.Items))
+	for _, n := range nets.Items {
+		if n.Status.ID > 0 {
+			netID[n.Name] = uint32(n.Status.ID)
+		}
+	}
+	var neps lacev1.NetworkEndpointList
+	if err := e.cache.List(ctx, &neps); err != nil {
+		return in, fmt.Errorf("list network endpoints: %w", err)
+	}
+	var pods corev1.PodList
+	if err := e.pods.List(ctx, &pods); err != nil {
+		return in, fmt.Errorf("list pods: %w", err)
+	}
+	byName := make(map[client.ObjectKey]*corev1.Pod, len(pods.Items))
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		byName[client.ObjectKeyFromObject(p)] = p
+	}
+	for i := range neps.Items {
+		ne := &neps.Items[i]
+		id, ok := netID[ne.Spec.Network]
+		pod := byName[client.ObjectKeyFromObject(ne)]
+		// A record of another pod of that name (UID) is no peer: its
+		// labels are not this one's.
+		if !ok || pod == nil || string(pod.UID) != ne.Labels[lacev1.LabelPodUID] {
+			continue
+		}
+		in.Pods = append(in.Pods, podOf(pod, id, endpointAddrs(ne)))
+	}
+	e.locals.EachLocal(func(ns, name string, ifindex uint32) {
+		in.Local = append(in.Local, netpol.Local{Namespace: ns, Name: name, Ifindex: ifindex})
+	})
+	return in, nil
+}
+
+// endpointAddrs are a NetworkEndpoint's addresses: the node's (l3) or
+// the controller's (l2).
+func endpointAddrs(ne *lacev1.NetworkEndpoint) []netip.Addr {
+	var out []netip.Addr
+	for _, list := range [][]lacev1.IPAddress{ne.Spec.Addresses, ne.Status.Addresses} {
+		for _, s := range list {
+			if a, err := netip.ParseAddr(string(s)); err == nil {
+				out = append(out, a.Unmap())
+			}
+		}
+	}
+	return out
+}
+
+func podOf(p *corev1.Pod, netID uint32, addrs []netip.Addr) netpol.Pod {
+	out := netpol.Pod{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels, NetID: netID, Addrs: addrs}
+	for _, c := range p.Spec.Containers {
+		for _, port := range c.Ports {
+			if port.Name != "" {
+				out.Ports = append(out.Ports, netpol.Port{Name: port.Name, Protocol: port.Protocol, Port: port.ContainerPort})
+			}
+		}
+	}
+	return out
+}
+
+// TrimPod is the transform of the every-pod cache: what policies read of
+// a pod (its name, UID, labels, named ports).
+func TrimPod(in any) (any, error) {
+	p, ok := in.(*corev1.Pod)
+	if !ok {
+		return in, nil
+	}
+	out := &corev1.Pod{}
+	out.Name, out.Namespace, out.UID, out.ResourceVersion, out.Labels = p.Name, p.Namespace, p.UID, p.ResourceVersion, p.Labels
+	for _, c := range p.Spec.Containers {
+		var ports []corev1.ContainerPort
+		for _, port := range c.Ports {
+			if port.Name != "" {
+				ports = append(ports, corev1.ContainerPort{Name: port.Name, Protocol: port.Protocol, ContainerPort: port.ContainerPort})
+			}
+		}
+		if ports != nil {
+			out.Spec.Containers = append(out.Spec.Containers, corev1.Container{Ports: ports})
+		}
+	}
+	return out, nil
+}
+
+// Collector exports the packets each policy refused on this node.
+type Collector struct{ e *Enforcer }
+
+var policyDropsDesc = prometheus.NewDesc(dpmetrics.PolicyDrops,
+	"Packets refused on this node by each network policy (the policy that isolates the pod, or whose rule denies).",
+	[]string{"kind", "namespace", "name"}, nil)
+
+// NewCollector exports e's drop counters.
+func NewCollector(e *Enforcer) *Collector { return &Collector{e: e} }
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) { ch <- policyDropsDesc }
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	drops, err := c.e.dp.PolicyDrops()
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(policyDropsDesc, err)
+		return
+	}
+	c.e.mu.Lock()
+	defer c.e.mu.Unlock()
+	for id, n := range drops {
+		if ref, ok := c.e.policies[id]; ok {
+			ch <- prometheus.MustNewConstMetric(policyDropsDesc, prometheus.CounterValue, float64(n), ref.Kind, ref.Namespace, ref.Name)
+		}
+	}
+}

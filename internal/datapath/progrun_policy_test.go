@@ -1,0 +1,230 @@
+package datapath
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/lace-cni/lace/internal/netpol"
+)
+
+// The policy tables as the programs read them: classes by network and
+// address, verdicts by longest prefix, replies through conntrack, drops
+// counted on the deciding policy.
+
+const (
+	polDenyIn  = 0x1001
+	polDenyOut = 0x1002
+	polAllow   = 0x2001
+)
+
+// policyWorld is progPodDatapath with a second network (8) whose
+// addresses overlap network 7's, and sync writes policy tables t.
+func policyWorld(t *testing.T) (*Datapath, func(netpol.Tables)) {
+	t.Helper()
+	d := progPodDatapath(t)
+	if err := d.UpsertNetwork(Network{ID: 8}); err != nil {
+		t.Fatal(err)
+	}
+	return d, func(tb netpol.Tables) {
+		t.Helper()
+		if tb.Policies == nil {
+			tb.Policies = map[uint32]netpol.PolicyRef{}
+		}
+		for _, id := range []uint32{polDenyIn, polDenyOut, polAllow} {
+			tb.Policies[id] = netpol.PolicyRef{Kind: "NetworkPolicy", Namespace: "ns", Name: "p"}
+		}
+		if err := d.SyncPolicies(tb); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func policyDrops(t *testing.T, d *Datapath, id uint32) uint64 {
+	t.Helper()
+	m, err := d.PolicyDrops()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m[id]
+}
+
+// TestProgPolicyIngress: a packet from another node to an isolated pod
+// passes only as its verdicts say: by the peer's class (its network and
+// address, or a CIDR), protocol and port range; a miss is dropped as
+// policy and counted on the policy that isolates the pod.
+func TestProgPolicyIngress(t *testing.T) {
+	d, sync := policyWorld(t)
+	peer := netip.MustParseAddr("10.70.2.2")
+	sid := func(src uint32) netip.Addr { return SID(progLocator, BehaviourL3Decap, src, progNet) }
+	from := func(src uint32, a netip.Addr, proto byte, l4 []byte) []byte {
+		return srv6(progPeerV6, sid(src), ipv4(a, progPodV4, proto, l4), true)
+	}
+	// The pod's ingress: UDP 7 and TCP 1000-1003 from the pod peer
+	// (class 5, network 7 only); anything from 10.99.0.0/16 (class 9).
+	tables := netpol.Tables{
+		Endpoints: map[uint32]netpol.Endpoint{1: {Isolated: netpol.Ingress, DenyIn: polDenyIn}},
+		Peers:     map[netpol.PeerKey]uint32{{NetID: progNet, Addr: peer}: 5},
+		CIDRs:     map[netip.Prefix]uint32{netip.MustParsePrefix("10.99.0.0/16"): 9, netip.MustParsePrefix("10.99.7.0/24"): 0},
+		Verdicts: map[netpol.VerdictKey]netpol.Verdict{
+			{Ifindex: 1, Class: 5, Dir: netpol.Ingress, Proto: 17, Port: 7, PrefixLen: 96}:   {Policy: polAllow, Allow: true},
+			{Ifindex: 1, Class: 5, Dir: netpol.Ingress, Proto: 6, Port: 1000, PrefixLen: 94}: {Policy: polAllow, Allow: true},
+			{Ifindex: 1, Class: 9, Dir: netpol.Ingress, PrefixLen: 72}:                       {Policy: polAllow, Allow: true},
+		},
+	}
+	sync(tables)
+	cases := []struct {
+		name   string
+		pkt    []byte
+		want   uint32
+		reason string
+	}{
+		{"UDP 7 from the peer", from(progNet, peer, 17, udp(1000, 7)), actRedirect, ""},
+		{"UDP 8 from the peer", from(progNet, peer, 17, udp(1000, 8)), actShot, "policy"},
+		{"TCP 7 from the peer", from(progNet, peer, 6, tcpSYN(1000, 7)), actShot, "policy"},
+		{"TCP 1000 from the peer", from(progNet, peer, 6, tcpSYN(40000, 1000)), actRedirect, ""},
+		{"TCP 1003 from the peer", from(progNet, peer, 6, tcpSYN(40000, 1003)), actRedirect, ""},
+		{"TCP 1004 from the peer", from(progNet, peer, 6, tcpSYN(40000, 1004)), actShot, "policy"},
+		{"TCP 999 from the peer", from(progNet, peer, 6, tcpSYN(40000, 999)), actShot, "policy"},
+		{"ICMP echo from the peer", from(progNet, peer, 1, icmpEcho(false)), actShot, "policy"},
+		// The same address in another network is another peer.
+		{"UDP 7 from the peer's address in network 8", from(8, peer, 17, udp(1001, 7)), actShot, "policy"},
+		{"another pod of the network", from(progNet, netip.MustParseAddr("10.70.2.3"), 17, udp(1000, 7)), actShot, "policy"},
+		{"any protocol from the CIDR", from(progNet, netip.MustParseAddr("10.99.1.1"), 1, icmpEcho(false)), actRedirect, ""},
+		{"the CIDR from network 8", from(8, netip.MustParseAddr("10.99.1.1"), 17, udp(1, 2)), actRedirect, ""},
+		{"the CIDR's except", from(progNet, netip.MustParseAddr("10.99.7.1"), 17, udp(1000, 7)), actShot, "policy"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			before := policyDrops(t, d, polDenyIn)
+			onlyDrop(t, d, c.reason, func() {
+				if got := runProg(t, d.underlay.FromUnderlay, c.pkt); got != c.want {
+					t.Errorf("verdict %d, want %d", got, c.want)
+				}
+			})
+			want := before
+			if c.reason == "policy" {
+				want++
+			}
+			if got := policyDrops(t, d, polDenyIn); got != want {
+				t.Errorf("drops of the isolating policy %d -> %d, want %d", before, got, want)
+			}
+		})
+	}
+
+	// A reply to the pod's own flow passes whatever its ingress says.
+	t.Run("reply to the pod's flow", func(t *testing.T) {
+		onlyDrop(t, d, "no-underlay-route", func() {
+			if got, _ := runPod(t, d, ether(unicastMAC, 0x0800, ipv4(progPodV4, peer, 17, udp(5555, 9000)))); got != actShot {
+				t.Errorf("the pod's request: verdict %d", got)
+			}
+		})
+		onlyDrop(t, d, "", func() {
+			if got := runProg(t, d.underlay.FromUnderlay, from(progNet, peer, 17, udp(9000, 5555))); got != actRedirect {
+				t.Errorf("the reply: verdict %d, want a redirect", got)
+			}
+		})
+		// Not the same ports from the same peer.
+		onlyDrop(t, d, "policy", func() {
+			if got := runProg(t, d.underlay.FromUnderlay, from(progNet, peer, 17, udp(9000, 5556))); got != actShot {
+				t.Errorf("no reply: verdict %d, want a drop", got)
+			}
+		})
+	})
+
+	// Policies gone: the pod is open again, and the counters go with them.
+	t.Run("no policy", func(t *testing.T) {
+		if err := d.SyncPolicies(netpol.Tables{}); err != nil {
+			t.Fatal(err)
+		}
+		onlyDrop(t, d, "", func() {
+			if got := runProg(t, d.underlay.FromUnderlay, from(progNet, peer, 17, udp(1000, 8))); got != actRedirect {
+				t.Errorf("verdict %d, want a redirect", got)
+			}
+		})
+		if m, err := d.PolicyDrops(); err != nil || len(m) != 0 {
+			t.Errorf("drop counters %v (%v), want none", m, err)
+		}
+		for name, n := range map[string]int{"lace_pol": mapLen(t, d.pod.LacePol), "lace_pol_eps": mapLen(t, d.pod.LacePolEps),
+			"lace_pol_peers": mapLen(t, d.pod.LacePolPeers), "lace_pol_cidrs": mapLen(t, d.pod.LacePolCidrs)} {
+			if n != 0 {
+				t.Errorf("%s holds %d entries, want none", name, n)
+			}
+		}
+	})
+}
+
+// TestProgPolicyEgress: what an isolated pod sends is decided on its
+// destination, a service's after translation too; an open pod sends.
+func TestProgPolicyEgress(t *testing.T) {
+	d, sync := policyWorld(t)
+	peer := netip.MustParseAddr("10.70.2.2")
+	send := func(dst netip.Addr, proto byte, l4 []byte) []byte {
+		return ether(unicastMAC, 0x0800, ipv4(progPodV4, dst, proto, l4))
+	}
+	// Sent on to the peer node: the test has no underlay route.
+	const sent = "no-underlay-route"
+	onlyDrop(t, d, sent, func() { runPod(t, d, send(peer, 17, udp(1, 53))) })
+	sync(netpol.Tables{
+		Endpoints: map[uint32]netpol.Endpoint{progPort: {Isolated: netpol.Egress, DenyOut: polDenyOut}},
+		Peers:     map[netpol.PeerKey]uint32{{NetID: progNet, Addr: peer}: 5},
+		Verdicts: map[netpol.VerdictKey]netpol.Verdict{
+			{Ifindex: progPort, Class: 5, Dir: netpol.Egress, Proto: 17, PrefixLen: 80}: {Policy: polAllow, Allow: true},
+		},
+	})
+	cases := []struct {
+		name   string
+		pkt    []byte
+		reason string
+	}{
+		{"UDP to the peer", send(peer, 17, udp(1, 53)), sent},
+		{"UDP to the peer's last port", send(peer, 17, udp(1, 65535)), sent},
+		{"TCP to the peer", send(peer, 6, tcpSYN(1, 53)), "policy"},
+		{"UDP to another pod", send(netip.MustParseAddr("10.70.2.3"), 17, udp(1, 53)), "policy"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			before := policyDrops(t, d, polDenyOut)
+			onlyDrop(t, d, c.reason, func() { runPod(t, d, c.pkt) })
+			want := before
+			if c.reason == "policy" {
+				want++
+			}
+			if got := policyDrops(t, d, polDenyOut); got != want {
+				t.Errorf("drops of the isolating policy %d -> %d, want %d", before, got, want)
+			}
+		})
+	}
+}
+
+// TestProgPolicyPortReused: a port deleted takes its policy with it, so
+// the next pod given its ifindex starts without the last one's.
+func TestProgPolicyPortReused(t *testing.T) {
+	d, sync := policyWorld(t)
+	sync(netpol.Tables{Endpoints: map[uint32]netpol.Endpoint{progPort: {Isolated: netpol.Egress, DenyOut: polDenyOut}}})
+	if err := d.DeletePort(progPort); err != nil {
+		t.Fatal(err)
+	}
+	if n := mapLen(t, d.pod.LacePolEps); n != 0 {
+		t.Fatalf("lace_pol_eps holds %d entries after the port's deletion", n)
+	}
+	// The mirror knows: the next sync writes the entry again.
+	sync(netpol.Tables{Endpoints: map[uint32]netpol.Endpoint{progPort: {Isolated: netpol.Egress, DenyOut: polDenyOut}}})
+	if n := mapLen(t, d.pod.LacePolEps); n != 1 {
+		t.Fatalf("lace_pol_eps holds %d entries after a sync, want 1", n)
+	}
+}
+
+// mapLen counts m's entries.
+func mapLen(t *testing.T, m *ebpf.Map) int {
+	t.Helper()
+	n := 0
+	key, next := make([]byte, m.KeySize()), make([]byte, m.KeySize())
+	err := m.NextKey(nil, &next)
+	for ; err == nil; err = m.NextKey(key, &next) {
+		n++
+		copy(key, next)
+	}
+	return n
+}

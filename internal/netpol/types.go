@@ -1,0 +1,210 @@
+package netpol
+
+import (
+	"net/netip"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+)
+
+// Dir is a traffic direction seen from a local endpoint; a set of them is
+// a bit mask (Endpoint.Isolated).
+type Dir uint8
+
+const (
+	Ingress Dir = 1 << 0
+	Egress  Dir = 1 << 1
+)
+
+// Port is a named container port of a pod.
+type Port struct {
+	Name     string
+	Protocol corev1.Protocol // TCP, UDP, SCTP ("" means TCP)
+	Port     int32
+}
+
+// Pod is what policies need of a pod.
+type Pod struct {
+	Namespace, Name string
+	Labels          map[string]string
+	NetID           uint32       // the Lace network the pod's addresses are in
+	Addrs           []netip.Addr // 0..2 (one per family)
+	Ports           []Port       // containers' ports (only named ones matter)
+}
+
+// Local is a pod of this node: a policy subject.
+type Local struct {
+	Namespace, Name string // the pod (must be among Input.Pods to be a subject; a Local not in Pods is ignored)
+	Ifindex         uint32
+}
+
+// Input is everything one node's policy tables depend on.
+//
+// Ambiguous inputs are resolved the same way by Compile and Decide: of
+// several Pods (or Policies) with one namespace/name the first is the one; of
+// several pods holding one (NetID, address) the first in namespace/name
+// order owns it; of several Locals with one ifindex the first is kept.
+type Input struct {
+	Policies   []*networkingv1.NetworkPolicy
+	Pods       []Pod                        // every pod of the cluster that has addresses (peers), local ones included
+	Namespaces map[string]map[string]string // namespace name -> its labels (a namespace missing here has no labels)
+	Local      []Local
+}
+
+// PeerKey names a peer address: addresses of two networks may overlap, so
+// the network is part of the name.
+type PeerKey struct {
+	NetID uint32
+	Addr  netip.Addr
+}
+
+// VerdictKey is one entry of the verdict LPM table. The data plane's key
+// is ifindex(4) class(4) dir(1) proto(1) port(2, big-endian) and PrefixLen
+// counts its bits from the start of ifindex; every bit past PrefixLen is 0
+// here so that a key has exactly one spelling.
+type VerdictKey struct {
+	Ifindex   uint32
+	Class     uint32
+	Dir       Dir
+	Proto     uint8  // 6, 17, 132, or 0 with PrefixLen 72
+	Port      uint16 // host order here; only its first PrefixLen-80 bits count, the rest must be 0
+	PrefixLen uint8  // 72, 80, 81..96
+}
+
+// Verdict is the value of a verdict entry.
+type Verdict struct {
+	Policy uint32 // id of the first policy (in order namespace/name) whose rule allows it
+	Rule   uint16 // index of that rule within the policy's Ingress or Egress list
+	Allow  bool   // always true for NetworkPolicy (deny is a miss); kept for AdminNetworkPolicy later
+}
+
+// Endpoint is a local endpoint's isolation.
+type Endpoint struct {
+	Isolated Dir    // directions in which some policy selects the pod
+	DenyIn   uint32 // policy a denied ingress packet is counted on: the first (namespace/name order) isolating it for ingress; 0 if not isolated
+	DenyOut  uint32
+}
+
+// PolicyRef names the object behind a policy id, for counters and logs.
+type PolicyRef struct{ Kind, Namespace, Name string }
+
+// kindNetworkPolicy is the Kind of every PolicyRef this package emits.
+const kindNetworkPolicy = "NetworkPolicy"
+
+// Tables is one node's compiled policy state.
+type Tables struct {
+	Peers     map[PeerKey]uint32      // only non-zero classes
+	CIDRs     map[netip.Prefix]uint32 // masked prefixes; class may be 0 (to carve an `except` out of a shorter prefix)
+	Endpoints map[uint32]Endpoint     // only endpoints isolated in at least one direction
+	Verdicts  map[VerdictKey]Verdict
+	Policies  map[uint32]PolicyRef // every policy id used in Verdicts or Endpoints
+}
+
+// Protocol numbers of the verdict key (0, any other protocol, appears
+// only in prefix-72 keys, whose proto bits are past the prefix).
+const (
+	protoTCP  uint8 = 6
+	protoUDP  uint8 = 17
+	protoSCTP uint8 = 132
+)
+
+// Prefix lengths of the verdict key (bits from the start of ifindex).
+const (
+	prefixAnyProto = 72 // ifindex, class, dir
+	prefixAnyPort  = 80 // + proto
+)
+
+const (
+	fnvOffset32 = 2166136261
+	fnvPrime32  = 16777619
+)
+
+func fnvString(h uint32, s string) uint32 {
+	for i := 0; i < len(s); i++ {
+		h ^= uint32(s[i])
+		h *= fnvPrime32
+	}
+	return h
+}
+
+// PolicyID is the stable id of a policy: FNV-1a 32 of kind/namespace/name.
+// It is a pure function of the name, so ids (and the data plane's counters
+// keyed by them) survive restarts and other policies' changes. 0 means "no
+// policy" in Endpoint, so a name hashing to 0 is rehashed.
+func PolicyID(kind, namespace, name string) uint32 {
+	h := fnvString(fnvOffset32, kind+"/"+namespace+"/"+name)
+	for h == 0 {
+		h = fnvString(h^fnvOffset32, "\x00")
+	}
+	return h
+}
+
+// selectorOf converts a label selector. An invalid selector selects
+// nothing rather than failing the whole compilation: the API server would
+// have rejected it, and matching nothing is the fail-closed reading. A nil
+// selector also selects nothing (callers handle "absent" themselves).
+func selectorOf(ls *metav1.LabelSelector) labels.Selector {
+	s, err := metav1.LabelSelectorAsSelector(ls)
+	if err != nil {
+		return labels.Nothing()
+	}
+	return s
+}
+
+// Lookup evaluates the tables exactly as the data plane does: isolation,
+// then the peer's class (exact (network, address), else the longest CIDR on
+// the address alone, else 0), then the longest verdict prefix. It returns
+// whether the packet passes and the policy and rule it is attributed to:
+// the allowing rule, or on a drop the endpoint's deny policy (rule 0).
+// proto is the IP protocol number as the data plane sets it: 6, 17 or 132,
+// else 0 with port 0.
+func (t Tables) Lookup(ifindex uint32, dir Dir, peer PeerKey, proto uint8, port uint16) (allow bool, policy uint32, rule uint16) {
+	ep, ok := t.Endpoints[ifindex]
+	if !ok || ep.Isolated&dir == 0 {
+		return true, 0, 0
+	}
+	class := t.classOf(peer)
+	key := VerdictKey{Ifindex: ifindex, Class: class, Dir: dir, Proto: proto}
+	for plen := 96; plen >= prefixAnyPort; plen-- {
+		key.PrefixLen = uint8(plen)
+		key.Port = port & portMask(plen-prefixAnyPort)
+		if v, ok := t.Verdicts[key]; ok {
+			return v.Allow, v.Policy, v.Rule
+		}
+	}
+	key = VerdictKey{Ifindex: ifindex, Class: class, Dir: dir, PrefixLen: prefixAnyProto}
+	if v, ok := t.Verdicts[key]; ok {
+		return v.Allow, v.Policy, v.Rule
+	}
+	if dir == Ingress {
+		return false, ep.DenyIn, 0
+	}
+	return false, ep.DenyOut, 0
+}
+
+// classOf is step 2 of the data plane's decision.
+func (t Tables) classOf(peer PeerKey) uint32 {
+	if c, ok := t.Peers[peer]; ok {
+		return c
+	}
+	if !peer.Addr.IsValid() {
+		return 0
+	}
+	for bits := peer.Addr.BitLen(); bits >= 0; bits-- {
+		p, err := peer.Addr.Prefix(bits)
+		if err != nil {
+			return 0
+		}
+		if c, ok := t.CIDRs[p]; ok {
+			return c
+		}
+	}
+	return 0
+}
+
+// portMask keeps the first k bits of a port.
+func portMask(k int) uint16 {
+	return uint16(uint32(0xffff0000) >> k)
+}
