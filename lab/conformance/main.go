@@ -42,13 +42,12 @@ import (
 // Granular Checks), dual-stack, Traffic Distribution and Topology Hints,
 // HostPort, Proxy, EndpointSlice(Mirroring), DNS, Service endpoints
 // latency, pod connectivity through termination, NoSNAT, Service CIDRs,
-// and the Ingress/IngressClass/ServiceCIDR API specs of [Conformance].
-// Left out: Netpol and NetworkPolicy (Lace enforces no NetworkPolicy yet),
-// LoadBalancers and ESIPP (a cloud's load balancer), KubeProxy and
+// NetworkPolicy (Netpol), and the Ingress/IngressClass/ServiceCIDR API
+// specs of [Conformance]. Left out: LoadBalancers and ESIPP (a cloud's load balancer), KubeProxy and
 // KubeProxyNFAcct and the kube-proxy migration (kube-proxy itself), the
 // [Feature:PerformanceDNS] scale test, and IngressClass [Feature:Ingress]
 // (an ingress controller's defaulting).
-const DefaultFocus = `\[sig-network\] (Services|Conntrack|Networking|\[Feature:IPv6DualStack\]|Traffic Distribution|Topology Hints|HostPort|Proxy|EndpointSlice|DNS|Service endpoints latency|Connectivity Pod Lifecycle|NoSNAT|Service CIDRs|ServiceCIDR and IPAddress API|Ingress API|IngressClass API)`
+const DefaultFocus = `\[sig-network\] (Services|Conntrack|Networking|\[Feature:IPv6DualStack\]|Traffic Distribution|Topology Hints|HostPort|Proxy|EndpointSlice|DNS|Service endpoints latency|Connectivity Pod Lifecycle|NoSNAT|Service CIDRs|ServiceCIDR and IPAddress API|Ingress API|IngressClass API|Netpol)`
 
 type options struct {
 	lab, laceLab, e2eTest, kubectl, images string

@@ -87,8 +87,8 @@ func TestClassify(t *testing.T) {
 	}
 }
 
-// TestDefaultFocus: the focus takes every describe the issue names and
-// leaves NetworkPolicy, cloud load balancers and kube-proxy's own specs.
+// TestDefaultFocus: the focus takes every describe the issues name and
+// leaves cloud load balancers and kube-proxy's own specs.
 func TestDefaultFocus(t *testing.T) {
 	re := regexp.MustCompile(DefaultFocus)
 	for _, in := range []string{
@@ -102,13 +102,14 @@ func TestDefaultFocus(t *testing.T) {
 		"[sig-network] EndpointSlice should support creating EndpointSlice API operations [Conformance]",
 		"[sig-network] DNS should provide DNS for services [Conformance]",
 		"[sig-network] Service endpoints latency should not be very high [Conformance]",
+		"[sig-network] Netpol NetworkPolicy between server and client should support a 'default-deny-ingress' policy [Feature:NetworkPolicy]",
+		"[sig-network] Netpol API should support creating NetworkPolicy API operations",
 	} {
 		if !re.MatchString(in) {
 			t.Errorf("focus misses %q", in)
 		}
 	}
 	for _, out := range []string{
-		"[sig-network] Netpol NetworkPolicy between server and client should support a 'default-deny-ingress' policy [Feature:NetworkPolicy]",
 		"[sig-network] LoadBalancers [Feature:LoadBalancer] should be able to change the type and ports of a TCP service [Slow]",
 		"[sig-network] KubeProxy should set TCP CLOSE_WAIT timeout [Privileged]",
 		"[sig-network] [Feature:PerformanceDNS] [Serial] Should answer DNS query for maximum number of services per cluster",
