@@ -65,9 +65,15 @@ help: ## Show this help.
 ##@ Development
 
 .PHONY: generate
+# The network-policy-api release whose ClusterNetworkPolicy CRD the chart
+# installs (docs/network-policy.md).
+NETPOL_API := sigs.k8s.io/network-policy-api@v0.3.0
 generate: $(CONTROLLER_GEN) ## Regenerate deepcopy code, CRD manifests (and the chart's copy) and the eBPF objects (bpf2go).
 	$(CONTROLLER_GEN) object paths=./api/...
 	$(CONTROLLER_GEN) crd:allowDangerousTypes=false paths=./api/... output:crd:artifacts:config=config/crd
+	# sig-network's ClusterNetworkPolicy, as its pinned release ships it
+	# (standard channel): Lace enforces it, the chart installs it.
+	install -m 644 "$$($(GO) mod download -json $(NETPOL_API) | sed -n 's/.*"Dir": "\(.*\)",/\1/p')/config/crd/standard/policy.networking.k8s.io_clusternetworkpolicies.yaml" config/crd/
 	rm -f deploy/helm/lace/crds/*.yaml && cp config/crd/*.yaml deploy/helm/lace/crds/
 	$(GO) generate ./internal/datapath/...
 

@@ -2,10 +2,13 @@
  *
  * The agent compiles the policies that select this node's pods
  * (internal/netpol) into three tables, and this header decides with them:
- * - lace_pol_eps: a pod's port (host-side ifindex) -> the directions a
- *   policy isolates it in, and the policy a denied packet is counted on.
- *   A port absent here, or not isolated in the direction, is not looked
- *   further: an unpolicied pod costs one hash lookup.
+ * - lace_pol_eps: a pod's port (host-side ifindex) -> the directions
+ *   some policy has a say in (a NetworkPolicy isolating it, or a
+ *   ClusterNetworkPolicy rule selecting it), those where a NetworkPolicy
+ *   isolates it (a packet no verdict names is refused), and the policy
+ *   such a refusal is counted on. A port absent here, or without a say
+ *   in the direction, is not looked further: an unpolicied pod costs one
+ *   hash lookup.
  * - lace_pol_peers (a pod's address in its network, exact) and
  *   lace_pol_cidrs (any address, longest prefix): the peer's class, the
  *   set of policy peers (selectors, ipBlocks, named ports) it matches.
@@ -13,7 +16,10 @@
  *   addresses of two networks are never confused; a pod's class already
  *   holds the ipBlocks its address lies in.
  * - lace_pol: (port, class, direction, protocol, destination port) ->
- *   allowed, by longest prefix (a port range is a few prefixes).
+ *   allowed or denied, and by which policy's rule, by longest prefix (a
+ *   port range is a few prefixes). The agent composes the tiers
+ *   (ClusterNetworkPolicy admin, NetworkPolicy, baseline) before: one
+ *   lookup decides.
  *
  * What is decided: every packet the pod's side did not answer. A reply
  * (conntrack holds the flow as opened by the other side) is the flow
@@ -26,8 +32,12 @@
 #define POL_IN 1
 #define POL_OUT 2
 
+/* pol_ep_val.flags: POL_IN and POL_OUT say the verdicts have a say in
+ * the direction; POL_ISOLATED(dir) that a miss there is refused. */
+#define POL_ISOLATED(dir) ((dir) << 2)
+
 struct pol_ep_val {
-	__u32 isolated; /* POL_IN | POL_OUT */
+	__u32 flags;
 	__u32 deny_in;  /* policy id a denied inbound packet is counted on */
 	__u32 deny_out;
 };
@@ -120,7 +130,7 @@ __noinline int pol_denied(__u32 ifindex, __u32 dir, __u32 peer_net, struct pkt *
 	if (!p)
 		return 0;
 	struct pol_ep_val *ep = bpf_map_lookup_elem(&lace_pol_eps, &ifindex);
-	if (!ep || !(ep->isolated & dir))
+	if (!ep || !(ep->flags & dir))
 		return 0;
 	__u32 deny = dir == POL_IN ? ep->deny_in : ep->deny_out;
 
@@ -152,6 +162,8 @@ __noinline int pol_denied(__u32 ifindex, __u32 dir, __u32 peer_net, struct pkt *
 		return 0;
 	if (v)
 		deny = v->policy;
+	else if (!(ep->flags & POL_ISOLATED(dir)))
+		return 0;
 	__u64 *n = bpf_map_lookup_elem(&lace_pol_drops, &deny);
 	if (n) {
 		*n += 1; /* per CPU */

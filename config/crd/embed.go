@@ -1,7 +1,9 @@
 // Package crd embeds the generated CustomResourceDefinitions of the
-// lace-cni.io API so that binaries (the lab, the test helpers) install
-// exactly what `make generate` produced. The YAML files are generated; edit
-// the types in api/v1alpha1 instead.
+// lace-cni.io API, and those of the other APIs Lace implements (KubeVirt's
+// IPAMClaim, sig-network's ClusterNetworkPolicy as its pinned release
+// ships it), so that binaries (the lab, the test helpers) install exactly
+// what `make generate` produced. The YAML files are generated; edit the
+// types in api/ instead.
 package crd
 
 import (
@@ -17,7 +19,7 @@ import (
 //go:embed *.yaml
 var files embed.FS
 
-// All returns every CRD of the lace-cni.io API, sorted by name.
+// All returns every CRD, sorted by name.
 func All() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 	names, err := fs.Glob(files, "*.yaml")
 	if err != nil {

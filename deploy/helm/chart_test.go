@@ -456,6 +456,7 @@ func TestRBACLeastPrivilege(t *testing.T) {
 		"lace-controller patch lace-cni.io/neighbors", "lace-controller watch k8s.cni.cncf.io/ipamclaims",
 		"lace-controller patch k8s.cni.cncf.io/ipamclaims/status", "lace-agent get k8s.cni.cncf.io/ipamclaims",
 		"lace-agent watch networking.k8s.io/networkpolicies", "lace-agent list /namespaces",
+		"lace-agent watch policy.networking.k8s.io/clusternetworkpolicies",
 	} {
 		if !can[want] {
 			t.Errorf("RBAC lacks %q", want)

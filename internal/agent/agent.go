@@ -50,6 +50,7 @@ import (
 	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/dpmetrics"
 	"github.com/lace-cni/lace/internal/model"
+	"github.com/lace-cni/lace/internal/netpolapi"
 	"github.com/lace-cni/lace/internal/netutil"
 	"github.com/lace-cni/lace/pkg/cniapi"
 	"github.com/lace-cni/lace/pkg/scheme"
@@ -219,7 +220,7 @@ func wire(cfg *rest.Config, o Options, log *slog.Logger, dp *datapath.Datapath) 
 	}
 	// Every pod's labels and named ports: the network policies' peers.
 	allPods, err := cache.New(cfg, cache.Options{Scheme: scheme.Scheme, HTTPClient: mgr.GetHTTPClient(), Mapper: mgr.GetRESTMapper(),
-		DefaultTransform: policy.TrimPod, ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: {}}})
+		DefaultTransform: netpolapi.TrimPod, ByObject: map[client.Object]cache.ByObject{&corev1.Pod{}: {}}})
 	if err == nil {
 		err = mgr.Add(allPods)
 	}

@@ -215,10 +215,10 @@ type l2PolCidrKey struct {
 }
 
 type l2PolEpVal struct {
-	_        structs.HostLayout
-	Isolated uint32
-	DenyIn   uint32
-	DenyOut  uint32
+	_       structs.HostLayout
+	Flags   uint32
+	DenyIn  uint32
+	DenyOut uint32
 }
 
 type l2PolKey struct {

@@ -147,10 +147,10 @@ type podPolCidrKey struct {
 }
 
 type podPolEpVal struct {
-	_        structs.HostLayout
-	Isolated uint32
-	DenyIn   uint32
-	DenyOut  uint32
+	_       structs.HostLayout
+	Flags   uint32
+	DenyIn  uint32
+	DenyOut uint32
 }
 
 type podPolKey struct {

@@ -36,7 +36,7 @@ func (d *Datapath) newPolicyTables() {
 func (d *Datapath) SyncPolicies(t netpol.Tables) error {
 	eps := make(map[uint32]podPolEpVal, len(t.Endpoints))
 	for ifindex, e := range t.Endpoints {
-		eps[ifindex] = podPolEpVal{Isolated: uint32(e.Isolated), DenyIn: e.DenyIn, DenyOut: e.DenyOut}
+		eps[ifindex] = podPolEpVal{Flags: uint32(e.Lookup) | uint32(e.Isolated)<<2, DenyIn: e.DenyIn, DenyOut: e.DenyOut}
 	}
 	peers := make(map[podPolPeerKey]uint32, len(t.Peers))
 	for p, class := range t.Peers {

@@ -64,7 +64,7 @@ func TestProgPolicyIngress(t *testing.T) {
 	// The pod's ingress: UDP 7 and TCP 1000-1003 from the pod peer
 	// (class 5, network 7 only); anything from 10.99.0.0/16 (class 9).
 	tables := netpol.Tables{
-		Endpoints: map[uint32]netpol.Endpoint{1: {Isolated: netpol.Ingress, DenyIn: polDenyIn}},
+		Endpoints: map[uint32]netpol.Endpoint{1: {Lookup: netpol.Ingress, Isolated: netpol.Ingress, DenyIn: polDenyIn}},
 		Peers:     map[netpol.PeerKey]uint32{{NetID: progNet, Addr: peer}: 5},
 		CIDRs:     map[netip.Prefix]uint32{netip.MustParsePrefix("10.99.0.0/16"): 9, netip.MustParsePrefix("10.99.7.0/24"): 0},
 		Verdicts: map[netpol.VerdictKey]netpol.Verdict{
@@ -167,7 +167,7 @@ func TestProgPolicyEgress(t *testing.T) {
 	const sent = "no-underlay-route"
 	onlyDrop(t, d, sent, func() { runPod(t, d, send(peer, 17, udp(1, 53))) })
 	sync(netpol.Tables{
-		Endpoints: map[uint32]netpol.Endpoint{progPort: {Isolated: netpol.Egress, DenyOut: polDenyOut}},
+		Endpoints: map[uint32]netpol.Endpoint{progPort: {Lookup: netpol.Egress, Isolated: netpol.Egress, DenyOut: polDenyOut}},
 		Peers:     map[netpol.PeerKey]uint32{{NetID: progNet, Addr: peer}: 5},
 		Verdicts: map[netpol.VerdictKey]netpol.Verdict{
 			{Ifindex: progPort, Class: 5, Dir: netpol.Egress, Proto: 17, PrefixLen: 80}: {Policy: polAllow, Allow: true},
@@ -202,7 +202,7 @@ func TestProgPolicyEgress(t *testing.T) {
 // the next pod given its ifindex starts without the last one's.
 func TestProgPolicyPortReused(t *testing.T) {
 	d, sync := policyWorld(t)
-	sync(netpol.Tables{Endpoints: map[uint32]netpol.Endpoint{progPort: {Isolated: netpol.Egress, DenyOut: polDenyOut}}})
+	sync(netpol.Tables{Endpoints: map[uint32]netpol.Endpoint{progPort: {Lookup: netpol.Egress, Isolated: netpol.Egress, DenyOut: polDenyOut}}})
 	if err := d.DeletePort(progPort); err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +210,7 @@ func TestProgPolicyPortReused(t *testing.T) {
 		t.Fatalf("lace_pol_eps holds %d entries after the port's deletion", n)
 	}
 	// The mirror knows: the next sync writes the entry again.
-	sync(netpol.Tables{Endpoints: map[uint32]netpol.Endpoint{progPort: {Isolated: netpol.Egress, DenyOut: polDenyOut}}})
+	sync(netpol.Tables{Endpoints: map[uint32]netpol.Endpoint{progPort: {Lookup: netpol.Egress, Isolated: netpol.Egress, DenyOut: polDenyOut}}})
 	if n := mapLen(t, d.pod.LacePolEps); n != 1 {
 		t.Fatalf("lace_pol_eps holds %d entries after a sync, want 1", n)
 	}
@@ -227,4 +227,37 @@ func mapLen(t *testing.T, m *ebpf.Map) int {
 		copy(key, next)
 	}
 	return n
+}
+
+// TestProgPolicyLookupOnly: a pod a ClusterNetworkPolicy rule selects but
+// no NetworkPolicy isolates: what a verdict denies is dropped and counted
+// on the verdict's policy; what no verdict names passes.
+func TestProgPolicyLookupOnly(t *testing.T) {
+	d, sync := policyWorld(t)
+	const cnp = 0x3001
+	peer := netip.MustParseAddr("10.70.2.2")
+	from := func(sport, dport uint16) []byte {
+		return srv6(progPeerV6, SID(progLocator, BehaviourL3Decap, progNet, progNet), ipv4(peer, progPodV4, 17, udp(sport, dport)), true)
+	}
+	sync(netpol.Tables{
+		Endpoints: map[uint32]netpol.Endpoint{1: {Lookup: netpol.Ingress}},
+		Peers:     map[netpol.PeerKey]uint32{{NetID: progNet, Addr: peer}: 5},
+		Verdicts: map[netpol.VerdictKey]netpol.Verdict{
+			{Ifindex: 1, Class: 5, Dir: netpol.Ingress, Proto: 17, Port: 53, PrefixLen: 96}: {Policy: cnp},
+		},
+		Policies: map[uint32]netpol.PolicyRef{cnp: {Kind: "ClusterNetworkPolicy", Name: "deny-dns"}},
+	})
+	onlyDrop(t, d, "policy", func() {
+		if got := runProg(t, d.underlay.FromUnderlay, from(1000, 53)); got != actShot {
+			t.Errorf("denied by the verdict: verdict %d, want a drop", got)
+		}
+	})
+	if n := policyDrops(t, d, cnp); n != 1 {
+		t.Errorf("drops counted on the denying policy: %d, want 1", n)
+	}
+	onlyDrop(t, d, "", func() {
+		if got := runProg(t, d.underlay.FromUnderlay, from(1000, 54)); got != actRedirect {
+			t.Errorf("no verdict, not isolated: verdict %d, want a redirect", got)
+		}
+	})
 }

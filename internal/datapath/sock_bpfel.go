@@ -125,10 +125,10 @@ type sockPolCidrKey struct {
 }
 
 type sockPolEpVal struct {
-	_        structs.HostLayout
-	Isolated uint32
-	DenyIn   uint32
-	DenyOut  uint32
+	_       structs.HostLayout
+	Flags   uint32
+	DenyIn  uint32
+	DenyOut uint32
 }
 
 type sockPolKey struct {

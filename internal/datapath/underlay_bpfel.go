@@ -211,10 +211,10 @@ type underlayPolCidrKey struct {
 }
 
 type underlayPolEpVal struct {
-	_        structs.HostLayout
-	Isolated uint32
-	DenyIn   uint32
-	DenyOut  uint32
+	_       structs.HostLayout
+	Flags   uint32
+	DenyIn  uint32
+	DenyOut uint32
 }
 
 type underlayPolKey struct {

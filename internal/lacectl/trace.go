@@ -21,12 +21,14 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/dpmetrics"
 	"github.com/lace-cni/lace/internal/model"
+	"github.com/lace-cni/lace/internal/netpol"
 	"github.com/lace-cni/lace/internal/tables"
 )
 
@@ -52,6 +54,11 @@ type TraceInput struct {
 	Classes []lacev1.LoadBalancerClass
 	Leases  []coordinationv1.Lease
 	Now     time.Time
+	// The network policies, which decide within what the topology
+	// allows (trace_policy.go): with them, Pods and NetworkEndpoints are
+	// every pod's, and Nodes every node (nodes peers).
+	NetworkPolicies []networkingv1.NetworkPolicy
+	ClusterPolicies []netpol.ClusterPolicy
 
 	// Src and Dst are NAMESPACE/NAME, NAME (in Namespace) or an IP address.
 	// A name is a pod's; Dst may also name a Service (or give one of its
@@ -109,6 +116,10 @@ type TraceResult struct {
 	Dropped string
 	// Service is set when Dst is a service.
 	Service *TraceService
+	// Policy is what the network policies decide on a flow the topology
+	// allows between a pod and a pod or an outside address; nil when the
+	// cluster has none.
+	Policy *TracePolicy
 }
 
 // TraceService is what a flow to a service VIP meets on the source's node,
@@ -249,8 +260,14 @@ func Trace(in TraceInput) (TraceResult, error) {
 	r.Reply = model.ReachReply(t, r.Src.Endpoint, r.Dst.Endpoint, r.Proto, r.Port)
 	r.Reverse = model.Reach(t, r.Dst.Endpoint, r.Src.Endpoint, r.Proto, r.Port)
 	if r.Verdict.Allowed {
+		r.Policy = tracePolicy(in, r)
+	}
+	switch {
+	case r.Policy.Denied():
+		r.Dropped = r.Policy.dropped(r)
+	case r.Verdict.Allowed:
 		r.Path = path(in, r)
-	} else {
+	default:
 		r.Dropped = dropped(r)
 	}
 	return r, nil
@@ -696,7 +713,11 @@ func (r TraceResult) ProtoString() string {
 func (r TraceResult) Print(out io.Writer) error {
 	v := r.Verdict
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s  %s\n", verdictWord(v), v.Rule)
+	if r.Policy.Denied() {
+		fmt.Fprintf(&b, "DENIED  %s; then network policy\n", v.Rule)
+	} else {
+		fmt.Fprintf(&b, "%s  %s\n", verdictWord(v), v.Rule)
+	}
 	fmt.Fprintf(&b, "flow:         %s %s -> %s\n", r.ProtoString(), r.Src.short(), r.Dst.short())
 
 	// Source: the network it belongs to.
@@ -754,7 +775,10 @@ func (r TraceResult) Print(out io.Writer) error {
 		b.WriteString(dst + "\n")
 	}
 
-	if v.Allowed {
+	for _, l := range r.Policy.lines(r) {
+		b.WriteString(l + "\n")
+	}
+	if v.Allowed && !r.Policy.Denied() {
 		fmt.Fprintf(&b, "path:         %s\n", r.Path)
 	} else {
 		fmt.Fprintf(&b, "dropped:      %s\n", r.Dropped)
@@ -825,7 +849,11 @@ func ReadTraceInput(ctx context.Context, c client.Client, in *TraceInput) error 
 		ns = "default"
 	}
 	var names []client.ObjectKey
-	all := false
+	// Policies select pods by labels anywhere: with any, every pod.
+	all, err := readPolicies(ctx, c, in)
+	if err != nil {
+		return err
+	}
 	for _, s := range []string{in.Src, in.Dst} {
 		if _, err := netip.ParseAddr(s); err == nil {
 			all = true
@@ -870,7 +898,7 @@ func ReadTraceInput(ctx context.Context, c client.Client, in *TraceInput) error 
 		}
 	}
 	allNEs := all || len(dsts) > 0
-	if len(dsts) > 0 {
+	if len(dsts) > 0 || all {
 		var nodes corev1.NodeList
 		if err := c.List(ctx, &nodes); err != nil {
 			return fmt.Errorf("list nodes: %w", err)

@@ -16,16 +16,21 @@ import (
 // verdicts: a policy of no local pod cannot decide a packet on this node.
 type rule struct {
 	// seq is the rule's position in compiler.rules. Rules are appended in
-	// policy order (namespace/name), ingress before egress, then by index,
-	// so within one direction a lower seq is the earlier rule, which is
-	// the one a verdict is attributed to.
+	// evaluation order: Admin ClusterPolicies (priority, name), then
+	// NetworkPolicies (namespace/name), then Baseline ClusterPolicies;
+	// within a policy ingress before egress, then by index. So within one
+	// direction a lower seq is evaluated first (and, among NetworkPolicy
+	// rules, is the one an allow is attributed to).
 	seq    int
 	policy uint32
 	index  int
 	dir    Dir
+	tier   Tier   // tierNetworkPolicy for a NetworkPolicy's rule
+	action Action // of a ClusterPolicy's rule: Accept, Deny or Pass
 
-	// peerless: no from/to, so the rule matches every peer (every class,
-	// 0 included) and never takes part in a class's signature.
+	// peerless: no from/to (or a Deny or Pass rule failing closed), so
+	// the rule matches every peer (every class, 0 included) and never
+	// takes part in a class's signature.
 	peerless bool
 	sels     []selPeer
 	blocks   []ipBlock
@@ -38,7 +43,8 @@ type rule struct {
 	named    []nameProto
 }
 
-// selPeer is a podSelector/namespaceSelector peer.
+// selPeer is a podSelector/namespaceSelector peer, or a ClusterPolicy's
+// namespaces or pods peer.
 type selPeer struct {
 	// ownNS is the policy's namespace when the peer has no
 	// namespaceSelector; nsSel is nil then.
@@ -47,7 +53,9 @@ type selPeer struct {
 	podSel labels.Selector
 }
 
-// ipBlock is a parsed ipBlock: its cidr minus its excepts, all masked.
+// ipBlock is a parsed ipBlock: its cidr minus its excepts, all masked;
+// also a ClusterPolicy's network, or one address of a node (a host
+// prefix), neither with excepts.
 type ipBlock struct {
 	cidr   netip.Prefix
 	except []netip.Prefix
@@ -69,11 +77,12 @@ type nameProto struct {
 type local struct {
 	ifindex  uint32
 	pod      *Pod
-	isolated Dir
+	isolated Dir // by NetworkPolicy
+	lookup   Dir // isolated, or a ClusterPolicy rule applies
 	denyIn   uint32
 	denyOut  uint32
 	// rules lists, per direction (0 ingress, 1 egress), the seqs of the
-	// rules that apply to the pod, in attribution order.
+	// rules that apply to the pod, in evaluation order.
 	rules [2][]int
 }
 
@@ -87,7 +96,9 @@ func dirIndex(d Dir) int {
 // compiler is the working state of one Compile.
 type compiler struct {
 	in     Input
-	pods   []*Pod // unique by namespace/name, sorted by it
+	pods   []*Pod           // unique by namespace/name, sorted by it
+	cnps   []*ClusterPolicy // unique by name, in evaluation order
+	nodes  []*Node          // unique by name
 	locals []*local
 	rules  []*rule
 	refs   map[uint32]PolicyRef
@@ -103,9 +114,17 @@ type compiler struct {
 }
 
 // Compile computes one node's policy tables. It never fails: parts of the
-// input that the API server would reject match nothing (see the package
-// doc), and ambiguous inputs are resolved as Input documents.
+// input that the API server would reject fail closed (see the package doc
+// and cluster.go), and ambiguous inputs are resolved as Input documents.
 func Compile(in Input) Tables {
+	c := newCompiler(in)
+	c.selectSubjects()
+	c.classify()
+	c.emitVerdicts()
+	return c.t
+}
+
+func newCompiler(in Input) *compiler {
 	c := &compiler{
 		in:      in,
 		refs:    map[uint32]PolicyRef{},
@@ -119,11 +138,10 @@ func Compile(in Input) Tables {
 		},
 	}
 	c.pods = uniquePods(in.Pods)
+	c.cnps = sortClusterPolicies(in.ClusterPolicies)
+	c.nodes = uniqueNodes(in.Nodes)
 	c.findLocals()
-	c.selectSubjects()
-	c.classify()
-	c.emitVerdicts()
-	return c.t
+	return c
 }
 
 // uniquePods sorts pods by namespace/name and keeps, of several entries
@@ -183,9 +201,18 @@ func policyDirs(p *networkingv1.NetworkPolicy) Dir {
 	return d
 }
 
-// selectSubjects walks the policies in namespace/name order, isolates the
-// local pods each selects and collects the rules of those that select any.
+// selectSubjects collects the rules that apply to local pods, tier by
+// tier so that their seqs are in evaluation order.
 func (c *compiler) selectSubjects() {
+	c.selectClusterSubjects(TierAdmin)
+	c.selectNetworkPolicies()
+	c.selectClusterSubjects(TierBaseline)
+}
+
+// selectNetworkPolicies walks the policies in namespace/name order,
+// isolates the local pods each selects and collects the rules of those
+// that select any.
+func (c *compiler) selectNetworkPolicies() {
 	pols := make([]*networkingv1.NetworkPolicy, 0, len(c.in.Policies))
 	for _, p := range c.in.Policies {
 		if p != nil {
@@ -221,6 +248,7 @@ func (c *compiler) selectSubjects() {
 		c.refs[id] = PolicyRef{Kind: kindNetworkPolicy, Namespace: p.Namespace, Name: p.Name}
 		for _, l := range subjects {
 			l.isolated |= dirs
+			l.lookup |= dirs
 			if dirs&Ingress != 0 && l.denyIn == 0 {
 				l.denyIn = id
 			}

@@ -224,8 +224,9 @@ func TestFewestEntries(t *testing.T) {
 }
 
 // TestDeterminism: the same input gives equal tables, and so does the
-// same input in another order (of policies, pods, namespaces' labels and
-// locals), since the agent diffs one compilation against the next.
+// same input in another order (of policies, cluster policies, pods,
+// nodes and locals), since the agent diffs one compilation against the
+// next.
 func TestDeterminism(t *testing.T) {
 	for seed := range 50 {
 		g := gen{rand.New(rand.NewPCG(uint64(seed), 1))}
@@ -238,6 +239,8 @@ func TestDeterminism(t *testing.T) {
 		shuffled.Policies = slices.Clone(in.Policies)
 		shuffled.Pods = slices.Clone(in.Pods)
 		shuffled.Local = slices.Clone(in.Local)
+		shuffled.ClusterPolicies = slices.Clone(in.ClusterPolicies)
+		shuffled.Nodes = slices.Clone(in.Nodes)
 		if hasDuplicates(in) {
 			continue // then the input's order decides, by design
 		}
@@ -246,6 +249,10 @@ func TestDeterminism(t *testing.T) {
 		})
 		g.r.Shuffle(len(shuffled.Pods), func(i, j int) { shuffled.Pods[i], shuffled.Pods[j] = shuffled.Pods[j], shuffled.Pods[i] })
 		g.r.Shuffle(len(shuffled.Local), func(i, j int) { shuffled.Local[i], shuffled.Local[j] = shuffled.Local[j], shuffled.Local[i] })
+		g.r.Shuffle(len(shuffled.ClusterPolicies), func(i, j int) {
+			shuffled.ClusterPolicies[i], shuffled.ClusterPolicies[j] = shuffled.ClusterPolicies[j], shuffled.ClusterPolicies[i]
+		})
+		g.r.Shuffle(len(shuffled.Nodes), func(i, j int) { shuffled.Nodes[i], shuffled.Nodes[j] = shuffled.Nodes[j], shuffled.Nodes[i] })
 		if c := Compile(shuffled); !reflect.DeepEqual(a, c) {
 			t.Fatalf("seed %d: the input's order changed the tables", seed)
 		}
@@ -267,6 +274,18 @@ func hasDuplicates(in Input) bool {
 			return true
 		}
 		seen[k] = true
+	}
+	for _, p := range in.ClusterPolicies {
+		if seen["cnp "+p.Name] {
+			return true
+		}
+		seen["cnp "+p.Name] = true
+	}
+	for _, n := range in.Nodes {
+		if seen["node "+n.Name] {
+			return true
+		}
+		seen["node "+n.Name] = true
 	}
 	return false
 }
@@ -304,10 +323,7 @@ func TestClassCollisions(t *testing.T) {
 	for seed := range 60 {
 		checkAgreement(t, uint64(seed), 300)
 		g := gen{rand.New(rand.NewPCG(uint64(seed), 0x6e6574706f6c))}
-		c := &compiler{in: g.input(), refs: map[uint32]PolicyRef{}, portsOf: map[*Pod]map[nameProto][]uint16{},
-			t: Tables{Peers: map[PeerKey]uint32{}, CIDRs: map[netip.Prefix]uint32{}}}
-		c.pods = uniquePods(c.in.Pods)
-		c.findLocals()
+		c := newCompiler(g.input())
 		c.selectSubjects()
 		c.classify()
 		ids := map[uint32]bool{}

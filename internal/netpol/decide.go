@@ -12,19 +12,26 @@ import (
 )
 
 // Decide is the reference evaluation of one packet, straight from the
-// NetworkPolicy semantics and not from Tables: it is the check on Compile
-// (tests, and later an oracle), so it deliberately shares none of
-// Compile's matching code, only the label selector conversion.
+// NetworkPolicy and ClusterNetworkPolicy semantics and not from Tables: it
+// is the check on Compile (tests, and later an oracle), so it deliberately
+// shares none of Compile's matching code, only the label selector
+// conversion.
 //
 // The packet is seen from pod namespace/name in direction dir; peer is the
 // other end (source for ingress, destination for egress, after service
 // translation); proto is TCP, UDP or SCTP, or "" (or anything else) for a
 // protocol without ports such as ICMP, whose port is then ignored; port is
-// the destination port. It returns whether the packet is allowed, and the
-// policy and rule index allowing it (the first in namespace/name order,
-// then rule order), or on a drop the first policy isolating the pod in
-// that direction and rule -1. A pod that is not isolated (or not in
-// in.Pods) is allowed with policy 0 and rule -1.
+// the destination port.
+//
+// The tiers are evaluated in the API's order: the Admin
+// ClusterPolicies' first matching rule (priority, name, rule order)
+// decides, unless it is a Pass; then, if a NetworkPolicy isolates the pod
+// in that direction, the NetworkPolicies decide (see decideNetworkPolicies);
+// then the Baseline ClusterPolicies as the Admin ones, a Pass deciding
+// nothing. It returns whether the packet is allowed and the policy and
+// rule index of the deciding rule; or, denied by NetworkPolicy isolation,
+// the first policy isolating the pod in that direction and rule -1; or,
+// when nothing decides (or the pod is not in in.Pods), true, 0 and -1.
 func Decide(in Input, namespace, name string, dir Dir, peer PeerKey, proto corev1.Protocol, port uint16) (allow bool, policy uint32, rule int) {
 	var subject *Pod
 	for i := range in.Pods {
@@ -37,7 +44,23 @@ func Decide(in Input, namespace, name string, dir Dir, peer PeerKey, proto corev
 		return true, 0, -1
 	}
 	peerPod := decidePeerPod(in.Pods, peer)
+	if allow, policy, rule, ok := decideTier(in, TierAdmin, subject, dir, peer, peerPod, proto, port); ok {
+		return allow, policy, rule
+	}
+	if allow, policy, rule, ok := decideNetworkPolicies(in, subject, dir, peer, peerPod, proto, port); ok {
+		return allow, policy, rule
+	}
+	if allow, policy, rule, ok := decideTier(in, TierBaseline, subject, dir, peer, peerPod, proto, port); ok {
+		return allow, policy, rule
+	}
+	return true, 0, -1
+}
 
+// decideNetworkPolicies is the NetworkPolicy tier: decided when some
+// policy isolates the subject in dir, and then allowed by the first
+// allowing rule (policies in namespace/name order, then rule order), or
+// denied on account of the first isolating policy (rule -1).
+func decideNetworkPolicies(in Input, subject *Pod, dir Dir, peer PeerKey, peerPod *Pod, proto corev1.Protocol, port uint16) (allow bool, policy uint32, rule int, decided bool) {
 	var pols []*networkingv1.NetworkPolicy
 	seen := map[[2]string]bool{}
 	for _, p := range in.Policies {
@@ -70,22 +93,22 @@ func Decide(in Input, namespace, name string, dir Dir, peer PeerKey, proto corev
 			for i, r := range p.Spec.Ingress {
 				// Ingress named ports are the subject's own.
 				if decidePeers(in, p.Namespace, r.From, peer, peerPod) && decidePorts(r.Ports, proto, port, subject) {
-					return true, id, i
+					return true, id, i, true
 				}
 			}
 		} else {
 			for i, r := range p.Spec.Egress {
 				// Egress named ports are the destination pod's.
 				if decidePeers(in, p.Namespace, r.To, peer, peerPod) && decidePorts(r.Ports, proto, port, peerPod) {
-					return true, id, i
+					return true, id, i, true
 				}
 			}
 		}
 	}
 	if denyBy == 0 {
-		return true, 0, -1
+		return false, 0, -1, false
 	}
-	return false, denyBy, -1
+	return false, denyBy, -1, true
 }
 
 // decideApplies: policyTypes, or when it is empty Ingress always and

@@ -169,8 +169,8 @@ func checkInvariants(t *testing.T, tab Tables) {
 		}
 	}
 	for ifx, ep := range tab.Endpoints {
-		if ep.Isolated == 0 {
-			t.Errorf("endpoint %d not isolated", ifx)
+		if ep.Lookup == 0 || ep.Isolated&^ep.Lookup != 0 {
+			t.Errorf("endpoint %d: Lookup %b, Isolated %b", ifx, ep.Lookup, ep.Isolated)
 		}
 		if (ep.Isolated&Ingress != 0) != (ep.DenyIn != 0) || (ep.Isolated&Egress != 0) != (ep.DenyOut != 0) {
 			t.Errorf("endpoint %d: %+v", ifx, ep)
@@ -193,11 +193,34 @@ func checkInvariants(t *testing.T, tab Tables) {
 		}
 	}
 	for k, v := range tab.Verdicts {
-		if _, ok := tab.Policies[v.Policy]; !ok || !v.Allow {
-			t.Errorf("verdict %+v: %+v", k, v)
+		ep, ok := tab.Endpoints[k.Ifindex]
+		if !ok || ep.Lookup&k.Dir == 0 {
+			t.Errorf("verdict %+v for an endpoint not looked up that way", k)
 		}
-		if _, ok := tab.Endpoints[k.Ifindex]; !ok || tab.Endpoints[k.Ifindex].Isolated&k.Dir == 0 {
-			t.Errorf("verdict %+v for an endpoint not isolated that way", k)
+		miss := Verdict{Allow: true}
+		if ep.Isolated&k.Dir != 0 {
+			miss = Verdict{Policy: ep.DenyOut}
+			if k.Dir == Ingress {
+				miss = Verdict{Policy: ep.DenyIn}
+			}
+		}
+		ref, known := tab.Policies[v.Policy]
+		switch {
+		case v.Policy == 0:
+			// "No tier decided": a pass counted on no policy, only where
+			// no NetworkPolicy isolates (there it is final).
+			if !v.Allow || v.Rule != 0 || ep.Isolated&k.Dir != 0 {
+				t.Errorf("verdict %+v: %+v", k, v)
+			}
+		case !known:
+			t.Errorf("verdict %+v: %+v names an unknown policy", k, v)
+		case ref.Kind == kindNetworkPolicy && (ep.Isolated&k.Dir == 0 || (!v.Allow && v != miss)):
+			// A NetworkPolicy decides only where it isolates, and it
+			// denies only as a miss (its first isolating policy).
+			t.Errorf("verdict %+v: %+v from %+v", k, v, ref)
+		}
+		if _, ok := catchAll[group{k.Ifindex, k.Class, k.Dir}]; v == miss && (k.PrefixLen == 72 || !ok) {
+			t.Errorf("verdict %+v: %+v says what a miss says", k, v)
 		}
 		switch {
 		case k.PrefixLen == 72:

@@ -17,7 +17,9 @@ import (
 // few labels (so selectors overlap), two networks reusing one address
 // pool, duplicate addresses, ipBlocks with excepts over the pods' own
 // addresses in both families, named ports that resolve differently per
-// pod, ranges, and now and then something the API server would reject.
+// pod, ranges, ClusterPolicies of both tiers over the same pools and
+// nodes (random_cluster_test.go), and now and then something the API
+// server would reject.
 type gen struct{ r *rand.Rand }
 
 func (g gen) pick(n int) int         { return g.r.IntN(n) }
@@ -242,6 +244,10 @@ func (g gen) input() Input {
 		}
 		in.Policies = append(in.Policies, p)
 	}
+	in.Nodes = g.nodes()
+	for i := range g.pick(6) {
+		in.ClusterPolicies = append(in.ClusterPolicies, g.clusterPolicy(i))
+	}
 	return in
 }
 
@@ -295,7 +301,7 @@ func probes(in Input) ([]PeerKey, []uint16) {
 			}
 		}
 	}
-	return peers, ports
+	return peers, clusterProbes(in, addPeer, ports)
 }
 
 func lastAddr(p netip.Prefix) netip.Addr {
@@ -335,11 +341,12 @@ func checkAgreement(t *testing.T, seed uint64, samples int) {
 	peers, ports := probes(in)
 	failures := 0
 	for range samples {
-		// Mostly packets of isolated pods (Decide names a policy), where
-		// the tables have something to get wrong.
+		// Mostly packets of pods some policy applies to (Decide names a
+		// policy, or the tables look up), where the tables have something
+		// to get wrong.
 		l, dir := pickOf(g, in.Local...), pickOf(g, Ingress, Egress)
 		for try := 0; try < 3; try++ {
-			if _, p, _ := Decide(in, l.Namespace, l.Name, dir, PeerKey{}, icmp, 0); p != 0 {
+			if _, p, _ := Decide(in, l.Namespace, l.Name, dir, PeerKey{}, icmp, 0); p != 0 || tab.Endpoints[l.Ifindex].Lookup&dir != 0 {
 				break
 			}
 			l, dir = pickOf(g, in.Local...), pickOf(g, Ingress, Egress)

@@ -43,14 +43,17 @@ type Local struct {
 // Input is everything one node's policy tables depend on.
 //
 // Ambiguous inputs are resolved the same way by Compile and Decide: of
-// several Pods (or Policies) with one namespace/name the first is the one; of
-// several pods holding one (NetID, address) the first in namespace/name
-// order owns it; of several Locals with one ifindex the first is kept.
+// several Pods (or Policies, ClusterPolicies, Nodes) with one name the
+// first is the one; of several pods holding one (NetID, address) the first
+// in namespace/name order owns it; of several Locals with one ifindex the
+// first is kept.
 type Input struct {
-	Policies   []*networkingv1.NetworkPolicy
-	Pods       []Pod                        // every pod of the cluster that has addresses (peers), local ones included
-	Namespaces map[string]map[string]string // namespace name -> its labels (a namespace missing here has no labels)
-	Local      []Local
+	Policies        []*networkingv1.NetworkPolicy
+	ClusterPolicies []ClusterPolicy              // both tiers, in any order
+	Pods            []Pod                        // every pod of the cluster that has addresses (peers), local ones included; never host-network pods
+	Nodes           []Node                       // every node (for the nodes peers of ClusterPolicies)
+	Namespaces      map[string]map[string]string // namespace name -> its labels (a namespace missing here has no labels)
+	Local           []Local
 }
 
 // PeerKey names a peer address: addresses of two networks may overlap, so
@@ -73,31 +76,56 @@ type VerdictKey struct {
 	PrefixLen uint8  // 72, 80, 81..96
 }
 
-// Verdict is the value of a verdict entry.
+// Verdict is the value of a verdict entry: the final decision of every
+// tier for the packets it covers, and the rule it is attributed to.
+//
+// Most entries name the deciding rule: a ClusterNetworkPolicy's Accept
+// (Allow) or Deny (!Allow) rule, or the first NetworkPolicy rule (in
+// namespace/name order) allowing the packet. An entry exists only where
+// the decision differs from what a miss would mean, or names another
+// policy; two kinds of entry then spell out a miss's own meaning, because
+// a shorter entry (another rule's) covers the packet and must be
+// overridden:
+//   - Allow with Policy 0 (and Rule 0): no tier decided (a Pass led past
+//     the last tier that could): the Kubernetes default, counted on no
+//     policy;
+//   - !Allow naming a NetworkPolicy (Rule 0): the endpoint's DenyIn or
+//     DenyOut, a denial by NetworkPolicy isolation after an Admin Pass.
 type Verdict struct {
-	Policy uint32 // id of the first policy (in order namespace/name) whose rule allows it
+	Policy uint32 // id of the deciding policy, 0 for "no tier decided"
 	Rule   uint16 // index of that rule within the policy's Ingress or Egress list
-	Allow  bool   // always true for NetworkPolicy (deny is a miss); kept for AdminNetworkPolicy later
+	Allow  bool
 }
 
-// Endpoint is a local endpoint's isolation.
+// Endpoint is what the data plane needs of a local endpoint before the
+// verdict table: whether to look it up at all, and what a miss means.
 type Endpoint struct {
-	Isolated Dir    // directions in which some policy selects the pod
-	DenyIn   uint32 // policy a denied ingress packet is counted on: the first (namespace/name order) isolating it for ingress; 0 if not isolated
+	// Lookup: directions in which the verdict table is looked up, those in
+	// which a NetworkPolicy isolates the pod or a ClusterNetworkPolicy
+	// rule that can match some packet applies to it. In any other
+	// direction the packet passes.
+	Lookup Dir
+	// Isolated: directions in which a NetworkPolicy selects the pod, where
+	// a miss drops the packet; in Lookup but not Isolated a miss passes.
+	Isolated Dir
+	DenyIn   uint32 // policy a missed ingress packet is counted on: the first NetworkPolicy (namespace/name order) isolating it for ingress; 0 if not isolated
 	DenyOut  uint32
 }
 
 // PolicyRef names the object behind a policy id, for counters and logs.
 type PolicyRef struct{ Kind, Namespace, Name string }
 
-// kindNetworkPolicy is the Kind of every PolicyRef this package emits.
-const kindNetworkPolicy = "NetworkPolicy"
+// The Kinds of the PolicyRefs this package emits.
+const (
+	kindNetworkPolicy        = "NetworkPolicy"
+	kindClusterNetworkPolicy = "ClusterNetworkPolicy"
+)
 
 // Tables is one node's compiled policy state.
 type Tables struct {
 	Peers     map[PeerKey]uint32      // only non-zero classes
 	CIDRs     map[netip.Prefix]uint32 // masked prefixes; class may be 0 (to carve an `except` out of a shorter prefix)
-	Endpoints map[uint32]Endpoint     // only endpoints isolated in at least one direction
+	Endpoints map[uint32]Endpoint     // only endpoints with a Lookup direction
 	Verdicts  map[VerdictKey]Verdict
 	Policies  map[uint32]PolicyRef // every policy id used in Verdicts or Endpoints
 }
@@ -153,16 +181,18 @@ func selectorOf(ls *metav1.LabelSelector) labels.Selector {
 	return s
 }
 
-// Lookup evaluates the tables exactly as the data plane does: isolation,
-// then the peer's class (exact (network, address), else the longest CIDR on
-// the address alone, else 0), then the longest verdict prefix. It returns
-// whether the packet passes and the policy and rule it is attributed to:
-// the allowing rule, or on a drop the endpoint's deny policy (rule 0).
+// Lookup evaluates the tables exactly as the data plane does: whether to
+// look up at all (Endpoint.Lookup), then the peer's class (exact (network,
+// address), else the longest CIDR on the address alone, else 0), then the
+// longest verdict prefix, and on a miss the endpoint's default (drop where
+// Isolated, else pass). It returns whether the packet passes and the
+// policy and rule it is attributed to: the entry's, or on a missed drop
+// the endpoint's deny policy (rule 0), or 0 when it passes undecided.
 // proto is the IP protocol number as the data plane sets it: 6, 17 or 132,
 // else 0 with port 0.
 func (t Tables) Lookup(ifindex uint32, dir Dir, peer PeerKey, proto uint8, port uint16) (allow bool, policy uint32, rule uint16) {
 	ep, ok := t.Endpoints[ifindex]
-	if !ok || ep.Isolated&dir == 0 {
+	if !ok || ep.Lookup&dir == 0 {
 		return true, 0, 0
 	}
 	class := t.classOf(peer)
@@ -178,7 +208,10 @@ func (t Tables) Lookup(ifindex uint32, dir Dir, peer PeerKey, proto uint8, port 
 	if v, ok := t.Verdicts[key]; ok {
 		return v.Allow, v.Policy, v.Rule
 	}
-	if dir == Ingress {
+	switch {
+	case ep.Isolated&dir == 0:
+		return true, 0, 0
+	case dir == Ingress:
 		return false, ep.DenyIn, 0
 	}
 	return false, ep.DenyOut, 0

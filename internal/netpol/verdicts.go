@@ -13,7 +13,7 @@ type entry struct {
 }
 
 // span is the ports lo..hi (inclusive; 32 bits so that 65535+1 does not
-// wrap) attributed to the rule at position attr of a matched-rule list.
+// wrap) that the rule at position attr of a matched-rule list matches.
 type span struct {
 	lo, hi uint32
 	attr   int
@@ -21,20 +21,20 @@ type span struct {
 
 var portProtos = [...]uint8{protoTCP, protoUDP, protoSCTP}
 
-// emitVerdicts writes the endpoints and the verdicts of every isolated
-// local pod.
+// emitVerdicts writes the endpoints and the verdicts of every local pod
+// the data plane must look up.
 func (c *compiler) emitVerdicts() {
 	cache := map[string][]entry{}
 	var key []byte
 	for _, l := range c.locals {
-		if l.isolated == 0 {
+		if l.lookup == 0 {
 			continue
 		}
-		c.t.Endpoints[l.ifindex] = Endpoint{Isolated: l.isolated, DenyIn: l.denyIn, DenyOut: l.denyOut}
+		c.t.Endpoints[l.ifindex] = Endpoint{Lookup: l.lookup, Isolated: l.isolated, DenyIn: l.denyIn, DenyOut: l.denyOut}
 		c.usePolicy(l.denyIn)
 		c.usePolicy(l.denyOut)
 		for _, d := range [...]Dir{Ingress, Egress} {
-			if l.isolated&d == 0 {
+			if l.lookup&d == 0 {
 				continue
 			}
 			key = c.entriesKey(key[:0], l, d)
@@ -62,10 +62,25 @@ func (c *compiler) usePolicy(id uint32) {
 	}
 }
 
-// entriesKey is everything entries(l, d) depends on of l: its rules, and
-// for ingress the resolution of their named ports on l's own pod.
+// missVerdict is what a miss of l's lookup in direction d means, as an
+// entry would spell it: a drop counted on the first isolating
+// NetworkPolicy, or, not isolated, a pass decided by no policy.
+func missVerdict(l *local, d Dir) Verdict {
+	switch {
+	case l.isolated&d == 0:
+		return Verdict{Allow: true}
+	case d == Ingress:
+		return Verdict{Policy: l.denyIn}
+	}
+	return Verdict{Policy: l.denyOut}
+}
+
+// entriesKey is everything entries(l, d) depends on of l: what a miss
+// means, its rules, and for ingress the resolution of their named ports on
+// l's own pod.
 func (c *compiler) entriesKey(dst []byte, l *local, d Dir) []byte {
 	dst = append(dst, byte(d))
+	dst = binary.BigEndian.AppendUint32(dst, missVerdict(l, d).Policy) // 0 iff not isolated
 	list := l.rules[dirIndex(d)]
 	for _, seq := range list {
 		dst = binary.AppendUvarint(dst, uint64(seq))
@@ -102,115 +117,164 @@ func (c *compiler) entries(l *local, d Dir) []entry {
 	}
 	var out []entry
 	var spans []span
+	var cuts []uint32
 	for ci, m := range matched {
 		if len(m) > 0 {
-			out = c.classEntries(out, &spans, c.classes[ci], m, l.pod, d)
+			out = c.classEntries(out, &spans, &cuts, c.classes[ci], m, l, d)
 		}
 	}
 	return out
 }
 
-// classEntries encodes what the rules m (seqs in attribution order, all
-// matching the class's peers) allow as LPM entries.
+// classEntries encodes as LPM entries what the rules m (seqs in evaluation
+// order, all matching the class's peers) decide of every packet of l in
+// direction d, wherever that differs from what a miss means.
 //
-// When some rule allows every protocol and port, one prefix-72 entry
-// carries it; it is also the only way to allow a non-port protocol (the
-// key's proto 0 exists only at prefix 72). Ports that an earlier rule
-// allows are then refined by longer entries naming that earlier rule, so
-// that every packet is attributed to the first rule allowing it: these are
-// the only entries that overlap, and LPM makes the longer one win.
-// Otherwise each protocol's allowed ports are split where the first
-// allowing rule changes, merged where it does not, and each run is cut into
-// maximal aligned blocks (one prefix-80 entry for all 65536 ports), none
-// overlapping.
-func (c *compiler) classEntries(out []entry, spans *[]span, cl *class, m []int, subject *Pod, d Dir) []entry {
-	verdict := func(seq int) Verdict {
-		r := c.rules[seq]
-		return Verdict{Policy: r.policy, Rule: uint16(r.index), Allow: true}
-	}
-	limit := len(m)
-	for i, seq := range m {
-		if c.rules[seq].allPorts {
-			limit = i
-			out = append(out, entry{
-				key: VerdictKey{Class: cl.id, Dir: d, PrefixLen: prefixAnyProto},
-				v:   verdict(seq),
-			})
-			break
-		}
+// The decision is painted over the key space. First the protocols without
+// ports (the key's proto 0 exists only at prefix 72): their decision, base,
+// is that of the rules without protocols, and becomes the one prefix-72
+// entry unless a miss means the same. Then, per port protocol, the ports
+// are cut wherever some rule's ports start or end, each piece is decided,
+// and the pieces decided otherwise than base are merged where the
+// decision does not change and cut into maximal aligned blocks (one
+// prefix-80 entry for all 65536 ports). So port entries never overlap one
+// another; they overlap only the prefix-72 entry, which they must
+// override (LPM makes the longer one win), and never repeat it.
+func (c *compiler) classEntries(out []entry, spans *[]span, cuts *[]uint32, cl *class, m []int, l *local, d Dir) []entry {
+	miss := missVerdict(l, d)
+	isolated := l.isolated&d != 0
+	s := c.spansOf((*spans)[:0], cl, m, l.pod, d, 0)
+	base := c.decideSpans(s, m, 0, isolated, miss)
+	if base != miss {
+		out = append(out, entry{key: VerdictKey{Class: cl.id, Dir: d, PrefixLen: prefixAnyProto}, v: base})
 	}
 	for _, proto := range portProtos {
-		s := (*spans)[:0]
-		for i := range limit {
-			r := c.rules[m[i]]
-			for _, pr := range r.ports {
-				if pr.proto == proto {
-					s = append(s, span{lo: uint32(pr.lo), hi: uint32(pr.hi), attr: i})
-				}
-			}
-			for _, np := range r.named {
-				if np.proto != proto {
-					continue
-				}
-				// Ingress: the port is the subject pod's own; egress: the
-				// peer's, which the class carries.
-				ports := cl.named[np]
-				if d == Ingress {
-					ports = c.podPorts(subject)[np]
-				}
-				for _, p := range ports {
-					s = append(s, span{lo: uint32(p), hi: uint32(p), attr: i})
-				}
-			}
+		s = c.spansOf(s[:0], cl, m, l.pod, d, proto)
+		if len(s) == 0 {
+			continue // no rule matches: a miss, and so is base (a rule without protocols spans every protocol)
 		}
-		*spans = s
-		for _, run := range firstCover(s) {
-			v := verdict(m[run.attr])
-			for lo := run.lo; lo <= run.hi; {
+		cs := append((*cuts)[:0], 0, 65536)
+		for _, sp := range s {
+			cs = append(cs, sp.lo, sp.hi+1)
+		}
+		slices.Sort(cs)
+		cs = slices.Compact(cs)
+		*cuts = cs
+		var run struct {
+			lo, hi uint32
+			v      Verdict
+			open   bool
+		}
+		flush := func() {
+			for lo := run.lo; run.open && lo <= run.hi; {
 				port, k, size := alignedBlock(lo, run.hi)
 				out = append(out, entry{
 					key: VerdictKey{Class: cl.id, Dir: d, Proto: proto, Port: port, PrefixLen: uint8(prefixAnyPort + k)},
-					v:   v,
+					v:   run.v,
 				})
 				lo += size
 			}
+			run.open = false
 		}
+		for i := 0; i+1 < len(cs); i++ {
+			lo, hi := cs[i], cs[i+1]-1
+			v := c.decideSpans(s, m, lo, isolated, miss)
+			switch {
+			case v == base:
+				flush()
+			case run.open && run.v == v && run.hi+1 == lo:
+				run.hi = hi
+			default:
+				flush()
+				run.lo, run.hi, run.v, run.open = lo, hi, v, true
+			}
+		}
+		flush()
 	}
+	*spans = s
 	return out
 }
 
-// firstCover returns the ports covered by spans as disjoint ascending runs,
-// each attributed to the lowest attr covering it, adjacent runs with the
-// same attribution merged.
-func firstCover(spans []span) []span {
-	if len(spans) == 0 {
-		return nil
-	}
-	cuts := make([]uint32, 0, 2*len(spans))
-	for _, s := range spans {
-		cuts = append(cuts, s.lo, s.hi+1)
-	}
-	slices.Sort(cuts)
-	cuts = slices.Compact(cuts)
-	var out []span
-	for i := 0; i+1 < len(cuts); i++ {
-		lo, hi := cuts[i], cuts[i+1]-1
-		best := -1
-		for _, s := range spans {
-			if s.lo <= lo && hi <= s.hi && (best < 0 || s.attr < best) {
-				best = s.attr
+// spansOf appends the ports of protocol proto (0: a protocol without
+// ports) that each rule of m matches. A rule without protocols matches
+// every port of every protocol; a named port is the subject's own on
+// ingress, the peer's (which the class carries) on egress.
+func (c *compiler) spansOf(dst []span, cl *class, m []int, subject *Pod, d Dir, proto uint8) []span {
+	passes := false
+	for i, seq := range m {
+		r := c.rules[seq]
+		if r.allPorts {
+			dst = append(dst, span{lo: 0, hi: 65535, attr: i})
+			// A rule deciding every packet that reaches it hides the rest,
+			// unless it is an Admin one and an earlier Pass can skip it.
+			if r.tier != TierAdmin || (r.action != ActionPass && !passes) {
+				break
 			}
 		}
-		if best < 0 {
+		if r.tier == TierAdmin && r.action == ActionPass {
+			passes = true
+		}
+		if r.allPorts || proto == 0 {
 			continue
 		}
-		if n := len(out); n > 0 && out[n-1].attr == best && out[n-1].hi+1 == lo {
-			out[n-1].hi = hi
+		if proto == 0 {
 			continue
 		}
-		out = append(out, span{lo: lo, hi: hi, attr: best})
+		for _, pr := range r.ports {
+			if pr.proto == proto {
+				dst = append(dst, span{lo: uint32(pr.lo), hi: uint32(pr.hi), attr: i})
+			}
+		}
+		for _, np := range r.named {
+			if np.proto != proto {
+				continue
+			}
+			ports := cl.named[np]
+			if d == Ingress {
+				ports = c.podPorts(subject)[np]
+			}
+			for _, p := range ports {
+				dst = append(dst, span{lo: uint32(p), hi: uint32(p), attr: i})
+			}
+		}
 	}
-	return out
+	return dst
+}
+
+// decideSpans is the tiers' decision on port x of the spans' protocol:
+// the first Admin rule matching decides unless it passes (which skips the
+// other Admin rules); then, isolated, the first NetworkPolicy rule
+// matching allows, or nothing does and it is a miss; not isolated, the
+// first Baseline rule matching decides, a Pass leaving it undecided.
+func (c *compiler) decideSpans(s []span, m []int, x uint32, isolated bool, miss Verdict) Verdict {
+	passed := false
+	for _, sp := range s {
+		if x < sp.lo || x > sp.hi {
+			continue
+		}
+		r := c.rules[m[sp.attr]]
+		switch r.tier {
+		case TierAdmin:
+			if passed {
+				continue
+			}
+			if r.action == ActionPass {
+				passed = true
+				continue
+			}
+		case tierNetworkPolicy:
+			return Verdict{Policy: r.policy, Rule: uint16(r.index), Allow: true}
+		case TierBaseline:
+			if isolated {
+				return miss
+			}
+			if r.action == ActionPass {
+				return Verdict{Allow: true}
+			}
+		}
+		return Verdict{Policy: r.policy, Rule: uint16(r.index), Allow: r.action == ActionAccept}
+	}
+	return miss
 }
 
 // alignedBlock is the largest block of ports starting at lo, aligned to its

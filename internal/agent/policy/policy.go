@@ -13,8 +13,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,6 +27,7 @@ import (
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/dpmetrics"
 	"github.com/lace-cni/lace/internal/netpol"
+	"github.com/lace-cni/lace/internal/netpolapi"
 )
 
 // DataPlane is what enforcing needs of the data plane.
@@ -51,6 +52,9 @@ type Enforcer struct {
 
 	mu       sync.Mutex
 	policies map[uint32]netpol.PolicyRef // of the tables last written
+	// cnpWatched: the ClusterNetworkPolicy CRD is installed and watched
+	// (until then the cluster has none).
+	cnpWatched atomic.Bool
 }
 
 // New makes an Enforcer; Run starts it.
@@ -85,7 +89,7 @@ func (e *Enforcer) Run(ctx context.Context) error {
 		c   cache.Cache
 		obj client.Object
 	}{
-		{e.cache, &networkingv1.NetworkPolicy{}}, {e.cache, &corev1.Namespace{}},
+		{e.cache, &networkingv1.NetworkPolicy{}}, {e.cache, &corev1.Namespace{}}, {e.cache, &corev1.Node{}},
 		{e.cache, &lacev1.NetworkEndpoint{}}, {e.cache, &lacev1.Network{}}, {e.pods, &corev1.Pod{}},
 	} {
 		inf, err := w.c.GetInformer(ctx, w.obj)
@@ -96,6 +100,7 @@ func (e *Enforcer) Run(ctx context.Context) error {
 			return fmt.Errorf("watch %T: %w", w.obj, err)
 		}
 	}
+	go e.watchClusterPolicies(ctx, h)
 	e.Kick()
 	for {
 		select {
@@ -156,12 +161,6 @@ func (e *Enforcer) input(ctx context.Context) (netpol.Input, error) {
 	if err := e.cache.List(ctx, &nets); err != nil {
 		return in, fmt.Errorf("list networks: %w", err)
 	}
-	netID := make(map[string]uint32, len(nets.Items))
-	for _, n := range nets.Items {
-		if n.Status.ID > 0 {
-			netID[n.Name] = uint32(n.Status.ID)
-		}
-	}
 	var neps lacev1.NetworkEndpointList
 	if err := e.cache.List(ctx, &neps); err != nil {
 		return in, fmt.Errorf("list network endpoints: %w", err)
@@ -170,75 +169,14 @@ func (e *Enforcer) input(ctx context.Context) (netpol.Input, error) {
 	if err := e.pods.List(ctx, &pods); err != nil {
 		return in, fmt.Errorf("list pods: %w", err)
 	}
-	byName := make(map[client.ObjectKey]*corev1.Pod, len(pods.Items))
-	for i := range pods.Items {
-		p := &pods.Items[i]
-		byName[client.ObjectKeyFromObject(p)] = p
-	}
-	for i := range neps.Items {
-		ne := &neps.Items[i]
-		id, ok := netID[ne.Spec.Network]
-		pod := byName[client.ObjectKeyFromObject(ne)]
-		// A record of another pod of that name (UID) is no peer: its
-		// labels are not this one's.
-		if !ok || pod == nil || string(pod.UID) != ne.Labels[lacev1.LabelPodUID] {
-			continue
-		}
-		in.Pods = append(in.Pods, podOf(pod, id, endpointAddrs(ne)))
+	in.Pods = netpolapi.PodsOf(pods.Items, neps.Items, nets.Items)
+	if err := e.clusterInput(ctx, &in); err != nil {
+		return in, err
 	}
 	e.locals.EachLocal(func(ns, name string, ifindex uint32) {
 		in.Local = append(in.Local, netpol.Local{Namespace: ns, Name: name, Ifindex: ifindex})
 	})
 	return in, nil
-}
-
-// endpointAddrs are a NetworkEndpoint's addresses: the node's (l3) or
-// the controller's (l2).
-func endpointAddrs(ne *lacev1.NetworkEndpoint) []netip.Addr {
-	var out []netip.Addr
-	for _, list := range [][]lacev1.IPAddress{ne.Spec.Addresses, ne.Status.Addresses} {
-		for _, s := range list {
-			if a, err := netip.ParseAddr(string(s)); err == nil {
-				out = append(out, a.Unmap())
-			}
-		}
-	}
-	return out
-}
-
-func podOf(p *corev1.Pod, netID uint32, addrs []netip.Addr) netpol.Pod {
-	out := netpol.Pod{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels, NetID: netID, Addrs: addrs}
-	for _, c := range p.Spec.Containers {
-		for _, port := range c.Ports {
-			if port.Name != "" {
-				out.Ports = append(out.Ports, netpol.Port{Name: port.Name, Protocol: port.Protocol, Port: port.ContainerPort})
-			}
-		}
-	}
-	return out
-}
-
-// TrimPod is the transform of the every-pod cache: what policies read of
-// a pod (its name, UID, labels, named ports).
-func TrimPod(in any) (any, error) {
-	p, ok := in.(*corev1.Pod)
-	if !ok {
-		return in, nil
-	}
-	out := &corev1.Pod{}
-	out.Name, out.Namespace, out.UID, out.ResourceVersion, out.Labels = p.Name, p.Namespace, p.UID, p.ResourceVersion, p.Labels
-	for _, c := range p.Spec.Containers {
-		var ports []corev1.ContainerPort
-		for _, port := range c.Ports {
-			if port.Name != "" {
-				ports = append(ports, corev1.ContainerPort{Name: port.Name, Protocol: port.Protocol, ContainerPort: port.ContainerPort})
-			}
-		}
-		if ports != nil {
-			out.Spec.Containers = append(out.Spec.Containers, corev1.Container{Ports: ports})
-		}
-	}
-	return out, nil
 }
 
 // Collector exports the packets each policy refused on this node.
