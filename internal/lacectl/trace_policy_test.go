@@ -63,7 +63,7 @@ func TestTracePolicy(t *testing.T) {
 	// NetworkPolicy could admit it.
 	in.ClusterPolicies = []netpol.ClusterPolicy{{Name: "no-egress", Tier: netpol.TierAdmin, Priority: 1,
 		Subject: netpol.ClusterSubject{Pods: &netpol.NamespacedPod{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "client"}}}},
-		Egress: []netpol.ClusterRule{{Action: netpol.ActionDeny, Peers: []netpol.ClusterPeer{{Namespaces: &metav1.LabelSelector{}}}}}}}
+		Egress:  []netpol.ClusterRule{{Action: netpol.ActionDeny, Peers: []netpol.ClusterPeer{{Namespaces: &metav1.LabelSelector{}}}}}}}
 	in.Proto = "tcp/80"
 	out := string(runTrace(t, in))
 	for _, w := range []string{"DENIED", "egress:       denied by ClusterNetworkPolicy no-egress rule 0",
