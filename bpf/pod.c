@@ -438,6 +438,8 @@ int from_pod(struct __sk_buff *skb)
 		 * policies are. */
 		if (pol_denied(ifindex, POL_OUT, (sflags & ROUTE_EXTERNAL) ? sdst : svc_net, &p))
 			return drop(DROP_POLICY);
+		if (!ct)
+			flow_tell(&p, flow_nets(net_id, (sflags & ROUTE_EXTERNAL) ? sdst : svc_net), ifindex, 0, FLOW_FORWARDED);
 		if (sflags & ROUTE_LOCAL)
 			return deliver_local(skb, &p, svc_net, net_id, FWD_LOCAL);
 		if (sflags & ROUTE_EXTERNAL) {
@@ -469,13 +471,17 @@ int from_pod(struct __sk_buff *skb)
 	if (flags & ROUTE_EXTERNAL) {
 		if (icmp_err)
 			return drop(DROP_ISOLATED); /* about no flow of ours */
+		if (!ct)
+			flow_tell(&p, flow_nets(net_id, dst_net), ifindex, 0, FLOW_FORWARDED);
 		return snat_out(skb, &p, &k, dst_net);
 	}
 	if (!icmp_err) {
-		if (ct && !(is_tcp_syn(&p) && ct_closing(ct)))
+		if (ct && !(is_tcp_syn(&p) && ct_closing(ct))) {
 			ct_refresh(ct, &p, 1);
-		else
+		} else {
 			ct_create(&k, dst_net, CT_ORIGIN_LOCAL, 0, &p, 1);
+			flow_tell(&p, flow_nets(net_id, dst_net), ifindex, 0, FLOW_FORWARDED);
+		}
 	}
 	if (flags & ROUTE_LOCAL)
 		return deliver_local(skb, &p, dst_net, net_id, FWD_LOCAL);

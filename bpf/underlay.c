@@ -38,22 +38,6 @@
 /* decap's answer that the SID names the nodes' context (xlb_reply). */
 #define RET_NODE_CTX 0x7002
 
-static __always_inline int ipv6_ext_header(__u8 nexthdr)
-{
-	switch (nexthdr) {
-	case 0:   /* hop-by-hop options */
-	case 43:  /* routing (an SRH: reduced encapsulation carries none) */
-	case 50:  /* ESP */
-	case 51:  /* AH */
-	case 60:  /* destination options */
-	case 135: /* mobility */
-	case 139: /* HIP */
-	case 140: /* shim6 */
-		return 1;
-	}
-	return 0;
-}
-
 /* host_addr tells whether addr (4 or 16 bytes) is one of this node's. */
 static __always_inline int host_addr(__u8 family, const void *addr)
 {

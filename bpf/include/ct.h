@@ -469,7 +469,10 @@ static __always_inline int ct_track_in(__u32 net_id, __u32 src_net, struct pkt *
 	struct ct_val *v = ct_lookup(&k);
 	if (v && v->peer_net != src_net)
 		return DROP_CT_OTHER_NET;
-	if (ifindex && !(v && (v->flags & CT_ORIGIN_LOCAL)) && pol_denied(ifindex, POL_IN, src_net, p))
+	/* A SYN on a closing flow opens a new one (below): the other side's
+	 * now, decided as any. */
+	int reply = v && (v->flags & CT_ORIGIN_LOCAL) && !(is_tcp_syn(p) && ct_closing(v));
+	if (ifindex && !reply && pol_denied(ifindex, POL_IN, src_net, p))
 		return DROP_POLICY;
 	if (v && !(is_tcp_syn(p) && ct_closing(v))) {
 		*out = ct_update(&k, v, p, !(v->flags & CT_ORIGIN_LOCAL));

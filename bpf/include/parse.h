@@ -52,6 +52,24 @@ struct pkt {
 #define PKT_FRAG_FIRST 2
 #define IPV6_FRAGMENT 44
 
+/* ipv6_ext_header tells whether an IPv6 next header is an extension
+ * header (parsing stops at the first one but a fragment header). */
+static __always_inline int ipv6_ext_header(__u8 nexthdr)
+{
+	switch (nexthdr) {
+	case 0:   /* hop-by-hop options */
+	case 43:  /* routing (an SRH: reduced encapsulation carries none) */
+	case 50:  /* ESP */
+	case 51:  /* AH */
+	case 60:  /* destination options */
+	case 135: /* mobility */
+	case 139: /* HIP */
+	case 140: /* shim6 */
+		return 1;
+	}
+	return 0;
+}
+
 /* is_echo tells whether an ICMP or ICMPv6 type is an echo request or
  * reply, whose identifier conntrack and SNAT treat as a port. */
 static __always_inline int is_echo(__u8 proto, __u8 type)
@@ -65,7 +83,8 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct pkt *p, __u32 
 {
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
-	if (p->proto == IPPROTO_TCP || p->proto == IPPROTO_UDP) {
+	/* SCTP's common header starts with its ports, as UDP's. */
+	if (p->proto == IPPROTO_TCP || p->proto == IPPROTO_UDP || p->proto == IPPROTO_SCTP) {
 		__u16 *ports = data + l4_off;
 		if ((void *)(ports + 2) > end)
 			return -1;

@@ -32,6 +32,8 @@
 #define POL_IN 1
 #define POL_OUT 2
 
+#include "flows.h"
+
 /* pol_ep_val.flags: POL_IN and POL_OUT say the verdicts have a say in
  * the direction; POL_ISOLATED(dir) that a miss there is refused. */
 #define POL_ISOLATED(dir) ((dir) << 2)
@@ -134,43 +136,61 @@ __noinline int pol_denied(__u32 ifindex, __u32 dir, __u32 peer_net, struct pkt *
 		return 0;
 	__u32 deny = dir == POL_IN ? ep->deny_in : ep->deny_out;
 
-	struct pol_peer_key pk = {.net_id = peer_net, .family = p->family};
-	__builtin_memcpy(pk.addr, dir == POL_IN ? p->saddr : p->daddr, 16);
+	/* One room for every key, used in turn: the stack of the calls that
+	 * reach here is nearly all spent. */
+	union {
+		struct pol_peer_key pk;
+		struct pol_cidr_key ck;
+		struct pol_key k;
+		__u64 one;
+	} u;
+	__builtin_memset(&u, 0, sizeof(u));
+	__u8 fam = p->family;
+	const __u8 *addr = dir == POL_IN ? p->saddr : p->daddr;
+	u.pk.net_id = peer_net;
+	u.pk.family = fam;
+	__builtin_memcpy(u.pk.addr, addr, 16);
 	__u32 class = 0;
-	__u32 *c = bpf_map_lookup_elem(&lace_pol_peers, &pk);
+	__u32 *c = bpf_map_lookup_elem(&lace_pol_peers, &u.pk);
 	if (c) {
 		class = *c;
 	} else {
-		struct pol_cidr_key ck = {.prefixlen = 8 + (p->family == LACE_FAMILY_V4 ? 32 : 128), .family = p->family};
-		__builtin_memcpy(ck.addr, pk.addr, 16);
-		c = bpf_map_lookup_elem(&lace_pol_cidrs, &ck);
+		u.ck.prefixlen = 8 + (fam == LACE_FAMILY_V4 ? 32 : 128);
+		u.ck.family = fam;
+		__builtin_memcpy(u.ck.addr, addr, 16);
+		c = bpf_map_lookup_elem(&lace_pol_cidrs, &u.ck);
 		if (c)
 			class = *c;
 	}
 
 	int ports = p->proto == IPPROTO_TCP || p->proto == IPPROTO_UDP || p->proto == IPPROTO_SCTP;
-	struct pol_key k = {
-		.prefixlen = POL_KEY_BITS,
-		.ifindex = ifindex,
-		.class = class,
-		.dir = dir,
-		.proto = ports ? p->proto : 0,
-		.port = ports ? p->dport : 0,
-	};
-	struct pol_val *v = bpf_map_lookup_elem(&lace_pol, &k);
+	/* A protocol behind IPv6 extension headers (parsing stops at the
+	 * first) cannot be told from another: where a policy has a say, it
+	 * is refused, as no rule could be matched to it. */
+	int hidden = p->family == LACE_FAMILY_V6 && ipv6_ext_header(p->proto);
+	u.k.prefixlen = POL_KEY_BITS;
+	u.k.ifindex = ifindex;
+	u.k.class = class;
+	u.k.dir = dir;
+	u.k.proto = ports ? p->proto : 0;
+	u.k.port = ports ? p->dport : 0;
+	struct pol_val *v = hidden ? NULL : bpf_map_lookup_elem(&lace_pol, &u.k);
 	if (v && v->allow)
 		return 0;
 	if (v)
 		deny = v->policy;
-	else if (!(ep->flags & POL_ISOLATED(dir)))
+	else if (!hidden && !(ep->flags & POL_ISOLATED(dir)))
 		return 0;
 	__u64 *n = bpf_map_lookup_elem(&lace_pol_drops, &deny);
 	if (n) {
 		*n += 1; /* per CPU */
 	} else {
-		__u64 one = 1;
-		bpf_map_update_elem(&lace_pol_drops, &deny, &one, BPF_NOEXIST);
+		u.one = 1;
+		bpf_map_update_elem(&lace_pol_drops, &deny, &u.one, BPF_NOEXIST);
 	}
+	/* The pod's own network is its port's (the agent knows it). */
+	flow_tell(p, dir == POL_IN ? flow_nets(peer_net, 0) : flow_nets(0, peer_net), ifindex, deny,
+		  FLOW_DROPPED | (DROP_POLICY << 8) | (dir << 16));
 	return 1;
 }
 

@@ -1,5 +1,5 @@
 // Command lacectl shows what Lace is doing: lacectl status, lacectl
-// topology, lacectl services, lacectl trace.
+// topology, lacectl services, lacectl trace, lacectl flows.
 package main
 
 import (
@@ -7,7 +7,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
@@ -44,7 +46,14 @@ commands:
                      (entering at the node announcing it) or an external IP
                      (entering at --node, default the first node by name);
                      PROTO/PORT: tcp/80 (default; a service's first port), udp/53,
-                     sctp/N, icmp; --ipv6 picks IPv6 addresses when no address is given
+                     sctp/N, icmp; --ipv6 picks IPv6 addresses when no address is given;
+                     then the network policies of each side: the rule that decides
+  flows [--follow] [--node NODE] [-n NAMESPACE] [--verdict forwarded|dropped] [--limit N]
+                     the nodes' recent flow events, oldest first: pods' new flows
+                     and packets network policies refused (with the policy),
+                     with pods and networks named; asking turns a node's events
+                     on for a minute (off, they cost nothing); --follow keeps
+                     printing new ones
 `
 
 func main() {
@@ -74,6 +83,8 @@ func run(ctx context.Context, args []string) error {
 		return services(ctx, args[1:])
 	case "trace":
 		return trace(ctx, args[1:])
+	case "flows":
+		return flowsCmd(ctx, args[1:])
 	default:
 		flag.Usage()
 		return fmt.Errorf("unknown command %v", args)
@@ -183,4 +194,45 @@ func apiClient() (client.Client, error) {
 		return nil, fmt.Errorf("load kubeconfig: %w", err)
 	}
 	return client.New(cfg, client.Options{Scheme: scheme.Scheme})
+}
+
+// flowsCmd: lacectl flows [--follow] [--node NODE] [-n NAMESPACE]
+// [--verdict forwarded|dropped] [--limit N].
+func flowsCmd(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("flows", flag.ContinueOnError)
+	var in lacectl.FlowsInput
+	fs.BoolVar(&in.Follow, "follow", false, "keep printing new events (Ctrl-C stops)")
+	fs.StringVar(&in.Node, "node", "", "the events of `NODE` only (default: every node)")
+	fs.StringVar(&in.Namespace, "namespace", "", "events with a pod of `NAMESPACE` on either side")
+	fs.StringVar(&in.Namespace, "n", "", "shorthand for --namespace")
+	fs.StringVar(&in.Verdict, "verdict", "", "forwarded or dropped (default: both)")
+	fs.IntVar(&in.Limit, "limit", 200, "at most `N` events at first (0: all the nodes keep)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return fmt.Errorf("flows: unexpected arguments %v", fs.Args())
+	}
+	if in.Verdict != "" && in.Verdict != "forwarded" && in.Verdict != "dropped" {
+		return fmt.Errorf("flows: --verdict %q: want forwarded or dropped", in.Verdict)
+	}
+	cfg, err := config.GetConfig()
+	if err != nil {
+		return fmt.Errorf("load kubeconfig: %w", err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("list nodes: %w", err)
+	}
+	var names []string
+	for _, n := range nodes.Items {
+		names = append(names, n.Name)
+	}
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
+	defer stop()
+	return lacectl.Flows(ctx, names, lacectl.AgentFlows(cs), in, os.Stdout)
 }

@@ -44,6 +44,7 @@ import (
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/agent/announce"
 	"github.com/lace-cni/lace/internal/agent/cni"
+	"github.com/lace-cni/lace/internal/agent/flows"
 	"github.com/lace-cni/lace/internal/agent/nodesync"
 	"github.com/lace-cni/lace/internal/agent/policy"
 	"github.com/lace-cni/lace/internal/agent/status"
@@ -188,9 +189,18 @@ func New(cfg *rest.Config, o Options, log *slog.Logger) (*Agent, error) {
 
 // wire makes the agent's parts on dp and adds them to a new manager.
 func wire(cfg *rest.Config, o Options, log *slog.Logger, dp *datapath.Datapath) (*Agent, error) {
+	// The flow log names what it serves through the policy enforcer's
+	// caches (made below, before anything serves).
+	var pol *policy.Enforcer
+	flowLog := flows.New(o.NodeName, dp, func(ctx context.Context) (flows.Names, error) { return pol.Names(ctx) }, log)
+	handlers := pprofHandlers(o.Pprof)
+	if handlers == nil {
+		handlers = map[string]http.Handler{}
+	}
+	handlers["/flows"] = flowLog.Handler()
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: o.MetricsAddr, ExtraHandlers: pprofHandlers(o.Pprof)},
+		Metrics:                metricsserver.Options{BindAddress: o.MetricsAddr, ExtraHandlers: handlers},
 		HealthProbeBindAddress: o.HealthAddr,
 		Cache: nodesync.TrimCache(cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}: {Field: fields.OneTermEqualSelector("spec.nodeName", o.NodeName)},
@@ -280,12 +290,21 @@ func wire(cfg *rest.Config, o Options, log *slog.Logger, dp *datapath.Datapath) 
 	}
 	// NetworkPolicy: compiled for the node's pods, written to the data
 	// plane after every change.
-	pol := policy.New(log, mgr.GetCache(), allPods, a.pods, dp)
+	pol = policy.New(log, mgr.GetCache(), allPods, a.pods, dp, rec)
 	if err := status.RegisterCollector(metrics.Registry, policy.NewCollector(pol)); err != nil {
 		return nil, fmt.Errorf("register policy metrics: %w", err)
 	}
 	if err := mgr.Add(manager.RunnableFunc(pol.Run)); err != nil {
 		return nil, fmt.Errorf("add the policy enforcer: %w", err)
+	}
+	// Flow events for lacectl flows, on while someone asks.
+	for _, c := range flowLog.Collectors() {
+		if err := status.RegisterCollector(metrics.Registry, c); err != nil {
+			return nil, fmt.Errorf("register flow metrics: %w", err)
+		}
+	}
+	if err := mgr.Add(manager.RunnableFunc(flowLog.Run)); err != nil {
+		return nil, fmt.Errorf("add the flow log: %w", err)
 	}
 	// l2 learning: the data plane's reports, recorded on the endpoints.
 	learnRing := func(ctx context.Context) error { return dp.ReadL2Learned(ctx, a.pods.Learned) }

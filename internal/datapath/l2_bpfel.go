@@ -107,6 +107,19 @@ type l2FdbVal struct {
 	AltSid     [16]uint8
 }
 
+type l2FlowCfg struct {
+	_      structs.HostLayout
+	On     uint32
+	PerSec uint32
+}
+
+type l2FlowRate struct {
+	_      structs.HostLayout
+	Window uint64
+	Sent   uint32
+	Lost   uint32
+}
+
 type l2FragKey struct {
 	_      structs.HostLayout
 	SrcNet uint32
@@ -357,6 +370,9 @@ const (
 	l2MapLaceDrops          = "lace_drops"
 	l2MapLaceEndpoints      = "lace_endpoints"
 	l2MapLaceFdb            = "lace_fdb"
+	l2MapLaceFlowCfg        = "lace_flow_cfg"
+	l2MapLaceFlowRate       = "lace_flow_rate"
+	l2MapLaceFlows          = "lace_flows"
 	l2MapLaceForwarded      = "lace_forwarded"
 	l2MapLaceFrags          = "lace_frags"
 	l2MapLaceHostAddrs      = "lace_host_addrs"
@@ -447,6 +463,9 @@ type l2MapSpecs struct {
 	LaceDrops         *ebpf.MapSpec `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
 	LaceFdb           *ebpf.MapSpec `ebpf:"lace_fdb"`
+	LaceFlowCfg       *ebpf.MapSpec `ebpf:"lace_flow_cfg"`
+	LaceFlowRate      *ebpf.MapSpec `ebpf:"lace_flow_rate"`
+	LaceFlows         *ebpf.MapSpec `ebpf:"lace_flows"`
 	LaceForwarded     *ebpf.MapSpec `ebpf:"lace_forwarded"`
 	LaceFrags         *ebpf.MapSpec `ebpf:"lace_frags"`
 	LaceHostAddrs     *ebpf.MapSpec `ebpf:"lace_host_addrs"`
@@ -513,6 +532,9 @@ type l2Maps struct {
 	LaceDrops         *ebpf.Map `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
 	LaceFdb           *ebpf.Map `ebpf:"lace_fdb"`
+	LaceFlowCfg       *ebpf.Map `ebpf:"lace_flow_cfg"`
+	LaceFlowRate      *ebpf.Map `ebpf:"lace_flow_rate"`
+	LaceFlows         *ebpf.Map `ebpf:"lace_flows"`
 	LaceForwarded     *ebpf.Map `ebpf:"lace_forwarded"`
 	LaceFrags         *ebpf.Map `ebpf:"lace_frags"`
 	LaceHostAddrs     *ebpf.Map `ebpf:"lace_host_addrs"`
@@ -554,6 +576,9 @@ func (m *l2Maps) Close() error {
 		m.LaceDrops,
 		m.LaceEndpoints,
 		m.LaceFdb,
+		m.LaceFlowCfg,
+		m.LaceFlowRate,
+		m.LaceFlows,
 		m.LaceForwarded,
 		m.LaceFrags,
 		m.LaceHostAddrs,

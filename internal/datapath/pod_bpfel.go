@@ -90,6 +90,19 @@ type podEpVal struct {
 	Flags   uint32
 }
 
+type podFlowCfg struct {
+	_      structs.HostLayout
+	On     uint32
+	PerSec uint32
+}
+
+type podFlowRate struct {
+	_      structs.HostLayout
+	Window uint64
+	Sent   uint32
+	Lost   uint32
+}
+
 type podFragKey struct {
 	_      structs.HostLayout
 	SrcNet uint32
@@ -288,6 +301,9 @@ const (
 	podMapLaceCtNew         = "lace_ct_new"
 	podMapLaceDrops         = "lace_drops"
 	podMapLaceEndpoints     = "lace_endpoints"
+	podMapLaceFlowCfg       = "lace_flow_cfg"
+	podMapLaceFlowRate      = "lace_flow_rate"
+	podMapLaceFlows         = "lace_flows"
 	podMapLaceForwarded     = "lace_forwarded"
 	podMapLaceFrags         = "lace_frags"
 	podMapLaceHostAddrs     = "lace_host_addrs"
@@ -371,6 +387,9 @@ type podMapSpecs struct {
 	LaceCtNew         *ebpf.MapSpec `ebpf:"lace_ct_new"`
 	LaceDrops         *ebpf.MapSpec `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
+	LaceFlowCfg       *ebpf.MapSpec `ebpf:"lace_flow_cfg"`
+	LaceFlowRate      *ebpf.MapSpec `ebpf:"lace_flow_rate"`
+	LaceFlows         *ebpf.MapSpec `ebpf:"lace_flows"`
 	LaceForwarded     *ebpf.MapSpec `ebpf:"lace_forwarded"`
 	LaceFrags         *ebpf.MapSpec `ebpf:"lace_frags"`
 	LaceHostAddrs     *ebpf.MapSpec `ebpf:"lace_host_addrs"`
@@ -428,6 +447,9 @@ type podMaps struct {
 	LaceCtNew         *ebpf.Map `ebpf:"lace_ct_new"`
 	LaceDrops         *ebpf.Map `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
+	LaceFlowCfg       *ebpf.Map `ebpf:"lace_flow_cfg"`
+	LaceFlowRate      *ebpf.Map `ebpf:"lace_flow_rate"`
+	LaceFlows         *ebpf.Map `ebpf:"lace_flows"`
 	LaceForwarded     *ebpf.Map `ebpf:"lace_forwarded"`
 	LaceFrags         *ebpf.Map `ebpf:"lace_frags"`
 	LaceHostAddrs     *ebpf.Map `ebpf:"lace_host_addrs"`
@@ -461,6 +483,9 @@ func (m *podMaps) Close() error {
 		m.LaceCtNew,
 		m.LaceDrops,
 		m.LaceEndpoints,
+		m.LaceFlowCfg,
+		m.LaceFlowRate,
+		m.LaceFlows,
 		m.LaceForwarded,
 		m.LaceFrags,
 		m.LaceHostAddrs,

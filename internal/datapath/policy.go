@@ -54,10 +54,41 @@ func (d *Datapath) SyncPolicies(t netpol.Tables) error {
 	pt := &d.tab.pol
 	d.tab.mu.Lock()
 	defer d.tab.mu.Unlock()
-	steps := []tableStep{
-		diffStep(pt.verdicts, verdicts),
-		diffStep(pt.cidrs, cidrs),
-		diffStep(pt.peers, peers),
+	err := pt.sync(verdicts, cidrs, peers, eps, false)
+	if err != nil {
+		// The maps may not hold the old state and the new at once:
+		// what only the old needed goes first (a packet may meet a mix
+		// for that moment).
+		err = pt.sync(verdicts, cidrs, peers, eps, true)
+	}
+	if err != nil {
+		// Still not written: every pod a policy has a say on refuses
+		// what no verdict written admits (fail closed), never the
+		// other way.
+		for k, v := range eps {
+			v.Flags |= (v.Flags & 3) << 2
+			eps[k] = v
+		}
+		return errors.Join(err, pt.eps.sync(eps, nil))
+	}
+	return d.prunePolicyDrops(t.Policies)
+}
+
+// sync writes the policy tables: new entries before the endpoints that
+// lead to them and stale ones after, or (delsFirst) every stale entry
+// first, for room.
+func (pt *policyTables) sync(verdicts map[podPolKey]podPolVal, cidrs map[podPolCidrKey]uint32, peers map[podPolPeerKey]uint32,
+	eps map[uint32]podPolEpVal, delsFirst bool) error {
+	steps := []tableStep{diffStep(pt.verdicts, verdicts), diffStep(pt.cidrs, cidrs), diffStep(pt.peers, peers)}
+	if delsFirst {
+		if err := pt.eps.sync(eps, nil); err != nil {
+			return err
+		}
+		for _, s := range steps {
+			if err := s.dels(); err != nil {
+				return err
+			}
+		}
 	}
 	for _, s := range steps {
 		if err := s.puts(); err != nil {
@@ -72,25 +103,32 @@ func (d *Datapath) SyncPolicies(t netpol.Tables) error {
 			return err
 		}
 	}
-	return d.prunePolicyDrops(t.Policies)
+	return nil
 }
 
 // tableStep is a table's sync split in two: its writes and its deletions.
 type tableStep struct{ puts, dels func() error }
 
 func diffStep[K, V comparable](t *table[K, V], want map[K]V) (s tableStep) {
-	var dels []K
 	s.puts = func() error {
 		if err := t.known(); err != nil {
 			return err
 		}
-		puts, vals, d := t.diff(want, nil)
-		dels = d
+		puts, vals, _ := t.diff(want, nil)
 		return t.put(puts, vals)
 	}
-	s.dels = func() error { return t.del(dels) }
+	s.dels = func() error {
+		if err := t.known(); err != nil {
+			return err
+		}
+		_, _, dels := t.diff(want, nil)
+		return t.del(dels)
+	}
 	return s
 }
+
+// PolicyCapacity is how many verdicts lace_pol holds.
+func (d *Datapath) PolicyCapacity() int { return int(d.pod.LacePol.MaxEntries()) }
 
 // PolicyDrops returns the packets each policy refused, by policy id
 // (netpol.PolicyID), summed over CPUs.

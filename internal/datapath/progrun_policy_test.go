@@ -1,8 +1,10 @@
 package datapath
 
 import (
+	"context"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -260,4 +262,140 @@ func TestProgPolicyLookupOnly(t *testing.T) {
 			t.Errorf("no verdict, not isolated: verdict %d, want a redirect", got)
 		}
 	})
+}
+
+// TestProgFlows: with flow events on, a pod's new flow and a packet a
+// policy refuses are told through the ring, every field as the program
+// saw it; off, nothing is.
+func TestProgFlows(t *testing.T) {
+	d, sync := policyWorld(t)
+	peer := netip.MustParseAddr("10.70.2.2")
+	sync(netpol.Tables{Endpoints: map[uint32]netpol.Endpoint{1: {Lookup: netpol.Ingress, Isolated: netpol.Ingress, DenyIn: polDenyIn}}})
+	in := srv6(progPeerV6, SID(progLocator, BehaviourL3Decap, progNet, progNet), ipv4(peer, progPodV4, 6, tcpSYN(40000, 80)), true)
+	out := ether(unicastMAC, 0x0800, ipv4(progPodV4, peer, 17, udp(5555, 53)))
+
+	read := func() []FlowEvent {
+		ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+		defer cancel()
+		var got []FlowEvent
+		_ = d.ReadFlows(ctx, func(e FlowEvent) { got = append(got, e) })
+		return got
+	}
+	// Off: nothing told.
+	runProg(t, d.underlay.FromUnderlay, in)
+	if got := read(); len(got) != 0 {
+		t.Fatalf("flows off told %+v", got)
+	}
+	if err := d.SetFlows(true, 100); err != nil {
+		t.Fatal(err)
+	}
+	runProg(t, d.underlay.FromUnderlay, in)
+	runPod(t, d, out)
+	got := read()
+	if len(got) != 2 {
+		t.Fatalf("told %d events (%+v), want the refused SYN and the new flow", len(got), got)
+	}
+	drop, fwd := got[0], got[1]
+	if !drop.Dropped || drop.Reason != "policy" || !drop.Ingress || drop.Policy != polDenyIn || drop.IfIndex != 1 ||
+		drop.SrcNet != progNet || drop.DstNet != 0 || drop.Proto != 6 || drop.TCPFlags&0x02 == 0 ||
+		drop.Src != netip.AddrPortFrom(peer, 40000) || drop.Dst != netip.AddrPortFrom(progPodV4, 80) || drop.Boot == 0 {
+		t.Errorf("the refused SYN told as %+v", drop)
+	}
+	if fwd.Dropped || fwd.PolicyDirDecided || fwd.IfIndex != progPort || fwd.SrcNet != progNet || fwd.DstNet != progNet ||
+		fwd.Proto != 17 || fwd.Src != netip.AddrPortFrom(progPodV4, 5555) || fwd.Dst != netip.AddrPortFrom(peer, 53) {
+		t.Errorf("the new flow told as %+v", fwd)
+	}
+	// The budget: 100 a second on each CPU, the rest counted as lost
+	// (250 packets in well under a second span two seconds at most).
+	for range 250 {
+		runProg(t, d.underlay.FromUnderlay, in)
+	}
+	if n := len(read()); n > 200 {
+		t.Errorf("told %d events, over the budget of 100 a second", n)
+	}
+	if lost, err := d.FlowsLost(); err != nil || lost == 0 {
+		t.Errorf("lost %d (%v), want the events over the budget counted", lost, err)
+	}
+}
+
+// TestProgPolicyHiddenAndSCTP: SCTP is decided by its ports; a protocol
+// behind an IPv6 extension header is refused wherever a policy has a say
+// (no rule could be matched to it), and passes where none has.
+func TestProgPolicyHiddenAndSCTP(t *testing.T) {
+	d, sync := policyWorld(t)
+	peer4, peer6 := netip.MustParseAddr("10.70.2.2"), netip.MustParseAddr("fd00:70:0:2::2")
+	sid := SID(progLocator, BehaviourL3Decap, progNet, progNet)
+	sctp := func(dport uint16) []byte {
+		b := make([]byte, 12)
+		b[0], b[1], b[2], b[3] = 0x13, 0x88, byte(dport>>8), byte(dport)
+		return b
+	}
+	destOpts := append([]byte{6, 0, 1, 4, 0, 0, 0, 0}, tcpSYN(40000, 22)...) // then TCP
+	sync(netpol.Tables{
+		Endpoints: map[uint32]netpol.Endpoint{1: {Lookup: netpol.Ingress, Isolated: netpol.Ingress, DenyIn: polDenyIn}},
+		Peers:     map[netpol.PeerKey]uint32{{NetID: progNet, Addr: peer4}: 5, {NetID: progNet, Addr: peer6}: 5},
+		Verdicts: map[netpol.VerdictKey]netpol.Verdict{
+			{Ifindex: 1, Class: 5, Dir: netpol.Ingress, Proto: 132, Port: 5000, PrefixLen: 96}: {Policy: polAllow, Allow: true},
+			{Ifindex: 1, Class: 5, Dir: netpol.Ingress, Proto: 6, PrefixLen: 80}:               {Policy: polAllow, Allow: true},
+		},
+	})
+	cases := []struct {
+		name   string
+		pkt    []byte
+		want   uint32
+		reason string
+	}{
+		{"SCTP to the allowed port", srv6(progPeerV6, sid, ipv4(peer4, progPodV4, 132, sctp(5000)), true), actRedirect, ""},
+		{"SCTP to another port", srv6(progPeerV6, sid, ipv4(peer4, progPodV4, 132, sctp(5001)), true), actShot, "policy"},
+		{"TCP, every port allowed", srv6(progPeerV6, sid, ipv6(peer6, progPodV6, 6, tcpSYN(40000, 22)), false), actRedirect, ""},
+		{"TCP behind destination options", srv6(progPeerV6, sid, ipv6(peer6, progPodV6, 60, destOpts), false), actShot, "policy"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			onlyDrop(t, d, c.reason, func() {
+				if got := runProg(t, d.underlay.FromUnderlay, c.pkt); got != c.want {
+					t.Errorf("verdict %d, want %d", got, c.want)
+				}
+			})
+		})
+	}
+	// No policy has a say: extension headers pass as before.
+	sync(netpol.Tables{})
+	onlyDrop(t, d, "", func() {
+		if got := runProg(t, d.underlay.FromUnderlay, srv6(progPeerV6, sid, ipv6(peer6, progPodV6, 60, destOpts), false)); got != actRedirect {
+			t.Errorf("an open pod: verdict %d, want a redirect", got)
+		}
+	})
+}
+
+// TestPolicyTablesFull: a new state that fits only once the old one is
+// gone is written (stale entries first); one that never fits leaves every
+// pod a policy has a say on refusing what no verdict admits.
+func TestPolicyTablesFull(t *testing.T) {
+	d, sync := policyWorld(t)
+	verdicts := func(class uint32, n int) map[netpol.VerdictKey]netpol.Verdict {
+		m := make(map[netpol.VerdictKey]netpol.Verdict, n)
+		for i := range n {
+			m[netpol.VerdictKey{Ifindex: uint32(1 + i/60000), Class: class, Dir: netpol.Ingress, Proto: 6, Port: uint16(i % 60000), PrefixLen: 96}] =
+				netpol.Verdict{Policy: polAllow, Allow: true}
+		}
+		return m
+	}
+	eps := map[uint32]netpol.Endpoint{1: {Lookup: netpol.Ingress, Isolated: netpol.Ingress, DenyIn: polDenyIn},
+		2: {Lookup: netpol.Ingress, DenyIn: polDenyIn}}
+	sync(netpol.Tables{Endpoints: eps, Verdicts: verdicts(5, 300000)})
+	sync(netpol.Tables{Endpoints: eps, Verdicts: verdicts(6, 300000)})
+	if n := mapLen(t, d.pod.LacePol); n != 300000 {
+		t.Fatalf("lace_pol holds %d entries, want the new 300000", n)
+	}
+	// Over the map's size: an error, and port 2 (a say, no isolation)
+	// now refuses what no verdict admits.
+	tb := netpol.Tables{Endpoints: eps, Verdicts: verdicts(7, 600000), Policies: map[uint32]netpol.PolicyRef{}}
+	if err := d.SyncPolicies(tb); err == nil {
+		t.Fatal("600000 verdicts written into a map of 524288")
+	}
+	var v podPolEpVal
+	if err := d.pod.LacePolEps.Lookup(uint32(2), &v); err != nil || v.Flags != 1|1<<2 {
+		t.Errorf("port 2 after a failed write: %+v (%v), want ingress looked up and isolated", v, err)
+	}
 }

@@ -90,6 +90,19 @@ type sockEpVal struct {
 	Flags   uint32
 }
 
+type sockFlowCfg struct {
+	_      structs.HostLayout
+	On     uint32
+	PerSec uint32
+}
+
+type sockFlowRate struct {
+	_      structs.HostLayout
+	Window uint64
+	Sent   uint32
+	Lost   uint32
+}
+
 type sockHostKey struct {
 	_      structs.HostLayout
 	Family uint8
@@ -283,6 +296,9 @@ const (
 	sockMapLaceCtNew         = "lace_ct_new"
 	sockMapLaceDrops         = "lace_drops"
 	sockMapLaceEndpoints     = "lace_endpoints"
+	sockMapLaceFlowCfg       = "lace_flow_cfg"
+	sockMapLaceFlowRate      = "lace_flow_rate"
+	sockMapLaceFlows         = "lace_flows"
 	sockMapLaceForwarded     = "lace_forwarded"
 	sockMapLaceHostAddrs     = "lace_host_addrs"
 	sockMapLaceInside        = "lace_inside"
@@ -378,6 +394,9 @@ type sockMapSpecs struct {
 	LaceCtNew         *ebpf.MapSpec `ebpf:"lace_ct_new"`
 	LaceDrops         *ebpf.MapSpec `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
+	LaceFlowCfg       *ebpf.MapSpec `ebpf:"lace_flow_cfg"`
+	LaceFlowRate      *ebpf.MapSpec `ebpf:"lace_flow_rate"`
+	LaceFlows         *ebpf.MapSpec `ebpf:"lace_flows"`
 	LaceForwarded     *ebpf.MapSpec `ebpf:"lace_forwarded"`
 	LaceHostAddrs     *ebpf.MapSpec `ebpf:"lace_host_addrs"`
 	LaceInside        *ebpf.MapSpec `ebpf:"lace_inside"`
@@ -435,6 +454,9 @@ type sockMaps struct {
 	LaceCtNew         *ebpf.Map `ebpf:"lace_ct_new"`
 	LaceDrops         *ebpf.Map `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
+	LaceFlowCfg       *ebpf.Map `ebpf:"lace_flow_cfg"`
+	LaceFlowRate      *ebpf.Map `ebpf:"lace_flow_rate"`
+	LaceFlows         *ebpf.Map `ebpf:"lace_flows"`
 	LaceForwarded     *ebpf.Map `ebpf:"lace_forwarded"`
 	LaceHostAddrs     *ebpf.Map `ebpf:"lace_host_addrs"`
 	LaceInside        *ebpf.Map `ebpf:"lace_inside"`
@@ -468,6 +490,9 @@ func (m *sockMaps) Close() error {
 		m.LaceCtNew,
 		m.LaceDrops,
 		m.LaceEndpoints,
+		m.LaceFlowCfg,
+		m.LaceFlowRate,
+		m.LaceFlows,
 		m.LaceForwarded,
 		m.LaceHostAddrs,
 		m.LaceInside,

@@ -114,6 +114,19 @@ type underlayFdbVal struct {
 	AltSid     [16]uint8
 }
 
+type underlayFlowCfg struct {
+	_      structs.HostLayout
+	On     uint32
+	PerSec uint32
+}
+
+type underlayFlowRate struct {
+	_      structs.HostLayout
+	Window uint64
+	Sent   uint32
+	Lost   uint32
+}
+
 type underlayFragKey struct {
 	_      structs.HostLayout
 	SrcNet uint32
@@ -382,6 +395,9 @@ const (
 	underlayMapLaceDrops          = "lace_drops"
 	underlayMapLaceEndpoints      = "lace_endpoints"
 	underlayMapLaceFdb            = "lace_fdb"
+	underlayMapLaceFlowCfg        = "lace_flow_cfg"
+	underlayMapLaceFlowRate       = "lace_flow_rate"
+	underlayMapLaceFlows          = "lace_flows"
 	underlayMapLaceForwarded      = "lace_forwarded"
 	underlayMapLaceFrags          = "lace_frags"
 	underlayMapLaceHostAddrs      = "lace_host_addrs"
@@ -476,6 +492,9 @@ type underlayMapSpecs struct {
 	LaceDrops         *ebpf.MapSpec `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
 	LaceFdb           *ebpf.MapSpec `ebpf:"lace_fdb"`
+	LaceFlowCfg       *ebpf.MapSpec `ebpf:"lace_flow_cfg"`
+	LaceFlowRate      *ebpf.MapSpec `ebpf:"lace_flow_rate"`
+	LaceFlows         *ebpf.MapSpec `ebpf:"lace_flows"`
 	LaceForwarded     *ebpf.MapSpec `ebpf:"lace_forwarded"`
 	LaceFrags         *ebpf.MapSpec `ebpf:"lace_frags"`
 	LaceHostAddrs     *ebpf.MapSpec `ebpf:"lace_host_addrs"`
@@ -544,6 +563,9 @@ type underlayMaps struct {
 	LaceDrops         *ebpf.Map `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
 	LaceFdb           *ebpf.Map `ebpf:"lace_fdb"`
+	LaceFlowCfg       *ebpf.Map `ebpf:"lace_flow_cfg"`
+	LaceFlowRate      *ebpf.Map `ebpf:"lace_flow_rate"`
+	LaceFlows         *ebpf.Map `ebpf:"lace_flows"`
 	LaceForwarded     *ebpf.Map `ebpf:"lace_forwarded"`
 	LaceFrags         *ebpf.Map `ebpf:"lace_frags"`
 	LaceHostAddrs     *ebpf.Map `ebpf:"lace_host_addrs"`
@@ -587,6 +609,9 @@ func (m *underlayMaps) Close() error {
 		m.LaceDrops,
 		m.LaceEndpoints,
 		m.LaceFdb,
+		m.LaceFlowCfg,
+		m.LaceFlowRate,
+		m.LaceFlows,
 		m.LaceForwarded,
 		m.LaceFrags,
 		m.LaceHostAddrs,

@@ -38,7 +38,7 @@ func main() {
 	dur := flag.Duration("duration", 3*time.Second, fmt.Sprintf("length of each throughput and latency run (each path runs %d rounds)", rounds))
 	pods := flag.Int("pods", 100, "pods for the CNI ADD latency run")
 	bin := flag.String("bin", "bin", "directory of the Lace binaries")
-	only := flag.String("only", "forwarding,l2,migration,cni,services,failover", "benchmarks to run (comma separated)")
+	only := flag.String("only", "forwarding,l2,migration,cni,netpol,services,failover", "benchmarks to run (comma separated)")
 	migrationRounds := flag.Int("migration-rounds", 3, "live migrations each way (announced, announcement lost) of the migration benchmark")
 	failoverRounds := flag.Int("failover-rounds", 3, "rounds of the L2 failover benchmark")
 	labName := flag.String("lab", "", "run on this lab, which is up already (and stays up), instead of a new one")
@@ -64,8 +64,8 @@ func main() {
 	want := map[string]bool{}
 	for _, b := range strings.Split(*only, ",") {
 		b = strings.TrimSpace(b)
-		if b != "forwarding" && b != "cni" && b != "services" && b != "failover" && b != "l2" && b != "migration" {
-			fmt.Fprintf(os.Stderr, "bench: --only: %q is not forwarding, l2, migration, cni, services or failover\n", b)
+		if b != "forwarding" && b != "cni" && b != "services" && b != "failover" && b != "l2" && b != "migration" && b != "netpol" {
+			fmt.Fprintf(os.Stderr, "bench: --only: %q is not forwarding, l2, migration, cni, netpol, services or failover\n", b)
 			os.Exit(2)
 		}
 		want[b] = true
@@ -129,6 +129,11 @@ func run(ctx context.Context, bin, name string, want map[string]bool, dur time.D
 			return err
 		}
 		fmt.Println()
+	}
+	if want["netpol"] {
+		if err := benchNetpol(ctx, name, dur); err != nil {
+			return err
+		}
 	}
 	if want["failover"] {
 		if err := benchFailover(ctx, name, bin, failoverRounds); err != nil {

@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -118,6 +121,8 @@ func TestNetworkPolicy(t *testing.T) {
 		answers(t, near, "http", dst, srv.Name)
 		answers(t, near, "udp", dst, srv.Name)
 	}
+	// Asking for flows turns n1's events on.
+	lacectlFlows(t, "--node", "n1")
 
 	// Ingress to np-srv: TCP to its port named http, from role=allowed.
 	applyPolicy(t, &networkingv1.NetworkPolicy{
@@ -135,6 +140,17 @@ func TestNetworkPolicy(t *testing.T) {
 		refused(t, near, "udp", dst, "n1", "np-srv-in")
 		answers(t, far, "http", dst, srv.Name)
 		refused(t, far, "udp", dst, "n1", "np-srv-in")
+	}
+	// lacectl flows names the refusal: pods, network, policy, direction;
+	// and np-near's new flow as it left n1.
+	out := lacectlFlows(t, "--node", "n1", "--verdict", "dropped", "-n", "default")
+	want := fmt.Sprintf("default/np-near (%s) [default] -> default/np-srv (%s) [default]  reason policy (NetworkPolicy default/np-srv-in, ingress)",
+		netip.AddrPortFrom(near4(near), 0).Addr(), v4)
+	if !strings.Contains(out, "DROPPED") || !strings.Contains(out, "default/np-srv-in, ingress") || !strings.Contains(out, "default/np-near (") {
+		t.Errorf("lacectl flows --verdict dropped lacks np-near's refusal (like %q):\n%s", want, out)
+	}
+	if all := lacectlFlows(t, "--node", "n1", "--verdict", "forwarded"); !strings.Contains(all, "FORWARDED") || !strings.Contains(all, "default/np-near (") {
+		t.Errorf("lacectl flows --verdict forwarded lacks np-near's new flows:\n%s", all)
 	}
 	// Through the Service: decided on the endpoint, after translation.
 	for _, vip := range clusterIPs(svc) {
@@ -209,5 +225,23 @@ func addrOfFamily(p *corev1.Pod, v6 bool) netip.Addr {
 	if v6 {
 		return a6
 	}
+	return v4
+}
+
+// lacectlFlows runs lacectl flows with args (through the API server's pod
+// proxy to the agents) and returns what it printed.
+func lacectlFlows(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(binDir, "lacectl"), append([]string{"flows"}, args...)...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("lacectl flows %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+func near4(p *corev1.Pod) netip.Addr {
+	v4, _ := podAddrs(p)
 	return v4
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -19,10 +20,15 @@ import (
 const cnpRetry = 30 * time.Second
 
 // watchClusterPolicies watches ClusterNetworkPolicies once their CRD is
-// installed (the chart installs it; a cluster may remove it).
-func (e *Enforcer) watchClusterPolicies(ctx context.Context, h toolscache.ResourceEventHandler) {
+// installed (the chart installs it; a cluster may remove it). settled is
+// closed once the first attempt knows: watched and synced, or the CRD
+// absent. Until then nothing is written: tables written without the
+// cluster's ClusterNetworkPolicies (an agent's restart) would open what
+// their Deny rules close.
+func (e *Enforcer) watchClusterPolicies(ctx context.Context, h toolscache.ResourceEventHandler, settled chan<- struct{}) {
 	u := &unstructured.Unstructured{}
 	u.SetGroupVersionKind(netpolapi.ClusterNetworkPolicyGVK)
+	once := func() { close(settled) }
 	for {
 		inf, err := e.cache.GetInformer(ctx, u, cache.BlockUntilSynced(true))
 		if err == nil {
@@ -30,14 +36,27 @@ func (e *Enforcer) watchClusterPolicies(ctx context.Context, h toolscache.Resour
 		}
 		if err == nil {
 			e.cnpWatched.Store(true)
+			if once != nil {
+				once()
+			}
 			e.Kick()
 			return
 		}
-		e.log.Info("ClusterNetworkPolicies not watched (is the CRD installed?)", "err", err)
+		wait := cnpRetry
+		if meta.IsNoMatchError(err) {
+			// Not installed: the cluster has none.
+			if once != nil {
+				once()
+				once = nil
+			}
+		} else if once != nil {
+			wait = 5 * time.Second // not known yet: soon again
+		}
+		e.log.Info("ClusterNetworkPolicies not watched", "err", err, "retry", wait)
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(cnpRetry):
+		case <-time.After(wait):
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,10 +22,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/agent/flows"
 	"github.com/lace-cni/lace/internal/dpmetrics"
 	"github.com/lace-cni/lace/internal/netpol"
 	"github.com/lace-cni/lace/internal/netpolapi"
@@ -34,6 +37,7 @@ import (
 type DataPlane interface {
 	SyncPolicies(netpol.Tables) error
 	PolicyDrops() (map[uint32]uint64, error)
+	PolicyCapacity() int
 }
 
 // Locals are the node's pods and their ports (the CNI server's records).
@@ -48,7 +52,10 @@ type Enforcer struct {
 	pods   cache.Cache // every pod, trimmed (TrimPod)
 	locals Locals
 	dp     DataPlane
+	rec    record.EventRecorder
 	kick   chan struct{}
+	// over are the namespaces enforced as deny-all (limits.go), and why.
+	over map[string]string
 
 	mu       sync.Mutex
 	policies map[uint32]netpol.PolicyRef // of the tables last written
@@ -58,8 +65,8 @@ type Enforcer struct {
 }
 
 // New makes an Enforcer; Run starts it.
-func New(log *slog.Logger, c, pods cache.Cache, locals Locals, dp DataPlane) *Enforcer {
-	return &Enforcer{log: log.With("part", "policy"), cache: c, pods: pods, locals: locals, dp: dp,
+func New(log *slog.Logger, c, pods cache.Cache, locals Locals, dp DataPlane, rec record.EventRecorder) *Enforcer {
+	return &Enforcer{log: log.With("part", "policy"), cache: c, pods: pods, locals: locals, dp: dp, rec: rec,
 		kick: make(chan struct{}, 1)}
 }
 
@@ -100,7 +107,13 @@ func (e *Enforcer) Run(ctx context.Context) error {
 			return fmt.Errorf("watch %T: %w", w.obj, err)
 		}
 	}
-	go e.watchClusterPolicies(ctx, h)
+	settled := make(chan struct{})
+	go e.watchClusterPolicies(ctx, h, settled)
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-settled:
+	}
 	e.Kick()
 	for {
 		select {
@@ -127,7 +140,16 @@ func (e *Enforcer) apply(ctx context.Context) error {
 		return err
 	}
 	start := time.Now()
+	over := limitInput(&in)
 	t := netpol.Compile(in)
+	if more := overVerdicts(t, in.Local, e.dp.PolicyCapacity()); len(more) > 0 {
+		for ns, why := range more {
+			over[ns] = why
+		}
+		denyAll(&in, over)
+		t = netpol.Compile(in)
+	}
+	e.report(over, in.Policies)
 	if err := e.dp.SyncPolicies(t); err != nil {
 		return fmt.Errorf("write policy tables: %w", err)
 	}
@@ -137,6 +159,29 @@ func (e *Enforcer) apply(ctx context.Context) error {
 	e.log.Debug("network policies enforced", "policies", len(in.Policies), "subjects", len(t.Endpoints),
 		"verdicts", len(t.Verdicts), "classes", len(t.Peers)+len(t.CIDRs), "took", time.Since(start))
 	return nil
+}
+
+// report says, once each time it starts, that a namespace's policies are
+// enforced as deny-all: a Warning on each of them, and a log line.
+func (e *Enforcer) report(over map[string]string, policies []*networkingv1.NetworkPolicy) {
+	for ns, why := range over {
+		if e.over[ns] == why {
+			continue
+		}
+		e.log.Error("a namespace's network policies are over their limits: enforced as deny-all", "namespace", ns, "why", why)
+		for _, p := range policies {
+			if p.Namespace == ns && e.rec != nil {
+				e.rec.Eventf(p, corev1.EventTypeWarning, ReasonPolicyNotEnforced,
+					"Enforced as deny-all on this node: %s (the pods the namespace's policies select refuse what they isolate)", why)
+			}
+		}
+	}
+	for ns := range e.over {
+		if _, ok := over[ns]; !ok {
+			e.log.Info("a namespace's network policies are within their limits again", "namespace", ns)
+		}
+	}
+	e.over = over
 }
 
 // input reads the compile's input from the caches.
@@ -206,4 +251,43 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(policyDropsDesc, prometheus.CounterValue, float64(n), ref.Kind, ref.Namespace, ref.Name)
 		}
 	}
+}
+
+// Names are the names a flow's numbers stand for, as the caches hold them
+// now (flows.Namer).
+func (e *Enforcer) Names(ctx context.Context) (flows.Names, error) {
+	n := flows.Names{Pods: map[netpol.PeerKey]string{}, Locals: map[uint32]flows.Local{}, Networks: map[uint32]string{}}
+	var nets lacev1.NetworkList
+	if err := e.cache.List(ctx, &nets); err != nil {
+		return n, fmt.Errorf("list networks: %w", err)
+	}
+	ids := map[string]uint32{}
+	for _, nw := range nets.Items {
+		if nw.Status.ID > 0 {
+			ids[nw.Name] = uint32(nw.Status.ID)
+			n.Networks[uint32(nw.Status.ID)] = nw.Name
+		}
+	}
+	var neps lacev1.NetworkEndpointList
+	if err := e.cache.List(ctx, &neps); err != nil {
+		return n, fmt.Errorf("list network endpoints: %w", err)
+	}
+	podNet := map[string]uint32{}
+	for _, ne := range neps.Items {
+		id := ids[ne.Spec.Network]
+		key := ne.Namespace + "/" + ne.Name
+		podNet[key] = id
+		for _, s := range append(append([]lacev1.IPAddress(nil), ne.Spec.Addresses...), ne.Status.Addresses...) {
+			if a, err := netip.ParseAddr(string(s)); err == nil {
+				n.Pods[netpol.PeerKey{NetID: id, Addr: a.Unmap()}] = key
+			}
+		}
+	}
+	e.locals.EachLocal(func(ns, name string, ifindex uint32) {
+		n.Locals[ifindex] = flows.Local{Pod: ns + "/" + name, NetID: podNet[ns+"/"+name]}
+	})
+	e.mu.Lock()
+	n.Policies = e.policies
+	e.mu.Unlock()
+	return n, nil
 }

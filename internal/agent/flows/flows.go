@@ -1,0 +1,281 @@
+// Package flows keeps the node's recent flow events for `lacectl flows`:
+// it turns the data plane's flow events on while someone asks for them
+// (bpf/include/flows.h: off, they cost one array lookup), reads the ring
+// into a bounded log, serves it on the metrics server (/flows) with pods,
+// networks and policies named, and counts the events by verdict.
+//
+// It owns the flow ring and its switch, nothing else of the data plane.
+package flows
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/netip"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
+
+	"github.com/lace-cni/lace/internal/datapath"
+	"github.com/lace-cni/lace/internal/netpol"
+)
+
+// DataPlane is what the log needs of the data plane.
+type DataPlane interface {
+	SetFlows(on bool, perSec uint32) error
+	ReadFlows(ctx context.Context, f func(datapath.FlowEvent)) error
+	FlowsLost() (uint64, error)
+}
+
+// Local is a pod of this node at a port.
+type Local struct {
+	Pod   string // namespace/name
+	NetID uint32
+}
+
+// Names turns a flow's numbers into names: pods by network and address,
+// the node's pods by port, networks and policies by ID.
+type Names struct {
+	Pods     map[netpol.PeerKey]string
+	Locals   map[uint32]Local
+	Networks map[uint32]string
+	Policies map[uint32]netpol.PolicyRef
+}
+
+// Namer reads the names as they are now.
+type Namer func(ctx context.Context) (Names, error)
+
+const (
+	// logSize is how many events the log keeps.
+	logSize = 4096
+	// perSec is each CPU's budget of events a second.
+	perSec = 2000
+	// idle is how long the events stay on after the last request.
+	idle = time.Minute
+)
+
+// Log is the node's flow log.
+type Log struct {
+	node string
+	dp   DataPlane
+	name Namer
+	log  *slog.Logger
+	// boot is the wall clock time of the monotonic clock's zero.
+	boot time.Time
+
+	mu     sync.Mutex
+	ring   []entry
+	seq    uint64
+	asked  time.Time
+	on     bool
+	counts *prometheus.CounterVec
+}
+
+type entry struct {
+	seq uint64
+	ev  datapath.FlowEvent
+}
+
+// New makes the node's log; Run reads the ring, Handler serves it.
+func New(node string, dp DataPlane, name Namer, log *slog.Logger) *Log {
+	var mono unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &mono)
+	return &Log{node: node, dp: dp, name: name, log: log.With("part", "flows"),
+		boot: time.Now().Add(-time.Duration(mono.Nano())),
+		counts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lace_flow_events_total",
+			Help: "Flow events the data plane told while someone watched flows (lacectl flows): new flows forwarded and packets refused, by verdict and drop reason.",
+		}, []string{"verdict", "reason"})}
+}
+
+// Collectors are the log's metrics.
+func (l *Log) Collectors() []prometheus.Collector {
+	lost := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "lace_flow_events_lost_total",
+		Help: "Flow events the data plane did not tell: over each CPU's budget, or the ring full.",
+	}, func() float64 {
+		n, err := l.dp.FlowsLost()
+		if err != nil {
+			return 0
+		}
+		return float64(n)
+	})
+	return []prometheus.Collector{l.counts, lost}
+}
+
+// Run reads the ring until ctx ends, and turns the events off when
+// nobody asked for a minute.
+func (l *Log) Run(ctx context.Context) error {
+	// Nobody asks at start: a restart leaves them off.
+	if err := l.dp.SetFlows(false, perSec); err != nil {
+		l.log.Info("turn flow events off", "err", err)
+	}
+	go func() {
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				l.mu.Lock()
+				off := l.on && time.Since(l.asked) > idle
+				if off {
+					l.on = false
+				}
+				l.mu.Unlock()
+				if off {
+					if err := l.dp.SetFlows(false, perSec); err != nil {
+						l.log.Info("turn flow events off", "err", err)
+					}
+				}
+			}
+		}
+	}()
+	return l.dp.ReadFlows(ctx, l.add)
+}
+
+func (l *Log) add(ev datapath.FlowEvent) {
+	verdict := "forwarded"
+	if ev.Dropped {
+		verdict = "dropped"
+	}
+	l.counts.WithLabelValues(verdict, ev.Reason).Inc()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.seq++
+	e := entry{seq: l.seq, ev: ev}
+	if len(l.ring) < logSize {
+		l.ring = append(l.ring, e)
+	} else {
+		l.ring[(l.seq-1)%logSize] = e // the oldest
+	}
+}
+
+// Flow is one event as /flows serves it.
+type Flow struct {
+	Seq       uint64    `json:"seq"`
+	Time      time.Time `json:"time"`
+	Node      string    `json:"node"`
+	Verdict   string    `json:"verdict"`
+	Reason    string    `json:"reason,omitempty"`
+	Policy    string    `json:"policy,omitempty"`
+	Direction string    `json:"direction,omitempty"`
+	Proto     string    `json:"proto"`
+	TCPFlags  uint8     `json:"tcpFlags,omitempty"`
+	Src       Endpoint  `json:"src"`
+	Dst       Endpoint  `json:"dst"`
+}
+
+// Endpoint is one side of a flow.
+type Endpoint struct {
+	Addr    netip.AddrPort `json:"addr"`
+	Pod     string         `json:"pod,omitempty"`
+	Network string         `json:"network,omitempty"`
+}
+
+// Since returns the events after seq, oldest first (at most limit), and
+// turns the events on: someone is asking.
+func (l *Log) Since(ctx context.Context, seq uint64, limit int) ([]Flow, error) {
+	l.mu.Lock()
+	l.asked = time.Now()
+	turnOn := !l.on
+	l.on = true
+	var es []entry
+	for _, e := range l.ring {
+		if e.seq > seq {
+			es = append(es, e)
+		}
+	}
+	l.mu.Unlock()
+	if turnOn {
+		if err := l.dp.SetFlows(true, perSec); err != nil {
+			return nil, err
+		}
+	}
+	sort.Slice(es, func(i, j int) bool { return es[i].seq < es[j].seq })
+	if limit > 0 && len(es) > limit {
+		es = es[len(es)-limit:]
+	}
+	names, err := l.name(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Flow, 0, len(es))
+	for _, e := range es {
+		out = append(out, l.flow(e, names))
+	}
+	return out, nil
+}
+
+func (l *Log) flow(e entry, n Names) Flow {
+	ev := e.ev
+	f := Flow{Seq: e.seq, Time: l.boot.Add(ev.Boot), Node: l.node, Verdict: "forwarded", Proto: protoName(ev.Proto),
+		TCPFlags: ev.TCPFlags, Src: Endpoint{Addr: ev.Src}, Dst: Endpoint{Addr: ev.Dst}}
+	if ev.Dropped {
+		f.Verdict, f.Reason = "dropped", ev.Reason
+	}
+	if ev.PolicyDirDecided {
+		f.Direction = "egress"
+		if ev.Ingress {
+			f.Direction = "ingress"
+		}
+	}
+	if ref, ok := n.Policies[ev.Policy]; ok && ev.Policy != 0 {
+		f.Policy = ref.Kind + " " + ref.Name
+		if ref.Namespace != "" {
+			f.Policy = ref.Kind + " " + ref.Namespace + "/" + ref.Name
+		}
+	}
+	// The side at the port is the node's pod: its network is its own.
+	src, dst := ev.SrcNet, ev.DstNet
+	if loc, ok := n.Locals[ev.IfIndex]; ok {
+		if src == 0 {
+			src = loc.NetID
+		}
+		if dst == 0 {
+			dst = loc.NetID
+		}
+	}
+	f.Src.Network, f.Dst.Network = n.Networks[src], n.Networks[dst]
+	f.Src.Pod = n.Pods[netpol.PeerKey{NetID: src, Addr: ev.Src.Addr()}]
+	f.Dst.Pod = n.Pods[netpol.PeerKey{NetID: dst, Addr: ev.Dst.Addr()}]
+	return f
+}
+
+func protoName(p uint8) string {
+	switch p {
+	case unix.IPPROTO_TCP:
+		return "tcp"
+	case unix.IPPROTO_UDP:
+		return "udp"
+	case unix.IPPROTO_SCTP:
+		return "sctp"
+	case unix.IPPROTO_ICMP:
+		return "icmp"
+	case unix.IPPROTO_ICMPV6:
+		return "icmpv6"
+	}
+	return strconv.Itoa(int(p))
+}
+
+// Handler serves GET /flows?since=SEQ&limit=N as a JSON array.
+func (l *Log) Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		since, _ := strconv.ParseUint(r.URL.Query().Get("since"), 10, 64)
+		limit, _ := strconv.Atoi(r.URL.Query().Get("limit"))
+		fs, err := l.Since(r.Context(), since, limit)
+		if err != nil {
+			http.Error(w, fmt.Sprintf("flows: %v", err), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(fs)
+	})
+}

@@ -1,0 +1,135 @@
+package datapath
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"time"
+
+	"github.com/cilium/ebpf/ringbuf"
+)
+
+// FlowEvent is one event of the data plane's flow ring
+// (bpf/include/flows.h): a pod's new flow leaving its node, or a packet a
+// network policy refused.
+type FlowEvent struct {
+	// Boot is when it happened, in nanoseconds since the node booted
+	// (CLOCK_MONOTONIC, as bpf_ktime_get_ns).
+	Boot             time.Duration
+	SrcNet, DstNet   uint32 // 0: the network of the pod at IfIndex
+	IfIndex          uint32
+	Policy           uint32 // the refusing policy's id
+	Dropped          bool
+	Reason           string // the drop reason's name
+	Ingress          bool   // a policy decided at the pod's ingress (else egress)
+	Proto            uint8
+	TCPFlags         uint8
+	Src, Dst         netip.AddrPort
+	PolicyDirDecided bool // the event is a policy's decision
+}
+
+// flowEvent mirrors struct flow_event (bpf/include/flows.h), which no map
+// names as a type: TestProgFlows checks every field through the program.
+type flowEvent struct {
+	Ts             uint64
+	SrcNet, DstNet uint32
+	Ifindex        uint32
+	Policy         uint32
+	Verdict        uint8
+	Reason         uint8
+	Dir            uint8
+	Family         uint8
+	Proto          uint8
+	TCPFlags       uint8
+	Sport, Dport   [2]byte
+	Pad            uint16
+	Saddr, Daddr   [16]byte
+	_              [4]byte
+}
+
+// flow_event.verdict, flow_cfg.
+const (
+	flowDropped = 2
+	polIn       = 1
+)
+
+// SetFlows turns the flow events on (at most perSec a second on each CPU)
+// or off.
+func (d *Datapath) SetFlows(on bool, perSec uint32) error {
+	v := podFlowCfg{PerSec: perSec}
+	if on {
+		v.On = 1
+	}
+	if err := d.pod.LaceFlowCfg.Put(uint32(0), &v); err != nil {
+		return fmt.Errorf("write lace_flow_cfg: %w", err)
+	}
+	return nil
+}
+
+// FlowsLost counts the events the per-CPU budget or a full ring dropped.
+func (d *Datapath) FlowsLost() (uint64, error) {
+	var per []struct {
+		Window uint64
+		Sent   uint32
+		Lost   uint32
+	}
+	if err := d.pod.LaceFlowRate.Lookup(uint32(0), &per); err != nil {
+		return 0, fmt.Errorf("read lace_flow_rate: %w", err)
+	}
+	var n uint64
+	for _, r := range per {
+		n += uint64(r.Lost)
+	}
+	return n, nil
+}
+
+// ReadFlows hands each flow event to f until ctx ends; f runs on this
+// goroutine (a slow f makes the ring drop events, never packets).
+func (d *Datapath) ReadFlows(ctx context.Context, f func(FlowEvent)) error {
+	rd, err := ringbuf.NewReader(d.pod.LaceFlows)
+	if err != nil {
+		return fmt.Errorf("open the flow ring: %w", err)
+	}
+	defer rd.Close()
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		rd.SetDeadline(time.Now().Add(500 * time.Millisecond))
+		rec, err := rd.Read()
+		switch {
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			continue
+		case errors.Is(err, ringbuf.ErrClosed):
+			return nil
+		case err != nil:
+			return fmt.Errorf("read the flow ring: %w", err)
+		}
+		if ev, ok := decodeFlow(rec.RawSample); ok {
+			f(ev)
+		}
+	}
+}
+
+func decodeFlow(raw []byte) (FlowEvent, bool) {
+	var ev flowEvent
+	if n := binary.Size(ev); len(raw) < n {
+		raw = append(raw, make([]byte, n-len(raw))...)
+	}
+	if err := binary.Read(bytes.NewReader(raw), binary.NativeEndian, &ev); err != nil {
+		return FlowEvent{}, false
+	}
+	out := FlowEvent{Boot: time.Duration(ev.Ts), SrcNet: ev.SrcNet, DstNet: ev.DstNet, IfIndex: ev.Ifindex,
+		Policy: ev.Policy, Dropped: ev.Verdict == flowDropped, Proto: ev.Proto, TCPFlags: ev.TCPFlags,
+		Ingress: ev.Dir == polIn, PolicyDirDecided: ev.Dir != 0}
+	if out.Dropped && int(ev.Reason) < len(DropReasons) {
+		out.Reason = DropReasons[ev.Reason]
+	}
+	out.Src = netip.AddrPortFrom(fromAddr16(ev.Family, ev.Saddr), binary.BigEndian.Uint16(ev.Sport[:]))
+	out.Dst = netip.AddrPortFrom(fromAddr16(ev.Family, ev.Daddr), binary.BigEndian.Uint16(ev.Dport[:]))
+	return out, true
+}
