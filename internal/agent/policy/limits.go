@@ -18,10 +18,10 @@ import (
 const (
 	// maxNamespaceRules are the ingress and egress rules of a namespace's
 	// policies.
-	maxNamespaceRules = 1000
+	maxNamespaceRules = 5000
 	// maxNamespacePrefixes are the ipBlock CIDRs and excepts (each may
 	// split every class of the node).
-	maxNamespacePrefixes = 1000
+	maxNamespacePrefixes = 2000
 	// maxNamespaceVerdicts are the verdict entries the namespace's pods on
 	// the node may take (lace_pol holds 524288).
 	maxNamespaceVerdicts = 65536
