@@ -192,7 +192,10 @@ func wire(cfg *rest.Config, o Options, log *slog.Logger, dp *datapath.Datapath) 
 	// The flow log names what it serves through the policy enforcer's
 	// caches (made below, before anything serves).
 	var pol *policy.Enforcer
-	flowLog := flows.New(o.NodeName, dp, func(ctx context.Context) (flows.Names, error) { return pol.Names(ctx) }, log)
+	var a *Agent
+	flowLog := flows.New(o.NodeName, dp, func(ctx context.Context) (flows.Names, error) {
+		return flowNames(ctx, a.mgr.GetCache(), a.pods, pol)
+	}, log)
 	handlers := pprofHandlers(o.Pprof)
 	if handlers == nil {
 		handlers = map[string]http.Handler{}
@@ -241,7 +244,7 @@ func wire(cfg *rest.Config, o Options, log *slog.Logger, dp *datapath.Datapath) 
 	c, reader := mgr.GetClient(), mgr.GetAPIReader()
 	rec := mgr.GetEventRecorderFor("lace-agent/" + o.NodeName)
 	node := linuxNode{ns: o.NetNS, underlay: o.UnderlayInterface, neigh: &netutil.NeighKeeper{}}
-	a := &Agent{opts: o, log: log, mgr: mgr, dp: dp, health: status.NewHealthChecks(log)}
+	a = &Agent{opts: o, log: log, mgr: mgr, dp: dp, health: status.NewHealthChecks(log)}
 	a.pods, err = cni.New(cni.Options{NodeName: o.NodeName, NetNS: o.NetNS, UnderlayInterface: o.UnderlayInterface,
 		HostCgroup: o.HostCgroup, CNISocket: o.CNISocket, DelQueueDir: o.DelQueueDir, MTU: o.MTU},
 		o.StateDir, log, c, reader, rec, dp, node)

@@ -13,7 +13,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,7 +26,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
-	"github.com/lace-cni/lace/internal/agent/flows"
 	"github.com/lace-cni/lace/internal/dpmetrics"
 	"github.com/lace-cni/lace/internal/netpol"
 	"github.com/lace-cni/lace/internal/netpolapi"
@@ -253,41 +251,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// Names are the names a flow's numbers stand for, as the caches hold them
-// now (flows.Namer).
-func (e *Enforcer) Names(ctx context.Context) (flows.Names, error) {
-	n := flows.Names{Pods: map[netpol.PeerKey]string{}, Locals: map[uint32]flows.Local{}, Networks: map[uint32]string{}}
-	var nets lacev1.NetworkList
-	if err := e.cache.List(ctx, &nets); err != nil {
-		return n, fmt.Errorf("list networks: %w", err)
-	}
-	ids := map[string]uint32{}
-	for _, nw := range nets.Items {
-		if nw.Status.ID > 0 {
-			ids[nw.Name] = uint32(nw.Status.ID)
-			n.Networks[uint32(nw.Status.ID)] = nw.Name
-		}
-	}
-	var neps lacev1.NetworkEndpointList
-	if err := e.cache.List(ctx, &neps); err != nil {
-		return n, fmt.Errorf("list network endpoints: %w", err)
-	}
-	podNet := map[string]uint32{}
-	for _, ne := range neps.Items {
-		id := ids[ne.Spec.Network]
-		key := ne.Namespace + "/" + ne.Name
-		podNet[key] = id
-		for _, s := range append(append([]lacev1.IPAddress(nil), ne.Spec.Addresses...), ne.Status.Addresses...) {
-			if a, err := netip.ParseAddr(string(s)); err == nil {
-				n.Pods[netpol.PeerKey{NetID: id, Addr: a.Unmap()}] = key
-			}
-		}
-	}
-	e.locals.EachLocal(func(ns, name string, ifindex uint32) {
-		n.Locals[ifindex] = flows.Local{Pod: ns + "/" + name, NetID: podNet[ns+"/"+name]}
-	})
+// Policies are the policies of the tables last written, by id.
+func (e *Enforcer) Policies() map[uint32]netpol.PolicyRef {
 	e.mu.Lock()
-	n.Policies = e.policies
-	e.mu.Unlock()
-	return n, nil
+	defer e.mu.Unlock()
+	return e.policies
 }

@@ -1,0 +1,52 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/agent/flows"
+	"github.com/lace-cni/lace/internal/agent/policy"
+	"github.com/lace-cni/lace/internal/netpol"
+)
+
+// flowNames are the names a flow's numbers stand for, as the caches hold
+// them now (flows.Namer): pods by their NetworkEndpoints, the node's pods
+// by port, networks, and the policies the enforcer last wrote.
+func flowNames(ctx context.Context, c client.Reader, locals policy.Locals, pol *policy.Enforcer) (flows.Names, error) {
+	n := flows.Names{Pods: map[netpol.PeerKey]string{}, Locals: map[uint32]flows.Local{}, Networks: map[uint32]string{}}
+	var nets lacev1.NetworkList
+	if err := c.List(ctx, &nets); err != nil {
+		return n, fmt.Errorf("list networks: %w", err)
+	}
+	ids := map[string]uint32{}
+	for _, nw := range nets.Items {
+		if nw.Status.ID > 0 {
+			ids[nw.Name] = uint32(nw.Status.ID)
+			n.Networks[uint32(nw.Status.ID)] = nw.Name
+		}
+	}
+	var neps lacev1.NetworkEndpointList
+	if err := c.List(ctx, &neps); err != nil {
+		return n, fmt.Errorf("list network endpoints: %w", err)
+	}
+	podNet := map[string]uint32{}
+	for _, ne := range neps.Items {
+		id := ids[ne.Spec.Network]
+		key := ne.Namespace + "/" + ne.Name
+		podNet[key] = id
+		for _, s := range append(append([]lacev1.IPAddress(nil), ne.Spec.Addresses...), ne.Status.Addresses...) {
+			if a, err := netip.ParseAddr(string(s)); err == nil {
+				n.Pods[netpol.PeerKey{NetID: id, Addr: a.Unmap()}] = key
+			}
+		}
+	}
+	locals.EachLocal(func(ns, name string, ifindex uint32) {
+		n.Locals[ifindex] = flows.Local{Pod: ns + "/" + name, NetID: podNet[ns+"/"+name]}
+	})
+	n.Policies = pol.Policies()
+	return n, nil
+}
