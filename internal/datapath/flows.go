@@ -1,16 +1,11 @@
 package datapath
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"time"
-
-	"github.com/cilium/ebpf/ringbuf"
 )
 
 // FlowEvent is one event of the data plane's flow ring
@@ -90,37 +85,16 @@ func (d *Datapath) FlowsLost() (uint64, error) {
 // ReadFlows hands each flow event to f until ctx ends; f runs on this
 // goroutine (a slow f makes the ring drop events, never packets).
 func (d *Datapath) ReadFlows(ctx context.Context, f func(FlowEvent)) error {
-	rd, err := ringbuf.NewReader(d.pod.LaceFlows)
-	if err != nil {
-		return fmt.Errorf("open the flow ring: %w", err)
-	}
-	defer rd.Close()
-	for {
-		if ctx.Err() != nil {
-			return nil
-		}
-		rd.SetDeadline(time.Now().Add(500 * time.Millisecond))
-		rec, err := rd.Read()
-		switch {
-		case errors.Is(err, os.ErrDeadlineExceeded):
-			continue
-		case errors.Is(err, ringbuf.ErrClosed):
-			return nil
-		case err != nil:
-			return fmt.Errorf("read the flow ring: %w", err)
-		}
-		if ev, ok := decodeFlow(rec.RawSample); ok {
+	return readRing(ctx, d.pod.LaceFlows, "the flow ring", func(raw []byte) {
+		if ev, ok := decodeFlow(raw); ok {
 			f(ev)
 		}
-	}
+	})
 }
 
 func decodeFlow(raw []byte) (FlowEvent, bool) {
 	var ev flowEvent
-	if n := binary.Size(ev); len(raw) < n {
-		raw = append(raw, make([]byte, n-len(raw))...)
-	}
-	if err := binary.Read(bytes.NewReader(raw), binary.NativeEndian, &ev); err != nil {
+	if !decodeRecord(raw, &ev) {
 		return FlowEvent{}, false
 	}
 	out := FlowEvent{Boot: time.Duration(ev.Ts), SrcNet: ev.SrcNet, DstNet: ev.DstNet, IfIndex: ev.Ifindex,

@@ -11,6 +11,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
 )
 
@@ -38,9 +39,26 @@ const l2EventActivated = 1
 // this goroutine, so a slow f only makes the ring drop reports, which the
 // port's next frame repeats.
 func (d *Datapath) ReadL2Learned(ctx context.Context, f func(L2Learned)) error {
-	rd, err := ringbuf.NewReader(d.l2.LaceL2Learn)
+	return readRing(ctx, d.l2.LaceL2Learn, "the l2 learning ring", func(raw []byte) {
+		var ev l2L2LearnEvent
+		if !decodeRecord(raw, &ev) {
+			return // a short record: nothing to learn from it
+		}
+		l := L2Learned{IfIndex: ev.Ifindex, NetID: ev.NetId, MAC: append(net.HardwareAddr(nil), ev.Mac[:]...),
+			Activated: ev.Kind == l2EventActivated, Seq: ev.Seq}
+		if ev.Family != 0 {
+			l.Addr = fromAddr16(ev.Family, ev.Addr)
+		}
+		f(l)
+	})
+}
+
+// readRing hands each record of ring buffer m to f until ctx ends; f runs
+// on this goroutine (a slow f makes the ring drop records).
+func readRing(ctx context.Context, m *ebpf.Map, what string, f func([]byte)) error {
+	rd, err := ringbuf.NewReader(m)
 	if err != nil {
-		return fmt.Errorf("open the l2 learning ring: %w", err)
+		return fmt.Errorf("open %s: %w", what, err)
 	}
 	defer rd.Close()
 	for {
@@ -55,23 +73,18 @@ func (d *Datapath) ReadL2Learned(ctx context.Context, f func(L2Learned)) error {
 		case errors.Is(err, ringbuf.ErrClosed):
 			return nil
 		case err != nil:
-			return fmt.Errorf("read the l2 learning ring: %w", err)
+			return fmt.Errorf("read %s: %w", what, err)
 		}
-		var ev l2L2LearnEvent
-		// A program of the build before (a rolling upgrade) writes the
-		// shorter record of its time: the fields it lacks are zero.
-		raw := rec.RawSample
-		if n := binary.Size(ev); len(raw) < n {
-			raw = append(raw, make([]byte, n-len(raw))...)
-		}
-		if err := binary.Read(bytes.NewReader(raw), binary.NativeEndian, &ev); err != nil {
-			continue // a short record: nothing to learn from it
-		}
-		l := L2Learned{IfIndex: ev.Ifindex, NetID: ev.NetId, MAC: append(net.HardwareAddr(nil), ev.Mac[:]...),
-			Activated: ev.Kind == l2EventActivated, Seq: ev.Seq}
-		if ev.Family != 0 {
-			l.Addr = fromAddr16(ev.Family, ev.Addr)
-		}
-		f(l)
+		f(rec.RawSample)
 	}
+}
+
+// decodeRecord reads a ring record into v. A program of the build before
+// (a rolling upgrade) may write the shorter record of its time: the
+// fields it lacks are zero.
+func decodeRecord(raw []byte, v any) bool {
+	if n := binary.Size(v); len(raw) < n {
+		raw = append(raw, make([]byte, n-len(raw))...)
+	}
+	return binary.Read(bytes.NewReader(raw), binary.NativeEndian, v) == nil
 }
