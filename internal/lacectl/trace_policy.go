@@ -67,6 +67,7 @@ func tracePolicy(in TraceInput, r TraceResult) *TracePolicy {
 		return nil
 	}
 	pin := policyInput(in)
+	refs := netpol.Refs(pin)
 	proto := corev1.Protocol(strings.ToUpper(r.Proto))
 	if r.Proto == "icmp" {
 		proto = ""
@@ -82,7 +83,7 @@ func tracePolicy(in TraceInput, r TraceResult) *TracePolicy {
 		ns, name, _ := strings.Cut(e.Pod, "/")
 		allow, id, rule := netpol.Decide(pin, ns, name, dir, peer, proto, r.Port)
 		d := PolicyDecision{Applies: id != 0, Allowed: allow, Rule: rule}
-		if ref, ok := policyRefs(pin)[id]; ok {
+		if ref, ok := refs[id]; ok {
 			d.Kind, d.Namespace, d.Name = ref.Kind, ref.Namespace, ref.Name
 		}
 		return d
@@ -106,24 +107,9 @@ func peerNetwork(e TraceEndpoint, classified string) string {
 	return classified
 }
 
-// policyRefs names every policy id of in.
-func policyRefs(in netpol.Input) map[uint32]netpol.PolicyRef {
-	out := map[uint32]netpol.PolicyRef{}
-	for _, p := range in.Policies {
-		out[netpol.PolicyID("NetworkPolicy", p.Namespace, p.Name)] = netpol.PolicyRef{Kind: "NetworkPolicy", Namespace: p.Namespace, Name: p.Name}
-	}
-	for _, c := range in.ClusterPolicies {
-		out[netpol.PolicyID("ClusterNetworkPolicy", "", c.Name)] = netpol.PolicyRef{Kind: "ClusterNetworkPolicy", Name: c.Name}
-	}
-	return out
-}
-
 // String says who decided, for people.
 func (d PolicyDecision) String() string {
-	who := d.Kind + " " + d.Name
-	if d.Namespace != "" {
-		who = fmt.Sprintf("%s %s/%s", d.Kind, d.Namespace, d.Name)
-	}
+	who := netpol.PolicyRef{Kind: d.Kind, Namespace: d.Namespace, Name: d.Name}.String()
 	switch {
 	case !d.Applies || d.Name == "":
 		return "no policy decides: allowed"

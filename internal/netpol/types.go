@@ -115,6 +115,28 @@ type Endpoint struct {
 // PolicyRef names the object behind a policy id, for counters and logs.
 type PolicyRef struct{ Kind, Namespace, Name string }
 
+// String is "Kind namespace/name" (a cluster-scoped one without the
+// namespace).
+func (r PolicyRef) String() string {
+	if r.Namespace == "" {
+		return r.Kind + " " + r.Name
+	}
+	return r.Kind + " " + r.Namespace + "/" + r.Name
+}
+
+// Refs names every policy of in by its id, as Tables.Policies does for
+// those a node's tables use.
+func Refs(in Input) map[uint32]PolicyRef {
+	out := map[uint32]PolicyRef{}
+	for _, p := range in.Policies {
+		out[PolicyID(kindNetworkPolicy, p.Namespace, p.Name)] = PolicyRef{Kind: kindNetworkPolicy, Namespace: p.Namespace, Name: p.Name}
+	}
+	for _, p := range in.ClusterPolicies {
+		out[PolicyID(kindClusterNetworkPolicy, "", p.Name)] = PolicyRef{Kind: kindClusterNetworkPolicy, Name: p.Name}
+	}
+	return out
+}
+
 // The Kinds of the PolicyRefs this package emits.
 const (
 	kindNetworkPolicy        = "NetworkPolicy"

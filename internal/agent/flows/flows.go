@@ -228,10 +228,7 @@ func (l *Log) flow(e entry, n Names) Flow {
 		}
 	}
 	if ref, ok := n.Policies[ev.Policy]; ok && ev.Policy != 0 {
-		f.Policy = ref.Kind + " " + ref.Name
-		if ref.Namespace != "" {
-			f.Policy = ref.Kind + " " + ref.Namespace + "/" + ref.Name
-		}
+		f.Policy = ref.String()
 	}
 	// The side at the port is the node's pod: its network is its own.
 	src, dst := ev.SrcNet, ev.DstNet
