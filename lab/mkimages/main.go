@@ -4,7 +4,9 @@
 // instead the images the upstream e2e.test asks for beyond those
 // (`make conformance`: agnhost under e2e.test's tag, with curl, nc, ss and
 // bash from the machine); with --coredns, the lab's cluster DNS image
-// (`make coredns`: lace-lab up --dns imports it).
+// (`make coredns`: lace-lab up --dns imports it); with --policy-api, the
+// agnhost image network-policy-api's conformance suite runs (`make
+// conformance-policy-api`).
 package main
 
 import (
@@ -31,9 +33,16 @@ func main() {
 	flag.StringVar(&o.CoreDNS, "coredns", "", "build only "+images.CoreDNSTar+" ("+images.CoreDNSRef+") from this static coredns binary; with --e2e, put it into the e2e agnhost image as /coredns")
 	flag.StringVar(&o.K8sSrc, "k8s-src", "", "with --e2e: the pinned k8s.io/kubernetes module directory (pause.c, kitten and nautilus pages)")
 	flag.StringVar(&o.E2EBin, "e2e-bin", "", "with --e2e: directory holding static regression-issue-74839, nonewprivs, sample-apiserver and etcd-static")
+	policyAPI := flag.Bool("policy-api", false, "build only "+images.PolicyAPIAgnhostTar+" ("+images.PolicyAPIAgnhostRef+", network-policy-api's conformance suite; needs --agnhost)")
 	flag.Parse()
 	build := images.Build
-	if *e2e {
+	if *policyAPI {
+		build = images.BuildPolicyAPI
+		if o.Agnhost == "" {
+			fmt.Fprintln(os.Stderr, "mkimages: --policy-api needs --agnhost")
+			os.Exit(2)
+		}
+	} else if *e2e {
 		build = images.BuildE2E
 		if o.Agnhost == "" || (o.K8sSrc == "") != (o.E2EBin == "") {
 			fmt.Fprintln(os.Stderr, "mkimages: --e2e needs --agnhost, and --k8s-src and --e2e-bin together")
