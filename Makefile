@@ -135,6 +135,42 @@ conformance: deps k8s-bins cni-bins build images coredns $(HELM) $(E2E_TEST) $(E
 		--k8s-src $(K8S_SRC) --e2e-bin $(K8S_BIN)
 	LACE_BIN_DIR=$(BIN_DIR) $(GO) run ./lab/conformance --lab $(CONFORMANCE_LAB) --report-dir $(BIN_DIR)/conformance \
 		--e2e-test $(E2E_TEST) --kubectl $(K8S_BIN)/kubectl $(if $(KEEP),--keep) $(CONFORMANCE_FLAGS)
+	$(if $(POLICY_API),$(MAKE) conformance-policy-api)
+
+# sig-network's network-policy-api conformance suite (TestConformance, the
+# standard profile: ClusterNetworkPolicy's core tests) of the release the
+# tools module hack/tools/policy-api pins, on a two-node lab without cluster
+# DNS (docs/network-policy.md). The suite is built as a test binary from the
+# module cache into $(BIN_DIR)/policy-api, its files patched for a kernel
+# without SCTP by lab/conformance/policyapi at every build (nothing of
+# upstream is committed); its one image, agnhost:2.45, is the pinned agnhost
+# with a static bash. LAB_NAME as for conformance (a running lab is used and
+# left up); KEEP=1 keeps the lab it brings up; POLICY_API_FLAGS=--run=NAME
+# runs one test. `make conformance POLICY_API=1` runs it after the e2e specs.
+# Reports go to $(BIN_DIR)/policy-api/report.
+POLICY_API_LAB ?= $(if $(filter command line environment,$(origin LAB_NAME)),$(LAB_NAME),npapi)
+POLICY_API_DIR := $(BIN_DIR)/policy-api
+POLICY_API_TEST := $(POLICY_API_DIR)/conformance.test
+POLICY_API_FLAGS ?=
+.PHONY: conformance-policy-api
+conformance-policy-api: deps k8s-bins cni-bins build images $(HELM) $(POLICY_API_TEST) ## network-policy-api's conformance suite (ClusterNetworkPolicy, standard profile) on a 2-node lab (root; KEEP=1 keeps the lab).
+	bash lab/conformance/deps.sh
+	$(GO) run ./lab/mkimages --policy-api --out $(LACE_IMAGES) --agnhost $(K8S_BIN)/agnhost
+	LACE_BIN_DIR=$(BIN_DIR) $(GO) run ./lab/conformance/policyapi run --lab $(POLICY_API_LAB) --test-bin $(POLICY_API_TEST) \
+		--deviation $(POLICY_API_DIR)/build/deviation.json --image $(LACE_IMAGES)/policy-api-agnhost.tar \
+		--kubectl $(K8S_BIN)/kubectl --go $(GO) --report-dir $(POLICY_API_DIR)/report $(if $(KEEP),--keep) $(POLICY_API_FLAGS)
+
+# The suite's test binary: the pinned module copied out of the module cache
+# and patched (lab/conformance/policyapi patch), built with go test -c in a
+# copy of the tools module that replaces the module by the patched copy. The
+# chart's ClusterNetworkPolicy CRD (NETPOL_API, make generate) must be of
+# the same release.
+$(POLICY_API_TEST): hack/tools/policy-api/go.mod hack/tools/policy-api/go.sum $(wildcard lab/conformance/policyapi/*.go)
+	@v=$$(awk '$$1 == "sigs.k8s.io/network-policy-api" {print $$2}' hack/tools/policy-api/go.mod); \
+		test "$(NETPOL_API)" = "sigs.k8s.io/network-policy-api@$$v" || { echo "hack/tools/policy-api pins $$v, the chart's CRD is $(NETPOL_API)"; exit 1; }
+	$(GO) run ./lab/conformance/policyapi patch --tools hack/tools/policy-api --out $(POLICY_API_DIR)/build \
+		--module "$$(cd hack/tools/policy-api && $(GO) mod download -json sigs.k8s.io/network-policy-api | sed -n 's/.*"Dir": "\(.*\)",/\1/p')"
+	cd $(POLICY_API_DIR)/build && $(GO) test -c -trimpath -o $@ sigs.k8s.io/network-policy-api/conformance
 
 # The oracle soak draws N topologies from SEED on (default: a new seed each
 # run; every disagreement prints its seed, for make soak SEED=<seed> N=1).
