@@ -463,8 +463,7 @@ static __noinline int l2_activate(struct __sk_buff *skb, const struct l2_port *p
 	return what;
 }
 
-SEC("tc")
-int from_l2(struct __sk_buff *skb)
+static __always_inline int from_l2_run(struct __sk_buff *skb)
 {
 	__u32 ifindex = skb->ingress_ifindex;
 	struct port_val *port = bpf_map_lookup_elem(&lace_ports, &ifindex);
@@ -586,6 +585,13 @@ int from_l2(struct __sk_buff *skb)
 	return l2_to_port(skb, pt.net_id, difindex);
 flood:
 	return l2_flood(skb, pt.net_id, ifindex, mode);
+}
+
+/* The drop it noted told as it ends (flows.h). */
+SEC("tc")
+int from_l2(struct __sk_buff *skb)
+{
+	return flow_drop_tell(skb, from_l2_run(skb), FLOW_AT_POD_OUT);
 }
 
 char __license[] SEC("license") = "GPL";

@@ -268,8 +268,9 @@ static __always_inline int too_big_back(struct __sk_buff *skb, struct pkt *p, in
 {
 	if (rc == RET_TOO_BIG)
 		return icmp_error(skb, p, ICMP_KIND_TOO_BIG, p->mtu, DROP_MTU);
+	/* to_service counted why (no-service-port or no-endpoints). */
 	if (rc == RET_PORT_UNREACH)
-		return icmp_error(skb, p, ICMP_KIND_PORT_UNREACH, 0, DROP_NO_BACKEND);
+		return icmp_error(skb, p, ICMP_KIND_PORT_UNREACH, 0, DROP_MAX);
 	return rc;
 }
 
@@ -294,8 +295,7 @@ static __noinline int hairpin_back(struct __sk_buff *skb, struct pkt *p, __u32 n
 	return deliver_answer(skb, p, net_id, net_id, FWD_LOCAL);
 }
 
-SEC("tc")
-int from_pod(struct __sk_buff *skb)
+static __always_inline int from_pod_run(struct __sk_buff *skb)
 {
 	__u32 ifindex = skb->ingress_ifindex;
 	struct port_val *port = bpf_map_lookup_elem(&lace_ports, &ifindex);
@@ -439,7 +439,7 @@ int from_pod(struct __sk_buff *skb)
 		if (pol_denied(ifindex, POL_OUT, (sflags & ROUTE_EXTERNAL) ? sdst : svc_net, &p))
 			return drop(DROP_POLICY);
 		if (!ct)
-			flow_tell(&p, flow_nets(net_id, (sflags & ROUTE_EXTERNAL) ? sdst : svc_net), ifindex, 0, FLOW_FORWARDED);
+			flow_tell(&p, &k, flow_nets(net_id, (sflags & ROUTE_EXTERNAL) ? sdst : svc_net), ifindex, FLOW_FORWARDED);
 		if (sflags & ROUTE_LOCAL)
 			return deliver_local(skb, &p, svc_net, net_id, FWD_LOCAL);
 		if (sflags & ROUTE_EXTERNAL) {
@@ -472,7 +472,7 @@ int from_pod(struct __sk_buff *skb)
 		if (icmp_err)
 			return drop(DROP_ISOLATED); /* about no flow of ours */
 		if (!ct)
-			flow_tell(&p, flow_nets(net_id, dst_net), ifindex, 0, FLOW_FORWARDED);
+			flow_tell(&p, NULL, flow_nets(net_id, dst_net), ifindex, FLOW_FORWARDED);
 		return snat_out(skb, &p, &k, dst_net);
 	}
 	if (!icmp_err) {
@@ -480,7 +480,7 @@ int from_pod(struct __sk_buff *skb)
 			ct_refresh(ct, &p, 1);
 		} else {
 			ct_create(&k, dst_net, CT_ORIGIN_LOCAL, 0, &p, 1);
-			flow_tell(&p, flow_nets(net_id, dst_net), ifindex, 0, FLOW_FORWARDED);
+			flow_tell(&p, NULL, flow_nets(net_id, dst_net), ifindex, FLOW_FORWARDED);
 		}
 	}
 	if (flags & ROUTE_LOCAL)
@@ -490,14 +490,20 @@ int from_pod(struct __sk_buff *skb)
 	return too_big_back(skb, &p, encap_and_send(skb, &p, sid, 1));
 }
 
+/* Each program tells the drop it noted as it ends (flows.h). */
+SEC("tc")
+int from_pod(struct __sk_buff *skb)
+{
+	return flow_drop_tell(skb, from_pod_run(skb), FLOW_AT_POD_OUT);
+}
+
 /* to_pod (tc egress) sees only what the node's own stack sends to the
  * pod: everything else reaches it by bpf_redirect_peer, which skips this
  * hook. Among that, the answers of a service endpoint at the node's own
  * address (a hostNetwork pod) to a flow this pod sent to the VIP: they
  * leave here from the VIP and service port the pod addressed. Probes and
  * answers to the pod's own connections to the node pass untouched. */
-SEC("tc")
-int to_pod(struct __sk_buff *skb)
+static __always_inline int to_pod_run(struct __sk_buff *skb)
 {
 	__u32 ifindex = skb->ifindex;
 	struct port_val *port = bpf_map_lookup_elem(&lace_ports, &ifindex);
@@ -527,6 +533,12 @@ int to_pod(struct __sk_buff *skb)
 	if (unnat_reply(skb, &p, ct))
 		return drop(DROP_ADJUST);
 	return TC_ACT_OK;
+}
+
+SEC("tc")
+int to_pod(struct __sk_buff *skb)
+{
+	return flow_drop_tell(skb, to_pod_run(skb), FLOW_AT_POD_IN);
 }
 
 char __license[] SEC("license") = "GPL";

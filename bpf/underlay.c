@@ -1162,8 +1162,7 @@ static __always_inline int outside(struct __sk_buff *skb, __u16 proto)
 	return from_outside(skb, &p);
 }
 
-SEC("tcx/ingress")
-int from_underlay(struct __sk_buff *skb)
+static __always_inline int from_underlay_run(struct __sk_buff *skb)
 {
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
@@ -1217,6 +1216,13 @@ int from_underlay(struct __sk_buff *skb)
 	if (host_addr(LACE_FAMILY_V6, &outer->daddr))
 		return to_host(skb, bpf_htons(ETH_P_IPV6));
 	return outside(skb, bpf_htons(ETH_P_IPV6));
+}
+
+/* Each program tells the drop it noted as it ends (flows.h). */
+SEC("tcx/ingress")
+int from_underlay(struct __sk_buff *skb)
+{
+	return flow_drop_tell(skb, from_underlay_run(skb), FLOW_AT_NODE);
 }
 
 /* host_answer turns the node stack's answer to a frontend's flow whose
@@ -1291,8 +1297,7 @@ static __noinline int host_answer(struct __sk_buff *skb, __u16 proto)
  * source reaches a locator, but speaks only for this node; and a host on the fabric, which no program here sees:
  * docs/security.md section 8. Before the agent has written the nodes and
  * locators, everything passes. */
-SEC("tcx/egress")
-int to_underlay(struct __sk_buff *skb)
+static __always_inline int to_underlay_run(struct __sk_buff *skb)
 {
 	/* The mark alone proves nothing: SO_MARK needs only CAP_NET_RAW
 	 * since Linux 5.17, which containers hold by default. So a marked
@@ -1375,6 +1380,12 @@ int to_underlay(struct __sk_buff *skb)
 	if (l3 == (void *)(eth + 1) && (proto == bpf_htons(ETH_P_IP) || proto == bpf_htons(ETH_P_IPV6)))
 		return host_answer(skb, proto);
 	return TC_ACT_OK;
+}
+
+SEC("tcx/egress")
+int to_underlay(struct __sk_buff *skb)
+{
+	return flow_drop_tell(skb, to_underlay_run(skb), FLOW_AT_NODE);
 }
 
 char __license[] SEC("license") = "GPL";

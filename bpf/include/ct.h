@@ -17,7 +17,6 @@
 #define LACE_CT_H
 
 #include "lace.h"
-#include "policy.h"
 
 struct ct_key {
 	__u32 net_id; /* the local pod's network */
@@ -145,6 +144,9 @@ struct {
 	__type(value, struct ct_val);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lace_ct_local SEC(".maps");
+
+/* After the flow tables: a flow event names a Service by its entry. */
+#include "policy.h"
 
 /* SNAT: the node's address and a port of its own stand for a pod toward
  * an outside address. Keyed by what the replies carry. */

@@ -5,19 +5,18 @@
  * at most lace_flow_cfg.per_sec events a second on each CPU, the rest
  * counted as lost; a full ring drops events, never packets.
  *
- * Told: a pod's new flow as it leaves its node (forwarded), and every
- * packet a network policy refuses (dropped, with the policy). Other
- * drops are counted by reason (lace_drops), not told one by one. */
+ * Told: a pod's new flow as it leaves its node (forwarded, with the
+ * Service frontend it addressed when it went through one), every packet
+ * a network policy refuses (dropped, with the policy), and every other
+ * packet a program drops or rejects (with the reason lace_drops counts
+ * it under): drop() notes the reason while events are on, and the
+ * program tells the note as it ends (flow_drop_tell), so no drop site
+ * pays for it and the deepest call chains keep their stack. */
 #ifndef LACE_FLOWS_H
 #define LACE_FLOWS_H
 
 #define FLOW_FORWARDED 1
 #define FLOW_DROPPED 2
-
-struct flow_cfg {
-	__u32 on;
-	__u32 per_sec;
-};
 
 struct flow_rate {
 	__u64 window; /* the second being counted, in ns since boot / 1e9 */
@@ -39,9 +38,10 @@ struct flow_event {
 	__u8 tcp_flags;
 	__u16 sport; /* network order */
 	__u16 dport;
-	__u16 pad;
+	__u16 svc_port; /* network order; 0: no Service frontend */
 	__u8 saddr[16];
 	__u8 daddr[16];
+	__u8 svc_addr[16]; /* the frontend the pod addressed, before translation */
 };
 
 struct {
@@ -51,14 +51,6 @@ struct {
 } lace_flows SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct flow_cfg);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} lace_flow_cfg SEC(".maps");
-
-struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
@@ -66,11 +58,22 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lace_flow_rate SEC(".maps");
 
-/* flow_tell records packet p as a flow event: nets is the source network
+/* flow_nets packs two network IDs for flow_tell. */
+static __always_inline __u32 flow_nets(__u32 src, __u32 dst)
+{
+	return (src << 16) | (dst & 0xffff);
+}
+
+/* flow_tell records packet p as a flow event. svc, when not NULL, is the
+ * conntrack key of a pod's flow through a Service, as from_pod leaves it
+ * once translated: its entry (CT_DNAT) holds the frontend the pod
+ * addressed; a flow to itself through its Service (hairpin) keeps the
+ * client's key to the frontend (CT_SERVICE). nets is the source network
  * in the high 16 bits and the destination's in the low (network IDs fit
  * 16 bits, as the SID carries them), what is verdict | reason << 8 |
- * dir << 16. A global function: verified once. */
-__noinline int flow_tell(struct pkt *p, __u32 nets, __u32 ifindex, __u32 policy, __u32 what)
+ * dir << 16 | policy << 32. A global function: verified once, and the
+ * lookups it makes are paid only while someone listens. */
+__noinline int flow_tell(struct pkt *p, const struct ct_key *svc, __u32 nets, __u32 ifindex, __u64 what)
 {
 	if (!p)
 		return 0;
@@ -101,7 +104,7 @@ __noinline int flow_tell(struct pkt *p, __u32 nets, __u32 ifindex, __u32 policy,
 	e->src_net = nets >> 16;
 	e->dst_net = nets & 0xffff;
 	e->ifindex = ifindex;
-	e->policy = policy;
+	e->policy = what >> 32;
 	e->verdict = what;
 	e->reason = what >> 8;
 	e->dir = what >> 16;
@@ -110,17 +113,98 @@ __noinline int flow_tell(struct pkt *p, __u32 nets, __u32 ifindex, __u32 policy,
 	e->tcp_flags = p->tcp_flags;
 	e->sport = p->sport;
 	e->dport = p->dport;
-	e->pad = 0;
 	__builtin_memcpy(e->saddr, p->saddr, 16);
 	__builtin_memcpy(e->daddr, p->daddr, 16);
+	e->svc_port = 0;
+	__builtin_memset(e->svc_addr, 0, 16);
+	/* A new flow's entry is still pending (ct_insert). */
+	struct ct_val *v = svc ? bpf_map_lookup_elem(&lace_ct, svc) : NULL;
+	if (svc && !v)
+		v = bpf_map_lookup_elem(&lace_ct_local, svc);
+	if (v && (v->flags & CT_DNAT)) {
+		e->svc_port = v->nat_port;
+		__builtin_memcpy(e->svc_addr, v->nat_addr, 16);
+	} else if (v && (v->flags & CT_SERVICE)) {
+		e->svc_port = svc->rport;
+		__builtin_memcpy(e->svc_addr, svc->raddr, 16);
+	}
 	bpf_ringbuf_submit(e, 0);
 	return 0;
 }
 
-/* flow_nets packs two network IDs for flow_tell. */
-static __always_inline __u32 flow_nets(__u32 src, __u32 dst)
+/* Where a program runs, for flow_drop_tell: which port is the pod's. */
+#define FLOW_AT_POD_OUT 1 /* from_pod: the pod sent it (ingress_ifindex) */
+#define FLOW_AT_POD_IN 2  /* to_pod: sent to the pod (ifindex) */
+#define FLOW_AT_NODE 3    /* the underlay: no pod port */
+
+/* flow_note_tell tells the drop the program noted for packet p, if it
+ * noted one, and forgets the note. at says where the program runs, so
+ * which port is the pod's. A policy's drop was told where it was
+ * decided, with the policy. */
+__noinline int flow_note_tell(struct __sk_buff *skb, struct pkt *p, __u32 at)
 {
-	return (src << 16) | (dst & 0xffff);
+	if (!skb || !p)
+		return 0;
+	__u32 zero = 0;
+	__u32 *n = bpf_map_lookup_elem(&lace_drop_note, &zero);
+	if (!n || !*n)
+		return 0;
+	__u32 reason = *n - 1;
+	*n = 0;
+	if (reason == DROP_POLICY)
+		return 0;
+	/* Both read before choosing: a context field chosen by pointer
+	 * arithmetic is refused by the verifier. */
+	__u32 in_if = skb->ingress_ifindex, out_if = skb->ifindex;
+	__u32 ifindex = at == FLOW_AT_POD_OUT ? in_if : at == FLOW_AT_POD_IN ? out_if : 0;
+	__u32 nets = 0;
+	if (ifindex) {
+		struct port_val *pv = bpf_map_lookup_elem(&lace_ports, &ifindex);
+		if (pv)
+			nets = at == FLOW_AT_POD_OUT ? flow_nets(pv->net_id, 0) : flow_nets(0, pv->net_id);
+	}
+	flow_tell(p, NULL, nets, ifindex, FLOW_DROPPED | (reason << 8));
+	return 0;
+}
+
+/* flow_drop_tell tells the drop the program noted, if it noted one, with
+ * the packet as the skb holds it now (an SRv6 packet by its inner one),
+ * and returns rc, the program's verdict. Called once, where each program
+ * ends: a global function, so its frame never adds to a drop site's call
+ * chain, and nothing of the program lives across it. A program that
+ * rewrites a packet into an answer (an ICMP error) tells its drop before
+ * (icmp_error). */
+__noinline int flow_drop_tell(struct __sk_buff *skb, int rc, __u32 at)
+{
+	if (!skb)
+		return rc;
+	__u32 zero = 0;
+	struct flow_cfg *cfg = bpf_map_lookup_elem(&lace_flow_cfg, &zero);
+	if (!cfg || !cfg->on)
+		return rc;
+	__u32 *n = bpf_map_lookup_elem(&lace_drop_note, &zero);
+	if (!n || !*n)
+		return rc;
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct pkt p = {};
+	if ((void *)(eth + 1) > end || parse_ip(skb, eth->h_proto, ETH_HLEN, &p)) {
+		*n = 0;
+		return rc;
+	}
+	/* Lace's own encapsulation (a pod's packet dropped after it was
+	 * encapsulated) or SRv6 from the fabric: the packet inside is the
+	 * flow. */
+	if ((at == FLOW_AT_NODE || skb->mark == LACE_MARK_ENCAP) && p.family == LACE_FAMILY_V6 &&
+	    (p.proto == IPPROTO_IPIP || p.proto == IPPROTO_IPV6)) {
+		__u16 inner = p.proto == IPPROTO_IPIP ? bpf_htons(ETH_P_IP) : bpf_htons(ETH_P_IPV6);
+		struct pkt q = {};
+		if (!parse_ip(skb, inner, ETH_HLEN + sizeof(struct ipv6hdr), &q))
+			p = q;
+	}
+	flow_note_tell(skb, &p, at);
+	return rc;
 }
 
 #endif

@@ -16,6 +16,7 @@
 #define LACE_ICMP_H
 
 #include "lace.h"
+#include "ct.h"
 
 /* From linux/icmp.h, which drags in libc's socket headers. */
 #define ICMP_DEST_UNREACH 3
@@ -167,11 +168,15 @@ static __always_inline int icmp6_error(struct __sk_buff *skb, struct pkt *p, enu
 
 /* icmp_error turns the packet from a pod (which arrived on the host side
  * of its veth) into an ICMP error and sends it back into the pod; when
- * it cannot, the packet is dropped, counted under reason either way. */
+ * it cannot, the packet is dropped, counted under reason either way
+ * (DROP_MAX: the caller counted it). The drop is told as the pod sent
+ * it, before the packet becomes the error. */
 static __noinline __attribute__((unused)) int icmp_error(struct __sk_buff *skb, struct pkt *p, enum icmp_kind kind, __u32 mtu, __u32 reason)
 {
+	if (reason < DROP_MAX)
+		drop(reason);
+	flow_note_tell(skb, p, FLOW_AT_POD_OUT);
 	int err = p->family == LACE_FAMILY_V4 ? icmp4_error(skb, p, kind, mtu) : icmp6_error(skb, p, kind, mtu);
-	drop(reason);
 	if (err)
 		return TC_ACT_SHOT;
 	count(FWD_ICMP_ERROR);

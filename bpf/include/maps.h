@@ -344,4 +344,29 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lace_forwarded SEC(".maps");
 
+/* Flow events (flows.h): on while someone listens, at most per_sec a
+ * second on each CPU. Here, not in flows.h: drop() reads it. */
+struct flow_cfg {
+	__u32 on;
+	__u32 per_sec;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct flow_cfg);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_flow_cfg SEC(".maps");
+
+/* The reason drop() noted for the packet being handled, plus one (0:
+ * none), on this CPU: a program runs to its end on one CPU. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_drop_note SEC(".maps");
+
 #endif

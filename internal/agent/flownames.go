@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/netip"
 
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
@@ -17,7 +19,8 @@ import (
 // them now (flows.Namer): pods by their NetworkEndpoints, the node's pods
 // by port, networks, and the policies the enforcer last wrote.
 func flowNames(ctx context.Context, c client.Reader, locals policy.Locals, pol *policy.Enforcer) (flows.Names, error) {
-	n := flows.Names{Pods: map[netpol.PeerKey]string{}, Locals: map[uint32]flows.Local{}, Networks: map[uint32]string{}}
+	n := flows.Names{Pods: map[netpol.PeerKey]string{}, Locals: map[uint32]flows.Local{}, Networks: map[uint32]string{},
+		Services: map[flows.Frontend]string{}, NodePorts: map[flows.Frontend]string{}}
 	var nets lacev1.NetworkList
 	if err := c.List(ctx, &nets); err != nil {
 		return n, fmt.Errorf("list networks: %w", err)
@@ -48,5 +51,43 @@ func flowNames(ctx context.Context, c client.Reader, locals policy.Locals, pol *
 		n.Locals[ifindex] = flows.Local{Pod: ns + "/" + name, NetID: podNet[ns+"/"+name]}
 	})
 	n.Policies = pol.Policies()
+	var svcs corev1.ServiceList
+	if err := c.List(ctx, &svcs); err != nil {
+		return n, fmt.Errorf("list services: %w", err)
+	}
+	for i := range svcs.Items {
+		serviceFrontends(&svcs.Items[i], n.Services, n.NodePorts)
+	}
 	return n, nil
+}
+
+// serviceFrontends records where s is addressed: its ClusterIPs, external
+// IPs and load balancer addresses on each port, and its node ports.
+func serviceFrontends(s *corev1.Service, at, nodePorts map[flows.Frontend]string) {
+	name := s.Namespace + "/" + s.Name
+	addrs := append(append([]string(nil), s.Spec.ClusterIPs...), s.Spec.ExternalIPs...)
+	for _, in := range s.Status.LoadBalancer.Ingress {
+		addrs = append(addrs, in.IP)
+	}
+	for _, sp := range s.Spec.Ports {
+		proto := protoNumber(sp.Protocol)
+		for _, a := range addrs {
+			if ip, err := netip.ParseAddr(a); err == nil {
+				at[flows.Frontend{Proto: proto, Addr: ip.Unmap(), Port: uint16(sp.Port)}] = name
+			}
+		}
+		if sp.NodePort != 0 {
+			nodePorts[flows.Frontend{Proto: proto, Port: uint16(sp.NodePort)}] = name
+		}
+	}
+}
+
+func protoNumber(p corev1.Protocol) uint8 {
+	switch p {
+	case corev1.ProtocolUDP:
+		return unix.IPPROTO_UDP
+	case corev1.ProtocolSCTP:
+		return unix.IPPROTO_SCTP
+	}
+	return unix.IPPROTO_TCP
 }

@@ -6,24 +6,29 @@ import (
 	"fmt"
 	"net/netip"
 	"time"
+
+	"github.com/cilium/ebpf"
 )
 
 // FlowEvent is one event of the data plane's flow ring
-// (bpf/include/flows.h): a pod's new flow leaving its node, or a packet a
-// network policy refused.
+// (bpf/include/flows.h): a pod's new flow leaving its node, a packet a
+// network policy refused, or a packet dropped for another reason.
 type FlowEvent struct {
 	// Boot is when it happened, in nanoseconds since the node booted
 	// (CLOCK_MONOTONIC, as bpf_ktime_get_ns).
-	Boot             time.Duration
-	SrcNet, DstNet   uint32 // 0: the network of the pod at IfIndex
-	IfIndex          uint32
-	Policy           uint32 // the refusing policy's id
-	Dropped          bool
-	Reason           string // the drop reason's name
-	Ingress          bool   // a policy decided at the pod's ingress (else egress)
-	Proto            uint8
-	TCPFlags         uint8
-	Src, Dst         netip.AddrPort
+	Boot           time.Duration
+	SrcNet, DstNet uint32 // 0: the network of the pod at IfIndex
+	IfIndex        uint32
+	Policy         uint32 // the refusing policy's id
+	Dropped        bool
+	Reason         string // the drop reason's name
+	Ingress        bool   // a policy decided at the pod's ingress (else egress)
+	Proto          uint8
+	TCPFlags       uint8
+	Src, Dst       netip.AddrPort
+	// Service is the frontend (VIP or node address, and port) a pod's
+	// flow addressed before it was translated to Dst; invalid if none.
+	Service          netip.AddrPort
 	PolicyDirDecided bool // the event is a policy's decision
 }
 
@@ -41,8 +46,9 @@ type flowEvent struct {
 	Proto          uint8
 	TCPFlags       uint8
 	Sport, Dport   [2]byte
-	Pad            uint16
+	SvcPort        [2]byte
 	Saddr, Daddr   [16]byte
+	SvcAddr        [16]byte
 	_              [4]byte
 }
 
@@ -58,6 +64,15 @@ func (d *Datapath) SetFlows(on bool, perSec uint32) error {
 	v := podFlowCfg{PerSec: perSec}
 	if on {
 		v.On = 1
+		// A drop noted as the events went off was never told: it must
+		// not be told with the first packet once they are on again.
+		n, err := ebpf.PossibleCPU()
+		if err != nil {
+			return fmt.Errorf("count CPUs: %w", err)
+		}
+		if err := d.pod.LaceDropNote.Put(uint32(0), make([]uint32, n)); err != nil {
+			return fmt.Errorf("clear lace_drop_note: %w", err)
+		}
 	}
 	if err := d.pod.LaceFlowCfg.Put(uint32(0), &v); err != nil {
 		return fmt.Errorf("write lace_flow_cfg: %w", err)
@@ -105,5 +120,8 @@ func decodeFlow(raw []byte) (FlowEvent, bool) {
 	}
 	out.Src = netip.AddrPortFrom(fromAddr16(ev.Family, ev.Saddr), binary.BigEndian.Uint16(ev.Sport[:]))
 	out.Dst = netip.AddrPortFrom(fromAddr16(ev.Family, ev.Daddr), binary.BigEndian.Uint16(ev.Dport[:]))
+	if port := binary.BigEndian.Uint16(ev.SvcPort[:]); port != 0 {
+		out.Service = netip.AddrPortFrom(fromAddr16(ev.Family, ev.SvcAddr), port)
+	}
 	return out, true
 }

@@ -367,6 +367,7 @@ const (
 	l2MapLaceCt             = "lace_ct"
 	l2MapLaceCtLocal        = "lace_ct_local"
 	l2MapLaceCtNew          = "lace_ct_new"
+	l2MapLaceDropNote       = "lace_drop_note"
 	l2MapLaceDrops          = "lace_drops"
 	l2MapLaceEndpoints      = "lace_endpoints"
 	l2MapLaceFdb            = "lace_fdb"
@@ -460,6 +461,7 @@ type l2MapSpecs struct {
 	LaceCt            *ebpf.MapSpec `ebpf:"lace_ct"`
 	LaceCtLocal       *ebpf.MapSpec `ebpf:"lace_ct_local"`
 	LaceCtNew         *ebpf.MapSpec `ebpf:"lace_ct_new"`
+	LaceDropNote      *ebpf.MapSpec `ebpf:"lace_drop_note"`
 	LaceDrops         *ebpf.MapSpec `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
 	LaceFdb           *ebpf.MapSpec `ebpf:"lace_fdb"`
@@ -529,6 +531,7 @@ type l2Maps struct {
 	LaceCt            *ebpf.Map `ebpf:"lace_ct"`
 	LaceCtLocal       *ebpf.Map `ebpf:"lace_ct_local"`
 	LaceCtNew         *ebpf.Map `ebpf:"lace_ct_new"`
+	LaceDropNote      *ebpf.Map `ebpf:"lace_drop_note"`
 	LaceDrops         *ebpf.Map `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
 	LaceFdb           *ebpf.Map `ebpf:"lace_fdb"`
@@ -573,6 +576,7 @@ func (m *l2Maps) Close() error {
 		m.LaceCt,
 		m.LaceCtLocal,
 		m.LaceCtNew,
+		m.LaceDropNote,
 		m.LaceDrops,
 		m.LaceEndpoints,
 		m.LaceFdb,

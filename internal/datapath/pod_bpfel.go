@@ -299,6 +299,7 @@ const (
 	podMapLaceCt            = "lace_ct"
 	podMapLaceCtLocal       = "lace_ct_local"
 	podMapLaceCtNew         = "lace_ct_new"
+	podMapLaceDropNote      = "lace_drop_note"
 	podMapLaceDrops         = "lace_drops"
 	podMapLaceEndpoints     = "lace_endpoints"
 	podMapLaceFlowCfg       = "lace_flow_cfg"
@@ -385,6 +386,7 @@ type podMapSpecs struct {
 	LaceCt            *ebpf.MapSpec `ebpf:"lace_ct"`
 	LaceCtLocal       *ebpf.MapSpec `ebpf:"lace_ct_local"`
 	LaceCtNew         *ebpf.MapSpec `ebpf:"lace_ct_new"`
+	LaceDropNote      *ebpf.MapSpec `ebpf:"lace_drop_note"`
 	LaceDrops         *ebpf.MapSpec `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
 	LaceFlowCfg       *ebpf.MapSpec `ebpf:"lace_flow_cfg"`
@@ -445,6 +447,7 @@ type podMaps struct {
 	LaceCt            *ebpf.Map `ebpf:"lace_ct"`
 	LaceCtLocal       *ebpf.Map `ebpf:"lace_ct_local"`
 	LaceCtNew         *ebpf.Map `ebpf:"lace_ct_new"`
+	LaceDropNote      *ebpf.Map `ebpf:"lace_drop_note"`
 	LaceDrops         *ebpf.Map `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
 	LaceFlowCfg       *ebpf.Map `ebpf:"lace_flow_cfg"`
@@ -481,6 +484,7 @@ func (m *podMaps) Close() error {
 		m.LaceCt,
 		m.LaceCtLocal,
 		m.LaceCtNew,
+		m.LaceDropNote,
 		m.LaceDrops,
 		m.LaceEndpoints,
 		m.LaceFlowCfg,

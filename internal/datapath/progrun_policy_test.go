@@ -3,12 +3,14 @@ package datapath
 import (
 	"context"
 	"net/netip"
+	"reflect"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
 
 	"github.com/lace-cni/lace/internal/netpol"
+	"github.com/lace-cni/lace/internal/tables"
 )
 
 // The policy tables as the programs read them: classes by network and
@@ -264,9 +266,11 @@ func TestProgPolicyLookupOnly(t *testing.T) {
 	})
 }
 
-// TestProgFlows: with flow events on, a pod's new flow and a packet a
-// policy refuses are told through the ring, every field as the program
-// saw it; off, nothing is.
+// TestProgFlows: with flow events on, a pod's new flow, a packet a
+// policy refuses and a packet dropped for another reason are told
+// through the ring, every field as the program saw it (a Service's flow
+// with the frontend it addressed, a drop after encapsulation by the
+// packet inside); off, nothing is.
 func TestProgFlows(t *testing.T) {
 	d, sync := policyWorld(t)
 	peer := netip.MustParseAddr("10.70.2.2")
@@ -292,10 +296,16 @@ func TestProgFlows(t *testing.T) {
 	runProg(t, d.underlay.FromUnderlay, in)
 	runPod(t, d, out)
 	got := read()
-	if len(got) != 2 {
-		t.Fatalf("told %d events (%+v), want the refused SYN and the new flow", len(got), got)
+	// The test's node has no underlay route: the new flow is dropped
+	// once encapsulated, and told as the pod's packet.
+	if len(got) != 3 {
+		t.Fatalf("told %d events (%+v), want the refused SYN, the new flow and its drop", len(got), got)
 	}
-	drop, fwd := got[0], got[1]
+	drop, fwd, noRoute := got[0], got[1], got[2]
+	if !noRoute.Dropped || noRoute.Reason != "no-underlay-route" || noRoute.PolicyDirDecided || noRoute.IfIndex != progPort ||
+		noRoute.SrcNet != progNet || noRoute.Proto != 17 || noRoute.Src != fwd.Src || noRoute.Dst != fwd.Dst || noRoute.Service.IsValid() {
+		t.Errorf("the flow dropped after encapsulation told as %+v", noRoute)
+	}
 	if !drop.Dropped || drop.Reason != "policy" || !drop.Ingress || drop.Policy != polDenyIn || drop.IfIndex != 1 ||
 		drop.SrcNet != progNet || drop.DstNet != 0 || drop.Proto != 6 || drop.TCPFlags&0x02 == 0 ||
 		drop.Src != netip.AddrPortFrom(peer, 40000) || drop.Dst != netip.AddrPortFrom(progPodV4, 80) || drop.Boot == 0 {
@@ -304,6 +314,43 @@ func TestProgFlows(t *testing.T) {
 	if fwd.Dropped || fwd.PolicyDirDecided || fwd.IfIndex != progPort || fwd.SrcNet != progNet || fwd.DstNet != progNet ||
 		fwd.Proto != 17 || fwd.Src != netip.AddrPortFrom(progPodV4, 5555) || fwd.Dst != netip.AddrPortFrom(peer, 53) {
 		t.Errorf("the new flow told as %+v", fwd)
+	}
+	// Through a Service: the flow names the frontend it addressed; a
+	// Service without endpoints rejects, told before any translation.
+	vip, empty := netip.MustParseAddr("10.96.0.50"), netip.MustParseAddr("10.96.0.51")
+	for _, a := range []netip.Addr{vip, empty} {
+		lbMust(t, d.UpsertRoute(Route{NetID: progNet, Prefix: netip.PrefixFrom(a, 32), Kind: tables.RouteService, DstNet: progNet}))
+	}
+	if _, err := d.ApplyServices([]Service{
+		{VIP: vip, Proto: 6, Port: 80, NetID: progNet, Backends: []Backend{{Addr: peer, Port: 8080}}},
+		{VIP: empty, Proto: 6, Port: 80, NetID: progNet},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	runPod(t, d, ether(unicastMAC, 0x0800, ipv4(progPodV4, vip, 6, tcpSYN(41000, 80))))
+	runPod(t, d, ether(unicastMAC, 0x0800, ipv4(progPodV4, empty, 6, tcpSYN(41001, 80))))
+	got = read()
+	if len(got) != 3 {
+		t.Fatalf("told %d events (%+v), want the Service's flow, its drop and the rejection", len(got), got)
+	}
+	if e := got[0]; e.Dropped || e.Service != netip.AddrPortFrom(vip, 80) || e.Dst != netip.AddrPortFrom(peer, 8080) ||
+		e.Src != netip.AddrPortFrom(progPodV4, 41000) || e.IfIndex != progPort {
+		t.Errorf("the Service's flow told as %+v", e)
+	}
+	if e := got[2]; !e.Dropped || e.Reason != "no-endpoints" || e.Dst != netip.AddrPortFrom(empty, 80) || e.SrcNet != progNet {
+		t.Errorf("the rejection told as %+v", e)
+	}
+	// Off again: a drop is neither told nor noted for a later packet.
+	if err := d.SetFlows(false, 100); err != nil {
+		t.Fatal(err)
+	}
+	runPod(t, d, ether(unicastMAC, 0x0800, ipv4(progPodV4, empty, 6, tcpSYN(41002, 80))))
+	if err := d.SetFlows(true, 100); err != nil {
+		t.Fatal(err)
+	}
+	runPod(t, d, ether(unicastMAC, 0x0800, ipv4(progPodV4, vip, 6, tcpSYN(41003, 80))))
+	if got = read(); len(got) != 2 || got[0].Dropped || got[1].Reason != "no-underlay-route" {
+		t.Errorf("after a drop while off, told %+v, want only the new flow and its drop", got)
 	}
 	// The budget: 100 a second on each CPU, the rest counted as lost
 	// (250 packets in well under a second span two seconds at most).
@@ -397,5 +444,31 @@ func TestPolicyTablesFull(t *testing.T) {
 	var v podPolEpVal
 	if err := d.pod.LacePolEps.Lookup(uint32(2), &v); err != nil || v.Flags != 1|1<<2 {
 		t.Errorf("port 2 after a failed write: %+v (%v), want ingress looked up and isolated", v, err)
+	}
+}
+
+// TestReadPolicies: the maps read back are the tables written.
+func TestReadPolicies(t *testing.T) {
+	d, sync := policyWorld(t)
+	want := netpol.Tables{
+		Endpoints: map[uint32]netpol.Endpoint{1: {Lookup: netpol.Ingress | netpol.Egress, Isolated: netpol.Ingress, DenyIn: polDenyIn},
+			2: {Lookup: netpol.Egress, DenyOut: polDenyOut}},
+		Peers: map[netpol.PeerKey]uint32{{NetID: progNet, Addr: netip.MustParseAddr("10.70.2.2")}: 5,
+			{NetID: 8, Addr: netip.MustParseAddr("fd00:70:0:2::2")}: 6},
+		CIDRs: map[netip.Prefix]uint32{netip.MustParsePrefix("10.0.0.0/8"): 7, netip.MustParsePrefix("10.1.0.0/16"): 0,
+			netip.MustParsePrefix("fd00::/8"): 7},
+		Verdicts: map[netpol.VerdictKey]netpol.Verdict{
+			{Ifindex: 1, Class: 5, Dir: netpol.Ingress, Proto: 6, Port: 0x1230, PrefixLen: 92}: {Policy: polAllow, Rule: 3, Allow: true},
+			{Ifindex: 2, Class: 7, Dir: netpol.Egress, PrefixLen: 72}:                          {Policy: polDenyOut, Rule: 1},
+		},
+	}
+	sync(want)
+	got, err := d.ReadPolicies()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got.Endpoints, want.Endpoints) || !reflect.DeepEqual(got.Peers, want.Peers) ||
+		!reflect.DeepEqual(got.CIDRs, want.CIDRs) || !reflect.DeepEqual(got.Verdicts, want.Verdicts) {
+		t.Errorf("read back %+v\nwant %+v", got, want)
 	}
 }

@@ -294,6 +294,7 @@ const (
 	sockMapLaceCt            = "lace_ct"
 	sockMapLaceCtLocal       = "lace_ct_local"
 	sockMapLaceCtNew         = "lace_ct_new"
+	sockMapLaceDropNote      = "lace_drop_note"
 	sockMapLaceDrops         = "lace_drops"
 	sockMapLaceEndpoints     = "lace_endpoints"
 	sockMapLaceFlowCfg       = "lace_flow_cfg"
@@ -392,6 +393,7 @@ type sockMapSpecs struct {
 	LaceCt            *ebpf.MapSpec `ebpf:"lace_ct"`
 	LaceCtLocal       *ebpf.MapSpec `ebpf:"lace_ct_local"`
 	LaceCtNew         *ebpf.MapSpec `ebpf:"lace_ct_new"`
+	LaceDropNote      *ebpf.MapSpec `ebpf:"lace_drop_note"`
 	LaceDrops         *ebpf.MapSpec `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
 	LaceFlowCfg       *ebpf.MapSpec `ebpf:"lace_flow_cfg"`
@@ -452,6 +454,7 @@ type sockMaps struct {
 	LaceCt            *ebpf.Map `ebpf:"lace_ct"`
 	LaceCtLocal       *ebpf.Map `ebpf:"lace_ct_local"`
 	LaceCtNew         *ebpf.Map `ebpf:"lace_ct_new"`
+	LaceDropNote      *ebpf.Map `ebpf:"lace_drop_note"`
 	LaceDrops         *ebpf.Map `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
 	LaceFlowCfg       *ebpf.Map `ebpf:"lace_flow_cfg"`
@@ -488,6 +491,7 @@ func (m *sockMaps) Close() error {
 		m.LaceCt,
 		m.LaceCtLocal,
 		m.LaceCtNew,
+		m.LaceDropNote,
 		m.LaceDrops,
 		m.LaceEndpoints,
 		m.LaceFlowCfg,

@@ -392,6 +392,7 @@ const (
 	underlayMapLaceCt             = "lace_ct"
 	underlayMapLaceCtLocal        = "lace_ct_local"
 	underlayMapLaceCtNew          = "lace_ct_new"
+	underlayMapLaceDropNote       = "lace_drop_note"
 	underlayMapLaceDrops          = "lace_drops"
 	underlayMapLaceEndpoints      = "lace_endpoints"
 	underlayMapLaceFdb            = "lace_fdb"
@@ -489,6 +490,7 @@ type underlayMapSpecs struct {
 	LaceCt            *ebpf.MapSpec `ebpf:"lace_ct"`
 	LaceCtLocal       *ebpf.MapSpec `ebpf:"lace_ct_local"`
 	LaceCtNew         *ebpf.MapSpec `ebpf:"lace_ct_new"`
+	LaceDropNote      *ebpf.MapSpec `ebpf:"lace_drop_note"`
 	LaceDrops         *ebpf.MapSpec `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
 	LaceFdb           *ebpf.MapSpec `ebpf:"lace_fdb"`
@@ -560,6 +562,7 @@ type underlayMaps struct {
 	LaceCt            *ebpf.Map `ebpf:"lace_ct"`
 	LaceCtLocal       *ebpf.Map `ebpf:"lace_ct_local"`
 	LaceCtNew         *ebpf.Map `ebpf:"lace_ct_new"`
+	LaceDropNote      *ebpf.Map `ebpf:"lace_drop_note"`
 	LaceDrops         *ebpf.Map `ebpf:"lace_drops"`
 	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
 	LaceFdb           *ebpf.Map `ebpf:"lace_fdb"`
@@ -606,6 +609,7 @@ func (m *underlayMaps) Close() error {
 		m.LaceCt,
 		m.LaceCtLocal,
 		m.LaceCtNew,
+		m.LaceDropNote,
 		m.LaceDrops,
 		m.LaceEndpoints,
 		m.LaceFdb,

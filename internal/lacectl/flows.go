@@ -123,15 +123,16 @@ func (in FlowsInput) matches(f flows.Flow) bool {
 	if in.Verdict != "" && f.Verdict != in.Verdict {
 		return false
 	}
-	if in.Namespace != "" && !strings.HasPrefix(f.Src.Pod, in.Namespace+"/") && !strings.HasPrefix(f.Dst.Pod, in.Namespace+"/") {
+	if ns := in.Namespace + "/"; in.Namespace != "" && !strings.HasPrefix(f.Src.Pod, ns) && !strings.HasPrefix(f.Dst.Pod, ns) &&
+		!strings.HasPrefix(f.Service, ns) {
 		return false
 	}
 	return true
 }
 
 // FlowLine is one event for people: time, node, verdict, protocol, source
-// and destination (pod and network, or address), and the reason and
-// policy of a drop.
+// and destination (pod and network, or address), the Service the source
+// addressed, and the reason and policy of a drop.
 func FlowLine(f flows.Flow) string {
 	side := func(e flows.Endpoint) string {
 		s := e.Addr.String()
@@ -145,6 +146,9 @@ func FlowLine(f flows.Flow) string {
 	}
 	line := fmt.Sprintf("%s  %-8s %-9s %-5s %s -> %s", f.Time.Format("15:04:05.000"), f.Node, strings.ToUpper(f.Verdict), f.Proto,
 		side(f.Src), side(f.Dst))
+	if f.Service != "" {
+		line += fmt.Sprintf("  service %s (%s)", f.Service, f.Frontend)
+	}
 	if f.Verdict == "dropped" {
 		line += "  reason " + f.Reason
 		if f.Policy != "" {

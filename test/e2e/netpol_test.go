@@ -165,6 +165,26 @@ func TestNetworkPolicy(t *testing.T) {
 			t.Errorf("np-near reached np-srv through %s (answered by %q) past the policy", vip, got)
 		}
 	}
+	// lacectl flows names the Service np-near addressed, beside the
+	// endpoint; and a Service without endpoints rejecting np-near, with
+	// the Service and the reason.
+	empty := dualStackService(t, "np-empty", "np-nobody", nil)
+	emptyVIP := clusterIPs(empty)[0]
+	eventually(t, 30*time.Second, "np-near's Service flows told", func() error {
+		if _, err := askVIP(ctx, near, "http", emptyVIP); err == nil {
+			return fmt.Errorf("%s answered without endpoints", emptyVIP)
+		}
+		out := lacectlFlows(t, "--node", "n1", "-n", "default")
+		for _, want := range []string{
+			fmt.Sprintf("-> default/np-srv (%s) [default]  service default/np-svc (", netip.AddrPortFrom(v4, 8080)),
+			fmt.Sprintf("-> %s [default]  service default/np-empty (%[1]s)  reason no-endpoints", netip.AddrPortFrom(emptyVIP, 80)),
+		} {
+			if !strings.Contains(out, want) {
+				return fmt.Errorf("lacectl flows lacks %q:\n%s", want, out)
+			}
+		}
+		return nil
+	})
 
 	// A label change admits np-near; its removal shuts it out again.
 	setLabel := func(v *string) {

@@ -40,12 +40,26 @@ type Local struct {
 }
 
 // Names turns a flow's numbers into names: pods by network and address,
-// the node's pods by port, networks and policies by ID.
+// the node's pods by port, networks and policies by ID, Services by
+// frontend.
 type Names struct {
 	Pods     map[netpol.PeerKey]string
 	Locals   map[uint32]Local
 	Networks map[uint32]string
 	Policies map[uint32]netpol.PolicyRef
+	// Services are namespace/name by the frontends they serve on: a
+	// ClusterIP, external or load balancer address, and port.
+	Services map[Frontend]string
+	// NodePorts are namespace/name by node port (on any node address).
+	NodePorts map[Frontend]string
+}
+
+// Frontend is where a Service is addressed: Addr is invalid for a node
+// port.
+type Frontend struct {
+	Proto uint8
+	Addr  netip.Addr
+	Port  uint16
 }
 
 // Namer reads the names as they are now.
@@ -169,8 +183,13 @@ type Flow struct {
 	Direction string    `json:"direction,omitempty"`
 	Proto     string    `json:"proto"`
 	TCPFlags  uint8     `json:"tcpFlags,omitempty"`
-	Src       Endpoint  `json:"src"`
-	Dst       Endpoint  `json:"dst"`
+	// Service is the Service the source addressed (namespace/name), and
+	// Frontend where: Dst is then the endpoint it was translated to, or
+	// the frontend itself when the packet was dropped before that.
+	Service  string          `json:"service,omitempty"`
+	Frontend *netip.AddrPort `json:"frontend,omitempty"`
+	Src      Endpoint        `json:"src"`
+	Dst      Endpoint        `json:"dst"`
 }
 
 // Endpoint is one side of a flow.
@@ -243,7 +262,31 @@ func (l *Log) flow(e entry, n Names) Flow {
 	f.Src.Network, f.Dst.Network = n.Networks[src], n.Networks[dst]
 	f.Src.Pod = n.Pods[netpol.PeerKey{NetID: src, Addr: ev.Src.Addr()}]
 	f.Dst.Pod = n.Pods[netpol.PeerKey{NetID: dst, Addr: ev.Dst.Addr()}]
+	f.Service, f.Frontend = n.service(ev)
 	return f
+}
+
+// service names the Service a flow addressed: the frontend the data plane
+// told (the flow was translated), or else a dropped packet's destination
+// (dropped before translation: a Service without endpoints).
+func (n Names) service(ev datapath.FlowEvent) (string, *netip.AddrPort) {
+	at := ev.Service
+	if !at.IsValid() {
+		if !ev.Dropped {
+			return "", nil
+		}
+		at = ev.Dst
+	}
+	fe := Frontend{Proto: ev.Proto, Addr: at.Addr().Unmap(), Port: at.Port()}
+	name, ok := n.Services[fe]
+	if !ok && ev.Service.IsValid() {
+		fe.Addr = netip.Addr{}
+		name, ok = n.NodePorts[fe]
+	}
+	if !ok {
+		return "", nil
+	}
+	return name, &at
 }
 
 func protoName(p uint8) string {

@@ -70,3 +70,36 @@ func TestLogNamesAndBounds(t *testing.T) {
 		t.Errorf("switched %v: asking again while on must not switch", dp.on)
 	}
 }
+
+// TestLogNamesServices: a flow the data plane told with its frontend
+// names the Service there (a node port on any node address); a packet
+// dropped before translation names the Service its destination is; a
+// forwarded flow without a frontend names none, whatever its address.
+func TestLogNamesServices(t *testing.T) {
+	vip := netip.MustParseAddrPort("10.96.0.10:53")
+	names := Names{
+		Services:  map[Frontend]string{{Proto: 17, Addr: vip.Addr(), Port: 53}: "kube-system/dns"},
+		NodePorts: map[Frontend]string{{Proto: 6, Port: 30080}: "web/front"},
+	}
+	l := New("n1", &fakeDP{}, func(context.Context) (Names, error) { return names, nil }, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ep := netip.MustParseAddrPort("10.0.0.5:5353")
+	node := netip.MustParseAddrPort("192.0.2.1:30080")
+	l.add(datapath.FlowEvent{Proto: 17, Src: netip.MustParseAddrPort("10.0.0.2:4000"), Dst: ep, Service: vip})
+	l.add(datapath.FlowEvent{Proto: 6, Src: netip.MustParseAddrPort("10.0.0.2:4001"), Dst: netip.MustParseAddrPort("10.0.0.6:8080"), Service: node})
+	l.add(datapath.FlowEvent{Proto: 17, Dropped: true, Reason: "no-endpoints", Src: netip.MustParseAddrPort("10.0.0.2:4002"), Dst: vip})
+	l.add(datapath.FlowEvent{Proto: 17, Src: netip.MustParseAddrPort("10.0.0.2:4003"), Dst: vip})
+	l.add(datapath.FlowEvent{Proto: 6, Src: netip.MustParseAddrPort("10.0.0.2:4004"), Dst: vip, Service: vip}) // TCP: another port's protocol
+	fs, err := l.Since(context.Background(), 0, 0)
+	if err != nil || len(fs) != 5 {
+		t.Fatalf("flows %+v (%v)", fs, err)
+	}
+	for i, want := range []struct {
+		svc string
+		at  netip.AddrPort
+	}{{"kube-system/dns", vip}, {"web/front", node}, {"kube-system/dns", vip}, {}, {}} {
+		f := fs[i]
+		if f.Service != want.svc || (f.Frontend == nil) != (want.svc == "") || (f.Frontend != nil && *f.Frontend != want.at) {
+			t.Errorf("flow %d: service %q at %v, want %q at %v", i, f.Service, f.Frontend, want.svc, want.at)
+		}
+	}
+}
