@@ -189,3 +189,49 @@ func polVal(v netpol.Verdict) podPolVal {
 	}
 	return out
 }
+
+// ReadPolicies reads the policy maps back as netpol.Tables (without
+// Policies): what the node's programs decide by now, for tests and
+// tools that check it against netpol.Decide.
+func (d *Datapath) ReadPolicies() (netpol.Tables, error) {
+	t := netpol.Tables{Peers: map[netpol.PeerKey]uint32{}, CIDRs: map[netip.Prefix]uint32{},
+		Endpoints: map[uint32]netpol.Endpoint{}, Verdicts: map[netpol.VerdictKey]netpol.Verdict{}}
+	p := &d.pod
+	var ifindex uint32
+	var ep podPolEpVal
+	it0 := p.LacePolEps.Iterate()
+	for it0.Next(&ifindex, &ep) {
+		t.Endpoints[ifindex] = netpol.Endpoint{Lookup: netpol.Dir(ep.Flags & 3), Isolated: netpol.Dir(ep.Flags >> 2 & 3),
+			DenyIn: ep.DenyIn, DenyOut: ep.DenyOut}
+	}
+	var pk podPolPeerKey
+	var class uint32
+	it := p.LacePolPeers.Iterate()
+	for it.Next(&pk, &class) {
+		t.Peers[netpol.PeerKey{NetID: pk.NetId, Addr: fromAddr16(pk.Family, pk.Addr)}] = class
+	}
+	var ck podPolCidrKey
+	it2 := p.LacePolCidrs.Iterate()
+	for it2.Next(&ck, &class) {
+		t.CIDRs[netip.PrefixFrom(fromAddr16(ck.Family, ck.Addr), int(ck.Prefixlen)-8)] = class
+	}
+	var vk podPolKey
+	var vv podPolVal
+	it3 := p.LacePol.Iterate()
+	for it3.Next(&vk, &vv) {
+		var port [2]byte
+		binary.NativeEndian.PutUint16(port[:], vk.Port)
+		t.Verdicts[netpol.VerdictKey{Ifindex: vk.Ifindex, Class: vk.Class, Dir: netpol.Dir(vk.Dir), Proto: vk.Proto,
+			Port: binary.BigEndian.Uint16(port[:]), PrefixLen: uint8(vk.Prefixlen)}] = netpol.Verdict{Policy: vv.Policy, Rule: vv.Rule, Allow: vv.Allow != 0}
+	}
+	var errs []error
+	for _, e := range []error{it0.Err(), it.Err(), it2.Err(), it3.Err()} {
+		if e != nil {
+			errs = append(errs, e)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return t, fmt.Errorf("read policy maps: %w", err)
+	}
+	return t, nil
+}
