@@ -90,6 +90,7 @@ var oracleNets = []struct {
 // oPod is a netexec pod of the pool.
 type oPod struct {
 	name, network, node string
+	labels              map[string]string
 	v4, v6              netip.Addr
 	ns                  string // network namespace path
 }
@@ -202,9 +203,13 @@ func newOraclePool(t *testing.T) *oraclePool {
 		}
 	}
 	specs = append(specs, spec{p.prefix + "-def", "default", "n2"})
-	for _, s := range specs {
+	t.Cleanup(func() { p.deleteNetpols(t) })
+	for i, s := range specs {
 		pod := netexecPod(s.name, s.node)
-		pod.Labels["net"] = s.net
+		labels := p.netpolLabels(i, s.net)
+		for k, v := range labels {
+			pod.Labels[k] = v
+		}
 		pod.Spec.Containers[0].ReadinessProbe = nil
 		pod.Spec.TerminationGracePeriodSeconds = ptr.To[int64](0)
 		if _, err := client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
@@ -213,7 +218,7 @@ func newOraclePool(t *testing.T) *oraclePool {
 		t.Cleanup(func() {
 			_ = client.CoreV1().Pods("default").Delete(context.Background(), s.name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
 		})
-		p.pods = append(p.pods, &oPod{name: s.name, network: s.net, node: s.node})
+		p.pods = append(p.pods, &oPod{name: s.name, network: s.net, node: s.node, labels: pod.Labels})
 	}
 	eventually(t, 2*time.Minute, "pool pods running with both addresses", func() error {
 		for _, op := range p.pods {

@@ -75,6 +75,9 @@ type oracleTopology struct {
 	// groups is the group label of each pool network ("" for none).
 	groups   map[string]string
 	policies []lacev1.NetworkRoutingPolicy
+	// netpols are the NetworkPolicies over the pool's pods
+	// (oracle_netpol_test.go).
+	netpols []networkingv1.NetworkPolicy
 }
 
 func (o oracleTopology) String() string {
@@ -95,6 +98,10 @@ func (o oracleTopology) String() string {
 	b.WriteString("; policies")
 	for _, p := range o.policies {
 		fmt.Fprintf(&b, " [%s: %s -> %s]", p.Name, selectorString(p.Spec.SrcSelector), selectorString(p.Spec.DestSelector))
+	}
+	b.WriteString("; network policies")
+	for i := range o.netpols {
+		b.WriteString(" " + netpolString(&o.netpols[i]))
 	}
 	return b.String()
 }
@@ -134,6 +141,7 @@ func (p *oraclePool) topology(seed uint64) oracleTopology {
 			Spec:       lacev1.NetworkRoutingPolicySpec{SrcSelector: src, DestSelector: dst},
 		})
 	}
+	o.netpols = p.drawNetpols(seed)
 	want := 1 + rng.IntN(6)
 	for len(o.policies) < want {
 		kind := rng.IntN(8)
@@ -205,6 +213,7 @@ func (p *oraclePool) apply(t *testing.T, o oracleTopology) {
 			t.Fatalf("create routing policy %s: %v", pol.Name, err)
 		}
 	}
+	p.applyNetpols(t, o.netpols)
 }
 
 // converge waits until the API holds exactly o, every routing policy's
@@ -329,6 +338,9 @@ type oProbe struct {
 	srcEP   model.Endpoint
 	srcDesc string
 	srcNet  string // the source's network, for the summary
+	// srcPod and dstPod are the pool pods on either side (nil: the
+	// external host), whose policies have a say.
+	srcPod, dstPod *oPod
 	dst     netip.Addr
 	dstDesc string
 	dstNet  string
@@ -467,6 +479,7 @@ func (p *oraclePool) plan(t *testing.T, topo model.Topology) []*oProbe {
 						// Counted where the address's block lives.
 						pr.dropNode = ""
 					}
+					pr.srcPod, pr.dstPod = s.self, intended
 					pr.dstDesc = fmt.Sprintf("pod %s (%s on %s, %s)", intended.name, intended.network, intended.node, a)
 					pr.dstNet = intended.network
 					out = append(out, pr)
@@ -486,7 +499,7 @@ func (p *oraclePool) plan(t *testing.T, topo model.Topology) []*oProbe {
 				for _, proto := range oracleProtos {
 					pr := &oProbe{src: source, srcEP: srcEP, srcDesc: s.desc(v6), srcNet: s.net, dst: a,
 						dstDesc: fmt.Sprintf("external host (%s, %s)", side.what, a), dstNet: "outside(" + side.what + ")",
-						proto: proto.name, port: proto.port, dropNode: s.node}
+						proto: proto.name, port: proto.port, dropNode: s.node, srcPod: s.self}
 					pr.verdict = model.Reach(topo, srcEP, model.Endpoint{Kind: model.EndpointOutside, Addr: a}, proto.name, proto.port)
 					if pr.verdict.Allowed && proto.name != "icmp" {
 						pr.want = oracleExternalName
@@ -533,8 +546,13 @@ func (p *oraclePool) runSeed(t *testing.T, seed uint64) {
 	p.stuck = true // until converge returns
 	topo := p.converge(t, o)
 	p.stuck = false
-	converged := time.Since(start)
 	probes := p.plan(t, topo)
+	// awaited before the verdicts change: the tables are asked the
+	// questions of the topology's verdicts.
+	po := p.policyOracle(t, o.netpols)
+	p.awaitPolicyTables(t, seed, po, probes)
+	decidePolicies(po, probes)
+	converged := time.Since(start)
 	before := p.drops(t)
 	probeStart := time.Now()
 	runProbes(probes, oracleTiming)
@@ -684,8 +702,14 @@ func (p *oraclePool) runSeed(t *testing.T, seed uint64) {
 		}
 		t.Logf("seed %d: counters diagnosed in %s (once per run)", seed, time.Since(diag).Round(10*time.Millisecond))
 	}
-	t.Logf("seed %d: %d policies; %d probes (%d allowed, %d denied by the oracle), %d verdicts and %d drop counters disagree; converged in %s, probed in %s, %s in all",
-		seed, len(o.policies), len(probes), allowed, len(probes)-allowed, disagree, counterErrors,
+	byPolicy := 0
+	for k, prs := range denied {
+		if k[1] == "policy" {
+			byPolicy += len(prs)
+		}
+	}
+	t.Logf("seed %d: %d routing and %d network policies; %d probes (%d allowed, %d denied by the oracle, %d of them by a network policy), %d verdicts and %d drop counters disagree; converged in %s, probed in %s, %s in all",
+		seed, len(o.policies), len(o.netpols), len(probes), allowed, len(probes)-allowed, byPolicy, disagree, counterErrors,
 		converged.Round(10*time.Millisecond), probing.Round(10*time.Millisecond), time.Since(start).Round(10*time.Millisecond))
 }
 
