@@ -341,11 +341,11 @@ type oProbe struct {
 	// srcPod and dstPod are the pool pods on either side (nil: the
 	// external host), whose policies have a say.
 	srcPod, dstPod *oPod
-	dst     netip.Addr
-	dstDesc string
-	dstNet  string
-	proto   string
-	port    uint16
+	dst            netip.Addr
+	dstDesc        string
+	dstNet         string
+	proto          string
+	port           uint16
 	// The oracle's answer: verdict, and when allowed who must answer
 	// ("" for ICMP, whose echo reply names no pod).
 	verdict model.Verdict
