@@ -323,7 +323,7 @@ __noinline int l2_flood(struct __sk_buff *skb, __u32 net_id, __u32 from, int mod
 		return rc;
 	if (mode != L2_FLOOD_ANNOUNCE)
 		count(mode == L2_FLOOD_UNKNOWN ? FWD_L2_UNKNOWN_FLOODED : FWD_L2_FLOODED);
-	return rc ? rc : TC_ACT_SHOT;
+	return rc ? rc : consumed();
 }
 
 /* l2_to_port delivers a frame to a port on this node, as a Service

@@ -439,7 +439,8 @@ static __always_inline int from_pod_run(struct __sk_buff *skb)
 		if (pol_denied(ifindex, POL_OUT, (sflags & ROUTE_EXTERNAL) ? sdst : svc_net, &p))
 			return drop(DROP_POLICY);
 		if (!ct)
-			flow_tell(&p, &k, flow_nets(net_id, (sflags & ROUTE_EXTERNAL) ? sdst : svc_net), ifindex, FLOW_FORWARDED);
+			flow_tell(&p, flow_nets(net_id, (sflags & ROUTE_EXTERNAL) ? sdst : svc_net), ifindex,
+				  FLOW_FORWARDED | FLOW_SVC | (POL_OUT << 16));
 		if (sflags & ROUTE_LOCAL)
 			return deliver_local(skb, &p, svc_net, net_id, FWD_LOCAL);
 		if (sflags & ROUTE_EXTERNAL) {
@@ -472,7 +473,7 @@ static __always_inline int from_pod_run(struct __sk_buff *skb)
 		if (icmp_err)
 			return drop(DROP_ISOLATED); /* about no flow of ours */
 		if (!ct)
-			flow_tell(&p, NULL, flow_nets(net_id, dst_net), ifindex, FLOW_FORWARDED);
+			flow_tell(&p, flow_nets(net_id, dst_net), ifindex, FLOW_FORWARDED | (POL_OUT << 16));
 		return snat_out(skb, &p, &k, dst_net);
 	}
 	if (!icmp_err) {
@@ -480,7 +481,7 @@ static __always_inline int from_pod_run(struct __sk_buff *skb)
 			ct_refresh(ct, &p, 1);
 		} else {
 			ct_create(&k, dst_net, CT_ORIGIN_LOCAL, 0, &p, 1);
-			flow_tell(&p, NULL, flow_nets(net_id, dst_net), ifindex, FLOW_FORWARDED);
+			flow_tell(&p, flow_nets(net_id, dst_net), ifindex, FLOW_FORWARDED | (POL_OUT << 16));
 		}
 	}
 	if (flags & ROUTE_LOCAL)

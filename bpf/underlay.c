@@ -685,7 +685,7 @@ static __always_inline int l2_flood_in_arp(struct __sk_buff *skb, __u32 off, __u
 	__builtin_memcpy(&spa, arp.spa, 4);
 	__builtin_memcpy(&tpa, arp.tpa, 4);
 	if (arp.oper != bpf_htons(ARP_REQUEST) || spa == tpa)
-		return TC_ACT_SHOT;
+		return consumed();
 	if (!spa)
 		return drop(DROP_L2_NOT_FORWARDED);
 	struct l2_neigh_key nk = {.net_id = net_id, .family = LACE_FAMILY_V4};
@@ -740,7 +740,7 @@ static __noinline int l2_flood_in(struct __sk_buff *skb, __u32 net_id, const __u
 	if (v4 || inner.h_proto == bpf_htons(ETH_P_IPV6))
 		; /* IP: judged below (this shape keeps the stack within bounds) */
 	else if (inner.h_proto == bpf_htons(ETH_P_RARP_))
-		return TC_ACT_SHOT; /* an announcement: done */
+		return consumed(); /* an announcement: done */
 	else if (inner.h_proto != bpf_htons(ETH_P_ARP_) || unknown)
 		return drop(DROP_DECAP_PROTO);
 	else {
@@ -787,7 +787,7 @@ static __noinline int l2_flood_in(struct __sk_buff *skb, __u32 net_id, const __u
 		return drop(DROP_ADJUST);
 	l2_flood_local(skb, net_id, 0, unknown);
 	count(unknown ? FWD_L2_UNKNOWN_FLOODED : FWD_L2_FLOODED);
-	return TC_ACT_SHOT;
+	return consumed();
 }
 
 static __noinline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)

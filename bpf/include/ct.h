@@ -145,9 +145,6 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lace_ct_local SEC(".maps");
 
-/* After the flow tables: a flow event names a Service by its entry. */
-#include "policy.h"
-
 /* SNAT: the node's address and a port of its own stand for a pod toward
  * an outside address. Keyed by what the replies carry. */
 struct snat_key {
@@ -269,6 +266,10 @@ static __always_inline void ct_key_of(struct ct_key *k, __u32 net_id, struct pkt
 		__builtin_memcpy(k->raddr, p->saddr, 16);
 	}
 }
+
+/* After the flow tables and their key: a flow event names a Service by
+ * its entry. */
+#include "policy.h"
 
 /* ct_settled tells whether an entry belongs in lace_ct: a flow this side
  * opened once it was answered (or its hairpin), or one the other side

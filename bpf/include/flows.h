@@ -9,9 +9,16 @@
  * Service frontend it addressed when it went through one), every packet
  * a network policy refuses (dropped, with the policy), and every other
  * packet a program drops or rejects (with the reason lace_drops counts
- * it under): drop() notes the reason while events are on, and the
- * program tells the note as it ends (flow_drop_tell), so no drop site
- * pays for it and the deepest call chains keep their stack. */
+ * it under). drop() notes its reason in a per-CPU slot, and the program
+ * tells the note as it ends (flow_drop_tell) when it dropped the packet
+ * (TC_ACT_SHOT), or before it turns the packet into an ICMP error:
+ * no drop site pays for telling, and the deepest call chains keep their
+ * stack. A note is told only by the run that wrote it: every run that
+ * drops calls drop(), which overwrites the slot, and the few that consume
+ * a packet without dropping it clear it (consumed()).
+ *
+ * Two budgets: events about packets from the fabric (the underlay's
+ * drops, which any host there can cause) never starve those about pods. */
 #ifndef LACE_FLOWS_H
 #define LACE_FLOWS_H
 
@@ -32,7 +39,7 @@ struct flow_event {
 	__u32 policy;  /* the refusing policy's id (dropped by policy) */
 	__u8 verdict;  /* FLOW_FORWARDED or FLOW_DROPPED */
 	__u8 reason;   /* the drop reason (enum drop_reason) */
-	__u8 dir;      /* POL_IN or POL_OUT for a policy's decision */
+	__u8 dir;      /* POL_OUT: the pod at ifindex sent it; POL_IN: it was for that pod */
 	__u8 family;
 	__u8 proto;
 	__u8 tcp_flags;
@@ -58,30 +65,51 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lace_flow_rate SEC(".maps");
 
+/* The budget of events about packets from the fabric (FLOW_FABRIC). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct flow_rate);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lace_flow_rate_fabric SEC(".maps");
+
+/* A Service flow's translated conntrack key, built in flow_tell: a map
+ * value, not its stack, which sits at the end of from_pod's deepest call
+ * chain. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ct_key);
+} lace_flow_key SEC(".maps");
+
+/* flow_tell's what: verdict | reason << 8 | dir << 16 | flags | policy << 32. */
+#define FLOW_SVC (1ULL << 24)	 /* a pod's flow through a Service, translated: name the frontend */
+#define FLOW_FABRIC (1ULL << 25) /* about a packet from the fabric: its own budget */
+
 /* flow_nets packs two network IDs for flow_tell. */
 static __always_inline __u32 flow_nets(__u32 src, __u32 dst)
 {
 	return (src << 16) | (dst & 0xffff);
 }
 
-/* flow_tell records packet p as a flow event. svc, when not NULL, is the
- * conntrack key of a pod's flow through a Service, as from_pod leaves it
- * once translated: its entry (CT_DNAT) holds the frontend the pod
- * addressed; a flow to itself through its Service (hairpin) keeps the
- * client's key to the frontend (CT_SERVICE). nets is the source network
+/* flow_tell records packet p as a flow event. nets is the source network
  * in the high 16 bits and the destination's in the low (network IDs fit
- * 16 bits, as the SID carries them), what is verdict | reason << 8 |
- * dir << 16 | policy << 32. A global function: verified once, and the
- * lookups it makes are paid only while someone listens. */
-__noinline int flow_tell(struct pkt *p, const struct ct_key *svc, __u32 nets, __u32 ifindex, __u64 what)
+ * 16 bits, as the SID carries them), what as above. With FLOW_SVC, p is a
+ * pod's flow through a Service as from_pod leaves it once translated,
+ * from network nets >> 16: its conntrack entry (CT_DNAT) holds the
+ * frontend the pod addressed. A global function: verified once, and its
+ * lookups are paid only while someone listens. */
+__noinline int flow_tell(struct pkt *p, __u32 nets, __u32 ifindex, __u64 what)
 {
 	if (!p)
 		return 0;
-	__u32 zero = 0;
-	struct flow_cfg *cfg = bpf_map_lookup_elem(&lace_flow_cfg, &zero);
+	struct flow_cfg *cfg = bpf_map_lookup_elem(&lace_flow_cfg, &lace_zero_key);
 	if (!cfg || !cfg->on)
 		return 0;
-	struct flow_rate *r = bpf_map_lookup_elem(&lace_flow_rate, &zero);
+	struct flow_rate *r = bpf_map_lookup_elem((what & FLOW_FABRIC) ? (void *)&lace_flow_rate_fabric : (void *)&lace_flow_rate,
+						  &lace_zero_key);
 	if (!r)
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
@@ -117,16 +145,17 @@ __noinline int flow_tell(struct pkt *p, const struct ct_key *svc, __u32 nets, __
 	__builtin_memcpy(e->daddr, p->daddr, 16);
 	e->svc_port = 0;
 	__builtin_memset(e->svc_addr, 0, 16);
-	/* A new flow's entry is still pending (ct_insert). */
-	struct ct_val *v = svc ? bpf_map_lookup_elem(&lace_ct, svc) : NULL;
-	if (svc && !v)
-		v = bpf_map_lookup_elem(&lace_ct_local, svc);
-	if (v && (v->flags & CT_DNAT)) {
-		e->svc_port = v->nat_port;
-		__builtin_memcpy(e->svc_addr, v->nat_addr, 16);
-	} else if (v && (v->flags & CT_SERVICE)) {
-		e->svc_port = svc->rport;
-		__builtin_memcpy(e->svc_addr, svc->raddr, 16);
+	struct ct_key *k = (what & FLOW_SVC) ? bpf_map_lookup_elem(&lace_flow_key, &lace_zero_key) : NULL;
+	if (k) {
+		ct_key_of(k, nets >> 16, p, 1);
+		/* A new flow's entry is still pending (ct_insert). */
+		struct ct_val *v = bpf_map_lookup_elem(&lace_ct, k);
+		if (!v)
+			v = bpf_map_lookup_elem(&lace_ct_local, k);
+		if (v && (v->flags & CT_DNAT)) {
+			e->svc_port = v->nat_port;
+			__builtin_memcpy(e->svc_addr, v->nat_addr, 16);
+		}
 	}
 	bpf_ringbuf_submit(e, 0);
 	return 0;
@@ -137,16 +166,15 @@ __noinline int flow_tell(struct pkt *p, const struct ct_key *svc, __u32 nets, __
 #define FLOW_AT_POD_IN 2  /* to_pod: sent to the pod (ifindex) */
 #define FLOW_AT_NODE 3    /* the underlay: no pod port */
 
-/* flow_note_tell tells the drop the program noted for packet p, if it
- * noted one, and forgets the note. at says where the program runs, so
- * which port is the pod's. A policy's drop was told where it was
- * decided, with the policy. */
+/* flow_note_tell tells the drop this run noted for packet p, if it noted
+ * one, and forgets the note. at says where the program runs, so which
+ * port is the pod's and which way the packet went. A policy's drop was
+ * told where it was decided, with the policy. */
 __noinline int flow_note_tell(struct __sk_buff *skb, struct pkt *p, __u32 at)
 {
 	if (!skb || !p)
 		return 0;
-	__u32 zero = 0;
-	__u32 *n = bpf_map_lookup_elem(&lace_drop_note, &zero);
+	__u32 *n = bpf_map_lookup_elem(&lace_drop_note, &lace_zero_key);
 	if (!n || !*n)
 		return 0;
 	__u32 reason = *n - 1;
@@ -157,34 +185,43 @@ __noinline int flow_note_tell(struct __sk_buff *skb, struct pkt *p, __u32 at)
 	 * arithmetic is refused by the verifier. */
 	__u32 in_if = skb->ingress_ifindex, out_if = skb->ifindex;
 	__u32 ifindex = at == FLOW_AT_POD_OUT ? in_if : at == FLOW_AT_POD_IN ? out_if : 0;
+	__u64 what = FLOW_DROPPED | (reason << 8);
 	__u32 nets = 0;
+	if (at == FLOW_AT_NODE)
+		what |= FLOW_FABRIC;
+	else
+		what |= (__u64)(at == FLOW_AT_POD_OUT ? POL_OUT : POL_IN) << 16;
 	if (ifindex) {
 		struct port_val *pv = bpf_map_lookup_elem(&lace_ports, &ifindex);
 		if (pv)
 			nets = at == FLOW_AT_POD_OUT ? flow_nets(pv->net_id, 0) : flow_nets(0, pv->net_id);
 	}
-	flow_tell(p, NULL, nets, ifindex, FLOW_DROPPED | (reason << 8));
+	flow_tell(p, nets, ifindex, what);
 	return 0;
 }
 
-/* flow_drop_tell tells the drop the program noted, if it noted one, with
- * the packet as the skb holds it now (an SRv6 packet by its inner one),
- * and returns rc, the program's verdict. Called once, where each program
- * ends: a global function, so its frame never adds to a drop site's call
- * chain, and nothing of the program lives across it. A program that
- * rewrites a packet into an answer (an ICMP error) tells its drop before
- * (icmp_error). */
+/* flow_drop_tell tells the drop this run noted, if it dropped the packet
+ * (rc TC_ACT_SHOT), with the packet as the skb holds it now (an SRv6
+ * packet by its inner one), forgets the note either way, and returns rc,
+ * the program's verdict. Called once, where each program ends: a global
+ * function, so its frame never adds to a drop site's call chain, and
+ * nothing of the program lives across it. A program that rewrites a
+ * packet into an answer (an ICMP error) tells its drop before
+ * (icmp_error, too_big_out). */
 __noinline int flow_drop_tell(struct __sk_buff *skb, int rc, __u32 at)
 {
 	if (!skb)
 		return rc;
-	__u32 zero = 0;
-	struct flow_cfg *cfg = bpf_map_lookup_elem(&lace_flow_cfg, &zero);
+	struct flow_cfg *cfg = bpf_map_lookup_elem(&lace_flow_cfg, &lace_zero_key);
 	if (!cfg || !cfg->on)
 		return rc;
-	__u32 *n = bpf_map_lookup_elem(&lace_drop_note, &zero);
+	__u32 *n = bpf_map_lookup_elem(&lace_drop_note, &lace_zero_key);
 	if (!n || !*n)
 		return rc;
+	if (rc != TC_ACT_SHOT) {
+		*n = 0;
+		return rc;
+	}
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
@@ -195,13 +232,17 @@ __noinline int flow_drop_tell(struct __sk_buff *skb, int rc, __u32 at)
 	}
 	/* Lace's own encapsulation (a pod's packet dropped after it was
 	 * encapsulated) or SRv6 from the fabric: the packet inside is the
-	 * flow. */
-	if ((at == FLOW_AT_NODE || skb->mark == LACE_MARK_ENCAP) && p.family == LACE_FAMILY_V6 &&
-	    (p.proto == IPPROTO_IPIP || p.proto == IPPROTO_IPV6)) {
-		__u16 inner = p.proto == IPPROTO_IPIP ? bpf_htons(ETH_P_IP) : bpf_htons(ETH_P_IPV6);
-		struct pkt q = {};
-		if (!parse_ip(skb, inner, ETH_HLEN + sizeof(struct ipv6hdr), &q))
-			p = q;
+	 * flow. The outer header's own next header, read again: a fragment's
+	 * parse names what follows its fragment header. */
+	__u8 nh = 0;
+	if ((at == FLOW_AT_NODE || skb->mark == LACE_MARK_ENCAP) && p.family == LACE_FAMILY_V6 && !p.frag &&
+	    !bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, nexthdr), &nh, 1) &&
+	    (nh == IPPROTO_IPIP || nh == IPPROTO_IPV6)) {
+		__builtin_memset(&p, 0, sizeof(p));
+		if (parse_ip(skb, nh == IPPROTO_IPIP ? bpf_htons(ETH_P_IP) : bpf_htons(ETH_P_IPV6), ETH_HLEN + sizeof(struct ipv6hdr), &p)) {
+			*n = 0;
+			return rc;
+		}
 	}
 	flow_note_tell(skb, &p, at);
 	return rc;

@@ -188,12 +188,14 @@ static __noinline __attribute__((unused)) int icmp_error(struct __sk_buff *skb, 
  * another node) into fragmentation needed / packet too big from the node,
  * sent back out of the interface it came in by: the outside host learns
  * the path MTU (its stack fragments its large datagrams smaller from then
- * on) instead of losing them silently. Counted too-big either way. */
+ * on) instead of losing them silently. Counted too-big either way, and
+ * told as the client sent it. */
 static __noinline __attribute__((unused)) int too_big_out(struct __sk_buff *skb, struct pkt *p, __u32 mtu)
 {
+	drop(DROP_MTU);
+	flow_note_tell(skb, p, FLOW_AT_NODE);
 	int err = p->family == LACE_FAMILY_V4 ? icmp4_error(skb, p, ICMP_KIND_TOO_BIG, mtu)
 					      : icmp6_error(skb, p, ICMP_KIND_TOO_BIG, mtu);
-	drop(DROP_MTU);
 	if (err)
 		return TC_ACT_SHOT;
 	count(FWD_ICMP_ERROR);

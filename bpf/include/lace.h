@@ -142,24 +142,33 @@ enum fwd_counter {
 #include "parse.h"
 #include "csum.h"
 
-/* drop counts a drop by its reason and, while flow events are on, notes
- * the reason for flow_drop_tell (flows.h). Only drops pay for the note:
- * the forwarding path never comes here. One key on the stack for all
- * three lookups: every function that drops pays for its slot, and the
- * deepest call chains have none to spare. */
+/* The key of every single-entry array, as a read-only map value: taking
+ * its address costs no stack slot where the call chains have none. */
+static const __u32 lace_zero_key = 0;
+
+/* drop counts a drop by its reason and notes the reason for
+ * flow_drop_tell (flows.h), which tells it when this run ends with the
+ * packet dropped. Only drops pay for the note. */
 static __always_inline int drop(__u32 reason)
 {
 	__u32 key = reason;
 	__u64 *c = bpf_map_lookup_elem(&lace_drops, &key);
 	if (c)
 		*c += 1;
-	key = 0;
-	struct flow_cfg *cfg = bpf_map_lookup_elem(&lace_flow_cfg, &key);
-	if (cfg && cfg->on) {
-		__u32 *n = bpf_map_lookup_elem(&lace_drop_note, &key);
-		if (n)
-			*n = reason + 1;
-	}
+	__u32 *n = bpf_map_lookup_elem(&lace_drop_note, &lace_zero_key);
+	if (n)
+		*n = reason + 1;
+	return TC_ACT_SHOT;
+}
+
+/* consumed ends a run that took the packet without dropping it (an
+ * announcement answered, a frame flooded by clones): TC_ACT_SHOT, with no
+ * drop to tell. */
+static __always_inline int consumed(void)
+{
+	__u32 *n = bpf_map_lookup_elem(&lace_drop_note, &lace_zero_key);
+	if (n)
+		*n = 0;
 	return TC_ACT_SHOT;
 }
 

@@ -360,13 +360,13 @@ struct {
 } lace_flow_cfg SEC(".maps");
 
 /* The reason drop() noted for the packet being handled, plus one (0:
- * none), on this CPU: a program runs to its end on one CPU. */
+ * none), on this CPU: a program runs to its end on one CPU. Not pinned:
+ * it lives for one run. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, __u32);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lace_drop_note SEC(".maps");
 
 #endif

@@ -189,7 +189,7 @@ __noinline int pol_denied(__u32 ifindex, __u32 dir, __u32 peer_net, struct pkt *
 		bpf_map_update_elem(&lace_pol_drops, &deny, &u.one, BPF_NOEXIST);
 	}
 	/* The pod's own network is its port's (the agent knows it). */
-	flow_tell(p, NULL, dir == POL_IN ? flow_nets(peer_net, 0) : flow_nets(0, peer_net), ifindex,
+	flow_tell(p, dir == POL_IN ? flow_nets(peer_net, 0) : flow_nets(0, peer_net), ifindex,
 		  FLOW_DROPPED | (DROP_POLICY << 8) | (dir << 16) | ((__u64)deny << 32));
 	return 1;
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"sort"
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
@@ -20,7 +21,7 @@ import (
 // by port, networks, and the policies the enforcer last wrote.
 func flowNames(ctx context.Context, c client.Reader, locals policy.Locals, pol *policy.Enforcer) (flows.Names, error) {
 	n := flows.Names{Pods: map[netpol.PeerKey]string{}, Locals: map[uint32]flows.Local{}, Networks: map[uint32]string{},
-		Services: map[flows.Frontend]string{}, NodePorts: map[flows.Frontend]string{}}
+		Services: map[flows.Frontend]string{}, NodePorts: map[flows.Frontend]string{}, NodeAddrs: map[netip.Addr]bool{}}
 	var nets lacev1.NetworkList
 	if err := c.List(ctx, &nets); err != nil {
 		return n, fmt.Errorf("list networks: %w", err)
@@ -55,29 +56,70 @@ func flowNames(ctx context.Context, c client.Reader, locals policy.Locals, pol *
 	if err := c.List(ctx, &svcs); err != nil {
 		return n, fmt.Errorf("list services: %w", err)
 	}
-	for i := range svcs.Items {
-		serviceFrontends(&svcs.Items[i], n.Services, n.NodePorts)
+	serviceNames(svcs.Items, n.Services, n.NodePorts)
+	var nodes corev1.NodeList
+	if err := c.List(ctx, &nodes); err != nil {
+		return n, fmt.Errorf("list nodes: %w", err)
+	}
+	for _, nd := range nodes.Items {
+		for _, a := range nd.Status.Addresses {
+			if ip, err := netip.ParseAddr(a.Address); err == nil {
+				n.NodeAddrs[ip.Unmap()] = true
+			}
+		}
 	}
 	return n, nil
 }
 
-// serviceFrontends records where s is addressed: its ClusterIPs, external
-// IPs and load balancer addresses on each port, and its node ports.
-func serviceFrontends(s *corev1.Service, at, nodePorts map[flows.Frontend]string) {
-	name := s.Namespace + "/" + s.Name
-	addrs := append(append([]string(nil), s.Spec.ClusterIPs...), s.Spec.ExternalIPs...)
-	for _, in := range s.Status.LoadBalancer.Ingress {
-		addrs = append(addrs, in.IP)
-	}
-	for _, sp := range s.Spec.Ports {
-		proto := protoNumber(sp.Protocol)
-		for _, a := range addrs {
-			if ip, err := netip.ParseAddr(a); err == nil {
-				at[flows.Frontend{Proto: proto, Addr: ip.Unmap(), Port: uint16(sp.Port)}] = name
-			}
+// serviceNames records where each Service is addressed: its ClusterIPs,
+// external IPs and load balancer addresses on each port, and its node
+// ports. A ClusterIP is the Service's alone (the API server allocates
+// it): another Service's external IP never renames it. An external or
+// load balancer address two Services claim is named after the older one
+// (then by namespace/name). A claim the data plane refused altogether (a
+// reserved or disallowed address) may still name a flow to it: the names
+// are for people, the decisions the data plane's.
+func serviceNames(svcs []corev1.Service, at, nodePorts map[flows.Frontend]string) {
+	sort.Slice(svcs, func(i, j int) bool {
+		a, b := &svcs[i], &svcs[j]
+		if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+			return a.CreationTimestamp.Before(&b.CreationTimestamp)
 		}
-		if sp.NodePort != 0 {
-			nodePorts[flows.Frontend{Proto: proto, Port: uint16(sp.NodePort)}] = name
+		return a.Namespace+"/"+a.Name < b.Namespace+"/"+b.Name
+	})
+	cluster := map[flows.Frontend]bool{}
+	for pass := range 2 {
+		for i := range svcs {
+			s := &svcs[i]
+			name := s.Namespace + "/" + s.Name
+			addrs := s.Spec.ClusterIPs
+			if pass == 1 {
+				addrs = append([]string(nil), s.Spec.ExternalIPs...)
+				for _, in := range s.Status.LoadBalancer.Ingress {
+					addrs = append(addrs, in.IP)
+				}
+			}
+			for _, sp := range s.Spec.Ports {
+				proto := protoNumber(sp.Protocol)
+				for _, a := range addrs {
+					ip, err := netip.ParseAddr(a)
+					if err != nil {
+						continue
+					}
+					fe := flows.Frontend{Proto: proto, Addr: ip.Unmap(), Port: uint16(sp.Port)}
+					if pass == 0 {
+						at[fe], cluster[fe] = name, true
+					} else if _, taken := at[fe]; !taken {
+						at[fe] = name
+					}
+				}
+				if pass == 0 && sp.NodePort != 0 {
+					fe := flows.Frontend{Proto: proto, Port: uint16(sp.NodePort)}
+					if _, taken := nodePorts[fe]; !taken {
+						nodePorts[fe] = name
+					}
+				}
+			}
 		}
 	}
 }

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"time"
-
-	"github.com/cilium/ebpf"
 )
 
 // FlowEvent is one event of the data plane's flow ring
@@ -23,9 +21,12 @@ type FlowEvent struct {
 	Dropped        bool
 	Reason         string // the drop reason's name
 	Ingress        bool   // a policy decided at the pod's ingress (else egress)
-	Proto          uint8
-	TCPFlags       uint8
-	Src, Dst       netip.AddrPort
+	// FromPort: the pod at IfIndex sent the packet (whatever its source
+	// address says); ToPort: it was for that pod.
+	FromPort, ToPort bool
+	Proto            uint8
+	TCPFlags         uint8
+	Src, Dst         netip.AddrPort
 	// Service is the frontend (VIP or node address, and port) a pod's
 	// flow addressed before it was translated to Dst; invalid if none.
 	Service          netip.AddrPort
@@ -56,6 +57,7 @@ type flowEvent struct {
 const (
 	flowDropped = 2
 	polIn       = 1
+	polOut      = 2
 )
 
 // SetFlows turns the flow events on (at most perSec a second on each CPU)
@@ -64,15 +66,6 @@ func (d *Datapath) SetFlows(on bool, perSec uint32) error {
 	v := podFlowCfg{PerSec: perSec}
 	if on {
 		v.On = 1
-		// A drop noted as the events went off was never told: it must
-		// not be told with the first packet once they are on again.
-		n, err := ebpf.PossibleCPU()
-		if err != nil {
-			return fmt.Errorf("count CPUs: %w", err)
-		}
-		if err := d.pod.LaceDropNote.Put(uint32(0), make([]uint32, n)); err != nil {
-			return fmt.Errorf("clear lace_drop_note: %w", err)
-		}
 	}
 	if err := d.pod.LaceFlowCfg.Put(uint32(0), &v); err != nil {
 		return fmt.Errorf("write lace_flow_cfg: %w", err)
@@ -80,19 +73,27 @@ func (d *Datapath) SetFlows(on bool, perSec uint32) error {
 	return nil
 }
 
-// FlowsLost counts the events the per-CPU budget or a full ring dropped.
+// FlowsLost counts the events the per-CPU budgets (about pods, and about
+// packets from the fabric) or a full ring dropped.
 func (d *Datapath) FlowsLost() (uint64, error) {
-	var per []struct {
-		Window uint64
-		Sent   uint32
-		Lost   uint32
-	}
-	if err := d.pod.LaceFlowRate.Lookup(uint32(0), &per); err != nil {
-		return 0, fmt.Errorf("read lace_flow_rate: %w", err)
-	}
 	var n uint64
-	for _, r := range per {
-		n += uint64(r.Lost)
+	for _, m := range []struct {
+		name string
+		m    interface {
+			Lookup(key, value any) error
+		}
+	}{{"lace_flow_rate", d.pod.LaceFlowRate}, {"lace_flow_rate_fabric", d.pod.LaceFlowRateFabric}} {
+		var per []struct {
+			Window uint64
+			Sent   uint32
+			Lost   uint32
+		}
+		if err := m.m.Lookup(uint32(0), &per); err != nil {
+			return 0, fmt.Errorf("read %s: %w", m.name, err)
+		}
+		for _, r := range per {
+			n += uint64(r.Lost)
+		}
 	}
 	return n, nil
 }
@@ -114,10 +115,11 @@ func decodeFlow(raw []byte) (FlowEvent, bool) {
 	}
 	out := FlowEvent{Boot: time.Duration(ev.Ts), SrcNet: ev.SrcNet, DstNet: ev.DstNet, IfIndex: ev.Ifindex,
 		Policy: ev.Policy, Dropped: ev.Verdict == flowDropped, Proto: ev.Proto, TCPFlags: ev.TCPFlags,
-		Ingress: ev.Dir == polIn, PolicyDirDecided: ev.Dir != 0}
+		Ingress: ev.Dir == polIn, FromPort: ev.Dir == polOut, ToPort: ev.Dir == polIn}
 	if out.Dropped && int(ev.Reason) < len(DropReasons) {
 		out.Reason = DropReasons[ev.Reason]
 	}
+	out.PolicyDirDecided = out.Reason == "policy" && ev.Dir != 0
 	out.Src = netip.AddrPortFrom(fromAddr16(ev.Family, ev.Saddr), binary.BigEndian.Uint16(ev.Sport[:]))
 	out.Dst = netip.AddrPortFrom(fromAddr16(ev.Family, ev.Daddr), binary.BigEndian.Uint16(ev.Dport[:]))
 	if port := binary.BigEndian.Uint16(ev.SvcPort[:]); port != 0 {

@@ -2,11 +2,13 @@ package datapath
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -344,7 +346,16 @@ func TestProgFragNodePortTooBigAnswered(t *testing.T) {
 	first := fragIP(client, progNodeV4, 0x3333, true, append(udp(5555, 30082), big...))
 	var v uint32
 	var out []byte
+	fragMust(t, d.SetFlows(true, 100))
 	moved := snatDrops(t, d, func() { v, out = run(first) })
+	// Told as the client sent it, not as the error it became.
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	var told []FlowEvent
+	_ = d.ReadFlows(ctx, func(e FlowEvent) { told = append(told, e) })
+	cancel()
+	if len(told) != 1 || told[0].Reason != "too-big" || told[0].Proto != 17 || told[0].Src != netip.AddrPortFrom(client, 5555) {
+		t.Errorf("told %+v; want the client's datagram, too-big", told)
+	}
 	if v != actRedirect || moved["too-big"] != 1 {
 		t.Fatalf("verdict %d, drops %v; want the first fragment answered (redirect), counted too-big", v, moved)
 	}

@@ -372,7 +372,9 @@ const (
 	l2MapLaceEndpoints      = "lace_endpoints"
 	l2MapLaceFdb            = "lace_fdb"
 	l2MapLaceFlowCfg        = "lace_flow_cfg"
+	l2MapLaceFlowKey        = "lace_flow_key"
 	l2MapLaceFlowRate       = "lace_flow_rate"
+	l2MapLaceFlowRateFabric = "lace_flow_rate_fabric"
 	l2MapLaceFlows          = "lace_flows"
 	l2MapLaceForwarded      = "lace_forwarded"
 	l2MapLaceFrags          = "lace_frags"
@@ -454,47 +456,49 @@ type l2ProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type l2MapSpecs struct {
-	LaceAffinity      *ebpf.MapSpec `ebpf:"lace_affinity"`
-	LaceBackends      *ebpf.MapSpec `ebpf:"lace_backends"`
-	LaceCfg           *ebpf.MapSpec `ebpf:"lace_cfg"`
-	LaceClassify      *ebpf.MapSpec `ebpf:"lace_classify"`
-	LaceCt            *ebpf.MapSpec `ebpf:"lace_ct"`
-	LaceCtLocal       *ebpf.MapSpec `ebpf:"lace_ct_local"`
-	LaceCtNew         *ebpf.MapSpec `ebpf:"lace_ct_new"`
-	LaceDropNote      *ebpf.MapSpec `ebpf:"lace_drop_note"`
-	LaceDrops         *ebpf.MapSpec `ebpf:"lace_drops"`
-	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
-	LaceFdb           *ebpf.MapSpec `ebpf:"lace_fdb"`
-	LaceFlowCfg       *ebpf.MapSpec `ebpf:"lace_flow_cfg"`
-	LaceFlowRate      *ebpf.MapSpec `ebpf:"lace_flow_rate"`
-	LaceFlows         *ebpf.MapSpec `ebpf:"lace_flows"`
-	LaceForwarded     *ebpf.MapSpec `ebpf:"lace_forwarded"`
-	LaceFrags         *ebpf.MapSpec `ebpf:"lace_frags"`
-	LaceHostAddrs     *ebpf.MapSpec `ebpf:"lace_host_addrs"`
-	LaceInside        *ebpf.MapSpec `ebpf:"lace_inside"`
-	LaceL2Flood       *ebpf.MapSpec `ebpf:"lace_l2_flood"`
-	LaceL2Jump        *ebpf.MapSpec `ebpf:"lace_l2_jump"`
-	LaceL2Learn       *ebpf.MapSpec `ebpf:"lace_l2_learn"`
-	LaceL2LearnGap    *ebpf.MapSpec `ebpf:"lace_l2_learn_gap"`
-	LaceL2Moves       *ebpf.MapSpec `ebpf:"lace_l2_moves"`
-	LaceL2Neigh       *ebpf.MapSpec `ebpf:"lace_l2_neigh"`
-	LaceL2Nets        *ebpf.MapSpec `ebpf:"lace_l2_nets"`
-	LaceNetworks      *ebpf.MapSpec `ebpf:"lace_networks"`
-	LaceNodeLocs      *ebpf.MapSpec `ebpf:"lace_node_locs"`
-	LaceNodes         *ebpf.MapSpec `ebpf:"lace_nodes"`
-	LacePodNetns      *ebpf.MapSpec `ebpf:"lace_pod_netns"`
-	LacePol           *ebpf.MapSpec `ebpf:"lace_pol"`
-	LacePolCidrs      *ebpf.MapSpec `ebpf:"lace_pol_cidrs"`
-	LacePolDrops      *ebpf.MapSpec `ebpf:"lace_pol_drops"`
-	LacePolEps        *ebpf.MapSpec `ebpf:"lace_pol_eps"`
-	LacePolPeers      *ebpf.MapSpec `ebpf:"lace_pol_peers"`
-	LacePorts         *ebpf.MapSpec `ebpf:"lace_ports"`
-	LaceRoutes        *ebpf.MapSpec `ebpf:"lace_routes"`
-	LaceServices      *ebpf.MapSpec `ebpf:"lace_services"`
-	LaceSnat          *ebpf.MapSpec `ebpf:"lace_snat"`
-	LaceSnatExhausted *ebpf.MapSpec `ebpf:"lace_snat_exhausted"`
-	LaceSrcRanges     *ebpf.MapSpec `ebpf:"lace_src_ranges"`
-	LaceXlbRev        *ebpf.MapSpec `ebpf:"lace_xlb_rev"`
+	LaceAffinity       *ebpf.MapSpec `ebpf:"lace_affinity"`
+	LaceBackends       *ebpf.MapSpec `ebpf:"lace_backends"`
+	LaceCfg            *ebpf.MapSpec `ebpf:"lace_cfg"`
+	LaceClassify       *ebpf.MapSpec `ebpf:"lace_classify"`
+	LaceCt             *ebpf.MapSpec `ebpf:"lace_ct"`
+	LaceCtLocal        *ebpf.MapSpec `ebpf:"lace_ct_local"`
+	LaceCtNew          *ebpf.MapSpec `ebpf:"lace_ct_new"`
+	LaceDropNote       *ebpf.MapSpec `ebpf:"lace_drop_note"`
+	LaceDrops          *ebpf.MapSpec `ebpf:"lace_drops"`
+	LaceEndpoints      *ebpf.MapSpec `ebpf:"lace_endpoints"`
+	LaceFdb            *ebpf.MapSpec `ebpf:"lace_fdb"`
+	LaceFlowCfg        *ebpf.MapSpec `ebpf:"lace_flow_cfg"`
+	LaceFlowKey        *ebpf.MapSpec `ebpf:"lace_flow_key"`
+	LaceFlowRate       *ebpf.MapSpec `ebpf:"lace_flow_rate"`
+	LaceFlowRateFabric *ebpf.MapSpec `ebpf:"lace_flow_rate_fabric"`
+	LaceFlows          *ebpf.MapSpec `ebpf:"lace_flows"`
+	LaceForwarded      *ebpf.MapSpec `ebpf:"lace_forwarded"`
+	LaceFrags          *ebpf.MapSpec `ebpf:"lace_frags"`
+	LaceHostAddrs      *ebpf.MapSpec `ebpf:"lace_host_addrs"`
+	LaceInside         *ebpf.MapSpec `ebpf:"lace_inside"`
+	LaceL2Flood        *ebpf.MapSpec `ebpf:"lace_l2_flood"`
+	LaceL2Jump         *ebpf.MapSpec `ebpf:"lace_l2_jump"`
+	LaceL2Learn        *ebpf.MapSpec `ebpf:"lace_l2_learn"`
+	LaceL2LearnGap     *ebpf.MapSpec `ebpf:"lace_l2_learn_gap"`
+	LaceL2Moves        *ebpf.MapSpec `ebpf:"lace_l2_moves"`
+	LaceL2Neigh        *ebpf.MapSpec `ebpf:"lace_l2_neigh"`
+	LaceL2Nets         *ebpf.MapSpec `ebpf:"lace_l2_nets"`
+	LaceNetworks       *ebpf.MapSpec `ebpf:"lace_networks"`
+	LaceNodeLocs       *ebpf.MapSpec `ebpf:"lace_node_locs"`
+	LaceNodes          *ebpf.MapSpec `ebpf:"lace_nodes"`
+	LacePodNetns       *ebpf.MapSpec `ebpf:"lace_pod_netns"`
+	LacePol            *ebpf.MapSpec `ebpf:"lace_pol"`
+	LacePolCidrs       *ebpf.MapSpec `ebpf:"lace_pol_cidrs"`
+	LacePolDrops       *ebpf.MapSpec `ebpf:"lace_pol_drops"`
+	LacePolEps         *ebpf.MapSpec `ebpf:"lace_pol_eps"`
+	LacePolPeers       *ebpf.MapSpec `ebpf:"lace_pol_peers"`
+	LacePorts          *ebpf.MapSpec `ebpf:"lace_ports"`
+	LaceRoutes         *ebpf.MapSpec `ebpf:"lace_routes"`
+	LaceServices       *ebpf.MapSpec `ebpf:"lace_services"`
+	LaceSnat           *ebpf.MapSpec `ebpf:"lace_snat"`
+	LaceSnatExhausted  *ebpf.MapSpec `ebpf:"lace_snat_exhausted"`
+	LaceSrcRanges      *ebpf.MapSpec `ebpf:"lace_src_ranges"`
+	LaceXlbRev         *ebpf.MapSpec `ebpf:"lace_xlb_rev"`
 }
 
 // l2VariableSpecs contains global variables before they are loaded into the kernel.
@@ -524,47 +528,49 @@ func (o *l2Objects) Close() error {
 //
 // It can be passed to loadL2Objects or ebpf.CollectionSpec.LoadAndAssign.
 type l2Maps struct {
-	LaceAffinity      *ebpf.Map `ebpf:"lace_affinity"`
-	LaceBackends      *ebpf.Map `ebpf:"lace_backends"`
-	LaceCfg           *ebpf.Map `ebpf:"lace_cfg"`
-	LaceClassify      *ebpf.Map `ebpf:"lace_classify"`
-	LaceCt            *ebpf.Map `ebpf:"lace_ct"`
-	LaceCtLocal       *ebpf.Map `ebpf:"lace_ct_local"`
-	LaceCtNew         *ebpf.Map `ebpf:"lace_ct_new"`
-	LaceDropNote      *ebpf.Map `ebpf:"lace_drop_note"`
-	LaceDrops         *ebpf.Map `ebpf:"lace_drops"`
-	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
-	LaceFdb           *ebpf.Map `ebpf:"lace_fdb"`
-	LaceFlowCfg       *ebpf.Map `ebpf:"lace_flow_cfg"`
-	LaceFlowRate      *ebpf.Map `ebpf:"lace_flow_rate"`
-	LaceFlows         *ebpf.Map `ebpf:"lace_flows"`
-	LaceForwarded     *ebpf.Map `ebpf:"lace_forwarded"`
-	LaceFrags         *ebpf.Map `ebpf:"lace_frags"`
-	LaceHostAddrs     *ebpf.Map `ebpf:"lace_host_addrs"`
-	LaceInside        *ebpf.Map `ebpf:"lace_inside"`
-	LaceL2Flood       *ebpf.Map `ebpf:"lace_l2_flood"`
-	LaceL2Jump        *ebpf.Map `ebpf:"lace_l2_jump"`
-	LaceL2Learn       *ebpf.Map `ebpf:"lace_l2_learn"`
-	LaceL2LearnGap    *ebpf.Map `ebpf:"lace_l2_learn_gap"`
-	LaceL2Moves       *ebpf.Map `ebpf:"lace_l2_moves"`
-	LaceL2Neigh       *ebpf.Map `ebpf:"lace_l2_neigh"`
-	LaceL2Nets        *ebpf.Map `ebpf:"lace_l2_nets"`
-	LaceNetworks      *ebpf.Map `ebpf:"lace_networks"`
-	LaceNodeLocs      *ebpf.Map `ebpf:"lace_node_locs"`
-	LaceNodes         *ebpf.Map `ebpf:"lace_nodes"`
-	LacePodNetns      *ebpf.Map `ebpf:"lace_pod_netns"`
-	LacePol           *ebpf.Map `ebpf:"lace_pol"`
-	LacePolCidrs      *ebpf.Map `ebpf:"lace_pol_cidrs"`
-	LacePolDrops      *ebpf.Map `ebpf:"lace_pol_drops"`
-	LacePolEps        *ebpf.Map `ebpf:"lace_pol_eps"`
-	LacePolPeers      *ebpf.Map `ebpf:"lace_pol_peers"`
-	LacePorts         *ebpf.Map `ebpf:"lace_ports"`
-	LaceRoutes        *ebpf.Map `ebpf:"lace_routes"`
-	LaceServices      *ebpf.Map `ebpf:"lace_services"`
-	LaceSnat          *ebpf.Map `ebpf:"lace_snat"`
-	LaceSnatExhausted *ebpf.Map `ebpf:"lace_snat_exhausted"`
-	LaceSrcRanges     *ebpf.Map `ebpf:"lace_src_ranges"`
-	LaceXlbRev        *ebpf.Map `ebpf:"lace_xlb_rev"`
+	LaceAffinity       *ebpf.Map `ebpf:"lace_affinity"`
+	LaceBackends       *ebpf.Map `ebpf:"lace_backends"`
+	LaceCfg            *ebpf.Map `ebpf:"lace_cfg"`
+	LaceClassify       *ebpf.Map `ebpf:"lace_classify"`
+	LaceCt             *ebpf.Map `ebpf:"lace_ct"`
+	LaceCtLocal        *ebpf.Map `ebpf:"lace_ct_local"`
+	LaceCtNew          *ebpf.Map `ebpf:"lace_ct_new"`
+	LaceDropNote       *ebpf.Map `ebpf:"lace_drop_note"`
+	LaceDrops          *ebpf.Map `ebpf:"lace_drops"`
+	LaceEndpoints      *ebpf.Map `ebpf:"lace_endpoints"`
+	LaceFdb            *ebpf.Map `ebpf:"lace_fdb"`
+	LaceFlowCfg        *ebpf.Map `ebpf:"lace_flow_cfg"`
+	LaceFlowKey        *ebpf.Map `ebpf:"lace_flow_key"`
+	LaceFlowRate       *ebpf.Map `ebpf:"lace_flow_rate"`
+	LaceFlowRateFabric *ebpf.Map `ebpf:"lace_flow_rate_fabric"`
+	LaceFlows          *ebpf.Map `ebpf:"lace_flows"`
+	LaceForwarded      *ebpf.Map `ebpf:"lace_forwarded"`
+	LaceFrags          *ebpf.Map `ebpf:"lace_frags"`
+	LaceHostAddrs      *ebpf.Map `ebpf:"lace_host_addrs"`
+	LaceInside         *ebpf.Map `ebpf:"lace_inside"`
+	LaceL2Flood        *ebpf.Map `ebpf:"lace_l2_flood"`
+	LaceL2Jump         *ebpf.Map `ebpf:"lace_l2_jump"`
+	LaceL2Learn        *ebpf.Map `ebpf:"lace_l2_learn"`
+	LaceL2LearnGap     *ebpf.Map `ebpf:"lace_l2_learn_gap"`
+	LaceL2Moves        *ebpf.Map `ebpf:"lace_l2_moves"`
+	LaceL2Neigh        *ebpf.Map `ebpf:"lace_l2_neigh"`
+	LaceL2Nets         *ebpf.Map `ebpf:"lace_l2_nets"`
+	LaceNetworks       *ebpf.Map `ebpf:"lace_networks"`
+	LaceNodeLocs       *ebpf.Map `ebpf:"lace_node_locs"`
+	LaceNodes          *ebpf.Map `ebpf:"lace_nodes"`
+	LacePodNetns       *ebpf.Map `ebpf:"lace_pod_netns"`
+	LacePol            *ebpf.Map `ebpf:"lace_pol"`
+	LacePolCidrs       *ebpf.Map `ebpf:"lace_pol_cidrs"`
+	LacePolDrops       *ebpf.Map `ebpf:"lace_pol_drops"`
+	LacePolEps         *ebpf.Map `ebpf:"lace_pol_eps"`
+	LacePolPeers       *ebpf.Map `ebpf:"lace_pol_peers"`
+	LacePorts          *ebpf.Map `ebpf:"lace_ports"`
+	LaceRoutes         *ebpf.Map `ebpf:"lace_routes"`
+	LaceServices       *ebpf.Map `ebpf:"lace_services"`
+	LaceSnat           *ebpf.Map `ebpf:"lace_snat"`
+	LaceSnatExhausted  *ebpf.Map `ebpf:"lace_snat_exhausted"`
+	LaceSrcRanges      *ebpf.Map `ebpf:"lace_src_ranges"`
+	LaceXlbRev         *ebpf.Map `ebpf:"lace_xlb_rev"`
 }
 
 func (m *l2Maps) Close() error {
@@ -581,7 +587,9 @@ func (m *l2Maps) Close() error {
 		m.LaceEndpoints,
 		m.LaceFdb,
 		m.LaceFlowCfg,
+		m.LaceFlowKey,
 		m.LaceFlowRate,
+		m.LaceFlowRateFabric,
 		m.LaceFlows,
 		m.LaceForwarded,
 		m.LaceFrags,

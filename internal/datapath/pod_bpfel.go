@@ -292,41 +292,43 @@ type podXlbRevVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	podMapLaceAffinity      = "lace_affinity"
-	podMapLaceBackends      = "lace_backends"
-	podMapLaceCfg           = "lace_cfg"
-	podMapLaceClassify      = "lace_classify"
-	podMapLaceCt            = "lace_ct"
-	podMapLaceCtLocal       = "lace_ct_local"
-	podMapLaceCtNew         = "lace_ct_new"
-	podMapLaceDropNote      = "lace_drop_note"
-	podMapLaceDrops         = "lace_drops"
-	podMapLaceEndpoints     = "lace_endpoints"
-	podMapLaceFlowCfg       = "lace_flow_cfg"
-	podMapLaceFlowRate      = "lace_flow_rate"
-	podMapLaceFlows         = "lace_flows"
-	podMapLaceForwarded     = "lace_forwarded"
-	podMapLaceFrags         = "lace_frags"
-	podMapLaceHostAddrs     = "lace_host_addrs"
-	podMapLaceInside        = "lace_inside"
-	podMapLaceNetworks      = "lace_networks"
-	podMapLaceNodeLocs      = "lace_node_locs"
-	podMapLaceNodes         = "lace_nodes"
-	podMapLacePodNetns      = "lace_pod_netns"
-	podMapLacePol           = "lace_pol"
-	podMapLacePolCidrs      = "lace_pol_cidrs"
-	podMapLacePolDrops      = "lace_pol_drops"
-	podMapLacePolEps        = "lace_pol_eps"
-	podMapLacePolPeers      = "lace_pol_peers"
-	podMapLacePorts         = "lace_ports"
-	podMapLaceRoutes        = "lace_routes"
-	podMapLaceServices      = "lace_services"
-	podMapLaceSnat          = "lace_snat"
-	podMapLaceSnatExhausted = "lace_snat_exhausted"
-	podMapLaceSrcRanges     = "lace_src_ranges"
-	podMapLaceXlbRev        = "lace_xlb_rev"
-	podProgFromPod          = "from_pod"
-	podProgToPod            = "to_pod"
+	podMapLaceAffinity       = "lace_affinity"
+	podMapLaceBackends       = "lace_backends"
+	podMapLaceCfg            = "lace_cfg"
+	podMapLaceClassify       = "lace_classify"
+	podMapLaceCt             = "lace_ct"
+	podMapLaceCtLocal        = "lace_ct_local"
+	podMapLaceCtNew          = "lace_ct_new"
+	podMapLaceDropNote       = "lace_drop_note"
+	podMapLaceDrops          = "lace_drops"
+	podMapLaceEndpoints      = "lace_endpoints"
+	podMapLaceFlowCfg        = "lace_flow_cfg"
+	podMapLaceFlowKey        = "lace_flow_key"
+	podMapLaceFlowRate       = "lace_flow_rate"
+	podMapLaceFlowRateFabric = "lace_flow_rate_fabric"
+	podMapLaceFlows          = "lace_flows"
+	podMapLaceForwarded      = "lace_forwarded"
+	podMapLaceFrags          = "lace_frags"
+	podMapLaceHostAddrs      = "lace_host_addrs"
+	podMapLaceInside         = "lace_inside"
+	podMapLaceNetworks       = "lace_networks"
+	podMapLaceNodeLocs       = "lace_node_locs"
+	podMapLaceNodes          = "lace_nodes"
+	podMapLacePodNetns       = "lace_pod_netns"
+	podMapLacePol            = "lace_pol"
+	podMapLacePolCidrs       = "lace_pol_cidrs"
+	podMapLacePolDrops       = "lace_pol_drops"
+	podMapLacePolEps         = "lace_pol_eps"
+	podMapLacePolPeers       = "lace_pol_peers"
+	podMapLacePorts          = "lace_ports"
+	podMapLaceRoutes         = "lace_routes"
+	podMapLaceServices       = "lace_services"
+	podMapLaceSnat           = "lace_snat"
+	podMapLaceSnatExhausted  = "lace_snat_exhausted"
+	podMapLaceSrcRanges      = "lace_src_ranges"
+	podMapLaceXlbRev         = "lace_xlb_rev"
+	podProgFromPod           = "from_pod"
+	podProgToPod             = "to_pod"
 )
 
 // loadPod returns the embedded CollectionSpec for pod.
@@ -379,39 +381,41 @@ type podProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type podMapSpecs struct {
-	LaceAffinity      *ebpf.MapSpec `ebpf:"lace_affinity"`
-	LaceBackends      *ebpf.MapSpec `ebpf:"lace_backends"`
-	LaceCfg           *ebpf.MapSpec `ebpf:"lace_cfg"`
-	LaceClassify      *ebpf.MapSpec `ebpf:"lace_classify"`
-	LaceCt            *ebpf.MapSpec `ebpf:"lace_ct"`
-	LaceCtLocal       *ebpf.MapSpec `ebpf:"lace_ct_local"`
-	LaceCtNew         *ebpf.MapSpec `ebpf:"lace_ct_new"`
-	LaceDropNote      *ebpf.MapSpec `ebpf:"lace_drop_note"`
-	LaceDrops         *ebpf.MapSpec `ebpf:"lace_drops"`
-	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
-	LaceFlowCfg       *ebpf.MapSpec `ebpf:"lace_flow_cfg"`
-	LaceFlowRate      *ebpf.MapSpec `ebpf:"lace_flow_rate"`
-	LaceFlows         *ebpf.MapSpec `ebpf:"lace_flows"`
-	LaceForwarded     *ebpf.MapSpec `ebpf:"lace_forwarded"`
-	LaceFrags         *ebpf.MapSpec `ebpf:"lace_frags"`
-	LaceHostAddrs     *ebpf.MapSpec `ebpf:"lace_host_addrs"`
-	LaceInside        *ebpf.MapSpec `ebpf:"lace_inside"`
-	LaceNetworks      *ebpf.MapSpec `ebpf:"lace_networks"`
-	LaceNodeLocs      *ebpf.MapSpec `ebpf:"lace_node_locs"`
-	LaceNodes         *ebpf.MapSpec `ebpf:"lace_nodes"`
-	LacePodNetns      *ebpf.MapSpec `ebpf:"lace_pod_netns"`
-	LacePol           *ebpf.MapSpec `ebpf:"lace_pol"`
-	LacePolCidrs      *ebpf.MapSpec `ebpf:"lace_pol_cidrs"`
-	LacePolDrops      *ebpf.MapSpec `ebpf:"lace_pol_drops"`
-	LacePolEps        *ebpf.MapSpec `ebpf:"lace_pol_eps"`
-	LacePolPeers      *ebpf.MapSpec `ebpf:"lace_pol_peers"`
-	LacePorts         *ebpf.MapSpec `ebpf:"lace_ports"`
-	LaceRoutes        *ebpf.MapSpec `ebpf:"lace_routes"`
-	LaceServices      *ebpf.MapSpec `ebpf:"lace_services"`
-	LaceSnat          *ebpf.MapSpec `ebpf:"lace_snat"`
-	LaceSnatExhausted *ebpf.MapSpec `ebpf:"lace_snat_exhausted"`
-	LaceSrcRanges     *ebpf.MapSpec `ebpf:"lace_src_ranges"`
-	LaceXlbRev        *ebpf.MapSpec `ebpf:"lace_xlb_rev"`
+	LaceAffinity       *ebpf.MapSpec `ebpf:"lace_affinity"`
+	LaceBackends       *ebpf.MapSpec `ebpf:"lace_backends"`
+	LaceCfg            *ebpf.MapSpec `ebpf:"lace_cfg"`
+	LaceClassify       *ebpf.MapSpec `ebpf:"lace_classify"`
+	LaceCt             *ebpf.MapSpec `ebpf:"lace_ct"`
+	LaceCtLocal        *ebpf.MapSpec `ebpf:"lace_ct_local"`
+	LaceCtNew          *ebpf.MapSpec `ebpf:"lace_ct_new"`
+	LaceDropNote       *ebpf.MapSpec `ebpf:"lace_drop_note"`
+	LaceDrops          *ebpf.MapSpec `ebpf:"lace_drops"`
+	LaceEndpoints      *ebpf.MapSpec `ebpf:"lace_endpoints"`
+	LaceFlowCfg        *ebpf.MapSpec `ebpf:"lace_flow_cfg"`
+	LaceFlowKey        *ebpf.MapSpec `ebpf:"lace_flow_key"`
+	LaceFlowRate       *ebpf.MapSpec `ebpf:"lace_flow_rate"`
+	LaceFlowRateFabric *ebpf.MapSpec `ebpf:"lace_flow_rate_fabric"`
+	LaceFlows          *ebpf.MapSpec `ebpf:"lace_flows"`
+	LaceForwarded      *ebpf.MapSpec `ebpf:"lace_forwarded"`
+	LaceFrags          *ebpf.MapSpec `ebpf:"lace_frags"`
+	LaceHostAddrs      *ebpf.MapSpec `ebpf:"lace_host_addrs"`
+	LaceInside         *ebpf.MapSpec `ebpf:"lace_inside"`
+	LaceNetworks       *ebpf.MapSpec `ebpf:"lace_networks"`
+	LaceNodeLocs       *ebpf.MapSpec `ebpf:"lace_node_locs"`
+	LaceNodes          *ebpf.MapSpec `ebpf:"lace_nodes"`
+	LacePodNetns       *ebpf.MapSpec `ebpf:"lace_pod_netns"`
+	LacePol            *ebpf.MapSpec `ebpf:"lace_pol"`
+	LacePolCidrs       *ebpf.MapSpec `ebpf:"lace_pol_cidrs"`
+	LacePolDrops       *ebpf.MapSpec `ebpf:"lace_pol_drops"`
+	LacePolEps         *ebpf.MapSpec `ebpf:"lace_pol_eps"`
+	LacePolPeers       *ebpf.MapSpec `ebpf:"lace_pol_peers"`
+	LacePorts          *ebpf.MapSpec `ebpf:"lace_ports"`
+	LaceRoutes         *ebpf.MapSpec `ebpf:"lace_routes"`
+	LaceServices       *ebpf.MapSpec `ebpf:"lace_services"`
+	LaceSnat           *ebpf.MapSpec `ebpf:"lace_snat"`
+	LaceSnatExhausted  *ebpf.MapSpec `ebpf:"lace_snat_exhausted"`
+	LaceSrcRanges      *ebpf.MapSpec `ebpf:"lace_src_ranges"`
+	LaceXlbRev         *ebpf.MapSpec `ebpf:"lace_xlb_rev"`
 }
 
 // podVariableSpecs contains global variables before they are loaded into the kernel.
@@ -440,39 +444,41 @@ func (o *podObjects) Close() error {
 //
 // It can be passed to loadPodObjects or ebpf.CollectionSpec.LoadAndAssign.
 type podMaps struct {
-	LaceAffinity      *ebpf.Map `ebpf:"lace_affinity"`
-	LaceBackends      *ebpf.Map `ebpf:"lace_backends"`
-	LaceCfg           *ebpf.Map `ebpf:"lace_cfg"`
-	LaceClassify      *ebpf.Map `ebpf:"lace_classify"`
-	LaceCt            *ebpf.Map `ebpf:"lace_ct"`
-	LaceCtLocal       *ebpf.Map `ebpf:"lace_ct_local"`
-	LaceCtNew         *ebpf.Map `ebpf:"lace_ct_new"`
-	LaceDropNote      *ebpf.Map `ebpf:"lace_drop_note"`
-	LaceDrops         *ebpf.Map `ebpf:"lace_drops"`
-	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
-	LaceFlowCfg       *ebpf.Map `ebpf:"lace_flow_cfg"`
-	LaceFlowRate      *ebpf.Map `ebpf:"lace_flow_rate"`
-	LaceFlows         *ebpf.Map `ebpf:"lace_flows"`
-	LaceForwarded     *ebpf.Map `ebpf:"lace_forwarded"`
-	LaceFrags         *ebpf.Map `ebpf:"lace_frags"`
-	LaceHostAddrs     *ebpf.Map `ebpf:"lace_host_addrs"`
-	LaceInside        *ebpf.Map `ebpf:"lace_inside"`
-	LaceNetworks      *ebpf.Map `ebpf:"lace_networks"`
-	LaceNodeLocs      *ebpf.Map `ebpf:"lace_node_locs"`
-	LaceNodes         *ebpf.Map `ebpf:"lace_nodes"`
-	LacePodNetns      *ebpf.Map `ebpf:"lace_pod_netns"`
-	LacePol           *ebpf.Map `ebpf:"lace_pol"`
-	LacePolCidrs      *ebpf.Map `ebpf:"lace_pol_cidrs"`
-	LacePolDrops      *ebpf.Map `ebpf:"lace_pol_drops"`
-	LacePolEps        *ebpf.Map `ebpf:"lace_pol_eps"`
-	LacePolPeers      *ebpf.Map `ebpf:"lace_pol_peers"`
-	LacePorts         *ebpf.Map `ebpf:"lace_ports"`
-	LaceRoutes        *ebpf.Map `ebpf:"lace_routes"`
-	LaceServices      *ebpf.Map `ebpf:"lace_services"`
-	LaceSnat          *ebpf.Map `ebpf:"lace_snat"`
-	LaceSnatExhausted *ebpf.Map `ebpf:"lace_snat_exhausted"`
-	LaceSrcRanges     *ebpf.Map `ebpf:"lace_src_ranges"`
-	LaceXlbRev        *ebpf.Map `ebpf:"lace_xlb_rev"`
+	LaceAffinity       *ebpf.Map `ebpf:"lace_affinity"`
+	LaceBackends       *ebpf.Map `ebpf:"lace_backends"`
+	LaceCfg            *ebpf.Map `ebpf:"lace_cfg"`
+	LaceClassify       *ebpf.Map `ebpf:"lace_classify"`
+	LaceCt             *ebpf.Map `ebpf:"lace_ct"`
+	LaceCtLocal        *ebpf.Map `ebpf:"lace_ct_local"`
+	LaceCtNew          *ebpf.Map `ebpf:"lace_ct_new"`
+	LaceDropNote       *ebpf.Map `ebpf:"lace_drop_note"`
+	LaceDrops          *ebpf.Map `ebpf:"lace_drops"`
+	LaceEndpoints      *ebpf.Map `ebpf:"lace_endpoints"`
+	LaceFlowCfg        *ebpf.Map `ebpf:"lace_flow_cfg"`
+	LaceFlowKey        *ebpf.Map `ebpf:"lace_flow_key"`
+	LaceFlowRate       *ebpf.Map `ebpf:"lace_flow_rate"`
+	LaceFlowRateFabric *ebpf.Map `ebpf:"lace_flow_rate_fabric"`
+	LaceFlows          *ebpf.Map `ebpf:"lace_flows"`
+	LaceForwarded      *ebpf.Map `ebpf:"lace_forwarded"`
+	LaceFrags          *ebpf.Map `ebpf:"lace_frags"`
+	LaceHostAddrs      *ebpf.Map `ebpf:"lace_host_addrs"`
+	LaceInside         *ebpf.Map `ebpf:"lace_inside"`
+	LaceNetworks       *ebpf.Map `ebpf:"lace_networks"`
+	LaceNodeLocs       *ebpf.Map `ebpf:"lace_node_locs"`
+	LaceNodes          *ebpf.Map `ebpf:"lace_nodes"`
+	LacePodNetns       *ebpf.Map `ebpf:"lace_pod_netns"`
+	LacePol            *ebpf.Map `ebpf:"lace_pol"`
+	LacePolCidrs       *ebpf.Map `ebpf:"lace_pol_cidrs"`
+	LacePolDrops       *ebpf.Map `ebpf:"lace_pol_drops"`
+	LacePolEps         *ebpf.Map `ebpf:"lace_pol_eps"`
+	LacePolPeers       *ebpf.Map `ebpf:"lace_pol_peers"`
+	LacePorts          *ebpf.Map `ebpf:"lace_ports"`
+	LaceRoutes         *ebpf.Map `ebpf:"lace_routes"`
+	LaceServices       *ebpf.Map `ebpf:"lace_services"`
+	LaceSnat           *ebpf.Map `ebpf:"lace_snat"`
+	LaceSnatExhausted  *ebpf.Map `ebpf:"lace_snat_exhausted"`
+	LaceSrcRanges      *ebpf.Map `ebpf:"lace_src_ranges"`
+	LaceXlbRev         *ebpf.Map `ebpf:"lace_xlb_rev"`
 }
 
 func (m *podMaps) Close() error {
@@ -488,7 +494,9 @@ func (m *podMaps) Close() error {
 		m.LaceDrops,
 		m.LaceEndpoints,
 		m.LaceFlowCfg,
+		m.LaceFlowKey,
 		m.LaceFlowRate,
+		m.LaceFlowRateFabric,
 		m.LaceFlows,
 		m.LaceForwarded,
 		m.LaceFrags,

@@ -287,47 +287,49 @@ type sockXlbRevVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	sockMapLaceAffinity      = "lace_affinity"
-	sockMapLaceBackends      = "lace_backends"
-	sockMapLaceCfg           = "lace_cfg"
-	sockMapLaceClassify      = "lace_classify"
-	sockMapLaceCt            = "lace_ct"
-	sockMapLaceCtLocal       = "lace_ct_local"
-	sockMapLaceCtNew         = "lace_ct_new"
-	sockMapLaceDropNote      = "lace_drop_note"
-	sockMapLaceDrops         = "lace_drops"
-	sockMapLaceEndpoints     = "lace_endpoints"
-	sockMapLaceFlowCfg       = "lace_flow_cfg"
-	sockMapLaceFlowRate      = "lace_flow_rate"
-	sockMapLaceFlows         = "lace_flows"
-	sockMapLaceForwarded     = "lace_forwarded"
-	sockMapLaceHostAddrs     = "lace_host_addrs"
-	sockMapLaceInside        = "lace_inside"
-	sockMapLaceNetworks      = "lace_networks"
-	sockMapLaceNodeLocs      = "lace_node_locs"
-	sockMapLaceNodes         = "lace_nodes"
-	sockMapLacePodNetns      = "lace_pod_netns"
-	sockMapLacePol           = "lace_pol"
-	sockMapLacePolCidrs      = "lace_pol_cidrs"
-	sockMapLacePolDrops      = "lace_pol_drops"
-	sockMapLacePolEps        = "lace_pol_eps"
-	sockMapLacePolPeers      = "lace_pol_peers"
-	sockMapLacePorts         = "lace_ports"
-	sockMapLaceRoutes        = "lace_routes"
-	sockMapLaceServices      = "lace_services"
-	sockMapLaceSnat          = "lace_snat"
-	sockMapLaceSnatExhausted = "lace_snat_exhausted"
-	sockMapLaceSockRnat      = "lace_sock_rnat"
-	sockMapLaceSrcRanges     = "lace_src_ranges"
-	sockMapLaceXlbRev        = "lace_xlb_rev"
-	sockProgSockConnect4     = "sock_connect4"
-	sockProgSockConnect6     = "sock_connect6"
-	sockProgSockGetpeername4 = "sock_getpeername4"
-	sockProgSockGetpeername6 = "sock_getpeername6"
-	sockProgSockRecvmsg4     = "sock_recvmsg4"
-	sockProgSockRecvmsg6     = "sock_recvmsg6"
-	sockProgSockSendmsg4     = "sock_sendmsg4"
-	sockProgSockSendmsg6     = "sock_sendmsg6"
+	sockMapLaceAffinity       = "lace_affinity"
+	sockMapLaceBackends       = "lace_backends"
+	sockMapLaceCfg            = "lace_cfg"
+	sockMapLaceClassify       = "lace_classify"
+	sockMapLaceCt             = "lace_ct"
+	sockMapLaceCtLocal        = "lace_ct_local"
+	sockMapLaceCtNew          = "lace_ct_new"
+	sockMapLaceDropNote       = "lace_drop_note"
+	sockMapLaceDrops          = "lace_drops"
+	sockMapLaceEndpoints      = "lace_endpoints"
+	sockMapLaceFlowCfg        = "lace_flow_cfg"
+	sockMapLaceFlowKey        = "lace_flow_key"
+	sockMapLaceFlowRate       = "lace_flow_rate"
+	sockMapLaceFlowRateFabric = "lace_flow_rate_fabric"
+	sockMapLaceFlows          = "lace_flows"
+	sockMapLaceForwarded      = "lace_forwarded"
+	sockMapLaceHostAddrs      = "lace_host_addrs"
+	sockMapLaceInside         = "lace_inside"
+	sockMapLaceNetworks       = "lace_networks"
+	sockMapLaceNodeLocs       = "lace_node_locs"
+	sockMapLaceNodes          = "lace_nodes"
+	sockMapLacePodNetns       = "lace_pod_netns"
+	sockMapLacePol            = "lace_pol"
+	sockMapLacePolCidrs       = "lace_pol_cidrs"
+	sockMapLacePolDrops       = "lace_pol_drops"
+	sockMapLacePolEps         = "lace_pol_eps"
+	sockMapLacePolPeers       = "lace_pol_peers"
+	sockMapLacePorts          = "lace_ports"
+	sockMapLaceRoutes         = "lace_routes"
+	sockMapLaceServices       = "lace_services"
+	sockMapLaceSnat           = "lace_snat"
+	sockMapLaceSnatExhausted  = "lace_snat_exhausted"
+	sockMapLaceSockRnat       = "lace_sock_rnat"
+	sockMapLaceSrcRanges      = "lace_src_ranges"
+	sockMapLaceXlbRev         = "lace_xlb_rev"
+	sockProgSockConnect4      = "sock_connect4"
+	sockProgSockConnect6      = "sock_connect6"
+	sockProgSockGetpeername4  = "sock_getpeername4"
+	sockProgSockGetpeername6  = "sock_getpeername6"
+	sockProgSockRecvmsg4      = "sock_recvmsg4"
+	sockProgSockRecvmsg6      = "sock_recvmsg6"
+	sockProgSockSendmsg4      = "sock_sendmsg4"
+	sockProgSockSendmsg6      = "sock_sendmsg6"
 )
 
 // loadSock returns the embedded CollectionSpec for sock.
@@ -386,39 +388,41 @@ type sockProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockMapSpecs struct {
-	LaceAffinity      *ebpf.MapSpec `ebpf:"lace_affinity"`
-	LaceBackends      *ebpf.MapSpec `ebpf:"lace_backends"`
-	LaceCfg           *ebpf.MapSpec `ebpf:"lace_cfg"`
-	LaceClassify      *ebpf.MapSpec `ebpf:"lace_classify"`
-	LaceCt            *ebpf.MapSpec `ebpf:"lace_ct"`
-	LaceCtLocal       *ebpf.MapSpec `ebpf:"lace_ct_local"`
-	LaceCtNew         *ebpf.MapSpec `ebpf:"lace_ct_new"`
-	LaceDropNote      *ebpf.MapSpec `ebpf:"lace_drop_note"`
-	LaceDrops         *ebpf.MapSpec `ebpf:"lace_drops"`
-	LaceEndpoints     *ebpf.MapSpec `ebpf:"lace_endpoints"`
-	LaceFlowCfg       *ebpf.MapSpec `ebpf:"lace_flow_cfg"`
-	LaceFlowRate      *ebpf.MapSpec `ebpf:"lace_flow_rate"`
-	LaceFlows         *ebpf.MapSpec `ebpf:"lace_flows"`
-	LaceForwarded     *ebpf.MapSpec `ebpf:"lace_forwarded"`
-	LaceHostAddrs     *ebpf.MapSpec `ebpf:"lace_host_addrs"`
-	LaceInside        *ebpf.MapSpec `ebpf:"lace_inside"`
-	LaceNetworks      *ebpf.MapSpec `ebpf:"lace_networks"`
-	LaceNodeLocs      *ebpf.MapSpec `ebpf:"lace_node_locs"`
-	LaceNodes         *ebpf.MapSpec `ebpf:"lace_nodes"`
-	LacePodNetns      *ebpf.MapSpec `ebpf:"lace_pod_netns"`
-	LacePol           *ebpf.MapSpec `ebpf:"lace_pol"`
-	LacePolCidrs      *ebpf.MapSpec `ebpf:"lace_pol_cidrs"`
-	LacePolDrops      *ebpf.MapSpec `ebpf:"lace_pol_drops"`
-	LacePolEps        *ebpf.MapSpec `ebpf:"lace_pol_eps"`
-	LacePolPeers      *ebpf.MapSpec `ebpf:"lace_pol_peers"`
-	LacePorts         *ebpf.MapSpec `ebpf:"lace_ports"`
-	LaceRoutes        *ebpf.MapSpec `ebpf:"lace_routes"`
-	LaceServices      *ebpf.MapSpec `ebpf:"lace_services"`
-	LaceSnat          *ebpf.MapSpec `ebpf:"lace_snat"`
-	LaceSnatExhausted *ebpf.MapSpec `ebpf:"lace_snat_exhausted"`
-	LaceSockRnat      *ebpf.MapSpec `ebpf:"lace_sock_rnat"`
-	LaceSrcRanges     *ebpf.MapSpec `ebpf:"lace_src_ranges"`
-	LaceXlbRev        *ebpf.MapSpec `ebpf:"lace_xlb_rev"`
+	LaceAffinity       *ebpf.MapSpec `ebpf:"lace_affinity"`
+	LaceBackends       *ebpf.MapSpec `ebpf:"lace_backends"`
+	LaceCfg            *ebpf.MapSpec `ebpf:"lace_cfg"`
+	LaceClassify       *ebpf.MapSpec `ebpf:"lace_classify"`
+	LaceCt             *ebpf.MapSpec `ebpf:"lace_ct"`
+	LaceCtLocal        *ebpf.MapSpec `ebpf:"lace_ct_local"`
+	LaceCtNew          *ebpf.MapSpec `ebpf:"lace_ct_new"`
+	LaceDropNote       *ebpf.MapSpec `ebpf:"lace_drop_note"`
+	LaceDrops          *ebpf.MapSpec `ebpf:"lace_drops"`
+	LaceEndpoints      *ebpf.MapSpec `ebpf:"lace_endpoints"`
+	LaceFlowCfg        *ebpf.MapSpec `ebpf:"lace_flow_cfg"`
+	LaceFlowKey        *ebpf.MapSpec `ebpf:"lace_flow_key"`
+	LaceFlowRate       *ebpf.MapSpec `ebpf:"lace_flow_rate"`
+	LaceFlowRateFabric *ebpf.MapSpec `ebpf:"lace_flow_rate_fabric"`
+	LaceFlows          *ebpf.MapSpec `ebpf:"lace_flows"`
+	LaceForwarded      *ebpf.MapSpec `ebpf:"lace_forwarded"`
+	LaceHostAddrs      *ebpf.MapSpec `ebpf:"lace_host_addrs"`
+	LaceInside         *ebpf.MapSpec `ebpf:"lace_inside"`
+	LaceNetworks       *ebpf.MapSpec `ebpf:"lace_networks"`
+	LaceNodeLocs       *ebpf.MapSpec `ebpf:"lace_node_locs"`
+	LaceNodes          *ebpf.MapSpec `ebpf:"lace_nodes"`
+	LacePodNetns       *ebpf.MapSpec `ebpf:"lace_pod_netns"`
+	LacePol            *ebpf.MapSpec `ebpf:"lace_pol"`
+	LacePolCidrs       *ebpf.MapSpec `ebpf:"lace_pol_cidrs"`
+	LacePolDrops       *ebpf.MapSpec `ebpf:"lace_pol_drops"`
+	LacePolEps         *ebpf.MapSpec `ebpf:"lace_pol_eps"`
+	LacePolPeers       *ebpf.MapSpec `ebpf:"lace_pol_peers"`
+	LacePorts          *ebpf.MapSpec `ebpf:"lace_ports"`
+	LaceRoutes         *ebpf.MapSpec `ebpf:"lace_routes"`
+	LaceServices       *ebpf.MapSpec `ebpf:"lace_services"`
+	LaceSnat           *ebpf.MapSpec `ebpf:"lace_snat"`
+	LaceSnatExhausted  *ebpf.MapSpec `ebpf:"lace_snat_exhausted"`
+	LaceSockRnat       *ebpf.MapSpec `ebpf:"lace_sock_rnat"`
+	LaceSrcRanges      *ebpf.MapSpec `ebpf:"lace_src_ranges"`
+	LaceXlbRev         *ebpf.MapSpec `ebpf:"lace_xlb_rev"`
 }
 
 // sockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -447,39 +451,41 @@ func (o *sockObjects) Close() error {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockMaps struct {
-	LaceAffinity      *ebpf.Map `ebpf:"lace_affinity"`
-	LaceBackends      *ebpf.Map `ebpf:"lace_backends"`
-	LaceCfg           *ebpf.Map `ebpf:"lace_cfg"`
-	LaceClassify      *ebpf.Map `ebpf:"lace_classify"`
-	LaceCt            *ebpf.Map `ebpf:"lace_ct"`
-	LaceCtLocal       *ebpf.Map `ebpf:"lace_ct_local"`
-	LaceCtNew         *ebpf.Map `ebpf:"lace_ct_new"`
-	LaceDropNote      *ebpf.Map `ebpf:"lace_drop_note"`
-	LaceDrops         *ebpf.Map `ebpf:"lace_drops"`
-	LaceEndpoints     *ebpf.Map `ebpf:"lace_endpoints"`
-	LaceFlowCfg       *ebpf.Map `ebpf:"lace_flow_cfg"`
-	LaceFlowRate      *ebpf.Map `ebpf:"lace_flow_rate"`
-	LaceFlows         *ebpf.Map `ebpf:"lace_flows"`
-	LaceForwarded     *ebpf.Map `ebpf:"lace_forwarded"`
-	LaceHostAddrs     *ebpf.Map `ebpf:"lace_host_addrs"`
-	LaceInside        *ebpf.Map `ebpf:"lace_inside"`
-	LaceNetworks      *ebpf.Map `ebpf:"lace_networks"`
-	LaceNodeLocs      *ebpf.Map `ebpf:"lace_node_locs"`
-	LaceNodes         *ebpf.Map `ebpf:"lace_nodes"`
-	LacePodNetns      *ebpf.Map `ebpf:"lace_pod_netns"`
-	LacePol           *ebpf.Map `ebpf:"lace_pol"`
-	LacePolCidrs      *ebpf.Map `ebpf:"lace_pol_cidrs"`
-	LacePolDrops      *ebpf.Map `ebpf:"lace_pol_drops"`
-	LacePolEps        *ebpf.Map `ebpf:"lace_pol_eps"`
-	LacePolPeers      *ebpf.Map `ebpf:"lace_pol_peers"`
-	LacePorts         *ebpf.Map `ebpf:"lace_ports"`
-	LaceRoutes        *ebpf.Map `ebpf:"lace_routes"`
-	LaceServices      *ebpf.Map `ebpf:"lace_services"`
-	LaceSnat          *ebpf.Map `ebpf:"lace_snat"`
-	LaceSnatExhausted *ebpf.Map `ebpf:"lace_snat_exhausted"`
-	LaceSockRnat      *ebpf.Map `ebpf:"lace_sock_rnat"`
-	LaceSrcRanges     *ebpf.Map `ebpf:"lace_src_ranges"`
-	LaceXlbRev        *ebpf.Map `ebpf:"lace_xlb_rev"`
+	LaceAffinity       *ebpf.Map `ebpf:"lace_affinity"`
+	LaceBackends       *ebpf.Map `ebpf:"lace_backends"`
+	LaceCfg            *ebpf.Map `ebpf:"lace_cfg"`
+	LaceClassify       *ebpf.Map `ebpf:"lace_classify"`
+	LaceCt             *ebpf.Map `ebpf:"lace_ct"`
+	LaceCtLocal        *ebpf.Map `ebpf:"lace_ct_local"`
+	LaceCtNew          *ebpf.Map `ebpf:"lace_ct_new"`
+	LaceDropNote       *ebpf.Map `ebpf:"lace_drop_note"`
+	LaceDrops          *ebpf.Map `ebpf:"lace_drops"`
+	LaceEndpoints      *ebpf.Map `ebpf:"lace_endpoints"`
+	LaceFlowCfg        *ebpf.Map `ebpf:"lace_flow_cfg"`
+	LaceFlowKey        *ebpf.Map `ebpf:"lace_flow_key"`
+	LaceFlowRate       *ebpf.Map `ebpf:"lace_flow_rate"`
+	LaceFlowRateFabric *ebpf.Map `ebpf:"lace_flow_rate_fabric"`
+	LaceFlows          *ebpf.Map `ebpf:"lace_flows"`
+	LaceForwarded      *ebpf.Map `ebpf:"lace_forwarded"`
+	LaceHostAddrs      *ebpf.Map `ebpf:"lace_host_addrs"`
+	LaceInside         *ebpf.Map `ebpf:"lace_inside"`
+	LaceNetworks       *ebpf.Map `ebpf:"lace_networks"`
+	LaceNodeLocs       *ebpf.Map `ebpf:"lace_node_locs"`
+	LaceNodes          *ebpf.Map `ebpf:"lace_nodes"`
+	LacePodNetns       *ebpf.Map `ebpf:"lace_pod_netns"`
+	LacePol            *ebpf.Map `ebpf:"lace_pol"`
+	LacePolCidrs       *ebpf.Map `ebpf:"lace_pol_cidrs"`
+	LacePolDrops       *ebpf.Map `ebpf:"lace_pol_drops"`
+	LacePolEps         *ebpf.Map `ebpf:"lace_pol_eps"`
+	LacePolPeers       *ebpf.Map `ebpf:"lace_pol_peers"`
+	LacePorts          *ebpf.Map `ebpf:"lace_ports"`
+	LaceRoutes         *ebpf.Map `ebpf:"lace_routes"`
+	LaceServices       *ebpf.Map `ebpf:"lace_services"`
+	LaceSnat           *ebpf.Map `ebpf:"lace_snat"`
+	LaceSnatExhausted  *ebpf.Map `ebpf:"lace_snat_exhausted"`
+	LaceSockRnat       *ebpf.Map `ebpf:"lace_sock_rnat"`
+	LaceSrcRanges      *ebpf.Map `ebpf:"lace_src_ranges"`
+	LaceXlbRev         *ebpf.Map `ebpf:"lace_xlb_rev"`
 }
 
 func (m *sockMaps) Close() error {
@@ -495,7 +501,9 @@ func (m *sockMaps) Close() error {
 		m.LaceDrops,
 		m.LaceEndpoints,
 		m.LaceFlowCfg,
+		m.LaceFlowKey,
 		m.LaceFlowRate,
+		m.LaceFlowRateFabric,
 		m.LaceFlows,
 		m.LaceForwarded,
 		m.LaceHostAddrs,

@@ -3,6 +3,9 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -18,6 +21,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/lace-cni/lace/internal/dpmetrics"
+	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/lab"
 )
 
 // policyPod starts a netexec pod (HTTP 8080 named "http", UDP 8081) with
@@ -123,6 +128,19 @@ func TestNetworkPolicy(t *testing.T) {
 	}
 	// Asking for flows turns n1's events on.
 	lacectlFlows(t, "--node", "n1")
+	// A pod reaches the agent's metrics on its node's address, but not
+	// the node's flows.
+	eventually(t, 20*time.Second, "np-near refused /flows on n1's address", func() error {
+		base := "http://" + netip.AddrPortFrom(nodeAddr(1, true), 9962).String()
+		if code, _, err := getFromPod(ctx, near, base+"/metrics"); err != nil || code != http.StatusOK {
+			return fmt.Errorf("/metrics from np-near: %d (%v)", code, err)
+		}
+		code, body, err := getFromPod(ctx, near, base+"/flows")
+		if err != nil || code != http.StatusForbidden || !strings.Contains(body, "not served to pods") {
+			return fmt.Errorf("/flows from np-near: %d %q (%v), want 403", code, body, err)
+		}
+		return nil
+	})
 
 	// Ingress to np-srv: TCP to its port named http, from role=allowed.
 	applyPolicy(t, &networkingv1.NetworkPolicy{
@@ -264,4 +282,28 @@ func lacectlFlows(t *testing.T, args ...string) string {
 func near4(p *corev1.Pod) netip.Addr {
 	v4, _ := podAddrs(p)
 	return v4
+}
+
+// getFromPod GETs url from inside pod's network namespace.
+func getFromPod(ctx context.Context, pod *corev1.Pod, url string) (int, string, error) {
+	ns, err := lab.PodNetNS(ctx, labConfig(), pod.Namespace, pod.Name)
+	if err != nil {
+		return 0, "", err
+	}
+	c := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return netutil.DialContext(ctx, ns, network, addr)
+		},
+	}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, "", err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	return resp.StatusCode, string(b), err
 }

@@ -50,8 +50,9 @@ type Names struct {
 	// Services are namespace/name by the frontends they serve on: a
 	// ClusterIP, external or load balancer address, and port.
 	Services map[Frontend]string
-	// NodePorts are namespace/name by node port (on any node address).
+	// NodePorts are namespace/name by node port, on any of NodeAddrs.
 	NodePorts map[Frontend]string
+	NodeAddrs map[netip.Addr]bool
 }
 
 // Frontend is where a Service is addressed: Addr is invalid for a node
@@ -249,9 +250,13 @@ func (l *Log) flow(e entry, n Names) Flow {
 	if ref, ok := n.Policies[ev.Policy]; ok && ev.Policy != 0 {
 		f.Policy = ref.String()
 	}
-	// The side at the port is the node's pod: its network is its own.
+	// The side at the port is the node's pod: its network is its own, and
+	// it is named by its port, not by the address the packet carries (a
+	// spoofed source names the pod that sent it, never the one it
+	// forged).
 	src, dst := ev.SrcNet, ev.DstNet
-	if loc, ok := n.Locals[ev.IfIndex]; ok {
+	loc, atPort := n.Locals[ev.IfIndex]
+	if atPort {
 		if src == 0 {
 			src = loc.NetID
 		}
@@ -262,24 +267,36 @@ func (l *Log) flow(e entry, n Names) Flow {
 	f.Src.Network, f.Dst.Network = n.Networks[src], n.Networks[dst]
 	f.Src.Pod = n.Pods[netpol.PeerKey{NetID: src, Addr: ev.Src.Addr()}]
 	f.Dst.Pod = n.Pods[netpol.PeerKey{NetID: dst, Addr: ev.Dst.Addr()}]
+	if atPort && ev.FromPort {
+		f.Src.Pod = loc.Pod
+	}
+	if atPort && ev.ToPort {
+		f.Dst.Pod = loc.Pod
+	}
 	f.Service, f.Frontend = n.service(ev)
 	return f
 }
 
+// frontendReasons are the drops of a packet still addressed to a
+// Service's frontend (refused before translation): only these name the
+// Service by their destination.
+var frontendReasons = map[string]bool{"no-endpoints": true, "no-service-port": true, "no-local-endpoints": true,
+	"source-range": true, "frontend-closed": true}
+
 // service names the Service a flow addressed: the frontend the data plane
-// told (the flow was translated), or else a dropped packet's destination
-// (dropped before translation: a Service without endpoints).
+// told (the flow was translated), or else the destination of a packet a
+// frontend refused (before translation: a Service without endpoints).
 func (n Names) service(ev datapath.FlowEvent) (string, *netip.AddrPort) {
 	at := ev.Service
 	if !at.IsValid() {
-		if !ev.Dropped {
+		if !ev.Dropped || !frontendReasons[ev.Reason] {
 			return "", nil
 		}
 		at = ev.Dst
 	}
 	fe := Frontend{Proto: ev.Proto, Addr: at.Addr().Unmap(), Port: at.Port()}
 	name, ok := n.Services[fe]
-	if !ok && ev.Service.IsValid() {
+	if !ok && n.NodeAddrs[fe.Addr] {
 		fe.Addr = netip.Addr{}
 		name, ok = n.NodePorts[fe]
 	}
@@ -305,9 +322,21 @@ func protoName(p uint8) string {
 	return strconv.Itoa(int(p))
 }
 
-// Handler serves GET /flows?since=SEQ&limit=N as a JSON array.
+// Handler serves GET /flows?since=SEQ&limit=N as a JSON array. Never to
+// a pod: a request from an address a pod holds (in any network; a pod
+// cannot send from another's, the data plane drops spoofed sources) is
+// refused, so a tenant whose view reaches the node's address cannot read
+// the node's flows. The API server's pod proxy, the node's own processes
+// and hostNetwork pods speak from node addresses.
 func (l *Log) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if forbid, err := l.fromPod(r); err != nil || forbid {
+			if err == nil {
+				err = fmt.Errorf("not served to pods")
+			}
+			http.Error(w, fmt.Sprintf("flows: %v", err), http.StatusForbidden)
+			return
+		}
 		since, _ := strconv.ParseUint(r.URL.Query().Get("since"), 10, 64)
 		limit, _ := strconv.Atoi(r.URL.Query().Get("limit"))
 		fs, err := l.Since(r.Context(), since, limit)
@@ -318,4 +347,23 @@ func (l *Log) Handler() http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(fs)
 	})
+}
+
+// fromPod tells whether r comes from an address some pod holds.
+func (l *Log) fromPod(r *http.Request) (bool, error) {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return false, fmt.Errorf("remote address %q: %w", r.RemoteAddr, err)
+	}
+	names, err := l.name(r.Context())
+	if err != nil {
+		return false, err
+	}
+	from := ap.Addr().Unmap()
+	for k := range names.Pods {
+		if k.Addr == from {
+			return true, nil
+		}
+	}
+	return false, nil
 }

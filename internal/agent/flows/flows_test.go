@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"testing"
 	"time"
@@ -80,6 +82,7 @@ func TestLogNamesServices(t *testing.T) {
 	names := Names{
 		Services:  map[Frontend]string{{Proto: 17, Addr: vip.Addr(), Port: 53}: "kube-system/dns"},
 		NodePorts: map[Frontend]string{{Proto: 6, Port: 30080}: "web/front"},
+		NodeAddrs: map[netip.Addr]bool{netip.MustParseAddr("192.0.2.1"): true},
 	}
 	l := New("n1", &fakeDP{}, func(context.Context) (Names, error) { return names, nil }, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	ep := netip.MustParseAddrPort("10.0.0.5:5353")
@@ -89,17 +92,72 @@ func TestLogNamesServices(t *testing.T) {
 	l.add(datapath.FlowEvent{Proto: 17, Dropped: true, Reason: "no-endpoints", Src: netip.MustParseAddrPort("10.0.0.2:4002"), Dst: vip})
 	l.add(datapath.FlowEvent{Proto: 17, Src: netip.MustParseAddrPort("10.0.0.2:4003"), Dst: vip})
 	l.add(datapath.FlowEvent{Proto: 6, Src: netip.MustParseAddrPort("10.0.0.2:4004"), Dst: vip, Service: vip}) // TCP: another port's protocol
+	// A node port on an address that is no node's; a policy's drop to an
+	// address a Service is at (not a frontend's refusal).
+	l.add(datapath.FlowEvent{Proto: 6, Src: netip.MustParseAddrPort("10.0.0.2:4005"), Dst: ep, Service: netip.MustParseAddrPort("10.96.5.5:30080")})
+	l.add(datapath.FlowEvent{Proto: 17, Dropped: true, Reason: "policy", PolicyDirDecided: true, Src: netip.MustParseAddrPort("10.0.0.2:4006"), Dst: vip})
 	fs, err := l.Since(context.Background(), 0, 0)
-	if err != nil || len(fs) != 5 {
+	if err != nil || len(fs) != 7 {
 		t.Fatalf("flows %+v (%v)", fs, err)
 	}
 	for i, want := range []struct {
 		svc string
 		at  netip.AddrPort
-	}{{"kube-system/dns", vip}, {"web/front", node}, {"kube-system/dns", vip}, {}, {}} {
+	}{{"kube-system/dns", vip}, {"web/front", node}, {"kube-system/dns", vip}, {}, {}, {}, {}} {
 		f := fs[i]
 		if f.Service != want.svc || (f.Frontend == nil) != (want.svc == "") || (f.Frontend != nil && *f.Frontend != want.at) {
 			t.Errorf("flow %d: service %q at %v, want %q at %v", i, f.Service, f.Frontend, want.svc, want.at)
 		}
+	}
+}
+
+// TestLogNamesSender: a packet told at a pod's port names that pod as
+// its sender (or receiver) whatever address it carries: a spoofed source
+// never names the pod it forged.
+func TestLogNamesSender(t *testing.T) {
+	names := Names{
+		Pods: map[netpol.PeerKey]string{
+			{NetID: 1, Addr: netip.MustParseAddr("10.0.0.2")}: "a/forger",
+			{NetID: 1, Addr: netip.MustParseAddr("10.0.0.3")}: "b/victim",
+		},
+		Locals: map[uint32]Local{7: {Pod: "a/forger", NetID: 1}, 8: {Pod: "c/dst", NetID: 1}},
+	}
+	l := New("n1", &fakeDP{}, func(context.Context) (Names, error) { return names, nil }, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	l.add(datapath.FlowEvent{SrcNet: 1, IfIndex: 7, Dropped: true, Reason: "spoofed-source", FromPort: true, Proto: 17,
+		Src: netip.MustParseAddrPort("10.0.0.3:53"), Dst: netip.MustParseAddrPort("10.0.0.9:53")})
+	l.add(datapath.FlowEvent{DstNet: 1, IfIndex: 8, Dropped: true, Reason: "header-adjust-failed", ToPort: true, Proto: 17,
+		Src: netip.MustParseAddrPort("10.0.0.3:53"), Dst: netip.MustParseAddrPort("10.0.0.77:53")})
+	fs, err := l.Since(context.Background(), 0, 0)
+	if err != nil || len(fs) != 2 {
+		t.Fatalf("flows %+v (%v)", fs, err)
+	}
+	if fs[0].Src.Pod != "a/forger" || fs[0].Src.Addr.Addr() != netip.MustParseAddr("10.0.0.3") {
+		t.Errorf("a spoofed packet served as sent by %q from %v, want a/forger with the forged address", fs[0].Src.Pod, fs[0].Src.Addr)
+	}
+	if fs[1].Dst.Pod != "c/dst" {
+		t.Errorf("a packet for the pod at port 8 served as for %q", fs[1].Dst.Pod)
+	}
+}
+
+// TestHandlerRefusesPods: /flows answers a node address and refuses an
+// address a pod holds, without turning the events on.
+func TestHandlerRefusesPods(t *testing.T) {
+	dp := &fakeDP{}
+	names := Names{Pods: map[netpol.PeerKey]string{{NetID: 3, Addr: netip.MustParseAddr("fd00:61::5")}: "t/spy"}}
+	l := New("n1", dp, func(context.Context) (Names, error) { return names, nil }, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	for _, c := range []struct {
+		from string
+		want int
+	}{{"[fd00:61::5]:40000", http.StatusForbidden}, {"[::ffff:10.0.0.1]:40000", http.StatusOK}, {"172.30.0.2:5000", http.StatusOK}} {
+		r := httptest.NewRequest(http.MethodGet, "/flows", nil)
+		r.RemoteAddr = c.from
+		w := httptest.NewRecorder()
+		l.Handler().ServeHTTP(w, r)
+		if w.Code != c.want {
+			t.Errorf("from %s: %d, want %d", c.from, w.Code, c.want)
+		}
+	}
+	if len(dp.on) != 1 {
+		t.Errorf("switched %v: the refused request must not turn events on", dp.on)
 	}
 }
