@@ -35,6 +35,8 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"github.com/lace-cni/lace/lab/conformance/labrun"
 )
 
 // DefaultFocus is every [sig-network] describe that a CNI and a kube-proxy
@@ -144,22 +146,17 @@ func run(ctx context.Context, o options, out io.Writer) (int, error) {
 		return summarize(o, focus, skips, out, true)
 	}
 
-	kubeconfig, up, err := ensureLab(ctx, o, out)
+	l := labrun.Lab{LaceLab: o.laceLab, Name: o.lab, Out: out}
+	// Cluster DNS: the specs name Services (curl, nc, nslookup). Three
+	// zones: Traffic Distribution needs them.
+	kubeconfig, up, err := l.Ensure(ctx, "--dns", "--nodes", fmt.Sprint(o.nodes), "--zones", fmt.Sprint(o.zones))
 	if up && !o.keep {
-		defer func() {
-			// The lab goes even when the run was interrupted.
-			fmt.Fprintf(out, "taking lab %s down\n", o.lab)
-			c := exec.Command(o.laceLab, "down", "--name", o.lab)
-			c.Stdout, c.Stderr = out, os.Stderr
-			if err := c.Run(); err != nil {
-				fmt.Fprintf(os.Stderr, "conformance: lace-lab down --name %s: %v\n", o.lab, err)
-			}
-		}()
+		defer l.Down()
 	}
 	if err != nil {
 		return 1, err
 	}
-	if err := loadImages(ctx, o, out); err != nil {
+	if err := loadImages(ctx, l, o.images, out); err != nil {
 		return 1, err
 	}
 	if err := preflight(ctx, o.kubectl, kubeconfig, out); err != nil {
@@ -191,42 +188,16 @@ func run(ctx context.Context, o options, out io.Writer) (int, error) {
 	return code, nil
 }
 
-// ensureLab returns the kubeconfig of the lab o.lab, bringing it up when it
-// does not run; up tells that it did (even when up then failed, so that
-// the caller takes the pieces down).
-func ensureLab(ctx context.Context, o options, out io.Writer) (kubeconfig string, up bool, err error) {
-	if exec.CommandContext(ctx, o.laceLab, "status", "--name", o.lab).Run() != nil {
-		up = true
-		fmt.Fprintf(out, "bringing lab %s up\n", o.lab)
-		// Cluster DNS: the specs name Services (curl, nc, nslookup). Three
-		// zones: Traffic Distribution needs them.
-		c := exec.CommandContext(ctx, o.laceLab, "up", "--name", o.lab, "--dns", "--nodes", fmt.Sprint(o.nodes), "--zones", fmt.Sprint(o.zones))
-		c.Stdout, c.Stderr = out, os.Stderr
-		if err := c.Run(); err != nil {
-			return "", up, fmt.Errorf("lace-lab up --name %s: %w", o.lab, err)
-		}
-	} else {
-		fmt.Fprintf(out, "using lab %s, which runs (it stays up)\n", o.lab)
-	}
-	b, err := exec.CommandContext(ctx, o.laceLab, "kubeconfig", "--name", o.lab).Output()
-	if err != nil {
-		return "", up, fmt.Errorf("lace-lab kubeconfig --name %s: %w", o.lab, err)
-	}
-	return strings.TrimSpace(string(b)), up, nil
-}
-
-// loadImages imports every e2e-*.tar of o.images into every node.
-func loadImages(ctx context.Context, o options, out io.Writer) error {
-	tars, _ := filepath.Glob(filepath.Join(o.images, "e2e-*.tar"))
+// loadImages imports every e2e-*.tar of images into every node of l.
+func loadImages(ctx context.Context, l labrun.Lab, images string, out io.Writer) error {
+	tars, _ := filepath.Glob(filepath.Join(images, "e2e-*.tar"))
 	if len(tars) == 0 {
-		return fmt.Errorf("no e2e-*.tar in %s: run go run ./lab/mkimages --e2e --out %s --agnhost AGNHOST", o.images, o.images)
+		return fmt.Errorf("no e2e-*.tar in %s: run go run ./lab/mkimages --e2e --out %s --agnhost AGNHOST", images, images)
 	}
 	for _, t := range tars {
 		fmt.Fprintf(out, "loading %s into every node\n", filepath.Base(t))
-		c := exec.CommandContext(ctx, o.laceLab, "load", "--name", o.lab, t)
-		c.Stdout, c.Stderr = out, os.Stderr
-		if err := c.Run(); err != nil {
-			return fmt.Errorf("lace-lab load %s: %w", t, err)
+		if err := l.Load(ctx, t); err != nil {
+			return err
 		}
 	}
 	return nil

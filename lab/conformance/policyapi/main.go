@@ -34,9 +34,10 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
+
+	"github.com/lace-cni/lace/lab/conformance/labrun"
 )
 
 func main() {
@@ -129,26 +130,18 @@ func run(ctx context.Context, o runOptions, out io.Writer) (int, error) {
 		return 1, err
 	}
 
-	kubeconfig, up, err := ensureLab(ctx, o, out)
+	l := labrun.Lab{LaceLab: o.laceLab, Name: o.lab, Out: out}
+	// No cluster DNS: the suite dials pod addresses and names nothing.
+	kubeconfig, up, err := l.Ensure(ctx, "--nodes", fmt.Sprint(o.nodes), "--dns=false")
 	if up && !o.keep {
-		defer func() {
-			// The lab goes even when the run failed or was interrupted.
-			fmt.Fprintf(out, "taking lab %s down\n", o.lab)
-			c := exec.Command(o.laceLab, "down", "--name", o.lab)
-			c.Stdout, c.Stderr = out, os.Stderr
-			if err := c.Run(); err != nil {
-				fmt.Fprintf(os.Stderr, "policyapi: lace-lab down --name %s: %v\n", o.lab, err)
-			}
-		}()
+		defer l.Down()
 	}
 	if err != nil {
 		return 1, err
 	}
 	fmt.Fprintf(out, "loading %s into every node\n", filepath.Base(o.image))
-	c := exec.CommandContext(ctx, o.laceLab, "load", "--name", o.lab, o.image)
-	c.Stdout, c.Stderr = out, os.Stderr
-	if err := c.Run(); err != nil {
-		return 1, fmt.Errorf("lace-lab load %s: %w", o.image, err)
+	if err := l.Load(ctx, o.image); err != nil {
+		return 1, err
 	}
 
 	events, err := os.Create(filepath.Join(o.reportDir, "test.json"))
@@ -169,7 +162,7 @@ func run(ctx context.Context, o runOptions, out io.Writer) (int, error) {
 		"-test.v=test2json", "-test.run=" + runRE, "-test.timeout=" + o.timeout.String()}
 	fmt.Fprintf(out, "running TestConformance (%s; log: %s)\n", dev.Module, logf.Name())
 	start := time.Now()
-	c = exec.CommandContext(ctx, o.goCmd, args...)
+	c := exec.CommandContext(ctx, o.goCmd, args...)
 	c.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
 	pr, pw := io.Pipe()
 	c.Stdout, c.Stderr = pw, os.Stderr
@@ -202,29 +195,6 @@ func run(ctx context.Context, o runOptions, out io.Writer) (int, error) {
 		return 1, fmt.Errorf("the test binary: %w", runErr)
 	}
 	return 0, nil
-}
-
-// ensureLab returns the kubeconfig of lab o.lab, bringing it up when it
-// does not run; up tells that it did (even when up then failed, so that
-// the caller takes the pieces down).
-func ensureLab(ctx context.Context, o runOptions, out io.Writer) (kubeconfig string, up bool, err error) {
-	if exec.CommandContext(ctx, o.laceLab, "status", "--name", o.lab).Run() != nil {
-		up = true
-		fmt.Fprintf(out, "bringing lab %s up (%d nodes)\n", o.lab, o.nodes)
-		// No cluster DNS: the suite dials pod addresses and names nothing.
-		c := exec.CommandContext(ctx, o.laceLab, "up", "--name", o.lab, "--nodes", fmt.Sprint(o.nodes), "--dns=false")
-		c.Stdout, c.Stderr = out, os.Stderr
-		if err := c.Run(); err != nil {
-			return "", up, fmt.Errorf("lace-lab up --name %s: %w", o.lab, err)
-		}
-	} else {
-		fmt.Fprintf(out, "using lab %s, which runs (it stays up)\n", o.lab)
-	}
-	b, err := exec.CommandContext(ctx, o.laceLab, "kubeconfig", "--name", o.lab).Output()
-	if err != nil {
-		return "", up, fmt.Errorf("lace-lab kubeconfig --name %s: %w", o.lab, err)
-	}
-	return strings.TrimSpace(string(b)), up, nil
 }
 
 // recordPods writes the cluster's pods (where each ran, its state) beside
