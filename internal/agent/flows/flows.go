@@ -139,17 +139,16 @@ func (l *Log) Run(ctx context.Context) error {
 			case <-ctx.Done():
 				return
 			case <-t.C:
+				// The switch is written under the lock that records it:
+				// an idle tick's "off" never lands after an ask's "on".
 				l.mu.Lock()
-				off := l.on && time.Since(l.asked) > idle
-				if off {
+				if l.on && time.Since(l.asked) > idle {
 					l.on = false
-				}
-				l.mu.Unlock()
-				if off {
 					if err := l.dp.SetFlows(false, perSec); err != nil {
 						l.log.Info("turn flow events off", "err", err)
 					}
 				}
+				l.mu.Unlock()
 			}
 		}
 	}()
@@ -205,8 +204,15 @@ type Endpoint struct {
 func (l *Log) Since(ctx context.Context, seq uint64, limit int) ([]Flow, error) {
 	l.mu.Lock()
 	l.asked = time.Now()
-	turnOn := !l.on
-	l.on = true
+	if !l.on {
+		// Recorded on only once the data plane is: a failed switch is
+		// tried again by the next ask.
+		if err := l.dp.SetFlows(true, perSec); err != nil {
+			l.mu.Unlock()
+			return nil, err
+		}
+		l.on = true
+	}
 	var es []entry
 	for _, e := range l.ring {
 		if e.seq > seq {
@@ -214,11 +220,6 @@ func (l *Log) Since(ctx context.Context, seq uint64, limit int) ([]Flow, error) 
 		}
 	}
 	l.mu.Unlock()
-	if turnOn {
-		if err := l.dp.SetFlows(true, perSec); err != nil {
-			return nil, err
-		}
-	}
 	sort.Slice(es, func(i, j int) bool { return es[i].seq < es[j].seq })
 	if limit > 0 && len(es) > limit {
 		es = es[len(es)-limit:]

@@ -2,6 +2,7 @@ package flows
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -14,9 +15,19 @@ import (
 	"github.com/lace-cni/lace/internal/netpol"
 )
 
-type fakeDP struct{ on []bool }
+type fakeDP struct {
+	on   []bool
+	fail int // how many switches fail first
+}
 
-func (f *fakeDP) SetFlows(on bool, _ uint32) error { f.on = append(f.on, on); return nil }
+func (f *fakeDP) SetFlows(on bool, _ uint32) error {
+	if f.fail > 0 {
+		f.fail--
+		return fmt.Errorf("map write failed")
+	}
+	f.on = append(f.on, on)
+	return nil
+}
 func (f *fakeDP) ReadFlows(ctx context.Context, _ func(datapath.FlowEvent)) error {
 	<-ctx.Done()
 	return nil
@@ -159,5 +170,18 @@ func TestHandlerRefusesPods(t *testing.T) {
 	}
 	if len(dp.on) != 1 {
 		t.Errorf("switched %v: the refused request must not turn events on", dp.on)
+	}
+}
+
+// TestSwitchRetried: an ask whose switch failed is an error, and the next
+// ask turns the events on.
+func TestSwitchRetried(t *testing.T) {
+	dp := &fakeDP{fail: 1}
+	l := New("n1", dp, func(context.Context) (Names, error) { return Names{}, nil }, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if _, err := l.Since(context.Background(), 0, 0); err == nil {
+		t.Fatal("a failed switch: no error")
+	}
+	if _, err := l.Since(context.Background(), 0, 0); err != nil || len(dp.on) != 1 || !dp.on[0] {
+		t.Errorf("the next ask: %v, switched %v; want the events turned on", err, dp.on)
 	}
 }
