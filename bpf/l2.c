@@ -187,7 +187,7 @@ static __noinline int l2_nd(struct __sk_buff *skb, const struct l2_port *pt, con
  * rebuilds the frame from the neighbour table). The frame's source was
  * checked by the caller. Not decremented: a switched frame keeps its
  * TTL. */
-static __noinline int l2_to_node(struct __sk_buff *skb, __u32 net_id, const __u8 *dmac, const __u8 *node_sid)
+static __noinline int l2_to_node(struct __sk_buff *skb, __u32 net_id, __u32 from, const __u8 *dmac, const __u8 *node_sid)
 {
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
@@ -200,6 +200,10 @@ static __noinline int l2_to_node(struct __sk_buff *skb, __u32 net_id, const __u8
 	struct l2_neigh_val *n = neigh_of(net_id, p.family, p.daddr);
 	if (!n || !mac_eq(n->mac, dmac))
 		return drop(DROP_L2_NOT_CARRIED);
+	/* The sender's egress here; the receiver's ingress on its node
+	 * (l2_decap). */
+	if (l2_pol(from, POL_OUT, net_id, &p))
+		return drop(DROP_POLICY);
 	__u8 sid[16];
 	__builtin_memcpy(sid, node_sid, 16);
 	sid[SID_BEHAVIOUR_BYTE] = SID_L2_IP;
@@ -326,9 +330,10 @@ __noinline int l2_flood(struct __sk_buff *skb, __u32 net_id, __u32 from, int mod
 	return rc ? rc : consumed();
 }
 
-/* l2_to_port delivers a frame to a port on this node, as a Service
+/* l2_to_port delivers a frame from port from to a port on this node, as
+ * its receiver's policies and the sender's decide (l2_pol), as a Service
  * endpoint's answer when it is one (l2_unnat). */
-static __noinline int l2_to_port(struct __sk_buff *skb, __u32 net_id, __u32 ifindex)
+static __noinline int l2_to_port(struct __sk_buff *skb, __u32 net_id, __u32 from, __u32 ifindex)
 {
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
@@ -338,6 +343,12 @@ static __noinline int l2_to_port(struct __sk_buff *skb, __u32 net_id, __u32 ifin
 	struct pkt p = {};
 	if (parse_ip(skb, eth->h_proto, ETH_HLEN, &p))
 		return drop(DROP_NOT_IP);
+	if (l2_pol(from, POL_OUT, net_id, &p))
+		return drop(DROP_POLICY);
+	/* Decided before a Service endpoint's answer takes its VIP: the
+	 * client's flow is keyed by the endpoint. */
+	if (l2_pol(ifindex, POL_IN, net_id, &p))
+		return drop(DROP_POLICY);
 	if (l2_unnat(skb, &p, net_id))
 		return drop(DROP_ADJUST);
 	count(FWD_L2_SWITCHED);
@@ -578,11 +589,11 @@ static __always_inline int from_l2_run(struct __sk_buff *skb)
 	if (node)
 		__builtin_memcpy(dsid, node, 16);
 	if (node)
-		return l2_to_node(skb, pt.net_id, k.mac, dsid);
+		return l2_to_node(skb, pt.net_id, ifindex, k.mac, dsid);
 	/* A frame back to its own port is no switching. */
 	if (!difindex || difindex == ifindex)
 		return drop(DROP_L2_UNKNOWN_DST);
-	return l2_to_port(skb, pt.net_id, difindex);
+	return l2_to_port(skb, pt.net_id, ifindex, difindex);
 flood:
 	return l2_flood(skb, pt.net_id, ifindex, mode);
 }

@@ -633,8 +633,9 @@ static __noinline int l2_foreign_source(__u32 net_id, struct pkt *p, const __u8 
  * IP packet (SID_L2_IP) to the port holding its destination (ifindex,
  * macs: the pod's MAC first), rebuilt with the source's MAC from the
  * neighbour table. Switching stays inside a network, and the source's
- * address was placed at the sending node (l2_foreign_source). No flow is tracked; a Service endpoint's answer
- * to a translated flow leaves from the VIP (l2_unnat). */
+ * address was placed at the sending node (l2_foreign_source), and the
+ * receiver's policies admitted it (decap, l2_pol); a Service endpoint's
+ * answer to a translated flow leaves from the VIP (l2_unnat). */
 static __noinline int l2_decap(struct __sk_buff *skb, struct pkt *p, __u32 net_id, __u32 ifindex, __u8 *macs)
 {
 	/* ND is answered on each node, never carried: one from another
@@ -853,6 +854,11 @@ static __noinline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 	if (local_pod(net_id, p.family, p.daddr, &ifindex, macs) &&
 	    (!l2 || l2_learned_port(net_id, p.family, p.daddr, &ifindex, macs)))
 		return drop(DROP_NO_ENDPOINT);
+	/* A switched frame: its receiver's ingress here (the sender's egress
+	 * was decided on its node); from this frame, not l2_decap's, which
+	 * is a call deeper. */
+	if (l2 && l2_pol(ifindex, POL_IN, net_id, &p))
+		return drop(DROP_POLICY);
 	if (l2)
 		return l2_decap(skb, &p, net_id, ifindex, macs);
 	int icmp_err = is_icmp_error(&p);

@@ -375,7 +375,8 @@ static __always_inline __attribute__((unused)) int ns_flood_ok(struct __sk_buff 
  * answers the client directly, on-link). It must leave from the VIP, and
  * the client's flow must see the answer (its handshake settles), as on
  * the routed path. p is the frame's IP packet after the Ethernet header.
- * Only looked up: switched flows are not tracked. -1: the rewrite failed. */
+ * Only looked up: switched flows are tracked only where a policy has a
+ * say (l2_pol). -1: the rewrite failed. */
 static __noinline __attribute__((unused)) int l2_unnat(struct __sk_buff *skb, struct pkt *p, __u32 net_id)
 {
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
@@ -387,6 +388,53 @@ static __noinline __attribute__((unused)) int l2_unnat(struct __sk_buff *skb, st
 		return 0;
 	v = ct_update(&k, v, p, 0);
 	return unnat_reply(skb, p, v) ? -1 : 0;
+}
+
+/* The key l2_pol builds: a map value, not its frame, which sits at the end
+ * of from_underlay's call chain to l2_decap. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ct_key);
+} lace_l2_pol_key SEC(".maps");
+
+/* l2_pol decides a switched packet p of l2 network net_id at the l2 port
+ * ifindex, in direction dir (POL_OUT: the port's pod sent it; POL_IN: it
+ * goes to that pod), as the routed path decides at from_pod and at
+ * delivery. A port no policy has a say on passes, no flow tracked: an
+ * unpoliced network's switching costs one lookup. Otherwise a packet of a
+ * flow the other side opened is a reply and passes; one in a flow's
+ * opening direction is decided (every packet, so a narrowed policy stops
+ * an open flow too), and the flow is recorded from the port's side, so
+ * that its replies pass both ways. 1: refused (pol_denied counted it).
+ * A global function: verified once, and its frame stays off the flood
+ * chains. */
+__noinline int l2_pol(__u32 ifindex, __u32 dir, __u32 net_id, struct pkt *p)
+{
+	/* An ICMP error belongs to the flow it quotes, which its receiver
+	 * sent (l2_foreign_error judges that): never a flow of its own. */
+	if (!p || is_icmp_error(p) || !bpf_map_lookup_elem(&lace_pol_eps, &ifindex))
+		return 0;
+	struct ct_key *k = bpf_map_lookup_elem(&lace_l2_pol_key, &lace_zero_key);
+	if (!k)
+		return 0;
+	int out = dir == POL_OUT;
+	__u16 opener = out ? CT_ORIGIN_LOCAL : 0;
+	ct_key_of(k, net_id, p, out);
+	struct ct_val *ct = ct_lookup(k);
+	int fresh = ct && !(is_tcp_syn(p) && ct_closing(ct));
+	if (fresh && (ct->flags & CT_ORIGIN_LOCAL) != opener) {
+		ct_refresh(ct, p, 0);
+		return 0;
+	}
+	if (pol_denied(ifindex, dir, net_id, p))
+		return 1;
+	if (fresh)
+		ct_refresh(ct, p, 1);
+	else
+		ct_create(k, net_id, opener, 0, p, 1);
+	return 0;
 }
 
 /* Learning (PORT_L2_LEARN): a source its network does not know, reported

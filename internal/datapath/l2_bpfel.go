@@ -387,6 +387,7 @@ const (
 	l2MapLaceL2Moves        = "lace_l2_moves"
 	l2MapLaceL2Neigh        = "lace_l2_neigh"
 	l2MapLaceL2Nets         = "lace_l2_nets"
+	l2MapLaceL2PolKey       = "lace_l2_pol_key"
 	l2MapLaceNetworks       = "lace_networks"
 	l2MapLaceNodeLocs       = "lace_node_locs"
 	l2MapLaceNodes          = "lace_nodes"
@@ -483,6 +484,7 @@ type l2MapSpecs struct {
 	LaceL2Moves        *ebpf.MapSpec `ebpf:"lace_l2_moves"`
 	LaceL2Neigh        *ebpf.MapSpec `ebpf:"lace_l2_neigh"`
 	LaceL2Nets         *ebpf.MapSpec `ebpf:"lace_l2_nets"`
+	LaceL2PolKey       *ebpf.MapSpec `ebpf:"lace_l2_pol_key"`
 	LaceNetworks       *ebpf.MapSpec `ebpf:"lace_networks"`
 	LaceNodeLocs       *ebpf.MapSpec `ebpf:"lace_node_locs"`
 	LaceNodes          *ebpf.MapSpec `ebpf:"lace_nodes"`
@@ -555,6 +557,7 @@ type l2Maps struct {
 	LaceL2Moves        *ebpf.Map `ebpf:"lace_l2_moves"`
 	LaceL2Neigh        *ebpf.Map `ebpf:"lace_l2_neigh"`
 	LaceL2Nets         *ebpf.Map `ebpf:"lace_l2_nets"`
+	LaceL2PolKey       *ebpf.Map `ebpf:"lace_l2_pol_key"`
 	LaceNetworks       *ebpf.Map `ebpf:"lace_networks"`
 	LaceNodeLocs       *ebpf.Map `ebpf:"lace_node_locs"`
 	LaceNodes          *ebpf.Map `ebpf:"lace_nodes"`
@@ -602,6 +605,7 @@ func (m *l2Maps) Close() error {
 		m.LaceL2Moves,
 		m.LaceL2Neigh,
 		m.LaceL2Nets,
+		m.LaceL2PolKey,
 		m.LaceNetworks,
 		m.LaceNodeLocs,
 		m.LaceNodes,

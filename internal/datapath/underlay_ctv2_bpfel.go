@@ -412,6 +412,7 @@ const (
 	underlayMapLaceL2Moves        = "lace_l2_moves"
 	underlayMapLaceL2Neigh        = "lace_l2_neigh"
 	underlayMapLaceL2Nets         = "lace_l2_nets"
+	underlayMapLaceL2PolKey       = "lace_l2_pol_key"
 	underlayMapLaceNetworks       = "lace_networks"
 	underlayMapLaceNodeLocs       = "lace_node_locs"
 	underlayMapLaceNodes          = "lace_nodes"
@@ -512,6 +513,7 @@ type underlayMapSpecs struct {
 	LaceL2Moves        *ebpf.MapSpec `ebpf:"lace_l2_moves"`
 	LaceL2Neigh        *ebpf.MapSpec `ebpf:"lace_l2_neigh"`
 	LaceL2Nets         *ebpf.MapSpec `ebpf:"lace_l2_nets"`
+	LaceL2PolKey       *ebpf.MapSpec `ebpf:"lace_l2_pol_key"`
 	LaceNetworks       *ebpf.MapSpec `ebpf:"lace_networks"`
 	LaceNodeLocs       *ebpf.MapSpec `ebpf:"lace_node_locs"`
 	LaceNodes          *ebpf.MapSpec `ebpf:"lace_nodes"`
@@ -586,6 +588,7 @@ type underlayMaps struct {
 	LaceL2Moves        *ebpf.Map `ebpf:"lace_l2_moves"`
 	LaceL2Neigh        *ebpf.Map `ebpf:"lace_l2_neigh"`
 	LaceL2Nets         *ebpf.Map `ebpf:"lace_l2_nets"`
+	LaceL2PolKey       *ebpf.Map `ebpf:"lace_l2_pol_key"`
 	LaceNetworks       *ebpf.Map `ebpf:"lace_networks"`
 	LaceNodeLocs       *ebpf.Map `ebpf:"lace_node_locs"`
 	LaceNodes          *ebpf.Map `ebpf:"lace_nodes"`
@@ -635,6 +638,7 @@ func (m *underlayMaps) Close() error {
 		m.LaceL2Moves,
 		m.LaceL2Neigh,
 		m.LaceL2Nets,
+		m.LaceL2PolKey,
 		m.LaceNetworks,
 		m.LaceNodeLocs,
 		m.LaceNodes,
