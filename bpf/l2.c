@@ -200,10 +200,13 @@ static __noinline int l2_to_node(struct __sk_buff *skb, __u32 net_id, __u32 from
 	struct l2_neigh_val *n = neigh_of(net_id, p.family, p.daddr);
 	if (!n || !mac_eq(n->mac, dmac))
 		return drop(DROP_L2_NOT_CARRIED);
-	/* The sender's egress here; the receiver's ingress on its node
-	 * (l2_decap). */
-	if (l2_pol(from, POL_OUT, net_id, &p))
-		return drop(DROP_POLICY);
+	/* The sender's egress here (a later fragment by its first's
+	 * ports); the receiver's ingress on its node (decap). */
+	if (p.frag && l2_pol_say(from) && frag_track(&p, net_id, net_id))
+		return drop(DROP_FRAG_NO_FIRST);
+	int why = l2_pol(from, POL_OUT, net_id, &p);
+	if (why)
+		return drop(why);
 	__u8 sid[16];
 	__builtin_memcpy(sid, node_sid, 16);
 	sid[SID_BEHAVIOUR_BYTE] = SID_L2_IP;
@@ -343,12 +346,25 @@ static __noinline int l2_to_port(struct __sk_buff *skb, __u32 net_id, __u32 from
 	struct pkt p = {};
 	if (parse_ip(skb, eth->h_proto, ETH_HLEN, &p))
 		return drop(DROP_NOT_IP);
-	if (l2_pol(from, POL_OUT, net_id, &p))
-		return drop(DROP_POLICY);
+	int say_in = l2_pol_say(ifindex);
+	if (say_in || l2_pol_say(from)) {
+		/* Where a policy decides: a later fragment by its first's
+		 * ports, and a frame only to the MAC of its destination
+		 * address (the receiver's flow is keyed by that address: a pod
+		 * may not record a flow in another's name). */
+		if (p.frag && frag_track(&p, net_id, net_id))
+			return drop(DROP_FRAG_NO_FIRST);
+		struct l2_neigh_val *n = say_in ? neigh_of(net_id, p.family, p.daddr) : NULL;
+		if (say_in && (!n || !mac_eq(n->mac, eth->h_dest)))
+			return drop(DROP_L2_NOT_CARRIED);
+	}
+	int why = l2_pol(from, POL_OUT, net_id, &p);
 	/* Decided before a Service endpoint's answer takes its VIP: the
 	 * client's flow is keyed by the endpoint. */
-	if (l2_pol(ifindex, POL_IN, net_id, &p))
-		return drop(DROP_POLICY);
+	if (!why)
+		why = l2_pol(ifindex, POL_IN, net_id, &p);
+	if (why)
+		return drop(why);
 	if (l2_unnat(skb, &p, net_id))
 		return drop(DROP_ADJUST);
 	count(FWD_L2_SWITCHED);
@@ -495,6 +511,7 @@ static __always_inline int from_l2_run(struct __sk_buff *skb)
 	struct ethhdr *eth = data;
 	if ((void *)(eth + 1) > end)
 		return drop(DROP_NOT_IP);
+	__u16 proto = eth->h_proto;
 
 	/* The source MAC is the port's: lace_fdb holds it for this port. */
 	struct fdb_key k = {.net_id = pt.net_id};
@@ -515,7 +532,6 @@ static __always_inline int from_l2_run(struct __sk_buff *skb)
 		}
 	}
 
-	__u16 proto = eth->h_proto;
 	int icmp = 0; /* an ICMP or ICMPv6 header right after the IP header */
 	if (proto == bpf_htons(ETH_P_ARP_)) {
 		int rc = l2_arp(skb, &pt, k.mac);
@@ -595,6 +611,10 @@ static __always_inline int from_l2_run(struct __sk_buff *skb)
 		return drop(DROP_L2_UNKNOWN_DST);
 	return l2_to_port(skb, pt.net_id, ifindex, difindex);
 flood:
+	/* A flooded IP frame is no flow a rule can admit: a port a policy
+	 * isolates for egress sends none (its receivers' ingress: l2_flood_local). */
+	if ((proto == bpf_htons(ETH_P_IP) || proto == bpf_htons(ETH_P_IPV6)) && l2_isolated(ifindex, POL_OUT))
+		return drop(DROP_POLICY);
 	return l2_flood(skb, pt.net_id, ifindex, mode);
 }
 

@@ -857,8 +857,11 @@ static __noinline int decap(struct __sk_buff *skb, struct ipv6hdr *outer)
 	/* A switched frame: its receiver's ingress here (the sender's egress
 	 * was decided on its node); from this frame, not l2_decap's, which
 	 * is a call deeper. */
-	if (l2 && l2_pol(ifindex, POL_IN, net_id, &p))
-		return drop(DROP_POLICY);
+	if (l2) {
+		int why = l2_pol(ifindex, POL_IN, net_id, &p);
+		if (why)
+			return drop(why);
+	}
 	if (l2)
 		return l2_decap(skb, &p, net_id, ifindex, macs);
 	int icmp_err = is_icmp_error(&p);

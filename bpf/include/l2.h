@@ -291,6 +291,22 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lace_l2_nets SEC(".maps");
 
+/* l2_isolated tells whether a policy isolates port ifindex in direction
+ * dir: a flooded IP frame (broadcast, multicast, unknown unicast), which
+ * no rule can be matched to as a flow, never reaches or leaves such a
+ * port. */
+static __always_inline int l2_isolated(__u32 ifindex, __u32 dir)
+{
+	struct pol_ep_val *ep = bpf_map_lookup_elem(&lace_pol_eps, &ifindex);
+	return ep && (ep->flags & POL_ISOLATED(dir));
+}
+
+/* l2_pol_say tells whether a policy has a say on port ifindex. */
+static __always_inline int l2_pol_say(__u32 ifindex)
+{
+	return bpf_map_lookup_elem(&lace_pol_eps, &ifindex) != NULL;
+}
+
 /* l2_flood_local copies the frame to the network's ports on this node but
  * skip (the port it came from); learning: only to ports that learn (what
  * is flooded to find an address or MAC its network does not know, which
@@ -301,6 +317,11 @@ static __always_inline void l2_flood_local(struct __sk_buff *skb, __u32 net_id, 
 	struct l2_net_val *nv = bpf_map_lookup_elem(&lace_l2_nets, &net_id);
 	if (!nv)
 		return;
+	/* An IP frame skips the ports a policy isolates for ingress. */
+	__u16 proto = 0;
+	if (bpf_skb_load_bytes(skb, offsetof(struct ethhdr, h_proto), &proto, 2))
+		return;
+	int ip = proto == bpf_htons(ETH_P_IP) || proto == bpf_htons(ETH_P_IPV6);
 	__u32 n = nv->nlocal;
 	for (__u32 i = 0; i < L2_FLOOD_MAX; i++) {
 		if (i >= n)
@@ -309,13 +330,15 @@ static __always_inline void l2_flood_local(struct __sk_buff *skb, __u32 net_id, 
 		struct l2_flood_val *v = bpf_map_lookup_elem(&lace_l2_flood, &k);
 		if (!v || v->ifindex == skip)
 			continue;
+		__u32 ifi = v->ifindex;
 		if (learning) {
-			__u32 ifi = v->ifindex;
 			struct port_val *pv = bpf_map_lookup_elem(&lace_ports, &ifi);
 			if (!pv || !(pv->flags & PORT_L2_LEARN) || pv->net_id != net_id)
 				continue;
 		}
-		bpf_clone_redirect(skb, v->ifindex, 0);
+		if (ip && l2_isolated(ifi, POL_IN))
+			continue;
+		bpf_clone_redirect(skb, ifi, 0);
 	}
 }
 
@@ -404,12 +427,14 @@ struct {
  * goes to that pod), as the routed path decides at from_pod and at
  * delivery. A port no policy has a say on passes, no flow tracked: an
  * unpoliced network's switching costs one lookup. Otherwise a packet of a
- * flow the other side opened is a reply and passes; one in a flow's
- * opening direction is decided (every packet, so a narrowed policy stops
- * an open flow too), and the flow is recorded from the port's side, so
- * that its replies pass both ways. 1: refused (pol_denied counted it).
- * A global function: verified once, and its frame stays off the flood
- * chains. */
+ * flow the other side opened is a reply and passes (the pod's own reset
+ * is final, as from_pod makes it); one in a flow's opening direction is
+ * decided (every packet, so a narrowed policy stops an open flow too),
+ * and the flow is recorded from the port's side, so that its replies pass
+ * both ways. A later fragment comes with its first's ports (the caller's
+ * frag_track). Returns 0, or the drop reason (pol_denied counted a
+ * policy's refusal on the policy). A global function: verified once, and
+ * its frame stays off the flood chains. */
 __noinline int l2_pol(__u32 ifindex, __u32 dir, __u32 net_id, struct pkt *p)
 {
 	/* An ICMP error belongs to the flow it quotes, which its receiver
@@ -424,12 +449,18 @@ __noinline int l2_pol(__u32 ifindex, __u32 dir, __u32 net_id, struct pkt *p)
 	ct_key_of(k, net_id, p, out);
 	struct ct_val *ct = ct_lookup(k);
 	int fresh = ct && !(is_tcp_syn(p) && ct_closing(ct));
+	/* A flow the pod routed to another network that holds the same
+	 * address is no switched flow's. */
+	if (fresh && ct->peer_net != net_id)
+		return DROP_CT_OTHER_NET;
 	if (fresh && (ct->flags & CT_ORIGIN_LOCAL) != opener) {
 		ct_refresh(ct, p, 0);
+		if (out && p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_RST))
+			ct->flags |= CT_RST_LOCAL;
 		return 0;
 	}
 	if (pol_denied(ifindex, dir, net_id, p))
-		return 1;
+		return DROP_POLICY;
 	if (fresh)
 		ct_refresh(ct, p, 1);
 	else

@@ -1,6 +1,8 @@
 package datapath
 
 import (
+	"net"
+	"net/netip"
 	"testing"
 
 	"github.com/lace-cni/lace/internal/netpol"
@@ -102,4 +104,51 @@ func TestProgL2Policy(t *testing.T) {
 	onlyDrop(t, d, "no-underlay-route", func() {
 		runL2(t, d, l2PortA, fromMAC(l2MACA, ether(l2MACC, 0x0800, ipv4(l2A4, l2C4, 17, udp(7, 5000)))))
 	})
+}
+
+// TestProgL2PolicyFloodAndNames: a port a policy isolates for egress
+// floods no IP frame (a broadcast is no flow a rule can admit); and a pod
+// cannot record a flow in another's name by sending to a third port's MAC
+// with the other's address (both found by review).
+func TestProgL2PolicyFloodAndNames(t *testing.T) {
+	d := progL2NodesDatapath(t)
+	sync := func(tb netpol.Tables) {
+		t.Helper()
+		tb.Policies = map[uint32]netpol.PolicyRef{polDenyIn: {Kind: "NetworkPolicy", Namespace: "ns", Name: "in"},
+			polDenyOut: {Kind: "NetworkPolicy", Namespace: "ns", Name: "out"}}
+		if err := d.SyncPolicies(tb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bcast := net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	// B isolated for egress: no IP broadcast leaves it.
+	sync(netpol.Tables{Endpoints: map[uint32]netpol.Endpoint{l2PortB: {Lookup: netpol.Egress, Isolated: netpol.Egress, DenyOut: polDenyOut}}})
+	onlyDrop(t, d, "policy", func() {
+		runL2(t, d, l2PortB, fromMAC(l2MACB, ether(bcast, 0x0800, ipv4(l2B4, netip.MustParseAddr("10.70.1.255"), 17, udp(68, 67)))))
+	})
+
+	// A third port A2 sends to A's MAC with B's address: A (which has a
+	// say) would key the flow by B, and B's packets to A2 would pass B's
+	// shut egress as replies.
+	const portA2 = 5003
+	macA2, a2 := net.HardwareAddr{0x0a, 0x58, 10, 70, 1, 5}, netip.MustParseAddr("10.70.1.5")
+	for _, err := range []error{
+		d.UpsertPort(Port{IfIndex: portA2, NetID: progNet, V4: a2, L2: true}),
+		d.SyncL2Local([]L2Neighbor{{NetID: progNet, Addr: l2A4, MAC: l2MACA}, {NetID: progNet, Addr: l2B4, MAC: l2MACB},
+			{NetID: progNet, Addr: a2, MAC: macA2}, {NetID: progNet, Addr: l2Gw4, MAC: l2MACGw, Router: true}},
+			[]FDBEntry{{NetID: progNet, MAC: l2MACA, IfIndex: l2PortA}, {NetID: progNet, MAC: l2MACB, IfIndex: l2PortB},
+				{NetID: progNet, MAC: macA2, IfIndex: portA2}, {NetID: progNet, MAC: l2MACGw, Gateway: true}}),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	sync(netpol.Tables{Endpoints: map[uint32]netpol.Endpoint{
+		l2PortB: {Lookup: netpol.Egress, Isolated: netpol.Egress, DenyOut: polDenyOut}, l2PortA: {Lookup: netpol.Ingress}}})
+	bToA2 := fromMAC(l2MACB, ether(macA2, 0x0800, ipv4(l2B4, a2, 17, udp(5000, 53))))
+	onlyDrop(t, d, "policy", func() { runL2(t, d, l2PortB, bToA2) })
+	onlyDrop(t, d, "l2-frame-not-carried", func() {
+		runL2(t, d, portA2, fromMAC(macA2, ether(l2MACA, 0x0800, ipv4(a2, l2B4, 17, udp(53, 5000)))))
+	})
+	onlyDrop(t, d, "policy", func() { runL2(t, d, l2PortB, bToA2) })
 }
