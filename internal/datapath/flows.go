@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/netip"
 	"time"
+
+	"github.com/cilium/ebpf"
 )
 
 // FlowEvent is one event of the data plane's flow ring
@@ -77,19 +79,14 @@ func (d *Datapath) SetFlows(on bool, perSec uint32) error {
 // packets from the fabric) or a full ring dropped.
 func (d *Datapath) FlowsLost() (uint64, error) {
 	var n uint64
-	for _, m := range []struct {
-		name string
-		m    interface {
-			Lookup(key, value any) error
-		}
-	}{{"lace_flow_rate", d.pod.LaceFlowRate}, {"lace_flow_rate_fabric", d.pod.LaceFlowRateFabric}} {
+	for _, m := range []*ebpf.Map{d.pod.LaceFlowRate, d.pod.LaceFlowRateFabric} {
 		var per []struct {
 			Window uint64
 			Sent   uint32
 			Lost   uint32
 		}
-		if err := m.m.Lookup(uint32(0), &per); err != nil {
-			return 0, fmt.Errorf("read %s: %w", m.name, err)
+		if err := m.Lookup(uint32(0), &per); err != nil {
+			return 0, fmt.Errorf("read flow budget: %w", err)
 		}
 		for _, r := range per {
 			n += uint64(r.Lost)

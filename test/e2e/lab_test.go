@@ -237,22 +237,28 @@ func TestPodsOnOneNodeReachEachOther(t *testing.T) {
 
 // getFromNode sends an HTTP GET from inside a lab node's namespace.
 func getFromNode(ctx context.Context, node, url string) ([]byte, error) {
-	ns := netutil.Path(lab.Config{Name: labName}.NetNS(node))
+	_, body, err := getInNS(ctx, netutil.Path(lab.Config{Name: labName}.NetNS(node)), url)
+	return body, err
+}
+
+// getInNS GETs url from inside the network namespace at nsPath.
+func getInNS(ctx context.Context, nsPath, url string) (int, []byte, error) {
 	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return netutil.DialContext(ctx, ns, network, addr)
+			return netutil.DialContext(ctx, nsPath, network, addr)
 		},
 	}}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return nil, err
+		return 0, nil, err
 	}
 	resp, err := c.Do(req)
 	if err != nil {
-		return nil, err
+		return 0, nil, err
 	}
 	defer resp.Body.Close()
-	return io.ReadAll(resp.Body)
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, body, err
 }
 
 func TestUnknownImageFailsClearly(t *testing.T) {

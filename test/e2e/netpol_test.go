@@ -3,8 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -21,7 +19,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/lace-cni/lace/internal/dpmetrics"
-	"github.com/lace-cni/lace/internal/netutil"
 	"github.com/lace-cni/lace/lab"
 )
 
@@ -290,20 +287,6 @@ func getFromPod(ctx context.Context, pod *corev1.Pod, url string) (int, string, 
 	if err != nil {
 		return 0, "", err
 	}
-	c := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return netutil.DialContext(ctx, ns, network, addr)
-		},
-	}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return 0, "", err
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	return resp.StatusCode, string(b), err
+	code, body, err := getInNS(ctx, ns, url)
+	return code, string(body), err
 }
