@@ -79,6 +79,12 @@ func call(cmd string, a *skel.CmdArgs, printResult bool) error {
 		return &types.Error{Code: out.Error.Code, Msg: out.Error.Msg, Details: out.Error.Details}
 	}
 	if printResult {
+		// The runtime reads the printed result as the pod's network: an
+		// ADD that succeeds with no result, or with one that is no JSON
+		// object, would leave it without addresses and no error to show.
+		if !bytes.HasPrefix(bytes.TrimSpace(out.Result), []byte("{")) {
+			return types.NewError(types.ErrInternal, "lace-agent answered "+cmd+" with no result", string(out.Result))
+		}
 		if _, err := os.Stdout.Write(out.Result); err != nil {
 			return fmt.Errorf("write result: %w", err)
 		}
