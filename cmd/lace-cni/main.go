@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -23,14 +24,33 @@ import (
 	"github.com/lace-cni/lace/pkg/cniapi"
 )
 
-func main() {
-	skel.PluginMainFuncs(skel.CNIFuncs{
+const about = "Lace CNI plugin (forwards to lace-agent)"
+
+var (
+	cniFuncs = skel.CNIFuncs{
 		Add:    func(a *skel.CmdArgs) error { return call("ADD", a, true) },
 		Del:    func(a *skel.CmdArgs) error { return call("DEL", a, false) },
 		Check:  func(a *skel.CmdArgs) error { return call("CHECK", a, false) },
 		Status: func(a *skel.CmdArgs) error { return call("STATUS", a, false) },
 		GC:     func(a *skel.CmdArgs) error { return call("GC", a, false) },
-	}, version.PluginSupports("0.4.0", "1.0.0", "1.1.0"), "Lace CNI plugin (forwards to lace-agent)")
+	}
+	pluginVersions = version.PluginSupports("0.4.0", "1.0.0", "1.1.0")
+)
+
+// The agent's socket, the node's DEL queue and the result's destination
+// are variables so that the tests, which feed the plugin arbitrary
+// configurations, reach neither a real agent nor the node's queue.
+var (
+	dialAgent = func(ctx context.Context, sock string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}
+	queueDel           = cniapi.QueueDel
+	stdout   io.Writer = os.Stdout
+)
+
+func main() {
+	skel.PluginMainFuncs(cniFuncs, pluginVersions, about)
 }
 
 func call(cmd string, a *skel.CmdArgs, printResult bool) error {
@@ -46,10 +66,7 @@ func call(cmd string, a *skel.CmdArgs, printResult bool) error {
 		Args: parseArgs(a.Args), Config: a.StdinData}
 	body, _ := json.Marshal(req)
 	client := &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", sock)
-		}}}
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return dialAgent(ctx, sock) }}}
 	resp, err := client.Post("http://lace-agent/cni", "application/json", bytes.NewReader(body))
 	if err != nil {
 		if cmd == "DEL" {
@@ -62,7 +79,7 @@ func call(cmd string, a *skel.CmdArgs, printResult bool) error {
 			if dir == "" {
 				dir = cniapi.DefaultDelQueueDir
 			}
-			if qerr := cniapi.QueueDel(dir, req); qerr != nil {
+			if qerr := queueDel(dir, req); qerr != nil {
 				return types.NewError(types.ErrTryAgainLater, "lace-agent is not reachable at "+sock+" and the DEL cannot be queued",
 					fmt.Sprintf("%v; queue %s: %v", err, dir, qerr))
 			}
@@ -85,7 +102,7 @@ func call(cmd string, a *skel.CmdArgs, printResult bool) error {
 		if !bytes.HasPrefix(bytes.TrimSpace(out.Result), []byte("{")) {
 			return types.NewError(types.ErrInternal, "lace-agent answered "+cmd+" with no result", string(out.Result))
 		}
-		if _, err := os.Stdout.Write(out.Result); err != nil {
+		if _, err := stdout.Write(out.Result); err != nil {
 			return fmt.Errorf("write result: %w", err)
 		}
 	}
