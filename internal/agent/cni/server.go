@@ -144,6 +144,13 @@ func (s *Server) cmdAdd(ctx context.Context, req cniapi.Request) (json.RawMessag
 	if err := json.Unmarshal(req.Config, &conf); err != nil {
 		return nil, cniErr(errInvalidConfig, "parse network config: %v", err)
 	}
+	// A CNI version the result cannot be given in is refused before
+	// anything is allocated: found only at the end, the ADD would fail
+	// with the pod attached, its address, interface and NetworkEndpoint
+	// left behind.
+	if _, err := s.result(conf.CNIVersion, Endpoint{}); err != nil {
+		return nil, err
+	}
 	if e, ok := s.cp.get(req.ContainerID); ok && e.Ready {
 		if e.ContainerID == "" {
 			// Rebuilt from the kernel after the checkpoint was lost: the
