@@ -37,6 +37,10 @@ var ErrQueueFull = errors.New("DEL queue is full")
 // of a queued DEL, so nothing else may pass.
 var containerIDRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.\-]*$`)
 
+// ValidContainerID tells whether id is a container ID as the CNI spec
+// allows it (what skel lets through to lace-cni).
+func ValidContainerID(id string) bool { return containerIDRe.MatchString(id) }
+
 // QueueDel records a DEL the agent could not be asked for, as one file per
 // container in dir, durably (written to a temp file, synced, renamed, the
 // directory synced): the agent replays it when it is back. Queueing the

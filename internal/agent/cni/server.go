@@ -95,6 +95,16 @@ func (s *Server) Serve(ctx context.Context) error {
 
 func (s *Server) Handle(ctx context.Context, req cniapi.Request) (json.RawMessage, error) {
 	switch req.Command {
+	case "ADD", "DEL", "CHECK":
+		// The checkpoint takes an endpoint without a container ID for
+		// one rebuilt from the kernel: a request naming none, or one the
+		// CNI spec does not allow (lace-cni never sends either), is no
+		// runtime's and is refused before it is looked up.
+		if !cniapi.ValidContainerID(req.ContainerID) {
+			return nil, cniErr(4, "%s: container ID %q is not a valid CNI container ID", req.Command, req.ContainerID)
+		}
+	}
+	switch req.Command {
 	case "ADD":
 		defer s.health.Kick()
 		return s.cmdAdd(ctx, req)
