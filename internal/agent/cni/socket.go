@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -57,9 +58,23 @@ func listenCNI(sock string) (net.Listener, error) {
 }
 
 // decodeCNIRequest reads one request of at most cniapi.MaxRequestBytes.
+// The body is the request and nothing else: one followed by more (a
+// second request, junk) is refused, not served in part.
 func decodeCNIRequest(w http.ResponseWriter, r *http.Request, req *cniapi.Request) error {
 	r.Body = http.MaxBytesReader(w, r.Body, cniapi.MaxRequestBytes)
-	if err := json.NewDecoder(r.Body).Decode(req); err != nil {
+	dec := json.NewDecoder(r.Body)
+	err := dec.Decode(req)
+	if err == nil {
+		var tail json.RawMessage
+		switch extra := dec.Decode(&tail); {
+		case errors.Is(extra, io.EOF):
+		case errors.As(extra, new(*http.MaxBytesError)):
+			err = extra
+		default:
+			err = errors.New("data after the request")
+		}
+	}
+	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			return fmt.Errorf("request larger than the limit of %d bytes", tooBig.Limit)
