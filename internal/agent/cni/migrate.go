@@ -189,7 +189,10 @@ func (s *Server) activateReadyTargets(ctx context.Context) {
 // when it was never a target), read from the API server.
 func (s *Server) readyIsNewest(ctx context.Context, pod *corev1.Pod) (bool, error) {
 	name := lacev1.IPAMClaimOf(pod.Annotations)
-	if name == "" {
+	mine := readyAt(pod)
+	// A mark that is no time marks no target: compared as the zero time
+	// it would still be later than an owner's mark in year 0.
+	if name == "" || mine.IsZero() {
 		return false, nil
 	}
 	var claim ipamclaimsv1.IPAMClaim
@@ -209,7 +212,6 @@ func (s *Server) readyIsNewest(ctx context.Context, pod *corev1.Pod) (bool, erro
 	} else if err != nil {
 		return false, fmt.Errorf("get the claim's owner %s/%s: %w", pod.Namespace, o.Name, err)
 	}
-	mine := readyAt(pod)
 	return mine.After(readyAt(&owner)), nil
 }
 
