@@ -311,7 +311,9 @@ func AllocateLoadBalancers(classes []lacev1.LoadBalancerClass, svcs []corev1.Ser
 		for _, r := range requested(s) {
 			a, err := netip.ParseAddr(r)
 			switch {
-			case err != nil:
+			case err != nil || a.Zone() != "":
+				// A zone (fe80::1%eth0) parses, and inside the pool's
+				// range it would be handed out as the VIP, zone and all.
 				bad = append(bad, r+" is not an IP address")
 			case !wantsFamily(p.want, a.Unmap().Is4()):
 				bad = append(bad, r+" is of a family the Service does not have")
