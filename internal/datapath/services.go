@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/lace-cni/lace/internal/tables"
 )
@@ -661,11 +662,16 @@ func missing(old, now []Backend) []Backend {
 	return out
 }
 
-// FlushServiceFlows forgets the conntrack entries of flows translated to
-// an endpoint that is no longer a backend of their service (gone, from
-// ApplyServices): the client's next packet picks a live endpoint instead of
-// being sent to one that went away (a UDP client, DNS, would otherwise be
-// black-holed until the entry expires). It returns how many it removed.
+// FlushServiceFlows forgets the conntrack entries of datagram flows
+// translated to an endpoint that is no longer a backend of their service
+// (gone, from ApplyServices): the client's next packet picks a live
+// endpoint instead of being sent to one that went away (a UDP client, DNS,
+// would otherwise be black-holed until the entry expires). TCP flows keep
+// their endpoint, as kube-proxy keeps them: an endpoint leaves a service
+// when it stops being ready or starts terminating, while its connections
+// may still be served (graceful termination; a node whose status the API
+// server missed during an outage), and a connection moved to another
+// endpoint is reset by it anyway. It returns how many it removed.
 func (d *Datapath) FlushServiceFlows(gone map[ServiceKey][]Backend) (int, error) {
 	if len(gone) == 0 {
 		return 0, nil
@@ -687,6 +693,9 @@ func (d *Datapath) FlushServiceFlows(gone map[ServiceKey][]Backend) (int, error)
 		var doomed []podCtKey
 		var noBatch bool
 		err := walk(m, &noBatch, func(k podCtKey, v podCtVal) {
+			if k.Proto == unix.IPPROTO_TCP {
+				return
+			}
 			nat := netip.AddrPortFrom(fromAddr16(k.Family, v.NatAddr), ntohs(v.NatPort))
 			remote := netip.AddrPortFrom(fromAddr16(k.Family, k.Raddr), ntohs(k.Rport))
 			switch {
