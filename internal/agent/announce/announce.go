@@ -55,7 +55,7 @@ type Options struct {
 // New makes the node's announcer.
 func New(o Options, log *slog.Logger, c client.Client, reader client.Reader, dp DataPlane, services ServiceLister) *Announcer {
 	return &Announcer{opts: o, log: log, client: c, reader: reader, dp: dp, services: services,
-		ns: o.LeaseNamespace, duration: o.LeaseDuration, send: netutil.SendFrames}
+		ns: o.LeaseNamespace, duration: o.LeaseDuration, send: netutil.SendFrames, now: time.Now}
 }
 
 // Announcer keeps the node's share of the L2 announcements: it renews the
@@ -83,11 +83,15 @@ type Announcer struct {
 	renewed   time.Time            // own Lease's last successful renewal
 	lastTry   time.Time
 	announced map[netip.Addr]bool
+	// blind is set while the API server is out of reach (announcements
+	// kept as they were) until the own Lease is renewed again.
+	blind bool
 	// groups are the underlay's solicited-node groups (netutil's
 	// GroupMember once Run starts); send puts frames on the underlay
 	// (netutil.SendFrames). Tests replace both.
 	groups interface{ Set([]netip.Addr) error }
 	send   func(nsPath, ifName string, frames [][]byte) error
+	now    func() time.Time
 }
 
 type leaseSeen struct {
@@ -212,7 +216,7 @@ func (an *Announcer) alive(ctx context.Context, now time.Time) (map[string]bool,
 func (an *Announcer) once(ctx context.Context) error {
 	an.mu.Lock()
 	defer an.mu.Unlock()
-	now := time.Now()
+	now := an.now()
 	var classes lacev1.LoadBalancerClassList
 	if err := an.client.List(ctx, &classes, client.UnsafeDisableDeepCopy); err != nil {
 		return fmt.Errorf("list LoadBalancerClasses: %w", err)
@@ -223,18 +227,31 @@ func (an *Announcer) once(ctx context.Context) error {
 		return nil
 	}
 	renewed := an.renew(ctx, now)
-	if !renewed && now.Sub(an.renewed) >= an.duration && an.apiDown(ctx) {
-		// The API server is out of reach for this node: fail static. If
-		// it is down for everyone nobody takes over, and withdrawing
-		// would take every VIP off the network; if only this node is cut
-		// off, another takes over and both answer until it is back (the
-		// data planes of both serve the VIP).
-		an.log.Info("API server unreachable: keeping the announcements", "vips", len(an.announced))
+	if !renewed && an.apiDown(ctx) {
+		// The API server is out of reach for this node: fail static, at
+		// once. What this agent reads meanwhile (its cache) is stale, so
+		// no peer's silence is evidence: deciding on it would take over
+		// a peer's VIPs a tick before this node's own Lease lapses too,
+		// and move every VIP (resetting what the external clients hold)
+		// when the API returns. If it is down for everyone nobody takes
+		// over, and withdrawing would take every VIP off the network; if
+		// only this node is cut off, another takes over and both answer
+		// until it is back (the data planes of both serve the VIP).
+		if !an.blind {
+			an.log.Info("API server unreachable: keeping the announcements", "vips", len(an.announced))
+		}
+		an.blind = true
 		keep := make([]netip.Addr, 0, len(an.announced))
 		for v := range an.announced {
 			keep = append(keep, v)
 		}
 		return an.dp.SetAnnounced(keep, an.mac, an.duration)
+	}
+	if an.blind && renewed {
+		// Back: every peer gets a full duration from now to renew, as at
+		// first sight, since none could while the API server was down.
+		an.log.Info("API server reachable again: peers get a lease duration to renew before any takeover")
+		an.seen, an.blind = map[string]leaseSeen{}, false
 	}
 	alive, err := an.alive(ctx, now)
 	if err != nil {

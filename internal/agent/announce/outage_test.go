@@ -1,0 +1,133 @@
+package announce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/pkg/scheme"
+)
+
+// TestAnnouncerFailsStaticThroughOutage: while the API server is down, an
+// agent keeps exactly the VIPs it announced (its peers' silence is no
+// evidence, and takes none over), and once it is back, a peer that has not
+// renewed yet gets a full lease duration before its VIPs move; only a peer
+// silent for that long loses them. Before, the first agent to see the API
+// again took every peer's VIP for a tick, moving each on the fabric (and
+// resetting what external clients held through it).
+func TestAnnouncerFailsStaticThroughOutage(t *testing.T) {
+	ctx := context.Background()
+	const dur = 10 * time.Second
+	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	objs := []client.Object{
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"}},
+		&lacev1.LoadBalancerClass{ObjectMeta: metav1.ObjectMeta{Name: "a"}, Spec: lacev1.LoadBalancerClassSpec{Default: true,
+			Addresses: []lacev1.AddressRange{"192.0.2.0/28"}}},
+	}
+	for i := range 8 {
+		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: fmt.Sprintf("web%d", i)},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer}}
+		svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: fmt.Sprintf("192.0.2.%d", i+1)}}
+		objs = append(objs, svc)
+	}
+	peer := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "lace-system", Name: LeaseName("n2"),
+		Labels: map[string]string{lacev1.LabelAgentLease: "true"}},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("n2"), RenewTime: &metav1.MicroTime{Time: clock}}}
+	objs = append(objs, peer)
+	var down atomic.Bool
+	errDown := errors.New("connection refused")
+	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(objs...).WithInterceptorFuncs(interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.CreateOption) error {
+			if down.Load() {
+				return errDown
+			}
+			return c.Create(ctx, o, opts...)
+		},
+		Update: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.UpdateOption) error {
+			if down.Load() {
+				return errDown
+			}
+			return c.Update(ctx, o, opts...)
+		},
+		Get: func(ctx context.Context, c client.WithWatch, k client.ObjectKey, o client.Object, opts ...client.GetOption) error {
+			if down.Load() {
+				return errDown
+			}
+			return c.Get(ctx, k, o, opts...)
+		},
+	}).Build()
+	// The reader is the API server itself; the client's lists stand for
+	// the agent's cache, which answers (stale) while the server is down.
+	reader := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithInterceptorFuncs(interceptor.Funcs{
+		List: func(ctx context.Context, _ client.WithWatch, l client.ObjectList, opts ...client.ListOption) error {
+			if down.Load() {
+				return errDown
+			}
+			return c.List(ctx, l, opts...)
+		},
+	}).Build()
+	dp := &fakeDP{}
+	an := New(Options{NodeName: "n1", NetNS: "/fake", UnderlayInterface: "eth0", LeaseNamespace: "lace-system", LeaseDuration: dur},
+		slog.New(slog.NewTextHandler(io.Discard, nil)), c, reader, dp, listServices{c})
+	an.send = func(string, string, [][]byte) error { return nil }
+	an.groups = noGroups{}
+	an.seen, an.announced = map[string]leaseSeen{}, map[netip.Addr]bool{}
+	an.now = func() time.Time { return clock }
+	tick := func(d time.Duration) []netip.Addr {
+		t.Helper()
+		clock = clock.Add(d)
+		if err := an.once(ctx); err != nil {
+			t.Fatal(err)
+		}
+		dp.mu.Lock()
+		defer dp.mu.Unlock()
+		out := slices.Clone(dp.vips)
+		slices.SortFunc(out, netip.Addr.Compare)
+		return out
+	}
+
+	mine := tick(0)
+	if len(mine) == 0 || len(mine) == 8 {
+		t.Fatalf("n1 announces %d of 8 VIPs with both nodes alive: the test needs each node to have some", len(mine))
+	}
+	// n1 renews once more before the outage, n2 does not need to yet:
+	// its last renewal is older than n1's, as a peer's always is by a
+	// little.
+	if got := tick(dur / 4); !slices.Equal(got, mine) {
+		t.Fatalf("n1 announces %v, had %v", got, mine)
+	}
+	down.Store(true)
+	for i := range 12 {
+		if got := tick(dur / 4); !slices.Equal(got, mine) {
+			t.Fatalf("API down for %s: n1 announces %v, had %v", time.Duration(i+1)*dur/4, got, mine)
+		}
+	}
+	down.Store(false)
+	// Back; n2 has not renewed yet (its Lease is three durations old).
+	for range 3 {
+		if got := tick(dur / 4); !slices.Equal(got, mine) {
+			t.Fatalf("API back, n2 not yet renewed: n1 announces %v, had %v", got, mine)
+		}
+	}
+	// n2 stays silent a full duration after the API is back: it is dead.
+	if got := tick(dur); len(got) != 8 {
+		t.Fatalf("n2 silent for a lease duration after the outage: n1 announces %d VIPs, want all 8", len(got))
+	}
+}
