@@ -169,3 +169,36 @@ func cgroupPrefix(lab string) string {
 	}
 	return "lace-lab-" + lab + "-"
 }
+
+// podProcesses lists the machine's PIDs of the processes named comm in
+// the pod whose UID is uid, by the kubelet's pod cgroup (pod<uid>, with
+// the cgroupfs driver's dashes or the systemd driver's underscores).
+func podProcesses(uid, comm string) ([]int, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	marks := []string{"/pod" + uid + "/", "pod" + strings.ReplaceAll(uid, "-", "_") + ".slice"}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		name, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
+		if err != nil || strings.TrimSpace(string(name)) != comm {
+			continue
+		}
+		cg, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		if err != nil {
+			continue
+		}
+		for _, m := range marks {
+			if strings.Contains(string(cg), m) {
+				pids = append(pids, pid)
+				break
+			}
+		}
+	}
+	return pids, nil
+}

@@ -3,8 +3,12 @@ package lab
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -16,6 +20,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/lab/controlplane"
 )
 
 // Lace runs in the lab as it runs anywhere, as pods, so controlling it is
@@ -29,10 +34,15 @@ const agentPodLabels = "app.kubernetes.io/name=lace-agent"
 // controllerPodLabels select the controller's pods.
 const controllerPodLabels = "app.kubernetes.io/name=lace-controller"
 
-// Control restarts, stops or starts agent/NODE or the controller, and
-// waits until the change has taken effect. Stopping a stopped component,
-// or starting a running one, is a no-op.
+// Control restarts, stops, starts or kills (SIGKILL, as a crash does)
+// agent/NODE or the controller, or stops or starts the API server or
+// etcd, and waits until the change has taken effect (a kill, until the
+// process is gone: its pod restarts the container). Stopping a stopped
+// component, or starting a running one, is a no-op.
 func Control(ctx context.Context, c Config, action, target string) error {
+	if target == controlplane.ComponentAPIServer || target == controlplane.ComponentEtcd {
+		return controlControlPlane(ctx, c, action, target)
+	}
 	cs, err := clientset(c)
 	if err != nil {
 		return err
@@ -43,12 +53,18 @@ func Control(ctx context.Context, c Config, action, target string) error {
 		if _, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); err != nil {
 			return fmt.Errorf("no node %q in lab %s: %w", node, c.Name, err)
 		}
+		if action == "kill" {
+			return killPod(ctx, cs, agentPodLabels, node, "lace-agent")
+		}
 		return controlAgent(ctx, cs, action, node)
 	}
 	if target == "controller" {
+		if action == "kill" {
+			return killPod(ctx, cs, controllerPodLabels, "", "lace-controller")
+		}
 		return controlController(ctx, cs, action)
 	}
-	return fmt.Errorf("no component %q in lab %s (agent/NODE or controller)", target, c.Name)
+	return fmt.Errorf("no component %q in lab %s (agent/NODE, controller, apiserver or etcd)", target, c.Name)
 }
 
 func controlAgent(ctx context.Context, cs kubernetes.Interface, action, node string) error {
@@ -113,6 +129,65 @@ func controlController(ctx context.Context, cs kubernetes.Interface, action stri
 		return waitPod(ctx, cs, controllerPodLabels, "", nil, true)
 	}
 	return fmt.Errorf("unknown action %q (restart, stop or start)", action)
+}
+
+// controlControlPlane asks the lab's daemon, which runs them, to stop or
+// start the API server or etcd.
+func controlControlPlane(ctx context.Context, c Config, action, target string) error {
+	if action != "stop" && action != "start" {
+		return fmt.Errorf("%s can be stopped or started, not %q", target, action)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://lab/components/"+target+"/"+action, nil)
+	if err != nil {
+		return err
+	}
+	hc := controlClient(c)
+	// Starting waits for the component to serve.
+	hc.Timeout = 2 * time.Minute
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s %s in lab %s: %w", action, target, c.Name, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		b, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("%s %s in lab %s: %s: %s", action, target, c.Name, resp.Status, strings.TrimSpace(string(b)))
+	}
+	return nil
+}
+
+// killPod sends SIGKILL to the main process (comm) of the running pod
+// matching selector (on node, when given), found by the pod's cgroup on
+// the machine, and waits until it is gone: a crash, which the kubelet
+// answers by restarting the container in the same pod.
+func killPod(ctx context.Context, cs kubernetes.Interface, selector, node, comm string) error {
+	p, err := runningPod(ctx, cs, selector, node)
+	if err != nil {
+		return err
+	}
+	if p == nil {
+		return fmt.Errorf("no running pod %s on %q", selector, node)
+	}
+	pids, err := podProcesses(string(p.UID), comm)
+	if err != nil {
+		return err
+	}
+	if len(pids) == 0 {
+		return fmt.Errorf("no %s process in pod %s", comm, p.Name)
+	}
+	for _, pid := range pids {
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("kill %s (pid %d) of %s: %w", comm, pid, p.Name, err)
+		}
+	}
+	for _, pid := range pids {
+		for syscall.Kill(pid, 0) == nil {
+			if !sleepCtx(ctx, 20*time.Millisecond) {
+				return ctx.Err()
+			}
+		}
+	}
+	return nil
 }
 
 // labelNode sets (or, with nil, removes) the agent-stopped label.

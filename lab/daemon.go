@@ -76,6 +76,8 @@ type daemon struct {
 	nodes    []*node
 	shutdown chan struct{}
 	once     sync.Once
+	// ctl serializes stopping and starting control plane components.
+	ctl sync.Mutex
 }
 
 // RunDaemon brings the lab up and keeps it running until ctx ends or a
@@ -431,6 +433,7 @@ func (d *daemon) serveControl() (*http.Server, error) {
 		d.once.Do(func() { close(d.shutdown) })
 		w.WriteHeader(http.StatusAccepted)
 	})
+	mux.HandleFunc("POST /components/{name}/{action}", d.controlComponent)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -438,6 +441,45 @@ func (d *daemon) serveControl() (*http.Server, error) {
 		}
 	}()
 	return srv, nil
+}
+
+// controlComponent stops or starts etcd or the API server: the outages a
+// control plane has, for the lab's chaos runs. The process list follows,
+// so that status shows the process that runs.
+func (d *daemon) controlComponent(w http.ResponseWriter, r *http.Request) {
+	d.mu.Lock()
+	cp := d.cp
+	d.mu.Unlock()
+	if cp == nil {
+		http.Error(w, "the control plane is not up yet", http.StatusConflict)
+		return
+	}
+	d.ctl.Lock()
+	defer d.ctl.Unlock()
+	name, action := r.PathValue("name"), r.PathValue("action")
+	var p *controlplane.Process
+	var err error
+	switch action {
+	case "stop":
+		p, err = cp.StopComponent(name)
+	case "start":
+		p, err = cp.StartComponent(r.Context(), name)
+	default:
+		err = fmt.Errorf("unknown action %q (stop or start)", action)
+	}
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	d.log.Info("control plane component", "name", name, "action", action)
+	d.mu.Lock()
+	for i, q := range d.procs {
+		if q.Name == p.Name {
+			d.procs[i] = p
+		}
+	}
+	d.mu.Unlock()
+	w.WriteHeader(http.StatusNoContent)
 }
 
 func copyFile(src, dst string) error {

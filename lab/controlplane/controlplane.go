@@ -76,6 +76,9 @@ type ControlPlane struct {
 	AdminKubeconfig string
 
 	etcd, apiserver *Process
+	// The arguments each was started with: a restart reuses them, so its
+	// URL (and every kubeconfig and relay pointing at it) stays valid.
+	etcdArgs, apiserverArgs []string
 }
 
 // Start launches etcd and kube-apiserver and waits until the API server is
@@ -131,7 +134,7 @@ func (cp *ControlPlane) startEtcd(ctx context.Context) error {
 		cp.EtcdURL = "http://" + hostPort(client)
 		peerURL := "http://" + hostPort(peer)
 		dataDir := filepath.Join(cp.Opts.Dir, "etcd")
-		p, err := StartProcess("etcd", filepath.Join(cp.Opts.BinDir, "etcd"), []string{
+		cp.etcdArgs = []string{
 			"--name=lace", "--data-dir=" + dataDir,
 			"--listen-client-urls=" + cp.EtcdURL, "--advertise-client-urls=" + cp.EtcdURL,
 			"--listen-peer-urls=" + peerURL, "--initial-advertise-peer-urls=" + peerURL,
@@ -139,16 +142,13 @@ func (cp *ControlPlane) startEtcd(ctx context.Context) error {
 			// Tests and the lab value speed over durability.
 			"--unsafe-no-fsync", "--quota-backend-bytes=2147483648",
 			"--log-level=warn",
-		}, filepath.Join(cp.Opts.Dir, "logs", "etcd.log"))
-		if err != nil {
-			return err
 		}
-		cp.etcd = p
-		lastErr = waitHTTP(ctx, cp.EtcdURL+"/health", p, 30*time.Second)
-		if lastErr == nil {
+		if lastErr = cp.launchEtcd(ctx); lastErr == nil {
 			return nil
 		}
-		p.Stop(5 * time.Second)
+		if cp.etcd != nil {
+			cp.etcd.Stop(5 * time.Second)
+		}
 	}
 	return fmt.Errorf("start etcd: %w", lastErr)
 }
@@ -177,23 +177,92 @@ func (cp *ControlPlane) startAPIServer(ctx context.Context) error {
 			"--v=1",
 		}
 		args = append(args, FrontProxyArgs(cp.PKI.Dir)...)
-		args = append(args, cp.Opts.ExtraAPIServerArgs...)
-		p, err := StartProcess("kube-apiserver", filepath.Join(cp.Opts.BinDir, "kube-apiserver"), args,
-			filepath.Join(cp.Opts.Dir, "logs", "kube-apiserver.log"))
-		if err != nil {
-			return err
-		}
-		cp.apiserver = p
+		cp.apiserverArgs = append(args, cp.Opts.ExtraAPIServerArgs...)
 		cp.AdminKubeconfig = filepath.Join(cp.Opts.Dir, "admin.kubeconfig")
 		if err := cp.WriteKubeconfig(cp.AdminKubeconfig, "lace-admin", []string{"system:masters"}); err != nil {
 			return err
 		}
-		if lastErr = cp.waitReady(ctx, p); lastErr == nil {
+		if lastErr = cp.launchAPIServer(ctx); lastErr == nil {
 			return nil
 		}
-		p.Stop(5 * time.Second)
+		if cp.apiserver != nil {
+			cp.apiserver.Stop(5 * time.Second)
+		}
 	}
 	return fmt.Errorf("start kube-apiserver: %w", lastErr)
+}
+
+func (cp *ControlPlane) launchEtcd(ctx context.Context) error {
+	p, err := StartProcess("etcd", filepath.Join(cp.Opts.BinDir, "etcd"), cp.etcdArgs, filepath.Join(cp.Opts.Dir, "logs", "etcd.log"))
+	if err != nil {
+		return err
+	}
+	cp.etcd = p
+	return waitHTTP(ctx, cp.EtcdURL+"/health", p, 30*time.Second)
+}
+
+func (cp *ControlPlane) launchAPIServer(ctx context.Context) error {
+	p, err := StartProcess("kube-apiserver", filepath.Join(cp.Opts.BinDir, "kube-apiserver"), cp.apiserverArgs,
+		filepath.Join(cp.Opts.Dir, "logs", "kube-apiserver.log"))
+	if err != nil {
+		return err
+	}
+	cp.apiserver = p
+	return cp.waitReady(ctx, p)
+}
+
+// Components that StopComponent and StartComponent take down and bring
+// back: the outages a control plane has.
+const (
+	ComponentEtcd      = "etcd"
+	ComponentAPIServer = "apiserver"
+)
+
+// StopComponent stops etcd or the API server (SIGTERM, then SIGKILL) and
+// returns the process that ended. Not safe to call concurrently with
+// StartComponent.
+func (cp *ControlPlane) StopComponent(name string) (*Process, error) {
+	p, err := cp.component(name)
+	if err != nil {
+		return nil, err
+	}
+	p.Stop(10 * time.Second)
+	return p, nil
+}
+
+// StartComponent starts a stopped etcd or API server again with the
+// arguments (and so the URL) it had, and waits until it serves; it returns
+// the new process. Starting a running component is a no-op.
+func (cp *ControlPlane) StartComponent(ctx context.Context, name string) (*Process, error) {
+	p, err := cp.component(name)
+	if err != nil {
+		return nil, err
+	}
+	if !p.Exited() {
+		return p, nil
+	}
+	if name == ComponentEtcd {
+		err = cp.launchEtcd(ctx)
+		return cp.etcd, err
+	}
+	err = cp.launchAPIServer(ctx)
+	return cp.apiserver, err
+}
+
+func (cp *ControlPlane) component(name string) (*Process, error) {
+	var p *Process
+	switch name {
+	case ComponentEtcd:
+		p = cp.etcd
+	case ComponentAPIServer:
+		p = cp.apiserver
+	default:
+		return nil, fmt.Errorf("no control plane component %q (%s or %s)", name, ComponentEtcd, ComponentAPIServer)
+	}
+	if p == nil {
+		return nil, fmt.Errorf("%s was never started", name)
+	}
+	return p, nil
 }
 
 func (cp *ControlPlane) waitReady(ctx context.Context, p *Process) error {

@@ -32,10 +32,14 @@ commands:
   kubeconfig [--name N]                   print the path of the lab's kubeconfig
   exec [--name N] TARGET -- CMD...        run CMD in NAMESPACE/POD, node/NODE (its namespaces and
                                           cgroups, as the kubelet) or external
-  restart|stop|start [--name N] agent/NODE|controller
+  restart|stop|start|kill [--name N] agent/NODE|controller
                                           restart deletes the pod (its DaemonSet or Deployment brings
                                           it back); stop keeps the agent off NODE, or scales the
-                                          controller to 0; each waits for the change to take effect
+                                          controller to 0; kill sends SIGKILL to its process (a crash:
+                                          the kubelet restarts the container); each waits for the
+                                          change to take effect
+  stop|start [--name N] apiserver|etcd    take the API server or etcd down, and bring it back (same
+                                          address; start waits until it serves)
   load [--name N] [--as REF] IMAGE.tar    import an image into every node's containerd (like kind load)
   demo [--name N]                         a demo topology (one-way, shared, anonymous and external
                                           networks), and its reachability measured against the oracle
@@ -188,9 +192,9 @@ func run(ctx context.Context, args []string, out io.Writer) (int, error) {
 		return 0, nil
 	case "demo":
 		return 0, lab.Demo(ctx, cfg, out)
-	case "restart", "stop", "start":
+	case "restart", "stop", "start", "kill":
 		if len(rest) != 1 {
-			return 2, fmt.Errorf("usage: lace-lab %s agent/NODE|controller", cmd)
+			return 2, fmt.Errorf("usage: lace-lab %s agent/NODE|controller|apiserver|etcd", cmd)
 		}
 		return 0, lab.Control(ctx, cfg, cmd, rest[0])
 	}
