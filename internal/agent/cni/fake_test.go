@@ -227,6 +227,17 @@ type testAgent struct {
 
 func newTestAgent(t *testing.T, blockBits int32, objs ...client.Object) *testAgent {
 	t.Helper()
+	a, err := newTestAgentIn(t.Context(), t.TempDir(), blockBits, objs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// newTestAgentIn is newTestAgent keeping its state in dir, with its
+// applier running until ctx ends (a fuzz target keeps one agent over
+// many inputs, beyond any one test's life).
+func newTestAgentIn(ctx context.Context, dir string, blockBits int32, objs ...client.Object) (*testAgent, error) {
 	w := agenttest.DefaultNetwork("n1", blockBits)
 	// The API server selects pods by node; the fake needs an index for it.
 	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(append(w.Objects, objs...)...).WithStatusSubresource(&corev1.Pod{}, &lacev1.NetworkEndpoint{}).
@@ -234,18 +245,18 @@ func newTestAgent(t *testing.T, blockBits int32, objs ...client.Object) *testAge
 	rec := record.NewFakeRecorder(100)
 	dp := newFakeDP()
 	node := &fakeNode{pods: map[string]podnet.Spec{}, links: map[string]podnet.Link{}, mtu: 1500}
-	s, err := New(Options{NodeName: "n1", NetNS: "/fake", UnderlayInterface: "eth0", DelQueueDir: filepath.Join(t.TempDir(), "del-queue")},
-		t.TempDir(), slog.New(slog.NewTextHandler(io.Discard, nil)), c, c, rec, dp, node)
+	s, err := New(Options{NodeName: "n1", NetNS: "/fake", UnderlayInterface: "eth0", DelQueueDir: filepath.Join(dir, "del-queue")},
+		filepath.Join(dir, "state"), slog.New(slog.NewTextHandler(io.Discard, nil)), c, c, rec, dp, node)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	fs := &fakeSync{state: w.State("n1"),
 		own: []netip.Addr{netip.MustParseAddr("fd00:30::11")}}
 	fs.applier = applier.New(s.SyncEntries, 0)
-	go func() { _ = fs.applier.Run(t.Context()) }()
+	go func() { _ = fs.applier.Run(ctx) }()
 	h := &fakeHealth{}
 	s.Wire(fs, h)
-	return &testAgent{Server: s, dp: dp, node: node, sync: fs, health: h, c: c, rec: rec}
+	return &testAgent{Server: s, dp: dp, node: node, sync: fs, health: h, c: c, rec: rec}, nil
 }
 
 func pod(name string) *corev1.Pod {

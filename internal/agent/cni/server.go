@@ -53,6 +53,22 @@ func (s *Server) Serve(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// The body is read before the handler runs a request, so a slow or
+	// stuck writer holds a connection for ReadTimeout at most.
+	srv := &http.Server{Handler: s.cniHandler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+		MaxHeaderBytes: 16 << 10}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// cniHandler answers lace-cni's requests: a CNI result or a CNI error.
+func (s *Server) cniHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /cni", func(w http.ResponseWriter, r *http.Request) {
 		var req cniapi.Request
@@ -79,18 +95,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(resp)
 	})
-	// The body is read before the handler runs a request, so a slow or
-	// stuck writer holds a connection for ReadTimeout at most.
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
-		MaxHeaderBytes: 16 << 10}
-	go func() {
-		<-ctx.Done()
-		_ = srv.Close()
-	}()
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	return mux
 }
 
 func (s *Server) Handle(ctx context.Context, req cniapi.Request) (json.RawMessage, error) {
