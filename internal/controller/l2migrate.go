@@ -8,6 +8,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -56,7 +57,11 @@ func (r *L2AddressReconciler) standBy(ctx context.Context, f *lacev1.FDBEntry, n
 	if f.Spec.Standby == ne.Spec.Node && cur == key {
 		return nil
 	}
-	if ns, name, ok := strings.Cut(cur, "/"); ok && cur != key {
+	// An annotation that is no endpoint's key (edited by hand) names no
+	// endpoint: read as one, the client refuses the name and the target
+	// would never stand by.
+	if ns, name, ok := strings.Cut(cur, "/"); ok && cur != key && len(validation.IsDNS1123Label(ns)) == 0 &&
+		len(validation.IsDNS1123Subdomain(name)) == 0 {
 		var other lacev1.NetworkEndpoint
 		err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &other)
 		if err == nil && other.DeletionTimestamp == nil {
