@@ -613,7 +613,7 @@ static __always_inline int from_l2_run(struct __sk_buff *skb)
 flood:
 	/* A flooded IP frame is no flow a rule can admit: a port a policy
 	 * isolates for egress sends none (its receivers' ingress: l2_flood_local). */
-	if ((proto == bpf_htons(ETH_P_IP) || proto == bpf_htons(ETH_P_IPV6)) && l2_isolated(ifindex, POL_OUT))
+	if ((proto == bpf_htons(ETH_P_IP) || proto == bpf_htons(ETH_P_IPV6)) && l2_flood_refused(ifindex))
 		return drop(DROP_POLICY);
 	return l2_flood(skb, pt.net_id, ifindex, mode);
 }

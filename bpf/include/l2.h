@@ -301,6 +301,26 @@ static __always_inline int l2_isolated(__u32 ifindex, __u32 dir)
 	return ep && (ep->flags & POL_ISOLATED(dir));
 }
 
+/* l2_flood_refused tells whether a policy isolates port ifindex for
+ * egress (it floods no IP frame), and counts the refusal on that policy
+ * as pol_denied counts its own: the policies' drops add up to those
+ * counted as policy (lace_policy_drops_total, lace_drops). */
+static __always_inline int l2_flood_refused(__u32 ifindex)
+{
+	struct pol_ep_val *ep = bpf_map_lookup_elem(&lace_pol_eps, &ifindex);
+	if (!ep || !(ep->flags & POL_ISOLATED(POL_OUT)))
+		return 0;
+	__u32 deny = ep->deny_out;
+	__u64 *n = bpf_map_lookup_elem(&lace_pol_drops, &deny);
+	if (n) {
+		*n += 1; /* per CPU */
+	} else {
+		__u64 one = 1;
+		bpf_map_update_elem(&lace_pol_drops, &deny, &one, BPF_NOEXIST);
+	}
+	return 1;
+}
+
 /* l2_pol_say tells whether a policy has a say on port ifindex. */
 static __always_inline int l2_pol_say(__u32 ifindex)
 {
