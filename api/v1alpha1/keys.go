@@ -61,6 +61,12 @@ const (
 	// migration's target): the standby goes with it. Written and read by
 	// lace-controller.
 	AnnotationStandbyEndpoint = "lace-cni.io/standby-endpoint"
+	// AnnotationRestartGrace is on an agent's heartbeat Lease, written by
+	// the agent as it stops for a restart (a Go duration): the other
+	// agents count its node alive that long from when they see it
+	// (capped), so a rolling restart moves no LoadBalancer VIP. The next
+	// agent's first renewal removes it.
+	AnnotationRestartGrace = "lace-cni.io/restart-grace"
 	// AnnotationMigrationTargetReady is KubeVirt's, on a live
 	// migration's target pod (virt-launcher): the time the target was
 	// ready to run the VM. Read by lace-agent: the VM's MAC moves to the

@@ -43,6 +43,7 @@ func main() {
 	flag.StringVar(&o.HealthAddr, "health-probe-bind-address", o.HealthAddr, "health endpoint (0 disables)")
 	flag.StringVar(&o.LeaseNamespace, "lease-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the agents' heartbeat Leases (L2 announcement of LoadBalancer VIPs); empty disables announcing")
 	flag.DurationVar(&o.AnnounceLeaseDuration, "announce-lease-duration", 2*time.Second, "how long an agent that stopped renewing its Lease still announces, and others wait before taking over its VIPs")
+	flag.DurationVar(&o.AnnounceRestartGrace, "announce-restart-grace", 30*time.Second, "how long the others wait for the next agent before taking over this node's VIPs when this one stops (not on a cordoned node; at most 2m; 0: a stop fails over)")
 	flag.Func("map-services", "entries of lace_services (VIP x protocol x port); 0 keeps the compiled size", uintFlag(&o.MapSizes.Services))
 	flag.Func("map-backends", "entries of lace_backends (endpoints of every service port); 0 keeps the compiled size", uintFlag(&o.MapSizes.Backends))
 	flag.Func("map-conntrack", "entries of lace_ct (flows of the node's pods); 0 keeps the compiled size", uintFlag(&o.MapSizes.Conntrack))

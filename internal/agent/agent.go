@@ -91,6 +91,10 @@ type Options struct {
 	// the bound on a VIP's failover.
 	LeaseNamespace        string
 	AnnounceLeaseDuration time.Duration
+	// AnnounceRestartGrace is how long the others wait for this agent's
+	// successor before taking its VIPs when it stops (not on a cordoned
+	// node); 0 makes a stop a failover.
+	AnnounceRestartGrace time.Duration
 	// AllowedExternalIPs are the only addresses Services' externalIPs
 	// may name (the operator's allow-list; empty refuses them all). The
 	// controller is given the same list and reports what is refused.
@@ -265,7 +269,8 @@ func wire(cfg *rest.Config, o Options, log *slog.Logger, dp *datapath.Datapath) 
 	a.sync.Wire(a.pods, a.health, a.status.Kick)
 	if o.LeaseNamespace != "" {
 		l2 := announce.New(announce.Options{NodeName: o.NodeName, NetNS: o.NetNS, UnderlayInterface: o.UnderlayInterface,
-			LeaseNamespace: o.LeaseNamespace, LeaseDuration: cmp.Or(o.AnnounceLeaseDuration, 2*time.Second)},
+			LeaseNamespace: o.LeaseNamespace, LeaseDuration: cmp.Or(o.AnnounceLeaseDuration, 2*time.Second),
+			RestartGrace: o.AnnounceRestartGrace},
 			log, c, reader, dp, a.sync)
 		if err := mgr.Add(manager.RunnableFunc(l2.Run)); err != nil {
 			return nil, fmt.Errorf("add the L2 announcer: %w", err)

@@ -50,7 +50,16 @@ type Options struct {
 	// is how long a silent agent counts as alive.
 	LeaseNamespace string
 	LeaseDuration  time.Duration
+	// RestartGrace is how long the others keep counting this node alive
+	// after its agent stops for a restart, and its data plane keeps
+	// answering for its VIPs meanwhile (0: no grace, a stop is a failure).
+	// A cordoned node gets none: it is being taken out of service.
+	RestartGrace time.Duration
 }
+
+// maxRestartGrace caps the grace a peer's Lease asks for, so that an
+// agent cannot keep its node's VIPs past a restart's worth of time.
+const maxRestartGrace = 2 * time.Minute
 
 // New makes the node's announcer.
 func New(o Options, log *slog.Logger, c client.Client, reader client.Reader, dp DataPlane, services ServiceLister) *Announcer {
@@ -130,10 +139,55 @@ func (an *Announcer) Run(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
+			an.handOver()
 			return nil
 		case <-t.C:
 		}
 	}
+}
+
+// handOver, as the agent stops, asks the others for a restart's grace
+// (AnnotationRestartGrace, with a renewal they see) and has the data
+// plane keep answering for the VIPs as long: the next agent takes them
+// on without any moving. An agent that cannot write it, or whose node is
+// cordoned, leaves its Lease to lapse (a failover).
+func (an *Announcer) handOver() {
+	an.mu.Lock()
+	defer an.mu.Unlock()
+	if an.opts.RestartGrace <= 0 || len(an.announced) == 0 || an.blind {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), an.duration)
+	defer cancel()
+	var node corev1.Node
+	if err := an.client.Get(ctx, client.ObjectKey{Name: an.opts.NodeName}, &node); err != nil || node.Spec.Unschedulable {
+		an.log.Info("stopping without a restart grace: the VIPs fail over", "cordoned", node.Spec.Unschedulable, "err", err)
+		return
+	}
+	grace := min(an.opts.RestartGrace, maxRestartGrace)
+	var l coordinationv1.Lease
+	err := an.client.Get(ctx, client.ObjectKey{Namespace: an.ns, Name: LeaseName(an.opts.NodeName)}, &l)
+	if err == nil {
+		if l.Annotations == nil {
+			l.Annotations = map[string]string{}
+		}
+		l.Annotations[lacev1.AnnotationRestartGrace] = grace.String()
+		l.Spec.RenewTime = &metav1.MicroTime{Time: an.now()}
+		err = an.client.Update(ctx, &l)
+	}
+	if err != nil {
+		an.log.Info("stopping without a restart grace: the VIPs fail over", "err", err)
+		return
+	}
+	keep := make([]netip.Addr, 0, len(an.announced))
+	for v := range an.announced {
+		keep = append(keep, v)
+	}
+	if err := an.dp.SetAnnounced(keep, an.mac, grace); err != nil {
+		an.log.Error("keep answering for the VIPs through the restart", "err", err)
+		return
+	}
+	an.log.Info("stopping for a restart: the VIPs stay here", "grace", grace, "vips", len(keep))
 }
 
 // renew writes the own Lease's renewTime (creating the Lease the first
@@ -156,6 +210,8 @@ func (an *Announcer) renew(ctx context.Context, now time.Time) bool {
 		err = an.client.Create(ctx, &l)
 	case err == nil:
 		l.Spec.RenewTime = &metav1.MicroTime{Time: now}
+		// Back from a restart: the grace is over.
+		delete(l.Annotations, lacev1.AnnotationRestartGrace)
 		err = an.client.Update(ctx, &l)
 	}
 	if err != nil {
@@ -204,13 +260,24 @@ func (an *Announcer) alive(ctx context.Context, now time.Time) (map[string]bool,
 			s = leaseSeen{renew, now}
 		}
 		an.seen[node] = s
-		if now.Sub(s.at) < an.duration {
+		if now.Sub(s.at) < an.grace(&l) {
 			out[node] = true
 		}
 	}
 	self := an.opts.NodeName
 	out[self] = now.Sub(an.renewed) < an.duration
 	return out, nil
+}
+
+// grace is how long a node counts as alive after its Lease last changed:
+// the lease duration, or the restart grace its agent asked for as it
+// stopped (capped).
+func (an *Announcer) grace(l *coordinationv1.Lease) time.Duration {
+	d, err := time.ParseDuration(l.Annotations[lacev1.AnnotationRestartGrace])
+	if err != nil || d <= an.duration {
+		return an.duration
+	}
+	return min(d, maxRestartGrace)
 }
 
 func (an *Announcer) once(ctx context.Context) error {

@@ -131,3 +131,88 @@ func TestAnnouncerFailsStaticThroughOutage(t *testing.T) {
 		t.Fatalf("n2 silent for a lease duration after the outage: n1 announces %d VIPs, want all 8", len(got))
 	}
 }
+
+// TestAnnouncerRestartGrace: an agent stopping for a restart asks for a
+// grace on its Lease and keeps its data plane answering that long; its
+// peer keeps counting the node alive through the grace (no VIP moves,
+// where a plain lease duration would have moved them) and takes the VIPs
+// only once it is over. On a cordoned node no grace is asked: the VIPs
+// fail over after the lease duration.
+func TestAnnouncerRestartGrace(t *testing.T) {
+	for _, cordoned := range []bool{false, true} {
+		t.Run(fmt.Sprintf("cordoned=%v", cordoned), func(t *testing.T) {
+			ctx := context.Background()
+			const dur, grace = 10 * time.Second, 60 * time.Second
+			clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+			objs := []client.Object{
+				&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Spec: corev1.NodeSpec{Unschedulable: cordoned}},
+				&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"}},
+				&lacev1.LoadBalancerClass{ObjectMeta: metav1.ObjectMeta{Name: "a"}, Spec: lacev1.LoadBalancerClassSpec{Default: true,
+					Addresses: []lacev1.AddressRange{"192.0.2.0/28"}}},
+			}
+			for i := range 8 {
+				svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: fmt.Sprintf("web%d", i)},
+					Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer}}
+				svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: fmt.Sprintf("192.0.2.%d", i+1)}}
+				objs = append(objs, svc)
+			}
+			c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(objs...).Build()
+			agent := func(node string) (*Announcer, *fakeDP) {
+				dp := &fakeDP{}
+				an := New(Options{NodeName: node, NetNS: "/fake", UnderlayInterface: "eth0", LeaseNamespace: "lace-system",
+					LeaseDuration: dur, RestartGrace: grace}, slog.New(slog.NewTextHandler(io.Discard, nil)), c, c, dp, listServices{c})
+				an.send = func(string, string, [][]byte) error { return nil }
+				an.groups = noGroups{}
+				an.seen, an.announced = map[string]leaseSeen{}, map[netip.Addr]bool{}
+				an.now = func() time.Time { return clock }
+				return an, dp
+			}
+			an1, dp1 := agent("n1")
+			an2, dp2 := agent("n2")
+			count := func(dp *fakeDP) int {
+				dp.mu.Lock()
+				defer dp.mu.Unlock()
+				return len(dp.vips)
+			}
+			step := func(d time.Duration, ans ...*Announcer) {
+				t.Helper()
+				clock = clock.Add(d)
+				for _, an := range ans {
+					if err := an.once(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			step(0, an1, an2)
+			step(dur/4, an1, an2)
+			held := count(dp1)
+			if held == 0 || count(dp2) == 0 || held+count(dp2) != 8 {
+				t.Fatalf("n1 holds %d VIPs, n2 %d: the test needs both to hold some", held, count(dp2))
+			}
+			an1.handOver()
+			dp1.mu.Lock()
+			ttl := dp1.ttl
+			dp1.mu.Unlock()
+			if !cordoned && ttl != grace {
+				t.Errorf("n1's data plane answers for %s after the stop, want the grace %s", ttl, grace)
+			}
+			// n1 is gone; n2 ticks alone, past the lease duration.
+			for range 8 {
+				step(dur/4, an2)
+			}
+			if cordoned {
+				if count(dp2) != 8 {
+					t.Fatalf("cordoned n1 stopped %s ago: n2 holds %d VIPs, want all 8", 2*dur, count(dp2))
+				}
+				return
+			}
+			if count(dp2) != 8-held {
+				t.Fatalf("n1 stopped for a restart %s ago (grace %s): n2 holds %d VIPs, want its own %d", 2*dur, grace, count(dp2), 8-held)
+			}
+			step(grace, an2)
+			if count(dp2) != 8 {
+				t.Fatalf("n1's grace is over: n2 holds %d VIPs, want all 8", count(dp2))
+			}
+		})
+	}
+}
