@@ -123,9 +123,13 @@ func FuzzLoadBalancerIPsAnnotation(f *testing.F) {
 func FuzzTrafficDistributionAnnotation(f *testing.F) {
 	for _, v := range []string{"PreferClosest", "preferclosest", " PreferClosest", "PreferClose", "", "PreferSameNode"} {
 		f.Add(v, uint16(0x0f0f))
+		// Two of four ready endpoints on this node: PreferClosest
+		// narrows to them, any other value does not.
+		f.Add(v, uint16(0x0f03))
 	}
 	f.Add("PreferClosest", uint16(0xff00))
 	f.Add("PreferClosest", uint16(0x00f3))
+	f.Add("PreferClosest", uint16(0x0f01))
 	f.Fuzz(func(t *testing.T, value string, layout uint16) {
 		// Four endpoints: on n1 (this node) or not, in z1 (this zone) or
 		// not, ready or serving-terminating, with or without hints, as
