@@ -80,8 +80,13 @@ func (g genServiceTopology) String() string {
 }
 
 func randomServiceTopology(seed uint64) genServiceTopology {
-	g := genServiceTopology{genTopology: randomTopology(seed)}
-	rng := rand.New(rand.NewPCG(seed, 0x5e7c))
+	return genServiceTopologyFrom(rand.New(rand.NewPCG(seed, 0x1ace)), rand.New(rand.NewPCG(seed, 0x5e7c)), seed)
+}
+
+// genServiceTopologyFrom builds a topology from net's choices and its
+// services and ServiceRoutingPolicies from rng's.
+func genServiceTopologyFrom(net, rng chooser, seed uint64) genServiceTopology {
+	g := genServiceTopology{genTopology: genTopologyFrom(net, seed)}
 	g.ns = map[string]map[string]string{"prod": {"env": "prod"}, "dev": {"env": "dev"}, "ops": {"env": "ops", "team": "infra"}}
 	namespaces := []string{"prod", "dev", "ops", "bare"} // bare has no labels
 	var all []string

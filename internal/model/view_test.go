@@ -89,8 +89,21 @@ var (
 	genExtNames = []string{"corp", "lab", "alt", "dmz"}
 )
 
+// chooser is where a generator takes its choices from: a seeded
+// *rand.Rand, or a fuzz input's bytes (fuzz_model_test.go).
+type chooser interface {
+	IntN(n int) int
+	Shuffle(n int, swap func(i, j int))
+	Perm(n int) []int
+}
+
 func randomTopology(seed uint64) genTopology {
-	rng := rand.New(rand.NewPCG(seed, 0x1ace))
+	return genTopologyFrom(rand.New(rand.NewPCG(seed, 0x1ace)), seed)
+}
+
+// genTopologyFrom builds a topology from rng's choices; seed only names
+// it (and seeds the shuffles of check).
+func genTopologyFrom(rng chooser, seed uint64) genTopology {
 	g := genTopology{seed: seed}
 	label := func(n *lacev1.Network) {
 		if rng.IntN(10) < 6 {
