@@ -6,6 +6,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"strings"
@@ -62,6 +63,9 @@ func run(ctx context.Context, pool, logLevel string, o controller.Options) error
 	cfg, err := config.GetConfig()
 	if err != nil {
 		return fmt.Errorf("load kubeconfig: %w", err)
+	}
+	if err := controller.WaitForAPIServer(ctx, cfg, slog.Default()); err != nil {
+		return err
 	}
 	mgr, err := controller.NewManager(cfg, o)
 	if err != nil {

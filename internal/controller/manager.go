@@ -1,11 +1,14 @@
 package controller
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -57,6 +60,38 @@ func DefaultOptions() Options {
 		LocatorPool:             netip.MustParsePrefix("fd1a:ce::/48"),
 		LocatorLength:           64,
 		ReleaseGrace:            30 * time.Second,
+	}
+}
+
+// WaitForAPIServer returns once the API server answers discovery (or ctx
+// ends). Building the manager needs it (the cache's types are looked up
+// at once), and failing there would make a controller that starts during
+// an outage, or on a node cut off from the API server, crash-loop until
+// it is back; this waits instead, as kube-controller-manager does.
+func WaitForAPIServer(ctx context.Context, cfg *rest.Config, log *slog.Logger) error {
+	dc, err := discovery.NewDiscoveryClientForConfig(rest.CopyConfig(cfg))
+	if err != nil {
+		return fmt.Errorf("discovery client: %w", err)
+	}
+	delay := 500 * time.Millisecond
+	for logged := false; ; {
+		_, err := dc.ServerVersion()
+		if err == nil {
+			if logged {
+				log.Info("API server reachable")
+			}
+			return nil
+		}
+		if !logged {
+			log.Info("waiting for the API server", "err", err)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for the API server: %w (last: %v)", ctx.Err(), err)
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 10*time.Second)
 	}
 }
 
