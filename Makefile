@@ -180,6 +180,23 @@ soak: N ?= 50
 soak: deps k8s-bins cni-bins build images $(HELM) ## Compare N random topologies from SEED with the reachability oracle on a lab (root).
 	LACE_BIN_DIR=$(BIN_DIR) LACE_SOAK_SEED=$(SEED) LACE_SOAK_N=$(N) $(GO) test -count=1 -v -run 'TestOracleAgreesWithPackets' -timeout 0 ./test/e2e/
 
+# The chaos harness (lab/chaos, docs/reliability.md): a lab under a steady
+# workload, faults drawn from SEED for DURATION (agents and the controller
+# killed, the API server and etcd down for OUTAGE, the fabric cut and lossy,
+# a burst of BURST pods while an agent dies), the invariants checked after
+# each. A failure prints its seed and sequence for make chaos SEED=...;
+# FAULTS=a,b draws from those kinds only. It uses LAB_NAME when given and
+# up, else brings up CHAOS_LAB and takes it down after (KEEP=1 keeps it).
+CHAOS_LAB ?= $(if $(filter command line environment,$(origin LAB_NAME)),$(LAB_NAME),chaos)
+.PHONY: chaos
+chaos: SEED ?= $(shell date +%s)
+chaos: DURATION ?= 10m
+chaos: OUTAGE ?= 5m
+chaos: BURST ?= 300
+chaos: deps k8s-bins cni-bins build images $(HELM) ## Inject faults from SEED for DURATION into a lab under load and check nothing is lost (root).
+	LACE_BIN_DIR=$(BIN_DIR) $(GO) run ./lab/cmd/lace-chaos --bin $(BIN_DIR) --name $(CHAOS_LAB) --seed $(SEED) \
+		--duration $(DURATION) --outage $(OUTAGE) --burst $(BURST) $(if $(FAULTS),--faults $(FAULTS)) $(if $(KEEP),--keep)
+
 ##@ Lab
 
 .PHONY: lab

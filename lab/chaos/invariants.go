@@ -1,0 +1,460 @@
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/dpmetrics"
+	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/lab"
+)
+
+// check runs every invariant after fault f (started at start) and
+// returns its report row; problems lists what did not hold.
+func (h *harness) check(ctx context.Context, w *workload, f *fault, start time.Time) row {
+	r := row{fault: f.name, took: time.Since(start)}
+	worst := 0.0
+	for name, sl := range w.windows() {
+		r.sent += sl[0]
+		r.lost += sl[1]
+		if sl[0] > 0 && float64(sl[1])/float64(sl[0]) > worst {
+			worst = float64(sl[1]) / float64(sl[0])
+			r.worst = fmt.Sprintf("%s %d/%d lost", name, sl[1], sl[0])
+		}
+	}
+	if r.sent == 0 {
+		r.problems = append(r.problems, "no UDP question was asked: the probers stopped")
+	} else if loss := float64(r.lost) / float64(r.sent); loss > f.lossBound {
+		r.problems = append(r.problems, fmt.Sprintf("UDP loss %.1f%% over the bound %.0f%% (%s)", 100*loss, 100*f.lossBound, r.worst))
+	}
+	for _, s := range w.streams {
+		for _, fl := range s.failuresSince(start) {
+			msg := fmt.Sprintf("stream %s broke at %s: %s", s.name, fl.at.Format("15:04:05"), fl.err)
+			if s.viaVIP && w.failover != "" {
+				r.excused = append(r.excused, msg+" (the VIP failed over from "+w.failover+")")
+				continue
+			}
+			r.problems = append(r.problems, msg)
+		}
+	}
+	for _, c := range []func(context.Context, *harness) error{checkAddresses, checkNetworkEndpoints, checkResidue, checkLogs, checkRepairs} {
+		if err := c(ctx, h); err != nil {
+			r.problems = append(r.problems, err.Error())
+		}
+	}
+	if err := checkRestarts(ctx, h, f); err != nil {
+		r.problems = append(r.problems, err.Error())
+	}
+	if err := w.checkMatrix(ctx); err != nil {
+		r.problems = append(r.problems, err.Error())
+	}
+	return r
+}
+
+// checkAddresses fails when an address is held by two pods, cluster-wide.
+func checkAddresses(ctx context.Context, h *harness) error {
+	pods, err := h.cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	holder := map[string]string{}
+	var dup []string
+	for _, p := range pods.Items {
+		if p.Spec.HostNetwork {
+			continue
+		}
+		for _, ip := range p.Status.PodIPs {
+			if other, ok := holder[ip.IP]; ok {
+				dup = append(dup, fmt.Sprintf("%s held by %s and %s/%s", ip.IP, other, p.Namespace, p.Name))
+			}
+			holder[ip.IP] = p.Namespace + "/" + p.Name
+		}
+	}
+	if len(dup) > 0 {
+		return fmt.Errorf("duplicate addresses: %s", strings.Join(dup, ", "))
+	}
+	return nil
+}
+
+// checkNetworkEndpoints fails when a NetworkEndpoint outlives its pod or
+// a running pod with addresses has none (after a minute to settle).
+func checkNetworkEndpoints(ctx context.Context, h *harness) error {
+	return until(ctx, time.Minute, "NetworkEndpoints matching the pods", func() error {
+		pods, err := h.cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		var neps lacev1.NetworkEndpointList
+		if err := h.c.List(ctx, &neps); err != nil {
+			return err
+		}
+		live := map[string]string{}
+		for _, p := range pods.Items {
+			if !p.Spec.HostNetwork && len(p.Status.PodIPs) > 0 && p.DeletionTimestamp == nil {
+				live[p.Namespace+"/"+p.Name] = string(p.UID)
+			}
+		}
+		var leaked, missing []string
+		have := map[string]bool{}
+		for _, ne := range neps.Items {
+			key := ne.Namespace + "/" + ne.Name
+			have[key] = true
+			if uid, ok := live[key]; !ok || ne.Labels[lacev1.LabelPodUID] != uid {
+				leaked = append(leaked, key)
+			}
+		}
+		for key := range live {
+			if !have[key] {
+				missing = append(missing, key)
+			}
+		}
+		if len(leaked)+len(missing) > 0 {
+			slices.Sort(leaked)
+			slices.Sort(missing)
+			return fmt.Errorf("NetworkEndpoints leaked %v, missing %v", leaked, missing)
+		}
+		return nil
+	})
+}
+
+// checkResidue fails when a node holds veths, endpoint or port entries or
+// checkpointed endpoints that its pods do not account for (or lacks
+// some), after 90 seconds to settle.
+func checkResidue(ctx context.Context, h *harness) error {
+	return until(ctx, 90*time.Second, "every node's state matching its pods", func() error {
+		pods, err := h.cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		want := map[string]residue{}
+		for _, p := range pods.Items {
+			if p.Spec.HostNetwork || p.Spec.NodeName == "" || len(p.Status.PodIPs) == 0 {
+				continue
+			}
+			r := want[p.Spec.NodeName]
+			r.Veths++
+			r.Ports++
+			r.Checkpointed++
+			r.Endpoints += len(p.Status.PodIPs)
+			want[p.Spec.NodeName] = r
+		}
+		for i := 1; i <= h.cfg.Nodes; i++ {
+			node := h.cfg.NodeName(i)
+			got, err := nodeResidue(h.cfg, node)
+			if err != nil {
+				return err
+			}
+			if got != want[node] {
+				return fmt.Errorf("node %s holds %+v, its pods need %+v", node, got, want[node])
+			}
+		}
+		return nil
+	})
+}
+
+// checkRestarts fails when a Lace container restarted more often than
+// the faults made it. Besides the harness's kills, a controller exits
+// when it loses its leader Lease (controller-runtime's design: another
+// replica may lead), so in the window of a fault that takes the API
+// server from it (f.losesAPI), one restart whose last words are that is
+// the fault's; a second is a crash loop. The kubelet reports a restart
+// made during an outage only once the API server is back: the count is
+// awaited for a minute.
+func checkRestarts(ctx context.Context, h *harness, f *fault) error {
+	var excused map[string]string
+	err := until(ctx, time.Minute, "Lace's restarts all caused by the faults", func() error {
+		excused = map[string]string{}
+		var problems []string
+		for _, sel := range []string{agentSelector, controllerSelector} {
+			pods, err := h.cs.CoreV1().Pods(lab.ReleaseNamespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
+			if err != nil {
+				return err
+			}
+			for _, p := range pods.Items {
+				restarts, last := 0, ""
+				for _, c := range p.Status.ContainerStatuses {
+					restarts += int(c.RestartCount)
+					if t := c.LastTerminationState.Terminated; t != nil {
+						last = strings.TrimSpace(t.Message)
+					}
+				}
+				uid := string(p.UID)
+				h.mu.Lock()
+				caused, before := h.restarts[uid], h.windowStart[uid]
+				h.mu.Unlock()
+				if f.losesAPI && sel == controllerSelector && restarts == caused+1 && restarts == before+1 && strings.HasSuffix(last, leaseLost) {
+					excused[uid] = fmt.Sprintf("%s on %s", p.Name, p.Spec.NodeName)
+					continue
+				}
+				if restarts != caused {
+					problems = append(problems, fmt.Sprintf("%s restarted %d times, %d by the faults", p.Name, restarts, caused))
+				}
+			}
+		}
+		if len(problems) > 0 {
+			return fmt.Errorf("unexpected restarts: %s", strings.Join(problems, ", "))
+		}
+		return nil
+	})
+	h.mu.Lock()
+	for uid, who := range excused {
+		h.restarts[uid]++
+		h.excused = append(h.excused, who)
+	}
+	h.mu.Unlock()
+	return err
+}
+
+// leaseLost is the controller's last word when it exits on a lost Lease.
+const leaseLost = "leader election lost"
+
+// markWindow records every Lace pod's restarts as a fault starts.
+func (h *harness) markWindow(ctx context.Context) error {
+	out := map[string]int{}
+	for _, sel := range []string{agentSelector, controllerSelector} {
+		pods, err := h.cs.CoreV1().Pods(lab.ReleaseNamespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
+		if err != nil {
+			return err
+		}
+		for _, p := range pods.Items {
+			for _, c := range p.Status.ContainerStatuses {
+				out[string(p.UID)] += int(c.RestartCount)
+			}
+		}
+	}
+	h.mu.Lock()
+	h.windowStart = out
+	h.mu.Unlock()
+	return nil
+}
+
+// panicLine is how a Go program's crash begins.
+var panicLine = regexp.MustCompile(`(^|[^a-z])(panic: |fatal error: |goroutine \d+ \[running\])`)
+
+// checkLogs fails when a Lace container's log (every instance a node
+// kept, crashed ones included) holds a panic.
+func checkLogs(_ context.Context, h *harness) error {
+	var found []string
+	files := 0
+	for i := 1; i <= h.cfg.Nodes; i++ {
+		logs, _ := filepath.Glob(filepath.Join(h.cfg.NodeRoot(h.cfg.NodeName(i)), "var/log/pods", lab.ReleaseNamespace+"_lace-*", "*", "*.log"))
+		for _, l := range logs {
+			files++
+			if line, err := grepFile(l, panicLine); err != nil {
+				return err
+			} else if line != "" {
+				found = append(found, fmt.Sprintf("%s: %s", strings.TrimPrefix(l, h.cfg.StateDir()), line))
+			}
+		}
+	}
+	if files == 0 {
+		return errors.New("no log of a Lace container found on any node")
+	}
+	if len(found) > 0 {
+		return fmt.Errorf("panics logged: %s", strings.Join(found, "; "))
+	}
+	return nil
+}
+
+func grepFile(path string, re *regexp.Regexp) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return "", nil // rotated away meanwhile
+		}
+		return "", err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if re.MatchString(sc.Text()) {
+			return sc.Text(), nil
+		}
+	}
+	return "", sc.Err()
+}
+
+// agentMetricsPort is the chart's agent.metricsPort.
+const agentMetricsPort = 9962
+
+// checkRepairs fails when an agent repaired a map entry that differed
+// from what it wrote from the model: only the harness's faults ran, and
+// none of them writes a map.
+func checkRepairs(ctx context.Context, h *harness) error {
+	fabric := netutil.Path(h.cfg.NetNS("fabric"))
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return netutil.DialContext(ctx, fabric, network, addr)
+		}}}
+	var problems []string
+	for i := 1; i <= h.cfg.Nodes; i++ {
+		v4, _ := lab.NodeUnderlay(i)
+		var n float64
+		err := until(ctx, 30*time.Second, "metrics of "+h.cfg.NodeName(i), func() (err error) {
+			n, err = metricSum(ctx, hc, "http://"+netip.AddrPortFrom(v4, agentMetricsPort).String()+"/metrics", dpmetrics.TableRepairs)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			problems = append(problems, fmt.Sprintf("%s repaired %g entries", h.cfg.NodeName(i), n))
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("maps differed from what the agents wrote: %s", strings.Join(problems, ", "))
+	}
+	return nil
+}
+
+func metricSum(ctx context.Context, hc *http.Client, url, name string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	var sum float64
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(l, name) || (len(l) > len(name) && l[len(name)] != '{' && l[len(name)] != ' ') {
+			continue
+		}
+		v, err := strconv.ParseFloat(l[strings.LastIndexByte(l, ' ')+1:], 64)
+		if err != nil {
+			return 0, fmt.Errorf("metric line %q: %w", l, err)
+		}
+		sum += v
+	}
+	return sum, nil
+}
+
+// checkMatrix asks a fresh UDP question on every path the networks'
+// policies allow and every path they refuse, beside the held flows: chaos-a
+// opens into chaos-b; chaos-b opens into neither chaos-a nor the default
+// network, which opens into no chaos network. A refused question must go
+// unanswered and move the isolated counters by at least one each.
+func (w *workload) checkMatrix(ctx context.Context) error {
+	type probe struct {
+		from, to string
+		allow    bool
+	}
+	var probes []probe
+	n := len(w.nodes)
+	for i, node := range w.nodes {
+		next := w.nodes[(i+1)%n]
+		probes = append(probes,
+			probe{"srv-a-" + node, "srv-b-" + next, true},
+			probe{"cli-a-" + node, "srv-a-" + next, true},
+			probe{"srv-b-" + node, "srv-a-" + next, false},
+			probe{"cli-d-" + node, "srv-b-" + next, false},
+		)
+	}
+	before, err := w.isolated()
+	if err != nil {
+		return err
+	}
+	// In parallel: a refused question waits out its timeouts.
+	answered := make([]bool, len(probes))
+	errs := make([]error, len(probes))
+	var wg sync.WaitGroup
+	for i, p := range probes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ns, err := lab.PodNetNS(ctx, w.h.cfg, Namespace, p.from)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			answered[i] = askUDP(ctx, ns, netip.AddrPortFrom(podAddr(w.pods[p.to], false), udpPort))
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	var problems []string
+	denied := 0
+	for i, p := range probes {
+		switch ok := answered[i]; {
+		case p.allow && !ok:
+			problems = append(problems, fmt.Sprintf("%s -> %s refused, the policy allows it", p.from, p.to))
+		case !p.allow && ok:
+			problems = append(problems, fmt.Sprintf("%s -> %s answered, the policy refuses it", p.from, p.to))
+		case !p.allow:
+			denied++
+		}
+	}
+	after, err := w.isolated()
+	if err != nil {
+		return err
+	}
+	if after-before < uint64(denied) {
+		problems = append(problems, fmt.Sprintf("%d questions refused but the isolated counters moved by %d", denied, after-before))
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("reachability: %s", strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+func (w *workload) isolated() (uint64, error) {
+	var sum uint64
+	for _, node := range w.nodes {
+		n, err := drops(w.h.cfg, node, "isolated")
+		if err != nil {
+			return 0, err
+		}
+		sum += n
+	}
+	return sum, nil
+}
+
+// askUDP asks netexec one question (retried twice: a question lost to
+// the machine's load is not a refusal) and says whether it was answered.
+func askUDP(ctx context.Context, ns string, dst netip.AddrPort) bool {
+	conn, err := netutil.DialContext(ctx, ns, "udp", dst.String())
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	buf := make([]byte, 64)
+	for try := 0; try < 3; try++ {
+		_ = conn.SetDeadline(time.Now().Add(probeTimeout))
+		if _, err := fmt.Fprintf(conn, "echo m%d", try); err != nil {
+			return false
+		}
+		if n, err := conn.Read(buf); err == nil && strings.HasPrefix(string(buf[:n]), "m") {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,57 @@
+// Command lace-chaos runs the chaos harness (lab/chaos) on a lab: it
+// brings the lab up when it does not run (and takes it down after, unless
+// --keep), injects faults drawn from --seed for --duration while a
+// workload runs, and exits non-zero with the seed and fault sequence when
+// an invariant did not hold. `make chaos` runs it.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/lace-cni/lace/lab"
+	"github.com/lace-cni/lace/lab/chaos"
+	"github.com/lace-cni/lace/lab/conformance/labrun"
+)
+
+func main() {
+	opts := chaos.Options{Lab: lab.DefaultConfig(), Out: os.Stdout}
+	seed := flag.Uint64("seed", uint64(time.Now().UnixNano()), "seed of the fault sequence (a failure prints it)")
+	flag.StringVar(&opts.Lab.Name, "name", "chaos", "lab to run on (brought up when it does not run)")
+	flag.DurationVar(&opts.Duration, "duration", 10*time.Minute, "how long faults are injected")
+	flag.DurationVar(&opts.Outage, "outage", 5*time.Minute, "how long the API server, and etcd, stay down")
+	flag.IntVar(&opts.Burst, "burst", 300, "pods the burst fault creates and deletes")
+	faults := flag.String("faults", "", "comma-separated fault kinds to draw from (default: all)")
+	bin := flag.String("bin", "bin", "directory of lace-lab")
+	keep := flag.Bool("keep", false, "keep a lab this run brought up")
+	flag.Parse()
+	opts.Seed = *seed
+	if *faults != "" {
+		opts.Faults = strings.Split(*faults, ",")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	l := labrun.Lab{LaceLab: filepath.Join(*bin, "lace-lab"), Name: opts.Lab.Name, Out: os.Stdout}
+	_, up, err := l.Ensure(ctx, "--dns=false")
+	if up && !*keep {
+		defer l.Down()
+	}
+	if err == nil {
+		err = chaos.Run(ctx, opts)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "lace-chaos:", err)
+		stop()
+		if up && !*keep {
+			l.Down()
+		}
+		os.Exit(1)
+	}
+}
