@@ -168,6 +168,13 @@ func killPod(ctx context.Context, cs kubernetes.Interface, selector, node, comm 
 	if p == nil {
 		return fmt.Errorf("no running pod %s on %q", selector, node)
 	}
+	return KillProcess(ctx, p, comm)
+}
+
+// KillProcess sends SIGKILL to the processes named comm in pod p (on
+// this machine's lab), found by the pod's cgroup, and waits until they
+// are gone.
+func KillProcess(ctx context.Context, p *corev1.Pod, comm string) error {
 	pids, err := podProcesses(string(p.UID), comm)
 	if err != nil {
 		return err

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -27,7 +28,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/utils/ptr"
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
@@ -202,9 +202,8 @@ func (h *harness) run(ctx context.Context) error {
 func (h *harness) teardown(ctx context.Context, w *workload) row {
 	start := time.Now()
 	r := row{fault: "teardown"}
-	del := metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}
 	var errs []error
-	errs = append(errs, h.cs.CoreV1().Pods(Namespace).DeleteCollection(ctx, del, metav1.ListOptions{}))
+	errs = append(errs, h.deletePods(ctx, metav1.ListOptions{}))
 	errs = append(errs, h.cs.CoreV1().Services(Namespace).Delete(ctx, svcName, metav1.DeleteOptions{}))
 	for _, o := range w.objects {
 		errs = append(errs, crclient.IgnoreNotFound(h.c.Delete(ctx, o)))
@@ -258,17 +257,13 @@ func (h *harness) prepare(ctx context.Context) error {
 		return err
 	}
 	// On a lab that ran before, restarts before this run are not its.
-	for _, sel := range []string{agentSelector, controllerSelector} {
-		pods, err := h.cs.CoreV1().Pods(lab.ReleaseNamespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
-		if err != nil {
-			return err
-		}
-		for _, p := range pods.Items {
-			for _, c := range p.Status.ContainerStatuses {
-				h.restarts[string(p.UID)] += int(c.RestartCount)
-			}
-		}
+	before, err := h.laceRestarts(ctx)
+	if err != nil {
+		return err
 	}
+	h.mu.Lock()
+	maps.Copy(h.restarts, before)
+	h.mu.Unlock()
 	return nil
 }
 

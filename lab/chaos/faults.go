@@ -122,13 +122,14 @@ func (h *harness) lacePod(ctx context.Context, selector, node string) (*corev1.P
 	return nil, fmt.Errorf("no running pod %s on %q", selector, node)
 }
 
-// kill sends SIGKILL to a Lace pod's process and records it.
-func (h *harness) kill(ctx context.Context, p *corev1.Pod, target string) error {
-	if err := lab.Control(ctx, h.cfg, "kill", target); err != nil {
+// kill sends SIGKILL to a Lace pod's process (comm), records it, and
+// waits until the kubelet has restarted it and it is ready.
+func (h *harness) kill(ctx context.Context, p *corev1.Pod, comm string) error {
+	if err := lab.KillProcess(ctx, p, comm); err != nil {
 		return err
 	}
 	h.killed(string(p.UID))
-	h.printf("  killed %s (%s)", target, p.Name)
+	h.printf("  killed %s (%s on %s)", comm, p.Name, p.Spec.NodeName)
 	// The pod looks ready until the kubelet sees its container die.
 	before := 0
 	for _, c := range p.Status.ContainerStatuses {
@@ -157,7 +158,7 @@ func agentKill(ctx context.Context, h *harness, w *workload) error {
 		return err
 	}
 	w.mayFailOver(node)
-	if err := h.kill(ctx, p, "agent/"+node); err != nil {
+	if err := h.kill(ctx, p, "lace-agent"); err != nil {
 		return err
 	}
 	return h.converge(ctx)
@@ -196,7 +197,7 @@ func controllerKill(ctx context.Context, h *harness, w *workload) error {
 	if err != nil {
 		return err
 	}
-	return w.podBatch(ctx, "alloc", 20, 5, func() error { return h.kill(ctx, leader, "controller") })
+	return w.podBatch(ctx, "alloc", 20, 5, func() error { return h.kill(ctx, leader, "lace-controller") })
 }
 
 // controllerFailover deletes the leading controller's pod: the standby
@@ -358,7 +359,7 @@ func burst(ctx context.Context, h *harness, w *workload) error {
 		return err
 	}
 	w.mayFailOver(node)
-	return w.podBatch(ctx, "burst", h.opts.Burst, h.opts.Burst/3, func() error { return h.kill(ctx, p, "agent/"+node) })
+	return w.podBatch(ctx, "burst", h.opts.Burst, h.opts.Burst/3, func() error { return h.kill(ctx, p, "lace-agent") })
 }
 
 // podBatch creates n pause pods named prefix-N over the nodes, calls
@@ -432,7 +433,7 @@ func (w *workload) podBatch(ctx context.Context, prefix string, n, at int, durin
 	if err := checkAddresses(ctx, h); err != nil {
 		return err
 	}
-	if err := h.cs.CoreV1().Pods(Namespace).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, sel); err != nil {
+	if err := h.deletePods(ctx, sel); err != nil {
 		return err
 	}
 	if err := until(ctx, 4*time.Minute, prefix+" pods gone", func() error {
@@ -448,4 +449,33 @@ func (w *workload) podBatch(ctx context.Context, prefix string, n, at int, durin
 		return err
 	}
 	return h.converge(ctx)
+}
+
+// deletePods deletes the workload's pods sel selects, eight at a time:
+// one request each stays within the client's timeout, which a collection
+// of a hundred on a loaded machine does not.
+func (h *harness) deletePods(ctx context.Context, sel metav1.ListOptions) error {
+	pods, err := h.cs.CoreV1().Pods(Namespace).List(ctx, sel)
+	if err != nil {
+		return err
+	}
+	sem := make(chan struct{}, 8)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []error
+	for _, p := range pods.Items {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			err := h.cs.CoreV1().Pods(Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+			if err != nil && !apierrors.IsNotFound(err) {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }

@@ -143,21 +143,10 @@ func checkResidue(ctx context.Context, h *harness) error {
 		if err != nil {
 			return err
 		}
-		want := map[string]residue{}
-		for _, p := range pods.Items {
-			if p.Spec.HostNetwork || p.Spec.NodeName == "" || len(p.Status.PodIPs) == 0 {
-				continue
-			}
-			r := want[p.Spec.NodeName]
-			r.Veths++
-			r.Ports++
-			r.Checkpointed++
-			r.Endpoints += len(p.Status.PodIPs)
-			want[p.Spec.NodeName] = r
-		}
+		want := lab.PodsResidue(pods.Items)
 		for i := 1; i <= h.cfg.Nodes; i++ {
 			node := h.cfg.NodeName(i)
-			got, err := nodeResidue(h.cfg, node)
+			got, err := lab.NodeResidue(h.cfg, node)
 			if err != nil {
 				return err
 			}
@@ -227,11 +216,23 @@ const leaseLost = "leader election lost"
 
 // markWindow records every Lace pod's restarts as a fault starts.
 func (h *harness) markWindow(ctx context.Context) error {
+	out, err := h.laceRestarts(ctx)
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	h.windowStart = out
+	h.mu.Unlock()
+	return nil
+}
+
+// laceRestarts is every agent and controller pod's restart count, by UID.
+func (h *harness) laceRestarts(ctx context.Context) (map[string]int, error) {
 	out := map[string]int{}
 	for _, sel := range []string{agentSelector, controllerSelector} {
 		pods, err := h.cs.CoreV1().Pods(lab.ReleaseNamespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
 		if err != nil {
-			return err
+			return nil, err
 		}
 		for _, p := range pods.Items {
 			for _, c := range p.Status.ContainerStatuses {
@@ -239,10 +240,7 @@ func (h *harness) markWindow(ctx context.Context) error {
 			}
 		}
 	}
-	h.mu.Lock()
-	h.windowStart = out
-	h.mu.Unlock()
-	return nil
+	return out, nil
 }
 
 // panicLine is how a Go program's crash begins.

@@ -28,18 +28,7 @@ func residueMatchesPods(t *testing.T, what string) {
 		if err != nil {
 			return err
 		}
-		want := map[string]residue{}
-		for _, p := range pods.Items {
-			if p.Spec.HostNetwork || p.Spec.NodeName == "" || len(p.Status.PodIPs) == 0 {
-				continue
-			}
-			r := want[p.Spec.NodeName]
-			r.Veths++
-			r.Ports++
-			r.Checkpointed++
-			r.Endpoints += len(p.Status.PodIPs)
-			want[p.Spec.NodeName] = r
-		}
+		want := lab.PodsResidue(pods.Items)
 		for node, g := range nodeResidue(t) {
 			if g != want[node] {
 				return fmt.Errorf("node %s holds %+v, its pods need %+v", node, g, want[node])

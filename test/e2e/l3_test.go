@@ -3,14 +3,12 @@ package e2e
 import (
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"maps"
 	"net"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -645,39 +643,15 @@ func churnPods(t *testing.T, app string, labels map[string]string, n int, within
 
 // residue is what a node holds per pod: veths, map entries, checkpointed
 // addresses.
-type residue struct {
-	Veths, Endpoints, Ports, Checkpointed int
-}
+type residue = lab.Residue
 
 func nodeResidue(t *testing.T) map[string]residue {
 	t.Helper()
-	cfg := labConfig()
 	out := map[string]residue{}
 	for _, node := range []string{"n1", "n2", "n3"} {
-		var r residue
-		links, err := netutil.ListLinks(netutil.Path(cfg.NetNS(node)))
+		r, err := lab.NodeResidue(labConfig(), node)
 		if err != nil {
 			t.Fatal(err)
-		}
-		for _, l := range links {
-			if strings.HasPrefix(l, datapath.PodIfPrefix) {
-				r.Veths++
-			}
-		}
-		// The agent's pins and checkpoint, on the node's own bpffs and disk.
-		dp, err := datapath.Load(filepath.Join(cfg.NodeRoot(node), "sys/fs/bpf/lace"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		eps, _ := dp.Endpoints()
-		ports, _ := dp.Ports()
-		dp.Close()
-		r.Endpoints, r.Ports = len(eps), len(ports)
-		b, err := os.ReadFile(filepath.Join(cfg.NodeRoot(node), "var/lib/lace/endpoints.json"))
-		if err == nil {
-			var list []json.RawMessage
-			_ = json.Unmarshal(b, &list)
-			r.Checkpointed = len(list)
 		}
 		out[node] = r
 	}

@@ -24,6 +24,24 @@ import (
 	"github.com/lace-cni/lace/pkg/scheme"
 )
 
+// twoNodesEightVIPs are nodes n1 (cordoned or not) and n2, a default
+// class and eight LoadBalancer Services with their VIPs.
+func twoNodesEightVIPs(cordoned bool) []client.Object {
+	objs := []client.Object{
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Spec: corev1.NodeSpec{Unschedulable: cordoned}},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"}},
+		&lacev1.LoadBalancerClass{ObjectMeta: metav1.ObjectMeta{Name: "a"}, Spec: lacev1.LoadBalancerClassSpec{Default: true,
+			Addresses: []lacev1.AddressRange{"192.0.2.0/28"}}},
+	}
+	for i := range 8 {
+		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: fmt.Sprintf("web%d", i)},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer}}
+		svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: fmt.Sprintf("192.0.2.%d", i+1)}}
+		objs = append(objs, svc)
+	}
+	return objs
+}
+
 // TestAnnouncerFailsStaticThroughOutage: while the API server is down, an
 // agent keeps exactly the VIPs it announced (its peers' silence is no
 // evidence, and takes none over), and once it is back, a peer that has not
@@ -35,18 +53,7 @@ func TestAnnouncerFailsStaticThroughOutage(t *testing.T) {
 	ctx := context.Background()
 	const dur = 10 * time.Second
 	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	objs := []client.Object{
-		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}},
-		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"}},
-		&lacev1.LoadBalancerClass{ObjectMeta: metav1.ObjectMeta{Name: "a"}, Spec: lacev1.LoadBalancerClassSpec{Default: true,
-			Addresses: []lacev1.AddressRange{"192.0.2.0/28"}}},
-	}
-	for i := range 8 {
-		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: fmt.Sprintf("web%d", i)},
-			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer}}
-		svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: fmt.Sprintf("192.0.2.%d", i+1)}}
-		objs = append(objs, svc)
-	}
+	objs := twoNodesEightVIPs(false)
 	peer := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "lace-system", Name: LeaseName("n2"),
 		Labels: map[string]string{lacev1.LabelAgentLease: "true"}},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("n2"), RenewTime: &metav1.MicroTime{Time: clock}}}
@@ -144,19 +151,7 @@ func TestAnnouncerRestartGrace(t *testing.T) {
 			ctx := context.Background()
 			const dur, grace = 10 * time.Second, 60 * time.Second
 			clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-			objs := []client.Object{
-				&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Spec: corev1.NodeSpec{Unschedulable: cordoned}},
-				&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"}},
-				&lacev1.LoadBalancerClass{ObjectMeta: metav1.ObjectMeta{Name: "a"}, Spec: lacev1.LoadBalancerClassSpec{Default: true,
-					Addresses: []lacev1.AddressRange{"192.0.2.0/28"}}},
-			}
-			for i := range 8 {
-				svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: fmt.Sprintf("web%d", i)},
-					Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer}}
-				svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: fmt.Sprintf("192.0.2.%d", i+1)}}
-				objs = append(objs, svc)
-			}
-			c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(objs...).Build()
+			c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(twoNodesEightVIPs(cordoned)...).Build()
 			agent := func(node string) (*Announcer, *fakeDP) {
 				dp := &fakeDP{}
 				an := New(Options{NodeName: node, NetNS: "/fake", UnderlayInterface: "eth0", LeaseNamespace: "lace-system",
