@@ -53,7 +53,7 @@ type Options struct {
 	// RestartGrace is how long the others keep counting this node alive
 	// after its agent stops for a restart, and its data plane keeps
 	// answering for its VIPs meanwhile (0: no grace, a stop is a failure).
-	// A cordoned node gets none: it is being taken out of service.
+	// A node being taken out of service (leaving) gets none.
 	RestartGrace time.Duration
 }
 
@@ -91,6 +91,8 @@ type Announcer struct {
 	seen      map[string]leaseSeen // node -> its Lease's last change, locally
 	renewed   time.Time            // own Lease's last successful renewal
 	lastTry   time.Time
+	lastOK    bool
+	lastDown  time.Time
 	announced map[netip.Addr]bool
 	// blind is set while the API server is out of reach (announcements
 	// kept as they were) until the own Lease is renewed again.
@@ -106,6 +108,9 @@ type Announcer struct {
 type leaseSeen struct {
 	renew string // the Lease's renewTime as written
 	at    time.Time
+	// stale: first seen with a renewTime already older than its grace
+	// (by this node's clock): a grace left behind, not honoured again.
+	stale bool
 }
 
 // tick is how often announcements are decided: a few times per lease
@@ -159,9 +164,10 @@ func (an *Announcer) handOver() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), an.duration)
 	defer cancel()
+	// The node as the API server has it now, not as the cache had it.
 	var node corev1.Node
-	if err := an.client.Get(ctx, client.ObjectKey{Name: an.opts.NodeName}, &node); err != nil || node.Spec.Unschedulable {
-		an.log.Info("stopping without a restart grace: the VIPs fail over", "cordoned", node.Spec.Unschedulable, "err", err)
+	if err := an.reader.Get(ctx, client.ObjectKey{Name: an.opts.NodeName}, &node); err != nil || leaving(&node) {
+		an.log.Info("stopping without a restart grace: the VIPs fail over", "leaving", leaving(&node), "err", err)
 		return
 	}
 	grace := min(an.opts.RestartGrace, maxRestartGrace)
@@ -194,7 +200,7 @@ func (an *Announcer) handOver() {
 // time), at most every quarter duration.
 func (an *Announcer) renew(ctx context.Context, now time.Time) bool {
 	if now.Sub(an.lastTry) < an.duration/4 {
-		return true
+		return an.lastOK
 	}
 	an.lastTry = now
 	name := LeaseName(an.opts.NodeName)
@@ -216,9 +222,10 @@ func (an *Announcer) renew(ctx context.Context, now time.Time) bool {
 	}
 	if err != nil {
 		an.log.Info("renew the agent lease", "err", err)
+		an.lastOK = false
 		return false
 	}
-	an.renewed = now
+	an.renewed, an.lastOK = now, true
 	return true
 }
 
@@ -255,18 +262,44 @@ func (an *Announcer) alive(ctx context.Context, now time.Time) (map[string]bool,
 			// First sight (this agent just started): alive for a full
 			// duration from now, whatever the writer's clock says, so a
 			// restart never declares a live peer dead.
-			s = leaseSeen{renew, now}
+			s = leaseSeen{renew: renew, at: now, stale: now.Sub(l.Spec.RenewTime.Time) >= an.grace(&l)}
 		case s.renew != renew:
-			s = leaseSeen{renew, now}
+			s = leaseSeen{renew: renew, at: now}
 		}
 		an.seen[node] = s
-		if now.Sub(s.at) < an.grace(&l) {
+		g := an.grace(&l)
+		if s.stale {
+			g = an.duration
+		}
+		if now.Sub(s.at) < g {
 			out[node] = true
 		}
 	}
 	self := an.opts.NodeName
 	out[self] = now.Sub(an.renewed) < an.duration
 	return out, nil
+}
+
+// leaving tells that a node is being taken out of service, so no agent
+// will follow the one stopping there soon: cordoned, not Ready (the
+// kubelet's graceful node shutdown marks it so), or tainted not-ready,
+// unreachable or out-of-service.
+func leaving(n *corev1.Node) bool {
+	if n.Spec.Unschedulable {
+		return true
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady && c.Status != corev1.ConditionTrue {
+			return true
+		}
+	}
+	for _, t := range n.Spec.Taints {
+		switch t.Key {
+		case corev1.TaintNodeNotReady, corev1.TaintNodeUnreachable, corev1.TaintNodeOutOfService:
+			return true
+		}
+	}
+	return false
 }
 
 // grace is how long a node counts as alive after its Lease last changed:
@@ -294,7 +327,11 @@ func (an *Announcer) once(ctx context.Context) error {
 		return nil
 	}
 	renewed := an.renew(ctx, now)
-	if !renewed && an.apiDown(ctx) {
+	down := !renewed && an.apiDown(ctx)
+	if down {
+		an.lastDown = now
+	}
+	if down || (!renewed && an.blind && now.Sub(an.lastDown) < an.duration) {
 		// The API server is out of reach for this node: fail static, at
 		// once. What this agent reads meanwhile (its cache) is stale, so
 		// no peer's silence is evidence: deciding on it would take over
@@ -314,7 +351,7 @@ func (an *Announcer) once(ctx context.Context) error {
 		}
 		return an.dp.SetAnnounced(keep, an.mac, an.duration)
 	}
-	if an.blind && renewed {
+	if an.blind {
 		// Back: every peer gets a full duration from now to renew, as at
 		// first sight, since none could while the API server was down.
 		an.log.Info("API server reachable again: peers get a lease duration to renew before any takeover")
