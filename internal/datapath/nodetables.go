@@ -208,7 +208,64 @@ func (d *Datapath) SyncEndpoints(want []Endpoint, busy func(netID uint32, a neti
 	}
 	d.tab.mu.Lock()
 	defer d.tab.mu.Unlock()
-	return d.tab.endpoints.sync(m, keep)
+	t := d.tab.endpoints
+	// The first sync after a load (an agent's start) only reads what the
+	// kernel holds: an entry missing there is a pod the map lost (a map
+	// recreated by an upgrade), not an address given to a new pod, and
+	// its flows are the pod's own.
+	first := t.have == nil
+	if err := t.known(); err != nil {
+		return err
+	}
+	var fresh []podEpKey
+	for k := range m {
+		if _, ok := t.have[k]; !ok && !first {
+			fresh = append(fresh, k)
+		}
+	}
+	if err := d.forgetAddrFlows(fresh); err != nil {
+		return err
+	}
+	return t.sync(m, keep)
+}
+
+// forgetAddrFlows removes this node's conntrack entries of the pod
+// addresses keys name, before they are given to a new pod: a flow of the
+// pod that held the address before (or of a local pod with it) would
+// otherwise pass the new one's packets as replies, past its policies and
+// its view, and deliver the old peer's "replies" to it, past its ingress
+// policy. Conntrack keys carry addresses, not pods. It walks every
+// conntrack map: the cost of a pod's first attach.
+func (d *Datapath) forgetAddrFlows(keys []podEpKey) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	type netAddr struct {
+		net uint32
+		a   netip.Addr
+	}
+	fresh := map[netAddr]bool{}
+	for _, k := range keys {
+		fresh[netAddr{k.NetId, fromAddr16(k.Family, k.Addr)}] = true
+	}
+	for _, m := range d.ctMaps() {
+		var doomed []podCtKey
+		var noBatch bool
+		err := walk(m, &noBatch, func(k podCtKey, v podCtVal) {
+			if fresh[netAddr{k.NetId, fromAddr16(k.Family, k.Laddr)}] || fresh[netAddr{v.PeerNet, fromAddr16(k.Family, k.Raddr)}] {
+				doomed = append(doomed, k)
+			}
+		})
+		if err != nil {
+			return fmt.Errorf("walk conntrack: %w", err)
+		}
+		for _, k := range doomed {
+			if err := m.Delete(k); err != nil && !isMissing(err) {
+				return fmt.Errorf("forget a flow of a reused address: %w", err)
+			}
+		}
+	}
+	return nil
 }
 
 // SyncPorts makes the pod ports want (and their namespaces' entries),
