@@ -64,7 +64,7 @@ func run(ctx context.Context, pool, logLevel string, o controller.Options) error
 	if err != nil {
 		return fmt.Errorf("load kubeconfig: %w", err)
 	}
-	if err := controller.WaitForAPIServer(ctx, cfg, slog.Default()); err != nil {
+	if err := controller.WaitForAPIServer(ctx, cfg, o.HealthAddr, slog.Default()); err != nil {
 		return err
 	}
 	mgr, err := controller.NewManager(cfg, o)

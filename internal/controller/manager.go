@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"net/netip"
 	"time"
 
@@ -68,10 +70,22 @@ func DefaultOptions() Options {
 // at once), and failing there would make a controller that starts during
 // an outage, or on a node cut off from the API server, crash-loop until
 // it is back; this waits instead, as kube-controller-manager does.
-func WaitForAPIServer(ctx context.Context, cfg *rest.Config, log *slog.Logger) error {
+//
+// Meanwhile healthAddr (when not "" or "0") answers the kubelet's probes:
+// alive, not ready. Without it the liveness probe would restart a
+// waiting controller into the same wait, a crash loop of its own.
+func WaitForAPIServer(ctx context.Context, cfg *rest.Config, healthAddr string, log *slog.Logger) error {
 	dc, err := discovery.NewDiscoveryClientForConfig(rest.CopyConfig(cfg))
 	if err != nil {
 		return fmt.Errorf("discovery client: %w", err)
+	}
+	if healthAddr != "" && healthAddr != "0" {
+		stop, err := serveWaiting(healthAddr)
+		if err != nil {
+			return err
+		}
+		// The manager binds the same address next.
+		defer stop()
 	}
 	delay := 500 * time.Millisecond
 	for logged := false; ; {
@@ -93,6 +107,20 @@ func WaitForAPIServer(ctx context.Context, cfg *rest.Config, log *slog.Logger) e
 		}
 		delay = min(2*delay, 10*time.Second)
 	}
+}
+
+// serveWaiting answers /healthz (alive) and nothing else (not ready) on
+// addr until stop returns.
+func serveWaiting(addr string) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("serve health while waiting: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return func() { _ = srv.Close() }, nil
 }
 
 // NewManager builds the controller manager with every reconciler registered.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -29,7 +30,7 @@ func TestWaitForAPIServer(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := WaitForAPIServer(ctx, &rest.Config{Host: srv.URL}, log); err != nil {
+	if err := WaitForAPIServer(ctx, &rest.Config{Host: srv.URL}, "", log); err != nil {
 		t.Fatal(err)
 	}
 	if n := asked.Load(); n != 3 {
@@ -40,9 +41,41 @@ func TestWaitForAPIServer(t *testing.T) {
 		http.Error(w, "down", http.StatusServiceUnavailable)
 	}))
 	defer down.Close()
-	ctx, cancel = context.WithTimeout(context.Background(), 2*time.Second)
+	// While it waits, the kubelet's probes find it alive and not ready.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	health := ln.Addr().String()
+	ln.Close()
+	ctx, cancel = context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	if err := WaitForAPIServer(ctx, &rest.Config{Host: down.URL}, log); err == nil {
+	done := make(chan error, 1)
+	go func() { done <- WaitForAPIServer(ctx, &rest.Config{Host: down.URL}, health, log) }()
+	probe := func(path string) int {
+		for range 50 {
+			if resp, err := http.Get("http://" + health + path); err == nil {
+				resp.Body.Close()
+				return resp.StatusCode
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		return 0
+	}
+	if c := probe("/healthz"); c != http.StatusOK {
+		t.Errorf("/healthz while waiting: %d, want 200", c)
+	}
+	if c := probe("/readyz"); c == http.StatusOK {
+		t.Error("/readyz answered 200 while waiting for the API server")
+	}
+	if err := <-done; err == nil {
 		t.Error("the API server never answered, yet the wait succeeded")
+	}
+	// The manager binds the same address next.
+	ln, err = net.Listen("tcp", health)
+	if err != nil {
+		t.Errorf("the health address is still held after the wait: %v", err)
+	} else {
+		ln.Close()
 	}
 }
