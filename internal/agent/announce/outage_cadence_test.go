@@ -148,16 +148,7 @@ func TestAnnouncerStaleGraceRegrantedOnFirstSight(t *testing.T) {
 	const dur, grace = 10 * time.Second, 60 * time.Second
 	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(twoNodesEightVIPs(false)...).Build()
-	agent := func(node string) (*Announcer, *fakeDP) {
-		dp := &fakeDP{}
-		an := New(Options{NodeName: node, NetNS: "/fake", UnderlayInterface: "eth0", LeaseNamespace: "lace-system",
-			LeaseDuration: dur, RestartGrace: grace}, slog.New(slog.NewTextHandler(io.Discard, nil)), c, c, dp, listServices{c})
-		an.send = func(string, string, [][]byte) error { return nil }
-		an.groups = noGroups{}
-		an.seen, an.announced = map[string]leaseSeen{}, map[netip.Addr]bool{}
-		an.now = func() time.Time { return clock }
-		return an, dp
-	}
+	agent := func(node string) (*Announcer, *fakeDP) { return graceAgent(c, node, dur, grace, &clock) }
 	count := func(dp *fakeDP) int { dp.mu.Lock(); defer dp.mu.Unlock(); return len(dp.vips) }
 	step := func(d time.Duration, ans ...*Announcer) {
 		t.Helper()

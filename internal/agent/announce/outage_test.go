@@ -24,6 +24,19 @@ import (
 	"github.com/lace-cni/lace/pkg/scheme"
 )
 
+// graceAgent is node's announcer on c with a restart grace, its data
+// plane a fake, its clock *clock.
+func graceAgent(c client.Client, node string, dur, grace time.Duration, clock *time.Time) (*Announcer, *fakeDP) {
+	dp := &fakeDP{}
+	an := New(Options{NodeName: node, NetNS: "/fake", UnderlayInterface: "eth0", LeaseNamespace: "lace-system",
+		LeaseDuration: dur, RestartGrace: grace}, slog.New(slog.NewTextHandler(io.Discard, nil)), c, c, dp, listServices{c})
+	an.send = func(string, string, [][]byte) error { return nil }
+	an.groups = noGroups{}
+	an.seen, an.announced = map[string]leaseSeen{}, map[netip.Addr]bool{}
+	an.now = func() time.Time { return *clock }
+	return an, dp
+}
+
 // twoNodesEightVIPs are nodes n1 (cordoned or not) and n2, a default
 // class and eight LoadBalancer Services with their VIPs.
 func twoNodesEightVIPs(cordoned bool) []client.Object {
@@ -152,16 +165,7 @@ func TestAnnouncerRestartGrace(t *testing.T) {
 			const dur, grace = 10 * time.Second, 60 * time.Second
 			clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 			c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(twoNodesEightVIPs(cordoned)...).Build()
-			agent := func(node string) (*Announcer, *fakeDP) {
-				dp := &fakeDP{}
-				an := New(Options{NodeName: node, NetNS: "/fake", UnderlayInterface: "eth0", LeaseNamespace: "lace-system",
-					LeaseDuration: dur, RestartGrace: grace}, slog.New(slog.NewTextHandler(io.Discard, nil)), c, c, dp, listServices{c})
-				an.send = func(string, string, [][]byte) error { return nil }
-				an.groups = noGroups{}
-				an.seen, an.announced = map[string]leaseSeen{}, map[netip.Addr]bool{}
-				an.now = func() time.Time { return clock }
-				return an, dp
-			}
+			agent := func(node string) (*Announcer, *fakeDP) { return graceAgent(c, node, dur, grace, &clock) }
 			an1, dp1 := agent("n1")
 			an2, dp2 := agent("n2")
 			count := func(dp *fakeDP) int {
