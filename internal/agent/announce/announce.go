@@ -281,11 +281,14 @@ func (an *Announcer) alive(ctx context.Context, now time.Time) (map[string]bool,
 }
 
 // leaving tells that a node is being taken out of service, so no agent
-// will follow the one stopping there soon: cordoned, not Ready (the
+// will follow the one stopping there soon: cordoned, labelled to keep the
+// agent off (lacev1.LabelAgentStopped), not Ready (the
 // kubelet's graceful node shutdown marks it so), or tainted not-ready,
 // unreachable or out-of-service.
 func leaving(n *corev1.Node) bool {
-	if n.Spec.Unschedulable {
+	// The chart's affinity keeps the agent off a node so labelled: no
+	// successor comes.
+	if n.Spec.Unschedulable || n.Labels[lacev1.LabelAgentStopped] != "" {
 		return true
 	}
 	for _, c := range n.Status.Conditions {

@@ -195,6 +195,8 @@ func TestLeaving(t *testing.T) {
 	}{
 		{"ready", corev1.Node{Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{ready}}}, false},
 		{"cordoned", corev1.Node{Spec: corev1.NodeSpec{Unschedulable: true}}, true},
+		{"agent kept off", corev1.Node{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{lacev1.LabelAgentStopped: "stopped"}},
+			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{ready}}}, true},
 		{"shutting down", corev1.Node{Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionFalse}}}}, true},
 		{"out of service", corev1.Node{Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: corev1.TaintNodeOutOfService, Effect: corev1.TaintEffectNoExecute}}}}, true},
 		{"unreachable", corev1.Node{Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: corev1.TaintNodeUnreachable, Effect: corev1.TaintEffectNoSchedule}}}}, true},
