@@ -242,7 +242,7 @@ func waitPod(ctx context.Context, cs kubernetes.Interface, selector, node string
 				last = fmt.Sprintf("%d pods left", len(pods.Items))
 			}
 			for _, p := range pods.Items {
-				if ready && (old == nil || p.UID != old.UID) && p.DeletionTimestamp == nil && podReady(&p) {
+				if ready && (old == nil || p.UID != old.UID) && p.DeletionTimestamp == nil && PodReady(&p) {
 					done = true
 				}
 			}
@@ -261,7 +261,8 @@ func waitPod(ctx context.Context, cs kubernetes.Interface, selector, node string
 	}
 }
 
-func podReady(p *corev1.Pod) bool {
+// PodReady tells that p's Ready condition is true.
+func PodReady(p *corev1.Pod) bool {
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodReady {
 			return c.Status == corev1.ConditionTrue

@@ -254,7 +254,7 @@ func Demo(ctx context.Context, c Config, out io.Writer) error {
 			if err := cl.Get(ctx, client.ObjectKey{Namespace: "default", Name: s.name}, &p); err != nil {
 				return "", fmt.Errorf("get pod %s: %w", s.name, err)
 			}
-			if podReady(&p) {
+			if PodReady(&p) {
 				pods[s.name] = &p
 			} else {
 				pending = append(pending, s.name)

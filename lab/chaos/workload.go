@@ -207,17 +207,8 @@ func (h *harness) setup(ctx context.Context) (*workload, error) {
 
 type crObject = crclient.Object
 
-func podReady(p *corev1.Pod) bool {
-	if p.DeletionTimestamp != nil {
-		return false
-	}
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
-			return true
-		}
-	}
-	return false
-}
+// podReady: ready, and not being deleted.
+func podReady(p *corev1.Pod) bool { return p.DeletionTimestamp == nil && lab.PodReady(p) }
 
 func podAddr(p *corev1.Pod, v6 bool) netip.Addr {
 	for _, ip := range p.Status.PodIPs {
