@@ -299,7 +299,8 @@ current-context: lab
 // lab's kube-dns Service; kubeadm names its first address only, and so does
 // the lab: a second nameserver is asked only when the first times out.
 // Without it, pods get the machine's resolv.conf (and the kubelet warns
-// MissingClusterDNS).
+// MissingClusterDNS). maxPods is above the kubelet's 110 so a burst of 300
+// pods over three nodes (make chaos) fits beside the workload.
 func kubeletConfig(cgroupRoot string, dns bool) string {
 	clusterDNS := ""
 	if dns {
@@ -337,6 +338,7 @@ evictionHard:
   imagefs.available: 1%%
 nodeStatusReportFrequency: 1m
 shutdownGracePeriod: 0s
+maxPods: 250
 `, kubeletPort, kubeletHealthzPort, nodeKubeDir, nodeContainerdSock, cgroupRoot, clusterDNS)
 }
 
