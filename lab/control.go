@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"strings"
 	"syscall"
 	"time"
@@ -137,23 +135,8 @@ func controlControlPlane(ctx context.Context, c Config, action, target string) e
 	if action != "stop" && action != "start" {
 		return fmt.Errorf("%s can be stopped or started, not %q", target, action)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://lab/components/"+target+"/"+action, nil)
-	if err != nil {
-		return err
-	}
-	hc := controlClient(c)
 	// Starting waits for the component to serve.
-	hc.Timeout = 2 * time.Minute
-	resp, err := hc.Do(req)
-	if err != nil {
-		return fmt.Errorf("%s %s in lab %s: %w", action, target, c.Name, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		b, _ := io.ReadAll(resp.Body)
-		return fmt.Errorf("%s %s in lab %s: %s: %s", action, target, c.Name, resp.Status, strings.TrimSpace(string(b)))
-	}
-	return nil
+	return daemonPost(ctx, c, "/components/"+target+"/"+action, 2*time.Minute)
 }
 
 // killPod sends SIGKILL to the main process (comm) of the running pod

@@ -434,6 +434,7 @@ func (d *daemon) serveControl() (*http.Server, error) {
 		w.WriteHeader(http.StatusAccepted)
 	})
 	mux.HandleFunc("POST /components/{name}/{action}", d.controlComponent)
+	mux.HandleFunc("POST /nodes/{name}/reboot", d.rebootNode)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

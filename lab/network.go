@@ -34,43 +34,68 @@ func setupNetwork(c Config) error {
 			return fmt.Errorf("fabric address: %w", err)
 		}
 	}
-	attach := func(ns, fabricEnd string, v4, v6 netip.Addr) error {
-		if err := netutil.CreateNamed(ns); err != nil {
-			return err
-		}
-		if err := netutil.EnsureVeth(netutil.VethSpec{
-			NSPath: netutil.Path(fabric), Name: fabricEnd, Master: fabricBridge,
-			PeerNSPath: netutil.Path(ns), PeerName: "eth0",
-		}); err != nil {
-			return err
-		}
-		for _, a := range []netip.Prefix{netip.PrefixFrom(v4, UnderlayV4.Bits()), netip.PrefixFrom(v6, UnderlayV6.Bits())} {
-			if err := netutil.EnsureAddr(netutil.Path(ns), "eth0", a); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
 	for i := 1; i <= c.Nodes; i++ {
-		v4, v6 := NodeUnderlay(i)
-		ns := c.NetNS(c.NodeName(i))
-		if err := attach(ns, c.NodeName(i), v4, v6); err != nil {
-			return fmt.Errorf("node %s: %w", c.NodeName(i), err)
-		}
-		for _, kv := range [][2]string{
-			{"net.ipv4.ip_forward", "1"},
-			{"net.ipv6.conf.all.forwarding", "1"},
-		} {
-			if err := netutil.Sysctl(netutil.Path(ns), kv[0], kv[1]); err != nil {
-				return fmt.Errorf("node %s: %w", c.NodeName(i), err)
-			}
+		if err := setupNode(c, i); err != nil {
+			return err
 		}
 	}
 	v4, v6 := ExternalUnderlay()
-	if err := attach(c.NetNS("external"), "ext", v4, v6); err != nil {
+	if err := attachHost(c, c.NetNS("external"), "ext", v4, v6); err != nil {
 		return fmt.Errorf("external host: %w", err)
 	}
 	return setupExternalRouting(c)
+}
+
+// attachHost creates namespace ns (when missing) and plugs it into the
+// fabric bridge as eth0, its end on the bridge named fabricEnd, with the
+// host's fabric addresses.
+func attachHost(c Config, ns, fabricEnd string, v4, v6 netip.Addr) error {
+	if err := netutil.CreateNamed(ns); err != nil {
+		return err
+	}
+	if err := netutil.EnsureVeth(netutil.VethSpec{
+		NSPath: netutil.Path(c.NetNS("fabric")), Name: fabricEnd, Master: fabricBridge,
+		PeerNSPath: netutil.Path(ns), PeerName: "eth0",
+	}); err != nil {
+		return err
+	}
+	for _, a := range []netip.Prefix{netip.PrefixFrom(v4, UnderlayV4.Bits()), netip.PrefixFrom(v6, UnderlayV6.Bits())} {
+		if err := netutil.EnsureAddr(netutil.Path(ns), "eth0", a); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// setupNode makes node i's network namespace as a host booting on the
+// fabric has it: its port on the fabric, forwarding on, and a route to
+// the external host's served prefix (setupExternalRouting). It is
+// idempotent, and all a rebooted node gets before its kubelet starts.
+func setupNode(c Config, i int) error {
+	name := c.NodeName(i)
+	v4, v6 := NodeUnderlay(i)
+	ns := c.NetNS(name)
+	if err := attachHost(c, ns, name, v4, v6); err != nil {
+		return fmt.Errorf("node %s: %w", name, err)
+	}
+	for _, kv := range [][2]string{
+		{"net.ipv4.ip_forward", "1"},
+		{"net.ipv6.conf.all.forwarding", "1"},
+	} {
+		if err := netutil.Sysctl(netutil.Path(ns), kv[0], kv[1]); err != nil {
+			return fmt.Errorf("node %s: %w", name, err)
+		}
+	}
+	extV4, extV6 := ExternalUnderlay()
+	for _, r := range []struct {
+		dst netip.Prefix
+		gw  netip.Addr
+	}{{ExternalServedV4, extV4}, {ExternalServedV6, extV6}} {
+		if err := netutil.EnsureRoute(netutil.Path(ns), r.dst, r.gw, "eth0"); err != nil {
+			return fmt.Errorf("node %s: route to the external host's served prefix: %w", name, err)
+		}
+	}
+	return nil
 }
 
 // setupExternalRouting makes the external host a site beyond the fabric
@@ -103,15 +128,6 @@ func setupExternalRouting(c Config) error {
 	for i := 1; i <= c.Nodes; i++ {
 		v4, v6 := NodeUnderlay(i)
 		gwV4, gwV6 = append(gwV4, v4), append(gwV6, v6)
-		ns := netutil.Path(c.NetNS(c.NodeName(i)))
-		for _, r := range []struct {
-			dst netip.Prefix
-			gw  netip.Addr
-		}{{ExternalServedV4, extV4}, {ExternalServedV6, extV6}} {
-			if err := netutil.EnsureRoute(ns, r.dst, r.gw, "eth0"); err != nil {
-				return fmt.Errorf("node %s: route to the external host's served prefix: %w", c.NodeName(i), err)
-			}
-		}
 	}
 	// Hash flows over the next hops by ports too (L4), as fabric routers
 	// commonly do: with the kernel's default (addresses only) every

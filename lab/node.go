@@ -78,6 +78,13 @@ func (n *node) start(ctx context.Context, pki *controlplane.PKI, apiServer strin
 	if err := n.writeFiles(pki, apiServer); err != nil {
 		return err
 	}
+	return n.boot(ctx, images)
+}
+
+// boot starts the node from its disk: routes the reference bridge plugin
+// needs, its mount namespace, containerd, and images imported into it.
+// A first boot and a reboot (reboot.go) both go through here.
+func (n *node) boot(ctx context.Context, images []string) error {
 	if err := createCgroupRoot(n.cgroupRoot()); err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -40,6 +41,9 @@ commands:
                                           change to take effect
   stop|start [--name N] apiserver|etcd    take the API server or etcd down, and bring it back (same
                                           address; start waits until it serves)
+  reboot [--name N] node/NODE             power-cycle a node: its processes killed at once, its
+                                          network namespace (links, routes, eBPF pins) and /run made
+                                          again from nothing, its disk kept; returns once its kubelet runs
   load [--name N] [--as REF] IMAGE.tar    import an image into every node's containerd (like kind load)
   demo [--name N]                         a demo topology (one-way, shared, anonymous and external
                                           networks), and its reachability measured against the oracle
@@ -192,6 +196,11 @@ func run(ctx context.Context, args []string, out io.Writer) (int, error) {
 		return 0, nil
 	case "demo":
 		return 0, lab.Demo(ctx, cfg, out)
+	case "reboot":
+		if len(rest) != 1 || !strings.HasPrefix(rest[0], "node/") {
+			return 2, errors.New("usage: lace-lab reboot node/NODE")
+		}
+		return 0, lab.Reboot(ctx, cfg, rest[0])
 	case "restart", "stop", "start", "kill":
 		if len(rest) != 1 {
 			return 2, fmt.Errorf("usage: lace-lab %s agent/NODE|controller|apiserver|etcd", cmd)
