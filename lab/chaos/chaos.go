@@ -74,9 +74,9 @@ type harness struct {
 	restarts map[string]int
 	// excused lists the restarts of the second kind, for the report.
 	excused []string
-	// windowStart is every Lace pod's restart count as the current
-	// fault started.
-	windowStart map[string]int
+	// apiLoss are the windows of the faults that took the API server
+	// from the controllers (fault.losesAPI).
+	apiLoss []window
 }
 
 // Run runs the chaos of opts on its lab and returns an error naming the
@@ -166,11 +166,13 @@ func (h *harness) run(ctx context.Context) error {
 		h.printf("fault %d: %s", i+1, f.name)
 		start := time.Now()
 		w.windows() // the fault's loss window starts now
-		w.failover = ""
-		if err := h.markWindow(ctx); err != nil {
-			return fmt.Errorf("before fault %d: %w", i+1, err)
-		}
+		w.failover, w.rebooted = "", ""
 		ferr := f.run(ctx, h, w)
+		if f.losesAPI {
+			h.mu.Lock()
+			h.apiLoss = append(h.apiLoss, window{start, time.Now()})
+			h.mu.Unlock()
+		}
 		r := h.check(ctx, w, f, start)
 		if ferr != nil {
 			r.problems = append([]string{"fault: " + ferr.Error()}, r.problems...)
@@ -228,7 +230,7 @@ func (h *harness) teardown(ctx context.Context, w *workload) row {
 			r.problems = append(r.problems, err.Error())
 		}
 	}
-	if err := checkRestarts(ctx, h, &fault{name: r.fault}); err != nil {
+	if err := checkRestarts(ctx, h); err != nil {
 		r.problems = append(r.problems, err.Error())
 	}
 	r.took = time.Since(start)

@@ -58,6 +58,7 @@ var faults = []*fault{
 	{name: "fabric-link-down", lossBound: 1, losesAPI: true, run: fabricDown},
 	{name: "fabric-loss", lossBound: 1, run: fabricLoss},
 	{name: "pod-burst-agent-kill", lossBound: quietLoss, run: burst},
+	{name: "node-reboot", lossBound: 1, run: nodeReboot},
 }
 
 func selectFaults(names []string) ([]*fault, error) {
@@ -130,25 +131,32 @@ func (h *harness) kill(ctx context.Context, p *corev1.Pod, comm string) error {
 	}
 	h.killed(string(p.UID))
 	h.printf("  killed %s (%s on %s)", comm, p.Name, p.Spec.NodeName)
-	// The pod looks ready until the kubelet sees its container die.
-	before := 0
-	for _, c := range p.Status.ContainerStatuses {
-		before += int(c.RestartCount)
-	}
+	return h.awaitRestart(ctx, p)
+}
+
+// awaitRestart waits until the kubelet has restarted p's containers (p
+// as it was before they died) and p is ready again: until the kubelet
+// sees them die, p looks ready.
+func (h *harness) awaitRestart(ctx context.Context, p *corev1.Pod) error {
+	before := restartCount(p)
 	return until(ctx, 2*time.Minute, p.Name+" restarted and ready", func() error {
 		now, err := h.cs.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		restarts := 0
-		for _, c := range now.Status.ContainerStatuses {
-			restarts += int(c.RestartCount)
-		}
-		if restarts <= before || !podReady(now) {
+		if restarts := restartCount(now); restarts <= before || !podReady(now) {
 			return fmt.Errorf("%d restarts, ready %v", restarts, podReady(now))
 		}
 		return nil
 	})
+}
+
+func restartCount(p *corev1.Pod) int {
+	n := 0
+	for _, c := range p.Status.ContainerStatuses {
+		n += int(c.RestartCount)
+	}
+	return n
 }
 
 func agentKill(ctx context.Context, h *harness, w *workload) error {

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
@@ -51,6 +52,10 @@ func (h *harness) check(ctx context.Context, w *workload, f *fault, start time.T
 				r.excused = append(r.excused, msg+" (the VIP failed over from "+w.failover+")")
 				continue
 			}
+			if w.rebooted != "" && s.through(w.rebooted) {
+				r.excused = append(r.excused, msg+" ("+w.rebooted+" rebooted)")
+				continue
+			}
 			r.problems = append(r.problems, msg)
 		}
 	}
@@ -59,7 +64,7 @@ func (h *harness) check(ctx context.Context, w *workload, f *fault, start time.T
 			r.problems = append(r.problems, err.Error())
 		}
 	}
-	if err := checkRestarts(ctx, h, f); err != nil {
+	if err := checkRestarts(ctx, h); err != nil {
 		r.problems = append(r.problems, err.Error())
 	}
 	if err := w.checkMatrix(ctx); err != nil {
@@ -93,8 +98,9 @@ func checkAddresses(ctx context.Context, h *harness) error {
 	return nil
 }
 
-// checkNetworkEndpoints fails when a NetworkEndpoint outlives its pod or
-// a running pod with addresses has none (after a minute to settle).
+// checkNetworkEndpoints fails when a NetworkEndpoint outlives its pod, a
+// running pod with addresses has none, or one names other addresses
+// than its pod's (after a minute to settle).
 func checkNetworkEndpoints(ctx context.Context, h *harness) error {
 	return until(ctx, time.Minute, "NetworkEndpoints matching the pods", func() error {
 		pods, err := h.cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
@@ -105,19 +111,31 @@ func checkNetworkEndpoints(ctx context.Context, h *harness) error {
 		if err := h.c.List(ctx, &neps); err != nil {
 			return err
 		}
-		live := map[string]string{}
-		for _, p := range pods.Items {
+		live := map[string]*corev1.Pod{}
+		for i, p := range pods.Items {
 			if !p.Spec.HostNetwork && len(p.Status.PodIPs) > 0 && p.DeletionTimestamp == nil {
-				live[p.Namespace+"/"+p.Name] = string(p.UID)
+				live[p.Namespace+"/"+p.Name] = &pods.Items[i]
 			}
 		}
-		var leaked, missing []string
+		var leaked, missing, moved []string
 		have := map[string]bool{}
 		for _, ne := range neps.Items {
 			key := ne.Namespace + "/" + ne.Name
 			have[key] = true
-			if uid, ok := live[key]; !ok || ne.Labels[lacev1.LabelPodUID] != uid {
+			p, ok := live[key]
+			if !ok || ne.Labels[lacev1.LabelPodUID] != string(p.UID) {
 				leaked = append(leaked, key)
+				continue
+			}
+			var addrs []string
+			for _, a := range ne.Spec.Addresses {
+				addrs = append(addrs, string(a))
+			}
+			ips := podIPs(p)
+			slices.Sort(addrs)
+			slices.Sort(ips)
+			if !slices.Equal(addrs, ips) {
+				moved = append(moved, fmt.Sprintf("%s names %v, its pod has %v", key, addrs, ips))
 			}
 		}
 		for key := range live {
@@ -125,10 +143,10 @@ func checkNetworkEndpoints(ctx context.Context, h *harness) error {
 				missing = append(missing, key)
 			}
 		}
-		if len(leaked)+len(missing) > 0 {
+		if len(leaked)+len(missing)+len(moved) > 0 {
 			slices.Sort(leaked)
 			slices.Sort(missing)
-			return fmt.Errorf("NetworkEndpoints leaked %v, missing %v", leaked, missing)
+			return fmt.Errorf("NetworkEndpoints leaked %v, missing %v, other addresses %v", leaked, missing, moved)
 		}
 		return nil
 	})
@@ -161,12 +179,13 @@ func checkResidue(ctx context.Context, h *harness) error {
 // checkRestarts fails when a Lace container restarted more often than
 // the faults made it. Besides the harness's kills, a controller exits
 // when it loses its leader Lease (controller-runtime's design: another
-// replica may lead), so in the window of a fault that takes the API
-// server from it (f.losesAPI), one restart whose last words are that is
-// the fault's; a second is a crash loop. The kubelet reports a restart
-// made during an outage only once the API server is back: the count is
-// awaited for a minute.
-func checkRestarts(ctx context.Context, h *harness, f *fault) error {
+// replica may lead), so one restart whose last words are that, ended
+// while a fault took the API server from it (h.apiLoss), is the fault's;
+// a second is a crash loop. The kubelet reports a restart made during an
+// outage only once the API server is back, sometimes after the fault's
+// own check: the count is awaited for a minute, and the excuse holds in
+// whichever window it is seen.
+func checkRestarts(ctx context.Context, h *harness) error {
 	var excused map[string]string
 	err := until(ctx, time.Minute, "Lace's restarts all caused by the faults", func() error {
 		excused = map[string]string{}
@@ -178,18 +197,19 @@ func checkRestarts(ctx context.Context, h *harness, f *fault) error {
 			}
 			for _, p := range pods.Items {
 				restarts, last := 0, ""
+				var ended time.Time
 				for _, c := range p.Status.ContainerStatuses {
 					restarts += int(c.RestartCount)
 					if t := c.LastTerminationState.Terminated; t != nil {
-						last = strings.TrimSpace(t.Message)
+						last, ended = strings.TrimSpace(t.Message), t.FinishedAt.Time
 					}
 				}
 				uid := string(p.UID)
 				h.mu.Lock()
-				caused, before := h.restarts[uid], h.windowStart[uid]
+				caused := h.restarts[uid]
 				h.mu.Unlock()
-				if f.losesAPI && sel == controllerSelector && restarts == caused+1 && restarts == before+1 && strings.HasSuffix(last, leaseLost) {
-					excused[uid] = fmt.Sprintf("%s on %s", p.Name, p.Spec.NodeName)
+				if sel == controllerSelector && restarts == caused+1 && strings.HasSuffix(last, leaseLost) && h.lostAPIAt(ended) {
+					excused[uid] = fmt.Sprintf("%s on %s at %s", p.Name, p.Spec.NodeName, ended.Format("15:04:05"))
 					continue
 				}
 				if restarts != caused {
@@ -214,16 +234,25 @@ func checkRestarts(ctx context.Context, h *harness, f *fault) error {
 // leaseLost is the controller's last word when it exits on a lost Lease.
 const leaseLost = "leader election lost"
 
-// markWindow records every Lace pod's restarts as a fault starts.
-func (h *harness) markWindow(ctx context.Context) error {
-	out, err := h.laceRestarts(ctx)
-	if err != nil {
-		return err
-	}
+// apiLossSlack is how long after a fault gave the API server back a
+// controller may still exit on the Lease it lost then: its last renewal
+// attempt times out after the outage ended.
+const apiLossSlack = time.Minute
+
+// window is a span of time a fault lasted.
+type window struct{ from, to time.Time }
+
+// lostAPIAt says whether t fell in a fault that took the API server from
+// the controllers, or just after it.
+func (h *harness) lostAPIAt(t time.Time) bool {
 	h.mu.Lock()
-	h.windowStart = out
-	h.mu.Unlock()
-	return nil
+	defer h.mu.Unlock()
+	for _, w := range h.apiLoss {
+		if !t.Before(w.from) && !t.After(w.to.Add(apiLossSlack)) {
+			return true
+		}
+	}
+	return false
 }
 
 // laceRestarts is every agent and controller pod's restart count, by UID.

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -72,6 +73,8 @@ type workload struct {
 	objects []crObject
 	// failover is the node the current fault took the VIP from, if any.
 	failover string
+	// rebooted is the node the current fault power-cycled, if any.
+	rebooted string
 
 	churnMu sync.Mutex
 	churned []string
@@ -226,7 +229,13 @@ type path struct {
 	dst   netip.AddrPort
 	// viaVIP: the path enters through the LoadBalancer VIP.
 	viaVIP bool
+	// nodes are the nodes the path's pods run on (for a Service's paths,
+	// every node: its endpoints are everywhere).
+	nodes []string
 }
+
+// through says whether the path depends on node.
+func (p path) through(node string) bool { return slices.Contains(p.nodes, node) }
 
 // paths lists the workload's paths for protocol port (the TCP or UDP
 // port of the pods, and of the Service).
@@ -250,17 +259,18 @@ func (w *workload) paths(ctx context.Context, tcp bool) ([]path, error) {
 		}
 		srvB, srvA := w.pods["srv-b-"+next], w.pods["srv-a-"+next]
 		clusterIP := netip.MustParseAddr(w.web.Spec.ClusterIP)
+		pair := []string{node, next}
 		out = append(out,
-			path{name: cliA + "->" + srvB.Name, netns: nsA, dst: netip.AddrPortFrom(podAddr(srvB, false), podPort)},
-			path{name: cliA + "->" + srvA.Name + "(v6)", netns: nsA, dst: netip.AddrPortFrom(podAddr(srvA, true), podPort)},
-			path{name: cliD + "->service", netns: nsD, dst: netip.AddrPortFrom(clusterIP, svcPort)},
+			path{name: cliA + "->" + srvB.Name, netns: nsA, dst: netip.AddrPortFrom(podAddr(srvB, false), podPort), nodes: pair},
+			path{name: cliA + "->" + srvA.Name + "(v6)", netns: nsA, dst: netip.AddrPortFrom(podAddr(srvA, true), podPort), nodes: pair},
+			path{name: cliD + "->service", netns: nsD, dst: netip.AddrPortFrom(clusterIP, svcPort), nodes: w.nodes},
 		)
 	}
 	ext := netutil.Path(w.h.cfg.NetNS("external"))
 	n1, _ := lab.NodeUnderlay(1)
 	out = append(out,
-		path{name: "external->nodeport(n1)", netns: ext, dst: netip.AddrPortFrom(n1, nodePort)},
-		path{name: "external->vip", netns: ext, dst: netip.AddrPortFrom(w.vip, svcPort), viaVIP: true},
+		path{name: "external->nodeport(n1)", netns: ext, dst: netip.AddrPortFrom(n1, nodePort), nodes: w.nodes},
+		path{name: "external->vip", netns: ext, dst: netip.AddrPortFrom(w.vip, svcPort), viaVIP: true, nodes: w.nodes},
 	)
 	return out, nil
 }
@@ -273,6 +283,33 @@ type stream struct {
 	mu       sync.Mutex
 	asked    int
 	failures []failure
+	// next replaces path at the next dial (a pod of the path came back
+	// in a new sandbox); conn is the connection held, closed by follow.
+	next *path
+	conn net.Conn
+}
+
+// follow makes the stream dial p from now on, dropping the connection it
+// holds: a pod of the path came back in a new sandbox, maybe at a new
+// address.
+func (s *stream) follow(p path) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.next = &p
+	if s.conn != nil {
+		s.conn.Close()
+	}
+}
+
+// dialPath is the path the stream dials now.
+func (s *stream) dialPath() path {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// Only where it goes changes: the checks read the rest unlocked.
+	if s.next != nil {
+		s.netns, s.dst, s.next = s.next.netns, s.next.dst, nil
+	}
+	return s.path
 }
 
 type failure struct {
@@ -286,12 +323,16 @@ const streamTimeout = 150 * time.Second
 
 func (s *stream) run(ctx context.Context) {
 	for ctx.Err() == nil {
-		conn, err := netutil.DialContext(ctx, s.netns, "tcp", s.dst.String())
+		p := s.dialPath()
+		conn, err := netutil.DialContext(ctx, p.netns, "tcp", p.dst.String())
 		if err != nil {
 			s.fail(ctx, "dial: "+err.Error())
 			sleep(ctx, time.Second)
 			continue
 		}
+		s.mu.Lock()
+		s.conn = conn
+		s.mu.Unlock()
 		r := bufio.NewReader(conn)
 		for seq := 0; ctx.Err() == nil; seq++ {
 			msg := fmt.Sprintf("s%d", seq)
@@ -369,6 +410,25 @@ type prober struct {
 	mu               sync.Mutex
 	sent, answered   int
 	winSent, winLost int
+	// next replaces path at the next question, on a new socket.
+	next *path
+}
+
+func (p *prober) follow(np path) {
+	p.mu.Lock()
+	p.next = &np
+	p.mu.Unlock()
+}
+
+// moved takes the path to follow, if any.
+func (p *prober) moved() (path, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.next == nil {
+		return path{}, false
+	}
+	p.netns, p.dst, p.next = p.next.netns, p.next.dst, nil
+	return p.path, true
 }
 
 const (
@@ -384,10 +444,18 @@ func (p *prober) run(ctx context.Context) {
 		}
 	}()
 	buf := make([]byte, 256)
+	cur := p.path
 	for seq := 0; ctx.Err() == nil; seq++ {
+		if np, ok := p.moved(); ok {
+			cur = np
+			if conn != nil {
+				conn.Close()
+				conn = nil
+			}
+		}
 		if conn == nil {
 			var err error
-			if conn, err = netutil.DialContext(ctx, p.netns, "udp", p.dst.String()); err != nil {
+			if conn, err = netutil.DialContext(ctx, cur.netns, "udp", cur.dst.String()); err != nil {
 				p.count(false)
 				sleep(ctx, probeEvery)
 				continue
