@@ -193,9 +193,9 @@ chaos: SEED ?= $(shell date +%s)
 chaos: DURATION ?= 10m
 chaos: OUTAGE ?= 5m
 chaos: BURST ?= 300
-chaos: deps k8s-bins cni-bins build images $(HELM) ## Inject faults from SEED for DURATION into a lab under load and check nothing is lost (root).
+chaos: deps k8s-bins cni-bins build images $(HELM) ## Inject faults from SEED for DURATION into a lab under load and check nothing is lost (root; FROM= the earlier revision the downgrade fault rolls back to).
 	LACE_BIN_DIR=$(BIN_DIR) $(GO) run ./lab/cmd/lace-chaos --bin $(BIN_DIR) --name $(CHAOS_LAB) --seed $(SEED) \
-		--duration $(DURATION) --outage $(OUTAGE) --burst $(BURST) $(if $(FAULTS),--faults $(FAULTS)) $(if $(KEEP),--keep)
+		--duration $(DURATION) --outage $(OUTAGE) --burst $(BURST) $(if $(FAULTS),--faults $(FAULTS)) $(if $(FROM),--from $(FROM)) $(if $(KEEP),--keep)
 
 ##@ Lab
 

@@ -46,8 +46,17 @@ func HelmInstall(ctx context.Context, c Config, values ...string) error {
 	if err := chart.WriteChart(dir); err != nil {
 		return fmt.Errorf("write chart: %w", err)
 	}
+	return HelmInstallChart(ctx, c, dir, values...)
+}
+
+// HelmInstallChart is HelmInstall of the chart in dir: another build's
+// (an upgrade or a downgrade). The values set on the release are kept, as
+// an operator's upgrade keeps them, over the chart's own defaults
+// (--reset-then-reuse-values: --reuse-values would carry the previous
+// chart's defaults too, which an older chart's schema refuses).
+func HelmInstallChart(ctx context.Context, c Config, dir string, values ...string) error {
 	args := []string{"upgrade", "--install", ReleaseName, dir, "--namespace", ReleaseNamespace,
-		"--kubeconfig", c.Kubeconfig(), "--reuse-values"}
+		"--kubeconfig", c.Kubeconfig(), "--reset-then-reuse-values"}
 	for _, v := range values {
 		args = append(args, "--set", v)
 	}

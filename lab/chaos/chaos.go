@@ -12,12 +12,15 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"maps"
 	"math/rand/v2"
+	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -50,6 +53,9 @@ type Options struct {
 	Burst int
 	// Faults limits the run to these kinds (all when empty).
 	Faults []string
+	// From is the earlier revision of Repo the downgrade fault rolls
+	// back to (DefaultFrom when empty).
+	From, Repo string
 	// Out receives the run's report.
 	Out io.Writer
 }
@@ -74,6 +80,8 @@ type harness struct {
 	restarts map[string]int
 	// excused lists the restarts of the second kind, for the report.
 	excused []string
+	// old is the earlier release the downgrade fault rolls back to.
+	old *release
 	// apiLoss are the windows of the faults that took the API server
 	// from the controllers (fault.losesAPI).
 	apiLoss []window
@@ -126,9 +134,24 @@ func (h *harness) run(ctx context.Context) error {
 	if len(h.opts.Faults) > 0 {
 		replay += " FAULTS=" + strings.Join(h.opts.Faults, ",")
 	}
+	if h.opts.From != "" && h.opts.From != DefaultFrom {
+		replay += " FROM=" + h.opts.From
+	}
 
 	if err := h.prepare(ctx); err != nil {
 		return fmt.Errorf("prepare the lab: %w", err)
+	}
+	if slices.ContainsFunc(kinds, func(f *fault) bool { return f.name == downgradeFault }) {
+		tmp, err := os.MkdirTemp("", "lace-chaos-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(tmp)
+		from := cmp.Or(h.opts.From, DefaultFrom)
+		h.printf("building the earlier release %s for %s", from, downgradeFault)
+		if h.old, err = h.buildRelease(ctx, cmp.Or(h.opts.Repo, "."), from, tmp); err != nil {
+			return fmt.Errorf("build the earlier release: %w", err)
+		}
 	}
 	w, err := h.setup(ctx)
 	if err != nil {

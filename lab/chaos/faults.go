@@ -59,7 +59,11 @@ var faults = []*fault{
 	{name: "fabric-loss", lossBound: 1, run: fabricLoss},
 	{name: "pod-burst-agent-kill", lossBound: quietLoss, run: burst},
 	{name: "node-reboot", lossBound: 1, run: nodeReboot},
+	{name: downgradeFault, lossBound: quietLoss, run: downgrade},
 }
+
+// downgradeFault needs an earlier release built before the run.
+const downgradeFault = "downgrade-upgrade"
 
 func selectFaults(names []string) ([]*fault, error) {
 	if len(names) == 0 {

@@ -28,6 +28,8 @@ func main() {
 	flag.DurationVar(&opts.Duration, "duration", 10*time.Minute, "how long faults are injected")
 	flag.DurationVar(&opts.Outage, "outage", 5*time.Minute, "how long the API server, and etcd, stay down")
 	flag.IntVar(&opts.Burst, "burst", 300, "pods the burst fault creates and deletes")
+	flag.StringVar(&opts.From, "from", chaos.DefaultFrom, "earlier revision the downgrade fault rolls back to (built from --repo)")
+	flag.StringVar(&opts.Repo, "repo", ".", "git repository of Lace (the downgrade fault builds --from from it)")
 	faults := flag.String("faults", "", "comma-separated fault kinds to draw from (default: all)")
 	bin := flag.String("bin", "bin", "directory of lace-lab")
 	keep := flag.Bool("keep", false, "keep a lab this run brought up")
