@@ -57,6 +57,7 @@ var faults = []*fault{
 	}},
 	{name: "fabric-link-down", lossBound: 1, losesAPI: true, run: fabricDown},
 	{name: "fabric-loss", lossBound: 1, run: fabricLoss},
+	{name: "fabric-delay", lossBound: quietLoss, run: fabricDelay},
 	{name: "pod-burst-agent-kill", lossBound: quietLoss, run: burst},
 	{name: "node-reboot", lossBound: 1, run: nodeReboot},
 	{name: downgradeFault, lossBound: quietLoss, run: downgrade},
@@ -334,9 +335,8 @@ func linkSet(nsPath, name string, up bool) error {
 const fabricLossPercent = 10
 
 // fabricLoss drops frames at random on the fabric bridge for a minute.
-// This kernel has no netem (nor fq, which would delay by timestamps), so
-// loss is injected by nftables in the fabric's namespace, and delay is
-// not injected at all.
+// This kernel has no netem, so loss is injected by nftables in the
+// fabric's namespace (and delay by a relay, delay.go).
 func fabricLoss(ctx context.Context, h *harness, _ *workload) error {
 	table := "chaos_loss"
 	rules := fmt.Sprintf("table bridge %s {\n chain forward {\n  type filter hook forward priority 0; policy accept;\n  numgen random mod 100 < %d counter drop\n }\n}\n", table, fabricLossPercent)
