@@ -87,9 +87,15 @@ type Announcer struct {
 	duration time.Duration
 	mac      net.HardwareAddr
 
-	mu        sync.Mutex
-	seen      map[string]leaseSeen // node -> its Lease's last change, locally
-	renewed   time.Time            // own Lease's last successful renewal
+	mu      sync.Mutex
+	seen    map[string]leaseSeen // node -> its Lease's last change, locally
+	renewed time.Time            // own Lease's last successful renewal
+	// lease is the own Lease as this agent last wrote it (nil: read it
+	// from the API server first).
+	lease *coordinationv1.Lease
+	// lagging is set while the cache's view of the own Lease is more
+	// than half a duration behind the last renewal (logged once).
+	lagging   bool
 	lastTry   time.Time
 	lastOK    bool
 	lastDown  time.Time
@@ -171,17 +177,7 @@ func (an *Announcer) handOver() {
 		return
 	}
 	grace := min(an.opts.RestartGrace, maxRestartGrace)
-	var l coordinationv1.Lease
-	err := an.client.Get(ctx, client.ObjectKey{Namespace: an.ns, Name: LeaseName(an.opts.NodeName)}, &l)
-	if err == nil {
-		if l.Annotations == nil {
-			l.Annotations = map[string]string{}
-		}
-		l.Annotations[lacev1.AnnotationRestartGrace] = grace.String()
-		l.Spec.RenewTime = &metav1.MicroTime{Time: an.now()}
-		err = an.client.Update(ctx, &l)
-	}
-	if err != nil {
+	if err := an.writeLease(ctx, an.now(), grace.String()); err != nil {
 		an.log.Info("stopping without a restart grace: the VIPs fail over", "err", err)
 		return
 	}
@@ -203,30 +199,73 @@ func (an *Announcer) renew(ctx context.Context, now time.Time) bool {
 		return an.lastOK
 	}
 	an.lastTry = now
-	name := LeaseName(an.opts.NodeName)
-	var l coordinationv1.Lease
-	err := an.client.Get(ctx, client.ObjectKey{Namespace: an.ns, Name: name}, &l)
-	switch {
-	case apierrors.IsNotFound(err):
-		l = coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: an.ns, Name: name,
-			Labels: map[string]string{lacev1.LabelAgentLease: "true"}},
-			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(an.opts.NodeName),
-				LeaseDurationSeconds: ptr.To(int32((an.duration + time.Second - 1) / time.Second)),
-				RenewTime:            &metav1.MicroTime{Time: now}}}
-		err = an.client.Create(ctx, &l)
-	case err == nil:
-		l.Spec.RenewTime = &metav1.MicroTime{Time: now}
-		// Back from a restart: the grace is over.
-		delete(l.Annotations, lacev1.AnnotationRestartGrace)
-		err = an.client.Update(ctx, &l)
-	}
-	if err != nil {
+	// Back from a restart: the grace is over.
+	if err := an.writeLease(ctx, now, ""); err != nil {
 		an.log.Info("renew the agent lease", "err", err)
 		an.lastOK = false
 		return false
 	}
 	an.renewed, an.lastOK = now, true
 	return true
+}
+
+// writeLease renews the own Lease at now, with the restart grace
+// annotation set to grace ("" removes it). It updates the Lease as this
+// agent last wrote it, never as its cache has it: a loaded API server's
+// watch lags behind its writes by seconds, and an update from the cache
+// then conflicts at every renewal, which let the Lease lapse under load
+// (the VIP moved to a node whose cache was as late, and back). A
+// conflict (someone else wrote it, or the agent restarted) reads it
+// again from the API server itself, once.
+func (an *Announcer) writeLease(ctx context.Context, now time.Time, grace string) error {
+	err := an.updateLease(ctx, now, grace)
+	if apierrors.IsConflict(err) {
+		an.lease = nil
+		err = an.updateLease(ctx, now, grace)
+	}
+	return err
+}
+
+func (an *Announcer) updateLease(ctx context.Context, now time.Time, grace string) error {
+	name := LeaseName(an.opts.NodeName)
+	l := an.lease
+	if l == nil {
+		l = &coordinationv1.Lease{}
+		err := an.reader.Get(ctx, client.ObjectKey{Namespace: an.ns, Name: name}, l)
+		if apierrors.IsNotFound(err) {
+			l = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: an.ns, Name: name,
+				Labels: map[string]string{lacev1.LabelAgentLease: "true"}},
+				Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(an.opts.NodeName),
+					LeaseDurationSeconds: ptr.To(int32((an.duration + time.Second - 1) / time.Second)),
+					RenewTime:            &metav1.MicroTime{Time: now}}}
+			if grace != "" {
+				l.Annotations = map[string]string{lacev1.AnnotationRestartGrace: grace}
+			}
+			if err := an.client.Create(ctx, l); err != nil {
+				return err
+			}
+			an.lease = l
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+	l = l.DeepCopy()
+	l.Spec.RenewTime = &metav1.MicroTime{Time: now}
+	if grace != "" {
+		if l.Annotations == nil {
+			l.Annotations = map[string]string{}
+		}
+		l.Annotations[lacev1.AnnotationRestartGrace] = grace
+	} else {
+		delete(l.Annotations, lacev1.AnnotationRestartGrace)
+	}
+	if err := an.client.Update(ctx, l); err != nil {
+		return err
+	}
+	an.lease = l
+	return nil
 }
 
 // apiDown tells whether the API server cannot be reached at all (not
@@ -245,6 +284,29 @@ func (an *Announcer) alive(ctx context.Context, now time.Time) (map[string]bool,
 	var leases coordinationv1.LeaseList
 	if err := an.client.List(ctx, &leases, client.InNamespace(an.ns), client.MatchingLabels{lacev1.LabelAgentLease: "true"}); err != nil {
 		return nil, fmt.Errorf("list agent leases: %w", err)
+	}
+	// The peers' Leases are judged as the cache has them. When it lags
+	// (the own renewal of half a duration ago is not in it yet: a loaded
+	// API server's watch), a peer's silence may be the cache's, not the
+	// peer's: nobody is judged dead until it catches up, as while blind.
+	self := an.opts.NodeName
+	var cachedSelf time.Time
+	for _, l := range leases.Items {
+		if l.Name == LeaseName(self) && l.Spec.RenewTime != nil {
+			cachedSelf = l.Spec.RenewTime.Time
+		}
+	}
+	lagging := !an.renewed.IsZero() && an.renewed.Sub(cachedSelf) > an.duration/2
+	if lagging != an.lagging {
+		an.lagging = lagging
+		an.log.Info("the cache's view of the agent Leases lags behind the API server", "lagging", lagging,
+			"behind", an.renewed.Sub(cachedSelf).String())
+	}
+	if lagging {
+		for node, s := range an.seen {
+			s.at = now
+			an.seen[node] = s
+		}
 	}
 	out := map[string]bool{}
 	for _, l := range leases.Items {
@@ -275,7 +337,6 @@ func (an *Announcer) alive(ctx context.Context, now time.Time) (map[string]bool,
 			out[node] = true
 		}
 	}
-	self := an.opts.NodeName
 	out[self] = now.Sub(an.renewed) < an.duration
 	return out, nil
 }

@@ -1,0 +1,158 @@
+package announce
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/netip"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/lace-cni/lace/pkg/scheme"
+)
+
+// laggingCache is an agent's cached client over the API server's store:
+// while frozen, reads of Leases (Get and List) return what the store held
+// when it froze, as a loaded API server's watch delivers its writes
+// seconds late; writes go to the store.
+type laggingCache struct {
+	frozen atomic.Bool
+	snap   coordinationv1.LeaseList
+}
+
+func (lc *laggingCache) client(store client.WithWatch) client.Client {
+	return interceptor.NewClient(store, interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, k client.ObjectKey, o client.Object, opts ...client.GetOption) error {
+			if l, ok := o.(*coordinationv1.Lease); ok && lc.frozen.Load() {
+				for _, s := range lc.snap.Items {
+					if s.Namespace == k.Namespace && s.Name == k.Name {
+						s.DeepCopyInto(l)
+						return nil
+					}
+				}
+			}
+			return c.Get(ctx, k, o, opts...)
+		},
+		List: func(ctx context.Context, c client.WithWatch, l client.ObjectList, opts ...client.ListOption) error {
+			if ll, ok := l.(*coordinationv1.LeaseList); ok && lc.frozen.Load() {
+				lc.snap.DeepCopyInto(ll)
+				return nil
+			}
+			return c.List(ctx, l, opts...)
+		},
+	})
+}
+
+func (lc *laggingCache) freeze(t *testing.T, store client.Client) {
+	t.Helper()
+	if err := store.List(context.Background(), &lc.snap); err != nil {
+		t.Fatal(err)
+	}
+	lc.frozen.Store(true)
+}
+
+// lagAgent is node's announcer reading through cache and the API server
+// (store) directly, on the shared clock.
+func lagAgent(store client.WithWatch, cache client.Client, node string, dur time.Duration, clock *time.Time) (*Announcer, *fakeDP) {
+	dp := &fakeDP{}
+	an := New(Options{NodeName: node, NetNS: "/fake", UnderlayInterface: "eth0", LeaseNamespace: "lace-system", LeaseDuration: dur},
+		slog.New(slog.NewTextHandler(io.Discard, nil)), cache, store, dp, listServices{store})
+	an.send = func(string, string, [][]byte) error { return nil }
+	an.groups = noGroups{}
+	an.seen, an.announced = map[string]leaseSeen{}, map[netip.Addr]bool{}
+	an.now = func() time.Time { return *clock }
+	return an, dp
+}
+
+// TestAnnouncerRenewsThroughLaggingCache: with its cache seconds behind
+// the API server, an agent keeps renewing its Lease and keeps its VIPs.
+// It used to update the Lease as its cache had it: every renewal
+// conflicted, the Lease lapsed, and the VIPs moved (the chaos harness's
+// 300-pod burst reset the external host's stream through the VIP).
+func TestAnnouncerRenewsThroughLaggingCache(t *testing.T) {
+	const dur = 2 * time.Second
+	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	store := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(twoNodesEightVIPs(false)...).Build()
+	lc := &laggingCache{}
+	an, dp := lagAgent(store, lc.client(store), "n1", dur, &clock)
+	ctx := context.Background()
+	step := func() {
+		t.Helper()
+		clock = clock.Add(dur / 4)
+		if err := an.once(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step()
+	step()
+	lc.freeze(t, store)
+	for i := range 40 {
+		step()
+		var l coordinationv1.Lease
+		if err := store.Get(ctx, client.ObjectKey{Namespace: "lace-system", Name: LeaseName("n1")}, &l); err != nil {
+			t.Fatal(err)
+		}
+		if !l.Spec.RenewTime.Time.Equal(clock) {
+			t.Fatalf("cache %s behind: the Lease was last renewed at %s, now is %s", time.Duration(i+1)*dur/4, l.Spec.RenewTime.Time, clock)
+		}
+		dp.mu.Lock()
+		n := len(dp.vips)
+		dp.mu.Unlock()
+		if n != 8 {
+			t.Fatalf("cache %s behind: n1 announces %d of its 8 VIPs", time.Duration(i+1)*dur/4, n)
+		}
+	}
+}
+
+// TestAnnouncerNoTakeoverOnLaggingCache: a peer whose cache lags behind
+// (its own renewals missing from it) does not take the VIPs of an agent
+// that renews all along; once it catches up and that agent is really
+// silent for a lease duration, it does.
+func TestAnnouncerNoTakeoverOnLaggingCache(t *testing.T) {
+	const dur = 2 * time.Second
+	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	store := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(twoNodesEightVIPs(false)...).Build()
+	lc := &laggingCache{}
+	an1, dp1 := lagAgent(store, store, "n1", dur, &clock)
+	an2, dp2 := lagAgent(store, lc.client(store), "n2", dur, &clock)
+	ctx := context.Background()
+	count := func(dp *fakeDP) int { dp.mu.Lock(); defer dp.mu.Unlock(); return len(dp.vips) }
+	step := func(ans ...*Announcer) {
+		t.Helper()
+		clock = clock.Add(dur / 8)
+		for _, an := range ans {
+			if err := an.once(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for range 4 {
+		step(an1, an2)
+	}
+	held1 := count(dp1)
+	if held1 == 0 || held1+count(dp2) != 8 {
+		t.Fatalf("before: n1 holds %d, n2 %d of 8", held1, count(dp2))
+	}
+	lc.freeze(t, store)
+	for i := range 40 {
+		step(an1, an2)
+		if count(dp1) != held1 || count(dp2) != 8-held1 {
+			t.Fatalf("n2's cache %s behind, n1 renewing: n1 holds %d (had %d), n2 %d", time.Duration(i+1)*dur/8, count(dp1), held1, count(dp2))
+		}
+	}
+	lc.frozen.Store(false)
+	// n1 goes silent: n2, up to date again, takes its VIPs after a lease
+	// duration.
+	for range 12 {
+		step(an2)
+	}
+	if count(dp2) != 8 {
+		t.Fatalf("n1 silent for %s and n2's cache current: n2 holds %d of 8", 12*dur/8, count(dp2))
+	}
+}
