@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/lace-cni/lace/internal/netutil"
@@ -235,26 +236,14 @@ func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
 // setMaster puts link on bridge, or takes it off any ("").
 func setMaster(ns, link, bridge string) error {
-	hd, err := netutil.Handle(ns)
-	if err != nil {
-		return err
-	}
-	defer hd.Close()
-	l, err := hd.LinkByName(link)
-	if err != nil {
-		return fmt.Errorf("link %s: %w", link, err)
-	}
-	if bridge == "" {
-		err = hd.LinkSetNoMaster(l)
-	} else {
-		br, berr := hd.LinkByName(bridge)
-		if berr != nil {
-			return fmt.Errorf("bridge %s: %w", bridge, berr)
+	return onLink(ns, link, func(hd *netlink.Handle, l netlink.Link) error {
+		if bridge == "" {
+			return hd.LinkSetNoMaster(l)
 		}
-		err = hd.LinkSetMaster(l, br)
-	}
-	if err != nil {
-		return fmt.Errorf("set the master of %s to %q: %w", link, bridge, err)
-	}
-	return nil
+		br, err := hd.LinkByName(bridge)
+		if err != nil {
+			return fmt.Errorf("bridge %s: %w", bridge, err)
+		}
+		return hd.LinkSetMaster(l, br)
+	})
 }

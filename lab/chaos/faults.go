@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -310,6 +311,16 @@ func fabricDown(ctx context.Context, h *harness, w *workload) error {
 }
 
 func linkSet(nsPath, name string, up bool) error {
+	return onLink(nsPath, name, func(hd *netlink.Handle, l netlink.Link) error {
+		if up {
+			return hd.LinkSetUp(l)
+		}
+		return hd.LinkSetDown(l)
+	})
+}
+
+// onLink runs f on link name of the namespace at nsPath.
+func onLink(nsPath, name string, f func(*netlink.Handle, netlink.Link) error) error {
 	hd, err := netutil.Handle(nsPath)
 	if err != nil {
 		return err
@@ -319,13 +330,8 @@ func linkSet(nsPath, name string, up bool) error {
 	if err != nil {
 		return fmt.Errorf("link %s: %w", name, err)
 	}
-	if up {
-		err = hd.LinkSetUp(l)
-	} else {
-		err = hd.LinkSetDown(l)
-	}
-	if err != nil {
-		return fmt.Errorf("set %s up=%v: %w", name, up, err)
+	if err := f(hd, l); err != nil {
+		return fmt.Errorf("link %s: %w", name, err)
 	}
 	return nil
 }
