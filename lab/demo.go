@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/lacectl"
 	"github.com/lace-cni/lace/internal/model"
 	"github.com/lace-cni/lace/internal/netutil"
 	"github.com/lace-cni/lace/pkg/scheme"
@@ -280,7 +281,7 @@ func Demo(ctx context.Context, c Config, out io.Writer) error {
 		}
 	}
 
-	topo, err := readDemoTopology(ctx, cl)
+	topo, err := lacectl.ReadTopology(ctx, cl)
 	if err != nil {
 		return err
 	}
@@ -390,19 +391,6 @@ func pendingNetworks(ctx context.Context, cl client.Client, names []string) (str
 func conditionTrue(conds []metav1.Condition, generation int64) bool {
 	c := meta.FindStatusCondition(conds, lacev1.ConditionReady)
 	return c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration == generation
-}
-
-// readDemoTopology reads what the oracle needs, as lacectl does.
-func readDemoTopology(ctx context.Context, cl client.Client) (model.Topology, error) {
-	var nets lacev1.NetworkList
-	var nrps lacev1.NetworkRoutingPolicyList
-	var srps lacev1.ServiceRoutingPolicyList
-	for _, l := range []client.ObjectList{&nets, &nrps, &srps} {
-		if err := cl.List(ctx, l); err != nil {
-			return model.Topology{}, fmt.Errorf("list %T: %w", l, err)
-		}
-	}
-	return model.Topology{Networks: nets.Items, RoutingPolicies: nrps.Items, ServiceRoutingPolicies: srps.Items}, nil
 }
 
 func demoPod(s demoPodSpec) *corev1.Pod {

@@ -15,7 +15,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -381,107 +380,4 @@ func metricSum(ctx context.Context, hc *http.Client, url, name string) (float64,
 		sum += v
 	}
 	return sum, nil
-}
-
-// checkMatrix asks a fresh UDP question on every path the networks'
-// policies allow and every path they refuse, beside the held flows: chaos-a
-// opens into chaos-b; chaos-b opens into neither chaos-a nor the default
-// network, which opens into no chaos network. A refused question must go
-// unanswered and move the isolated counters by at least one each.
-func (w *workload) checkMatrix(ctx context.Context) error {
-	type probe struct {
-		from, to string
-		allow    bool
-	}
-	var probes []probe
-	n := len(w.nodes)
-	for i, node := range w.nodes {
-		next := w.nodes[(i+1)%n]
-		probes = append(probes,
-			probe{"srv-a-" + node, "srv-b-" + next, true},
-			probe{"cli-a-" + node, "srv-a-" + next, true},
-			probe{"srv-b-" + node, "srv-a-" + next, false},
-			probe{"cli-d-" + node, "srv-b-" + next, false},
-		)
-	}
-	before, err := w.isolated()
-	if err != nil {
-		return err
-	}
-	// In parallel: a refused question waits out its timeouts.
-	answered := make([]bool, len(probes))
-	errs := make([]error, len(probes))
-	var wg sync.WaitGroup
-	for i, p := range probes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ns, err := lab.PodNetNS(ctx, w.h.cfg, Namespace, p.from)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			answered[i] = askUDP(ctx, ns, netip.AddrPortFrom(podAddr(w.pods[p.to], false), udpPort))
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	var problems []string
-	denied := 0
-	for i, p := range probes {
-		switch ok := answered[i]; {
-		case p.allow && !ok:
-			problems = append(problems, fmt.Sprintf("%s -> %s refused, the policy allows it", p.from, p.to))
-		case !p.allow && ok:
-			problems = append(problems, fmt.Sprintf("%s -> %s answered, the policy refuses it", p.from, p.to))
-		case !p.allow:
-			denied++
-		}
-	}
-	after, err := w.isolated()
-	if err != nil {
-		return err
-	}
-	if after-before < uint64(denied) {
-		problems = append(problems, fmt.Sprintf("%d questions refused but the isolated counters moved by %d", denied, after-before))
-	}
-	if len(problems) > 0 {
-		return fmt.Errorf("reachability: %s", strings.Join(problems, "; "))
-	}
-	return nil
-}
-
-func (w *workload) isolated() (uint64, error) {
-	var sum uint64
-	for _, node := range w.nodes {
-		n, err := drops(w.h.cfg, node, "isolated")
-		if err != nil {
-			return 0, err
-		}
-		sum += n
-	}
-	return sum, nil
-}
-
-// askUDP asks netexec one question (retried twice: a question lost to
-// the machine's load is not a refusal) and says whether it was answered.
-func askUDP(ctx context.Context, ns string, dst netip.AddrPort) bool {
-	conn, err := netutil.DialContext(ctx, ns, "udp", dst.String())
-	if err != nil {
-		return false
-	}
-	defer conn.Close()
-	buf := make([]byte, 64)
-	for try := 0; try < 3; try++ {
-		_ = conn.SetDeadline(time.Now().Add(probeTimeout))
-		if _, err := fmt.Fprintf(conn, "echo m%d", try); err != nil {
-			return false
-		}
-		if n, err := conn.Read(buf); err == nil && strings.HasPrefix(string(buf[:n]), "m") {
-			return true
-		}
-	}
-	return false
 }
