@@ -93,13 +93,17 @@ type Announcer struct {
 	// lease is the own Lease as this agent last wrote it (nil: read it
 	// from the API server first).
 	lease *coordinationv1.Lease
-	// lagging is set while the cache's view of the own Lease is more
-	// than half a duration behind the last renewal (logged once).
-	lagging   bool
-	lastTry   time.Time
-	lastOK    bool
-	lastDown  time.Time
-	announced map[netip.Addr]bool
+	// written are the renewTimes this agent wrote that its cache has not
+	// shown yet, oldest first; lagSince is when the cache was found
+	// lagging behind them (zero: it is not), lastJudged the previous
+	// judgment of the peers.
+	written    []time.Time
+	lagSince   time.Time
+	lastJudged time.Time
+	lastTry    time.Time
+	lastOK     bool
+	lastDown   time.Time
+	announced  map[netip.Addr]bool
 	// blind is set while the API server is out of reach (announcements
 	// kept as they were) until the own Lease is renewed again.
 	blind bool
@@ -245,6 +249,7 @@ func (an *Announcer) updateLease(ctx context.Context, now time.Time, grace strin
 				return err
 			}
 			an.lease = l
+			an.wrote(now)
 			return nil
 		}
 		if err != nil {
@@ -252,6 +257,13 @@ func (an *Announcer) updateLease(ctx context.Context, now time.Time, grace strin
 		}
 	}
 	l = l.DeepCopy()
+	// Whoever changed the Lease meanwhile, it speaks for this node again.
+	if l.Labels == nil {
+		l.Labels = map[string]string{}
+	}
+	l.Labels[lacev1.LabelAgentLease] = "true"
+	l.Spec.HolderIdentity = ptr.To(an.opts.NodeName)
+	l.Spec.LeaseDurationSeconds = ptr.To(int32((an.duration + time.Second - 1) / time.Second))
 	l.Spec.RenewTime = &metav1.MicroTime{Time: now}
 	if grace != "" {
 		if l.Annotations == nil {
@@ -265,7 +277,17 @@ func (an *Announcer) updateLease(ctx context.Context, now time.Time, grace strin
 		return err
 	}
 	an.lease = l
+	an.wrote(now)
 	return nil
+}
+
+// wrote records a renewal written at now, for judgeLag (at most 64: a
+// cache that never shows them keeps the oldest, which decides).
+func (an *Announcer) wrote(now time.Time) {
+	an.written = append(an.written, now)
+	if len(an.written) > 64 {
+		an.written = append(an.written[:1], an.written[2:]...)
+	}
 }
 
 // apiDown tells whether the API server cannot be reached at all (not
@@ -278,6 +300,48 @@ func (an *Announcer) apiDown(ctx context.Context) bool {
 	return err != nil && !apierrors.IsForbidden(err) && !apierrors.IsNotFound(err)
 }
 
+// maxLag bounds how long a lagging cache suspends the judgment of peers
+// (a cache that never shows the own Lease again is stuck, not late).
+const maxLag = 5
+
+// judgeLag pauses the peers' clocks while the cache lags: the peers'
+// Leases are judged as the cache has them, and when a renewal this agent
+// wrote half a duration ago is not in it yet (a loaded API server's watch
+// runs seconds behind), a peer's silence may be the cache's, not the
+// peer's. Nobody's silence grows meanwhile, as while blind; it resumes
+// where it was once the cache catches up, or after maxLag durations.
+func (an *Announcer) judgeLag(leases []coordinationv1.Lease, now time.Time) {
+	var cachedSelf time.Time
+	for _, l := range leases {
+		if l.Name == LeaseName(an.opts.NodeName) && l.Spec.RenewTime != nil {
+			cachedSelf = l.Spec.RenewTime.Time
+		}
+	}
+	// The API keeps renewTime to the microsecond.
+	for len(an.written) > 0 && !an.written[0].Truncate(time.Microsecond).After(cachedSelf) {
+		an.written = an.written[1:]
+	}
+	lagging := len(an.written) > 0 && now.Sub(an.written[0]) > an.duration/2
+	switch {
+	case lagging && an.lagSince.IsZero():
+		an.lagSince = now
+		an.log.Info("the cache lags behind the agent Leases: no peer is judged until it catches up",
+			"behind", now.Sub(an.written[0]).String())
+	case !lagging && !an.lagSince.IsZero():
+		an.log.Info("the cache caught up with the agent Leases", "after", now.Sub(an.lagSince).String())
+		an.lagSince = time.Time{}
+	}
+	stuck := lagging && now.Sub(an.lagSince) > maxLag*an.duration
+	if lagging && !stuck && !an.lastJudged.IsZero() {
+		paused := now.Sub(an.lastJudged)
+		for node, s := range an.seen {
+			s.at = s.at.Add(paused)
+			an.seen[node] = s
+		}
+	}
+	an.lastJudged = now
+}
+
 // alive is the set of nodes whose agents renewed their Lease within the
 // duration, as seen from here.
 func (an *Announcer) alive(ctx context.Context, now time.Time) (map[string]bool, error) {
@@ -285,29 +349,7 @@ func (an *Announcer) alive(ctx context.Context, now time.Time) (map[string]bool,
 	if err := an.client.List(ctx, &leases, client.InNamespace(an.ns), client.MatchingLabels{lacev1.LabelAgentLease: "true"}); err != nil {
 		return nil, fmt.Errorf("list agent leases: %w", err)
 	}
-	// The peers' Leases are judged as the cache has them. When it lags
-	// (the own renewal of half a duration ago is not in it yet: a loaded
-	// API server's watch), a peer's silence may be the cache's, not the
-	// peer's: nobody is judged dead until it catches up, as while blind.
-	self := an.opts.NodeName
-	var cachedSelf time.Time
-	for _, l := range leases.Items {
-		if l.Name == LeaseName(self) && l.Spec.RenewTime != nil {
-			cachedSelf = l.Spec.RenewTime.Time
-		}
-	}
-	lagging := !an.renewed.IsZero() && an.renewed.Sub(cachedSelf) > an.duration/2
-	if lagging != an.lagging {
-		an.lagging = lagging
-		an.log.Info("the cache's view of the agent Leases lags behind the API server", "lagging", lagging,
-			"behind", an.renewed.Sub(cachedSelf).String())
-	}
-	if lagging {
-		for node, s := range an.seen {
-			s.at = now
-			an.seen[node] = s
-		}
-	}
+	an.judgeLag(leases.Items, now)
 	out := map[string]bool{}
 	for _, l := range leases.Items {
 		// A Lease speaks for the node its name says, and only when its
@@ -337,7 +379,7 @@ func (an *Announcer) alive(ctx context.Context, now time.Time) (map[string]bool,
 			out[node] = true
 		}
 	}
-	out[self] = now.Sub(an.renewed) < an.duration
+	out[an.opts.NodeName] = now.Sub(an.renewed) < an.duration
 	return out, nil
 }
 

@@ -102,6 +102,12 @@ func TestAnnouncerFailsStaticThroughOutage(t *testing.T) {
 			}
 			return c.List(ctx, l, opts...)
 		},
+		Get: func(ctx context.Context, _ client.WithWatch, k client.ObjectKey, o client.Object, opts ...client.GetOption) error {
+			if down.Load() {
+				return errDown
+			}
+			return c.Get(ctx, k, o, opts...)
+		},
 	}).Build()
 	dp := &fakeDP{}
 	an := New(Options{NodeName: "n1", NetNS: "/fake", UnderlayInterface: "eth0", LeaseNamespace: "lace-system", LeaseDuration: dur},
