@@ -35,27 +35,27 @@ func setupNetwork(c Config) error {
 		}
 	}
 	for i := 1; i <= c.Nodes; i++ {
-		if err := setupNode(c, i); err != nil {
+		if err := setupNode(c, i, nil); err != nil {
 			return err
 		}
 	}
 	v4, v6 := ExternalUnderlay()
-	if err := attachHost(c, c.NetNS("external"), "ext", v4, v6); err != nil {
+	if err := attachHost(c, c.NetNS("external"), "ext", v4, v6, nil); err != nil {
 		return fmt.Errorf("external host: %w", err)
 	}
 	return setupExternalRouting(c)
 }
 
 // attachHost creates namespace ns (when missing) and plugs it into the
-// fabric bridge as eth0, its end on the bridge named fabricEnd, with the
-// host's fabric addresses.
-func attachHost(c Config, ns, fabricEnd string, v4, v6 netip.Addr) error {
+// fabric bridge as eth0 (with MAC mac, when given), its end on the bridge
+// named fabricEnd, with the host's fabric addresses.
+func attachHost(c Config, ns, fabricEnd string, v4, v6 netip.Addr, mac net.HardwareAddr) error {
 	if err := netutil.CreateNamed(ns); err != nil {
 		return err
 	}
 	if err := netutil.EnsureVeth(netutil.VethSpec{
 		NSPath: netutil.Path(c.NetNS("fabric")), Name: fabricEnd, Master: fabricBridge,
-		PeerNSPath: netutil.Path(ns), PeerName: "eth0",
+		PeerNSPath: netutil.Path(ns), PeerName: "eth0", PeerMAC: mac,
 	}); err != nil {
 		return err
 	}
@@ -70,12 +70,13 @@ func attachHost(c Config, ns, fabricEnd string, v4, v6 netip.Addr) error {
 // setupNode makes node i's network namespace as a host booting on the
 // fabric has it: its port on the fabric, forwarding on, and a route to
 // the external host's served prefix (setupExternalRouting). It is
-// idempotent, and all a rebooted node gets before its kubelet starts.
-func setupNode(c Config, i int) error {
+// idempotent, and all a rebooted node gets before its kubelet starts (with
+// its NIC's MAC, mac).
+func setupNode(c Config, i int, mac net.HardwareAddr) error {
 	name := c.NodeName(i)
 	v4, v6 := NodeUnderlay(i)
 	ns := c.NetNS(name)
-	if err := attachHost(c, ns, name, v4, v6); err != nil {
+	if err := attachHost(c, ns, name, v4, v6, mac); err != nil {
 		return fmt.Errorf("node %s: %w", name, err)
 	}
 	for _, kv := range [][2]string{

@@ -69,7 +69,10 @@ func (d *daemon) rebootNode(w http.ResponseWriter, r *http.Request) {
 	d.ctl.Lock()
 	defer d.ctl.Unlock()
 	start := time.Now()
-	if err := d.reboot(r.Context(), n); err != nil {
+	// A client that gives up must not leave the node powered off.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 3*time.Minute)
+	defer cancel()
+	if err := d.reboot(ctx, n); err != nil {
 		d.log.Error("reboot", "node", n.name, "err", err)
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
@@ -122,8 +125,14 @@ func (d *daemon) reboot(ctx context.Context, n *node) error {
 
 // renewNetNS deletes n's network namespace, waits until the kernel has
 // destroyed it (its port on the fabric goes with it), and makes it again
-// as the lab first did.
+// as the lab first did, with the same MAC on eth0.
 func (d *daemon) renewNetNS(ctx context.Context, n *node) error {
+	// The NIC keeps its MAC across a reboot, as the fabric's neighbours
+	// expect.
+	eth0, err := netutil.GetLink(netutil.Path(d.cfg.NetNS(n.name)), "eth0")
+	if err != nil {
+		return fmt.Errorf("the fabric port of %s: %w", n.name, err)
+	}
 	if err := netutil.DeleteNamed(d.cfg.NetNS(n.name)); err != nil {
 		return fmt.Errorf("delete the network namespace of %s: %w", n.name, err)
 	}
@@ -146,5 +155,5 @@ func (d *daemon) renewNetNS(ctx context.Context, n *node) error {
 			return ctx.Err()
 		}
 	}
-	return setupNode(d.cfg, n.index)
+	return setupNode(d.cfg, n.index, eth0.MAC)
 }

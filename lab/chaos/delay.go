@@ -97,6 +97,7 @@ func startDelay(ns, port string, d time.Duration) (*delayLink, error) {
 	}
 	if err := netutil.EnsureVeth(netutil.VethSpec{NSPath: ns, Name: l.bridgeEnd, Master: fabricBridge,
 		PeerNSPath: ns, PeerName: l.relayEnd, MTU: info.MTU}); err != nil {
+		_ = netutil.DeleteLink(ns, l.bridgeEnd)
 		return nil, err
 	}
 	for i, ifName := range []string{port, l.relayEnd} {
@@ -120,9 +121,11 @@ const fabricBridge = "br0"
 // stop puts the port back on the bridge, stops the relay and removes it,
 // and returns how many frames it relayed.
 func (l *delayLink) stop() (int, error) {
-	err := setMaster(l.ns, l.port, fabricBridge)
+	// The relay first: a port on the bridge and in the relay at once
+	// would show the node's MACs on two ports of the bridge.
 	close(l.done)
 	l.wg.Wait()
+	err := setMaster(l.ns, l.port, fabricBridge)
 	l.cleanup()
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -60,7 +60,7 @@ var faults = []*fault{
 	{name: "fabric-loss", lossBound: 1, run: fabricLoss},
 	{name: "fabric-delay", lossBound: quietLoss, run: fabricDelay},
 	{name: "pod-burst-agent-kill", lossBound: quietLoss, run: burst},
-	{name: "node-reboot", lossBound: 1, run: nodeReboot},
+	{name: "node-reboot", lossBound: quietLoss, run: nodeReboot},
 	{name: downgradeFault, lossBound: quietLoss, run: downgrade},
 }
 

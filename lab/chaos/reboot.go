@@ -64,6 +64,7 @@ func nodeReboot(ctx context.Context, h *harness, w *workload) error {
 	if err := w.follow(ctx, node); err != nil {
 		return err
 	}
+	w.rebootedUntil = time.Now()
 	kept := 0
 	for name, ips := range before {
 		if slices.Equal(ips, podIPs(w.pods[name])) {

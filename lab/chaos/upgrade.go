@@ -98,25 +98,33 @@ func downgrade(ctx context.Context, h *harness, w *workload) error {
 		return errors.New("no earlier release was built (lace-chaos --from)")
 	}
 	w.failover = "agents of " + old.rev[:12] + ", which know no restart grace"
+	// Whatever fails under the earlier build, the run goes on (and is
+	// reported) on this one.
+	forward := func() error {
+		if err := h.roll(context.WithoutCancel(ctx), "", h.cfg.LaceTag); err != nil {
+			return fmt.Errorf("upgrade to this build: %w", err)
+		}
+		h.printf("  rolled forward to this build")
+		return nil
+	}
 	if err := h.roll(ctx, old.chart, old.tag); err != nil {
-		return fmt.Errorf("downgrade to %s: %w", old.rev[:12], err)
+		return errors.Join(fmt.Errorf("downgrade to %s: %w", old.rev[:12], err), forward())
 	}
 	h.printf("  rolled back to %s", old.rev[:12])
 	if err := h.converge(ctx); err != nil {
-		return err
+		return errors.Join(err, forward())
 	}
 	layouts, err := h.layoutLogs(ctx)
 	if err != nil {
-		return err
+		return errors.Join(err, forward())
 	}
 	h.printf("  %s's agents: %s", old.rev[:12], layouts)
 	if err := errors.Join(checkAddresses(ctx, h), w.checkMatrix(ctx)); err != nil {
-		return fmt.Errorf("under %s: %w", old.rev[:12], err)
+		return errors.Join(fmt.Errorf("under %s: %w", old.rev[:12], err), forward())
 	}
-	if err := h.roll(ctx, "", h.cfg.LaceTag); err != nil {
-		return fmt.Errorf("upgrade to this build: %w", err)
+	if err := forward(); err != nil {
+		return err
 	}
-	h.printf("  rolled forward to this build")
 	if err := h.converge(ctx); err != nil {
 		return err
 	}

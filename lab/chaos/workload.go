@@ -73,8 +73,10 @@ type workload struct {
 	objects []crObject
 	// failover is the node the current fault took the VIP from, if any.
 	failover string
-	// rebooted is the node the current fault power-cycled, if any.
-	rebooted string
+	// rebooted is the node the current fault power-cycled, if any, and
+	// rebootedUntil when every stream through it answered again.
+	rebooted      string
+	rebootedUntil time.Time
 
 	churnMu sync.Mutex
 	churned []string
@@ -260,7 +262,17 @@ func (w *workload) paths(ctx context.Context, tcp bool) ([]path, error) {
 		srvB, srvA := w.pods["srv-b-"+next], w.pods["srv-a-"+next]
 		clusterIP := netip.MustParseAddr(w.web.Spec.ClusterIP)
 		pair := []string{node, next}
+		// The outside through this node's SNAT, over each family in turn.
+		extV4, extV6 := lab.ExternalUnderlay()
+		outPort, ext := uint16(outsideUDPPort), extV4
+		if tcp {
+			outPort = outsideHTTPPort
+		}
+		if i%2 == 1 {
+			ext = extV6
+		}
 		out = append(out,
+			path{name: cliD + "->outside", netns: nsD, dst: netip.AddrPortFrom(ext, outPort), nodes: []string{node}},
 			path{name: cliA + "->" + srvB.Name, netns: nsA, dst: netip.AddrPortFrom(podAddr(srvB, false), podPort), nodes: pair},
 			path{name: cliA + "->" + srvA.Name + "(v6)", netns: nsA, dst: netip.AddrPortFrom(podAddr(srvA, true), podPort), nodes: pair},
 			path{name: cliD + "->service", netns: nsD, dst: netip.AddrPortFrom(clusterIP, svcPort), nodes: w.nodes},
@@ -507,6 +519,9 @@ func (p *prober) window() (sent, lost int) {
 
 // start runs the streams and probers until ctx ends.
 func (w *workload) start(ctx context.Context, wg *sync.WaitGroup) error {
+	if err := serveOutside(ctx, netutil.Path(w.h.cfg.NetNS("external")), wg); err != nil {
+		return err
+	}
 	tcp, err := w.paths(ctx, true)
 	if err != nil {
 		return err
