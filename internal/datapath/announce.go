@@ -34,8 +34,8 @@ func (d *Datapath) SetAnnounced(vips []netip.Addr, mac net.HardwareAddr, ttl tim
 	}
 	// Every entry is written again (its deadline moves); those no longer
 	// wanted go first.
-	d.tab.mu.Lock()
-	defer d.tab.mu.Unlock()
+	d.tab.announceMu.Lock()
+	defer d.tab.announceMu.Unlock()
 	if err := d.tab.announce.sync(want, nil); err != nil {
 		return fmt.Errorf("announce: %w", err)
 	}

@@ -128,3 +128,25 @@ func TestProgAnnounce(t *testing.T) {
 		t.Errorf("Announced() = %v, %v after the entry lapsed", got, err)
 	}
 }
+
+// TestSetAnnouncedNeverWaitsForSyncs: the announcer renews its entries
+// while a sync holds the other tables (a burst of pods held them for
+// seconds, the announcer's tick waited, its Lease lapsed and the VIP
+// moved to another node and back).
+func TestSetAnnouncedNeverWaitsForSyncs(t *testing.T) {
+	d := progDatapath(t)
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	done := make(chan error, 1)
+	go func() {
+		done <- d.SetAnnounced([]netip.Addr{netip.MustParseAddr("172.31.0.240")}, net.HardwareAddr{2, 0, 0, 0, 0, 0x0b}, time.Second)
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("SetAnnounced waited for the tables' lock a sync holds")
+	}
+}

@@ -8,10 +8,14 @@ import (
 )
 
 // nodeTables are the maps the agent programs from its desired state, each
-// written through its table (reconcile.go). tablesMu serializes them:
-// the applier syncs, the announcer renews, the periodic check repairs.
+// written through its table (reconcile.go). mu serializes them: the
+// applier syncs, the periodic check repairs. The announcer's table has a
+// lock of its own (announceMu, taken after mu): its renewals, a few times
+// a lease duration, must never wait for a sync (a burst of pods held mu
+// for seconds, the renewal lapsed, and the VIP moved).
 type nodeTables struct {
-	mu        sync.Mutex
+	mu         sync.Mutex
+	announceMu sync.Mutex
 	cfg       *table[uint32, podLaceConfig]
 	hostAddrs *table[podHostKey, uint32]
 	nodes     *table[podHostKey, uint32]
@@ -73,6 +77,17 @@ type checker interface {
 
 func (t *table[K, V]) tableName() string { return t.name }
 
+// announceChecker checks the announcer's table under its own lock.
+type announceChecker struct{ t *nodeTables }
+
+func (a announceChecker) check() (int, error) {
+	a.t.announceMu.Lock()
+	defer a.t.announceMu.Unlock()
+	return a.t.announce.check()
+}
+
+func (a announceChecker) tableName() string { return a.t.announce.tableName() }
+
 // CheckTables reads every map the agent programs and repairs what differs
 // from what was written (an entry someone else deleted, added or
 // changed), as a periodic safety net: syncs never read the kernel. It
@@ -87,7 +102,7 @@ func (d *Datapath) CheckTables() (map[string]int, error) {
 	out := map[string]int{}
 	var errs []error
 	for _, c := range []checker{t.hostAddrs, t.cfg, t.nodes, t.nodeLocs, t.networks, t.backends, t.srcRanges, t.services,
-		t.routes, t.classify, t.inside, t.podNetns, t.ports, t.endpoints, t.announce, t.fdb, t.l2Neigh, t.l2Flood, t.l2Nets,
+		t.routes, t.classify, t.inside, t.podNetns, t.ports, t.endpoints, announceChecker{t}, t.fdb, t.l2Neigh, t.l2Flood, t.l2Nets,
 		t.pol.verdicts, t.pol.cidrs, t.pol.peers, t.pol.eps} {
 		n, err := c.check()
 		if err != nil {
