@@ -93,17 +93,13 @@ type Announcer struct {
 	// lease is the own Lease as this agent last wrote it (nil: read it
 	// from the API server first).
 	lease *coordinationv1.Lease
-	// written are the renewTimes this agent wrote that its cache has not
-	// shown yet, oldest first; lagSince is when the cache was found
-	// lagging behind them (zero: it is not), lastJudged the previous
-	// judgment of the peers.
-	written    []time.Time
-	lagSince   time.Time
-	lastJudged time.Time
-	lastTry    time.Time
-	lastOK     bool
-	lastDown   time.Time
-	announced  map[netip.Addr]bool
+	// lagging is set while the cache is more than a duration behind the
+	// own renewals (logged when it starts and ends).
+	lagging   bool
+	lastTry   time.Time
+	lastOK    bool
+	lastDown  time.Time
+	announced map[netip.Addr]bool
 	// blind is set while the API server is out of reach (announcements
 	// kept as they were) until the own Lease is renewed again.
 	blind bool
@@ -203,6 +199,11 @@ func (an *Announcer) renew(ctx context.Context, now time.Time) bool {
 		return an.lastOK
 	}
 	an.lastTry = now
+	// A renewal later than a duration is no renewal: a request on a
+	// connection the fabric lost would otherwise hang the ticks until the
+	// transport notices (45 s in a 30 s cut), and no outage be seen.
+	ctx, cancel := context.WithTimeout(ctx, an.duration)
+	defer cancel()
 	// Back from a restart: the grace is over.
 	if err := an.writeLease(ctx, now, ""); err != nil {
 		an.log.Info("renew the agent lease", "err", err)
@@ -249,7 +250,6 @@ func (an *Announcer) updateLease(ctx context.Context, now time.Time, grace strin
 				return err
 			}
 			an.lease = l
-			an.wrote(now)
 			return nil
 		}
 		if err != nil {
@@ -277,17 +277,7 @@ func (an *Announcer) updateLease(ctx context.Context, now time.Time, grace strin
 		return err
 	}
 	an.lease = l
-	an.wrote(now)
 	return nil
-}
-
-// wrote records a renewal written at now, for judgeLag (at most 64: a
-// cache that never shows them keeps the oldest, which decides).
-func (an *Announcer) wrote(now time.Time) {
-	an.written = append(an.written, now)
-	if len(an.written) > 64 {
-		an.written = append(an.written[:1], an.written[2:]...)
-	}
 }
 
 // apiDown tells whether the API server cannot be reached at all (not
@@ -300,46 +290,24 @@ func (an *Announcer) apiDown(ctx context.Context) bool {
 	return err != nil && !apierrors.IsForbidden(err) && !apierrors.IsNotFound(err)
 }
 
-// maxLag bounds how long a lagging cache suspends the judgment of peers
-// (a cache that never shows the own Lease again is stuck, not late).
-const maxLag = 5
-
-// judgeLag pauses the peers' clocks while the cache lags: the peers'
-// Leases are judged as the cache has them, and when a renewal this agent
-// wrote half a duration ago is not in it yet (a loaded API server's watch
-// runs seconds behind), a peer's silence may be the cache's, not the
-// peer's. Nobody's silence grows meanwhile, as while blind; it resumes
-// where it was once the cache catches up, or after maxLag durations.
-func (an *Announcer) judgeLag(leases []coordinationv1.Lease, now time.Time) {
-	var cachedSelf time.Time
+// fresh is how far the cache is known current: the own Lease's
+// renewTime it shows, a time this agent wrote by its own clock. Watch
+// events come in order, so every peer's renewal made before that one is
+// in the cache too; after it, the cache proves nothing. Zero before the
+// own first renewal shows.
+func (an *Announcer) fresh(leases []coordinationv1.Lease, now time.Time) time.Time {
+	var f time.Time
 	for _, l := range leases {
 		if l.Name == LeaseName(an.opts.NodeName) && l.Spec.RenewTime != nil {
-			cachedSelf = l.Spec.RenewTime.Time
+			f = l.Spec.RenewTime.Time
 		}
 	}
-	// The API keeps renewTime to the microsecond.
-	for len(an.written) > 0 && !an.written[0].Truncate(time.Microsecond).After(cachedSelf) {
-		an.written = an.written[1:]
+	lagging := now.Sub(an.renewed) < an.duration && now.Sub(f) > an.duration
+	if lagging != an.lagging {
+		an.lagging = lagging
+		an.log.Info("the cache's view of the agent Leases", "behind", now.Sub(f).String(), "lagging", lagging)
 	}
-	lagging := len(an.written) > 0 && now.Sub(an.written[0]) > an.duration/2
-	switch {
-	case lagging && an.lagSince.IsZero():
-		an.lagSince = now
-		an.log.Info("the cache lags behind the agent Leases: no peer is judged until it catches up",
-			"behind", now.Sub(an.written[0]).String())
-	case !lagging && !an.lagSince.IsZero():
-		an.log.Info("the cache caught up with the agent Leases", "after", now.Sub(an.lagSince).String())
-		an.lagSince = time.Time{}
-	}
-	stuck := lagging && now.Sub(an.lagSince) > maxLag*an.duration
-	if lagging && !stuck && !an.lastJudged.IsZero() {
-		paused := now.Sub(an.lastJudged)
-		for node, s := range an.seen {
-			s.at = s.at.Add(paused)
-			an.seen[node] = s
-		}
-	}
-	an.lastJudged = now
+	return f
 }
 
 // alive is the set of nodes whose agents renewed their Lease within the
@@ -349,7 +317,14 @@ func (an *Announcer) alive(ctx context.Context, now time.Time) (map[string]bool,
 	if err := an.client.List(ctx, &leases, client.InNamespace(an.ns), client.MatchingLabels{lacev1.LabelAgentLease: "true"}); err != nil {
 		return nil, fmt.Errorf("list agent leases: %w", err)
 	}
-	an.judgeLag(leases.Items, now)
+	// A peer's silence counts only as far as the cache is known current:
+	// a watch seconds behind (a loaded API server), or dead until the next
+	// request notices its connection was lost (a fabric cut), shows
+	// silence that is the cache's, not the peer's.
+	judged := now
+	if f := an.fresh(leases.Items, now); f.Before(now) {
+		judged = f
+	}
 	out := map[string]bool{}
 	for _, l := range leases.Items {
 		// A Lease speaks for the node its name says, and only when its
@@ -375,7 +350,7 @@ func (an *Announcer) alive(ctx context.Context, now time.Time) (map[string]bool,
 		if s.stale {
 			g = an.duration
 		}
-		if now.Sub(s.at) < g {
+		if judged.Sub(s.at) < g {
 			out[node] = true
 		}
 	}

@@ -244,3 +244,49 @@ func TestAnnouncerRestoresItsLease(t *testing.T) {
 		t.Fatalf("after a renewal: labels %v, holder %v, renewed %v (now %s)", l.Labels, l.Spec.HolderIdentity, l.Spec.RenewTime, clock)
 	}
 }
+
+// TestAnnouncerNoTakeoverAfterHungConnection: an agent whose requests hung
+// on a connection the fabric lost (a 30 s cut, noticed 45 s later) renews
+// at once on a new connection, while its cache still holds what it held
+// before the cut. Its peers' silence there is the cache's: it must not
+// take their VIPs. It used to, for a tick (the chaos soak's agent-kill
+// after a fabric-link-down: the external host followed the gratuitous ARP
+// to the wrong node, and its stream through the VIP was reset later).
+func TestAnnouncerNoTakeoverAfterHungConnection(t *testing.T) {
+	const dur = 2 * time.Second
+	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	store := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(twoNodesEightVIPs(false)...).Build()
+	lc := &laggingCache{}
+	an1, dp1 := lagAgent(store, store, "n1", dur, &clock)
+	an2, dp2 := lagAgent(store, lc.client(store), "n2", dur, &clock)
+	ctx := context.Background()
+	count := func(dp *fakeDP) int { dp.mu.Lock(); defer dp.mu.Unlock(); return len(dp.vips) }
+	step := func(ans ...*Announcer) {
+		t.Helper()
+		clock = clock.Add(dur / 8)
+		for _, an := range ans {
+			if err := an.once(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for range 4 {
+		step(an1, an2)
+	}
+	held1, held2 := count(dp1), count(dp2)
+	if held1 == 0 || held1+held2 != 8 {
+		t.Fatalf("before: n1 holds %d, n2 %d of 8", held1, held2)
+	}
+	// n2 is cut off: its cache stops, its ticks hang; n1 goes on.
+	lc.freeze(t, store)
+	for range 45 * 8 / 2 {
+		step(an1)
+	}
+	// The connection is found lost; the next requests go through.
+	for i := range 4 {
+		step(an1, an2)
+		if count(dp2) != held2 {
+			t.Fatalf("tick %d after n2's requests hung for 45s, its cache as before the cut: n2 holds %d VIPs, had %d", i+1, count(dp2), held2)
+		}
+	}
+}
