@@ -16,27 +16,27 @@ import (
 type nodeTables struct {
 	mu         sync.Mutex
 	announceMu sync.Mutex
-	cfg       *table[uint32, podLaceConfig]
-	hostAddrs *table[podHostKey, uint32]
-	nodes     *table[podHostKey, uint32]
-	nodeLocs  *table[podHostKey, uint64]
-	networks  *table[uint32, podNetVal]
-	routes    *table[podRouteKey, podRouteVal]
-	classify  *table[podClassKey, uint32]
-	inside    *table[podClassKey, uint32]
-	endpoints *table[podEpKey, podEpVal]
-	ports     *table[uint32, podPortVal]
-	podNetns  *table[uint64, uint32]
-	services  *table[podSvcKey, podSvcVal]
-	backends  *table[podBackendKey, podBackendVal]
-	srcRanges *table[podSrcRangeKey, uint32]
-	announce  *table[podHostKey, underlayAnnounceVal]
-	l2Neigh   *table[l2L2NeighKey, l2L2NeighVal]
-	fdb       *table[l2FdbKey, l2FdbVal]
-	l2Nets    *table[uint32, l2L2NetVal]
-	l2Flood   *table[l2L2FloodKey, l2L2FloodVal]
-	l2        l2Want
-	pol       policyTables
+	cfg        *table[uint32, podLaceConfig]
+	hostAddrs  *table[podHostKey, uint32]
+	nodes      *table[podHostKey, uint32]
+	nodeLocs   *table[podHostKey, uint64]
+	networks   *table[uint32, podNetVal]
+	routes     *table[podRouteKey, podRouteVal]
+	classify   *table[podClassKey, uint32]
+	inside     *table[podClassKey, uint32]
+	endpoints  *table[podEpKey, podEpVal]
+	ports      *table[uint32, podPortVal]
+	podNetns   *table[uint64, uint32]
+	services   *table[podSvcKey, podSvcVal]
+	backends   *table[podBackendKey, podBackendVal]
+	srcRanges  *table[podSrcRangeKey, uint32]
+	announce   *table[podHostKey, underlayAnnounceVal]
+	l2Neigh    *table[l2L2NeighKey, l2L2NeighVal]
+	fdb        *table[l2FdbKey, l2FdbVal]
+	l2Nets     *table[uint32, l2L2NetVal]
+	l2Flood    *table[l2L2FloodKey, l2L2FloodVal]
+	l2         l2Want
+	pol        policyTables
 	// flowKey keys the endpoint pick's flow hash (lb_flow_hash): drawn
 	// once per node and kept in the pinned config, so that an agent
 	// restart leaves every flow's draw as it was.

@@ -116,23 +116,9 @@ func TestAnnouncerRenewsThroughLaggingCache(t *testing.T) {
 // that renews all along; once it catches up and that agent is really
 // silent for a lease duration, it does.
 func TestAnnouncerNoTakeoverOnLaggingCache(t *testing.T) {
-	const dur = 2 * time.Second
-	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	store := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(twoNodesEightVIPs(false)...).Build()
-	lc := &laggingCache{}
-	an1, dp1 := lagAgent(store, store, "n1", dur, &clock)
-	an2, dp2 := lagAgent(store, lc.client(store), "n2", dur, &clock)
-	ctx := context.Background()
-	count := func(dp *fakeDP) int { dp.mu.Lock(); defer dp.mu.Unlock(); return len(dp.vips) }
-	step := func(ans ...*Announcer) {
-		t.Helper()
-		clock = clock.Add(dur / 8)
-		for _, an := range ans {
-			if err := an.once(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	const dur = pairDur
+	r := newPair(t)
+	an1, dp1, an2, dp2, count, step := r.an1, r.dp1, r.an2, r.dp2, vipCount, r.step
 	for range 4 {
 		step(an1, an2)
 	}
@@ -140,14 +126,14 @@ func TestAnnouncerNoTakeoverOnLaggingCache(t *testing.T) {
 	if held1 == 0 || held1+count(dp2) != 8 {
 		t.Fatalf("before: n1 holds %d, n2 %d of 8", held1, count(dp2))
 	}
-	lc.freeze(t, store)
+	r.lc.freeze(t, r.store)
 	for i := range 40 {
 		step(an1, an2)
 		if count(dp1) != held1 || count(dp2) != 8-held1 {
 			t.Fatalf("n2's cache %s behind, n1 renewing: n1 holds %d (had %d), n2 %d", time.Duration(i+1)*dur/8, count(dp1), held1, count(dp2))
 		}
 	}
-	lc.frozen.Store(false)
+	r.lc.frozen.Store(false)
 	// n1 goes silent: n2, up to date again, takes its VIPs after a lease
 	// duration.
 	for range 12 {
@@ -253,23 +239,9 @@ func TestAnnouncerRestoresItsLease(t *testing.T) {
 // after a fabric-link-down: the external host followed the gratuitous ARP
 // to the wrong node, and its stream through the VIP was reset later).
 func TestAnnouncerNoTakeoverAfterHungConnection(t *testing.T) {
-	const dur = 2 * time.Second
-	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	store := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(twoNodesEightVIPs(false)...).Build()
-	lc := &laggingCache{}
-	an1, dp1 := lagAgent(store, store, "n1", dur, &clock)
-	an2, dp2 := lagAgent(store, lc.client(store), "n2", dur, &clock)
-	ctx := context.Background()
-	count := func(dp *fakeDP) int { dp.mu.Lock(); defer dp.mu.Unlock(); return len(dp.vips) }
-	step := func(ans ...*Announcer) {
-		t.Helper()
-		clock = clock.Add(dur / 8)
-		for _, an := range ans {
-			if err := an.once(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	const dur = pairDur
+	r := newPair(t)
+	an1, dp1, an2, dp2, count, step := r.an1, r.dp1, r.an2, r.dp2, vipCount, r.step
 	for range 4 {
 		step(an1, an2)
 	}
@@ -278,7 +250,7 @@ func TestAnnouncerNoTakeoverAfterHungConnection(t *testing.T) {
 		t.Fatalf("before: n1 holds %d, n2 %d of 8", held1, held2)
 	}
 	// n2 is cut off: its cache stops, its ticks hang; n1 goes on.
-	lc.freeze(t, store)
+	r.lc.freeze(t, r.store)
 	for range 45 * 8 / 2 {
 		step(an1)
 	}
@@ -290,3 +262,37 @@ func TestAnnouncerNoTakeoverAfterHungConnection(t *testing.T) {
 		}
 	}
 }
+
+// pair is n1 reading the API server directly and n2 through a cache that
+// can lag, on one clock that each step moves a tick (dur/8) on.
+type pair struct {
+	an1, an2 *Announcer
+	dp1, dp2 *fakeDP
+	lc       *laggingCache
+	store    client.WithWatch
+	step     func(ans ...*Announcer)
+}
+
+// pairDur is a pair's lease duration.
+const pairDur = 2 * time.Second
+
+func newPair(t *testing.T) *pair {
+	const dur = pairDur
+	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	r := &pair{lc: &laggingCache{}}
+	r.store = fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(twoNodesEightVIPs(false)...).Build()
+	r.an1, r.dp1 = lagAgent(r.store, r.store, "n1", dur, &clock)
+	r.an2, r.dp2 = lagAgent(r.store, r.lc.client(r.store), "n2", dur, &clock)
+	r.step = func(ans ...*Announcer) {
+		t.Helper()
+		clock = clock.Add(dur / 8)
+		for _, an := range ans {
+			if err := an.once(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return r
+}
+
+func vipCount(dp *fakeDP) int { dp.mu.Lock(); defer dp.mu.Unlock(); return len(dp.vips) }
