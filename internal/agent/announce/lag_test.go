@@ -239,7 +239,6 @@ func TestAnnouncerRestoresItsLease(t *testing.T) {
 // after a fabric-link-down: the external host followed the gratuitous ARP
 // to the wrong node, and its stream through the VIP was reset later).
 func TestAnnouncerNoTakeoverAfterHungConnection(t *testing.T) {
-	const dur = pairDur
 	r := newPair(t)
 	an1, dp1, an2, dp2, count, step := r.an1, r.dp1, r.an2, r.dp2, vipCount, r.step
 	for range 4 {
