@@ -25,20 +25,28 @@ import (
 // unanswered and move its drop counter: each reason's counters, summed
 // over the nodes, must move by at least as many questions as it refused.
 func (w *workload) checkMatrix(ctx context.Context) error {
-	topo, err := lacectl.ReadTopology(ctx, w.h.c)
-	if err != nil {
-		return err
-	}
 	var names []string
 	for name := range w.pods {
 		names = append(names, name)
 	}
 	slices.Sort(names)
+	// Right after an outage the API server answers slowly for a while:
+	// what the questions need is read again until it comes.
+	var topo model.Topology
 	netns := map[string]string{}
-	for _, name := range names {
-		if netns[name], err = lab.PodNetNS(ctx, w.h.cfg, Namespace, name); err != nil {
+	err := until(ctx, time.Minute, "the topology and the pods' namespaces", func() (err error) {
+		if topo, err = lacectl.ReadTopology(ctx, w.h.c); err != nil {
 			return err
 		}
+		for _, name := range names {
+			if netns[name], err = lab.PodNetNS(ctx, w.h.cfg, Namespace, name); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	type question struct {
 		from, to string
