@@ -53,31 +53,9 @@ func (h *harness) buildRelease(ctx context.Context, repo, rev, tmp string) (*rel
 	if out, err := archive.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("check out %s: %v: %s", rev, err, out)
 	}
-	args := []string{"build", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(src, "bin") + "/"}
-	for _, b := range images.LaceBinaries {
-		args = append(args, "./cmd/"+b)
-	}
-	build := exec.CommandContext(ctx, "go", args...)
-	build.Dir = src
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("build %s: %v\n%s", rev, err, out)
-	}
-	bins := map[string][]byte{}
-	for _, b := range images.LaceBinaries {
-		data, err := os.ReadFile(filepath.Join(src, "bin", b))
-		if err != nil {
-			return nil, err
-		}
-		bins[b] = data
-	}
-	img, err := images.LaceImage(bins)
-	if err != nil {
-		return nil, err
-	}
 	r := &release{rev: rev, chart: filepath.Join(src, "deploy", "helm", "lace"), tag: "chaos-" + rev[:12]}
 	tarball := filepath.Join(tmp, r.tag+".tar")
-	if err := images.WriteTarball(tarball, images.LaceRef(r.tag), img); err != nil {
+	if err := images.BuildLace(ctx, src, nil, tarball, images.LaceRef(r.tag)); err != nil {
 		return nil, err
 	}
 	if err := lab.Load(ctx, h.cfg, tarball, ""); err != nil {

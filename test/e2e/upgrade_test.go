@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -35,31 +33,8 @@ func TestUpgradeMigratesConntrack(t *testing.T) {
 
 	// The other build: Lace's binaries with the lace_ctv2 tag, as an image.
 	const tag = "e2e-ctv2"
-	dir := t.TempDir()
-	args := []string{"build", "-tags", "lace_ctv2", "-trimpath", "-ldflags", "-s -w", "-o", dir + "/"}
-	for _, b := range images.LaceBinaries {
-		args = append(args, "./cmd/"+b)
-	}
-	build := exec.CommandContext(ctx, "go", args...)
-	build.Dir = filepath.Join("..", "..")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build lace_ctv2: %v\n%s", err, out)
-	}
-	bins := map[string][]byte{}
-	for _, b := range images.LaceBinaries {
-		data, err := os.ReadFile(filepath.Join(dir, b))
-		if err != nil {
-			t.Fatal(err)
-		}
-		bins[b] = data
-	}
-	img, err := images.LaceImage(bins)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tarball := filepath.Join(dir, "lace-ctv2.tar")
-	if err := images.WriteTarball(tarball, images.LaceRef(tag), img); err != nil {
+	tarball := filepath.Join(t.TempDir(), "lace-ctv2.tar")
+	if err := images.BuildLace(ctx, filepath.Join("..", ".."), []string{"lace_ctv2"}, tarball, images.LaceRef(tag)); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := labCmd("load", tarball).CombinedOutput(); err != nil {
