@@ -233,26 +233,13 @@ func (an *Announcer) writeLease(ctx context.Context, now time.Time, grace string
 
 func (an *Announcer) updateLease(ctx context.Context, now time.Time, grace string) error {
 	name := LeaseName(an.opts.NodeName)
-	l := an.lease
+	l, create := an.lease, false
 	if l == nil {
 		l = &coordinationv1.Lease{}
 		err := an.reader.Get(ctx, client.ObjectKey{Namespace: an.ns, Name: name}, l)
 		if apierrors.IsNotFound(err) {
-			l = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: an.ns, Name: name,
-				Labels: map[string]string{lacev1.LabelAgentLease: "true"}},
-				Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(an.opts.NodeName),
-					LeaseDurationSeconds: ptr.To(int32((an.duration + time.Second - 1) / time.Second)),
-					RenewTime:            &metav1.MicroTime{Time: now}}}
-			if grace != "" {
-				l.Annotations = map[string]string{lacev1.AnnotationRestartGrace: grace}
-			}
-			if err := an.client.Create(ctx, l); err != nil {
-				return err
-			}
-			an.lease = l
-			return nil
-		}
-		if err != nil {
+			l, create = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: an.ns, Name: name}}, true
+		} else if err != nil {
 			return err
 		}
 	}
@@ -273,7 +260,13 @@ func (an *Announcer) updateLease(ctx context.Context, now time.Time, grace strin
 	} else {
 		delete(l.Annotations, lacev1.AnnotationRestartGrace)
 	}
-	if err := an.client.Update(ctx, l); err != nil {
+	var err error
+	if create {
+		err = an.client.Create(ctx, l)
+	} else {
+		err = an.client.Update(ctx, l)
+	}
+	if err != nil {
 		return err
 	}
 	an.lease = l
