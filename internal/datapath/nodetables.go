@@ -232,25 +232,37 @@ func (d *Datapath) SyncEndpoints(want []Endpoint, busy func(netID uint32, a neti
 	if err := t.known(); err != nil {
 		return err
 	}
-	var fresh []podEpKey
+	var fresh, gone []podEpKey
 	for k := range m {
 		if _, ok := t.have[k]; !ok && !first {
 			fresh = append(fresh, k)
 		}
 	}
+	for k := range t.have {
+		if _, ok := m[k]; !ok && (keep == nil || !keep(k)) {
+			gone = append(gone, k)
+		}
+	}
 	if err := d.forgetAddrFlows(fresh); err != nil {
 		return err
 	}
-	return t.sync(m, keep)
+	if err := t.sync(m, keep); err != nil {
+		return err
+	}
+	// A deleted pod's flows go with it: a TCP flow whose pod vanished
+	// without closing it would otherwise stay established for
+	// CT_TCP_EST, and hold its SNAT port (ReclaimSNAT frees only the
+	// mappings of flows that are over) for hours after the pod.
+	return d.forgetAddrFlows(gone)
 }
 
 // forgetAddrFlows removes this node's conntrack entries of the pod
-// addresses keys name, before they are given to a new pod: a flow of the
-// pod that held the address before (or of a local pod with it) would
-// otherwise pass the new one's packets as replies, past its policies and
-// its view, and deliver the old peer's "replies" to it, past its ingress
-// policy. Conntrack keys carry addresses, not pods. It walks every
-// conntrack map: the cost of a pod's first attach.
+// addresses keys name, once their pod is deleted and again before they
+// are given to a new pod: a flow of the pod that held the address before
+// (or of a local pod with it) would otherwise pass the new one's packets
+// as replies, past its policies and its view, and deliver the old peer's
+// "replies" to it, past its ingress policy. Conntrack keys carry addresses, not pods. It walks every
+// conntrack map: the cost of a pod's first attach and of its delete.
 func (d *Datapath) forgetAddrFlows(keys []podEpKey) error {
 	if len(keys) == 0 {
 		return nil
