@@ -141,6 +141,13 @@ func (h *harness) run(ctx context.Context) error {
 	if err := h.prepare(ctx); err != nil {
 		return fmt.Errorf("prepare the lab: %w", err)
 	}
+	lctx, stopLogs := context.WithCancel(ctx)
+	var lwg sync.WaitGroup
+	defer func() { stopLogs(); lwg.Wait() }()
+	logDir, err := h.copyLogs(lctx, &lwg)
+	if err != nil {
+		return err
+	}
 	if slices.ContainsFunc(kinds, func(f *fault) bool { return f.name == downgradeFault }) {
 		tmp, err := os.MkdirTemp("", "lace-chaos-")
 		if err != nil {
@@ -171,6 +178,10 @@ func (h *harness) run(ctx context.Context) error {
 	fail := func(r row) error {
 		report = append(report, r)
 		h.printReport(report)
+		h.printf("the agents on the VIPs and their Leases from 30s before %s (all of Lace's logs: %s):", r.fault, logDir)
+		for _, l := range vipLog(logDir, time.Now().Add(-r.took-30*time.Second), time.Now()) {
+			fmt.Fprintln(h.out, "  "+l)
+		}
 		return fmt.Errorf("%s: %s\n%s", r.fault, strings.Join(r.problems, "; "), replay)
 	}
 	// The baseline: the workload measured for a while before any fault.
@@ -222,8 +233,8 @@ func (h *harness) run(ctx context.Context) error {
 }
 
 // teardown deletes the workload and checks that nothing of it is left:
-// no NetworkEndpoint, veth, map entry or checkpointed endpoint, and that
-// no Lace process crashed or panicked over the whole run.
+// no NetworkEndpoint, veth, map entry, checkpointed endpoint or SNAT port
+// held, and that no Lace process crashed or panicked over the whole run.
 func (h *harness) teardown(ctx context.Context, w *workload) row {
 	start := time.Now()
 	r := row{fault: "teardown"}
@@ -248,7 +259,7 @@ func (h *harness) teardown(ctx context.Context, w *workload) row {
 	}); err != nil {
 		r.problems = append(r.problems, err.Error())
 	}
-	for _, c := range []func(context.Context, *harness) error{checkNetworkEndpoints, checkResidue, checkLogs, checkRepairs} {
+	for _, c := range []func(context.Context, *harness) error{checkNetworkEndpoints, checkResidue, checkMaps, checkSNAT, checkLogs, checkRepairs} {
 		if err := c(ctx, h); err != nil {
 			r.problems = append(r.problems, err.Error())
 		}

@@ -382,7 +382,8 @@ func burst(ctx context.Context, h *harness, w *workload) error {
 
 // podBatch creates n pause pods named prefix-N over the nodes, calls
 // during (when not nil) once at of them are created, waits until all run
-// with two addresses, then deletes them and waits until they are gone.
+// with two addresses, then deletes them, some holding a connection to the
+// outside (holdOutside), and waits until they are gone.
 func (w *workload) podBatch(ctx context.Context, prefix string, n, at int, during func() error) error {
 	h := w.h
 	names := make([]string, n)
@@ -449,6 +450,17 @@ func (w *workload) podBatch(ctx context.Context, prefix string, n, at int, durin
 	}
 	h.printf("  %d %s pods ran", n, prefix)
 	if err := checkAddresses(ctx, h); err != nil {
+		return err
+	}
+	pods, err := h.cs.CoreV1().Pods(Namespace).List(ctx, sel)
+	if err != nil {
+		return err
+	}
+	// Closed once the pods are gone: checkSNAT finds their flows if the
+	// nodes kept them.
+	conns, err := w.holdOutside(ctx, pods.Items)
+	defer closeAll(conns)
+	if err != nil {
 		return err
 	}
 	if err := h.deletePods(ctx, sel); err != nil {

@@ -70,7 +70,7 @@ func (h *harness) check(ctx context.Context, w *workload, f *fault, start time.T
 			r.problems = append(r.problems, msg)
 		}
 	}
-	for _, c := range []func(context.Context, *harness) error{checkAddresses, checkNetworkEndpoints, checkResidue, checkMaps, checkLogs, checkRepairs} {
+	for _, c := range []func(context.Context, *harness) error{checkAddresses, checkNetworkEndpoints, checkResidue, checkMaps, checkSNAT, checkLogs, checkRepairs} {
 		if err := c(ctx, h); err != nil {
 			r.problems = append(r.problems, err.Error())
 		}

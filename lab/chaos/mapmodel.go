@@ -105,23 +105,12 @@ func (h *harness) desiredMaps(ctx context.Context) (*desired, error) {
 	d := &desired{podAddrs: map[string]map[netip.Addr]bool{}, clusterIPs: map[frontKey]string{}, backends: map[frontKey][]string{}}
 	// hostPorts[node] are the (proto, port) pairs pods open there.
 	hostPorts := map[string]map[[2]int]bool{}
+	if err := d.addPods(pods.Items); err != nil {
+		return nil, err
+	}
 	for _, p := range pods.Items {
 		if p.Spec.NodeName == "" {
 			continue
-		}
-		if !p.Spec.HostNetwork && len(p.Status.PodIPs) > 0 {
-			set := d.podAddrs[p.Spec.NodeName]
-			if set == nil {
-				set = map[netip.Addr]bool{}
-				d.podAddrs[p.Spec.NodeName] = set
-			}
-			for _, ip := range p.Status.PodIPs {
-				a, err := netip.ParseAddr(ip.IP)
-				if err != nil {
-					return nil, fmt.Errorf("pod %s/%s address %q: %w", p.Namespace, p.Name, ip.IP, err)
-				}
-				set[a] = true
-			}
 		}
 		for _, c := range p.Spec.Containers {
 			for _, cp := range c.Ports {
@@ -181,6 +170,29 @@ func (h *harness) desiredMaps(ctx context.Context) (*desired, error) {
 		d.webBackends(web, eps.Items)
 	}
 	return d, nil
+}
+
+// addPods adds each scheduled pod's addresses to its node's
+// (host-network pods have none of their own).
+func (d *desired) addPods(pods []corev1.Pod) error {
+	for _, p := range pods {
+		if p.Spec.NodeName == "" || p.Spec.HostNetwork || len(p.Status.PodIPs) == 0 {
+			continue
+		}
+		set := d.podAddrs[p.Spec.NodeName]
+		if set == nil {
+			set = map[netip.Addr]bool{}
+			d.podAddrs[p.Spec.NodeName] = set
+		}
+		for _, ip := range p.Status.PodIPs {
+			a, err := netip.ParseAddr(ip.IP)
+			if err != nil {
+				return fmt.Errorf("pod %s/%s address %q: %w", p.Namespace, p.Name, ip.IP, err)
+			}
+			set[a] = true
+		}
+	}
+	return nil
 }
 
 // webBackends fills d.backends: each frontend of the workload's Service
