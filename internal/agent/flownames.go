@@ -6,13 +6,13 @@ import (
 	"net/netip"
 	"sort"
 
-	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/agent/flows"
 	"github.com/lace-cni/lace/internal/agent/policy"
+	"github.com/lace-cni/lace/internal/model"
 	"github.com/lace-cni/lace/internal/netpol"
 )
 
@@ -100,7 +100,7 @@ func serviceNames(svcs []corev1.Service, at, nodePorts map[flows.Frontend]string
 				}
 			}
 			for _, sp := range s.Spec.Ports {
-				proto := protoNumber(sp.Protocol)
+				proto, _ := model.IPProto(sp.Protocol)
 				for _, a := range addrs {
 					ip, err := netip.ParseAddr(a)
 					if err != nil {
@@ -124,12 +124,3 @@ func serviceNames(svcs []corev1.Service, at, nodePorts map[flows.Frontend]string
 	}
 }
 
-func protoNumber(p corev1.Protocol) uint8 {
-	switch p {
-	case corev1.ProtocolUDP:
-		return unix.IPPROTO_UDP
-	case corev1.ProtocolSCTP:
-		return unix.IPPROTO_SCTP
-	}
-	return unix.IPPROTO_TCP
-}

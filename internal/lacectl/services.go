@@ -172,14 +172,10 @@ func serviceVIPs(svc *corev1.Service) []netip.Addr {
 	return out
 }
 
+// protoNum is p's IP protocol number (the API admits no other protocol).
 func protoNum(p corev1.Protocol) uint8 {
-	switch p {
-	case corev1.ProtocolUDP:
-		return 17
-	case corev1.ProtocolSCTP:
-		return 132
-	}
-	return 6
+	n, _ := model.IPProto(p)
+	return n
 }
 
 func protoName(p corev1.Protocol) string {

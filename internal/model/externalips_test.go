@@ -171,7 +171,7 @@ func TestExternalIPProblemsMatchTheAgents(t *testing.T) {
 				// reported: never part of them.
 				n := 0
 				for _, sp := range svc.Spec.Ports {
-					proto, _ := protoNum(sp.Protocol)
+					proto, _ := IPProto(sp.Protocol)
 					if served[fmt.Sprintf("%s|%s|%d|%d", svc.Spec.ClusterIP, x, proto, sp.Port)] {
 						n++
 					}

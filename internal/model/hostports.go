@@ -232,7 +232,7 @@ func ComputeHostPorts(in HostPortInput, svcs []tables.Service) ([]tables.Service
 				continue
 			}
 			what := fmt.Sprintf("hostPort %d/%s", cp.HostPort, hostPortProto(cp.Protocol))
-			proto, ok := protoNum(cp.Protocol)
+			proto, ok := IPProto(cp.Protocol)
 			if !ok || proto == protoSCTP {
 				refuse(p, HostPortUnsupported, "%s: the data plane translates TCP and UDP only", what)
 				continue

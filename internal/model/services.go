@@ -527,7 +527,9 @@ func parseSloppyIP(s string) (netip.Addr, bool) {
 	return a.Unmap(), ok
 }
 
-func protoNum(p corev1.Protocol) (uint8, bool) {
+// IPProto is the IP protocol number of a Service's or container port's
+// protocol ("" is the API's default, TCP); ok is false for any other.
+func IPProto(p corev1.Protocol) (proto uint8, ok bool) {
 	switch p {
 	case corev1.ProtocolTCP, "": // "" is the API default, TCP
 		return 6, true
@@ -701,7 +703,7 @@ func (c *serviceCtx) servePorts(vip netip.Addr) []tables.Service {
 	var out []tables.Service
 	seen := map[[2]int32]bool{} // (port, proto): the API forbids duplicates; be deterministic anyway
 	for _, sp := range c.svc.Spec.Ports {
-		proto, ok := protoNum(sp.Protocol)
+		proto, ok := IPProto(sp.Protocol)
 		if !ok || sp.Port <= 0 || sp.Port > 65535 || seen[[2]int32{sp.Port, int32(proto)}] {
 			continue
 		}
@@ -764,7 +766,7 @@ func (c *serviceCtx) frontends(clusterIP netip.Addr) []tables.Service {
 	var out []tables.Service
 	seen := map[[2]int32]bool{}
 	for _, sp := range svc.Spec.Ports {
-		proto, ok := protoNum(sp.Protocol)
+		proto, ok := IPProto(sp.Protocol)
 		if !ok || sp.Port <= 0 || sp.Port > 65535 || seen[[2]int32{sp.Port, int32(proto)}] {
 			continue
 		}

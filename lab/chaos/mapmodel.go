@@ -14,6 +14,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/lace-cni/lace/internal/model"
 )
 
 // checkMaps compares what every node's maps hold with a desired state
@@ -83,14 +85,10 @@ type desired struct {
 	backends map[frontKey][]string
 }
 
+// protoNum is p's IP protocol number (the API admits no other protocol).
 func protoNum(p corev1.Protocol) uint8 {
-	switch p {
-	case corev1.ProtocolUDP:
-		return 17
-	case corev1.ProtocolSCTP:
-		return 132
-	}
-	return 6
+	n, _ := model.IPProto(p)
+	return n
 }
 
 func (h *harness) desiredMaps(ctx context.Context) (*desired, error) {
