@@ -3,8 +3,12 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 	"sync"
+
+	"github.com/cilium/ebpf"
 )
 
 // nodeTables are the maps the agent programs from its desired state, each
@@ -37,6 +41,12 @@ type nodeTables struct {
 	l2Flood    *table[l2L2FloodKey, l2L2FloodVal]
 	l2         l2Want
 	pol        policyTables
+	// endpointsRead says the endpoint table was read from the kernel
+	// once (SyncEndpoints' first sync); removedAddrs are the pod
+	// addresses it removed whose flows ForgetRemovedFlows has not
+	// forgotten yet.
+	endpointsRead bool
+	removedAddrs  map[podEpKey]bool
 	// flowKey keys the endpoint pick's flow hash (lb_flow_hash): drawn
 	// once per node and kept in the pinned config, so that an agent
 	// restart leaves every flow's draw as it was.
@@ -46,25 +56,26 @@ type nodeTables struct {
 func (d *Datapath) newTables() {
 	p := &d.pod
 	d.tab = &nodeTables{
-		cfg:       newTable[uint32, podLaceConfig]("lace_cfg", p.LaceCfg),
-		hostAddrs: newTable[podHostKey, uint32]("lace_host_addrs", p.LaceHostAddrs),
-		nodes:     newTable[podHostKey, uint32]("lace_nodes", p.LaceNodes),
-		nodeLocs:  newTable[podHostKey, uint64]("lace_node_locs", p.LaceNodeLocs),
-		networks:  newTable[uint32, podNetVal]("lace_networks", p.LaceNetworks),
-		routes:    newTable[podRouteKey, podRouteVal]("lace_routes", p.LaceRoutes),
-		classify:  newTable[podClassKey, uint32]("lace_classify", p.LaceClassify),
-		inside:    newTable[podClassKey, uint32]("lace_inside", p.LaceInside),
-		endpoints: newTable[podEpKey, podEpVal]("lace_endpoints", p.LaceEndpoints),
-		ports:     newTable[uint32, podPortVal]("lace_ports", p.LacePorts),
-		podNetns:  newTable[uint64, uint32]("lace_pod_netns", p.LacePodNetns),
-		services:  newTable[podSvcKey, podSvcVal]("lace_services", p.LaceServices),
-		backends:  newTable[podBackendKey, podBackendVal]("lace_backends", p.LaceBackends),
-		srcRanges: newTable[podSrcRangeKey, uint32]("lace_src_ranges", p.LaceSrcRanges),
-		announce:  newTable[podHostKey, underlayAnnounceVal]("lace_announce", d.underlay.LaceAnnounce),
-		l2Neigh:   newTable[l2L2NeighKey, l2L2NeighVal]("lace_l2_neigh", d.l2.LaceL2Neigh),
-		fdb:       newTable[l2FdbKey, l2FdbVal]("lace_fdb", d.l2.LaceFdb),
-		l2Nets:    newTable[uint32, l2L2NetVal]("lace_l2_nets", d.l2.LaceL2Nets),
-		l2Flood:   newTable[l2L2FloodKey, l2L2FloodVal]("lace_l2_flood", d.l2.LaceL2Flood),
+		removedAddrs: map[podEpKey]bool{},
+		cfg:          newTable[uint32, podLaceConfig]("lace_cfg", p.LaceCfg),
+		hostAddrs:    newTable[podHostKey, uint32]("lace_host_addrs", p.LaceHostAddrs),
+		nodes:        newTable[podHostKey, uint32]("lace_nodes", p.LaceNodes),
+		nodeLocs:     newTable[podHostKey, uint64]("lace_node_locs", p.LaceNodeLocs),
+		networks:     newTable[uint32, podNetVal]("lace_networks", p.LaceNetworks),
+		routes:       newTable[podRouteKey, podRouteVal]("lace_routes", p.LaceRoutes),
+		classify:     newTable[podClassKey, uint32]("lace_classify", p.LaceClassify),
+		inside:       newTable[podClassKey, uint32]("lace_inside", p.LaceInside),
+		endpoints:    newTable[podEpKey, podEpVal]("lace_endpoints", p.LaceEndpoints),
+		ports:        newTable[uint32, podPortVal]("lace_ports", p.LacePorts),
+		podNetns:     newTable[uint64, uint32]("lace_pod_netns", p.LacePodNetns),
+		services:     newTable[podSvcKey, podSvcVal]("lace_services", p.LaceServices),
+		backends:     newTable[podBackendKey, podBackendVal]("lace_backends", p.LaceBackends),
+		srcRanges:    newTable[podSrcRangeKey, uint32]("lace_src_ranges", p.LaceSrcRanges),
+		announce:     newTable[podHostKey, underlayAnnounceVal]("lace_announce", d.underlay.LaceAnnounce),
+		l2Neigh:      newTable[l2L2NeighKey, l2L2NeighVal]("lace_l2_neigh", d.l2.LaceL2Neigh),
+		fdb:          newTable[l2FdbKey, l2FdbVal]("lace_fdb", d.l2.LaceFdb),
+		l2Nets:       newTable[uint32, l2L2NetVal]("lace_l2_nets", d.l2.LaceL2Nets),
+		l2Flood:      newTable[l2L2FloodKey, l2L2FloodVal]("lace_l2_flood", d.l2.LaceL2Flood),
 	}
 	d.newPolicyTables()
 }
@@ -227,43 +238,64 @@ func (d *Datapath) SyncEndpoints(want []Endpoint, busy func(netID uint32, a neti
 	// The first sync after a load (an agent's start) only reads what the
 	// kernel holds: an entry missing there is a pod the map lost (a map
 	// recreated by an upgrade), not an address given to a new pod, and
-	// its flows are the pod's own.
-	first := t.have == nil
+	// its flows are the pod's own. Only the first: a sync that failed
+	// leaves the table unknown, and the next one reads it again, but an
+	// address it then finds missing is a new pod's.
+	first := !d.tab.endpointsRead
 	if err := t.known(); err != nil {
 		return err
 	}
-	var fresh, gone []podEpKey
+	d.tab.endpointsRead = true
+	var fresh []podEpKey
 	for k := range m {
 		if _, ok := t.have[k]; !ok && !first {
 			fresh = append(fresh, k)
+			delete(d.tab.removedAddrs, k) // forgotten now, with its peers' flows
 		}
 	}
 	for k := range t.have {
 		if _, ok := m[k]; !ok && (keep == nil || !keep(k)) {
-			gone = append(gone, k)
+			d.tab.removedAddrs[k] = true
 		}
 	}
-	if err := d.forgetAddrFlows(fresh); err != nil {
+	if err := d.forgetAddrFlows(fresh, true); err != nil {
 		return err
 	}
-	if err := t.sync(m, keep); err != nil {
-		return err
-	}
-	// A deleted pod's flows go with it: a TCP flow whose pod vanished
-	// without closing it would otherwise stay established for
-	// CT_TCP_EST, and hold its SNAT port (ReclaimSNAT frees only the
-	// mappings of flows that are over) for hours after the pod.
-	return d.forgetAddrFlows(gone)
+	return t.sync(m, keep)
 }
 
-// forgetAddrFlows removes this node's conntrack entries of the pod
-// addresses keys name, once their pod is deleted and again before they
-// are given to a new pod: a flow of the pod that held the address before
-// (or of a local pod with it) would otherwise pass the new one's packets
-// as replies, past its policies and its view, and deliver the old peer's
-// "replies" to it, past its ingress policy. Conntrack keys carry addresses, not pods. It walks every
-// conntrack map: the cost of a pod's first attach and of its delete.
-func (d *Datapath) forgetAddrFlows(keys []podEpKey) error {
+// ForgetRemovedFlows forgets the flows of the pod addresses SyncEndpoints
+// removed, once their ports are gone too (the caller's order: endpoints,
+// ports, programs, then this), so that no packet of the pod makes a new
+// one after. A deleted pod's flows go with it: a TCP flow the pod never
+// closed would otherwise stay established for CT_TCP_EST and hold its
+// SNAT port (ReclaimSNAT frees only the mappings of flows that are over)
+// for hours after the pod. Only the flows keyed from the address go: a
+// local client's flow toward it may still be answered from elsewhere (an
+// l2 VM that migrated to another node); reuse forgets those.
+func (d *Datapath) ForgetRemovedFlows() error {
+	d.tab.mu.Lock()
+	defer d.tab.mu.Unlock()
+	if len(d.tab.removedAddrs) == 0 {
+		return nil
+	}
+	if err := d.forgetAddrFlows(slices.Collect(maps.Keys(d.tab.removedAddrs)), false); err != nil {
+		return err
+	}
+	clear(d.tab.removedAddrs)
+	return nil
+}
+
+// forgetAddrFlows removes this node's conntrack entries keyed from the
+// pod addresses keys name, and with toward those of flows toward them in
+// their network. Before an address is given to a new pod, both go: a flow
+// of the pod that held the address before (or of a local pod with it)
+// would otherwise pass the new one's packets as replies, past its
+// policies and its view, and deliver the old peer's "replies" to it, past
+// its ingress policy. Conntrack keys carry addresses, not pods. It walks
+// every conntrack map: the cost of a pod's first attach and of its
+// delete.
+func (d *Datapath) forgetAddrFlows(keys []podEpKey, toward bool) error {
 	if len(keys) == 0 {
 		return nil
 	}
@@ -271,26 +303,49 @@ func (d *Datapath) forgetAddrFlows(keys []podEpKey) error {
 		net uint32
 		a   netip.Addr
 	}
-	fresh := map[netAddr]bool{}
+	addrs := map[netAddr]bool{}
 	for _, k := range keys {
-		fresh[netAddr{k.NetId, fromAddr16(k.Family, k.Addr)}] = true
+		addrs[netAddr{k.NetId, fromAddr16(k.Family, k.Addr)}] = true
 	}
 	for _, m := range d.ctMaps() {
 		var doomed []podCtKey
 		var noBatch bool
 		err := walk(m, &noBatch, func(k podCtKey, v podCtVal) {
-			if fresh[netAddr{k.NetId, fromAddr16(k.Family, k.Laddr)}] || fresh[netAddr{v.PeerNet, fromAddr16(k.Family, k.Raddr)}] {
+			if addrs[netAddr{k.NetId, fromAddr16(k.Family, k.Laddr)}] || (toward && addrs[netAddr{v.PeerNet, fromAddr16(k.Family, k.Raddr)}]) {
 				doomed = append(doomed, k)
 			}
 		})
 		if err != nil {
 			return fmt.Errorf("walk conntrack: %w", err)
 		}
-		for _, k := range doomed {
-			if err := m.Delete(k); err != nil && !isMissing(err) {
-				return fmt.Errorf("forget a flow of a reused address: %w", err)
-			}
+		if err := deleteFlows(m, doomed); err != nil {
+			return fmt.Errorf("forget the flows of pod addresses: %w", err)
 		}
+	}
+	return nil
+}
+
+// deleteFlows deletes keys from a conntrack map, in batches where the
+// kernel has them; keys the LRU took meanwhile are no matter.
+func deleteFlows(m *ebpf.Map, keys []podCtKey) error {
+	for len(keys) > 0 {
+		n := min(len(keys), tableBatch)
+		done, err := m.BatchDelete(keys[:n], nil)
+		switch {
+		case errors.Is(err, ebpf.ErrNotSupported):
+			for _, k := range keys {
+				if err := m.Delete(k); err != nil && !isMissing(err) {
+					return err
+				}
+			}
+			return nil
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+			// The batch stops at the missing key: go on after it.
+			n = min(done+1, n)
+		case err != nil:
+			return err
+		}
+		keys = keys[n:]
 	}
 	return nil
 }

@@ -7,40 +7,52 @@ import (
 
 // TestReusedAddressForgetsFlows: a pod's flows stay while it holds its
 // address (a resync writes nothing new and forgets nothing) and go with
-// it when it is deleted (a TCP flow it never closed would otherwise hold
-// its SNAT port for hours); and flows of an address not held (a local
-// pod's toward it, or left behind) are forgotten the moment the address
-// is given to a new pod: the new pod's packets are never taken as replies
-// of the old one's flows (past its policies and view), nor the old
-// peers' as replies to it (past its ingress policy).
+// it once it is deleted and its port gone (a TCP flow it never closed
+// would otherwise hold its SNAT port for hours), but a local client's flow
+// toward the address stays then (an l2 VM that migrated answers it from
+// another node). The moment the address is given to a new pod, every flow
+// of it goes, toward it included: the new pod's packets are never taken as
+// replies of the old one's flows (past its policies and view), nor the
+// old peers' as replies to it (past its ingress policy).
 func TestReusedAddressForgetsFlows(t *testing.T) {
 	d := snatDatapath(t)
 	c := netip.MustParseAddrPort("198.51.100.9:53")
-	ofPod := func() (n, snat int) {
+	client := netip.MustParseAddr("10.9.9.9")
+	count := func() (from, snat, toward int) {
 		t.Helper()
 		flows, err := d.Conntrack()
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, f := range flows {
-			if f.NetID == progNet && f.Local.Addr() == progPodV4 {
-				n++
+			switch {
+			case f.NetID == progNet && f.Local.Addr() == progPodV4:
+				from++
 				if f.SNATPort != 0 {
 					snat++
 				}
+			case f.Local.Addr() == client && f.Remote.Addr() == progPodV4:
+				toward++
 			}
 		}
-		return n, snat
+		return from, snat, toward
 	}
+	// A local client's flow toward the pod, written as the programs
+	// would (conntrack keys the client's side).
+	towardKey := podCtKey{NetId: progNet, Family: 4, Proto: 6, Lport: ntohs(40100), Rport: ntohs(80),
+		Laddr: addr16(client), Raddr: addr16(progPodV4)}
 	open := func() int {
 		t.Helper()
 		snatOut(t, d, 17, 40000, c)
 		snatOut(t, d, 6, 40001, c)
-		held, snat := ofPod()
-		if held == 0 || snat == 0 {
-			t.Fatalf("the pod's packets left %d flows, %d translated: the test proves nothing", held, snat)
+		if err := d.pod.LaceCt.Put(towardKey, podCtVal{Expires: 1 << 62, PeerNet: progNet, Flags: ctOriginLocal}); err != nil {
+			t.Fatal(err)
 		}
-		return held
+		from, snat, toward := count()
+		if from == 0 || snat == 0 || toward != 1 {
+			t.Fatalf("flows: %d of the pod, %d translated, %d toward it: the test proves nothing", from, snat, toward)
+		}
+		return from
 	}
 	held := open()
 	eps, err := d.Endpoints()
@@ -54,18 +66,27 @@ func TestReusedAddressForgetsFlows(t *testing.T) {
 		}
 	}
 	sync(eps)
-	if n, _ := ofPod(); n != held {
-		t.Fatalf("a resync with the same pods left %d of the pod's %d flows", n, held)
+	if err := d.ForgetRemovedFlows(); err != nil {
+		t.Fatal(err)
+	}
+	if from, _, toward := count(); from != held || toward != 1 {
+		t.Fatalf("a resync with the same pods left %d of the pod's %d flows, %d toward it", from, held, toward)
 	}
 	sync(nil)
-	if n, _ := ofPod(); n != 0 {
-		t.Fatalf("the deleted pod's address still has %d of its %d flows", n, held)
+	if from, _, _ := count(); from != held {
+		t.Fatalf("the pod's flows went (%d of %d left) before its port did", from, held)
+	}
+	if err := d.ForgetRemovedFlows(); err != nil {
+		t.Fatal(err)
+	}
+	if from, _, toward := count(); from != 0 || toward != 1 {
+		t.Fatalf("after the pod's delete: %d of its %d flows left, %d toward it (want 0 and 1)", from, held, toward)
 	}
 	// Packets of the address while no pod holds it (its port is still
 	// there): flows the next pod must not inherit.
 	open()
 	sync(eps)
-	if n, _ := ofPod(); n != 0 {
-		t.Errorf("the address given to a new pod still has %d of the old pod's flows", n)
+	if from, _, toward := count(); from != 0 || toward != 0 {
+		t.Errorf("the address given to a new pod still has %d of the old pod's flows, %d toward it", from, toward)
 	}
 }

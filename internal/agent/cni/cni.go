@@ -32,6 +32,9 @@ type Tables interface {
 	// removing one busy says an ADD in progress owns.
 	SyncEndpoints(want []datapath.Endpoint, busy func(netID uint32, a netip.Addr) bool) error
 	SyncPorts(want []datapath.Port, busy func(ifindex uint32) bool) error
+	// ForgetRemovedFlows forgets the flows of the pod addresses
+	// SyncEndpoints removed, once their ports and programs are gone.
+	ForgetRemovedFlows() error
 	// SyncL2 makes the l2 networks' neighbour tables and forwarding
 	// databases exactly neigh and fdb.
 	SyncL2Local(neigh []datapath.L2Neighbor, fdb []datapath.FDBEntry) error

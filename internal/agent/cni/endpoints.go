@@ -96,6 +96,8 @@ func (s *Server) SyncEntries() error {
 			errs = append(errs, s.dp.DetachPod(h))
 		}
 	}
+	// Last: the deleted pods can make no new flow now.
+	errs = append(errs, s.dp.ForgetRemovedFlows())
 	return errors.Join(errs...)
 }
 

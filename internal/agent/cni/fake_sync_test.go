@@ -17,8 +17,22 @@ func (f *fakeDP) SyncEndpoints(want []datapath.Endpoint, busy func(uint32, netip
 			if busy(e.NetID, e.Addr) {
 				return nil
 			}
+			f.mu.Lock()
+			f.removed = append(f.removed, epKey(e.NetID, e.Addr))
+			f.mu.Unlock()
 			return f.DeleteEndpoint(e.NetID, e.Addr)
 		})
+}
+
+func (f *fakeDP) ForgetRemovedFlows() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.removed) > 0 {
+		f.forgotten = append(f.forgotten, f.removed...)
+		f.attachedAtForget = len(f.attached)
+		f.removed = nil
+	}
+	return nil
 }
 
 func (f *fakeDP) SyncPorts(want []datapath.Port, busy func(uint32) bool) error {

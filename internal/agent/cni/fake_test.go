@@ -44,6 +44,11 @@ type fakeDP struct {
 	// standby is the MACs standing by at a port here (L2Standby), by
 	// MAC: their sequence; ActivateStandby moves them to activated.
 	standby map[string]datapath.L2Learned
+	// removed are the endpoints SyncEndpoints removed since the last
+	// ForgetRemovedFlows; forgotten those it forgot, with the interfaces
+	// still attached then.
+	removed, forgotten []string
+	attachedAtForget   int
 }
 
 func newFakeDP() *fakeDP {

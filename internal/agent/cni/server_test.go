@@ -116,6 +116,11 @@ func TestDelReleasesAndIsIdempotent(t *testing.T) {
 	if pods, _ := a.dp.PinnedPodLinks(); len(a.cp.all()) != 0 || len(a.dp.eps) != 0 || len(a.dp.ports) != 0 || len(pods) != 0 || len(a.node.pods) != 0 {
 		t.Errorf("DEL left state: cp %v eps %v ports %v attached %v pods %v", a.cp.all(), a.dp.eps, a.dp.ports, a.dp.attached, a.node.pods)
 	}
+	// Its flows are forgotten once its port's programs are detached, so
+	// that no packet of it makes a new one after.
+	if len(a.dp.forgotten) != 1 || a.dp.attachedAtForget != 0 {
+		t.Errorf("flows forgotten of %v with %d interfaces still attached", a.dp.forgotten, a.dp.attachedAtForget)
+	}
 	if _, err := a.Handle(ctx, del); err != nil {
 		t.Errorf("second DEL: %v", err)
 	}
