@@ -123,4 +123,3 @@ func serviceNames(svcs []corev1.Service, at, nodePorts map[flows.Frontend]string
 		}
 	}
 }
-
