@@ -142,8 +142,9 @@ func (h *harness) desiredMaps(ctx context.Context) (*desired, error) {
 			for _, a := range vips {
 				k := frontKey{a, proto, uint16(sp.Port)}
 				servicePorts[k] = true
-				if s.Spec.Type != corev1.ServiceTypeExternalName && s.Labels[corev1.IsHeadlessService] == "" &&
-					s.Labels["service.kubernetes.io/service-proxy-name"] == "" {
+				_, headless := s.Labels[corev1.IsHeadlessService]
+				_, otherProxy := s.Labels["service.kubernetes.io/service-proxy-name"]
+				if s.Spec.Type != corev1.ServiceTypeExternalName && !headless && !otherProxy {
 					d.clusterIPs[k] = s.Namespace + "/" + s.Name
 				}
 			}
@@ -174,7 +175,9 @@ func (h *harness) desiredMaps(ctx context.Context) (*desired, error) {
 // (host-network pods have none of their own).
 func (d *desired) addPods(pods []corev1.Pod) error {
 	for _, p := range pods {
-		if p.Spec.NodeName == "" || p.Spec.HostNetwork || len(p.Status.PodIPs) == 0 {
+		// A pod that ended has no sandbox, whatever its status says.
+		if p.Spec.NodeName == "" || p.Spec.HostNetwork || len(p.Status.PodIPs) == 0 ||
+			p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
 		}
 		set := d.podAddrs[p.Spec.NodeName]
@@ -220,10 +223,9 @@ func (d *desired) webBackends(web *corev1.Service, eps []discoveryv1.EndpointSli
 					if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
 						continue
 					}
-					for _, a := range addrsOf(ep.Addresses) {
-						if a.Is4() == vip.Is4() {
-							list = append(list, netip.AddrPortFrom(a, uint16(port)).String())
-						}
+					// Consumers use an endpoint's first address only.
+					if a := addrsOf(ep.Addresses); len(a) > 0 && a[0].Is4() == vip.Is4() {
+						list = append(list, netip.AddrPortFrom(a[0], uint16(port)).String())
 					}
 				}
 			}

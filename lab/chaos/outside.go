@@ -31,7 +31,12 @@ func serveOutside(ctx context.Context, extNS string, wg *sync.WaitGroup) error {
 	var pc net.PacketConn
 	err := netutil.Do(extNS, func() error {
 		var err error
-		if ln, err = net.Listen("tcp", fmt.Sprintf("[::]:%d", outsideHTTPPort)); err != nil {
+		// No keepalive probes: a server that probes resets a connection
+		// whose client is gone, and would end the flows of deleted pods
+		// that checkSNAT must find forgotten by the node itself (as most
+		// servers do, a database included).
+		lc := net.ListenConfig{KeepAlive: -1}
+		if ln, err = lc.Listen(context.Background(), "tcp", fmt.Sprintf("[::]:%d", outsideHTTPPort)); err != nil {
 			return err
 		}
 		if pc, err = net.ListenPacket("udp", fmt.Sprintf("[::]:%d", outsideUDPPort)); err != nil {

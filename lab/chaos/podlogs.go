@@ -39,6 +39,10 @@ type logCopier struct {
 // copyLogs copies until ctx ends, then once more.
 func (h *harness) copyLogs(ctx context.Context, wg *sync.WaitGroup) (string, error) {
 	dir := filepath.Join(h.cfg.StateDir(), "logs", "chaos")
+	// An earlier run's copies on this lab would be copied again.
+	if err := os.RemoveAll(dir); err != nil {
+		return "", fmt.Errorf("directory for Lace's logs: %w", err)
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("directory for Lace's logs: %w", err)
 	}
@@ -84,6 +88,9 @@ func (c *logCopier) copyFile(src, dst string) {
 		return
 	}
 	defer in.Close()
+	if st, err := in.Stat(); err == nil && st.Size() < c.offsets[src] {
+		c.offsets[src] = 0 // rotated: a new file under the name
+	}
 	if _, err := in.Seek(c.offsets[src], io.SeekStart); err != nil {
 		return
 	}

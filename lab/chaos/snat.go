@@ -35,11 +35,12 @@ const heldPerNode = 2
 // holdOutside opens, from up to heldPerNode of pods on each node, a TCP
 // connection to the external host's echo server (IPv4 and IPv6 in turn),
 // and asks one question on it: an established, answered flow through the
-// node's SNAT. The caller closes the connections once the pods are gone,
+// node's SNAT, which it awaits in the node's conntrack. The caller closes the connections once the pods are gone,
 // so they end with no packet the node sees.
 func (w *workload) holdOutside(ctx context.Context, pods []corev1.Pod) ([]net.Conn, error) {
 	extV4, extV6 := lab.ExternalUnderlay()
 	per := map[string]int{}
+	held := map[string][]netip.Addr{}
 	var conns []net.Conn
 	for _, p := range pods {
 		if per[p.Spec.NodeName] >= heldPerNode {
@@ -65,6 +66,26 @@ func (w *workload) holdOutside(ctx context.Context, pods []corev1.Pod) ([]net.Co
 			return conns, fmt.Errorf("pod %s to the outside %s: %w", p.Name, dst, err)
 		}
 		per[p.Spec.NodeName]++
+		src, _ := netip.ParseAddrPort(conn.LocalAddr().String())
+		held[p.Spec.NodeName] = append(held[p.Spec.NodeName], src.Addr().Unmap())
+	}
+	// The check must see them, or it proves nothing when they are gone.
+	err := until(ctx, 30*time.Second, "the held connections' flows seen", func() error {
+		for node, want := range held {
+			got, err := snatHolders(w.h.cfg.PinDir(node))
+			if err != nil {
+				return fmt.Errorf("node %s: %w", node, err)
+			}
+			for _, a := range want {
+				if got[a] == 0 {
+					return fmt.Errorf("node %s holds no translated flow of %s", node, a)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return conns, err
 	}
 	w.h.printf("  %d pods hold a connection to the outside as they are deleted", len(conns))
 	return conns, nil
