@@ -168,11 +168,30 @@ func (d *Datapath) serviceEntries() (map[ServiceKey]svcEntry, error) {
 // ApplyServices makes the services map equal want, writing only what
 // differs, judged against what the maps' tables last wrote (a
 // ServiceTable kept across calls also spares rebuilding the services
-// from them). It returns the endpoints
-// that stopped being a backend of a service, so that their flows can be
-// forgotten (FlushServiceFlows).
-func (d *Datapath) ApplyServices(want []Service) (gone map[ServiceKey][]Backend, err error) {
+// from them). It returns the endpoints that stopped being a backend of a
+// service, so that their flows can be forgotten (FlushServiceFlows).
+func (d *Datapath) ApplyServices(want []Service) (Gone, error) {
 	return NewServiceTable(d).Apply(want)
+}
+
+// Gone is what an Apply took out of the services, by service: Left
+// stopped being a backend (an endpoint no longer ready, or gone), and
+// Unlisted are those of them that left the service's slices altogether,
+// Lingering included, or whose service went.
+type Gone struct {
+	Left, Unlisted map[ServiceKey][]Backend
+}
+
+func newGone() Gone {
+	return Gone{Left: map[ServiceKey][]Backend{}, Unlisted: map[ServiceKey][]Backend{}}
+}
+
+// listed is every endpoint s balances over or lets linger.
+func listed(s *Service) []Backend {
+	if len(s.Lingering) == 0 {
+		return s.Backends
+	}
+	return append(slices.Clone(s.Backends), s.Lingering...)
 }
 
 // ServiceTable writes the services, backends and source ranges maps and
@@ -326,12 +345,12 @@ func (d *Datapath) countEntries(m *ebpf.Map) (int, error) {
 // backend of a service, so that their flows can be forgotten
 // (FlushServiceFlows). want's backends are kept, not copied: the caller
 // must not change them afterwards.
-func (t *ServiceTable) Apply(want []Service) (gone map[ServiceKey][]Backend, err error) {
+func (t *ServiceTable) Apply(want []Service) (gone Gone, err error) {
 	t.d.tab.mu.Lock()
 	defer t.d.tab.mu.Unlock()
 	if !t.loaded {
 		if err := t.load(); err != nil {
-			return nil, err
+			return Gone{}, err
 		}
 	}
 	defer func() {
@@ -351,7 +370,7 @@ func (t *ServiceTable) Apply(want []Service) (gone map[ServiceKey][]Backend, err
 		return next
 	}
 	var w mapWrites
-	gone = map[ServiceKey][]Backend{}
+	gone = newGone()
 	// Affinity entries to forget: every one of a removed service (its ID
 	// may be reused), those of endpoints that left, and all of a service
 	// whose affinity was turned off or changed.
@@ -360,6 +379,12 @@ func (t *ServiceTable) Apply(want []Service) (gone map[ServiceKey][]Backend, err
 		k := ServiceKey{s.VIP, s.Proto, s.Port}
 		old := t.cur[k]
 		if old != nil && !old.broken && sameService(&old.svc, &s) {
+			// The maps stay; an endpoint that stopped lingering left
+			// the slices.
+			if lost := missing(old.svc.Lingering, listed(&s)); len(lost) > 0 {
+				gone.Unlisted[k] = lost
+			}
+			old.svc.Lingering = s.Lingering
 			old.gen = t.gen
 			continue
 		}
@@ -424,8 +449,11 @@ func (t *ServiceTable) Apply(want []Service) (gone map[ServiceKey][]Backend, err
 			}
 		}
 		if old != nil {
+			if lost := missing(listed(&old.svc), listed(&s)); len(lost) > 0 {
+				gone.Unlisted[k] = lost
+			}
 			if lost := missing(oldBackends, s.Backends); len(lost) > 0 {
-				gone[k] = lost
+				gone.Left[k] = lost
 				deadAff[a.id] = map[Backend]bool{}
 				for _, b := range lost {
 					deadAff[a.id][b] = true
@@ -452,7 +480,8 @@ func (t *ServiceTable) Apply(want []Service) (gone map[ServiceKey][]Backend, err
 				w.goneRanges = append(w.goneRanges, srcRangeKey(a.id, p))
 			}
 		}
-		gone[k] = a.svc.Backends
+		gone.Left[k] = a.svc.Backends
+		gone.Unlisted[k] = listed(&a.svc)
 		deadAff[a.id] = nil
 		delete(t.cur, k)
 		freed = append(freed, a.id)
@@ -464,9 +493,13 @@ func (t *ServiceTable) Apply(want []Service) (gone map[ServiceKey][]Backend, err
 		if !s.External() || !s.Local {
 			continue
 		}
-		if lost := gone[ServiceKey{s.ClusterIP, s.Proto, s.ClusterPort}]; len(lost) > 0 {
-			k := ServiceKey{s.VIP, s.Proto, s.Port}
-			gone[k] = append(gone[k], lost...)
+		k := ServiceKey{s.VIP, s.Proto, s.Port}
+		ck := ServiceKey{s.ClusterIP, s.Proto, s.ClusterPort}
+		if lost := gone.Left[ck]; len(lost) > 0 {
+			gone.Left[k] = append(gone.Left[k], lost...)
+		}
+		if lost := gone.Unlisted[ck]; len(lost) > 0 {
+			gone.Unlisted[k] = append(gone.Unlisted[k], lost...)
 		}
 	}
 	// A removed service's ID stays taken until its clients' affinity is
@@ -662,18 +695,24 @@ func missing(old, now []Backend) []Backend {
 	return out
 }
 
-// FlushServiceFlows forgets the conntrack entries of datagram flows
-// translated to an endpoint that is no longer a backend of their service
-// (gone, from ApplyServices): the client's next packet picks a live
-// endpoint instead of being sent to one that went away (a UDP client, DNS,
-// would otherwise be black-holed until the entry expires). TCP flows keep
-// their endpoint, as kube-proxy keeps them: an endpoint leaves a service
-// when it stops being ready or starts terminating, while its connections
-// may still be served (graceful termination; a node whose status the API
-// server missed during an outage), and a connection moved to another
-// endpoint is reset by it anyway. It returns how many it removed.
-func (d *Datapath) FlushServiceFlows(gone map[ServiceKey][]Backend) (int, error) {
-	if len(gone) == 0 {
+// FlushServiceFlows forgets the conntrack entries of flows translated to
+// an endpoint that is no longer a backend of their service (gone, from
+// ApplyServices): the client's next packet picks a live endpoint instead
+// of being sent to one that went away (a UDP client, DNS, would otherwise
+// be black-holed until the entry expires).
+//
+// A TCP flow keeps its endpoint while the endpoint stays in the service's
+// slices (Lingering), as kube-proxy keeps it: an endpoint leaves the
+// backends when it stops being ready or starts terminating, while its
+// connections may still be served (graceful termination; a node whose
+// status the API server missed during an outage). Once the endpoint left
+// the slices altogether (gone.Unlisted) its pod is gone, and its address
+// may be another pod's: a connection kept to it (a client's SYN
+// retransmitted after its node rebooted) would reach whoever holds the
+// address next, a pod of no Service at all, so it goes too, and a new
+// connection picks a live endpoint. It returns how many it removed.
+func (d *Datapath) FlushServiceFlows(gone Gone) (int, error) {
+	if len(gone.Left) == 0 && len(gone.Unlisted) == 0 {
 		return 0, nil
 	}
 	type vipEP struct {
@@ -682,7 +721,15 @@ func (d *Datapath) FlushServiceFlows(gone map[ServiceKey][]Backend) (int, error)
 		prot uint8
 	}
 	dead := map[vipEP]bool{}
-	for k, bs := range gone {
+	for k, bs := range gone.Left {
+		if k.Proto == unix.IPPROTO_TCP {
+			continue
+		}
+		for _, b := range bs {
+			dead[vipEP{netip.AddrPortFrom(k.VIP, k.Port), netip.AddrPortFrom(b.Addr, b.Port), k.Proto}] = true
+		}
+	}
+	for k, bs := range gone.Unlisted {
 		for _, b := range bs {
 			dead[vipEP{netip.AddrPortFrom(k.VIP, k.Port), netip.AddrPortFrom(b.Addr, b.Port), k.Proto}] = true
 		}
@@ -693,9 +740,6 @@ func (d *Datapath) FlushServiceFlows(gone map[ServiceKey][]Backend) (int, error)
 		var doomed []podCtKey
 		var noBatch bool
 		err := walk(m, &noBatch, func(k podCtKey, v podCtVal) {
-			if k.Proto == unix.IPPROTO_TCP {
-				return
-			}
 			nat := netip.AddrPortFrom(fromAddr16(k.Family, v.NatAddr), ntohs(v.NatPort))
 			remote := netip.AddrPortFrom(fromAddr16(k.Family, k.Raddr), ntohs(k.Rport))
 			switch {
@@ -712,10 +756,8 @@ func (d *Datapath) FlushServiceFlows(gone map[ServiceKey][]Backend) (int, error)
 		if err != nil {
 			return 0, fmt.Errorf("walk conntrack: %w", err)
 		}
-		for _, k := range doomed {
-			if err := m.Delete(k); err != nil && !isMissing(err) {
-				return 0, fmt.Errorf("forget flow: %w", err)
-			}
+		if err := deleteFlows(m, doomed); err != nil {
+			return 0, fmt.Errorf("forget flow: %w", err)
 		}
 		n += len(doomed)
 	}

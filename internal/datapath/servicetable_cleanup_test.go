@@ -26,7 +26,7 @@ func TestServiceIDKeptUntilAffinityForgotten(t *testing.T) {
 	if !errors.Is(err, ebpf.ErrIterationAborted) {
 		t.Fatalf("Apply with a failing affinity walk: %v, want the walk's error", err)
 	}
-	if len(gone[old]) != 1 {
+	if len(gone.Left[old]) != 1 || len(gone.Unlisted[old]) != 1 {
 		t.Errorf("the failed Apply returned %v: the flows of the endpoint that left would never be forgotten", gone)
 	}
 	st.forgetHook = nil

@@ -708,9 +708,10 @@ func (c *serviceCtx) servePorts(vip netip.Addr) []tables.Service {
 			continue
 		}
 		seen[[2]int32{sp.Port, int32(proto)}] = true
-		backends, drop := eligibleEndpoints(c.endpoints(vip, sp), c.svc, c.env.node, c.env.zone)
+		eps := c.endpoints(vip, sp)
+		backends, drop := eligibleEndpoints(eps, c.svc, c.env.node, c.env.zone)
 		s := tables.Service{VIP: vip, Proto: proto, Port: uint16(sp.Port), NetID: c.netID, Drop: drop,
-			AffinitySeconds: affinitySeconds(c.svc)}
+			AffinitySeconds: affinitySeconds(c.svc), Lingering: lingering(eps, backends)}
 		if len(backends) > 0 {
 			s.Backends = make([]tables.Backend, 0, len(backends))
 		}
@@ -779,6 +780,7 @@ func (c *serviceCtx) frontends(clusterIP netip.Addr) []tables.Service {
 		} else {
 			eligible = clusterEndpoints(eps, svc, c.env.node, c.env.zone)
 		}
+		linger := lingering(eps, eligible)
 		var backends []tables.Backend
 		if len(eligible) > 0 {
 			backends = make([]tables.Backend, 0, len(eligible))
@@ -799,7 +801,7 @@ func (c *serviceCtx) frontends(clusterIP netip.Addr) []tables.Service {
 				port = sp.NodePort
 			}
 			s := tables.Service{VIP: f.addr, Proto: proto, Port: uint16(port), NetID: c.netID, Drop: drop,
-				AffinitySeconds: affinitySeconds(svc), Backends: backends, Frontend: f.kind,
+				AffinitySeconds: affinitySeconds(svc), Backends: backends, Lingering: linger, Frontend: f.kind,
 				ClusterIP: clusterIP, ClusterPort: uint16(sp.Port), Local: local}
 			if f.kind != tables.FrontendNodePort {
 				s.SourceRanges = ranges
@@ -807,6 +809,28 @@ func (c *serviceCtx) frontends(clusterIP netip.Addr) []tables.Service {
 			out = append(out, s)
 		}
 	}
+	return out
+}
+
+// lingering are the endpoints of eps not among used (the backends), as
+// table backends, sorted; nil when there are none.
+func lingering(eps, used []svcEndpoint) []tables.Backend {
+	if len(eps) == len(used) {
+		return nil // used is a subset of eps, without duplicates
+	}
+	in := make(map[netip.AddrPort]bool, len(used))
+	for _, e := range used {
+		in[netip.AddrPortFrom(e.addr, e.port)] = true
+	}
+	var out []tables.Backend
+	for _, e := range eps {
+		if !in[netip.AddrPortFrom(e.addr, e.port)] {
+			out = append(out, tables.Backend{Addr: e.addr, Port: e.port})
+		}
+	}
+	slices.SortFunc(out, func(a, b tables.Backend) int {
+		return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port))
+	})
 	return out
 }
 

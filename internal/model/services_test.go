@@ -762,3 +762,41 @@ func TestComputeServicesBackendOrder(t *testing.T) {
 		t.Errorf("got %+v\nwant %+v", got, want)
 	}
 }
+
+// TestComputeServicesLingering: the endpoints of a port's slices that are
+// not its backends here (not ready, terminating while one is ready, other
+// nodes' under externalTrafficPolicy Local) linger, so that the data plane
+// keeps their connections; the backends never do.
+func TestComputeServicesLingering(t *testing.T) {
+	web := svWeb(svEp("10.1.1.5", "n1"), svEp("10.1.2.5", "n2", func(e *discoveryv1.Endpoint) {
+		e.Conditions.Ready, e.Conditions.Serving = ptr.To(false), ptr.To(false)
+	}), svEp("10.1.3.5", "n3", func(e *discoveryv1.Endpoint) {
+		e.Conditions = discoveryv1.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(true), Terminating: ptr.To(true)}
+	}))
+	in := svInput()
+	in.NodeAddrs = []netip.Addr{netip.MustParseAddr("172.30.0.11")}
+	in.Services = []corev1.Service{svService("web", "10.96.0.10", svHTTP, func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeNodePort
+		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+		s.Spec.Ports[0].NodePort = 30080
+	})}
+	in.EndpointSlices = []discoveryv1.EndpointSlice{web}
+	be := func(a string) tables.Backend { return tables.Backend{Addr: netip.MustParseAddr(a), Port: 8080} }
+	st := ComputeServices(in)
+	if len(st.Services) != 2 {
+		t.Fatalf("%d service entries, want the ClusterIP and the NodePort", len(st.Services))
+	}
+	for _, s := range st.Services {
+		want := []tables.Backend{be("10.1.2.5"), be("10.1.3.5")}
+		if !slices.Equal(s.Backends, []tables.Backend{be("10.1.1.5")}) || !slices.Equal(s.Lingering, want) {
+			t.Errorf("%s:%d: backends %v lingering %v, want [10.1.1.5:8080] and %v", s.VIP, s.Port, s.Backends, s.Lingering, want)
+		}
+	}
+	// Every endpoint a backend: nothing lingers (and nothing is kept).
+	in.EndpointSlices = []discoveryv1.EndpointSlice{svWeb(svEp("10.1.1.5", "n1"))}
+	for _, s := range ComputeServices(in).Services {
+		if s.Lingering != nil {
+			t.Errorf("%s:%d: lingering %v with every endpoint a backend", s.VIP, s.Port, s.Lingering)
+		}
+	}
+}

@@ -183,6 +183,13 @@ type Service struct {
 	// NetID is the service's network.
 	NetID    uint32
 	Backends []Backend
+	// Lingering are the endpoints of the service port's slices that are
+	// not Backends here (not ready, terminating and unused, left out by a
+	// traffic policy or topology), sorted; usually none. A connection to
+	// one of them keeps it (graceful termination, a node whose status
+	// lapsed), while one to an endpoint that left the slices altogether
+	// is forgotten: its address may be given to another pod.
+	Lingering []Backend
 	// Drop says what happens without backends: false answers ICMP port
 	// unreachable (no endpoints at all), true drops silently (endpoints
 	// exist but none is eligible here: internalTrafficPolicy Local), as

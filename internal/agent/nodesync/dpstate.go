@@ -21,14 +21,14 @@ type tableDP struct {
 	// unflushed are the endpoints that left a service whose flows are
 	// not forgotten yet (a walk failed): kept until a flush succeeds, or
 	// a client would be sent on to an endpoint that went away.
-	unflushed *map[datapath.ServiceKey][]datapath.Backend
+	unflushed *datapath.Gone
 }
 
 // WithServiceTable is d with its services written through a
 // datapath.ServiceTable (tableDP): the DataPlane the agent syncs.
 func WithServiceTable(d *datapath.Datapath) DataPlane {
 	return tableDP{Datapath: d, services: datapath.NewServiceTable(d), applied: &appliedSlice[datapath.Service]{},
-		routes: &appliedSlice[datapath.Route]{}, unflushed: new(map[datapath.ServiceKey][]datapath.Backend)}
+		routes: &appliedSlice[datapath.Route]{}, unflushed: &datapath.Gone{}}
 }
 
 // SyncRoutes implements RouteTable: the views (one per VIP per view, tens
@@ -46,7 +46,7 @@ func (d tableDP) SyncRoutes(want []datapath.Route) error {
 // ApplyServices implements DataPlane. The desired services are computed
 // anew only when they change (serviceCache): the very slice applied last
 // time, applied without error, is left alone without even a comparison.
-func (d tableDP) ApplyServices(want []datapath.Service) (map[datapath.ServiceKey][]datapath.Backend, error) {
+func (d tableDP) ApplyServices(want []datapath.Service) (datapath.Gone, error) {
 	if d.applied.same(want) {
 		return *d.unflushed, nil
 	}
@@ -62,43 +62,62 @@ func (d tableDP) ApplyServices(want []datapath.Service) (map[datapath.ServiceKey
 }
 
 // keepUnflushed adds gone to the endpoints whose flows are still to
-// forget, each once, less those that are a backend of their service
-// again in want (their flows are live again: a flush would reset them).
-func (d tableDP) keepUnflushed(gone map[datapath.ServiceKey][]datapath.Backend, want []datapath.Service) {
-	u := *d.unflushed
-	if len(gone) == 0 && len(u) == 0 {
+// forget, each once, less those that are back in their service in want
+// (their flows are live again: a flush would reset them): a backend
+// again, or for Unlisted, back in the slices (Lingering).
+func (d tableDP) keepUnflushed(gone datapath.Gone, want []datapath.Service) {
+	u := d.unflushed
+	u.Left = mergeGone(u.Left, gone.Left)
+	u.Unlisted = mergeGone(u.Unlisted, gone.Unlisted)
+	if len(u.Left) == 0 && len(u.Unlisted) == 0 {
 		return
-	}
-	if u == nil {
-		u = map[datapath.ServiceKey][]datapath.Backend{}
-	}
-	for k, bs := range gone {
-		for _, b := range bs {
-			if !slices.Contains(u[k], b) {
-				u[k] = append(u[k], b)
-			}
-		}
 	}
 	for _, s := range want {
 		k := datapath.ServiceKey{VIP: s.VIP, Proto: s.Proto, Port: s.Port}
-		if bs, ok := u[k]; ok {
-			bs = slices.DeleteFunc(bs, func(b datapath.Backend) bool { return slices.Contains(s.Backends, b) })
-			if len(bs) == 0 {
-				delete(u, k)
-			} else {
-				u[k] = bs
+		pruneGone(u.Left, k, func(b datapath.Backend) bool { return slices.Contains(s.Backends, b) })
+		pruneGone(u.Unlisted, k, func(b datapath.Backend) bool {
+			return slices.Contains(s.Backends, b) || slices.Contains(s.Lingering, b)
+		})
+	}
+}
+
+// mergeGone adds more's endpoints to to, each once.
+func mergeGone(to, more map[datapath.ServiceKey][]datapath.Backend) map[datapath.ServiceKey][]datapath.Backend {
+	if len(more) == 0 {
+		return to
+	}
+	if to == nil {
+		to = map[datapath.ServiceKey][]datapath.Backend{}
+	}
+	for k, bs := range more {
+		for _, b := range bs {
+			if !slices.Contains(to[k], b) {
+				to[k] = append(to[k], b)
 			}
 		}
 	}
-	*d.unflushed = u
+	return to
+}
+
+// pruneGone removes k's endpoints that back says are back.
+func pruneGone(m map[datapath.ServiceKey][]datapath.Backend, k datapath.ServiceKey, back func(datapath.Backend) bool) {
+	bs, ok := m[k]
+	if !ok {
+		return
+	}
+	if bs = slices.DeleteFunc(bs, back); len(bs) == 0 {
+		delete(m, k)
+	} else {
+		m[k] = bs
+	}
 }
 
 // FlushServiceFlows implements DataPlane: gone is what ApplyServices
 // returned, every endpoint that left since the last flush that succeeded.
-func (d tableDP) FlushServiceFlows(gone map[datapath.ServiceKey][]datapath.Backend) (int, error) {
+func (d tableDP) FlushServiceFlows(gone datapath.Gone) (int, error) {
 	n, err := d.Datapath.FlushServiceFlows(gone)
 	if err == nil {
-		*d.unflushed = nil
+		*d.unflushed = datapath.Gone{}
 	}
 	return n, err
 }

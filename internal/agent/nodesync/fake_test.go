@@ -98,16 +98,16 @@ func (f *fakeDP) NodeLocators() ([]datapath.NodeLocator, error) {
 	return agenttest.Values(&f.mu, f.nodeLocs), nil
 }
 
-func (f *fakeDP) ApplyServices(s []datapath.Service) (map[datapath.ServiceKey][]datapath.Backend, error) {
+func (f *fakeDP) ApplyServices(s []datapath.Service) (datapath.Gone, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.services = s
-	return nil, nil
+	return datapath.Gone{}, nil
 }
 
 func (f *fakeDP) AttachHostSockets(string) error { return nil }
 
-func (f *fakeDP) FlushServiceFlows(map[datapath.ServiceKey][]datapath.Backend) (int, error) {
+func (f *fakeDP) FlushServiceFlows(datapath.Gone) (int, error) {
 	return 0, nil
 }
 func (f *fakeDP) UpsertNode(a netip.Addr) error     { return f.w(func() { f.nodes[a] = true }) }

@@ -85,8 +85,8 @@ type RouteTable interface {
 // datapath.ServiceTable, which keeps what it wrote) and the flows to
 // endpoints that left.
 type Services interface {
-	ApplyServices([]datapath.Service) (map[datapath.ServiceKey][]datapath.Backend, error)
-	FlushServiceFlows(map[datapath.ServiceKey][]datapath.Backend) (int, error)
+	ApplyServices([]datapath.Service) (datapath.Gone, error)
+	FlushServiceFlows(datapath.Gone) (int, error)
 }
 
 // Kernel is what the sync changes and reads in the node's namespace
