@@ -178,20 +178,55 @@ func (d *Datapath) ApplyServices(want []Service) (Gone, error) {
 // stopped being a backend (an endpoint no longer ready, or gone), and
 // Unlisted are those of them that left the service's slices altogether,
 // Lingering included, or whose service went.
+//
+// Listed is set by the first Apply of an agent (the maps read from the
+// kernel, what lingered before unknown): every service's endpoints,
+// backends and lingering. A flow of a service to an endpoint not listed
+// for it goes (the agent may have missed its endpoint leaving while it
+// was down).
 type Gone struct {
 	Left, Unlisted map[ServiceKey][]Backend
+	Listed         map[ServiceKey][]Backend
 }
 
 func newGone() Gone {
 	return Gone{Left: map[ServiceKey][]Backend{}, Unlisted: map[ServiceKey][]Backend{}}
 }
 
-// listed is every endpoint s balances over or lets linger.
-func listed(s *Service) []Backend {
-	if len(s.Lingering) == 0 {
-		return s.Backends
+// sameBackends tells whether a and b hold the same endpoints in the same
+// order: at once when they are the same slice, as a service the model did
+// not compute again hands over.
+func sameBackends(a, b []Backend) bool {
+	if len(a) != len(b) {
+		return false
 	}
-	return append(slices.Clone(s.Backends), s.Lingering...)
+	if len(a) == 0 || &a[0] == &b[0] {
+		return true
+	}
+	return slices.Equal(a, b)
+}
+
+// unlisted are the endpoints old balances over or lets linger that now
+// (nil: nothing) does not; with now nil, all of them. Linear: a service
+// with many lingering endpoints costs a pass over them, not a square.
+func unlisted(old, now *Service) []Backend {
+	in := map[Backend]bool{}
+	if now != nil {
+		for _, l := range [][]Backend{now.Backends, now.Lingering} {
+			for _, b := range l {
+				in[b] = true
+			}
+		}
+	}
+	var out []Backend
+	for _, l := range [][]Backend{old.Backends, old.Lingering} {
+		for _, b := range l {
+			if !in[b] {
+				out = append(out, b)
+			}
+		}
+	}
+	return out
 }
 
 // ServiceTable writes the services, backends and source ranges maps and
@@ -206,8 +241,11 @@ func listed(s *Service) []Backend {
 type ServiceTable struct {
 	d      *Datapath
 	loaded bool
-	cur    map[ServiceKey]*appliedService
-	used   map[uint32]bool
+	// sweep: the maps were read for the first time; the next Apply
+	// returns every service's endpoints (Gone.Listed).
+	sweep bool
+	cur   map[ServiceKey]*appliedService
+	used  map[uint32]bool
 	// gen marks the services of the Apply in progress.
 	gen uint64
 	// skipped are the services the last Apply left out, and why.
@@ -296,6 +334,15 @@ func (t *ServiceTable) load() error {
 	for id := range t.freeing {
 		used[id] = true
 	}
+	// What lingered is not in the maps: a reload after a failed Apply
+	// keeps it from before; the first load of an agent has none, and
+	// its first Apply sweeps instead (Gone.Listed).
+	for k, a := range t.cur {
+		if b := cur[k]; b != nil {
+			b.svc.Lingering = a.svc.Lingering
+		}
+	}
+	t.sweep = t.cur == nil
 	t.cur, t.used, t.loaded = cur, used, true
 	return nil
 }
@@ -371,6 +418,14 @@ func (t *ServiceTable) Apply(want []Service) (gone Gone, err error) {
 	}
 	var w mapWrites
 	gone = newGone()
+	if t.sweep {
+		gone.Listed = make(map[ServiceKey][]Backend, len(want))
+		for i := range want {
+			s := &want[i]
+			gone.Listed[ServiceKey{s.VIP, s.Proto, s.Port}] = unlisted(s, nil)
+		}
+		t.sweep = false
+	}
 	// Affinity entries to forget: every one of a removed service (its ID
 	// may be reused), those of endpoints that left, and all of a service
 	// whose affinity was turned off or changed.
@@ -381,10 +436,12 @@ func (t *ServiceTable) Apply(want []Service) (gone Gone, err error) {
 		if old != nil && !old.broken && sameService(&old.svc, &s) {
 			// The maps stay; an endpoint that stopped lingering left
 			// the slices.
-			if lost := missing(old.svc.Lingering, listed(&s)); len(lost) > 0 {
-				gone.Unlisted[k] = lost
+			if !sameBackends(old.svc.Lingering, s.Lingering) {
+				if lost := unlisted(&old.svc, &s); len(lost) > 0 {
+					gone.Unlisted[k] = lost
+				}
+				old.svc.Lingering = s.Lingering
 			}
-			old.svc.Lingering = s.Lingering
 			old.gen = t.gen
 			continue
 		}
@@ -449,7 +506,7 @@ func (t *ServiceTable) Apply(want []Service) (gone Gone, err error) {
 			}
 		}
 		if old != nil {
-			if lost := missing(listed(&old.svc), listed(&s)); len(lost) > 0 {
+			if lost := unlisted(&old.svc, &s); len(lost) > 0 {
 				gone.Unlisted[k] = lost
 			}
 			if lost := missing(oldBackends, s.Backends); len(lost) > 0 {
@@ -481,7 +538,7 @@ func (t *ServiceTable) Apply(want []Service) (gone Gone, err error) {
 			}
 		}
 		gone.Left[k] = a.svc.Backends
-		gone.Unlisted[k] = listed(&a.svc)
+		gone.Unlisted[k] = unlisted(&a.svc, nil)
 		deadAff[a.id] = nil
 		delete(t.cur, k)
 		freed = append(freed, a.id)
@@ -686,6 +743,9 @@ func (d *Datapath) forgetAffinity(dead map[uint32]map[Backend]bool) error {
 }
 
 func missing(old, now []Backend) []Backend {
+	if len(old)*len(now) > 1024 {
+		return unlisted(&Service{Backends: old}, &Service{Backends: now})
+	}
 	var out []Backend
 	for _, b := range old {
 		if !slices.Contains(now, b) {
@@ -712,7 +772,7 @@ func missing(old, now []Backend) []Backend {
 // address next, a pod of no Service at all, so it goes too, and a new
 // connection picks a live endpoint. It returns how many it removed.
 func (d *Datapath) FlushServiceFlows(gone Gone) (int, error) {
-	if len(gone.Left) == 0 && len(gone.Unlisted) == 0 {
+	if len(gone.Left) == 0 && len(gone.Unlisted) == 0 && gone.Listed == nil {
 		return 0, nil
 	}
 	type vipEP struct {
@@ -734,6 +794,22 @@ func (d *Datapath) FlushServiceFlows(gone Gone) (int, error) {
 			dead[vipEP{netip.AddrPortFrom(k.VIP, k.Port), netip.AddrPortFrom(b.Addr, b.Port), k.Proto}] = true
 		}
 	}
+	var alive map[vipEP]bool
+	if gone.Listed != nil {
+		alive = map[vipEP]bool{}
+		for k, bs := range gone.Listed {
+			for _, b := range bs {
+				alive[vipEP{netip.AddrPortFrom(k.VIP, k.Port), netip.AddrPortFrom(b.Addr, b.Port), k.Proto}] = true
+			}
+		}
+	}
+	if len(dead) == 0 && alive == nil {
+		return 0, nil
+	}
+	// goes says whether a pod's (or the node's) flow to a frontend,
+	// translated to an endpoint, goes; the sweep looks at those only, the
+	// flows a client holds.
+	goes := func(e vipEP) bool { return dead[e] || (alive != nil && !alive[e]) }
 	n := 0
 	// Both conntrack maps: established flows and those not assured yet.
 	for _, m := range d.ctMaps() {
@@ -743,7 +819,7 @@ func (d *Datapath) FlushServiceFlows(gone Gone) (int, error) {
 			nat := netip.AddrPortFrom(fromAddr16(k.Family, v.NatAddr), ntohs(v.NatPort))
 			remote := netip.AddrPortFrom(fromAddr16(k.Family, k.Raddr), ntohs(k.Rport))
 			switch {
-			case v.Flags&ctService != 0 && dead[vipEP{remote, nat, k.Proto}]:
+			case v.Flags&ctService != 0 && goes(vipEP{remote, nat, k.Proto}):
 				doomed = append(doomed, k)
 			case v.Flags&ctService != 0 && dead[vipEP{netip.AddrPortFrom(fromAddr16(k.Family, k.Laddr), ntohs(k.Lport)), nat, k.Proto}]:
 				// An outside client's flow to a frontend, keyed from the

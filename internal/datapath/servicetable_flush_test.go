@@ -79,4 +79,29 @@ func TestServiceFlowsGoWithTheirEndpoint(t *testing.T) {
 	if held(6) {
 		t.Error("a connection to a service that went was kept")
 	}
+
+	// An agent restarted: what lingered is not in the maps, so its first
+	// apply sweeps. A connection to an endpoint still listed (lingering)
+	// stays; one to an endpoint that left while no agent looked goes.
+	apply(svc(6, []Backend{other}, []Backend{ep}))
+	open(6)
+	st = NewServiceTable(d)
+	apply(svc(6, []Backend{other}, []Backend{ep}))
+	if !held(6) {
+		t.Error("a restarted agent forgot a connection to a lingering endpoint")
+	}
+	st = NewServiceTable(d)
+	apply(svc(6, []Backend{other}, nil))
+	if held(6) {
+		t.Error("a restarted agent kept a connection to an endpoint that left while it was down")
+	}
+	// A reload after a failed write keeps what lingered: an endpoint that
+	// leaves the slices then still takes its connections.
+	apply(svc(6, []Backend{other}, []Backend{ep}))
+	open(6)
+	st.loaded = false // as a failed Apply leaves it
+	apply(svc(6, []Backend{other}, nil))
+	if held(6) {
+		t.Error("after a reload, a connection to an endpoint that left the slices was kept")
+	}
 }

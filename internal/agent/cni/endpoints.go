@@ -58,10 +58,9 @@ func (s *Server) SyncEntries() error {
 	}
 	// Synced against what was written (datapath's table reconciler): a
 	// pod's ADD costs its own entries, not a read of every pod's.
-	errs = append(errs,
-		s.dp.SyncEndpoints(wantEps, func(n uint32, ad netip.Addr) bool { return busyEps[endpointKey{n, ad}] }),
-		s.dp.SyncPorts(wantPorts, func(i uint32) bool { return busyPorts[i] }),
-		s.dp.SyncL2Local(s.l2LocalEntries(s.cp.all())))
+	epsErr := s.dp.SyncEndpoints(wantEps, func(n uint32, ad netip.Addr) bool { return busyEps[endpointKey{n, ad}] })
+	portsErr := s.dp.SyncPorts(wantPorts, func(i uint32) bool { return busyPorts[i] })
+	errs = append(errs, epsErr, portsErr, s.dp.SyncL2Local(s.l2LocalEntries(s.cp.all())))
 	// Programs: attached to every Ready endpoint's interface, detached from
 	// the others (a DEL's, or a leftover no endpoint claims).
 	pinned, err := s.dp.PinnedPodLinks()
@@ -91,13 +90,20 @@ func (s *Server) SyncEntries() error {
 		s.podsReattached = true
 		s.mu.Unlock()
 	}
+	detached := err == nil && portsErr == nil
 	for _, h := range pinned {
 		if !claimed[h] {
-			errs = append(errs, s.dp.DetachPod(h))
+			if err := s.dp.DetachPod(h); err != nil {
+				errs = append(errs, err)
+				detached = false
+			}
 		}
 	}
-	// Last: the deleted pods can make no new flow now.
-	errs = append(errs, s.dp.ForgetRemovedFlows())
+	// Last, once the deleted pods can make no new flow (else at the next
+	// sync: the addresses stay noted).
+	if detached {
+		errs = append(errs, s.dp.ForgetRemovedFlows())
+	}
 	return errors.Join(errs...)
 }
 

@@ -69,6 +69,9 @@ func (d tableDP) keepUnflushed(gone datapath.Gone, want []datapath.Service) {
 	u := d.unflushed
 	u.Left = mergeGone(u.Left, gone.Left)
 	u.Unlisted = mergeGone(u.Unlisted, gone.Unlisted)
+	if gone.Listed != nil {
+		u.Listed = gone.Listed // the agent's first apply: swept at the next flush
+	}
 	if len(u.Left) == 0 && len(u.Unlisted) == 0 {
 		return
 	}

@@ -26,6 +26,9 @@ func TestUnflushedKeptOnceUntilLiveAgain(t *testing.T) {
 	if got := d.unflushed.Left[k]; len(got) != 1 || got[0] != ep {
 		t.Fatalf("after 100 departures of one endpoint, to flush: %v, want [%v]", got, ep)
 	}
+	if got := d.unflushed.Unlisted[k]; len(got) != 1 || got[0] != ep {
+		t.Fatalf("after 100 departures of one endpoint from the slices, to flush: %v, want [%v]", got, ep)
+	}
 	// Back in the slices, not ready: its connections are live again, its
 	// datagram flows still to forget.
 	lingers := []datapath.Service{{VIP: vip, Proto: 6, Port: 80, Backends: []datapath.Backend{other}, Lingering: []datapath.Backend{ep}}}
