@@ -165,7 +165,11 @@ func (an *Announcer) Run(ctx context.Context) error {
 func (an *Announcer) handOver() {
 	an.mu.Lock()
 	defer an.mu.Unlock()
-	if an.opts.RestartGrace <= 0 || len(an.announced) == 0 || an.blind {
+	if an.opts.RestartGrace <= 0 || len(an.announced) == 0 {
+		return
+	}
+	if an.blind {
+		an.log.Info("stopping without a restart grace while the API server is out of reach: the VIPs fail over", "vips", len(an.announced))
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), an.duration)
@@ -401,6 +405,13 @@ func (an *Announcer) once(ctx context.Context) error {
 		return nil
 	}
 	renewed := an.renew(ctx, now)
+	if ctx.Err() != nil {
+		// Stopping: a renewal the stop cut short says nothing of the
+		// API server. Taken for an outage, it made the agent blind and
+		// handOver then asked no restart grace: the VIP moved on every
+		// rolling restart that stopped an agent mid-renewal.
+		return nil
+	}
 	down := !renewed && an.apiDown(ctx)
 	if down {
 		an.lastDown = now

@@ -221,3 +221,62 @@ func TestAnnouncerRestartGrace(t *testing.T) {
 		})
 	}
 }
+
+// TestAnnouncerStopMidRenewalKeepsTheGrace: an agent stopped while its
+// renewal is in flight (a rolling restart) still hands over with a
+// restart grace: the renewal the stop cut short is not an API outage.
+// Before, it was taken for one, the agent went blind, asked no grace, and
+// the VIP moved (the chaos harness's agent-rolling-restart, seed
+// 20261134, with the machine loaded).
+func TestAnnouncerStopMidRenewalKeepsTheGrace(t *testing.T) {
+	const dur, grace = 10 * time.Second, 60 * time.Second
+	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	ctx, stop := context.WithCancel(context.Background())
+	var stopping atomic.Bool
+	base := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(twoNodesEightVIPs(false)...).Build()
+	// The stop lands while n1's renewal is on the wire; as a real
+	// client's, every request after it fails with the context's error.
+	c := interceptor.NewClient(base, interceptor.Funcs{
+		Update: func(ctx context.Context, cl client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			if stopping.Load() {
+				stop()
+				return ctx.Err()
+			}
+			return cl.Update(ctx, obj, opts...)
+		},
+		List: func(ctx context.Context, cl client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			return cl.List(ctx, list, opts...)
+		},
+	})
+	an1, dp1 := graceAgent(c, "n1", dur, grace, &clock)
+	for range 2 {
+		if err := an1.once(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		clock = clock.Add(dur / 4)
+	}
+	dp1.mu.Lock()
+	held := len(dp1.vips)
+	dp1.mu.Unlock()
+	if held == 0 {
+		t.Fatal("n1 announces nothing: the test proves nothing")
+	}
+	stopping.Store(true)
+	if err := an1.once(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stopping.Store(false)
+	if an1.blind {
+		t.Fatal("a renewal cut short by the stop made the agent blind")
+	}
+	an1.handOver()
+	dp1.mu.Lock()
+	ttl := dp1.ttl
+	dp1.mu.Unlock()
+	if ttl != grace {
+		t.Errorf("after a stop mid-renewal n1's data plane answers for %s, want the restart grace %s", ttl, grace)
+	}
+}
