@@ -144,7 +144,7 @@ func (h *harness) run(ctx context.Context) error {
 	lctx, stopLogs := context.WithCancel(ctx)
 	var lwg sync.WaitGroup
 	defer func() { stopLogs(); lwg.Wait() }()
-	logDir, err := h.copyLogs(lctx, &lwg)
+	logs, err := h.copyLogs(lctx, &lwg)
 	if err != nil {
 		return err
 	}
@@ -178,8 +178,11 @@ func (h *harness) run(ctx context.Context) error {
 	fail := func(r row) error {
 		report = append(report, r)
 		h.printReport(report)
-		h.printf("the agents on the VIPs and their Leases from 30s before %s (all of Lace's logs: %s):", r.fault, logDir)
-		for _, l := range vipLog(logDir, time.Now().Add(-r.took-30*time.Second), time.Now()) {
+		from := time.Now().Add(-r.took - 30*time.Second)
+		lines := logs.vipLines(from, time.Now())
+		h.printf("the agents on the VIPs and their Leases since %s, 30s before %s: %d lines (all of Lace's logs: %s)",
+			from.Format("15:04:05"), r.fault, len(lines), logs.dir)
+		for _, l := range lines {
 			fmt.Fprintln(h.out, "  "+l)
 		}
 		return fmt.Errorf("%s: %s\n%s", r.fault, strings.Join(r.problems, "; "), replay)

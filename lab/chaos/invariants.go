@@ -207,12 +207,14 @@ func checkRestarts(ctx context.Context, h *harness) error {
 				return err
 			}
 			for _, p := range pods.Items {
-				restarts, last := 0, ""
+				restarts, last, why := 0, "", ""
 				var ended time.Time
 				for _, c := range p.Status.ContainerStatuses {
 					restarts += int(c.RestartCount)
 					if t := c.LastTerminationState.Terminated; t != nil {
 						last, ended = strings.TrimSpace(t.Message), t.FinishedAt.Time
+						lines := strings.Split(last, "\n")
+						why = fmt.Sprintf(" (last exit %d, %s, at %s: %q)", t.ExitCode, t.Reason, ended.Format("15:04:05"), lines[len(lines)-1])
 					}
 				}
 				uid := string(p.UID)
@@ -224,7 +226,7 @@ func checkRestarts(ctx context.Context, h *harness) error {
 					continue
 				}
 				if restarts != caused {
-					problems = append(problems, fmt.Sprintf("%s restarted %d times, %d by the faults", p.Name, restarts, caused))
+					problems = append(problems, fmt.Sprintf("%s restarted %d times, %d by the faults%s", p.Name, restarts, caused, why))
 				}
 			}
 		}

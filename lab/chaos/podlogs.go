@@ -32,19 +32,20 @@ const logCopyEvery = time.Second
 type logCopier struct {
 	cfg lab.Config
 	dir string
+	mu  sync.Mutex
 	// offsets are how far each source file was copied.
 	offsets map[string]int64
 }
 
 // copyLogs copies until ctx ends, then once more.
-func (h *harness) copyLogs(ctx context.Context, wg *sync.WaitGroup) (string, error) {
+func (h *harness) copyLogs(ctx context.Context, wg *sync.WaitGroup) (*logCopier, error) {
 	dir := filepath.Join(h.cfg.StateDir(), "logs", "chaos")
 	// An earlier run's copies on this lab would be copied again.
 	if err := os.RemoveAll(dir); err != nil {
-		return "", fmt.Errorf("directory for Lace's logs: %w", err)
+		return nil, fmt.Errorf("directory for Lace's logs: %w", err)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", fmt.Errorf("directory for Lace's logs: %w", err)
+		return nil, fmt.Errorf("directory for Lace's logs: %w", err)
 	}
 	c := &logCopier{cfg: h.cfg, dir: dir, offsets: map[string]int64{}}
 	wg.Add(1)
@@ -60,10 +61,18 @@ func (h *harness) copyLogs(ctx context.Context, wg *sync.WaitGroup) (string, err
 			}
 		}
 	}()
-	return dir, nil
+	return c, nil
+}
+
+// vipLines copies what the logs gained now, then returns vipLog's lines.
+func (c *logCopier) vipLines(from, to time.Time) []string {
+	c.copyOnce()
+	return vipLog(c.dir, from, to)
 }
 
 func (c *logCopier) copyOnce() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for i := 1; i <= c.cfg.Nodes; i++ {
 		root := filepath.Join(c.cfg.NodeRoot(c.cfg.NodeName(i)), "var/log/pods")
 		files, _ := filepath.Glob(filepath.Join(root, lab.ReleaseNamespace+"_lace-*", "*", "*.log"))
