@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/cilium/ebpf"
 	corev1 "k8s.io/api/core/v1"
@@ -32,7 +31,7 @@ import (
 // exactly over its ready endpoints; no backend entry outlives its
 // frontend.
 func checkMaps(ctx context.Context, h *harness) error {
-	return until(ctx, 90*time.Second, "every node's maps matching the objects", func() error {
+	return until(ctx, settleWindow, "every node's maps matching the objects", func() error {
 		want, err := h.desiredMaps(ctx)
 		if err != nil {
 			return err

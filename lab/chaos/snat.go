@@ -99,9 +99,9 @@ func closeAll(conns []net.Conn) {
 
 // checkSNAT fails when a node holds a live translated flow (one that
 // holds a SNAT port) of a pod network's address none of its pods has,
-// after 90 seconds to settle.
+// within settleWindow.
 func checkSNAT(ctx context.Context, h *harness) error {
-	return until(ctx, 90*time.Second, "no SNAT port held for a pod that is gone", func() error {
+	return until(ctx, settleWindow, "no SNAT port held for a pod that is gone", func() error {
 		pods, err := h.cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return err
