@@ -718,9 +718,7 @@ func (c *serviceCtx) servePorts(vip netip.Addr) []tables.Service {
 		for _, e := range backends {
 			s.Backends = append(s.Backends, tables.Backend{Addr: e.addr, Port: e.port})
 		}
-		slices.SortFunc(s.Backends, func(a, b tables.Backend) int {
-			return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port))
-		})
+		slices.SortFunc(s.Backends, compareBackends)
 		out = append(out, s)
 	}
 	return out
@@ -787,9 +785,7 @@ func (c *serviceCtx) frontends(clusterIP netip.Addr) []tables.Service {
 			for _, e := range eligible {
 				backends = append(backends, tables.Backend{Addr: e.addr, Port: e.port})
 			}
-			slices.SortFunc(backends, func(a, b tables.Backend) int {
-				return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port))
-			})
+			slices.SortFunc(backends, compareBackends)
 		}
 		for _, f := range fronts {
 			port := sp.Port
@@ -812,6 +808,12 @@ func (c *serviceCtx) frontends(clusterIP netip.Addr) []tables.Service {
 	return out
 }
 
+// compareBackends orders backends by address, then port: the order of a
+// table entry's Backends and Lingering.
+func compareBackends(a, b tables.Backend) int {
+	return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port))
+}
+
 // lingering are the endpoints of eps not among used (the backends), as
 // table backends, sorted; nil when there are none.
 func lingering(eps, used []svcEndpoint) []tables.Backend {
@@ -828,9 +830,7 @@ func lingering(eps, used []svcEndpoint) []tables.Backend {
 			out = append(out, tables.Backend{Addr: e.addr, Port: e.port})
 		}
 	}
-	slices.SortFunc(out, func(a, b tables.Backend) int {
-		return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port))
-	})
+	slices.SortFunc(out, compareBackends)
 	return out
 }
 
