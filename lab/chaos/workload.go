@@ -343,6 +343,14 @@ func (s *stream) run(ctx context.Context) {
 			continue
 		}
 		s.mu.Lock()
+		if s.next != nil {
+			// The path moved while the dial waited (a SYN retried
+			// through a reboot): the old address may be another pod's
+			// by now, so the connection made to it is not the path's.
+			s.mu.Unlock()
+			conn.Close()
+			continue
+		}
 		s.conn = conn
 		s.mu.Unlock()
 		r := bufio.NewReader(conn)
