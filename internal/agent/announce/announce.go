@@ -57,6 +57,9 @@ type Options struct {
 	RestartGrace time.Duration
 }
 
+// failLogEvery spaces the log lines of renewals that keep failing.
+const failLogEvery = 30 * time.Second
+
 // maxRestartGrace caps the grace a peer's Lease asks for, so that an
 // agent cannot keep its node's VIPs past a restart's worth of time.
 const maxRestartGrace = 2 * time.Minute
@@ -95,11 +98,13 @@ type Announcer struct {
 	lease *coordinationv1.Lease
 	// lagging is set while the cache is more than a duration behind the
 	// own renewals (logged when it starts and ends).
-	lagging   bool
-	lastTry   time.Time
-	lastOK    bool
-	lastDown  time.Time
-	announced map[netip.Addr]bool
+	lagging bool
+	lastTry time.Time
+	lastOK  bool
+	// lastFailLog is when a failed renewal was last logged.
+	lastFailLog time.Time
+	lastDown    time.Time
+	announced   map[netip.Addr]bool
 	// blind is set while the API server is out of reach (announcements
 	// kept as they were) until the own Lease is renewed again.
 	blind bool
@@ -210,7 +215,12 @@ func (an *Announcer) renew(ctx context.Context, now time.Time) bool {
 	defer cancel()
 	// Back from a restart: the grace is over.
 	if err := an.writeLease(ctx, now, ""); err != nil {
-		an.log.Info("renew the agent lease", "err", err)
+		// Through an outage a failure comes every tick: logged when
+		// renewals start failing, then every failLogEvery.
+		if an.lastOK || now.Sub(an.lastFailLog) >= failLogEvery {
+			an.log.Info("renew the agent lease", "err", err)
+			an.lastFailLog = now
+		}
 		an.lastOK = false
 		return false
 	}
@@ -414,7 +424,10 @@ func (an *Announcer) once(ctx context.Context) error {
 	}
 	down := !renewed && an.apiDown(ctx)
 	if down {
-		an.lastDown = now
+		// When the check answered: a tick whose renewal hung began up to
+		// a duration earlier, and stamped with its start the outage
+		// would look over at the next tick, whose renewal fails as well.
+		an.lastDown = an.now()
 	}
 	if down || (!renewed && an.blind && now.Sub(an.lastDown) < an.duration) {
 		// The API server is out of reach for this node: fail static, at
@@ -436,6 +449,12 @@ func (an *Announcer) once(ctx context.Context) error {
 		}
 		return an.dp.SetAnnounced(keep, an.mac, an.duration)
 	}
+	// The renewal may have waited for the API server up to its timeout (a
+	// duration): peers are judged from when it returned. Judged from the
+	// tick's start, the first sight after an outage was stamped up to a
+	// duration early, and a peer whose own renewal the cache did not show
+	// yet was taken for dead a moment after the return.
+	now = an.now()
 	if an.blind {
 		// Back: every peer gets a full duration from now to renew, as at
 		// first sight, since none could while the API server was down.

@@ -62,9 +62,23 @@ func twoNodesEightVIPs(cordoned bool) []client.Object {
 // silent for that long loses them. Before, the first agent to see the API
 // again took every peer's VIP for a tick, moving each on the fabric (and
 // resetting what external clients held through it).
+//
+// The renewal that ends an outage may itself have waited for the API
+// server up to its timeout (etcd back while the request hung): the peers'
+// duration counts from when it returned, not from when the tick that
+// made it began. Counted from the tick, a peer whose renewal the cache
+// did not show yet was judged dead a moment after the return (seed
+// 20261134's etcd-down: n2 took n3's VIP for half a second and reset the
+// external stream).
 func TestAnnouncerFailsStaticThroughOutage(t *testing.T) {
-	ctx := context.Background()
 	const dur = 10 * time.Second
+	for _, wait := range []time.Duration{0, dur * 19 / 20} {
+		t.Run(fmt.Sprintf("return-waited-%s", wait), func(t *testing.T) { failsStaticThroughOutage(t, dur, wait) })
+	}
+}
+
+func failsStaticThroughOutage(t *testing.T, dur, wait time.Duration) {
+	ctx := context.Background()
 	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	objs := twoNodesEightVIPs(false)
 	peer := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "lace-system", Name: LeaseName("n2"),
@@ -72,6 +86,11 @@ func TestAnnouncerFailsStaticThroughOutage(t *testing.T) {
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("n2"), RenewTime: &metav1.MicroTime{Time: clock}}}
 	objs = append(objs, peer)
 	var down atomic.Bool
+	// A write hangs for wait when it fails (the API server took it, etcd
+	// did not answer), and so does the first one after the outage, which
+	// succeeds; failNext fails one more write once the API answers again.
+	var hang time.Duration
+	failNext := false
 	errDown := errors.New("connection refused")
 	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(objs...).WithInterceptorFuncs(interceptor.Funcs{
 		Create: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.CreateOption) error {
@@ -81,9 +100,11 @@ func TestAnnouncerFailsStaticThroughOutage(t *testing.T) {
 			return c.Create(ctx, o, opts...)
 		},
 		Update: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.UpdateOption) error {
-			if down.Load() {
+			if down.Load() || failNext {
+				clock, failNext = clock.Add(wait), false
 				return errDown
 			}
+			clock, hang = clock.Add(hang), 0
 			return c.Update(ctx, o, opts...)
 		},
 		Get: func(ctx context.Context, c client.WithWatch, k client.ObjectKey, o client.Object, opts ...client.GetOption) error {
@@ -146,6 +167,13 @@ func TestAnnouncerFailsStaticThroughOutage(t *testing.T) {
 		}
 	}
 	down.Store(false)
+	// The first renewal after the outage fails too, late: still blind
+	// (stamped with the tick's start, the outage looked over a duration
+	// ago, and the agent, its own Lease lapsed, withdrew every VIP).
+	hang, failNext = wait, wait > 0
+	if got := tick(dur / 4); !slices.Equal(got, mine) {
+		t.Fatalf("API back, n1's renewal failed: n1 announces %v, had %v", got, mine)
+	}
 	// Back; n2 has not renewed yet (its Lease is three durations old).
 	for range 3 {
 		if got := tick(dur / 4); !slices.Equal(got, mine) {
