@@ -185,6 +185,10 @@ func (h *harness) run(ctx context.Context) error {
 		for _, l := range lines {
 			fmt.Fprintln(h.out, "  "+l)
 		}
+		h.printf("the workload's Service now:")
+		for _, l := range h.serviceDump(ctx) {
+			fmt.Fprintln(h.out, "  "+l)
+		}
 		return fmt.Errorf("%s: %s\n%s", r.fault, strings.Join(r.problems, "; "), replay)
 	}
 	// The baseline: the workload measured for a while before any fault.
