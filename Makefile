@@ -119,7 +119,7 @@ test: deps k8s-bins cni-bins build images check-generated lint $(HELM) $(K8S_BIN
 	@# fails the target.
 	rm -f $(BIN_DIR)/chaos.rc $(BIN_DIR)/chaos.log; \
 	( LACE_BIN_DIR=$(BIN_DIR) $(GO) run ./lab/cmd/lace-chaos --bin $(BIN_DIR) --name tchaos --seed $(CHAOS_SEED) \
-		--duration 10m --outage 1m --burst 100 > $(BIN_DIR)/chaos.log 2>&1; echo $$? > $(BIN_DIR)/chaos.rc ) & \
+		--duration 10m --outage 1m --burst 100 --logs-to $(BIN_DIR)/chaos-logs > $(BIN_DIR)/chaos.log 2>&1; echo $$? > $(BIN_DIR)/chaos.rc ) & \
 	LACE_BIN_DIR=$(BIN_DIR) LACE_E2E_DNS=$(if $(DNS_ON),1,0) $(GO) test $(GOFLAGS_TEST) -count=1 -timeout 40m ./...; rc=$$?; \
 	wait; echo "== chaos (lab/chaos)"; cat $(BIN_DIR)/chaos.log; test $$rc = 0 && test "$$(cat $(BIN_DIR)/chaos.rc)" = 0
 	# The conntrack layout converter against the lace_ctv2 test build (the

@@ -33,6 +33,7 @@ func main() {
 	faults := flag.String("faults", "", "comma-separated fault kinds to draw from (default: all)")
 	bin := flag.String("bin", "bin", "directory of lace-lab")
 	keep := flag.Bool("keep", false, "keep a lab this run brought up")
+	logsTo := flag.String("logs-to", "", "on failure, copy the lab's logs (its components' and Lace's) into this directory before the lab goes down")
 	flag.Parse()
 	opts.Seed = *seed
 	if *faults != "" {
@@ -51,9 +52,23 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "lace-chaos:", err)
 		stop()
+		if *logsTo != "" {
+			saveLogs(filepath.Join(opts.Lab.StateDir(), "logs"), *logsTo)
+		}
 		if up && !*keep {
 			l.Down()
 		}
 		os.Exit(1)
 	}
+}
+
+// saveLogs copies the lab's logs to dir: a failed run's lab goes down with
+// them, and make test's run leaves nothing else to read.
+func saveLogs(from, dir string) {
+	_ = os.RemoveAll(dir)
+	if err := os.CopyFS(dir, os.DirFS(from)); err != nil {
+		fmt.Fprintf(os.Stderr, "lace-chaos: copy the lab's logs to %s: %v\n", dir, err)
+		return
+	}
+	fmt.Fprintf(os.Stderr, "lace-chaos: the lab's logs are in %s\n", dir)
 }
