@@ -38,9 +38,16 @@ func (h *harness) check(ctx context.Context, w *workload, f *fault, start time.T
 		through[p.name] = w.rebooted != "" && p.through(w.rebooted)
 	}
 	boundSent, boundLost := 0, 0
+	// lossy are the paths that lost anything: a failure names them all
+	// (which paths lost together tells a black-holed node from a
+	// Service's bad backend).
+	var lossy []string
 	for name, sl := range w.windows() {
 		r.sent += sl[0]
 		r.lost += sl[1]
+		if sl[1] > 0 {
+			lossy = append(lossy, fmt.Sprintf("%s %d/%d", name, sl[1], sl[0]))
+		}
 		if !through[name] {
 			boundSent += sl[0]
 			boundLost += sl[1]
@@ -53,7 +60,9 @@ func (h *harness) check(ctx context.Context, w *workload, f *fault, start time.T
 	if r.sent == 0 || boundSent == 0 {
 		r.problems = append(r.problems, "no UDP question was asked: the probers stopped")
 	} else if loss := float64(boundLost) / float64(boundSent); loss > f.lossBound {
-		r.problems = append(r.problems, fmt.Sprintf("UDP loss %.1f%% over the bound %.0f%% (%s)", 100*loss, 100*f.lossBound, r.worst))
+		slices.Sort(lossy)
+		r.problems = append(r.problems, fmt.Sprintf("UDP loss %.1f%% over the bound %.0f%% (lost: %s)", 100*loss, 100*f.lossBound,
+			strings.Join(lossy, ", ")))
 	}
 	for _, s := range w.streams {
 		for _, fl := range s.failuresSince(start) {
