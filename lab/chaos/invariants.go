@@ -46,7 +46,11 @@ func (h *harness) check(ctx context.Context, w *workload, f *fault, start time.T
 		r.sent += sl[0]
 		r.lost += sl[1]
 		if sl[1] > 0 {
-			lossy = append(lossy, fmt.Sprintf("%s %d/%d", name, sl[1], sl[0]))
+			l := fmt.Sprintf("%s %d/%d", name, sl[1], sl[0])
+			if through[name] {
+				l += " (through the rebooted node, not counted)"
+			}
+			lossy = append(lossy, l)
 		}
 		if !through[name] {
 			boundSent += sl[0]

@@ -299,6 +299,8 @@ type stream struct {
 	// in a new sandbox); conn is the connection held, closed by follow.
 	next *path
 	conn net.Conn
+	// cancelDial ends the dial in flight.
+	cancelDial context.CancelFunc
 }
 
 // follow makes the stream dial p from now on, dropping the connection it
@@ -310,6 +312,9 @@ func (s *stream) follow(p path) {
 	s.next = &p
 	if s.conn != nil {
 		s.conn.Close()
+	}
+	if s.cancelDial != nil {
+		s.cancelDial()
 	}
 }
 
@@ -336,7 +341,21 @@ const streamTimeout = 150 * time.Second
 func (s *stream) run(ctx context.Context) {
 	for ctx.Err() == nil {
 		p := s.dialPath()
-		conn, err := netutil.DialContext(ctx, p.netns, "tcp", p.dst.String())
+		// follow cancels a dial to a path that moved (a SYN retried to
+		// an address gone with a reboot retries for two minutes).
+		dctx, cancel := context.WithCancel(ctx)
+		s.mu.Lock()
+		s.cancelDial = cancel
+		s.mu.Unlock()
+		conn, err := netutil.DialContext(dctx, p.netns, "tcp", p.dst.String())
+		moved := dctx.Err() != nil && ctx.Err() == nil
+		cancel()
+		if moved {
+			if err == nil {
+				conn.Close()
+			}
+			continue
+		}
 		if err != nil {
 			s.fail(ctx, "dial: "+err.Error())
 			sleep(ctx, time.Second)

@@ -215,7 +215,7 @@ func (an *Announcer) renew(ctx context.Context, now time.Time) bool {
 	defer cancel()
 	// Back from a restart: the grace is over.
 	if err := an.writeLease(ctx, now, ""); err != nil {
-		// Through an outage a failure comes every tick: logged when
+		// Through an outage a failure comes every other tick: logged when
 		// renewals start failing, then every failLogEvery.
 		if an.lastOK || now.Sub(an.lastFailLog) >= failLogEvery {
 			an.log.Info("renew the agent lease", "err", err)
@@ -425,7 +425,7 @@ func (an *Announcer) once(ctx context.Context) error {
 	down := !renewed && an.apiDown(ctx)
 	if down {
 		// When the check answered: a tick whose renewal hung began up to
-		// a duration earlier, and stamped with its start the outage
+		// a duration and a quarter earlier, and stamped with its start the outage
 		// would look over at the next tick, whose renewal fails as well.
 		an.lastDown = an.now()
 	}
@@ -450,7 +450,9 @@ func (an *Announcer) once(ctx context.Context) error {
 		return an.dp.SetAnnounced(keep, an.mac, an.duration)
 	}
 	// The renewal may have waited for the API server up to its timeout (a
-	// duration): peers are judged from when it returned. Judged from the
+	// duration): peers are judged from when it returned, and the own
+	// entries' lifetime below counts from then too (shorter by the wait:
+	// never past the moment peers may take over). Judged from the
 	// tick's start, the first sight after an outage was stamped up to a
 	// duration early, and a peer whose own renewal the cache did not show
 	// yet was taken for dead a moment after the return.

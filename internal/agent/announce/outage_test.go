@@ -86,9 +86,10 @@ func failsStaticThroughOutage(t *testing.T, dur, wait time.Duration) {
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("n2"), RenewTime: &metav1.MicroTime{Time: clock}}}
 	objs = append(objs, peer)
 	var down atomic.Bool
-	// A write hangs for wait when it fails (the API server took it, etcd
-	// did not answer), and so does the first one after the outage, which
-	// succeeds; failNext fails one more write once the API answers again.
+	// With wait, every write that fails hangs that long first (the API
+	// server held it, etcd did not answer), and so does the first one
+	// after the outage, which succeeds; failNext fails one more write
+	// once the API answers again.
 	var hang time.Duration
 	failNext := false
 	errDown := errors.New("connection refused")
@@ -174,7 +175,7 @@ func failsStaticThroughOutage(t *testing.T, dur, wait time.Duration) {
 	if got := tick(dur / 4); !slices.Equal(got, mine) {
 		t.Fatalf("API back, n1's renewal failed: n1 announces %v, had %v", got, mine)
 	}
-	// Back; n2 has not renewed yet (its Lease is three durations old).
+	// Back; n2 has not renewed yet (its Lease is durations old).
 	for range 3 {
 		if got := tick(dur / 4); !slices.Equal(got, mine) {
 			t.Fatalf("API back, n2 not yet renewed: n1 announces %v, had %v", got, mine)

@@ -9,6 +9,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -62,13 +63,39 @@ func main() {
 	}
 }
 
-// saveLogs copies the lab's logs to dir: a failed run's lab goes down with
-// them, and make test's run leaves nothing else to read.
+// saveLogs copies the lab's logs into a new directory under dir: a failed
+// run's lab goes down with them, and make test's run leaves nothing else
+// to read. Nothing in dir is removed or overwritten.
 func saveLogs(from, dir string) {
-	_ = os.RemoveAll(dir)
-	if err := os.CopyFS(dir, os.DirFS(from)); err != nil {
-		fmt.Fprintf(os.Stderr, "lace-chaos: copy the lab's logs to %s: %v\n", dir, err)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		fmt.Fprintf(os.Stderr, "lace-chaos: directory for the lab's logs: %v\n", err)
 		return
 	}
-	fmt.Fprintf(os.Stderr, "lace-chaos: the lab's logs are in %s\n", dir)
+	to, err := os.MkdirTemp(dir, "logs-")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "lace-chaos: directory for the lab's logs: %v\n", err)
+		return
+	}
+	// A file that goes between the listing and its copy is left out, not
+	// the rest: CopyFS stops at the first error.
+	err = filepath.WalkDir(from, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !d.Type().IsRegular() {
+			return nil
+		}
+		rel, _ := filepath.Rel(from, path)
+		dst := filepath.Join(to, rel)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil
+		}
+		return os.WriteFile(dst, b, 0o644)
+	})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "lace-chaos: copy the lab's logs to %s: %v\n", to, err)
+		return
+	}
+	fmt.Fprintf(os.Stderr, "lace-chaos: the lab's logs are in %s\n", to)
 }
