@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"strings"
 
-	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -25,9 +24,8 @@ func (h *harness) serviceDump(ctx context.Context) []string {
 		return []string{"pods: " + err.Error()}
 	}
 	for _, p := range pods.Items {
-		// A pod that ended holds nothing: its address may be another's.
-		if p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-			continue
+		if !holdsAddrs(&p) {
+			continue // its address may be another's
 		}
 		for _, ip := range p.Status.PodIPs {
 			if a, err := netip.ParseAddr(ip.IP); err == nil {

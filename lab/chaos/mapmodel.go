@@ -170,13 +170,19 @@ func (h *harness) desiredMaps(ctx context.Context) (*desired, error) {
 	return d, nil
 }
 
+// holdsAddrs says whether p's status addresses are its own now: a pod
+// that ended has no sandbox, whatever its status says, and a host-network
+// pod has the node's.
+func holdsAddrs(p *corev1.Pod) bool {
+	return !p.Spec.HostNetwork && len(p.Status.PodIPs) > 0 &&
+		p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
+}
+
 // addPods adds each scheduled pod's addresses to its node's
 // (host-network pods have none of their own).
 func (d *desired) addPods(pods []corev1.Pod) error {
 	for _, p := range pods {
-		// A pod that ended has no sandbox, whatever its status says.
-		if p.Spec.NodeName == "" || p.Spec.HostNetwork || len(p.Status.PodIPs) == 0 ||
-			p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		if p.Spec.NodeName == "" || !holdsAddrs(&p) {
 			continue
 		}
 		set := d.podAddrs[p.Spec.NodeName]
