@@ -27,7 +27,7 @@ const ReasonForeignNetworkEndpoint = "ForeignNetworkEndpoint"
 // NetworkEndpoints for its own node under any name; one written under the
 // name of another node's pod (before or after that pod is created) would
 // keep that node's agent from writing the real one. Consumers already
-// ignore such an object (model.podAddrIndex), and the owning agent keeps
+// ignore such an object (model.PodAddrIndex), and the owning agent keeps
 // retrying (ensureNetworkEndpoints), so removing it restores the pod's
 // record. Pods are read from the API, not watched: the trigger is the
 // NetworkEndpoint itself, and an agent writes a pod's record only after

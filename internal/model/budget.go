@@ -207,3 +207,58 @@ func overWhat(n, limit Cost) string {
 }
 
 func over(n, limit int) bool { return limit > 0 && n > limit }
+
+// Sum is the running total of the candidates' costs, whole and by
+// namespace, and how many are over a Service's own bounds, kept as
+// Services come, change and go (Remove what was Added): what AdmitsAll
+// judges without a pass over every Service.
+type Sum struct {
+	total Cost
+	byNS  map[string]Cost
+	over  int
+}
+
+// Add counts a candidate of namespace ns and cost c.
+func (s *Sum) Add(b Budget, ns string, c Cost) {
+	if s.byNS == nil {
+		s.byNS = map[string]Cost{}
+	}
+	s.total = s.total.add(c)
+	s.byNS[ns] = s.byNS[ns].add(c)
+	if b.serviceOver(c) != "" {
+		s.over++
+	}
+}
+
+// Remove takes back what Add(b, ns, c) counted.
+func (s *Sum) Remove(b Budget, ns string, c Cost) {
+	s.total = s.total.sub(c)
+	if n := s.byNS[ns].sub(c); n == (Cost{}) {
+		delete(s.byNS, ns)
+	} else {
+		s.byNS[ns] = n
+	}
+	if b.serviceOver(c) != "" {
+		s.over--
+	}
+}
+
+// AdmitsAll says whether Admit refuses none of the candidates s sums:
+// none is over a Service's own bounds, and every namespace's whole cost,
+// and the node's, fits its share. Then no order of them refuses any,
+// since every part of a sum of costs is no more than the whole.
+func (b Budget) AdmitsAll(s *Sum) bool {
+	if s.over > 0 || overWhat(s.total, Cost{Frontends: b.TotalFrontends, Backends: b.TotalBackends, SourceRanges: b.TotalSourceRanges}) != "" {
+		return false
+	}
+	ns := Cost{Frontends: b.NamespaceFrontends, Backends: b.NamespaceBackends, SourceRanges: b.NamespaceSourceRanges}
+	if ns == (Cost{}) {
+		return true
+	}
+	for _, c := range s.byNS {
+		if overWhat(c, ns) != "" {
+			return false
+		}
+	}
+	return true
+}

@@ -1,6 +1,8 @@
 package model
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -111,5 +113,37 @@ func TestBudgetSourceRanges(t *testing.T) {
 	}
 	if len(r) != 2 {
 		t.Errorf("refused: %v", r)
+	}
+}
+
+// TestAdmitsAllIsAdmitRefusingNone: the running sum's verdict is Admit's
+// (it refuses none exactly when AdmitsAll says so), whatever the costs,
+// the bounds and what was admitted before, and removing what was added
+// leaves nothing.
+func TestAdmitsAllIsAdmitRefusingNone(t *testing.T) {
+	rng := rand.New(rand.NewPCG(23, 1))
+	for round := range 2000 {
+		b := Budget{TotalFrontends: rng.IntN(40), TotalBackends: rng.IntN(200), TotalSourceRanges: rng.IntN(10),
+			NamespaceFrontends: rng.IntN(20), NamespaceBackends: rng.IntN(100), ServiceFrontends: rng.IntN(8), ServiceBackends: rng.IntN(50)}
+		var s Sum
+		var cands []Candidate
+		for i := range rng.IntN(12) {
+			c := Cost{Frontends: 1 + rng.IntN(5), Backends: rng.IntN(30), SourceRanges: rng.IntN(3)}
+			c.FrontendBackends = c.Backends
+			was := Cost{Frontends: rng.IntN(6), Backends: rng.IntN(30)}
+			k := ServiceKey{Namespace: fmt.Sprintf("ns%d", rng.IntN(3)), Name: fmt.Sprintf("s%d", i)}
+			cands = append(cands, Candidate{Key: k, UID: k.Name, Created: time.Unix(int64(rng.IntN(5)), 0), Cost: c, Admitted: was})
+			s.Add(b, k.Namespace, c)
+		}
+		refused := b.Admit(cands)
+		if all := b.AdmitsAll(&s); all != (len(refused) == 0) {
+			t.Fatalf("round %d: AdmitsAll %v, Admit refused %v (budget %+v, candidates %+v)", round, all, refused, b, cands)
+		}
+		for _, c := range cands {
+			s.Remove(b, c.Key.Namespace, c.Cost)
+		}
+		if s.total != (Cost{}) || len(s.byNS) != 0 || s.over != 0 {
+			t.Fatalf("round %d: %+v left after removing everything", round, s)
+		}
 	}
 }

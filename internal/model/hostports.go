@@ -136,6 +136,9 @@ var (
 // the winner when it is of the loser's namespace (another namespace's
 // pod names are not the loser's to read).
 func ComputeHostPorts(in HostPortInput, svcs []tables.Service) ([]tables.Service, []HostPortRefusal) {
+	if len(in.Pods) == 0 {
+		return svcs, nil // nothing to publish: no pass over the services
+	}
 	pods := slices.Clone(in.Pods)
 	slices.SortFunc(pods, func(a, b HostPortPod) int {
 		return cmp.Or(a.Created.Time.Compare(b.Created.Time), cmp.Compare(a.UID, b.UID))

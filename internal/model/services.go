@@ -37,8 +37,12 @@ type ServiceInput struct {
 	BindingPolicies  []lacev1.NetworkBindingPolicy
 	Services         []corev1.Service
 	EndpointSlices   []discoveryv1.EndpointSlice
-	NetworkEndpoints []lacev1.NetworkEndpoint     // which network each pod address belongs to
-	Namespaces       map[string]map[string]string // namespace -> labels (for binding namespaceSelectors)
+	NetworkEndpoints []lacev1.NetworkEndpoint // which network each pod address belongs to
+	// PodIndex, when set, is used instead of indexing NetworkEndpoints:
+	// a caller that keeps the index up to date between computations
+	// (the agent) is spared indexing every pod of the cluster again.
+	PodIndex   *PodAddrIndex
+	Namespaces map[string]map[string]string // namespace -> labels (for binding namespaceSelectors)
 	// NodeAddrs are this node's primary underlay addresses (one per
 	// family): where its NodePorts are served.
 	NodeAddrs []netip.Addr
@@ -193,7 +197,7 @@ type ServiceEnv struct {
 	exists     map[string]bool
 	binder     binder
 	namespaces map[string]map[string]string
-	pods       podAddrIndex
+	pods       *PodAddrIndex
 	nodeAddrs  []netip.Addr
 	reserved   []netip.Prefix
 	// allowedXIPs is the operator's allow-list of external IPs.
@@ -206,8 +210,14 @@ type ServiceEnv struct {
 func NewServiceEnv(in ServiceInput) *ServiceEnv {
 	e := &ServiceEnv{node: in.Node, zone: in.Zone, ids: NetworkIDs(in.Networks), exists: map[string]bool{},
 		binder: newBinder(in.BindingPolicies, lacev1.MatchKindService), namespaces: in.Namespaces,
-		pods: indexNetworkEndpoints(in.NetworkEndpoints), nodeAddrs: in.NodeAddrs, reserved: in.Reserved,
+		pods: in.PodIndex, nodeAddrs: in.NodeAddrs, reserved: in.Reserved,
 		allowedXIPs: in.AllowedExternalIPs, hostEPs: in.HostEndpoints}
+	if e.pods == nil {
+		e.pods = NewPodAddrIndex()
+		for i := range in.NetworkEndpoints {
+			e.pods.Add(&in.NetworkEndpoints[i])
+		}
+	}
 	for _, n := range in.Networks {
 		e.exists[n.Name] = true
 	}
@@ -242,6 +252,10 @@ type ServiceResult struct {
 	// (ipMode Proxy ones too, which have no entries): they claim the
 	// address against other Services' external IPs on any port.
 	LoadBalancerAddrs []netip.Addr
+	// PodAddrs are the addresses the result looked up in the
+	// PodAddrIndex, sorted: it stays true while no NetworkEndpoint
+	// holding one of them comes, changes or goes.
+	PodAddrs []netip.Addr
 }
 
 // Compute is the result of one service, with the EndpointSlices that
@@ -293,6 +307,10 @@ func (e *ServiceEnv) Compute(svc *corev1.Service, svcSlices []*discoveryv1.Endpo
 	for _, vip := range vips {
 		r.Services = append(r.Services, sc.servePorts(vip)...)
 		r.Services = append(r.Services, sc.frontends(vip)...)
+	}
+	if len(sc.podAddrs) > 0 {
+		slices.SortFunc(sc.podAddrs, netip.Addr.Compare)
+		r.PodAddrs = slices.Clip(slices.Compact(sc.podAddrs))
 	}
 	for _, x := range excluded {
 		r.Excluded = append(r.Excluded, x)
@@ -576,25 +594,60 @@ func SliceService(s *discoveryv1.EndpointSlice) (ServiceKey, bool) {
 	return ServiceKeyOf(s.Namespace, name), true
 }
 
-// podAddrIndex says which networks hold a pod address, from NetworkEndpoints.
-type podAddrIndex struct {
+// PodAddrIndex says which networks hold a pod address, from
+// NetworkEndpoints. A service's result depends on it only through the
+// addresses it looked up (ServiceResult.PodAddrs): a NetworkEndpoint
+// change matters to the services that have one of its addresses, old or
+// new, as an endpoint, and to no other.
+type PodAddrIndex struct {
 	byAddr map[netip.Addr][]*lacev1.NetworkEndpoint
 	byPod  map[string][]*lacev1.NetworkEndpoint // namespace/name (a NetworkEndpoint is named after its pod)
 }
 
-func indexNetworkEndpoints(all []lacev1.NetworkEndpoint) podAddrIndex {
-	ix := podAddrIndex{byAddr: map[netip.Addr][]*lacev1.NetworkEndpoint{}, byPod: map[string][]*lacev1.NetworkEndpoint{}}
-	for i := range all {
-		ne := &all[i]
-		k := ne.Namespace + "/" + ne.Name
-		ix.byPod[k] = append(ix.byPod[k], ne)
-		for _, s := range ne.Spec.Addresses {
-			if a, ok := parseSloppyIP(string(s)); ok {
-				ix.byAddr[a] = append(ix.byAddr[a], ne)
-			}
+// NewPodAddrIndex is an empty index.
+func NewPodAddrIndex() *PodAddrIndex {
+	return &PodAddrIndex{byAddr: map[netip.Addr][]*lacev1.NetworkEndpoint{}, byPod: map[string][]*lacev1.NetworkEndpoint{}}
+}
+
+// Add indexes ne, which must not be modified while it is indexed.
+func (ix *PodAddrIndex) Add(ne *lacev1.NetworkEndpoint) {
+	k := ne.Namespace + "/" + ne.Name
+	ix.byPod[k] = append(ix.byPod[k], ne)
+	for _, a := range NetworkEndpointAddrs(ne) {
+		ix.byAddr[a] = append(ix.byAddr[a], ne)
+	}
+}
+
+// Remove takes ne (the pointer Add was given) out of the index.
+func (ix *PodAddrIndex) Remove(ne *lacev1.NetworkEndpoint) {
+	drop := func(m map[netip.Addr][]*lacev1.NetworkEndpoint, a netip.Addr) {
+		if l := slices.DeleteFunc(m[a], func(x *lacev1.NetworkEndpoint) bool { return x == ne }); len(l) > 0 {
+			m[a] = l
+		} else {
+			delete(m, a)
 		}
 	}
-	return ix
+	k := ne.Namespace + "/" + ne.Name
+	if l := slices.DeleteFunc(ix.byPod[k], func(x *lacev1.NetworkEndpoint) bool { return x == ne }); len(l) > 0 {
+		ix.byPod[k] = l
+	} else {
+		delete(ix.byPod, k)
+	}
+	for _, a := range NetworkEndpointAddrs(ne) {
+		drop(ix.byAddr, a)
+	}
+}
+
+// NetworkEndpointAddrs are the addresses ne holds, as the index reads
+// them.
+func NetworkEndpointAddrs(ne *lacev1.NetworkEndpoint) []netip.Addr {
+	out := make([]netip.Addr, 0, len(ne.Spec.Addresses))
+	for _, s := range ne.Spec.Addresses {
+		if a, ok := parseSloppyIP(string(s)); ok && !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 func neHolds(ne *lacev1.NetworkEndpoint, a netip.Addr) bool {
@@ -628,7 +681,7 @@ func neHolds(ne *lacev1.NetworkEndpoint, a netip.Addr) bool {
 // holds it, whatever others do. When none holds it (or the endpoint names
 // no node), it is an outside address (the kubernetes Service's API server
 // address) reached from the service's network like any outside address.
-func (ix podAddrIndex) otherNetwork(sliceNS string, ep *discoveryv1.Endpoint, addr netip.Addr, network string) string {
+func (ix *PodAddrIndex) otherNetwork(sliceNS string, ep *discoveryv1.Endpoint, addr netip.Addr, network string) string {
 	if ep.NodeName == nil || *ep.NodeName == "" {
 		return ""
 	}
@@ -673,6 +726,8 @@ type serviceCtx struct {
 	slices  []*discoveryv1.EndpointSlice
 	// excluded is made at the first endpoint left out.
 	excluded *map[excludedEndpointKey]ExcludedEndpoint
+	// podAddrs are the addresses looked up in env.pods (repeated).
+	podAddrs []netip.Addr
 }
 
 // exclude records x (its address and why) as left out of the service, once
@@ -908,6 +963,9 @@ func (c *serviceCtx) endpoints(vip netip.Addr, sp corev1.ServicePort) []svcEndpo
 				if why := c.env.hostEPs.Refused(c.svc, ep, addr); why != "" {
 					c.exclude(ExcludedEndpoint{Addr: addr, Refused: why})
 					continue
+				}
+				if ep.NodeName != nil && *ep.NodeName != "" {
+					c.podAddrs = append(c.podAddrs, addr)
 				}
 				if other := c.env.pods.otherNetwork(sl.Namespace, ep, addr, c.network); other != "" {
 					c.exclude(ExcludedEndpoint{Addr: addr, Network: other})

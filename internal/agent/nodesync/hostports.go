@@ -30,12 +30,7 @@ func (s *Syncer) hostPorts(ctx context.Context, node *corev1.Node, addrs []netip
 		addrs []netip.Addr
 	}
 	var eps map[string]ep
-	in := model.HostPortInput{NodeAddrs: addrs, Reserved: s.reservedPorts(node, addrs, healthChecks, slices), MaxEntries: s.hostPort.max}
-	listeners, err := nodeListeners("/proc/self/net")
-	if err != nil {
-		return svcs, fmt.Errorf("the node's listening sockets: %w", err)
-	}
-	in.Reserved = append(in.Reserved, listeners...)
+	in := model.HostPortInput{NodeAddrs: addrs, MaxEntries: s.hostPort.max}
 	for i := range pods.Items {
 		p := &pods.Items[i]
 		if p.Spec.NodeName != s.opts.NodeName || p.Spec.HostNetwork || p.DeletionTimestamp != nil ||
@@ -68,6 +63,16 @@ func (s *Syncer) hostPorts(ctx context.Context, node *corev1.Node, addrs []netip
 		}
 		in.Pods = append(in.Pods, model.HostPortPod{Namespace: p.Namespace, Name: p.Name, UID: p.UID,
 			Created: p.CreationTimestamp, NetID: e.net, Addrs: e.addrs, Ports: ports})
+	}
+	// What hostPorts may not take is read only when a pod asks for one:
+	// the node's sockets and every EndpointSlice are not an endpoint
+	// change's cost.
+	if len(in.Pods) > 0 {
+		listeners, err := nodeListeners("/proc/self/net")
+		if err != nil {
+			return svcs, fmt.Errorf("the node's listening sockets: %w", err)
+		}
+		in.Reserved = append(s.reservedPorts(node, addrs, healthChecks, slices), listeners...)
 	}
 	out, refused := model.ComputeHostPorts(in, svcs)
 	s.reportHostPorts(refused)

@@ -24,10 +24,16 @@ var (
 			" annotation) to the node's data plane serving it.",
 		Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
 	})
+	// serviceComputations says what a change cost: a pod created on
+	// another node that no Service selects must not move it.
+	serviceComputations = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "lace_agent_service_computations_total",
+		Help: "Services whose table entries the agent computed again from their objects.",
+	})
 )
 
 func init() {
-	for _, c := range []prometheus.Collector{syncDuration, programmingDuration} {
+	for _, c := range []prometheus.Collector{syncDuration, programmingDuration, serviceComputations} {
 		_ = metrics.Registry.Register(c)
 	}
 }

@@ -179,6 +179,9 @@ type Syncer struct {
 	// hostNetNS is the cookie of the node's network namespace (0 until
 	// host sockets are attached).
 	hostNetNS uint64
+	// nePending are the NetworkEndpoint changes the services'
+	// computation has not seen yet.
+	nePending nePending
 	// slices tracks EndpointSlice versions for the programming latency.
 	slices   sliceTracker
 	hostPort hostPortState

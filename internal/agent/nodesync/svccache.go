@@ -2,6 +2,7 @@ package nodesync
 
 import (
 	"cmp"
+	"net/netip"
 	"slices"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/model"
 	"github.com/lace-cni/lace/internal/tables"
@@ -18,14 +20,29 @@ import (
 // serviceCache computes the node's services incrementally. Each service's
 // result (model.ServiceEnv.Compute) is kept with the versions of the
 // objects it came from, the Service and its EndpointSlices, and computed
-// again only when one of them changed; all of them are computed again when
-// what every service shares changes (networks, binding policies,
-// namespaces, NetworkEndpoints, the node's zone). The merged state is the
-// one model.ComputeServices gives for the same objects: one endpoint
-// change costs one service, not ten thousand.
+// again only when one of them changed, or a NetworkEndpoint holding one
+// of the addresses it looked up (model.ServiceResult.PodAddrs); all of
+// them are computed again when what every service shares changes
+// (networks, binding policies, namespaces, the node's zone). The merged
+// state is the one model.ComputeServices gives for the same objects: one
+// endpoint change costs one service, not ten thousand, and a pod created
+// on another node that no Service selects costs none.
 type serviceCache struct {
 	env     *model.ServiceEnv
 	entries map[model.ServiceKey]*svcEntry
+	// pods indexes the cluster's NetworkEndpoints by address, kept up to
+	// date between updates (indexed has what it holds, by name); byAddr
+	// has the services whose results looked each address up.
+	pods    *model.PodAddrIndex
+	indexed map[types.NamespacedName]*lacev1.NetworkEndpoint
+	byAddr  map[netip.Addr][]model.ServiceKey
+	// stale are the services a NetworkEndpoint change reached, computed
+	// again at the next update.
+	stale map[model.ServiceKey]bool
+	// touched are the services the update in progress computed or
+	// dropped; sum is the budget's running total of all of them.
+	touched []model.ServiceKey
+	sum     model.Sum
 	// order has entries by (namespace, name), the merge's order: sorted
 	// again only when services come or go.
 	order []*svcEntry
@@ -68,20 +85,25 @@ type svcEntry struct {
 type objVersion struct{ name, rv string }
 
 // update brings the cache to svcs and slices (pointers to the informer's
-// objects, read only) and returns the node's service state and the VIPs
-// of the bound services, in (namespace, name) order, for the views. shared
-// is what every service depends on (Services and EndpointSlices unset),
-// sharedChanged whether it differs from the last call's. vipsChanged says
-// whether the VIPs differ from the last call's.
+// objects, read only) and to the pod address index (indexPods), and
+// returns the node's service state and the VIPs of the bound services,
+// in (namespace, name) order, for the views. shared is what every service depends on (Services,
+// EndpointSlices and NetworkEndpoints unset), sharedChanged whether it
+// differs from the last call's. vipsChanged says whether the VIPs differ
+// from the last call's.
 func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool, svcs []*corev1.Service,
 	allSlices []*discoveryv1.EndpointSlice) (st model.ServiceState, vips []model.ServiceVIPs, vipsChanged bool) {
-	if c.env == nil || sharedChanged {
-		c.env = model.NewServiceEnv(shared)
-	}
 	if c.entries == nil {
 		c.entries = map[model.ServiceKey]*svcEntry{}
 	}
 	c.gen++
+	c.initPods()
+	stale := c.stale
+	c.stale = nil
+	if c.env == nil || sharedChanged {
+		shared.NetworkEndpoints, shared.PodIndex = nil, c.pods
+		c.env = model.NewServiceEnv(shared)
+	}
 	bySvc := make(map[model.ServiceKey][]*discoveryv1.EndpointSlice, len(svcs))
 	for _, sl := range allSlices {
 		if k, ok := model.SliceService(sl); ok {
@@ -89,6 +111,7 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool, svc
 		}
 	}
 	changed, reorder := sharedChanged, false
+	c.touched = c.touched[:0]
 	for _, svc := range svcs {
 		k := model.ServiceKey{Namespace: svc.Namespace, Name: svc.Name}
 		group := bySvc[k]
@@ -107,14 +130,19 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool, svc
 		if e != nil && e.gen == c.gen {
 			continue // listed twice: the first one counts
 		}
-		if e != nil && !sharedChanged && e.uid == svc.UID && e.rv == svc.ResourceVersion && sameVersions(e.slices, group) {
+		if e != nil && !sharedChanged && !stale[k] && e.uid == svc.UID && e.rv == svc.ResourceVersion && sameVersions(e.slices, group) {
 			e.gen = c.gen
 			continue
 		}
 		changed = true
 		n := &svcEntry{key: k, pos: -1, uid: svc.UID, created: svc.CreationTimestamp.Time, rv: svc.ResourceVersion, gen: c.gen,
 			res: c.env.Compute(svc, group)}
+		serviceComputations.Inc()
 		n.cost = model.CostOf(&n.res)
+		if e != nil {
+			c.forget(e)
+		}
+		c.remember(n)
 		if e != nil && e.pos >= 0 {
 			n.pos, c.order[e.pos] = e.pos, n
 		} else {
@@ -130,6 +158,7 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool, svc
 	}
 	for k, e := range c.entries {
 		if e.gen != c.gen {
+			c.forget(e)
 			delete(c.entries, k)
 			changed, reorder = true, true
 		}
@@ -183,11 +212,121 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool, svc
 	return c.state, c.vips, vipsChanged
 }
 
+// indexPods applies the NetworkEndpoints that came, changed or went (by
+// name; nil: gone) to the pod address index, and marks stale the services
+// whose results read an address they held or hold. Its cost is what
+// changed.
+func (c *serviceCache) indexPods(changes map[types.NamespacedName]*lacev1.NetworkEndpoint) {
+	c.initPods()
+	touch := func(ne *lacev1.NetworkEndpoint) {
+		for _, a := range model.NetworkEndpointAddrs(ne) {
+			for _, k := range c.byAddr[a] {
+				if c.stale == nil {
+					c.stale = map[model.ServiceKey]bool{}
+				}
+				c.stale[k] = true
+			}
+		}
+	}
+	for k, ne := range changes {
+		old := c.indexed[k]
+		if old == ne {
+			continue
+		}
+		if old != nil {
+			c.pods.Remove(old)
+			touch(old)
+			delete(c.indexed, k)
+		}
+		if ne != nil {
+			c.pods.Add(ne)
+			touch(ne)
+			c.indexed[k] = ne
+		}
+	}
+}
+
+func (c *serviceCache) initPods() {
+	if c.pods == nil {
+		c.pods, c.indexed, c.byAddr = model.NewPodAddrIndex(), map[types.NamespacedName]*lacev1.NetworkEndpoint{}, map[netip.Addr][]model.ServiceKey{}
+	}
+}
+
+// podChanges are the changes that bring the index to all (a list of
+// every NetworkEndpoint): for a sync that has no informer's events to
+// learn them from (nePending). It costs a map lookup per object.
+func (c *serviceCache) podChanges(all []*lacev1.NetworkEndpoint) map[types.NamespacedName]*lacev1.NetworkEndpoint {
+	c.initPods()
+	out := map[types.NamespacedName]*lacev1.NetworkEndpoint{}
+	seen := make(map[types.NamespacedName]bool, len(all))
+	for _, ne := range all {
+		k := types.NamespacedName{Namespace: ne.Namespace, Name: ne.Name}
+		if seen[k] {
+			continue // listed twice: the first one counts
+		}
+		seen[k] = true
+		if old := c.indexed[k]; old == nil || old != ne && (old.ResourceVersion != ne.ResourceVersion || old.UID != ne.UID) {
+			out[k] = ne
+		}
+	}
+	for k := range c.indexed {
+		if !seen[k] {
+			out[k] = nil
+		}
+	}
+	return out
+}
+
+// remember and forget keep what follows an entry: byAddr (which services
+// looked each pod address up), the budget's running sum, and touched.
+func (c *serviceCache) remember(e *svcEntry) {
+	for _, a := range e.res.PodAddrs {
+		c.byAddr[a] = append(c.byAddr[a], e.key)
+	}
+	if counted(e) {
+		c.sum.Add(c.budget, e.key.Namespace, e.cost)
+	}
+	c.touched = append(c.touched, e.key)
+}
+
+func (c *serviceCache) forget(e *svcEntry) {
+	for _, a := range e.res.PodAddrs {
+		if l := slices.DeleteFunc(c.byAddr[a], func(k model.ServiceKey) bool { return k == e.key }); len(l) > 0 {
+			c.byAddr[a] = l
+		} else {
+			delete(c.byAddr, a)
+		}
+	}
+	if counted(e) {
+		c.sum.Remove(c.budget, e.key.Namespace, e.cost)
+	}
+	c.touched = append(c.touched, e.key)
+}
+
+// counted: the service takes room in the maps, and the budget judges it.
+func counted(e *svcEntry) bool { return !e.res.Skipped && len(e.res.Services) > 0 }
+
 // admit judges the services against the budget.
 func (c *serviceCache) admit() map[model.ServiceKey]model.Refusal {
+	// While nothing is refused and everything fits, the verdict is the
+	// same whatever the order: only what changed is remembered as
+	// admitted, with no pass over every service.
+	if c.programmed == nil && len(c.refused) == 0 && c.budget.AdmitsAll(&c.sum) {
+		if c.admitted == nil {
+			c.admitted = map[model.ServiceKey]admittedCost{}
+		}
+		for _, k := range c.touched {
+			if e := c.entries[k]; e != nil && counted(e) {
+				c.admitted[k] = admittedCost{e.uid, e.cost}
+			} else {
+				delete(c.admitted, k)
+			}
+		}
+		return nil
+	}
 	cands := make([]model.Candidate, 0, len(c.order))
 	for _, e := range c.order {
-		if e.res.Skipped || len(e.res.Services) == 0 {
+		if !counted(e) {
 			continue
 		}
 		var was model.Cost

@@ -63,6 +63,12 @@ func TestServiceCacheMatchesComputeServices(t *testing.T) {
 	for i := range 6 {
 		neps = append(neps, newNE(i))
 	}
+	// The cache keeps the informer's objects, which are replaced, never
+	// modified: a changed one is a new pointer.
+	nePtrs := make([]*lacev1.NetworkEndpoint, len(neps))
+	for i := range neps {
+		nePtrs[i] = ptr.To(neps[i])
+	}
 	newSvc := func(ns, name string) corev1.Service {
 		s := corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID(ns + name + strconv.Itoa(rv))},
 			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP,
@@ -116,7 +122,7 @@ func TestServiceCacheMatchesComputeServices(t *testing.T) {
 	}
 
 	var c serviceCache
-	var vNets, vNbps, vNeps, vNss versions
+	var vNets, vNbps, vNss versions
 	zone, lastZone := "z1", ""
 	computed := 0
 	for round := range 300 {
@@ -146,6 +152,7 @@ func TestServiceCacheMatchesComputeServices(t *testing.T) {
 			case 7:
 				i := rng.Intn(len(neps))
 				neps[i] = newNE(i)
+				nePtrs[i] = ptr.To(neps[i])
 			case 8:
 				zone = []string{"z1", "z2"}[rng.Intn(2)]
 			case 9:
@@ -163,10 +170,9 @@ func TestServiceCacheMatchesComputeServices(t *testing.T) {
 		for _, ns := range nss {
 			nsLabels[ns.Name] = ns.Labels
 		}
-		shared := model.ServiceInput{Node: "n1", Zone: zone, Networks: nets, BindingPolicies: nbps, NetworkEndpoints: neps, Namespaces: nsLabels}
+		shared := model.ServiceInput{Node: "n1", Zone: zone, Networks: nets, BindingPolicies: nbps, Namespaces: nsLabels}
 		c1 := vNets.update(len(nets), func(i int) client.Object { return &nets[i] })
 		c2 := vNbps.update(len(nbps), func(i int) client.Object { return &nbps[i] })
-		c3 := vNeps.update(len(neps), func(i int) client.Object { return &neps[i] })
 		c4 := vNss.update(len(nss), func(i int) client.Object { return &nss[i] })
 		zoneChanged := round == 0 || zone != lastZone
 		lastZone = zone
@@ -178,7 +184,10 @@ func TestServiceCacheMatchesComputeServices(t *testing.T) {
 		svcPtrs, slicePtrs := ptrs(svcs), ptrs(sls)
 		rng.Shuffle(len(svcPtrs), func(i, j int) { svcPtrs[i], svcPtrs[j] = svcPtrs[j], svcPtrs[i] })
 		rng.Shuffle(len(slicePtrs), func(i, j int) { slicePtrs[i], slicePtrs[j] = slicePtrs[j], slicePtrs[i] })
-		sharedChanged := c1 || c2 || c3 || c4 || zoneChanged
+		sharedChanged := c1 || c2 || c4 || zoneChanged
+		nes := slices.Clone(nePtrs)
+		rng.Shuffle(len(nes), func(i, j int) { nes[i], nes[j] = nes[j], nes[i] })
+		c.indexPods(c.podChanges(nes))
 		st, vips, _ := c.update(shared, sharedChanged, svcPtrs, slicePtrs)
 		for k, e := range c.entries {
 			if gens[k] != e {
@@ -187,7 +196,7 @@ func TestServiceCacheMatchesComputeServices(t *testing.T) {
 		}
 
 		full := shared
-		full.Services, full.EndpointSlices = svcs, sls
+		full.Services, full.EndpointSlices, full.NetworkEndpoints = svcs, sls, neps
 		want := model.ComputeServices(full)
 		if !reflect.DeepEqual(st, want) {
 			t.Fatalf("round %d: incremental state differs:\n got %+v\nwant %+v", round, st, want)

@@ -102,14 +102,13 @@ func (s *Syncer) desiredState(ctx context.Context) (model.NodeState, listed, []*
 	var nrps lacev1.NetworkRoutingPolicyList
 	var srps lacev1.ServiceRoutingPolicyList
 	var nbps lacev1.NetworkBindingPolicyList
-	var neps lacev1.NetworkEndpointList
 	var nss corev1.NamespaceList
 	var cidrs networkingv1.ServiceCIDRList
 	var nodes corev1.NodeList
 	var lbcs lacev1.LoadBalancerClassList
 	var nbrs lacev1.NeighborList
 	var fdbs lacev1.FDBEntryList
-	for _, l := range []client.ObjectList{&nets, &allocs, &ueps, &nrps, &srps, &nbps, &neps, &nss, &cidrs, &nodes, &lbcs, &nbrs, &fdbs} {
+	for _, l := range []client.ObjectList{&nets, &allocs, &ueps, &nrps, &srps, &nbps, &nss, &cidrs, &nodes, &lbcs, &nbrs, &fdbs} {
 		if err := s.client.List(ctx, l, client.UnsafeDisableDeepCopy); err != nil {
 			return model.NodeState{}, listed{}, nil, fmt.Errorf("list %T: %w", l, err)
 		}
@@ -134,10 +133,12 @@ func (s *Syncer) desiredState(ctx context.Context) (model.NodeState, listed, []*
 	s.computeMu.Lock()
 	defer s.computeMu.Unlock()
 	c := &s.compute
+	if err := s.indexPods(ctx, &c.services); err != nil {
+		return model.NodeState{}, listed{}, nil, err
+	}
 	// Every tracker is updated, whatever the others say.
 	netsChanged := c.nets.update(len(nets.Items), func(i int) client.Object { return &nets.Items[i] })
 	nbpsChanged := c.nbps.update(len(nbps.Items), func(i int) client.Object { return &nbps.Items[i] })
-	nepsChanged := c.neps.update(len(neps.Items), func(i int) client.Object { return &neps.Items[i] })
 	nssChanged := c.nss.update(len(nss.Items), func(i int) client.Object { return &nss.Items[i] })
 	allocsChanged := c.allocs.update(len(allocs.Items), func(i int) client.Object { return &allocs.Items[i] })
 	// The l2 trackers are updated on their own: || would skip the second.
@@ -159,7 +160,7 @@ func (s *Syncer) desiredState(ctx context.Context) (model.NodeState, listed, []*
 	// changed inputs reach.
 	var vipsChanged bool
 	d, err := model.ComputeDesired(model.DesiredInput{Node: s.opts.NodeName, Networks: nets.Items, Allocations: allocs.Items,
-		RoutingPolicies: nrps.Items, ServiceRoutingPolicies: srps.Items, BindingPolicies: nbps.Items, NetworkEndpoints: neps.Items,
+		RoutingPolicies: nrps.Items, ServiceRoutingPolicies: srps.Items, BindingPolicies: nbps.Items,
 		Neighbors: nbrs.Items, FDBEntries: fdbs.Items,
 		Namespaces: c.nsLabels, ServiceCIDRs: cidrs.Items, Nodes: nodes.Items, LoadBalancerClasses: lbcs.Items, Underlays: ueps.Items,
 		Services: svcs, EndpointSlices: slices, CheckHostEndpoints: s.hostPods != nil, HostNetworkPods: hpods.Items,
@@ -181,7 +182,7 @@ func (s *Syncer) desiredState(ctx context.Context) (model.NodeState, listed, []*
 				hostEPsChanged := !d.HostEndpoints.Equal(c.hostEPs)
 				c.hostEPs = d.HostEndpoints
 				st, vips, changed := c.services.update(shared,
-					hostEPsChanged || zoneChanged || reservedChanged || netsChanged || nbpsChanged || nepsChanged || nssChanged || uepsChanged || cidrsChanged, svcs, slices)
+					hostEPsChanged || zoneChanged || reservedChanged || netsChanged || nbpsChanged || nssChanged || uepsChanged || cidrsChanged, svcs, slices)
 				vipsChanged = changed
 				return st, vips
 			},
@@ -203,6 +204,27 @@ func (s *Syncer) desiredState(ctx context.Context) (model.NodeState, listed, []*
 	return d.NodeState, in, slices, nil
 }
 
+// indexPods brings the services' pod address index up to date. Every pod
+// of the cluster has a NetworkEndpoint: the informer's events say which
+// changed, and only those are indexed again; without them (a sync made by
+// a test) the NetworkEndpoints are listed and diffed.
+func (s *Syncer) indexPods(ctx context.Context, c *serviceCache) error {
+	changes, live, err := s.nePending.take()
+	if err != nil {
+		return err
+	}
+	if !live {
+		var l lacev1.NetworkEndpointList
+		all, err := listPtrs(ctx, s, &lacev1.NetworkEndpoint{}, &l, func() []*lacev1.NetworkEndpoint { return ptrs(l.Items) })
+		if err != nil {
+			return err
+		}
+		changes = c.podChanges(all)
+	}
+	c.indexPods(changes)
+	return nil
+}
+
 // computeCache is what desiredState keeps between computations.
 type computeCache struct {
 	computed bool
@@ -210,12 +232,12 @@ type computeCache struct {
 	hostEPs  model.HostEndpoints
 	services serviceCache
 	// node is the last ComputeNode result (its Services unset).
-	node                                                               model.NodeState
-	nsLabels                                                           map[string]map[string]string
-	zone                                                               string
-	nodeAddrs                                                          []netip.Addr
-	reserved                                                           []netip.Prefix
-	nets, nbps, neps, nss, allocs, ueps, nrps, srps, cidrs, nbrs, fdbs versions
+	node                                                         model.NodeState
+	nsLabels                                                     map[string]map[string]string
+	zone                                                         string
+	nodeAddrs                                                    []netip.Addr
+	reserved                                                     []netip.Prefix
+	nets, nbps, nss, allocs, ueps, nrps, srps, cidrs, nbrs, fdbs versions
 	// reported are the refusals the agent made Events of.
 	reported map[model.ServiceKey]model.Refusal
 	// accepted are the underlay addresses believed, by endpoint name.
@@ -230,28 +252,38 @@ func acceptedAddrs(ueps []lacev1.UnderlayEndpoint) map[string][]lacev1.IPAddress
 	return out
 }
 
-// ListServices lists the Services and EndpointSlices of the cache: the
-// cached objects themselves, straight from the informers' stores when the
-// cache has them (no copy of tens of thousands of objects per reconcile),
-// else from the client. They must not be modified.
+// ListServices lists the Services and EndpointSlices of the cache
+// (listPtrs). They must not be modified.
 func (s *Syncer) ListServices(ctx context.Context) ([]*corev1.Service, []*discoveryv1.EndpointSlice, error) {
+	var svcList corev1.ServiceList
+	var sliceList discoveryv1.EndpointSliceList
+	svcs, err := listPtrs(ctx, s, &corev1.Service{}, &svcList, func() []*corev1.Service { return ptrs(svcList.Items) })
+	if err != nil {
+		return nil, nil, err
+	}
+	slices, err := listPtrs(ctx, s, &discoveryv1.EndpointSlice{}, &sliceList, func() []*discoveryv1.EndpointSlice { return ptrs(sliceList.Items) })
+	if err != nil {
+		return nil, nil, err
+	}
+	return svcs, slices, nil
+}
+
+// listPtrs lists the objects of obj's kind: the cached objects themselves,
+// straight from the informer's store when the cache has one (no copy of
+// tens of thousands of objects per reconcile), else through the client
+// into list, whose items are read back with items. They must not be
+// modified.
+func listPtrs[T client.Object](ctx context.Context, s *Syncer, obj T, list client.ObjectList, items func() []T) ([]T, error) {
 	if s.cache != nil {
-		svcs, err1 := storeList[*corev1.Service](ctx, s.cache, &corev1.Service{})
-		slices, err2 := storeList[*discoveryv1.EndpointSlice](ctx, s.cache, &discoveryv1.EndpointSlice{})
-		if err := errors.Join(err1, err2); err == nil {
-			return svcs, slices, nil
-		} else if !errors.Is(err, errNoStore) {
-			return nil, nil, err
+		out, err := storeList[T](ctx, s.cache, obj)
+		if !errors.Is(err, errNoStore) {
+			return out, err
 		}
 	}
-	var svcs corev1.ServiceList
-	var slices discoveryv1.EndpointSliceList
-	for _, l := range []client.ObjectList{&svcs, &slices} {
-		if err := s.client.List(ctx, l, client.UnsafeDisableDeepCopy); err != nil {
-			return nil, nil, fmt.Errorf("list %T: %w", l, err)
-		}
+	if err := s.client.List(ctx, list, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("list %T: %w", list, err)
 	}
-	return ptrs(svcs.Items), ptrs(slices.Items), nil
+	return items(), nil
 }
 
 var errNoStore = errors.New("the cache has no informer store")

@@ -2,6 +2,7 @@ package nodesync
 
 import (
 	"context"
+	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -34,6 +35,17 @@ func (s *Syncer) SetupWithManager(mgr manager.Manager, hostPods cache.Cache) err
 	// kinds (other agents' UnderlayEndpoint status, binding policy
 	// conditions), Node heartbeats and pod condition churn do not.
 	specOnly := builder.WithPredicates(predicates.SpecOrLifecycleChanged())
+	// What the services' computation learns of NetworkEndpoints comes from
+	// their informer's events (nePending), registered before it starts.
+	if s.cache != nil {
+		inf, err := s.cache.GetInformer(context.Background(), &lacev1.NetworkEndpoint{})
+		if err != nil {
+			return fmt.Errorf("informer of NetworkEndpoints: %w", err)
+		}
+		if err := s.nePending.register(inf); err != nil {
+			return err
+		}
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("node-dataplane").
 		Watches(&lacev1.Network{}, toNode, builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).

@@ -1,0 +1,220 @@
+package nodesync
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strconv"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/agent/agenttest"
+	"github.com/lace-cni/lace/internal/datapath"
+	"github.com/lace-cni/lace/internal/model"
+	"github.com/lace-cni/lace/pkg/scheme"
+)
+
+// storeClient serves the kinds a cluster has many of from slices it
+// holds, the same objects each time, as the agent lists them from the
+// informers' stores: the scale tests measure the agent, not the fake
+// client's deep copies. The agent must not modify them.
+type storeClient struct {
+	client.Client
+	svcs   []corev1.Service
+	slices []discoveryv1.EndpointSlice
+	neps   []lacev1.NetworkEndpoint
+	pods   []corev1.Pod
+}
+
+func (c *storeClient) List(ctx context.Context, l client.ObjectList, opts ...client.ListOption) error {
+	switch l := l.(type) {
+	case *corev1.ServiceList:
+		l.Items = c.svcs
+	case *discoveryv1.EndpointSliceList:
+		l.Items = c.slices
+	case *lacev1.NetworkEndpointList:
+		l.Items = c.neps
+	case *corev1.PodList:
+		l.Items = c.pods
+	default:
+		return c.Client.List(ctx, l, opts...)
+	}
+	return nil
+}
+
+// scaleSyncer is node n1's sync in a cluster of n Services of eps
+// endpoints each, every endpoint a pod on another node with its
+// NetworkEndpoint, reconciled once.
+func scaleSyncer(tb testing.TB, n, eps int) *storeClient {
+	tb.Helper()
+	w := agenttest.DefaultNetwork("n1", 24)
+	sc := &storeClient{Client: fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(w.Objects...).Build()}
+	for i := range n {
+		name := fmt.Sprintf("s%05d", i)
+		vip := fmt.Sprintf("10.96.%d.%d", i>>8, i&255)
+		sc.svcs = append(sc.svcs, corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, ResourceVersion: "1"},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, ClusterIP: vip, ClusterIPs: []string{vip},
+				Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}}})
+		sl := discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, ResourceVersion: "1",
+			Labels: map[string]string{discoveryv1.LabelServiceName: name}}, AddressType: discoveryv1.AddressTypeIPv4,
+			Ports: []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080), Protocol: ptr.To(corev1.ProtocolTCP)}}}
+		for j := range eps {
+			k := i*eps + j
+			pod, node := fmt.Sprintf("p%07d", k), fmt.Sprintf("n%d", 2+k%100)
+			addr := fmt.Sprintf("10.%d.%d.%d", 100+k>>16, k>>8&255, k&255)
+			sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{addr}, NodeName: ptr.To(node),
+				Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)},
+				TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: pod}})
+			sc.neps = append(sc.neps, lacev1.NetworkEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: pod, ResourceVersion: "1"},
+				Spec: lacev1.NetworkEndpointSpec{Network: "default", Node: node, Addresses: []lacev1.IPAddress{lacev1.IPAddress(addr)}}})
+		}
+		sc.slices = append(sc.slices, sl)
+	}
+	return sc
+}
+
+func newScaleSyncer(tb testing.TB, sc *storeClient) *Syncer {
+	tb.Helper()
+	node := &fakeNode{routes: map[netip.Prefix]netip.Addr{}, addrs: []netip.Addr{netip.MustParseAddr("fd00:30::11")}}
+	s := New(Options{NodeName: "n1", NetNS: "/fake", UnderlayInterface: "eth0"}, slog.New(slog.NewTextHandler(io.Discard, nil)),
+		sc, record.NewFakeRecorder(100), nil, nil, &scaleDP{fakeDP: newFakeDP(), routes: &appliedSlice[datapath.Route]{}}, node, Capacity{Services: 1 << 20, Backends: 1 << 22, SourceRanges: 1 << 12})
+	s.Wire(&fakePods{}, nil, nil)
+	// NetworkEndpoints come as the informer's events do.
+	s.nePending.reg = syncedReg{}
+	for i := range sc.neps {
+		s.nePending.set(types.NamespacedName{Namespace: sc.neps[i].Namespace, Name: sc.neps[i].Name}, &sc.neps[i])
+	}
+	go func() { _ = s.Run(tb.Context()) }()
+	if _, err := s.Reconcile(tb.Context(), reconcile.Request{}); err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}
+
+// scaleDP is the fake data plane whose views are synced as tableDP syncs
+// them: the same slice again is left alone.
+type scaleDP struct {
+	*fakeDP
+	routes *appliedSlice[datapath.Route]
+}
+
+func (d *scaleDP) SyncRoutes(want []datapath.Route) error {
+	if d.routes.same(want) {
+		return nil
+	}
+	err := d.fakeDP.SyncRoutes(want)
+	d.routes.set(want, err == nil)
+	return err
+}
+
+type syncedReg struct{}
+
+func (syncedReg) HasSynced() bool { return true }
+
+// BenchmarkReconcileOneEndpointChange: one endpoint of one of 10,000
+// Services (10 endpoints each) changes, and the node reconciles: the
+// agent's part of the services bench's endpoint change latency.
+func BenchmarkReconcileOneEndpointChange(b *testing.B) {
+	const n, eps = 10000, 10
+	sc := scaleSyncer(b, n, eps)
+	s := newScaleSyncer(b, sc)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		k := i % n
+		sl := &sc.slices[k]
+		sl.ResourceVersion = strconv.Itoa(i + 2)
+		sl.Endpoints = slices.Clone(sl.Endpoints)
+		sl.Endpoints[0].Conditions.Ready = ptr.To(i%2 == 1)
+		if _, err := s.Reconcile(b.Context(), reconcile.Request{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// TestPodsElsewhereComputeNoService: a thousand pods created on other
+// nodes, none of them a Service's endpoint, compute no service again; a
+// NetworkEndpoint that holds one Service's endpoint address computes that
+// Service alone, and its answer (the endpoint is another network's) is
+// served.
+func TestPodsElsewhereComputeNoService(t *testing.T) {
+	sc := scaleSyncer(t, 200, 3)
+	var c serviceCache
+	shared := model.ServiceInput{Node: "n1", Networks: []lacev1.Network{{ObjectMeta: metav1.ObjectMeta{Name: "default"},
+		Status: lacev1.NetworkStatus{ID: 1}}, {ObjectMeta: metav1.ObjectMeta{Name: "red"}, Status: lacev1.NetworkStatus{ID: 2}}},
+		BindingPolicies: []lacev1.NetworkBindingPolicy{{ObjectMeta: metav1.ObjectMeta{Name: "default"},
+			Spec: lacev1.NetworkBindingPolicySpec{Network: "default", Priority: model.CatchAllPriority}}}}
+	svcs, sls := ptrs(sc.svcs), ptrs(sc.slices)
+	neps := ptrs(sc.neps)
+	update := func() model.ServiceState {
+		c.indexPods(c.podChanges(neps))
+		st, _, _ := c.update(shared, false, svcs, sls)
+		return st
+	}
+	c.indexPods(c.podChanges(neps))
+	c.update(shared, true, svcs, sls)
+	before := map[model.ServiceKey]*svcEntry{}
+	for k, e := range c.entries {
+		before[k] = e
+	}
+	for i := range 1000 {
+		neps = append(neps, &lacev1.NetworkEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "other", Name: fmt.Sprintf("new%d", i), ResourceVersion: "1"},
+			Spec: lacev1.NetworkEndpointSpec{Network: "default", Node: fmt.Sprintf("n%d", 2+i%100),
+				Addresses: []lacev1.IPAddress{lacev1.IPAddress(fmt.Sprintf("10.250.%d.%d", i>>8, i&255))}}})
+	}
+	m0 := testutil.ToFloat64(serviceComputations)
+	st := update()
+	if n := testutil.ToFloat64(serviceComputations) - m0; n != 0 {
+		t.Fatalf("1000 pods no Service selects computed %v services again, want 0", n)
+	}
+	for k, e := range c.entries {
+		if before[k] != e {
+			t.Fatalf("service %v computed again", k)
+		}
+	}
+	if len(st.Services) != 200 {
+		t.Fatalf("%d services served, want 200", len(st.Services))
+	}
+
+	// The pod behind s00007's first endpoint is now red's: s00007 alone
+	// is computed again, and leaves it out.
+	victim := sc.neps[7*3]
+	red := victim.DeepCopy()
+	red.ResourceVersion, red.Spec.Network = "2", "red"
+	neps[7*3] = red
+	m0 = testutil.ToFloat64(serviceComputations)
+	st = update()
+	if n := testutil.ToFloat64(serviceComputations) - m0; n != 1 {
+		t.Fatalf("a NetworkEndpoint of one Service's endpoint computed %v services, want 1", n)
+	}
+	k := model.ServiceKey{Namespace: "default", Name: "s00007"}
+	if before[k] == c.entries[k] {
+		t.Fatal("s00007 was not computed again")
+	}
+	if !slices.ContainsFunc(st.Excluded, func(x model.ExcludedEndpoint) bool {
+		return x.Service == "s00007" && x.Addr == netip.MustParseAddr(string(victim.Spec.Addresses[0])) && x.Network == "red"
+	}) {
+		t.Fatalf("s00007's endpoint at %s is not excluded as red's: %+v", victim.Spec.Addresses[0], st.Excluded)
+	}
+	// And back: the NetworkEndpoint goes, the endpoint is served again.
+	neps = slices.Delete(neps, 7*3, 7*3+1)
+	m0 = testutil.ToFloat64(serviceComputations)
+	st = update()
+	if n := testutil.ToFloat64(serviceComputations) - m0; n != 1 || len(st.Excluded) != 0 {
+		t.Fatalf("the NetworkEndpoint's deletion computed %v services (want 1); excluded %+v", n, st.Excluded)
+	}
+}
