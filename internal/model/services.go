@@ -13,6 +13,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	netutils "k8s.io/utils/net"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
@@ -600,43 +601,70 @@ func SliceService(s *discoveryv1.EndpointSlice) (ServiceKey, bool) {
 // change matters to the services that have one of its addresses, old or
 // new, as an endpoint, and to no other.
 type PodAddrIndex struct {
-	byAddr map[netip.Addr][]*lacev1.NetworkEndpoint
-	byPod  map[string][]*lacev1.NetworkEndpoint // namespace/name (a NetworkEndpoint is named after its pod)
+	// byAddr has the first NetworkEndpoint to hold each address, more
+	// the others (rare: overlapping networks); byPod each by name (a
+	// NetworkEndpoint is named after its pod). Single pointers, not
+	// lists: an agent indexes every pod of the cluster.
+	byAddr map[netip.Addr]*lacev1.NetworkEndpoint
+	more   map[netip.Addr][]*lacev1.NetworkEndpoint
+	byPod  map[types.NamespacedName]*lacev1.NetworkEndpoint
 }
 
 // NewPodAddrIndex is an empty index.
 func NewPodAddrIndex() *PodAddrIndex {
-	return &PodAddrIndex{byAddr: map[netip.Addr][]*lacev1.NetworkEndpoint{}, byPod: map[string][]*lacev1.NetworkEndpoint{}}
+	return &PodAddrIndex{byAddr: map[netip.Addr]*lacev1.NetworkEndpoint{}, more: map[netip.Addr][]*lacev1.NetworkEndpoint{},
+		byPod: map[types.NamespacedName]*lacev1.NetworkEndpoint{}}
 }
 
-// Add indexes ne, which must not be modified while it is indexed.
+// Add indexes ne, which must not be modified while it is indexed. One
+// of a name already indexed replaces it.
 func (ix *PodAddrIndex) Add(ne *lacev1.NetworkEndpoint) {
-	k := ne.Namespace + "/" + ne.Name
-	ix.byPod[k] = append(ix.byPod[k], ne)
+	k := types.NamespacedName{Namespace: ne.Namespace, Name: ne.Name}
+	if old := ix.byPod[k]; old != nil {
+		ix.Remove(old)
+	}
+	ix.byPod[k] = ne
 	for _, a := range NetworkEndpointAddrs(ne) {
-		ix.byAddr[a] = append(ix.byAddr[a], ne)
+		if ix.byAddr[a] == nil {
+			ix.byAddr[a] = ne
+		} else {
+			ix.more[a] = append(ix.more[a], ne)
+		}
 	}
 }
 
 // Remove takes ne (the pointer Add was given) out of the index.
 func (ix *PodAddrIndex) Remove(ne *lacev1.NetworkEndpoint) {
-	drop := func(m map[netip.Addr][]*lacev1.NetworkEndpoint, a netip.Addr) {
-		if l := slices.DeleteFunc(m[a], func(x *lacev1.NetworkEndpoint) bool { return x == ne }); len(l) > 0 {
-			m[a] = l
-		} else {
-			delete(m, a)
-		}
-	}
-	k := ne.Namespace + "/" + ne.Name
-	if l := slices.DeleteFunc(ix.byPod[k], func(x *lacev1.NetworkEndpoint) bool { return x == ne }); len(l) > 0 {
-		ix.byPod[k] = l
-	} else {
+	k := types.NamespacedName{Namespace: ne.Namespace, Name: ne.Name}
+	if ix.byPod[k] == ne {
 		delete(ix.byPod, k)
 	}
 	for _, a := range NetworkEndpointAddrs(ne) {
-		drop(ix.byAddr, a)
+		more := slices.DeleteFunc(ix.more[a], func(x *lacev1.NetworkEndpoint) bool { return x == ne })
+		if ix.byAddr[a] == ne {
+			if len(more) > 0 {
+				ix.byAddr[a], more = more[0], more[1:]
+			} else {
+				delete(ix.byAddr, a)
+			}
+		}
+		if len(more) > 0 {
+			ix.more[a] = more
+		} else {
+			delete(ix.more, a)
+		}
 	}
 }
+
+// Each calls fn with the name of every NetworkEndpoint indexed.
+func (ix *PodAddrIndex) Each(fn func(types.NamespacedName)) {
+	for k := range ix.byPod {
+		fn(k)
+	}
+}
+
+// Get is the NetworkEndpoint indexed by name k, or nil.
+func (ix *PodAddrIndex) Get(k types.NamespacedName) *lacev1.NetworkEndpoint { return ix.byPod[k] }
 
 // NetworkEndpointAddrs are the addresses ne holds, as the index reads
 // them.
@@ -687,7 +715,7 @@ func (ix *PodAddrIndex) otherNetwork(sliceNS string, ep *discoveryv1.Endpoint, a
 	}
 	node := *ep.NodeName
 	if r := ep.TargetRef; r != nil && (r.Kind == "" || r.Kind == "Pod") && r.Name != "" {
-		for _, ne := range ix.byPod[cmp.Or(r.Namespace, sliceNS)+"/"+r.Name] {
+		if ne := ix.byPod[types.NamespacedName{Namespace: cmp.Or(r.Namespace, sliceNS), Name: r.Name}]; ne != nil {
 			if ne.Spec.Node == node && neHolds(ne, addr) && (r.UID == "" || string(r.UID) == ne.Labels[lacev1.LabelPodUID]) {
 				if ne.Spec.Network == network {
 					return ""
@@ -697,7 +725,16 @@ func (ix *PodAddrIndex) otherNetwork(sliceNS string, ep *discoveryv1.Endpoint, a
 		}
 	}
 	var others []string
-	for _, ne := range ix.byAddr[addr] {
+	// The first holder, then the others (no list made per lookup).
+	more := ix.more[addr]
+	for i := -1; i < len(more); i++ {
+		ne := ix.byAddr[addr]
+		if i >= 0 {
+			ne = more[i]
+		}
+		if ne == nil {
+			break
+		}
 		if ne.Spec.Node != node {
 			continue
 		}

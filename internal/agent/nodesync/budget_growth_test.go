@@ -23,13 +23,13 @@ func TestServiceBudgetGrowthIsNew(t *testing.T) {
 	c := &serviceCache{budget: model.Budget{ServiceFrontends: 25, TotalFrontends: 30}}
 	old := svc("a", "old", 0, 1, "1")
 	victim := svc("b", "web", 5, 10, "1")
-	if c.update(in, true, []*corev1.Service{old, victim}, nil); len(c.refused) != 0 {
+	if c.updateLists(in, true, []*corev1.Service{old, victim}, nil); len(c.refused) != 0 {
 		t.Fatalf("before: %v", c.refused)
 	}
 	// Tenant a's old Service grows to 21 ports: 31 frontends in all, 1
 	// over the maps.
 	grown := svc("a", "old", 0, 21, "2")
-	st, _, _ := c.update(in, false, []*corev1.Service{grown, victim}, nil)
+	st, _, _ := c.updateLists(in, false, []*corev1.Service{grown, victim}, nil)
 	if r, ok := c.refused[model.ServiceKey{Namespace: "b", Name: "web"}]; ok {
 		t.Errorf("working Service evicted by an old one's growth: %+v", r)
 	}
@@ -40,7 +40,7 @@ func TestServiceBudgetGrowthIsNew(t *testing.T) {
 		t.Errorf("%d frontends programmed, want victim's 10", len(st.Services))
 	}
 	// It shrinks back: admitted again.
-	if c.update(in, false, []*corev1.Service{svc("a", "old", 0, 1, "3"), victim}, nil); len(c.refused) != 0 {
+	if c.updateLists(in, false, []*corev1.Service{svc("a", "old", 0, 1, "3"), victim}, nil); len(c.refused) != 0 {
 		t.Errorf("after shrinking: %v", c.refused)
 	}
 }

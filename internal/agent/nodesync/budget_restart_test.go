@@ -49,28 +49,28 @@ func TestServiceBudgetRestartKeepsVerdicts(t *testing.T) {
 
 	// The agent before: old grows past the maps and is refused.
 	before := &serviceCache{budget: budget}
-	before.update(in, true, []*corev1.Service{old, victim}, nil)
-	st, _, _ := before.update(in, false, []*corev1.Service{grown, victim}, nil)
+	before.updateLists(in, true, []*corev1.Service{old, victim}, nil)
+	st, _, _ := before.updateLists(in, false, []*corev1.Service{grown, victim}, nil)
 	check("before the restart", before, st)
 
 	// Restarted with the same Services: the same verdicts.
 	after := &serviceCache{budget: budget, programmed: programmedOf(st.Services)}
-	st, _, _ = after.update(in, true, []*corev1.Service{grown, victim}, nil)
+	st, _, _ = after.updateLists(in, true, []*corev1.Service{grown, victim}, nil)
 	check("after the restart", after, st)
 	if after.programmed != nil {
 		t.Error("the programmed frontends are kept after the first admission")
 	}
 	// Still after: it shrinks back and is admitted again.
-	if after.update(in, false, []*corev1.Service{svc("a", "old", 0, 1, "3"), victim}, nil); len(after.refused) != 0 {
+	if after.updateLists(in, false, []*corev1.Service{svc("a", "old", 0, 1, "3"), victim}, nil); len(after.refused) != 0 {
 		t.Errorf("after shrinking: %v", after.refused)
 	}
 
 	// old grew while no agent ran (the agent before had programmed both
 	// at their first size): its growth is judged as growth.
 	before = &serviceCache{budget: budget}
-	st, _, _ = before.update(in, true, []*corev1.Service{old, victim}, nil)
+	st, _, _ = before.updateLists(in, true, []*corev1.Service{old, victim}, nil)
 	down := &serviceCache{budget: budget, programmed: programmedOf(st.Services)}
-	st, _, _ = down.update(in, true, []*corev1.Service{grown, victim}, nil)
+	st, _, _ = down.updateLists(in, true, []*corev1.Service{grown, victim}, nil)
 	check("grown while no agent ran", down, st)
 
 	// The chart's maps grew between the runs: the limits are today's,
@@ -78,7 +78,7 @@ func TestServiceBudgetRestartKeepsVerdicts(t *testing.T) {
 	roomy := budget
 	roomy.TotalFrontends = 40
 	wide := &serviceCache{budget: roomy, programmed: programmedOf(st.Services)}
-	if st, _, _ = wide.update(in, true, []*corev1.Service{grown, victim}, nil); len(wide.refused) != 0 || len(st.Services) != 31 {
+	if st, _, _ = wide.updateLists(in, true, []*corev1.Service{grown, victim}, nil); len(wide.refused) != 0 || len(st.Services) != 31 {
 		t.Errorf("with larger maps: refused %v, %d frontends; want none refused, 31", wide.refused, len(st.Services))
 	}
 	// They shrank: what was admitted keeps its room oldest first, the
@@ -86,7 +86,7 @@ func TestServiceBudgetRestartKeepsVerdicts(t *testing.T) {
 	tight := budget
 	tight.TotalFrontends = 25
 	narrow := &serviceCache{budget: tight, programmed: programmedOf(st.Services)}
-	narrow.update(in, true, []*corev1.Service{grown, victim}, nil)
+	narrow.updateLists(in, true, []*corev1.Service{grown, victim}, nil)
 	if r := narrow.refused[victimKey]; r.Reason != model.ReasonMapsFull || len(narrow.refused) != 1 {
 		t.Errorf("with smaller maps: refused %v, want only tenant b's newer Service", narrow.refused)
 	}

@@ -46,7 +46,7 @@ func TestServiceBudgetRefusesWhole(t *testing.T) {
 	middle := svc("middle", 2, 12, 0) // 12: 24 in all
 	young := svc("young", 3, 10, 0)   // 10: 34, over the maps
 	small := svc("small", 4, 5, 0)    // 5: fits beside old and middle
-	st, vips, _ := c.update(in, true, []*corev1.Service{huge, old, middle, young, small}, nil)
+	st, vips, _ := c.updateLists(in, true, []*corev1.Service{huge, old, middle, young, small}, nil)
 	byName := map[string]int{}
 	for _, s := range st.Services {
 		switch {
@@ -83,12 +83,12 @@ func TestServiceBudgetRefusesWhole(t *testing.T) {
 	}
 	// huge goes: old, middle and young (34 frontends) still exceed the
 	// maps' 30, so young, the newest, stays refused.
-	st, _, _ = c.update(in, false, []*corev1.Service{old, middle, young}, nil)
+	st, _, _ = c.updateLists(in, false, []*corev1.Service{old, middle, young}, nil)
 	if _, ok := c.refused[model.ServiceKey{Namespace: "t", Name: "young"}]; !ok || len(st.Services) != 24 {
 		t.Errorf("without huge: refused %v, %d frontends; want young refused, 24", c.refused, len(st.Services))
 	}
 	// middle goes too: young fits and is programmed.
-	st, _, _ = c.update(in, false, []*corev1.Service{old, young}, nil)
+	st, _, _ = c.updateLists(in, false, []*corev1.Service{old, young}, nil)
 	if len(c.refused) != 0 || len(st.Services) != 22 {
 		t.Errorf("with middle gone: refused %v, %d frontends; want none refused, 22", c.refused, len(st.Services))
 	}

@@ -31,8 +31,8 @@ func FuzzLastChangeTriggerTime(f *testing.F) {
 			}
 			return s
 		}
-		var tr sliceTracker
-		if got := tr.changed([]discoveryv1.EndpointSlice{slice("u1", "1", first, true)}); len(got) != 0 {
+		var tr svcMirror
+		if got := tr.triggersOf([]discoveryv1.EndpointSlice{slice("u1", "1", first, true)}); len(got) != 0 {
 			t.Fatalf("the first sync reported %v", got)
 		}
 		rv := "1"
@@ -40,7 +40,7 @@ func FuzzLastChangeTriggerTime(f *testing.F) {
 			rv = "2"
 		}
 		// A second slice, new since the first sync, always changed.
-		got := tr.changed([]discoveryv1.EndpointSlice{slice("u1", rv, next, annotated), slice("u2", "7", next, annotated)})
+		got := tr.triggersOf([]discoveryv1.EndpointSlice{slice("u1", rv, next, annotated), slice("u2", "7", next, annotated)})
 		var want []time.Time
 		if at, err := time.Parse(time.RFC3339Nano, next); err == nil && annotated {
 			if changes {

@@ -182,8 +182,8 @@ type Syncer struct {
 	// nePending are the NetworkEndpoint changes the services'
 	// computation has not seen yet.
 	nePending nePending
-	// slices tracks EndpointSlice versions for the programming latency.
-	slices   sliceTracker
+	// mirror has the Services and EndpointSlices, and which changed.
+	mirror   svcMirror
 	hostPort hostPortState
 
 	// applier is the one writer of the data plane.
@@ -243,6 +243,7 @@ func New(o Options, log *slog.Logger, c client.Client, rec record.EventRecorder,
 	// What the agent before this one admitted stays admitted, what it
 	// refused stays refused: a restart changes no verdict.
 	s.compute.services.programmed = capacity.Programmed
+	s.compute.services.mirror = &s.mirror
 	s.compute.services.budget = model.Budget{ServiceFrontends: o.ServiceFrontends, ServiceBackends: o.ServiceBackends,
 		// loadBalancerSourceRanges have no bound in Kubernetes: one
 		// Service may take a sixteenth of lace_src_ranges.

@@ -26,7 +26,7 @@ func TestRev17bRestartClusterIPReuseJumpsQueue(t *testing.T) {
 	budget := model.Budget{ServiceFrontends: 25, TotalFrontends: 30}
 	old, web := svc("a", "old", 0, 10, "1"), svc("b", "web", 5, 10, "1")
 	before := &serviceCache{budget: budget}
-	st, _, _ := before.update(in, true, []*corev1.Service{old, web}, nil)
+	st, _, _ := before.updateLists(in, true, []*corev1.Service{old, web}, nil)
 	if len(before.refused) != 0 {
 		t.Fatalf("before: %v", before.refused)
 	}
@@ -36,7 +36,7 @@ func TestRev17bRestartClusterIPReuseJumpsQueue(t *testing.T) {
 	evil := svc("evil", "x", 20, 10, "1")
 	evil.Spec.ClusterIP, evil.Spec.ClusterIPs = old.Spec.ClusterIP, old.Spec.ClusterIPs
 	after := &serviceCache{budget: budget, programmed: programmedOf(st.Services)}
-	after.update(in, true, []*corev1.Service{web, cnew, evil}, nil)
+	after.updateLists(in, true, []*corev1.Service{web, cnew, evil}, nil)
 	if r, ok := after.refused[model.ServiceKey{Namespace: "c", Name: "new"}]; ok {
 		t.Errorf("QUEUE JUMP: tenant c's Service refused after the restart (%s), tenant evil's newer one on a deleted Service's ClusterIP admitted", r.Reason)
 	}

@@ -93,10 +93,18 @@ func newScaleSyncer(tb testing.TB, sc *storeClient) *Syncer {
 	s := New(Options{NodeName: "n1", NetNS: "/fake", UnderlayInterface: "eth0"}, slog.New(slog.NewTextHandler(io.Discard, nil)),
 		sc, record.NewFakeRecorder(100), nil, nil, &scaleDP{fakeDP: newFakeDP(), routes: &appliedSlice[datapath.Route]{}}, node, Capacity{Services: 1 << 20, Backends: 1 << 22, SourceRanges: 1 << 12})
 	s.Wire(&fakePods{}, nil, nil)
-	// NetworkEndpoints come as the informer's events do.
+	// NetworkEndpoints, Services and EndpointSlices come as the
+	// informers' events do.
 	s.nePending.reg = syncedReg{}
 	for i := range sc.neps {
 		s.nePending.set(types.NamespacedName{Namespace: sc.neps[i].Namespace, Name: sc.neps[i].Name}, &sc.neps[i])
+	}
+	s.mirror.regs = append(s.mirror.regs, syncedReg{})
+	for i := range sc.svcs {
+		s.mirror.setService(model.ServiceKey{Namespace: sc.svcs[i].Namespace, Name: sc.svcs[i].Name}, &sc.svcs[i])
+	}
+	for i := range sc.slices {
+		s.mirror.setSlice(types.NamespacedName{Namespace: sc.slices[i].Namespace, Name: sc.slices[i].Name}, &sc.slices[i], false)
 	}
 	go func() { _ = s.Run(tb.Context()) }()
 	if _, err := s.Reconcile(tb.Context(), reconcile.Request{}); err != nil {
@@ -135,11 +143,13 @@ func BenchmarkReconcileOneEndpointChange(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
-		k := i % n
-		sl := &sc.slices[k]
+		// The informer's new object, as its event gives it.
+		sl := sc.slices[i%n].DeepCopy()
 		sl.ResourceVersion = strconv.Itoa(i + 2)
-		sl.Endpoints = slices.Clone(sl.Endpoints)
 		sl.Endpoints[0].Conditions.Ready = ptr.To(i%2 == 1)
+		s.mirror.mu.Lock()
+		s.mirror.setSlice(types.NamespacedName{Namespace: sl.Namespace, Name: sl.Name}, sl, true)
+		s.mirror.mu.Unlock()
 		if _, err := s.Reconcile(b.Context(), reconcile.Request{}); err != nil {
 			b.Fatal(err)
 		}
@@ -162,11 +172,11 @@ func TestPodsElsewhereComputeNoService(t *testing.T) {
 	neps := ptrs(sc.neps)
 	update := func() model.ServiceState {
 		c.indexPods(c.podChanges(neps))
-		st, _, _ := c.update(shared, false, svcs, sls)
+		st, _, _ := c.updateLists(shared, false, svcs, sls)
 		return st
 	}
 	c.indexPods(c.podChanges(neps))
-	c.update(shared, true, svcs, sls)
+	c.updateLists(shared, true, svcs, sls)
 	before := map[model.ServiceKey]*svcEntry{}
 	for k, e := range c.entries {
 		before[k] = e

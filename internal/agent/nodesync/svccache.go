@@ -31,11 +31,10 @@ type serviceCache struct {
 	env     *model.ServiceEnv
 	entries map[model.ServiceKey]*svcEntry
 	// pods indexes the cluster's NetworkEndpoints by address, kept up to
-	// date between updates (indexed has what it holds, by name); byAddr
+	// date between updates; byAddr
 	// has the services whose results looked each address up.
 	pods    *model.PodAddrIndex
-	indexed map[types.NamespacedName]*lacev1.NetworkEndpoint
-	byAddr  map[netip.Addr][]model.ServiceKey
+	byAddr  addrUsers
 	// stale are the services a NetworkEndpoint change reached, computed
 	// again at the next update.
 	stale map[model.ServiceKey]bool
@@ -43,8 +42,17 @@ type serviceCache struct {
 	// dropped; sum is the budget's running total of all of them.
 	touched []model.ServiceKey
 	sum     model.Sum
-	// order has entries by (namespace, name), the merge's order: sorted
-	// again only when services come or go.
+	// mirror has the Services and EndpointSlices, and which changed;
+	// computed is false until everything was computed once. triggers
+	// are the trigger times of the changes computed and not yet
+	// programmed (the Reconcile's to observe).
+	mirror   *svcMirror
+	computed bool
+	triggers []time.Time
+	// vipsDirty: a service's VIPs may have changed since vips were made
+	// (one computed gives others, refusals changed).
+	vipsDirty bool
+	// order has entries by (namespace, name), the merge's order.
 	order []*svcEntry
 	gen   uint64
 	// state and vips are the merge of entries.
@@ -71,113 +79,76 @@ type admittedCost struct {
 
 type svcEntry struct {
 	key     model.ServiceKey
-	pos     int // in order; -1 until placed
 	uid     types.UID
 	created time.Time
-	rv      string
-	slices  []objVersion // by name, as the result saw them
-	res     model.ServiceResult
-	cost    model.Cost
-	gen     uint64
+	// svc and slices are what res was computed from (the informers'
+	// objects), computed again from when a NetworkEndpoint changes.
+	svc    *corev1.Service
+	slices []*discoveryv1.EndpointSlice
+	res    model.ServiceResult
+	cost   model.Cost
+	gen    uint64
 }
 
-// objVersion is an object of a known namespace and kind at a version.
-type objVersion struct{ name, rv string }
+func byKey(e *svcEntry, k model.ServiceKey) int {
+	return cmp.Or(cmp.Compare(e.key.Namespace, k.Namespace), cmp.Compare(e.key.Name, k.Name))
+}
 
-// update brings the cache to svcs and slices (pointers to the informer's
-// objects, read only) and to the pod address index (indexPods), and
-// returns the node's service state and the VIPs of the bound services,
-// in (namespace, name) order, for the views. shared is what every service depends on (Services,
-// EndpointSlices and NetworkEndpoints unset), sharedChanged whether it
-// differs from the last call's. vipsChanged says whether the VIPs differ
-// from the last call's.
-func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool, svcs []*corev1.Service,
-	allSlices []*discoveryv1.EndpointSlice) (st model.ServiceState, vips []model.ServiceVIPs, vipsChanged bool) {
+// update brings the cache to the services that changed in its mirror
+// (every one when sharedChanged) and to the pod address index
+// (indexPods), and returns the node's service state and the VIPs of the
+// bound services, in (namespace, name) order, for the views. shared is
+// what every service depends on (Services, EndpointSlices and
+// NetworkEndpoints unset), sharedChanged whether it differs from the last
+// call's. vipsChanged says whether the VIPs differ from the last call's.
+// The mirror's trigger times of what was taken are left in triggers.
+func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool) (st model.ServiceState, vips []model.ServiceVIPs, vipsChanged bool) {
 	if c.entries == nil {
 		c.entries = map[model.ServiceKey]*svcEntry{}
 	}
 	c.gen++
 	c.initPods()
-	stale := c.stale
-	c.stale = nil
 	if c.env == nil || sharedChanged {
 		shared.NetworkEndpoints, shared.PodIndex = nil, c.pods
 		c.env = model.NewServiceEnv(shared)
 	}
-	bySvc := make(map[model.ServiceKey][]*discoveryv1.EndpointSlice, len(svcs))
-	for _, sl := range allSlices {
-		if k, ok := model.SliceService(sl); ok {
-			bySvc[k] = append(bySvc[k], sl)
+	all := sharedChanged || !c.computed
+	c.computed = true
+	changes, trig := c.mirror.take(all)
+	c.triggers = append(c.triggers, trig...)
+	c.touched = c.touched[:0]
+	var added []*svcEntry
+	gone := false
+	for i := range changes {
+		ch := &changes[i]
+		delete(c.stale, ch.Key)
+		if n, e := c.put(ch.Key, ch.Service, ch.Slices); n != nil && e == nil {
+			added = append(added, n)
+		} else if n == nil && e != nil {
+			gone = true
 		}
 	}
-	changed, reorder := sharedChanged, false
-	c.touched = c.touched[:0]
-	for _, svc := range svcs {
-		k := model.ServiceKey{Namespace: svc.Namespace, Name: svc.Name}
-		group := bySvc[k]
-		if len(group) > 1 {
-			slices.SortFunc(group, func(a, b *discoveryv1.EndpointSlice) int {
-				switch {
-				case a.Name < b.Name:
-					return -1
-				case a.Name > b.Name:
-					return 1
-				}
-				return 0
-			})
+	// A NetworkEndpoint change reached these: computed again from what
+	// they were computed from.
+	for k := range c.stale {
+		if e := c.entries[k]; e != nil {
+			c.put(k, e.svc, e.slices)
 		}
-		e := c.entries[k]
-		if e != nil && e.gen == c.gen {
-			continue // listed twice: the first one counts
-		}
-		if e != nil && !sharedChanged && !stale[k] && e.uid == svc.UID && e.rv == svc.ResourceVersion && sameVersions(e.slices, group) {
-			e.gen = c.gen
-			continue
-		}
-		changed = true
-		n := &svcEntry{key: k, pos: -1, uid: svc.UID, created: svc.CreationTimestamp.Time, rv: svc.ResourceVersion, gen: c.gen,
-			res: c.env.Compute(svc, group)}
-		serviceComputations.Inc()
-		n.cost = model.CostOf(&n.res)
-		if e != nil {
-			c.forget(e)
-		}
-		c.remember(n)
-		if e != nil && e.pos >= 0 {
-			n.pos, c.order[e.pos] = e.pos, n
-		} else {
-			reorder = true
-		}
-		if len(group) > 0 {
-			n.slices = make([]objVersion, len(group))
-			for i, sl := range group {
-				n.slices[i] = objVersion{sl.Name, sl.ResourceVersion}
+	}
+	c.stale = nil
+	if all {
+		for k, e := range c.entries {
+			if e.gen != c.gen {
+				c.forget(e)
+				delete(c.entries, k)
+				gone, c.vipsDirty = true, true
 			}
 		}
-		c.entries[k] = n
 	}
-	for k, e := range c.entries {
-		if e.gen != c.gen {
-			c.forget(e)
-			delete(c.entries, k)
-			changed, reorder = true, true
-		}
-	}
-	if !changed {
+	if len(c.touched) == 0 && !sharedChanged {
 		return c.state, c.vips, false
 	}
-	if reorder {
-		c.order = c.order[:0]
-		for _, e := range c.entries {
-			c.order = append(c.order, e)
-		}
-		slices.SortFunc(c.order, func(a, b *svcEntry) int {
-			return cmp.Or(cmp.Compare(a.key.Namespace, b.key.Namespace), cmp.Compare(a.key.Name, b.key.Name))
-		})
-		for i, e := range c.order {
-			e.pos = i
-		}
-	}
+	c.place(added, gone)
 	c.refused = c.admit()
 	results := make([]*model.ServiceResult, len(c.order))
 	for i, e := range c.order {
@@ -191,6 +162,10 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool, svc
 		}
 	}
 	c.state = model.MergeServices(results)
+	if !c.vipsDirty && !sharedChanged {
+		return c.state, c.vips, false
+	}
+	c.vipsDirty = false
 	// The VIPs of the bound services, in Bound's order.
 	vips = make([]model.ServiceVIPs, 0, len(c.state.Bound))
 	for _, b := range c.state.Bound {
@@ -212,6 +187,63 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool, svc
 	return c.state, c.vips, vipsChanged
 }
 
+// put computes service k from svc (nil: it is gone) and its slices, and
+// returns its new entry (nil when gone) and the one it replaced (nil when
+// new). A replaced entry keeps its place in order.
+func (c *serviceCache) put(k model.ServiceKey, svc *corev1.Service, group []*discoveryv1.EndpointSlice) (n, e *svcEntry) {
+	e = c.entries[k]
+	if e != nil {
+		c.forget(e)
+	}
+	if svc == nil {
+		if e != nil {
+			delete(c.entries, k)
+			c.vipsDirty = true
+		}
+		return nil, e
+	}
+	n = &svcEntry{key: k, uid: svc.UID, created: svc.CreationTimestamp.Time, svc: svc, slices: group, gen: c.gen,
+		res: c.env.Compute(svc, group)}
+	serviceComputations.Inc()
+	n.cost = model.CostOf(&n.res)
+	c.remember(n)
+	c.entries[k] = n
+	if e == nil || !sameVIPs(&e.res, &n.res) {
+		c.vipsDirty = true
+	}
+	if e != nil {
+		if i, ok := slices.BinarySearchFunc(c.order, k, byKey); ok {
+			c.order[i] = n
+		}
+	}
+	return n, e
+}
+
+// sameVIPs: a and b give the views the same VIPs (bound alike, to the same
+// network, at the same addresses).
+func sameVIPs(a, b *model.ServiceResult) bool {
+	return a.Skipped == b.Skipped && (a.Binding.Err == "") == (b.Binding.Err == "") && a.Binding.Network == b.Binding.Network &&
+		slices.Equal(a.VIPs, b.VIPs)
+}
+
+// place brings order (the merge's: by namespace and name) to the entries:
+// added ones are inserted (a sort when many came at once), gone ones
+// dropped.
+func (c *serviceCache) place(added []*svcEntry, gone bool) {
+	if gone {
+		c.order = slices.DeleteFunc(c.order, func(e *svcEntry) bool { return c.entries[e.key] != e })
+	}
+	if len(added) > 64 {
+		c.order = append(c.order, added...)
+		slices.SortFunc(c.order, func(a, b *svcEntry) int { return byKey(a, b.key) })
+		return
+	}
+	for _, n := range added {
+		i, _ := slices.BinarySearchFunc(c.order, n.key, byKey)
+		c.order = slices.Insert(c.order, i, n)
+	}
+}
+
 // indexPods applies the NetworkEndpoints that came, changed or went (by
 // name; nil: gone) to the pod address index, and marks stale the services
 // whose results read an address they held or hold. Its cost is what
@@ -220,35 +252,34 @@ func (c *serviceCache) indexPods(changes map[types.NamespacedName]*lacev1.Networ
 	c.initPods()
 	touch := func(ne *lacev1.NetworkEndpoint) {
 		for _, a := range model.NetworkEndpointAddrs(ne) {
-			for _, k := range c.byAddr[a] {
+			c.byAddr.each(a, func(k model.ServiceKey) {
 				if c.stale == nil {
 					c.stale = map[model.ServiceKey]bool{}
 				}
 				c.stale[k] = true
-			}
+			})
 		}
 	}
 	for k, ne := range changes {
-		old := c.indexed[k]
+		old := c.pods.Get(k)
 		if old == ne {
 			continue
 		}
 		if old != nil {
 			c.pods.Remove(old)
 			touch(old)
-			delete(c.indexed, k)
 		}
 		if ne != nil {
 			c.pods.Add(ne)
 			touch(ne)
-			c.indexed[k] = ne
 		}
 	}
 }
 
 func (c *serviceCache) initPods() {
 	if c.pods == nil {
-		c.pods, c.indexed, c.byAddr = model.NewPodAddrIndex(), map[types.NamespacedName]*lacev1.NetworkEndpoint{}, map[netip.Addr][]model.ServiceKey{}
+		c.pods = model.NewPodAddrIndex()
+		c.byAddr = addrUsers{first: map[netip.Addr]model.ServiceKey{}, more: map[netip.Addr][]model.ServiceKey{}}
 	}
 }
 
@@ -265,15 +296,15 @@ func (c *serviceCache) podChanges(all []*lacev1.NetworkEndpoint) map[types.Names
 			continue // listed twice: the first one counts
 		}
 		seen[k] = true
-		if old := c.indexed[k]; old == nil || old != ne && (old.ResourceVersion != ne.ResourceVersion || old.UID != ne.UID) {
+		if old := c.pods.Get(k); old == nil || old != ne && (old.ResourceVersion != ne.ResourceVersion || old.UID != ne.UID) {
 			out[k] = ne
 		}
 	}
-	for k := range c.indexed {
+	c.pods.Each(func(k types.NamespacedName) {
 		if !seen[k] {
 			out[k] = nil
 		}
-	}
+	})
 	return out
 }
 
@@ -281,7 +312,7 @@ func (c *serviceCache) podChanges(all []*lacev1.NetworkEndpoint) map[types.Names
 // looked each pod address up), the budget's running sum, and touched.
 func (c *serviceCache) remember(e *svcEntry) {
 	for _, a := range e.res.PodAddrs {
-		c.byAddr[a] = append(c.byAddr[a], e.key)
+		c.byAddr.add(a, e.key)
 	}
 	if counted(e) {
 		c.sum.Add(c.budget, e.key.Namespace, e.cost)
@@ -291,16 +322,55 @@ func (c *serviceCache) remember(e *svcEntry) {
 
 func (c *serviceCache) forget(e *svcEntry) {
 	for _, a := range e.res.PodAddrs {
-		if l := slices.DeleteFunc(c.byAddr[a], func(k model.ServiceKey) bool { return k == e.key }); len(l) > 0 {
-			c.byAddr[a] = l
-		} else {
-			delete(c.byAddr, a)
-		}
+		c.byAddr.remove(a, e.key)
 	}
 	if counted(e) {
 		c.sum.Remove(c.budget, e.key.Namespace, e.cost)
 	}
 	c.touched = append(c.touched, e.key)
+}
+
+// addrUsers has the services that looked each pod address up: the first
+// in one map, the others (a pod behind several Services) in another, so
+// that the common case keeps no list.
+type addrUsers struct {
+	first map[netip.Addr]model.ServiceKey
+	more  map[netip.Addr][]model.ServiceKey
+}
+
+func (u *addrUsers) add(a netip.Addr, k model.ServiceKey) {
+	if _, ok := u.first[a]; ok {
+		u.more[a] = append(u.more[a], k)
+	} else {
+		u.first[a] = k
+	}
+}
+
+func (u *addrUsers) remove(a netip.Addr, k model.ServiceKey) {
+	more := u.more[a]
+	if i := slices.Index(more, k); i >= 0 {
+		more = slices.Delete(more, i, i+1)
+	} else if f, ok := u.first[a]; ok && f == k {
+		if len(more) > 0 {
+			u.first[a], more = more[0], more[1:]
+		} else {
+			delete(u.first, a)
+		}
+	}
+	if len(more) > 0 {
+		u.more[a] = more
+	} else {
+		delete(u.more, a)
+	}
+}
+
+func (u *addrUsers) each(a netip.Addr, fn func(model.ServiceKey)) {
+	if f, ok := u.first[a]; ok {
+		fn(f)
+	}
+	for _, k := range u.more[a] {
+		fn(k)
+	}
 }
 
 // counted: the service takes room in the maps, and the budget judges it.
@@ -324,6 +394,8 @@ func (c *serviceCache) admit() map[model.ServiceKey]model.Refusal {
 		}
 		return nil
 	}
+	// Refusals may change for services that did not: their VIPs with them.
+	c.vipsDirty = true
 	cands := make([]model.Candidate, 0, len(c.order))
 	for _, e := range c.order {
 		if !counted(e) {
@@ -381,18 +453,6 @@ func programmedCost(r *model.ServiceResult, prog map[datapath.ServiceKey]datapat
 		}
 	}
 	return c
-}
-
-func sameVersions(have []objVersion, now []*discoveryv1.EndpointSlice) bool {
-	if len(have) != len(now) {
-		return false
-	}
-	for i, sl := range now {
-		if have[i].name != sl.Name || have[i].rv != sl.ResourceVersion {
-			return false
-		}
-	}
-	return true
 }
 
 // versions remembers the resourceVersion of every object of one kind, to

@@ -180,15 +180,16 @@ func TestServiceCacheMatchesComputeServices(t *testing.T) {
 		for k, e := range c.entries {
 			gens[k] = e
 		}
-		// The informer lists in any order.
-		svcPtrs, slicePtrs := ptrs(svcs), ptrs(sls)
+		// The informer lists in any order, objects it replaces and never
+		// modifies (the cache keeps them).
+		svcPtrs, slicePtrs := ptrs(slices.Clone(svcs)), ptrs(slices.Clone(sls))
 		rng.Shuffle(len(svcPtrs), func(i, j int) { svcPtrs[i], svcPtrs[j] = svcPtrs[j], svcPtrs[i] })
 		rng.Shuffle(len(slicePtrs), func(i, j int) { slicePtrs[i], slicePtrs[j] = slicePtrs[j], slicePtrs[i] })
 		sharedChanged := c1 || c2 || c4 || zoneChanged
 		nes := slices.Clone(nePtrs)
 		rng.Shuffle(len(nes), func(i, j int) { nes[i], nes[j] = nes[j], nes[i] })
 		c.indexPods(c.podChanges(nes))
-		st, vips, _ := c.update(shared, sharedChanged, svcPtrs, slicePtrs)
+		st, vips, _ := c.updateLists(shared, sharedChanged, svcPtrs, slicePtrs)
 		for k, e := range c.entries {
 			if gens[k] != e {
 				computed++
@@ -240,7 +241,7 @@ func BenchmarkServiceCacheOneChange(b *testing.B) {
 	}
 	var c serviceCache
 	sp, slp := ptrs(svcs), ptrs(sls)
-	c.update(shared, true, sp, slp)
+	c.updateLists(shared, true, sp, slp)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
@@ -250,8 +251,23 @@ func BenchmarkServiceCacheOneChange(b *testing.B) {
 		sl.Endpoints = slices.Clone(sl.Endpoints)
 		sl.Endpoints[0].Addresses = []string{fmt.Sprintf("10.200.%d.%d", i>>8&255, i&255)}
 		slp[k] = &sl
-		if st, _, _ := c.update(shared, false, sp, slp); len(st.Services) != n {
+		// As the informer's event gives it.
+		c.mirror.mu.Lock()
+		c.mirror.setSlice(types.NamespacedName{Namespace: sl.Namespace, Name: sl.Name}, &sl, true)
+		c.mirror.mu.Unlock()
+		if st, _, _ := c.update(shared, false); len(st.Services) != n {
 			b.Fatal(len(st.Services))
 		}
 	}
+}
+
+// updateLists is update for full lists of the Services and EndpointSlices
+// (a test's), through the cache's mirror.
+func (c *serviceCache) updateLists(shared model.ServiceInput, sharedChanged bool, svcs []*corev1.Service,
+	sls []*discoveryv1.EndpointSlice) (model.ServiceState, []model.ServiceVIPs, bool) {
+	if c.mirror == nil {
+		c.mirror = &svcMirror{}
+	}
+	c.mirror.resync(svcs, sls)
+	return c.update(shared, sharedChanged)
 }

@@ -31,16 +31,17 @@ const FieldManager = "lace-agent"
 // UnderlayEndpoint to the desired state. It is the one place that applies:
 // watches only enqueue.
 func (s *Syncer) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
-	st, in, slices, err := s.desiredState(ctx)
+	st, in, triggers, err := s.desiredState(ctx)
+	if errors.Is(err, errNotSynced) {
+		// A moment after the caches: not an error worth a log line.
+		return reconcile.Result{RequeueAfter: 50 * time.Millisecond}, nil
+	}
 	if err != nil {
 		return reconcile.Result{}, err
 	}
 	if err := s.publishUnderlay(ctx, in); err != nil {
 		return reconcile.Result{}, err
 	}
-	s.mu.Lock()
-	triggers := s.slices.changedPtrs(slices)
-	s.mu.Unlock()
 	// The checkpoint is made true to the kernel before the data plane is
 	// written from it: stale endpoints go, and (once per start) what the
 	// kernel holds and the checkpoint lost is adopted.
@@ -95,7 +96,7 @@ type listed struct {
 // namespaces, service ranges, the VIPs of bound services), since an
 // endpoint change leaves every view as it was. Objects are read from the
 // cache without copies: nothing here or in the model modifies them.
-func (s *Syncer) desiredState(ctx context.Context) (model.NodeState, listed, []*discoveryv1.EndpointSlice, error) {
+func (s *Syncer) desiredState(ctx context.Context) (model.NodeState, listed, []time.Time, error) {
 	var nets lacev1.NetworkList
 	var allocs lacev1.AllocationList
 	var ueps lacev1.UnderlayEndpointList
@@ -113,10 +114,21 @@ func (s *Syncer) desiredState(ctx context.Context) (model.NodeState, listed, []*
 			return model.NodeState{}, listed{}, nil, fmt.Errorf("list %T: %w", l, err)
 		}
 	}
-	svcs, slices, err := s.ListServices(ctx)
-	if err != nil {
+	// Services and EndpointSlices come from the informers' events
+	// (svcMirror); a sync without them (a test's) lists them.
+	if !s.mirror.live() {
+		svcs, slices, err := s.ListServices(ctx)
+		if err != nil {
+			return model.NodeState{}, listed{}, nil, err
+		}
+		s.mirror.resync(svcs, slices)
+	}
+	if err := s.mirror.synced(); err != nil {
 		return model.NodeState{}, listed{}, nil, err
 	}
+	// The API server's are the only ones the node's state reads beside
+	// the services' computation.
+	kubeSlices := s.mirror.kubernetesSlices()
 	in := listed{nets: nets.Items, ueps: ueps.Items}
 	in.addrs, in.addrsErr = s.node.UnderlayAddrs()
 	var node corev1.Node
@@ -163,10 +175,10 @@ func (s *Syncer) desiredState(ctx context.Context) (model.NodeState, listed, []*
 		RoutingPolicies: nrps.Items, ServiceRoutingPolicies: srps.Items, BindingPolicies: nbps.Items,
 		Neighbors: nbrs.Items, FDBEntries: fdbs.Items,
 		Namespaces: c.nsLabels, ServiceCIDRs: cidrs.Items, Nodes: nodes.Items, LoadBalancerClasses: lbcs.Items, Underlays: ueps.Items,
-		Services: svcs, EndpointSlices: slices, CheckHostEndpoints: s.hostPods != nil, HostNetworkPods: hpods.Items,
+		EndpointSlices: kubeSlices, CheckHostEndpoints: s.hostPods != nil, HostNetworkPods: hpods.Items,
 		Addrs: in.addrs, AllowedExternalIPs: s.opts.AllowedExternalIPs,
 		Stages: model.DesiredStages{
-			Services: func(d *model.NodeDesired, shared model.ServiceInput, svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice) (model.ServiceState, []model.ServiceVIPs) {
+			Services: func(d *model.NodeDesired, shared model.ServiceInput, _ []*corev1.Service, _ []*discoveryv1.EndpointSlice) (model.ServiceState, []model.ServiceVIPs) {
 				// Only the underlay addresses the model accepts are
 				// believed (a node writes its own UnderlayEndpoint and
 				// could claim anything); they depend on the Nodes'
@@ -182,7 +194,7 @@ func (s *Syncer) desiredState(ctx context.Context) (model.NodeState, listed, []*
 				hostEPsChanged := !d.HostEndpoints.Equal(c.hostEPs)
 				c.hostEPs = d.HostEndpoints
 				st, vips, changed := c.services.update(shared,
-					hostEPsChanged || zoneChanged || reservedChanged || netsChanged || nbpsChanged || nssChanged || uepsChanged || cidrsChanged, svcs, slices)
+					hostEPsChanged || zoneChanged || reservedChanged || netsChanged || nbpsChanged || nssChanged || uepsChanged || cidrsChanged)
 				vipsChanged = changed
 				return st, vips
 			},
@@ -195,13 +207,15 @@ func (s *Syncer) desiredState(ctx context.Context) (model.NodeState, listed, []*
 				return c.node
 			},
 			HostPorts: func(d *model.NodeDesired) ([]tables.Service, error) {
-				return s.hostPorts(ctx, in.node, in.addrs, d.NodeState.Services, d.HealthChecks, slices)
+				return s.hostPorts(ctx, in.node, in.addrs, d.NodeState.Services, d.HealthChecks, kubeSlices)
 			},
 		}})
 	if err != nil {
 		return model.NodeState{}, listed{}, nil, err
 	}
-	return d.NodeState, in, slices, nil
+	triggers := c.services.triggers
+	c.services.triggers = nil
+	return d.NodeState, in, triggers, nil
 }
 
 // indexPods brings the services' pod address index up to date. Every pod

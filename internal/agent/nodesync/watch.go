@@ -35,16 +35,18 @@ func (s *Syncer) SetupWithManager(mgr manager.Manager, hostPods cache.Cache) err
 	// kinds (other agents' UnderlayEndpoint status, binding policy
 	// conditions), Node heartbeats and pod condition churn do not.
 	specOnly := builder.WithPredicates(predicates.SpecOrLifecycleChanged())
-	// What the services' computation learns of NetworkEndpoints comes from
-	// their informer's events (nePending), registered before it starts.
-	if s.cache != nil {
-		inf, err := s.cache.GetInformer(context.Background(), &lacev1.NetworkEndpoint{})
-		if err != nil {
-			return fmt.Errorf("informer of NetworkEndpoints: %w", err)
+	// Services, EndpointSlices and NetworkEndpoints reach the computation
+	// through their informers' handlers (feeds), which kick the node key
+	// through kicks once a change is recorded (one pending kick is
+	// enough: a computation takes every change recorded before it).
+	kicks := make(chan event.GenericEvent, 1)
+	if err := s.feeds(func() {
+		select {
+		case kicks <- event.GenericEvent{Object: &corev1.Node{}}:
+		default:
 		}
-		if err := s.nePending.register(inf); err != nil {
-			return err
-		}
+	}); err != nil {
+		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("node-dataplane").
@@ -57,10 +59,11 @@ func (s *Syncer) SetupWithManager(mgr manager.Manager, hostPods cache.Cache) err
 		Watches(&lacev1.NetworkRoutingPolicy{}, toNode, specOnly).
 		Watches(&lacev1.NetworkBindingPolicy{}, toNode, specOnly).
 		Watches(&lacev1.ServiceRoutingPolicy{}, toNode, specOnly).
-		// Services and their endpoints, as kube-proxy watches them (a
-		// Service's status holds its load balancer addresses).
-		Watches(&corev1.Service{}, toNode, builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
-		Watches(&discoveryv1.EndpointSlice{}, toNode, builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
+		// Services and their endpoints (a Service's status holds its load
+		// balancer addresses), and NetworkEndpoints (the node's own,
+		// deleted or changed behind its back, are written again): their
+		// handlers kick once they recorded the change.
+		WatchesRawSource(source.Channel(kicks, toNode)).
 		Watches(&networkingv1.ServiceCIDR{}, toNode, specOnly).
 		// Pools are never a node's underlay address (model.AcceptUnderlays).
 		Watches(&lacev1.LoadBalancerClass{}, toNode, specOnly).
@@ -73,18 +76,40 @@ func (s *Syncer) SetupWithManager(mgr manager.Manager, hostPods cache.Cache) err
 				return o.Spec.NodeName != n.Spec.NodeName || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)
 			},
 		})).
-		// A NetworkEndpoint deleted or changed behind the agent's back is
-		// written again (its own creations need no reconcile).
-		Watches(&lacev1.NetworkEndpoint{}, toNode, builder.WithPredicates(predicate.Funcs{
-			CreateFunc: func(event.CreateEvent) bool { return false },
-			UpdateFunc: func(e event.UpdateEvent) bool {
-				return e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration()
-			},
-			DeleteFunc: func(event.DeleteEvent) bool { return true },
-		})).
 		// Namespace labels bind services (namespaceSelector) and scope
 		// ServiceRoutingPolicies; for pods they matter at CNI ADD only.
 		Watches(&corev1.Namespace{}, toNode, builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Complete(reconcile.Func(s.Reconcile))
+}
+
+// feeds registers the handlers of svcMirror and nePending with the
+// manager's informers, before they start.
+func (s *Syncer) feeds(kick func()) error {
+	if s.cache == nil {
+		return fmt.Errorf("the node's controller needs the manager's cache")
+	}
+	get := func(obj client.Object) (cache.Informer, error) {
+		inf, err := s.cache.GetInformer(context.Background(), obj)
+		if err != nil {
+			return nil, fmt.Errorf("informer of %T: %w", obj, err)
+		}
+		return inf, nil
+	}
+	nes, err := get(&lacev1.NetworkEndpoint{})
+	if err != nil {
+		return err
+	}
+	svcs, err := get(&corev1.Service{})
+	if err != nil {
+		return err
+	}
+	sls, err := get(&discoveryv1.EndpointSlice{})
+	if err != nil {
+		return err
+	}
+	if err := s.nePending.register(nes, kick); err != nil {
+		return err
+	}
+	return s.mirror.register(svcs, sls, kick)
 }
