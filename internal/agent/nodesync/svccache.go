@@ -33,8 +33,8 @@ type serviceCache struct {
 	// pods indexes the cluster's NetworkEndpoints by address, kept up to
 	// date between updates; byAddr
 	// has the services whose results looked each address up.
-	pods    *model.PodAddrIndex
-	byAddr  addrUsers
+	pods   *model.PodAddrIndex
+	byAddr addrUsers
 	// stale are the services a NetworkEndpoint change reached, computed
 	// again at the next update.
 	stale map[model.ServiceKey]bool
