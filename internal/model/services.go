@@ -345,50 +345,91 @@ func bySliceName(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Nam
 // services, in any order (Skipped ones are ignored; in (namespace, name)
 // order is cheapest): what ComputeServices returns for the same services.
 func MergeServices(results []*ServiceResult) ServiceState {
-	var st ServiceState
-	ports, excl := 0, 0
-	// Bound is sorted by (namespace, name); services and excluded
-	// endpoints are appended in that order and then sorted stably, so
-	// that ties come out the same whatever the input order.
+	// Bound is sorted by (namespace, name); services are taken in that
+	// order and then sorted stably by frontend, so that ties come out the
+	// same whatever the input order.
 	order := make([]*ServiceResult, 0, len(results))
+	ports := 0
 	for _, r := range results {
 		if !r.Skipped {
 			order = append(order, r)
 			ports += len(r.Services)
-			excl += len(r.Excluded)
 		}
 	}
 	byName := func(a, b *ServiceResult) int {
 		return cmp.Or(cmp.Compare(a.Binding.Namespace, b.Binding.Namespace), cmp.Compare(a.Binding.Name, b.Binding.Name))
 	}
-	// A caller that keeps its results in order (the agent) is spared the
-	// sort.
+	// A caller that keeps its results in order is spared the sort.
 	if !slices.IsSortedFunc(order, byName) {
 		slices.SortStableFunc(order, byName)
 	}
-	if len(order) > 0 {
-		st.Bound = make([]ServiceBinding, 0, len(order))
+	fronts := make([]FrontendRef, 0, ports)
+	for _, r := range order {
+		for i := range r.Services {
+			fronts = append(fronts, FrontendRef{r, i})
+		}
 	}
-	if ports > 0 {
-		st.Services = make([]tables.Service, 0, ports)
+	slices.SortStableFunc(fronts, func(a, b FrontendRef) int { return compareFrontend(a.entry(), b.entry()) })
+	return MergeSorted(order, fronts, nil)
+}
+
+// FrontendRef is one table entry of a service's result (R.Services[I]),
+// as the merge orders them: a caller that keeps its results between
+// merges (the agent) keeps these sorted too (CompareFrontends), and
+// merges without sorting every service's entries again (MergeSorted).
+type FrontendRef struct {
+	R *ServiceResult
+	I int
+}
+
+func (f FrontendRef) entry() *tables.Service { return &f.R.Services[f.I] }
+
+func compareFrontend(a, b *tables.Service) int {
+	return cmp.Or(a.VIP.Compare(b.VIP), cmp.Compare(a.Proto, b.Proto), cmp.Compare(a.Port, b.Port))
+}
+
+// CompareFrontends orders entries as MergeServices does: by address,
+// protocol and port, then (ties) by their Service's namespace and name
+// and their place in its result, which is what the stable sort of results
+// in (namespace, name) order gives when no Service is listed twice.
+func CompareFrontends(a, b FrontendRef) int {
+	return cmp.Or(compareFrontend(a.entry(), b.entry()),
+		cmp.Compare(a.R.Binding.Namespace, b.R.Binding.Namespace), cmp.Compare(a.R.Binding.Name, b.R.Binding.Name), cmp.Compare(a.I, b.I))
+}
+
+// MergeSorted is MergeServices for order, the results in (namespace,
+// name) order, and fronts, their entries in the merge's order; an entry
+// whose result skip says is left out is not merged (nil: none is).
+func MergeSorted(order []*ServiceResult, fronts []FrontendRef, skip func(*ServiceResult) bool) ServiceState {
+	var st ServiceState
+	excl := 0
+	n := 0
+	for _, r := range order {
+		if !r.Skipped {
+			n++
+			excl += len(r.Excluded)
+		}
+	}
+	if n > 0 {
+		st.Bound = make([]ServiceBinding, 0, n)
+	}
+	if len(fronts) > 0 {
+		st.Services = make([]tables.Service, 0, len(fronts))
 	}
 	if excl > 0 {
 		st.Excluded = make([]ExcludedEndpoint, 0, excl)
 	}
-	// An address an external IP names has one owner across ports and
-	// protocols: the other Services' external IP entries on it go.
-	xown := externalOwners(order)
-	for _, r := range order {
-		st.Bound = append(st.Bound, r.Binding)
-		if xown == nil {
-			st.Services = append(st.Services, r.Services...)
-		} else {
-			for _, s := range r.Services {
-				if s.Frontend != tables.FrontendExternalIP || xown[s.VIP].r == r {
-					st.Services = append(st.Services, s)
-				}
+	live := order
+	if n != len(order) {
+		live = make([]*ServiceResult, 0, n)
+		for _, r := range order {
+			if !r.Skipped {
+				live = append(live, r)
 			}
 		}
+	}
+	for _, r := range live {
+		st.Bound = append(st.Bound, r.Binding)
 		st.Excluded = append(st.Excluded, r.Excluded...)
 		if r.HealthCheck != nil {
 			st.HealthChecks = append(st.HealthChecks, *r.HealthCheck)
@@ -398,33 +439,42 @@ func MergeServices(results []*ServiceResult) ServiceState {
 	// may not): the first Service by namespace and name keeps it.
 	slices.SortStableFunc(st.HealthChecks, func(a, b HealthCheck) int { return cmp.Compare(a.Port, b.Port) })
 	st.HealthChecks = slices.CompactFunc(st.HealthChecks, func(a, b HealthCheck) bool { return a.Port == b.Port })
-	slices.SortStableFunc(st.Services, func(a, b tables.Service) int {
-		return cmp.Or(a.VIP.Compare(b.VIP), cmp.Compare(a.Proto, b.Proto), cmp.Compare(a.Port, b.Port))
-	})
+	// An address an external IP names has one owner across ports and
+	// protocols: the other Services' external IP entries on it go.
+	xown := externalOwners(live)
 	// One entry per address, protocol and port: two Services may name the
 	// same external IP (or one another's load balancer address). A
 	// ClusterIP wins, then a NodePort, a load balancer address and last an
 	// external IP (no Service takes another's address by naming it); the
 	// oldest Service among equals (creation time, then UID), never the
 	// first by name, so a newcomer cannot take an address that is served.
-	if n := len(st.Services); n > 1 {
-		out := st.Services[:1]
-		var own owners // made at the first contest: they are rare
-		for _, sv := range st.Services[1:] {
-			last := &out[len(out)-1]
-			if sv.VIP != last.VIP || sv.Proto != last.Proto || sv.Port != last.Port {
-				out = append(out, sv)
-				continue
-			}
-			if own == nil {
-				own = newOwners(order)
-			}
-			if own.wins(&sv, last) {
-				*last = sv
-			}
+	var own owners // made at the first contest: they are rare
+	for _, f := range fronts {
+		if skip != nil && skip(f.R) {
+			continue
 		}
-		clear(st.Services[len(out):])
-		st.Services = out
+		sv := f.entry()
+		if xown != nil && sv.Frontend == tables.FrontendExternalIP && xown[sv.VIP].r != f.R {
+			continue
+		}
+		if len(st.Services) == 0 {
+			st.Services = append(st.Services, *sv)
+			continue
+		}
+		last := &st.Services[len(st.Services)-1]
+		if compareFrontend(sv, last) != 0 {
+			st.Services = append(st.Services, *sv)
+			continue
+		}
+		if own == nil {
+			own = newOwners(live)
+		}
+		if own.wins(sv, last) {
+			*last = *sv
+		}
+	}
+	if len(st.Services) == 0 {
+		st.Services = nil
 	}
 	slices.SortFunc(st.Excluded, func(a, b ExcludedEndpoint) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Service, b.Service), a.Addr.Compare(b.Addr))

@@ -45,6 +45,7 @@ func main() {
 	var so svcOptions
 	sizes := flag.String("services", "1000,10000", "service counts of the services benchmark, each programmed from nothing")
 	flag.IntVar(&so.endpoints, "service-endpoints", 10, "endpoints per service")
+	flag.IntVar(&so.namespaces, "service-namespaces", 10, "namespaces the services are spread over")
 	flag.IntVar(&so.changes, "service-changes", 100, "single endpoint changes timed per service count")
 	flag.DurationVar(&so.changeTime, "service-change-time", 2*time.Minute, "longest time spent timing endpoint changes per service count")
 	flag.IntVar(&so.conns, "service-conns", 500, "new TCP connections timed per path and service count")

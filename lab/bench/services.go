@@ -55,6 +55,24 @@ type svcOptions struct {
 	dur time.Duration
 	// kubeProxy is the kube-proxy binary of the peer; "" runs no peer.
 	kubeProxy string
+	// namespaces the services are spread over (round robin).
+	namespaces int
+}
+
+// workNS is the namespace of the run's i-th service: the chart's
+// per-namespace share of the service maps (a quarter, services.md) would
+// refuse one namespace's 10,000 Services x 10 endpoints, and a cluster
+// that size has many namespaces. kube-proxy has no such bound.
+func (o svcOptions) workNS(i int) string { return fmt.Sprintf("%s-%d", svcNS, i%max(o.namespaces, 1)) }
+
+// allNS are the run's namespaces: the latency paths' pods, then the
+// services'.
+func (o svcOptions) allNS() []string {
+	out := []string{svcNS}
+	for i := range max(o.namespaces, 1) {
+		out = append(out, o.workNS(i))
+	}
+	return out
 }
 
 // The nodes of the run: Lace serves alone on laceNode; kube-proxy runs on
@@ -99,20 +117,24 @@ func benchServices(ctx context.Context, name string, o svcOptions) error {
 		return err
 	}
 	// A namespace left by an earlier run on the same lab is gone first.
-	for deadline := time.Now().Add(3 * time.Minute); ; {
-		_, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: svcNS}},
-			metav1.CreateOptions{})
-		if err == nil {
-			break
+	for _, ns := range o.allNS() {
+		for deadline := time.Now().Add(3 * time.Minute); ; {
+			_, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
+				metav1.CreateOptions{})
+			if err == nil {
+				break
+			}
+			if !apierrors.IsAlreadyExists(err) && !apierrors.IsConflict(err) && !apierrors.IsForbidden(err) || time.Now().After(deadline) {
+				return fmt.Errorf("namespace %s: %w", ns, err)
+			}
+			_ = cs.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
+			time.Sleep(time.Second)
 		}
-		if !apierrors.IsAlreadyExists(err) && !apierrors.IsConflict(err) && !apierrors.IsForbidden(err) || time.Now().After(deadline) {
-			return fmt.Errorf("namespace %s: %w", svcNS, err)
-		}
-		_ = cs.CoreV1().Namespaces().Delete(ctx, svcNS, metav1.DeleteOptions{})
-		time.Sleep(time.Second)
 	}
 	defer func() {
-		_ = cs.CoreV1().Namespaces().Delete(context.Background(), svcNS, metav1.DeleteOptions{})
+		for _, ns := range o.allNS() {
+			_ = cs.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
+		}
 	}()
 
 	var kp *kubeProxy
@@ -179,7 +201,7 @@ func benchServices(ctx context.Context, name string, o svcOptions) error {
 		// Each size starts from nothing; the last one's services stay for
 		// the request/response run.
 		if n != o.sizes[len(o.sizes)-1] {
-			if err := deleteServices(ctx, cs, laceMaps, kp, p.vips); err != nil {
+			if err := deleteServices(ctx, cs, laceMaps, kp, p.vips, o); err != nil {
 				return err
 			}
 		}
@@ -339,9 +361,9 @@ func measureProgramming(ctx context.Context, cs kubernetes.Interface, c lab.Conf
 		vips: map[netip.Addr]bool{}}
 	prefix := fmt.Sprintf("s%d", n)
 	type made struct {
-		svc   string
-		vip   netip.Addr
-		slice *discoveryv1.EndpointSlice
+		ns, svc string
+		vip     netip.Addr
+		slice   *discoveryv1.EndpointSlice
 	}
 	all := make([]made, n)
 	work := make(chan int)
@@ -363,12 +385,13 @@ func measureProgramming(ctx context.Context, cs kubernetes.Interface, c lab.Conf
 					first = t
 				}
 				mu.Unlock()
-				svc, err := cs.CoreV1().Services(svcNS).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name},
+				ns := o.workNS(i)
+				svc, err := cs.CoreV1().Services(ns).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name},
 					Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)}}}},
 					metav1.CreateOptions{})
 				var sl *discoveryv1.EndpointSlice
 				if err == nil {
-					sl, err = cs.DiscoveryV1().EndpointSlices(svcNS).Create(ctx, benchSlice(name, i, o.endpoints), metav1.CreateOptions{})
+					sl, err = cs.DiscoveryV1().EndpointSlices(ns).Create(ctx, benchSlice(name, i, o.endpoints), metav1.CreateOptions{})
 				}
 				if err != nil {
 					select {
@@ -383,7 +406,7 @@ func measureProgramming(ctx context.Context, cs kubernetes.Interface, c lab.Conf
 					last = done
 				}
 				mu.Unlock()
-				all[i] = made{svc: name, vip: netip.MustParseAddr(svc.Spec.ClusterIP), slice: sl}
+				all[i] = made{ns: ns, svc: name, vip: netip.MustParseAddr(svc.Spec.ClusterIP), slice: sl}
 			}
 		}()
 	}
@@ -464,7 +487,7 @@ feed:
 		// transaction that fills it and maps the VIP to it.
 		pending := make([]string, 0, n)
 		for _, m := range all {
-			pending = append(pending, kpServiceChain(svcNS, m.svc, "tcp", "http"))
+			pending = append(pending, kpServiceChain(m.ns, m.svc, "tcp", "http"))
 		}
 		watch(func() (bool, error) {
 			for len(pending) > 0 {
@@ -535,7 +558,7 @@ feed:
 				defer cw.Done()
 				// The new endpoint's chain is made in the transaction that
 				// points the service's chain to it.
-				ep := kpEndpointChain(svcNS, m.svc, "tcp", "http", nowAP)
+				ep := kpEndpointChain(m.ns, m.svc, "tcp", "http", nowAP)
 				kt = waitUntil(ctx, start, 30*time.Second, time.Millisecond, func() bool {
 					ok, err := kp.chains.exists(ep)
 					return err == nil && ok
@@ -545,7 +568,7 @@ feed:
 		patch := fmt.Sprintf(`[{"op":"replace","path":"/endpoints/0/addresses/0","value":%q},`+
 			`{"op":"add","path":"/metadata/annotations","value":{%q:%q}}]`,
 			now, corev1.EndpointsLastChangeTriggerTime, start.UTC().Format(time.RFC3339Nano))
-		sl, err := cs.DiscoveryV1().EndpointSlices(svcNS).Patch(ctx, m.slice.Name, types.JSONPatchType, []byte(patch), metav1.PatchOptions{})
+		sl, err := cs.DiscoveryV1().EndpointSlices(m.ns).Patch(ctx, m.slice.Name, types.JSONPatchType, []byte(patch), metav1.PatchOptions{})
 		if err != nil {
 			return r, fmt.Errorf("change endpoint: %w", err)
 		}
@@ -606,34 +629,40 @@ func benchSlice(name string, i, e int) *discoveryv1.EndpointSlice {
 
 // deleteServices removes the run's services and slices and waits until no
 // data plane serves them any more.
-func deleteServices(ctx context.Context, cs kubernetes.Interface, maps map[string]*svcMaps, kp *kubeProxy, vips map[netip.Addr]bool) error {
+func deleteServices(ctx context.Context, cs kubernetes.Interface, maps map[string]*svcMaps, kp *kubeProxy, vips map[netip.Addr]bool,
+	o svcOptions) error {
 	fmt.Fprintf(os.Stderr, "services: deleting %d services\n", len(vips))
 	sel := metav1.ListOptions{LabelSelector: discoveryv1.LabelManagedBy + "=bench.lace-cni.io"}
-	if err := cs.DiscoveryV1().EndpointSlices(svcNS).DeleteCollection(ctx, metav1.DeleteOptions{}, sel); err != nil {
-		return err
-	}
-	svcs, err := cs.CoreV1().Services(svcNS).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return err
-	}
-	work := make(chan string)
+	type svcName struct{ ns, name string }
+	work := make(chan svcName)
 	var wg sync.WaitGroup
 	for range 64 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for n := range work {
-				_ = cs.CoreV1().Services(svcNS).Delete(ctx, n, metav1.DeleteOptions{})
+				_ = cs.CoreV1().Services(n.ns).Delete(ctx, n.name, metav1.DeleteOptions{})
 			}
 		}()
 	}
-	for _, s := range svcs.Items {
-		if s.Name != "svc-srv" {
-			work <- s.Name
+	var err error
+	for _, ns := range o.allNS()[1:] {
+		if err = cs.DiscoveryV1().EndpointSlices(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, sel); err != nil {
+			break
+		}
+		var svcs *corev1.ServiceList
+		if svcs, err = cs.CoreV1().Services(ns).List(ctx, metav1.ListOptions{}); err != nil {
+			break
+		}
+		for _, s := range svcs.Items {
+			work <- svcName{ns, s.Name}
 		}
 	}
 	close(work)
 	wg.Wait()
+	if err != nil {
+		return err
+	}
 	deadline := time.Now().Add(5 * time.Minute)
 	for time.Now().Before(deadline) {
 		left := 0

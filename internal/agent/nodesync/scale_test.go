@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -63,9 +64,12 @@ func scaleSyncer(tb testing.TB, n, eps int) *storeClient {
 	tb.Helper()
 	w := agenttest.DefaultNetwork("n1", 24)
 	sc := &storeClient{Client: fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(w.Objects...).Build()}
+	// The API server gives ClusterIPs at random: the services' order by
+	// name is not their VIPs'.
+	vips := rand.New(rand.NewPCG(7, 7)).Perm(n)
 	for i := range n {
 		name := fmt.Sprintf("s%05d", i)
-		vip := fmt.Sprintf("10.96.%d.%d", i>>8, i&255)
+		vip := fmt.Sprintf("10.96.%d.%d", vips[i]>>8, vips[i]&255)
 		sc.svcs = append(sc.svcs, corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, ResourceVersion: "1"},
 			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, ClusterIP: vip, ClusterIPs: []string{vip},
 				Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}}})

@@ -49,6 +49,11 @@ type serviceCache struct {
 	mirror   *svcMirror
 	computed bool
 	triggers []time.Time
+	// fronts are the entries' table entries in the merge's order
+	// (model.CompareFrontends); frontsIn and frontsOut the entries
+	// remembered and forgotten since they were.
+	fronts              []model.FrontendRef
+	frontsIn, frontsOut []*svcEntry
 	// vipsDirty: a service's VIPs may have changed since vips were made
 	// (one computed gives others, refusals changed).
 	vipsDirty bool
@@ -161,7 +166,15 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool) (st
 			results[i] = &model.ServiceResult{Binding: b}
 		}
 	}
-	c.state = model.MergeServices(results)
+	c.syncFronts()
+	var skip func(*model.ServiceResult) bool
+	if len(c.refused) > 0 {
+		skip = func(r *model.ServiceResult) bool {
+			_, ok := c.refused[model.ServiceKey{Namespace: r.Binding.Namespace, Name: r.Binding.Name}]
+			return ok
+		}
+	}
+	c.state = model.MergeSorted(results, c.fronts, skip)
 	if !c.vipsDirty && !sharedChanged {
 		return c.state, c.vips, false
 	}
@@ -318,6 +331,7 @@ func (c *serviceCache) remember(e *svcEntry) {
 		c.sum.Add(c.budget, e.key.Namespace, e.cost)
 	}
 	c.touched = append(c.touched, e.key)
+	c.frontsIn = append(c.frontsIn, e)
 }
 
 func (c *serviceCache) forget(e *svcEntry) {
@@ -328,6 +342,42 @@ func (c *serviceCache) forget(e *svcEntry) {
 		c.sum.Remove(c.budget, e.key.Namespace, e.cost)
 	}
 	c.touched = append(c.touched, e.key)
+	c.frontsOut = append(c.frontsOut, e)
+}
+
+// syncFronts brings fronts to the entries remembered and forgotten since
+// the last call: each entry's refs taken out and put in at their place
+// (a memmove each), or, when many changed, all of them sorted again.
+func (c *serviceCache) syncFronts() {
+	defer func() { c.frontsIn, c.frontsOut = c.frontsIn[:0], c.frontsOut[:0] }()
+	if len(c.frontsIn)+len(c.frontsOut) > 256 {
+		c.fronts = c.fronts[:0]
+		for _, e := range c.order {
+			for i := range e.res.Services {
+				c.fronts = append(c.fronts, model.FrontendRef{R: &e.res, I: i})
+			}
+		}
+		slices.SortFunc(c.fronts, model.CompareFrontends)
+		return
+	}
+	for _, e := range c.frontsOut {
+		for i := range e.res.Services {
+			ref := model.FrontendRef{R: &e.res, I: i}
+			if j, ok := slices.BinarySearchFunc(c.fronts, ref, model.CompareFrontends); ok && c.fronts[j].R == ref.R {
+				c.fronts = slices.Delete(c.fronts, j, j+1)
+			}
+		}
+	}
+	for _, e := range c.frontsIn {
+		if c.entries[e.key] != e {
+			continue // forgotten since
+		}
+		for i := range e.res.Services {
+			ref := model.FrontendRef{R: &e.res, I: i}
+			j, _ := slices.BinarySearchFunc(c.fronts, ref, model.CompareFrontends)
+			c.fronts = slices.Insert(c.fronts, j, ref)
+		}
+	}
 }
 
 // addrUsers has the services that looked each pod address up: the first

@@ -226,9 +226,11 @@ func BenchmarkServiceCacheOneChange(b *testing.B) {
 		Spec: lacev1.NetworkBindingPolicySpec{Network: "default", Priority: model.CatchAllPriority}}}}
 	svcs := make([]corev1.Service, n)
 	sls := make([]discoveryv1.EndpointSlice, n)
+	// ClusterIPs are given at random: not in the services' name order.
+	perm := rand.New(rand.NewSource(7)).Perm(n)
 	for i := range n {
 		name := fmt.Sprintf("s%05d", i)
-		vip := fmt.Sprintf("10.96.%d.%d", i>>8, i&255)
+		vip := fmt.Sprintf("10.96.%d.%d", perm[i]>>8, perm[i]&255)
 		svcs[i] = corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: name, ResourceVersion: "1"},
 			Spec: corev1.ServiceSpec{ClusterIP: vip, ClusterIPs: []string{vip}, Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}
 		sl := discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: name, ResourceVersion: "1",
