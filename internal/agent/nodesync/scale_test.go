@@ -232,3 +232,64 @@ func TestPodsElsewhereComputeNoService(t *testing.T) {
 		t.Fatalf("the NetworkEndpoint's deletion computed %v services (want 1); excluded %+v", n, st.Excluded)
 	}
 }
+
+// TestSharedWritesComputeWhatTheyReach: a namespace's new labels compute
+// its own services again (and bind them by them), not the others'; an
+// UnderlayEndpoint's status report (a new resourceVersion, the same
+// generation) is no change at all.
+func TestSharedWritesComputeWhatTheyReach(t *testing.T) {
+	ns := func(name string, labels map[string]string, rv string) corev1.Namespace {
+		return corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, ResourceVersion: rv}}
+	}
+	var cc computeCache
+	cc.syncNamespaces([]corev1.Namespace{ns("a", nil, "1"), ns("b", nil, "1")})
+	shared := model.ServiceInput{Node: "n1", Namespaces: cc.nsLabels,
+		Networks: []lacev1.Network{{ObjectMeta: metav1.ObjectMeta{Name: "default"}, Status: lacev1.NetworkStatus{ID: 1}},
+			{ObjectMeta: metav1.ObjectMeta{Name: "red"}, Status: lacev1.NetworkStatus{ID: 2}}},
+		BindingPolicies: []lacev1.NetworkBindingPolicy{
+			{ObjectMeta: metav1.ObjectMeta{Name: "default"}, Spec: lacev1.NetworkBindingPolicySpec{Network: "default", Priority: model.CatchAllPriority}},
+			{ObjectMeta: metav1.ObjectMeta{Name: "red"}, Spec: lacev1.NetworkBindingPolicySpec{Network: "red", Priority: 10,
+				NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "red"}}}}}}
+	var svcs []*corev1.Service
+	for i := range 6 {
+		vip := fmt.Sprintf("10.96.0.%d", i+1)
+		svcs = append(svcs, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: []string{"a", "b"}[i%2], Name: fmt.Sprintf("s%d", i),
+			ResourceVersion: "1"}, Spec: corev1.ServiceSpec{ClusterIP: vip, ClusterIPs: []string{vip}, Ports: []corev1.ServicePort{{Port: 80}}}})
+	}
+	var c serviceCache
+	c.updateLists(shared, true, svcs, nil)
+	stale := cc.syncNamespaces([]corev1.Namespace{ns("a", map[string]string{"team": "red"}, "2"), ns("b", nil, "1")})
+	if len(stale) != 1 || stale[0] != "a" {
+		t.Fatalf("namespaces changed %v, want [a]", stale)
+	}
+	c.staleNamespaces(stale)
+	m0 := testutil.ToFloat64(serviceComputations)
+	st, _, _ := c.updateLists(shared, false, svcs, nil)
+	if n := testutil.ToFloat64(serviceComputations) - m0; n != 3 {
+		t.Fatalf("namespace a's labels computed %v services, want its 3", n)
+	}
+	for _, b := range st.Bound {
+		if want := map[string]string{"a": "red", "b": "default"}[b.Namespace]; b.Network != want {
+			t.Errorf("%s/%s bound to %s, want %s", b.Namespace, b.Name, b.Network, want)
+		}
+	}
+	// Nothing new: nothing marked.
+	if stale := cc.syncNamespaces([]corev1.Namespace{ns("a", map[string]string{"team": "red"}, "3"), ns("b", nil, "1")}); len(stale) != 0 {
+		t.Errorf("an annotation-only write marked %v", stale)
+	}
+
+	var v versions
+	uep := func(rv string, gen int64) []lacev1.UnderlayEndpoint {
+		return []lacev1.UnderlayEndpoint{{ObjectMeta: metav1.ObjectMeta{Name: "n2", UID: "u", ResourceVersion: rv, Generation: gen}}}
+	}
+	for i, step := range []struct {
+		rv   string
+		gen  int64
+		want bool
+	}{{"1", 1, true}, {"2", 1, false}, {"3", 2, true}} {
+		u := uep(step.rv, step.gen)
+		if got := v.updateSpec(1, func(int) client.Object { return &u[0] }); got != step.want {
+			t.Errorf("step %d (rv %s, generation %d): changed %v, want %v", i, step.rv, step.gen, got, step.want)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"net/netip"
 	"slices"
+	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -321,6 +322,20 @@ func (c *serviceCache) podChanges(all []*lacev1.NetworkEndpoint) map[types.Names
 	return out
 }
 
+// staleNamespaces marks stale the services of the namespaces named (their
+// labels bind them): found in order, which is by namespace.
+func (c *serviceCache) staleNamespaces(nss []string) {
+	for _, ns := range nss {
+		i, _ := slices.BinarySearchFunc(c.order, model.ServiceKey{Namespace: ns}, byKey)
+		for ; i < len(c.order) && c.order[i].key.Namespace == ns; i++ {
+			if c.stale == nil {
+				c.stale = map[model.ServiceKey]bool{}
+			}
+			c.stale[c.order[i].key] = true
+		}
+	}
+}
+
 // remember and forget keep what follows an entry: byAddr (which services
 // looked each pod address up), the budget's running sum, and touched.
 func (c *serviceCache) remember(e *svcEntry) {
@@ -505,19 +520,34 @@ func programmedCost(r *model.ServiceResult, prog map[datapath.ServiceKey]datapat
 	return c
 }
 
-// versions remembers the resourceVersion of every object of one kind, to
-// tell whether a listing differs from the previous one (an object added,
+// versions remembers a version of every object of one kind, to tell
+// whether a listing differs from the previous one (an object added,
 // changed or removed).
 type versions map[types.NamespacedName]string
 
-// update records the n objects at(0..n-1) and reports whether they differ
-// from the last ones recorded.
+// update records the n objects at(0..n-1) by resourceVersion and reports
+// whether they differ from the last ones recorded.
 func (v *versions) update(n int, at func(int) client.Object) bool {
+	return v.updateBy(n, at, client.Object.GetResourceVersion)
+}
+
+// updateSpec is update by generation (and UID): for kinds whose status
+// the node's state never reads, and which their writers' status reports
+// change often (an UnderlayEndpoint's data path counters): those writes
+// must not count as a change, or every one of them would compute every
+// service again.
+func (v *versions) updateSpec(n int, at func(int) client.Object) bool {
+	return v.updateBy(n, at, func(o client.Object) string {
+		return strconv.FormatInt(o.GetGeneration(), 10) + "/" + string(o.GetUID())
+	})
+}
+
+func (v *versions) updateBy(n int, at func(int) client.Object, version func(client.Object) string) bool {
 	if *v != nil && len(*v) == n {
 		same := true
 		for i := range n {
 			o := at(i)
-			if rv, ok := (*v)[types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}]; !ok || rv != o.GetResourceVersion() {
+			if ver, ok := (*v)[types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}]; !ok || ver != version(o) {
 				same = false
 				break
 			}
@@ -529,7 +559,7 @@ func (v *versions) update(n int, at func(int) client.Object) bool {
 	m := make(versions, n)
 	for i := range n {
 		o := at(i)
-		m[types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}] = o.GetResourceVersion()
+		m[types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}] = version(o)
 	}
 	*v = m
 	return true

@@ -150,23 +150,23 @@ func (s *Syncer) desiredState(ctx context.Context) (model.NodeState, listed, []t
 	}
 	// Every tracker is updated, whatever the others say.
 	netsChanged := c.nets.update(len(nets.Items), func(i int) client.Object { return &nets.Items[i] })
-	nbpsChanged := c.nbps.update(len(nbps.Items), func(i int) client.Object { return &nbps.Items[i] })
-	nssChanged := c.nss.update(len(nss.Items), func(i int) client.Object { return &nss.Items[i] })
+	nbpsChanged := c.nbps.updateSpec(len(nbps.Items), func(i int) client.Object { return &nbps.Items[i] })
+	// A namespace's labels bind its own services only: those are
+	// computed again, not every service.
+	nsStale := c.syncNamespaces(nss.Items)
+	nssChanged := len(nsStale) > 0
+	c.services.staleNamespaces(nsStale)
 	allocsChanged := c.allocs.update(len(allocs.Items), func(i int) client.Object { return &allocs.Items[i] })
 	// The l2 trackers are updated on their own: || would skip the second.
 	nbrsChanged := c.nbrs.update(len(nbrs.Items), func(i int) client.Object { return &nbrs.Items[i] })
 	fdbsChanged := c.fdbs.update(len(fdbs.Items), func(i int) client.Object { return &fdbs.Items[i] })
 	allocsChanged = allocsChanged || nbrsChanged || fdbsChanged
-	uepsChanged := c.ueps.update(len(ueps.Items), func(i int) client.Object { return &ueps.Items[i] })
+	// Their status (the nodes' health and data path counters) is written
+	// every few seconds and read by nothing here.
+	uepsChanged := c.ueps.updateSpec(len(ueps.Items), func(i int) client.Object { return &ueps.Items[i] })
 	nrpsChanged := c.nrps.update(len(nrps.Items), func(i int) client.Object { return &nrps.Items[i] })
 	srpsChanged := c.srps.update(len(srps.Items), func(i int) client.Object { return &srps.Items[i] })
-	cidrsChanged := c.cidrs.update(len(cidrs.Items), func(i int) client.Object { return &cidrs.Items[i] })
-	if nssChanged || c.nsLabels == nil {
-		c.nsLabels = make(map[string]map[string]string, len(nss.Items))
-		for _, ns := range nss.Items {
-			c.nsLabels[ns.Name] = ns.Labels
-		}
-	}
+	cidrsChanged := c.cidrs.updateSpec(len(cidrs.Items), func(i int) client.Object { return &cidrs.Items[i] })
 	// The model assembles the node's state (model.ComputeDesired); the
 	// stages here keep their results and compute again only what the
 	// changed inputs reach.
@@ -194,7 +194,7 @@ func (s *Syncer) desiredState(ctx context.Context) (model.NodeState, listed, []t
 				hostEPsChanged := !d.HostEndpoints.Equal(c.hostEPs)
 				c.hostEPs = d.HostEndpoints
 				st, vips, changed := c.services.update(shared,
-					hostEPsChanged || zoneChanged || reservedChanged || netsChanged || nbpsChanged || nssChanged || uepsChanged || cidrsChanged)
+					hostEPsChanged || zoneChanged || reservedChanged || netsChanged || nbpsChanged || uepsChanged || cidrsChanged)
 				vipsChanged = changed
 				return st, vips
 			},
@@ -237,6 +237,35 @@ func (s *Syncer) indexPods(ctx context.Context, c *serviceCache) error {
 	}
 	c.indexPods(changes)
 	return nil
+}
+
+// syncNamespaces brings nsLabels to nss, in place (the services' env
+// reads the same map), and returns the namespaces whose labels came,
+// changed or went.
+func (c *computeCache) syncNamespaces(nss []corev1.Namespace) []string {
+	if !c.nss.update(len(nss), func(i int) client.Object { return &nss[i] }) && c.nsLabels != nil {
+		return nil
+	}
+	if c.nsLabels == nil {
+		c.nsLabels = make(map[string]map[string]string, len(nss))
+	}
+	var out []string
+	seen := make(map[string]bool, len(nss))
+	for i := range nss {
+		ns := &nss[i]
+		seen[ns.Name] = true
+		if old, ok := c.nsLabels[ns.Name]; !ok || !maps.Equal(old, ns.Labels) {
+			c.nsLabels[ns.Name] = ns.Labels
+			out = append(out, ns.Name)
+		}
+	}
+	for name := range c.nsLabels {
+		if !seen[name] {
+			delete(c.nsLabels, name)
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 // computeCache is what desiredState keeps between computations.
