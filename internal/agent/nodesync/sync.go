@@ -150,6 +150,17 @@ func (s *Syncer) desiredState(ctx context.Context) (model.NodeState, listed, []t
 	}
 	// Every tracker is updated, whatever the others say.
 	netsChanged := c.nets.update(len(nets.Items), func(i int) client.Object { return &nets.Items[i] })
+	// The services read the networks' names and IDs alone (a network's
+	// block usage, say, is no service's business).
+	netIDsChanged := false
+	if netsChanged {
+		ids := map[string]uint32{}
+		for i := range nets.Items {
+			ids[nets.Items[i].Name] = uint32(max(nets.Items[i].Status.ID, 0))
+		}
+		netIDsChanged = !maps.Equal(ids, c.netIDs)
+		c.netIDs = ids
+	}
 	nbpsChanged := c.nbps.updateSpec(len(nbps.Items), func(i int) client.Object { return &nbps.Items[i] })
 	// A namespace's labels bind its own services only: those are
 	// computed again, not every service.
@@ -194,7 +205,7 @@ func (s *Syncer) desiredState(ctx context.Context) (model.NodeState, listed, []t
 				hostEPsChanged := !d.HostEndpoints.Equal(c.hostEPs)
 				c.hostEPs = d.HostEndpoints
 				st, vips, changed := c.services.update(shared,
-					hostEPsChanged || zoneChanged || reservedChanged || netsChanged || nbpsChanged || uepsChanged || cidrsChanged)
+					hostEPsChanged || zoneChanged || reservedChanged || netIDsChanged || nbpsChanged || uepsChanged || cidrsChanged)
 				vipsChanged = changed
 				return st, vips
 			},
@@ -285,6 +296,9 @@ type computeCache struct {
 	reported map[model.ServiceKey]model.Refusal
 	// accepted are the underlay addresses believed, by endpoint name.
 	accepted map[string][]lacev1.IPAddress
+	// netIDs are the networks' IDs by name (0: none yet), as the
+	// services last read them.
+	netIDs map[string]uint32
 }
 
 func acceptedAddrs(ueps []lacev1.UnderlayEndpoint) map[string][]lacev1.IPAddress {
