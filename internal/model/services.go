@@ -191,7 +191,9 @@ func ComputeServices(in ServiceInput) ServiceState {
 // ServiceEnv is what the computation of every service shares: this node
 // and its zone, the networks' IDs, the binding policies (sorted, their
 // selectors parsed once), the namespaces' labels and which network holds
-// each pod address. It is read-only once made.
+// each pod address. It is read-only once made, but for the pod index
+// (ServiceInput.PodIndex) and the namespaces' labels, which a caller that
+// keeps them between computations (the agent) updates between them.
 type ServiceEnv struct {
 	node, zone string
 	ids        map[string]uint32
@@ -652,17 +654,18 @@ func SliceService(s *discoveryv1.EndpointSlice) (ServiceKey, bool) {
 // new, as an endpoint, and to no other.
 type PodAddrIndex struct {
 	// byAddr has the first NetworkEndpoint to hold each address, more
-	// the others (rare: overlapping networks); byPod each by name (a
-	// NetworkEndpoint is named after its pod). Single pointers, not
-	// lists: an agent indexes every pod of the cluster.
+	// the others (rare: overlapping networks; a set, so that many
+	// holding one address cost no scan); byPod each by name (a
+	// NetworkEndpoint is named after its pod). Single pointers where
+	// they can be: an agent indexes every pod of the cluster.
 	byAddr map[netip.Addr]*lacev1.NetworkEndpoint
-	more   map[netip.Addr][]*lacev1.NetworkEndpoint
+	more   map[netip.Addr]map[*lacev1.NetworkEndpoint]struct{}
 	byPod  map[types.NamespacedName]*lacev1.NetworkEndpoint
 }
 
 // NewPodAddrIndex is an empty index.
 func NewPodAddrIndex() *PodAddrIndex {
-	return &PodAddrIndex{byAddr: map[netip.Addr]*lacev1.NetworkEndpoint{}, more: map[netip.Addr][]*lacev1.NetworkEndpoint{},
+	return &PodAddrIndex{byAddr: map[netip.Addr]*lacev1.NetworkEndpoint{}, more: map[netip.Addr]map[*lacev1.NetworkEndpoint]struct{}{},
 		byPod: map[types.NamespacedName]*lacev1.NetworkEndpoint{}}
 }
 
@@ -677,9 +680,12 @@ func (ix *PodAddrIndex) Add(ne *lacev1.NetworkEndpoint) {
 	for _, a := range NetworkEndpointAddrs(ne) {
 		if ix.byAddr[a] == nil {
 			ix.byAddr[a] = ne
-		} else {
-			ix.more[a] = append(ix.more[a], ne)
+			continue
 		}
+		if ix.more[a] == nil {
+			ix.more[a] = map[*lacev1.NetworkEndpoint]struct{}{}
+		}
+		ix.more[a][ne] = struct{}{}
 	}
 }
 
@@ -690,17 +696,17 @@ func (ix *PodAddrIndex) Remove(ne *lacev1.NetworkEndpoint) {
 		delete(ix.byPod, k)
 	}
 	for _, a := range NetworkEndpointAddrs(ne) {
-		more := slices.DeleteFunc(ix.more[a], func(x *lacev1.NetworkEndpoint) bool { return x == ne })
+		more := ix.more[a]
+		delete(more, ne)
 		if ix.byAddr[a] == ne {
-			if len(more) > 0 {
-				ix.byAddr[a], more = more[0], more[1:]
-			} else {
-				delete(ix.byAddr, a)
+			delete(ix.byAddr, a)
+			for next := range more {
+				ix.byAddr[a] = next
+				delete(more, next)
+				break
 			}
 		}
-		if len(more) > 0 {
-			ix.more[a] = more
-		} else {
+		if len(more) == 0 {
 			delete(ix.more, a)
 		}
 	}
@@ -775,24 +781,26 @@ func (ix *PodAddrIndex) otherNetwork(sliceNS string, ep *discoveryv1.Endpoint, a
 		}
 	}
 	var others []string
-	// The first holder, then the others (no list made per lookup).
-	more := ix.more[addr]
-	for i := -1; i < len(more); i++ {
-		ne := ix.byAddr[addr]
-		if i >= 0 {
-			ne = more[i]
-		}
-		if ne == nil {
-			break
-		}
+	// The first holder, then the others (no list made per lookup); the
+	// answer is sorted, whatever the order they are visited in.
+	visit := func(ne *lacev1.NetworkEndpoint) bool {
 		if ne.Spec.Node != node {
-			continue
+			return false
 		}
 		if ne.Spec.Network == network {
-			return ""
+			return true
 		}
 		if !slices.Contains(others, ne.Spec.Network) {
 			others = append(others, ne.Spec.Network)
+		}
+		return false
+	}
+	if first := ix.byAddr[addr]; first != nil && visit(first) {
+		return ""
+	}
+	for ne := range ix.more[addr] {
+		if visit(ne) {
+			return ""
 		}
 	}
 	slices.Sort(others)

@@ -265,9 +265,15 @@ func (s *Syncer) Run(ctx context.Context) error { return s.applier.Run(ctx) }
 // Sync asks the applier for a sync and waits for it.
 func (s *Syncer) Sync(ctx context.Context) error { return s.applier.Sync(ctx) }
 
-// Refresh reconciles the node now.
+// Refresh reconciles the node now. Unlike the controller's Reconcile, it
+// fails while the informers' handlers have not seen everything yet
+// (errNotSynced): its callers (a CNI ADD waiting for blocks, the periodic
+// resync) must not take that for a computation.
 func (s *Syncer) Refresh(ctx context.Context) error {
-	_, err := s.Reconcile(ctx, reconcile.Request{})
+	res, err := s.Reconcile(ctx, reconcile.Request{})
+	if err == nil && res.RequeueAfter > 0 {
+		return errNotSynced
+	}
 	return err
 }
 

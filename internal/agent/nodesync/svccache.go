@@ -19,12 +19,13 @@ import (
 )
 
 // serviceCache computes the node's services incrementally. Each service's
-// result (model.ServiceEnv.Compute) is kept with the versions of the
-// objects it came from, the Service and its EndpointSlices, and computed
-// again only when one of them changed, or a NetworkEndpoint holding one
-// of the addresses it looked up (model.ServiceResult.PodAddrs); all of
-// them are computed again when what every service shares changes
-// (networks, binding policies, namespaces, the node's zone). The merged
+// result (model.ServiceEnv.Compute) is kept with the objects it came from,
+// the Service and its EndpointSlices, and computed again only when its
+// mirror (svcMirror) says one of them changed, when a NetworkEndpoint
+// holding one of the addresses it looked up (model.ServiceResult.PodAddrs)
+// did, or its namespace's labels; all of them are computed again when what
+// every service shares changes (networks' IDs, binding policies, the
+// node's zone, accepted underlays, service CIDRs). The merged
 // state is the one model.ComputeServices gives for the same objects: one
 // endpoint change costs one service, not ten thousand, and a pod created
 // on another node that no Service selects costs none.
@@ -32,8 +33,8 @@ type serviceCache struct {
 	env     *model.ServiceEnv
 	entries map[model.ServiceKey]*svcEntry
 	// pods indexes the cluster's NetworkEndpoints by address, kept up to
-	// date between updates; byAddr
-	// has the services whose results looked each address up.
+	// date between updates; byAddr has the services whose results looked
+	// each address up.
 	pods   *model.PodAddrIndex
 	byAddr addrUsers
 	// stale are the services a NetworkEndpoint change reached, computed
@@ -293,7 +294,7 @@ func (c *serviceCache) indexPods(changes map[types.NamespacedName]*lacev1.Networ
 func (c *serviceCache) initPods() {
 	if c.pods == nil {
 		c.pods = model.NewPodAddrIndex()
-		c.byAddr = addrUsers{first: map[netip.Addr]model.ServiceKey{}, more: map[netip.Addr][]model.ServiceKey{}}
+		c.byAddr = addrUsers{first: map[netip.Addr]model.ServiceKey{}, more: map[netip.Addr]map[model.ServiceKey]struct{}{}}
 	}
 }
 
@@ -396,35 +397,38 @@ func (c *serviceCache) syncFronts() {
 }
 
 // addrUsers has the services that looked each pod address up: the first
-// in one map, the others (a pod behind several Services) in another, so
-// that the common case keeps no list.
+// in one map, the others (a pod behind several Services) in a set, so
+// that the common case keeps no set and a tenant naming one address in
+// many Services costs no scan.
 type addrUsers struct {
 	first map[netip.Addr]model.ServiceKey
-	more  map[netip.Addr][]model.ServiceKey
+	more  map[netip.Addr]map[model.ServiceKey]struct{}
 }
 
 func (u *addrUsers) add(a netip.Addr, k model.ServiceKey) {
-	if _, ok := u.first[a]; ok {
-		u.more[a] = append(u.more[a], k)
-	} else {
+	if f, ok := u.first[a]; !ok {
 		u.first[a] = k
+	} else if f != k {
+		if u.more[a] == nil {
+			u.more[a] = map[model.ServiceKey]struct{}{}
+		}
+		u.more[a][k] = struct{}{}
 	}
 }
 
 func (u *addrUsers) remove(a netip.Addr, k model.ServiceKey) {
 	more := u.more[a]
-	if i := slices.Index(more, k); i >= 0 {
-		more = slices.Delete(more, i, i+1)
+	if _, ok := more[k]; ok {
+		delete(more, k)
 	} else if f, ok := u.first[a]; ok && f == k {
-		if len(more) > 0 {
-			u.first[a], more = more[0], more[1:]
-		} else {
-			delete(u.first, a)
+		delete(u.first, a)
+		for next := range more {
+			u.first[a] = next
+			delete(more, next)
+			break
 		}
 	}
-	if len(more) > 0 {
-		u.more[a] = more
-	} else {
+	if len(more) == 0 {
 		delete(u.more, a)
 	}
 }
@@ -433,7 +437,7 @@ func (u *addrUsers) each(a netip.Addr, fn func(model.ServiceKey)) {
 	if f, ok := u.first[a]; ok {
 		fn(f)
 	}
-	for _, k := range u.more[a] {
+	for k := range u.more[a] {
 		fn(k)
 	}
 }
