@@ -653,20 +653,16 @@ func SliceService(s *discoveryv1.EndpointSlice) (ServiceKey, bool) {
 // change matters to the services that have one of its addresses, old or
 // new, as an endpoint, and to no other.
 type PodAddrIndex struct {
-	// byAddr has the first NetworkEndpoint to hold each address, more
-	// the others (rare: overlapping networks; a set, so that many
-	// holding one address cost no scan); byPod each by name (a
-	// NetworkEndpoint is named after its pod). Single pointers where
-	// they can be: an agent indexes every pod of the cluster.
-	byAddr map[netip.Addr]*lacev1.NetworkEndpoint
-	more   map[netip.Addr]map[*lacev1.NetworkEndpoint]struct{}
+	// byAddr has the NetworkEndpoints that hold each address (one,
+	// unless networks overlap); byPod each by name (a NetworkEndpoint is
+	// named after its pod).
+	byAddr FirstSet[netip.Addr, *lacev1.NetworkEndpoint]
 	byPod  map[types.NamespacedName]*lacev1.NetworkEndpoint
 }
 
 // NewPodAddrIndex is an empty index.
 func NewPodAddrIndex() *PodAddrIndex {
-	return &PodAddrIndex{byAddr: map[netip.Addr]*lacev1.NetworkEndpoint{}, more: map[netip.Addr]map[*lacev1.NetworkEndpoint]struct{}{},
-		byPod: map[types.NamespacedName]*lacev1.NetworkEndpoint{}}
+	return &PodAddrIndex{byAddr: NewFirstSet[netip.Addr, *lacev1.NetworkEndpoint](), byPod: map[types.NamespacedName]*lacev1.NetworkEndpoint{}}
 }
 
 // Add indexes ne, which must not be modified while it is indexed. One
@@ -678,14 +674,7 @@ func (ix *PodAddrIndex) Add(ne *lacev1.NetworkEndpoint) {
 	}
 	ix.byPod[k] = ne
 	for _, a := range NetworkEndpointAddrs(ne) {
-		if ix.byAddr[a] == nil {
-			ix.byAddr[a] = ne
-			continue
-		}
-		if ix.more[a] == nil {
-			ix.more[a] = map[*lacev1.NetworkEndpoint]struct{}{}
-		}
-		ix.more[a][ne] = struct{}{}
+		ix.byAddr.Add(a, ne)
 	}
 }
 
@@ -696,19 +685,7 @@ func (ix *PodAddrIndex) Remove(ne *lacev1.NetworkEndpoint) {
 		delete(ix.byPod, k)
 	}
 	for _, a := range NetworkEndpointAddrs(ne) {
-		more := ix.more[a]
-		delete(more, ne)
-		if ix.byAddr[a] == ne {
-			delete(ix.byAddr, a)
-			for next := range more {
-				ix.byAddr[a] = next
-				delete(more, next)
-				break
-			}
-		}
-		if len(more) == 0 {
-			delete(ix.more, a)
-		}
+		ix.byAddr.Remove(a, ne)
 	}
 }
 
@@ -781,27 +758,22 @@ func (ix *PodAddrIndex) otherNetwork(sliceNS string, ep *discoveryv1.Endpoint, a
 		}
 	}
 	var others []string
-	// The first holder, then the others (no list made per lookup); the
-	// answer is sorted, whatever the order they are visited in.
-	visit := func(ne *lacev1.NetworkEndpoint) bool {
+	in := false
+	ix.byAddr.Each(addr, func(ne *lacev1.NetworkEndpoint) bool {
 		if ne.Spec.Node != node {
-			return false
+			return true
 		}
 		if ne.Spec.Network == network {
-			return true
+			in = true
+			return false
 		}
 		if !slices.Contains(others, ne.Spec.Network) {
 			others = append(others, ne.Spec.Network)
 		}
-		return false
-	}
-	if first := ix.byAddr[addr]; first != nil && visit(first) {
+		return true
+	})
+	if in {
 		return ""
-	}
-	for ne := range ix.more[addr] {
-		if visit(ne) {
-			return ""
-		}
 	}
 	slices.Sort(others)
 	return strings.Join(others, ",")

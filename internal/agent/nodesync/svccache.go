@@ -36,7 +36,7 @@ type serviceCache struct {
 	// date between updates; byAddr has the services whose results looked
 	// each address up.
 	pods   *model.PodAddrIndex
-	byAddr addrUsers
+	byAddr model.FirstSet[netip.Addr, model.ServiceKey]
 	// stale are the services a NetworkEndpoint change reached, computed
 	// again at the next update.
 	stale map[model.ServiceKey]bool
@@ -267,11 +267,12 @@ func (c *serviceCache) indexPods(changes map[types.NamespacedName]*lacev1.Networ
 	c.initPods()
 	touch := func(ne *lacev1.NetworkEndpoint) {
 		for _, a := range model.NetworkEndpointAddrs(ne) {
-			c.byAddr.each(a, func(k model.ServiceKey) {
+			c.byAddr.Each(a, func(k model.ServiceKey) bool {
 				if c.stale == nil {
 					c.stale = map[model.ServiceKey]bool{}
 				}
 				c.stale[k] = true
+				return true
 			})
 		}
 	}
@@ -294,7 +295,7 @@ func (c *serviceCache) indexPods(changes map[types.NamespacedName]*lacev1.Networ
 func (c *serviceCache) initPods() {
 	if c.pods == nil {
 		c.pods = model.NewPodAddrIndex()
-		c.byAddr = addrUsers{first: map[netip.Addr]model.ServiceKey{}, more: map[netip.Addr]map[model.ServiceKey]struct{}{}}
+		c.byAddr = model.NewFirstSet[netip.Addr, model.ServiceKey]()
 	}
 }
 
@@ -341,7 +342,7 @@ func (c *serviceCache) staleNamespaces(nss []string) {
 // looked each pod address up), the budget's running sum, and touched.
 func (c *serviceCache) remember(e *svcEntry) {
 	for _, a := range e.res.PodAddrs {
-		c.byAddr.add(a, e.key)
+		c.byAddr.Add(a, e.key)
 	}
 	if counted(e) {
 		c.sum.Add(c.budget, e.key.Namespace, e.cost)
@@ -352,7 +353,7 @@ func (c *serviceCache) remember(e *svcEntry) {
 
 func (c *serviceCache) forget(e *svcEntry) {
 	for _, a := range e.res.PodAddrs {
-		c.byAddr.remove(a, e.key)
+		c.byAddr.Remove(a, e.key)
 	}
 	if counted(e) {
 		c.sum.Remove(c.budget, e.key.Namespace, e.cost)
@@ -393,52 +394,6 @@ func (c *serviceCache) syncFronts() {
 			j, _ := slices.BinarySearchFunc(c.fronts, ref, model.CompareFrontends)
 			c.fronts = slices.Insert(c.fronts, j, ref)
 		}
-	}
-}
-
-// addrUsers has the services that looked each pod address up: the first
-// in one map, the others (a pod behind several Services) in a set, so
-// that the common case keeps no set and a tenant naming one address in
-// many Services costs no scan.
-type addrUsers struct {
-	first map[netip.Addr]model.ServiceKey
-	more  map[netip.Addr]map[model.ServiceKey]struct{}
-}
-
-func (u *addrUsers) add(a netip.Addr, k model.ServiceKey) {
-	if f, ok := u.first[a]; !ok {
-		u.first[a] = k
-	} else if f != k {
-		if u.more[a] == nil {
-			u.more[a] = map[model.ServiceKey]struct{}{}
-		}
-		u.more[a][k] = struct{}{}
-	}
-}
-
-func (u *addrUsers) remove(a netip.Addr, k model.ServiceKey) {
-	more := u.more[a]
-	if _, ok := more[k]; ok {
-		delete(more, k)
-	} else if f, ok := u.first[a]; ok && f == k {
-		delete(u.first, a)
-		for next := range more {
-			u.first[a] = next
-			delete(more, next)
-			break
-		}
-	}
-	if len(more) == 0 {
-		delete(u.more, a)
-	}
-}
-
-func (u *addrUsers) each(a netip.Addr, fn func(model.ServiceKey)) {
-	if f, ok := u.first[a]; ok {
-		fn(f)
-	}
-	for k := range u.more[a] {
-		fn(k)
 	}
 }
 
