@@ -122,7 +122,9 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool) (st
 	all := sharedChanged || !c.computed
 	c.computed = true
 	changes, trig := c.mirror.take(all)
-	c.triggers = append(c.triggers, trig...)
+	if room := maxTriggers - len(c.triggers); room > 0 {
+		c.triggers = append(c.triggers, trig[:min(len(trig), room)]...)
+	}
 	c.touched = c.touched[:0]
 	var added []*svcEntry
 	gone := false

@@ -41,6 +41,11 @@ type svcMirror struct {
 	kick     func()
 }
 
+// maxTriggers bounds the trigger times kept for the programming latency
+// while no computation takes them (informers not synced, computations
+// failing): the metric loses samples, the agent no memory.
+const maxTriggers = 4096
+
 // kubernetesService is the API server's Service, whose endpoints are
 // reserved addresses and ports (model.ReservedHosts, hostPorts).
 var kubernetesService = model.ServiceKey{Namespace: metav1.NamespaceDefault, Name: "kubernetes"}
@@ -90,7 +95,7 @@ func (m *svcMirror) setSlice(n types.NamespacedName, sl *discoveryv1.EndpointSli
 	m.slices[k][n.Name] = sl
 	m.sliceKey[n] = k
 	m.dirty[k] = true
-	if v, ok := sl.Annotations[corev1.EndpointsLastChangeTriggerTime]; ok && timed {
+	if v, ok := sl.Annotations[corev1.EndpointsLastChangeTriggerTime]; ok && timed && len(m.triggers) < maxTriggers {
 		if at, err := time.Parse(time.RFC3339Nano, v); err == nil {
 			m.triggers = append(m.triggers, at)
 		}
