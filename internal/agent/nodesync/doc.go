@@ -1,7 +1,9 @@
 // Package nodesync keeps the node's data plane equal to its desired
-// state: the controller's watches (watch.go), the computation of the
-// node's state from the cache (sync.go, with the incremental service
-// cache, svccache.go, the Services' budget, budget.go, and the hostPorts
+// state: the controller's watches (watch.go), the informers' event feeds
+// that tell the computation which Services, EndpointSlices and
+// NetworkEndpoints changed (svcmirror.go, nepending.go), the computation
+// of the node's state from the cache (sync.go, with the incremental
+// service cache, svccache.go, the Services' budget, budget.go, and the hostPorts
 // with the node's listeners and reserved ports, hostports.go,
 // listeners.go, localports.go), the cache transforms of what it reads
 // (cachetrim.go), the UnderlayEndpoint it publishes, and the apply: the
