@@ -1,6 +1,7 @@
 package model
 
 import (
+	"cmp"
 	"net/netip"
 	"slices"
 
@@ -126,6 +127,11 @@ func ComputeDesired(in DesiredInput) (NodeDesired, error) {
 	// Every Node's addresses are reserved too (ReservedHosts): the
 	// controller reads the same to report what the agents refuse.
 	d.Reserved = append(ReservedFor(d.Underlays, in.Networks, d.ServiceCIDRs), ReservedHosts(in.Nodes, in.EndpointSlices)...)
+	// Sorted, whatever order the caches list the objects in: the agent
+	// compares it with the last one to tell whether every service must
+	// be computed again.
+	slices.SortFunc(d.Reserved, func(a, b netip.Prefix) int { return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits())) })
+	d.Reserved = slices.Compact(d.Reserved)
 	if in.CheckHostEndpoints {
 		d.HostEndpoints = NewHostEndpoints(in.Nodes, d.Underlays, in.EndpointSlices, in.HostNetworkPods)
 	}

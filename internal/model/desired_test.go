@@ -204,6 +204,17 @@ func TestComputeDesiredIsTheAssemblyBefore(t *testing.T) {
 				t.Errorf("%s: stages got %+v and %+v", name, gotShared, gotViews)
 			}
 			in.Stages = DesiredStages{}
+			// The reserved addresses do not depend on the order the
+			// caches list objects in: the agent compares them between
+			// computations, and a difference computes every service.
+			rev := in
+			rev.Networks, rev.Underlays, rev.Nodes = slices.Clone(in.Networks), slices.Clone(in.Underlays), slices.Clone(in.Nodes)
+			slices.Reverse(rev.Networks)
+			slices.Reverse(rev.Underlays)
+			slices.Reverse(rev.Nodes)
+			if r, err := ComputeDesired(rev); err != nil || !slices.Equal(r.Reserved, d.Reserved) {
+				t.Errorf("%s: reserved %v listed the other way, %v (%v)", name, r.Reserved, d.Reserved, err)
+			}
 		}
 	}
 	// The clusters exercise the gate both ways.
