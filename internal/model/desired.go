@@ -130,7 +130,9 @@ func ComputeDesired(in DesiredInput) (NodeDesired, error) {
 	// Sorted, whatever order the caches list the objects in: the agent
 	// compares it with the last one to tell whether every service must
 	// be computed again.
-	slices.SortFunc(d.Reserved, func(a, b netip.Prefix) int { return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits())) })
+	slices.SortFunc(d.Reserved, func(a, b netip.Prefix) int {
+		return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+	})
 	d.Reserved = slices.Compact(d.Reserved)
 	if in.CheckHostEndpoints {
 		d.HostEndpoints = NewHostEndpoints(in.Nodes, d.Underlays, in.EndpointSlices, in.HostNetworkPods)
