@@ -44,12 +44,10 @@ type serviceCache struct {
 	// dropped; sum is the budget's running total of all of them.
 	touched []model.ServiceKey
 	sum     model.Sum
-	// mirror has the Services and EndpointSlices, and which changed;
-	// computed is false until everything was computed once. triggers
-	// are the trigger times of the changes computed and not yet
+	// mirror has the Services and EndpointSlices, and which changed.
+	// triggers are the trigger times of the changes computed and not yet
 	// programmed (the Reconcile's to observe).
 	mirror   *svcMirror
-	computed bool
 	triggers []time.Time
 	// fronts are the entries' table entries in the merge's order
 	// (model.CompareFrontends); frontsIn and frontsOut the entries
@@ -115,12 +113,13 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool) (st
 	}
 	c.gen++
 	c.initPods()
-	if c.env == nil || sharedChanged {
+	// The first update (no env yet) computes everything, as does a
+	// change of what every service shares.
+	all := c.env == nil || sharedChanged
+	if all {
 		shared.NetworkEndpoints, shared.PodIndex = nil, c.pods
 		c.env = model.NewServiceEnv(shared)
 	}
-	all := sharedChanged || !c.computed
-	c.computed = true
 	changes, trig := c.mirror.take(all)
 	if room := maxTriggers - len(c.triggers); room > 0 {
 		c.triggers = append(c.triggers, trig[:min(len(trig), room)]...)
