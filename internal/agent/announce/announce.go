@@ -101,6 +101,9 @@ type Announcer struct {
 	lagging bool
 	lastTry time.Time
 	lastOK  bool
+	// lapseWaits is set when the last look at the Leases found a peer
+	// lapsed by the clock but held alive by the cache's freshness alone.
+	lapseWaits bool
 	// lastFailLog is when a failed renewal was last logged.
 	lastFailLog time.Time
 	lastDown    time.Time
@@ -203,8 +206,8 @@ func (an *Announcer) handOver() {
 
 // renew writes the own Lease's renewTime (creating the Lease the first
 // time), at most every quarter duration.
-func (an *Announcer) renew(ctx context.Context, now time.Time) bool {
-	if now.Sub(an.lastTry) < an.duration/4 {
+func (an *Announcer) renew(ctx context.Context, now time.Time, force bool) bool {
+	if !force && now.Sub(an.lastTry) < an.duration/4 {
 		return an.lastOK
 	}
 	an.lastTry = now
@@ -332,6 +335,7 @@ func (an *Announcer) alive(ctx context.Context, now time.Time) (map[string]bool,
 	if f := an.fresh(leases.Items, now); f.Before(now) {
 		judged = f
 	}
+	an.lapseWaits = false
 	out := map[string]bool{}
 	for _, l := range leases.Items {
 		// A Lease speaks for the node its name says, and only when its
@@ -359,6 +363,7 @@ func (an *Announcer) alive(ctx context.Context, now time.Time) (map[string]bool,
 		}
 		if judged.Sub(s.at) < g {
 			out[node] = true
+			an.lapseWaits = an.lapseWaits || now.Sub(s.at) >= g
 		}
 	}
 	out[an.opts.NodeName] = now.Sub(an.renewed) < an.duration
@@ -405,6 +410,7 @@ func (an *Announcer) once(ctx context.Context) error {
 	an.mu.Lock()
 	defer an.mu.Unlock()
 	now := an.now()
+	start := now
 	var classes lacev1.LoadBalancerClassList
 	if err := an.client.List(ctx, &classes, client.UnsafeDisableDeepCopy); err != nil {
 		return fmt.Errorf("list LoadBalancerClasses: %w", err)
@@ -414,7 +420,7 @@ func (an *Announcer) once(ctx context.Context) error {
 	if len(classes.Items) == 0 && len(an.announced) == 0 {
 		return nil
 	}
-	renewed := an.renew(ctx, now)
+	renewed := an.renew(ctx, now, false)
 	if ctx.Err() != nil {
 		// Stopping: a renewal the stop cut short says nothing of the
 		// API server. Taken for an outage, it made the agent blind and
@@ -466,6 +472,13 @@ func (an *Announcer) once(ctx context.Context) error {
 	alive, err := an.alive(ctx, now)
 	if err != nil {
 		return err
+	}
+	if an.lapseWaits && an.lastTry.Before(start) {
+		// A peer's Lease has lapsed and only the cache's freshness holds
+		// it alive: renew now, and the next tick judges it with this
+		// renewal in the cache, instead of after the next one on the
+		// quarter-duration cadence (up to a quarter duration later).
+		an.renew(ctx, an.now(), true)
 	}
 	in := model.AnnounceInput{Alive: alive}
 	var nodes corev1.NodeList

@@ -295,3 +295,60 @@ func newPair(t *testing.T) *pair {
 }
 
 func vipCount(dp *fakeDP) int { dp.mu.Lock(); defer dp.mu.Unlock(); return len(dp.vips) }
+
+// TestAnnouncerTakesOverSoonAfterLapse: a dead peer's VIPs are taken
+// within the lease duration and three ticks of its last renewal, whatever
+// the phase of the survivor's renewals, with a cache that shows each
+// write from the next tick on: a tick until the survivor sees the last
+// renewal, one to notice the lapse, one for its cache to show its own
+// renewal after the lapse. A peer's silence counts only as far as the survivor's own
+// renewal shows in its cache, so the survivor renews as soon as a lapse
+// waits on that alone: waiting for its next quarter-duration renewal, and
+// a tick for the cache to show it, made the takeover up to three ticks
+// late (TestLoadBalancerL2 measured 3.02 s from the last heartbeat).
+func TestAnnouncerTakesOverSoonAfterLapse(t *testing.T) {
+	const dur = pairDur
+	for phase := range 4 {
+		clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+		store := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(twoNodesEightVIPs(false)...).Build()
+		lc := &laggingCache{}
+		an1, _ := lagAgent(store, store, "n1", dur, &clock)
+		an2, dp2 := lagAgent(store, lc.client(store), "n2", dur, &clock)
+		step := func(ans ...*Announcer) {
+			t.Helper()
+			clock = clock.Add(dur/8 + time.Millisecond)
+			lc.freeze(t, store)
+			for _, an := range ans {
+				if err := an.once(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		// n2 starts phase ticks after n1: its renewals are out of step
+		// with n1's by as much.
+		for range phase {
+			step(an1)
+		}
+		for range 8 {
+			step(an1, an2)
+		}
+		lastBeat := an1.renewed
+		// n1 dies; n2 goes on, a tick at a time.
+		held := 0
+		var at time.Time
+		for range 40 {
+			step(an2)
+			if held = vipCount(dp2); held == 8 {
+				at = clock
+				break
+			}
+		}
+		if held != 8 {
+			t.Fatalf("phase %d: n1 dead for 5 s: n2 holds %d of 8", phase, held)
+		}
+		t.Logf("phase %d: taken %s after the last renewal", phase, at.Sub(lastBeat))
+		if took, most := at.Sub(lastBeat), dur+3*(dur/8+time.Millisecond); took > most {
+			t.Errorf("phase %d: n2 took n1's VIPs %s after n1's last renewal, want <= %s (the lease and three ticks)", phase, took, most)
+		}
+	}
+}
