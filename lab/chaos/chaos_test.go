@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func names(fs []*fault) []string {
@@ -76,5 +77,27 @@ func TestMetricSum(t *testing.T) {
 	n, err := metricSum(context.Background(), srv.Client(), srv.URL, "lace_x_total")
 	if err != nil || n != 6 {
 		t.Fatalf("sum %g, %v; want 6", n, err)
+	}
+}
+
+// TestVIPMoveCause: a break through the VIP is put down to the VIP's last
+// move within the window before it, excused only when the VIP went back
+// to a node it had failed over from.
+func TestVIPMoveCause(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var v vipWatch
+	v.moves = []vipMove{{at: t0, from: "n1", to: "n3"}, {at: t0.Add(30 * time.Second), from: "n3", to: "n1"}, {at: t0.Add(60 * time.Second), from: "n1", to: "n2"}}
+	if _, _, ok := v.cause(t0.Add(20 * time.Second)); ok {
+		t.Error("a break 20 s after the last move is put down to it")
+	}
+	if m, back, ok := v.cause(t0.Add(32 * time.Second)); !ok || back || m.to != "n1" {
+		t.Errorf("before n1 failed over: cause %v back %v ok %v, want the move to n1, not back", m, back, ok)
+	}
+	v.failedOver("n1")
+	if m, back, ok := v.cause(t0.Add(32 * time.Second)); !ok || !back || m.to != "n1" {
+		t.Errorf("after n1 failed over: cause %v back %v ok %v, want the move back to n1", m, back, ok)
+	}
+	if m, back, ok := v.cause(t0.Add(61 * time.Second)); !ok || back || m.to != "n2" {
+		t.Errorf("a move to n2, which the VIP never left: cause %v back %v ok %v", m, back, ok)
 	}
 }

@@ -93,6 +93,7 @@ func selectFaults(names []string) ([]*fault, error) {
 func (w *workload) mayFailOver(node string) {
 	if w.vipHolder() == node {
 		w.failover = node
+		w.vipMoves.failedOver(node)
 		w.h.printf("  %s announces the VIP: it fails over", node)
 	}
 }

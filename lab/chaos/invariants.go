@@ -80,6 +80,20 @@ func (h *harness) check(ctx context.Context, w *workload, f *fault, start time.T
 				r.excused = append(r.excused, msg+" ("+w.rebooted+" rebooted)")
 				continue
 			}
+			if s.viaVIP {
+				// A node the VIP failed over from is its rendezvous
+				// choice again once back (docs/load-balancers.md): the
+				// VIP returns, as late as that node's agent and its
+				// peers agree, and what was held through the other
+				// node breaks.
+				if m, back, ok := w.vipMoves.cause(fl.at); ok {
+					if back {
+						r.excused = append(r.excused, msg+" ("+m.String()+", back to where it had failed over from)")
+						continue
+					}
+					msg += " (" + m.String() + ")"
+				}
+			}
 			r.problems = append(r.problems, msg)
 		}
 	}

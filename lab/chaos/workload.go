@@ -77,6 +77,8 @@ type workload struct {
 	// rebootedUntil when every stream through it answered again.
 	rebooted      string
 	rebootedUntil time.Time
+	// vipMoves is the VIP's holder over the run.
+	vipMoves vipWatch
 
 	churnMu sync.Mutex
 	churned []string
@@ -569,8 +571,9 @@ func (w *workload) start(ctx context.Context, wg *sync.WaitGroup) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); pr.run(ctx) }()
 	}
-	wg.Add(1)
+	wg.Add(2)
 	go func() { defer wg.Done(); w.churn(ctx) }()
+	go func() { defer wg.Done(); w.vipMoves.run(ctx, w) }()
 	return nil
 }
 
