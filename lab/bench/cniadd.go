@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -74,47 +76,76 @@ func benchCNIAdd(ctx context.Context, name string, n int) error {
 	}
 	bridgeCNI := lab.NewNetNSCNI(peerNode, filepath.Join(peerDir, "net.d"), filepath.Join(peerDir, "cache"), []string{c.CNIBinDir})
 
-	run := func(cni *lab.NodeCNI, id string, inNode bool) ([]time.Duration, error) {
+	// run ADDs every pod, one after the other or all at once (as a
+	// kubelet starting a burst of pods does), then DELs them: each ADD's
+	// latency, sorted, and the time until the last ADD returned.
+	run := func(cni *lab.NodeCNI, id string, inNode, together bool) ([]time.Duration, time.Duration, error) {
 		path := func(p pod) string {
 			if inNode {
 				return p.nodePath
 			}
 			return p.machinePath
 		}
-		var lat []time.Duration
-		for _, p := range pods {
-			rt := lab.PodRuntimeConf(id+p.uid, path(p), "default", p.name, p.uid)
+		lat := make([]time.Duration, len(pods))
+		errs := make([]error, len(pods))
+		add := func(i int) {
+			p := pods[i]
 			t := time.Now()
-			if _, err := cni.Add(ctx, rt); err != nil {
-				return nil, fmt.Errorf("ADD %s: %w", p.name, err)
+			if _, err := cni.Add(ctx, lab.PodRuntimeConf(id+p.uid, path(p), "default", p.name, p.uid)); err != nil {
+				errs[i] = fmt.Errorf("ADD %s: %w", p.name, err)
 			}
-			lat = append(lat, time.Since(t))
+			lat[i] = time.Since(t)
 		}
+		start := time.Now()
+		if together {
+			var wg sync.WaitGroup
+			for i := range pods {
+				wg.Go(func() { add(i) })
+			}
+			wg.Wait()
+		} else {
+			for i := range pods {
+				if add(i); errs[i] != nil {
+					break
+				}
+			}
+		}
+		wall := time.Since(start)
 		for _, p := range pods {
 			if err := cni.Del(ctx, lab.PodRuntimeConf(id+p.uid, path(p), "default", p.name, p.uid)); err != nil {
-				return nil, fmt.Errorf("DEL %s: %w", p.name, err)
+				return nil, 0, fmt.Errorf("DEL %s: %w", p.name, err)
 			}
 		}
-		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-		return lat, nil
-	}
-	laceLat, err := run(laceCNI, "lace-", true)
-	if err != nil {
-		return fmt.Errorf("lace-cni: %w", err)
-	}
-	peerLat, err := run(bridgeCNI, "bridge-", false)
-	if err != nil {
-		return fmt.Errorf("bridge: %w", err)
+		if err := errors.Join(errs...); err != nil {
+			return nil, 0, err
+		}
+		slices.Sort(lat)
+		return lat, wall, nil
 	}
 	q := func(l []time.Duration, p int) time.Duration { return l[min(len(l)-1, len(l)*p/100)] }
-	fmt.Printf("CNI ADD latency over %d pods (plugin run in the node's namespaces, as its containerd runs it)\n", n)
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "quantile\tLace (lace-cni + agent)\tpeer (bridge + host-local)\tratio\t")
-	for _, p := range []int{50, 99} {
-		fmt.Fprintf(tw, "p%d\t%s\t%s\t%.2f\t\n", p, q(laceLat, p).Round(10*time.Microsecond), q(peerLat, p).Round(10*time.Microsecond),
-			float64(q(laceLat, p))/float64(q(peerLat, p)))
+	for _, together := range []bool{false, true} {
+		laceLat, laceWall, err := run(laceCNI, "lace-", true, together)
+		if err != nil {
+			return fmt.Errorf("lace-cni: %w", err)
+		}
+		peerLat, peerWall, err := run(bridgeCNI, "bridge-", false, together)
+		if err != nil {
+			return fmt.Errorf("bridge: %w", err)
+		}
+		how := "one after the other"
+		if together {
+			how = "all at once"
+		}
+		fmt.Printf("CNI ADD latency over %d pods, %s (plugin run in the node's namespaces, as its containerd runs it)\n", n, how)
+		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "\tLace (lace-cni + agent)\tpeer (bridge + host-local)\tratio\t")
+		for _, p := range []int{50, 99} {
+			fmt.Fprintf(tw, "p%d\t%s\t%s\t%.2f\t\n", p, q(laceLat, p).Round(10*time.Microsecond), q(peerLat, p).Round(10*time.Microsecond),
+				float64(q(laceLat, p))/float64(q(peerLat, p)))
+		}
+		fmt.Fprintf(tw, "pods/s\t%.0f\t%.0f\t%.2f\t\n", float64(n)/laceWall.Seconds(), float64(n)/peerWall.Seconds(), laceWall.Seconds()/peerWall.Seconds())
+		tw.Flush()
 	}
-	tw.Flush()
-	fmt.Println("ratio = Lace / peer (lower is better)")
+	fmt.Println("ratio = Lace / peer for latency, peer / Lace for pods/s (lower is better)")
 	return nil
 }
