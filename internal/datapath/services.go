@@ -430,14 +430,15 @@ func (t *ServiceTable) Apply(want []Service) (gone Gone, err error) {
 	// may be reused), those of endpoints that left, and all of a service
 	// whose affinity was turned off or changed.
 	deadAff := map[uint32]map[Backend]bool{}
-	for _, s := range want {
+	for i := range want {
+		s := &want[i]
 		k := ServiceKey{s.VIP, s.Proto, s.Port}
 		old := t.cur[k]
-		if old != nil && !old.broken && sameService(&old.svc, &s) {
+		if old != nil && !old.broken && sameService(&old.svc, s) {
 			// The maps stay; an endpoint that stopped lingering left
 			// the slices.
 			if !sameBackends(old.svc.Lingering, s.Lingering) {
-				if lost := unlisted(&old.svc, &s); len(lost) > 0 {
+				if lost := unlisted(&old.svc, s); len(lost) > 0 {
 					gone.Unlisted[k] = lost
 				}
 				old.svc.Lingering = s.Lingering
@@ -454,7 +455,7 @@ func (t *ServiceTable) Apply(want []Service) (gone Gone, err error) {
 				s.VIP, s.Port, len(s.Backends), maxFrontendBackends)
 			continue
 		}
-		a := &appliedService{svc: s, gen: t.gen}
+		a := &appliedService{svc: *s, gen: t.gen}
 		var oldBackends []Backend
 		if old != nil {
 			a.id, oldBackends = old.id, old.svc.Backends
@@ -488,25 +489,25 @@ func (t *ServiceTable) Apply(want []Service) (gone Gone, err error) {
 				}
 			}
 		}
-		v := svcVal(&s, a.id)
-		if old != nil && len(s.Backends) < len(oldBackends) && shrinkFirst(&old.svc, &s) {
+		v := svcVal(s, a.id)
+		if old != nil && len(s.Backends) < len(oldBackends) && shrinkFirst(&old.svc, s) {
 			// A service that loses backends frees their entries before
 			// anything is added: its count goes down first (the
 			// backends below it are there, old or new), then its tail.
-			w.shrinkPuts = append(w.shrinkPuts, svcKey(s))
+			w.shrinkPuts = append(w.shrinkPuts, svcKey(*s))
 			w.shrinkVals = append(w.shrinkVals, v)
 			for i := len(s.Backends); i < len(oldBackends); i++ {
 				w.shrinkDels = append(w.shrinkDels, podBackendKey{Id: a.id, Index: uint32(i)})
 			}
 		} else {
-			w.svcPuts = append(w.svcPuts, svcKey(s))
+			w.svcPuts = append(w.svcPuts, svcKey(*s))
 			w.svcVals = append(w.svcVals, v)
 			for i := len(s.Backends); i < len(oldBackends); i++ {
 				w.backendDels = append(w.backendDels, podBackendKey{Id: a.id, Index: uint32(i)})
 			}
 		}
 		if old != nil {
-			if lost := unlisted(&old.svc, &s); len(lost) > 0 {
+			if lost := unlisted(&old.svc, s); len(lost) > 0 {
 				gone.Unlisted[k] = lost
 			}
 			if lost := missing(oldBackends, s.Backends); len(lost) > 0 {
@@ -582,16 +583,18 @@ func (t *ServiceTable) Apply(want []Service) (gone Gone, err error) {
 	if err := forget(t.pendingAff); err != nil {
 		return gone, err
 	}
-	held := map[uint32]bool{}
-	for _, a := range t.cur {
-		held[a.id] = true
-	}
-	for id := range t.freeing {
-		if !held[id] {
-			delete(t.used, id)
+	if len(t.freeing) > 0 {
+		held := map[uint32]bool{}
+		for _, a := range t.cur {
+			held[a.id] = true
 		}
+		for id := range t.freeing {
+			if !held[id] {
+				delete(t.used, id)
+			}
+		}
+		clear(t.freeing)
 	}
-	clear(t.freeing)
 	clear(t.pendingAff)
 	return gone, nil
 }
