@@ -20,6 +20,9 @@ import (
 type nodeTables struct {
 	mu         sync.Mutex
 	announceMu sync.Mutex
+	// checkSkips counts each table's checks skipped in a row
+	// (maxCheckSkips).
+	checkSkips map[string]int
 	cfg        *table[uint32, podLaceConfig]
 	hostAddrs  *table[podHostKey, uint32]
 	nodes      *table[podHostKey, uint32]
@@ -86,6 +89,18 @@ type checker interface {
 	tableName() string
 }
 
+// outsideChecker is a checker that can read the kernel while the tables'
+// lock is released (table.checkOutside).
+type outsideChecker interface {
+	checkOutside(unlocked func(func())) (n int, skipped bool, err error)
+}
+
+// maxCheckSkips is how many checks in a row a table may skip for writes
+// that came during its read before one is made under the lock: a table
+// written on every sync (a Service changing every second) is still
+// checked, every few periods.
+const maxCheckSkips = 3
+
 func (t *table[K, V]) tableName() string { return t.name }
 
 // announceChecker checks the announcer's table under its own lock.
@@ -112,10 +127,30 @@ func (d *Datapath) CheckTables() (map[string]int, error) {
 	// services, namespaces before ports.
 	out := map[string]int{}
 	var errs []error
+	unlocked := func(read func()) {
+		t.mu.Unlock()
+		defer t.mu.Lock()
+		read()
+	}
+	if t.checkSkips == nil {
+		t.checkSkips = map[string]int{}
+	}
 	for _, c := range []checker{t.hostAddrs, t.cfg, t.nodes, t.nodeLocs, t.networks, t.backends, t.srcRanges, t.services,
 		t.routes, t.classify, t.inside, t.podNetns, t.ports, t.endpoints, announceChecker{t}, t.fdb, t.l2Neigh, t.l2Flood, t.l2Nets,
 		t.pol.verdicts, t.pol.cidrs, t.pol.peers, t.pol.eps} {
-		n, err := c.check()
+		var n int
+		var err error
+		name := c.tableName()
+		if oc, ok := c.(outsideChecker); ok && t.checkSkips[name] < maxCheckSkips {
+			var skipped bool
+			if n, skipped, err = oc.checkOutside(unlocked); skipped {
+				t.checkSkips[name]++
+				continue
+			}
+		} else {
+			n, err = c.check()
+		}
+		t.checkSkips[name] = 0
 		if err != nil {
 			errs = append(errs, err)
 		}

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/lace-cni/lace/internal/tables"
@@ -96,5 +97,71 @@ func TestTablesRealMaps(t *testing.T) {
 	}
 	if netns != 2 {
 		t.Errorf("%d pod namespace entries after the restarted sync, want 2", netns)
+	}
+}
+
+// TestCheckTablesBesideApplies: the periodic check reads the maps with the
+// tables' lock released, while the services are applied over and over
+// (an endpoint changing every time): it never reports a repair the
+// applies' own writes explain, and when it is done the maps equal the
+// last state applied.
+func TestCheckTablesBesideApplies(t *testing.T) {
+	d := progDatapath(t)
+	st := NewServiceTable(d)
+	want := make([]Service, 2000)
+	for i := range want {
+		s := &want[i]
+		s.VIP = netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})
+		s.Proto, s.Port, s.NetID = 6, 80, 1
+		for j := range 5 {
+			k := i*5 + j
+			s.Backends = append(s.Backends, tables.Backend{Addr: netip.AddrFrom4([4]byte{10, 100, byte(k >> 8), byte(k)}), Port: 8080})
+		}
+	}
+	if _, err := st.Apply(want); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	applied := make(chan []Service, 1)
+	go func() {
+		defer close(applied)
+		cur := want
+		for i := 0; ; i++ {
+			select {
+			case <-done:
+				applied <- cur
+				return
+			default:
+			}
+			next := slices.Clone(cur)
+			s := &next[i%len(next)]
+			s.Backends = slices.Clone(s.Backends)
+			s.Backends = s.Backends[:1+i%len(s.Backends)]
+			if _, err := st.Apply(next); err != nil {
+				t.Error(err)
+			}
+			cur = next
+		}
+	}()
+	for range 10 {
+		repaired, err := d.CheckTables()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(repaired) > 0 {
+			t.Errorf("check beside the applies repaired %v: the applies' writes taken for differences", repaired)
+		}
+	}
+	close(done)
+	last := <-applied
+	got, err := d.Services()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(last) {
+		t.Fatalf("the maps hold %d services, the last apply wanted %d", len(got), len(last))
+	}
+	if repaired, err := d.CheckTables(); err != nil || len(repaired) > 0 {
+		t.Errorf("a quiet check after the applies: repaired %v, %v", repaired, err)
 	}
 }

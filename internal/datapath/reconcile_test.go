@@ -345,6 +345,44 @@ func TestTableCheckRepairs(t *testing.T) {
 	}
 }
 
+// TestTableCheckOutside: a check that reads the kernel with the tables'
+// lock released repairs what differs when nothing was written meanwhile,
+// and is skipped, repairing nothing, when a sync wrote the table during
+// its read: the read may show that write or not, and an entry the sync
+// had just deleted was "repaired" back.
+func TestTableCheckOutside(t *testing.T) {
+	f := newFakeMap(100, true)
+	tb := newTable[uint32, uint32]("test", f)
+	want := entries(1, 1, 2, 2, 3, 3)
+	if err := tb.sync(want, nil); err != nil {
+		t.Fatal(err)
+	}
+	f.m[2] = 20
+	read := func(r func()) { r() }
+	if n, skipped, err := tb.checkOutside(read); err != nil || skipped || n != 1 {
+		t.Fatalf("quiet check: %d repaired, skipped %v, %v; want 1 repaired", n, skipped, err)
+	}
+	mustEqual(t, f, want)
+	// A sync removes 3 after the read saw it.
+	after := entries(1, 1, 2, 2)
+	racing := func(r func()) {
+		r()
+		if err := tb.sync(after, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, skipped, err := tb.checkOutside(racing); err != nil || !skipped || n != 0 {
+		t.Fatalf("check with a sync during its read: %d repaired, skipped %v, %v; want skipped", n, skipped, err)
+	}
+	mustEqual(t, f, after)
+	// The mirror is still right: the next sync of the same state writes
+	// nothing.
+	from := len(f.ops)
+	if err := tb.sync(after, nil); err != nil || len(f.ops) != from {
+		t.Errorf("sync after the skipped check: %v, ops %v", err, f.ops[from:])
+	}
+}
+
 // TestTableWriteFailure: after a failed write the mirror is unknown, and
 // the next sync reads the map before it diffs (whatever the failed batch
 // left), then converges.
