@@ -164,4 +164,17 @@ func TestCheckTablesBesideApplies(t *testing.T) {
 	if repaired, err := d.CheckTables(); err != nil || len(repaired) > 0 {
 		t.Errorf("a quiet check after the applies: repaired %v, %v", repaired, err)
 	}
+	// The sizes the status reports come from the mirrors: they match the
+	// maps.
+	sizes, err := d.MapSizes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	backends := 0
+	for _, s := range got {
+		backends += len(s.Backends)
+	}
+	if sizes["services"] != len(got) || sizes["backends"] != backends {
+		t.Errorf("MapSizes: %d services, %d backends; the maps hold %d and %d", sizes["services"], sizes["backends"], len(got), backends)
+	}
 }

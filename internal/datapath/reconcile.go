@@ -68,6 +68,10 @@ func (t *table[K, V]) load() error {
 	return nil
 }
 
+// size is how many entries the map holds, as the mirror knows (false:
+// unknown).
+func (t *table[K, V]) size() (int, bool) { return len(t.have), t.have != nil }
+
 // known loads the mirror if it is unknown.
 func (t *table[K, V]) known() error {
 	if t.have != nil {
