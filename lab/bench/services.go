@@ -1195,79 +1195,6 @@ func vmRSS(pid int) int64 {
 	return 0
 }
 
-// connPath is a path new TCP connections are timed on.
-type connPath struct {
-	name string
-	ns   string
-	dst  netip.AddrPort
-}
-
-type rttResult struct {
-	n   int
-	lat [][]time.Duration // per path, sorted
-}
-
-// acceptAndClose serves addr in the namespace at nsPath: every connection
-// is accepted and closed.
-func acceptAndClose(nsPath, addr string) (func(), error) {
-	ln, err := netutil.Listen(nsPath, "tcp", addr)
-	if err != nil {
-		return nil, err
-	}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-	return func() { ln.Close() }, nil
-}
-
-// connectLatency times conns new TCP connections per path: a blocking
-// connect() from a fresh socket, SYN to SYN-ACK, on one thread inside the
-// path's namespace. The paths take turns in batches of 10, so that drift
-// on a busy machine hits each alike.
-func connectLatency(ctx context.Context, paths []connPath, conns int) ([][]time.Duration, error) {
-	lat := make([][]time.Duration, len(paths))
-	const batch = 10
-	for done := 0; done < conns; done += batch {
-		for i, p := range paths {
-			n := min(batch, conns-done)
-			err := netutil.Do(p.ns, func() error {
-				sa := &unix.SockaddrInet4{Port: int(p.dst.Port()), Addr: p.dst.Addr().As4()}
-				for range n {
-					fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-					if err != nil {
-						return err
-					}
-					t := time.Now()
-					err = unix.Connect(fd, sa)
-					d := time.Since(t)
-					unix.Close(fd)
-					if err != nil {
-						return fmt.Errorf("%s: connect %s: %w", p.name, p.dst, err)
-					}
-					lat[i] = append(lat[i], d)
-				}
-				return nil
-			})
-			if err != nil {
-				return nil, err
-			}
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-		}
-	}
-	for _, l := range lat {
-		sort.Slice(l, func(a, b int) bool { return l[a] < l[b] })
-	}
-	return lat, nil
-}
-
 // rrPath is a request/response path: a client namespace and where it dials.
 type rrPath struct {
 	name string
@@ -1432,38 +1359,6 @@ func msOr(d time.Duration) string {
 		return "-"
 	}
 	return ms(d)
-}
-
-func printRTT(rs []rttResult, peer bool, conns int) {
-	if len(rs) == 0 {
-		return
-	}
-	fmt.Printf("First-packet RTT through a ClusterIP (new TCP connection: blocking connect(), SYN to SYN-ACK; %d per path and size, interleaved; client on %s, server pod on %s)\n",
-		conns, peerNode, laceNode)
-	if peer {
-		fmt.Println("Lace's client is a pod (translated on its veth); kube-proxy's a socket of the node's namespace (nftables DNAT; Lace leaves it alone)")
-	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
-	if peer {
-		fmt.Fprintln(tw, "services\tLace p50\tkube-proxy p50\tratio\tLace p99\tkube-proxy p99\tratio\tpod->pod p50\tnode->pod p50\tLace - direct\tkube-proxy - direct\t")
-	} else {
-		fmt.Fprintln(tw, "services\tLace p50\tLace p99\tpod->pod p50\tpod->pod p99\t")
-	}
-	for _, r := range rs {
-		q := func(i, p int) time.Duration { return quantile(r.lat[i], p) }
-		if peer {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.n, us(q(0, 50)), us(q(2, 50)), ratio(q(0, 50), q(2, 50)),
-				us(q(0, 99)), us(q(2, 99)), ratio(q(0, 99), q(2, 99)), us(q(1, 50)), us(q(3, 50)), us(q(0, 50)-q(1, 50)), us(q(2, 50)-q(3, 50)))
-		} else {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t\n", r.n, us(q(0, 50)), us(q(0, 99)), us(q(1, 50)), us(q(1, 99)))
-		}
-	}
-	tw.Flush()
-	fmt.Println("ratio = Lace / kube-proxy (lower is better); targets: flat in the service count, ratio <= 0.7")
-	if peer {
-		fmt.Println("the two clients differ (pod vs node socket): 'X - direct' is each path's p50 minus the same client's p50 straight to the pod IP")
-	}
-	fmt.Println()
 }
 
 // nftChains asks the kernel whether chains of kube-proxy's table exist,
