@@ -101,9 +101,11 @@ type Announcer struct {
 	lagging bool
 	lastTry time.Time
 	lastOK  bool
-	// lapseWaits is set when the last look at the Leases found a peer
-	// lapsed by the clock but held alive by the cache's freshness alone.
-	lapseWaits bool
+	// lapseWaits is the latest lapse, by this agent's clock, of the peers
+	// the last look at the Leases found lapsed but held alive by the
+	// cache's freshness alone (zero: none). One renewal after it is all
+	// they wait for; a cache behind by more than that needs none more.
+	lapseWaits time.Time
 	// lastFailLog is when a failed renewal was last logged.
 	lastFailLog time.Time
 	lastDown    time.Time
@@ -335,7 +337,7 @@ func (an *Announcer) alive(ctx context.Context, now time.Time) (map[string]bool,
 	if f := an.fresh(leases.Items, now); f.Before(now) {
 		judged = f
 	}
-	an.lapseWaits = false
+	an.lapseWaits = time.Time{}
 	out := map[string]bool{}
 	for _, l := range leases.Items {
 		// A Lease speaks for the node its name says, and only when its
@@ -363,7 +365,9 @@ func (an *Announcer) alive(ctx context.Context, now time.Time) (map[string]bool,
 		}
 		if judged.Sub(s.at) < g {
 			out[node] = true
-			an.lapseWaits = an.lapseWaits || now.Sub(s.at) >= g
+			if now.Sub(s.at) >= g && s.at.Add(g).After(an.lapseWaits) {
+				an.lapseWaits = s.at.Add(g)
+			}
 		}
 	}
 	out[an.opts.NodeName] = now.Sub(an.renewed) < an.duration
@@ -473,12 +477,15 @@ func (an *Announcer) once(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if an.lapseWaits && an.lastTry.Before(start) {
+	if !an.lapseWaits.IsZero() && !an.renewed.After(an.lapseWaits) && an.lastTry.Before(start) {
 		// A peer's Lease has lapsed and only the cache's freshness holds
 		// it alive: renew now, and the next tick judges it with this
 		// renewal in the cache, instead of after the next one on the
 		// quarter-duration cadence (up to a quarter duration later).
 		an.renew(ctx, an.now(), true)
+		// The entries' lifetime below counts from after the wait, as
+		// for the renewal above.
+		now = an.now()
 	}
 	in := model.AnnounceInput{Alive: alive}
 	var nodes corev1.NodeList
