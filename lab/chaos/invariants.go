@@ -86,12 +86,11 @@ func (h *harness) check(ctx context.Context, w *workload, f *fault, start time.T
 				// VIP returns, as late as that node's agent and its
 				// peers agree, and what was held through the other
 				// node breaks.
-				if m, back, ok := w.vipMoves.cause(fl.at); ok {
-					if back {
-						r.excused = append(r.excused, msg+" ("+m.String()+", back to where it had failed over from)")
-						continue
-					}
-					msg += " (" + m.String() + ")"
+				if moves, back := w.vipMoves.cause(fl.at); back {
+					r.excused = append(r.excused, msg+" ("+movesString(moves)+", back to where it had failed over from)")
+					continue
+				} else if len(moves) > 0 {
+					msg += " (" + movesString(moves) + ")"
 				}
 			}
 			r.problems = append(r.problems, msg)

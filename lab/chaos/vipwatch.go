@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -10,10 +11,12 @@ import (
 )
 
 // vipMove is a change of the node whose MAC the external host holds for
-// the VIP.
+// the VIP, seen between two polls (since, at).
 type vipMove struct {
-	at       time.Time
-	from, to string
+	since, at time.Time
+	from, to  string
+	// back: the first move to a node since the VIP failed over from it.
+	back bool
 }
 
 // vipWatch records the VIP's holder as the external host sees it, so a
@@ -23,7 +26,8 @@ type vipMove struct {
 type vipWatch struct {
 	mu    sync.Mutex
 	moves []vipMove
-	// left are the nodes the VIP failed over from.
+	// left are the nodes the VIP failed over from and has not gone back
+	// to yet.
 	left map[string]bool
 }
 
@@ -35,6 +39,7 @@ func (v *vipWatch) run(ctx context.Context, w *workload) {
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
 	last := ""
+	var polled time.Time
 	// The nodes' MACs, read again only for a MAC not among them (a
 	// rebooted node's underlay is made again).
 	nodeOf := map[string]string{}
@@ -54,16 +59,28 @@ func (v *vipWatch) run(ctx context.Context, w *workload) {
 			}
 		}
 		holder := nodeOf[mac]
+		now := time.Now()
 		if holder == "" || holder == last {
+			polled = now
 			continue
 		}
-		v.mu.Lock()
 		if last != "" {
-			v.moves = append(v.moves, vipMove{at: time.Now(), from: last, to: holder})
+			v.record(vipMove{since: polled, at: now, from: last, to: holder})
 		}
-		v.mu.Unlock()
-		last = holder
+		last, polled = holder, now
 	}
+}
+
+// record notes a move; a move back to a node the VIP failed over from is
+// marked back, once.
+func (v *vipWatch) record(m vipMove) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.left[m.to] {
+		m.back = true
+		delete(v.left, m.to)
+	}
+	v.moves = append(v.moves, m)
 }
 
 // failedOver notes that the VIP failed over from node.
@@ -76,24 +93,32 @@ func (v *vipWatch) failedOver(node string) {
 	v.left[node] = true
 }
 
-// cause is the VIP's last move within vipMoveWindow before at, and
-// whether it went back to a node the VIP had failed over from.
-func (v *vipWatch) cause(at time.Time) (m vipMove, back, ok bool) {
+// cause is the VIP's moves that may have come before a break at at: each
+// one whose interval began before at and ended within vipMoveWindow of
+// it. back says they were all moves back to a node the VIP had failed
+// over from: a flap, or a move nothing explains, among them is not.
+func (v *vipWatch) cause(at time.Time) (moves []vipMove, back bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	for i := len(v.moves) - 1; i >= 0; i-- {
-		m := v.moves[i]
-		if m.at.After(at) {
+	back = true
+	for _, m := range v.moves {
+		if m.since.After(at) || at.Sub(m.at) > vipMoveWindow {
 			continue
 		}
-		if at.Sub(m.at) > vipMoveWindow {
-			break
-		}
-		return m, v.left[m.to], true
+		moves = append(moves, m)
+		back = back && m.back
 	}
-	return vipMove{}, false, false
+	return moves, back && len(moves) > 0
 }
 
 func (m vipMove) String() string {
 	return fmt.Sprintf("the VIP moved from %s to %s at %s", m.from, m.to, m.at.Format("15:04:05.0"))
+}
+
+func movesString(ms []vipMove) string {
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = m.String()
+	}
+	return strings.Join(out, ", ")
 }
