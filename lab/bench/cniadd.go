@@ -111,9 +111,10 @@ func benchCNIAdd(ctx context.Context, name string, n int) error {
 			}
 		}
 		wall := time.Since(start)
+		// Every pod is deleted, whatever failed: the ADDs' errors first.
 		for _, p := range pods {
 			if err := cni.Del(ctx, lab.PodRuntimeConf(id+p.uid, path(p), "default", p.name, p.uid)); err != nil {
-				return nil, 0, fmt.Errorf("DEL %s: %w", p.name, err)
+				errs = append(errs, fmt.Errorf("DEL %s: %w", p.name, err))
 			}
 		}
 		if err := errors.Join(errs...); err != nil {
@@ -124,11 +125,14 @@ func benchCNIAdd(ctx context.Context, name string, n int) error {
 	}
 	q := func(l []time.Duration, p int) time.Duration { return l[min(len(l)-1, len(l)*p/100)] }
 	for _, together := range []bool{false, true} {
-		laceLat, laceWall, err := run(laceCNI, "lace-", true, together)
+		// Container IDs of their own per mode: the agent's records of the
+		// first mode's pods, written after the ADD, are not the second's.
+		mode := fmt.Sprintf("%t-", together)
+		laceLat, laceWall, err := run(laceCNI, "lace-"+mode, true, together)
 		if err != nil {
 			return fmt.Errorf("lace-cni: %w", err)
 		}
-		peerLat, peerWall, err := run(bridgeCNI, "bridge-", false, together)
+		peerLat, peerWall, err := run(bridgeCNI, "bridge-"+mode, false, together)
 		if err != nil {
 			return fmt.Errorf("bridge: %w", err)
 		}
