@@ -1327,7 +1327,7 @@ func printProgramming(rs []progResult, o svcOptions) {
 	tw.Flush()
 	for _, r := range rs {
 		if r.readBackN > 0 {
-			fmt.Printf("reading %d services' %d backends back from %s's maps one lookup each (as each agent sync does before writing) took %s\n",
+			fmt.Printf("reading %d services' %d backends back from %s's maps one lookup each (what each sync cost before the tables kept mirrors of their writes; none reads back now) took %s\n",
 				r.n, r.readBackN, laceNode, ms(r.readBack))
 		}
 	}
