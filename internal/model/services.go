@@ -779,6 +779,36 @@ func (ix *PodAddrIndex) otherNetwork(sliceNS string, ep *discoveryv1.Endpoint, a
 	return strings.Join(others, ",")
 }
 
+// reusedBy returns, for an endpoint whose targetRef names a pod, the pod
+// that holds addr on the endpoint's node instead of it ("" when none
+// does, or the named pod does): its address was given to another pod
+// (the named pod restarted at a new address, or is gone) and the
+// EndpointSlice has not caught up. Traffic to the endpoint would reach
+// that pod, maybe another tenant's, which a tenant creating pods could
+// aim for.
+func (ix *PodAddrIndex) reusedBy(sliceNS string, ep *discoveryv1.Endpoint, addr netip.Addr) string {
+	r := ep.TargetRef
+	if ep.NodeName == nil || *ep.NodeName == "" || r == nil || (r.Kind != "" && r.Kind != "Pod") || r.Name == "" {
+		return ""
+	}
+	node, want := *ep.NodeName, types.NamespacedName{Namespace: cmp.Or(r.Namespace, sliceNS), Name: r.Name}
+	if ne := ix.byPod[want]; ne != nil && ne.Spec.Node == node && neHolds(ne, addr) {
+		return ""
+	}
+	// The first holder by name: the answer must not depend on the order
+	// the NetworkEndpoints came in.
+	holder := ""
+	ix.byAddr.Each(addr, func(ne *lacev1.NetworkEndpoint) bool {
+		if ne.Spec.Node == node && (ne.Namespace != want.Namespace || ne.Name != want.Name) {
+			if h := ne.Namespace + "/" + ne.Name; holder == "" || h < holder {
+				holder = h
+			}
+		}
+		return true
+	})
+	return holder
+}
+
 type excludedEndpointKey struct {
 	ns, svc string
 	addr    netip.Addr
@@ -1036,6 +1066,10 @@ func (c *serviceCtx) endpoints(vip netip.Addr, sp corev1.ServicePort) []svcEndpo
 				}
 				if other := c.env.pods.otherNetwork(sl.Namespace, ep, addr, c.network); other != "" {
 					c.exclude(ExcludedEndpoint{Addr: addr, Network: other})
+					continue
+				}
+				if holder := c.env.pods.reusedBy(sl.Namespace, ep, addr); holder != "" {
+					c.exclude(ExcludedEndpoint{Addr: addr, Refused: "the address is pod " + holder + "'s now, not the endpoint's pod's"})
 					continue
 				}
 				e := svcEndpoint{addr: addr, port: uint16(*p.Port), zone: derefString(ep.Zone), node: derefString(ep.NodeName),
