@@ -779,27 +779,26 @@ func (ix *PodAddrIndex) otherNetwork(sliceNS string, ep *discoveryv1.Endpoint, a
 	return strings.Join(others, ",")
 }
 
-// reusedBy returns, for an endpoint whose targetRef names a pod, the pod
-// that holds addr on the endpoint's node instead of it ("" when none
-// does, or the named pod does): its address was given to another pod
-// (the named pod restarted at a new address, or is gone) and the
-// EndpointSlice has not caught up. Traffic to the endpoint would reach
-// that pod, maybe another tenant's, which a tenant creating pods could
-// aim for.
-func (ix *PodAddrIndex) reusedBy(sliceNS string, ep *discoveryv1.Endpoint, addr netip.Addr) string {
+// reusedBy returns, for an endpoint whose targetRef names a pod, another
+// pod that holds addr in network on the endpoint's node ("" when none
+// does). One address is one pod's in a network on a node, so the
+// endpoint is stale: its pod came back at a new address (a node reboot)
+// or is gone, the EndpointSlice has not caught up, and the address was
+// given to the next pod, maybe another tenant's, which a tenant creating
+// pods could aim for. The named pod's own NetworkEndpoint may still list
+// the address too (it is rewritten at the pod's next ADD): the other
+// holder decides, as traffic would reach it.
+func (ix *PodAddrIndex) reusedBy(sliceNS string, ep *discoveryv1.Endpoint, addr netip.Addr, network string) string {
 	r := ep.TargetRef
 	if ep.NodeName == nil || *ep.NodeName == "" || r == nil || (r.Kind != "" && r.Kind != "Pod") || r.Name == "" {
 		return ""
 	}
-	node, want := *ep.NodeName, types.NamespacedName{Namespace: cmp.Or(r.Namespace, sliceNS), Name: r.Name}
-	if ne := ix.byPod[want]; ne != nil && ne.Spec.Node == node && neHolds(ne, addr) {
-		return ""
-	}
+	node, ns := *ep.NodeName, cmp.Or(r.Namespace, sliceNS)
 	// The first holder by name: the answer must not depend on the order
 	// the NetworkEndpoints came in.
 	holder := ""
 	ix.byAddr.Each(addr, func(ne *lacev1.NetworkEndpoint) bool {
-		if ne.Spec.Node == node && (ne.Namespace != want.Namespace || ne.Name != want.Name) {
+		if ne.Spec.Node == node && ne.Spec.Network == network && (ne.Namespace != ns || ne.Name != r.Name) {
 			if h := ne.Namespace + "/" + ne.Name; holder == "" || h < holder {
 				holder = h
 			}
@@ -1068,7 +1067,7 @@ func (c *serviceCtx) endpoints(vip netip.Addr, sp corev1.ServicePort) []svcEndpo
 					c.exclude(ExcludedEndpoint{Addr: addr, Network: other})
 					continue
 				}
-				if holder := c.env.pods.reusedBy(sl.Namespace, ep, addr); holder != "" {
+				if holder := c.env.pods.reusedBy(sl.Namespace, ep, addr, c.network); holder != "" {
 					c.exclude(ExcludedEndpoint{Addr: addr, Refused: "the address is pod " + holder + "'s now, not the endpoint's pod's"})
 					continue
 				}
