@@ -314,16 +314,7 @@ func TestAnnouncerTakesOverSoonAfterLapse(t *testing.T) {
 		lc := &laggingCache{}
 		an1, _ := lagAgent(store, store, "n1", dur, &clock)
 		an2, dp2 := lagAgent(store, lc.client(store), "n2", dur, &clock)
-		step := func(ans ...*Announcer) {
-			t.Helper()
-			clock = clock.Add(dur/8 + time.Millisecond)
-			lc.freeze(t, store)
-			for _, an := range ans {
-				if err := an.once(context.Background()); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
+		step := laggedTicks(t, &clock, lc, store, dur)
 		// n2 starts phase ticks after n1: its renewals are out of step
 		// with n1's by as much.
 		for range phase {
@@ -423,16 +414,7 @@ func TestAnnouncerForcedRenewalHangKeepsTTL(t *testing.T) {
 	an1, _ := lagAgent(store, store, "n1", dur, &clock)
 	var dp2 *fakeDP
 	an2, dp2 = lagAgent(store, lc.client(slow), "n2", dur, &clock)
-	tick := func(ans ...*Announcer) {
-		t.Helper()
-		clock = clock.Add(dur/8 + time.Millisecond)
-		lc.freeze(t, store)
-		for _, an := range ans {
-			if err := an.once(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	tick := laggedTicks(t, &clock, lc, store, dur)
 	for range 8 {
 		tick(an1, an2)
 	}
@@ -445,6 +427,23 @@ func TestAnnouncerForcedRenewalHangKeepsTTL(t *testing.T) {
 		dp2.mu.Unlock()
 		if n > 0 && exp.After(an2.renewed.Add(dur)) {
 			t.Errorf("tick %d: n2's entries (%d VIPs) lapse at %s, %s past its last renewal and the duration", i, n, exp.Format("05.000"), exp.Sub(an2.renewed.Add(dur)))
+		}
+	}
+}
+
+// laggedTicks returns a step that moves the clock a tick (dur/8 and a
+// millisecond, so that a quarter duration is not a whole number of
+// ticks) and runs each announcer once, lc showing what store held before
+// the step's writes.
+func laggedTicks(t *testing.T, clock *time.Time, lc *laggingCache, store client.Client, dur time.Duration) func(...*Announcer) {
+	return func(ans ...*Announcer) {
+		t.Helper()
+		*clock = clock.Add(dur/8 + time.Millisecond)
+		lc.freeze(t, store)
+		for _, an := range ans {
+			if err := an.once(context.Background()); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 }
