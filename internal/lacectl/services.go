@@ -334,6 +334,8 @@ func explain(svc *corev1.Service, ns nodeServices, ts *tables.Service, cands []s
 			ch.why = fmt.Sprintf("ready, hinted for zone %s", ns.zone)
 		case ch.eligible:
 			ch.why = "ready"
+		case isExcluded && e.Refused != "":
+			ch.why = e.Refused + " (excluded)"
 		case isExcluded:
 			ch.why = fmt.Sprintf("in another network: its pod is in %s, not the service's network %s (excluded)", e.Network, e.ServiceNetwork)
 		case !c.ready && !(c.serving && c.terminating):

@@ -130,7 +130,8 @@ type ServiceState struct {
 	// namespace and name, with its network or the reason it has none.
 	Bound []ServiceBinding
 	// Excluded lists the endpoints left out because their pod is in
-	// another network, once per (service, address), sorted.
+	// another network, the host endpoint gate refuses them, or their
+	// address is another pod's now, once per (service, address), sorted.
 	Excluded []ExcludedEndpoint
 	// HealthChecks are the healthCheckNodePorts this node answers
 	// (LoadBalancer services with externalTrafficPolicy Local), sorted by
@@ -158,8 +159,9 @@ type ServiceBinding struct {
 // ExcludedEndpoint is an endpoint address of a service left out: one
 // that belongs to a pod of Network, not of the service's network
 // ServiceNetwork (Network names every other network holding the address,
-// comma-separated, when it is known only by address), or one the host
-// endpoint gate refuses (Refused says why: HostEndpoints.Refused).
+// comma-separated, when it is known only by address), or one refused
+// (Refused says why: HostEndpoints.Refused, or another pod holds its
+// address now, reusedBy).
 type ExcludedEndpoint struct {
 	Namespace, Service string
 	Addr               netip.Addr
@@ -779,26 +781,34 @@ func (ix *PodAddrIndex) otherNetwork(sliceNS string, ep *discoveryv1.Endpoint, a
 	return strings.Join(others, ",")
 }
 
-// reusedBy returns, for an endpoint whose targetRef names a pod, another
-// pod that holds addr in network on the endpoint's node ("" when none
-// does). One address is one pod's in a network on a node, so the
-// endpoint is stale: its pod came back at a new address (a node reboot)
-// or is gone, the EndpointSlice has not caught up, and the address was
-// given to the next pod, maybe another tenant's, which a tenant creating
-// pods could aim for. The named pod's own NetworkEndpoint may still list
-// the address too (it is rewritten at the pod's next ADD): the other
-// holder decides, as traffic would reach it.
+// reusedBy returns, for an endpoint whose targetRef names a pod that does
+// not hold addr on the endpoint's node, another pod that holds it there
+// in network ("" when none does). One address is one pod's in a network
+// on a node, so the endpoint is stale: its pod came back at a new address
+// (a node reboot) or is gone, the EndpointSlice has not caught up, and
+// the address was given to the next pod, maybe another tenant's, which a
+// tenant creating pods could aim for.
+//
+// When the named pod's own NetworkEndpoint lists the address, it is
+// served whatever else does: that record is the agent's word for what it
+// attached, while another may be left behind by a pod whose DEL raced its
+// record's write (a gone pod's record would otherwise take a live pod out
+// of its Services for as long as it stays). The cost is the moment
+// between a pod's restart at a new address and its record's rewrite.
 func (ix *PodAddrIndex) reusedBy(sliceNS string, ep *discoveryv1.Endpoint, addr netip.Addr, network string) string {
 	r := ep.TargetRef
 	if ep.NodeName == nil || *ep.NodeName == "" || r == nil || (r.Kind != "" && r.Kind != "Pod") || r.Name == "" {
 		return ""
 	}
-	node, ns := *ep.NodeName, cmp.Or(r.Namespace, sliceNS)
+	node, want := *ep.NodeName, types.NamespacedName{Namespace: cmp.Or(r.Namespace, sliceNS), Name: r.Name}
+	if ne := ix.byPod[want]; ne != nil && ne.Spec.Node == node && neHolds(ne, addr) {
+		return ""
+	}
 	// The first holder by name: the answer must not depend on the order
 	// the NetworkEndpoints came in.
 	holder := ""
 	ix.byAddr.Each(addr, func(ne *lacev1.NetworkEndpoint) bool {
-		if ne.Spec.Node == node && ne.Spec.Network == network && (ne.Namespace != ns || ne.Name != r.Name) {
+		if ne.Spec.Node == node && ne.Spec.Network == network && (ne.Namespace != want.Namespace || ne.Name != want.Name) {
 			if h := ne.Namespace + "/" + ne.Name; holder == "" || h < holder {
 				holder = h
 			}

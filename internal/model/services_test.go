@@ -629,15 +629,14 @@ func svcCases() []svcCase {
 			neps:     []lacev1.NetworkEndpoint{svNE("web-1", "red", "n1", "u1", "10.9.0.6"), svNE("churn", "red", "n1", "uc", "10.9.0.5")},
 			want:     []string{"10.96.0.10 tcp/80 net2 10.9.0.6:8080"},
 			excluded: []string{"default/web 10.9.0.5 refused: the address is pod default/churn's now, not the endpoint's pod's"}},
-		// The same, while the pod's own NetworkEndpoint still lists the
-		// old address (rewritten at its next ADD): two pods cannot hold
-		// one address in a network on a node, and traffic would reach the
-		// other.
-		{name: "stale endpoint held by its pod's old record and another pod is left out", svcs: web(svLabel("net", "red")),
-			slices:   []discoveryv1.EndpointSlice{svWeb(svEp("10.9.0.5", "n1", targetPod("web-1", "u1")))},
-			neps:     []lacev1.NetworkEndpoint{svNE("web-1", "red", "n1", "u1", "10.9.0.5"), svNE("churn", "red", "n1", "uc", "10.9.0.5")},
-			want:     []string{"10.96.0.10 tcp/80 net2 none"},
-			excluded: []string{"default/web 10.9.0.5 refused: the address is pod default/churn's now, not the endpoint's pod's"}},
+		// The pod's own record still lists the address beside another
+		// pod's: the named pod's record decides. A record left behind by
+		// a gone pod (its DEL raced the record's write) must not take a
+		// live pod, of any namespace, out of its Services.
+		{name: "endpoint whose own record holds the address is served beside a leftover one", svcs: web(svLabel("net", "red")),
+			slices: []discoveryv1.EndpointSlice{svWeb(svEp("10.9.0.5", "n1", targetPod("web-1", "u1")))},
+			neps:   []lacev1.NetworkEndpoint{svNE("web-1", "red", "n1", "u1", "10.9.0.5"), svNE("gone", "red", "n1", "ug", "10.9.0.5")},
+			want:   []string{"10.96.0.10 tcp/80 net2 10.9.0.5:8080"}},
 		// Overlapping networks: another network's pod at the same address
 		// on the node is not the service network's.
 		{name: "another network's pod at the endpoint's address does not count", svcs: web(svLabel("net", "red")),
