@@ -749,8 +749,8 @@ func (ix *PodAddrIndex) otherNetwork(sliceNS string, ep *discoveryv1.Endpoint, a
 		return ""
 	}
 	node := *ep.NodeName
-	if r := ep.TargetRef; r != nil && (r.Kind == "" || r.Kind == "Pod") && r.Name != "" {
-		if ne := ix.byPod[types.NamespacedName{Namespace: cmp.Or(r.Namespace, sliceNS), Name: r.Name}]; ne != nil {
+	if pod, ok := targetPodOf(sliceNS, ep); ok {
+		if r, ne := ep.TargetRef, ix.byPod[pod]; ne != nil {
 			if ne.Spec.Node == node && neHolds(ne, addr) && (r.UID == "" || string(r.UID) == ne.Labels[lacev1.LabelPodUID]) {
 				if ne.Spec.Network == network {
 					return ""
@@ -781,6 +781,15 @@ func (ix *PodAddrIndex) otherNetwork(sliceNS string, ep *discoveryv1.Endpoint, a
 	return strings.Join(others, ",")
 }
 
+// targetPodOf is the pod an endpoint's targetRef names, if it names one.
+func targetPodOf(sliceNS string, ep *discoveryv1.Endpoint) (types.NamespacedName, bool) {
+	r := ep.TargetRef
+	if r == nil || (r.Kind != "" && r.Kind != "Pod") || r.Name == "" {
+		return types.NamespacedName{}, false
+	}
+	return types.NamespacedName{Namespace: cmp.Or(r.Namespace, sliceNS), Name: r.Name}, true
+}
+
 // reusedBy returns, for an endpoint whose targetRef names a pod that does
 // not hold addr on the endpoint's node, another pod that holds it there
 // in network ("" when none does). One address is one pod's in a network
@@ -796,11 +805,11 @@ func (ix *PodAddrIndex) otherNetwork(sliceNS string, ep *discoveryv1.Endpoint, a
 // of its Services for as long as it stays). The cost is the moment
 // between a pod's restart at a new address and its record's rewrite.
 func (ix *PodAddrIndex) reusedBy(sliceNS string, ep *discoveryv1.Endpoint, addr netip.Addr, network string) string {
-	r := ep.TargetRef
-	if ep.NodeName == nil || *ep.NodeName == "" || r == nil || (r.Kind != "" && r.Kind != "Pod") || r.Name == "" {
+	want, ok := targetPodOf(sliceNS, ep)
+	if ep.NodeName == nil || *ep.NodeName == "" || !ok {
 		return ""
 	}
-	node, want := *ep.NodeName, types.NamespacedName{Namespace: cmp.Or(r.Namespace, sliceNS), Name: r.Name}
+	node := *ep.NodeName
 	if ne := ix.byPod[want]; ne != nil && ne.Spec.Node == node && neHolds(ne, addr) {
 		return ""
 	}
