@@ -1178,6 +1178,14 @@ static __always_inline int from_underlay_run(struct __sk_buff *skb)
 	struct ethhdr *eth = data;
 	if ((void *)(eth + 1) > end)
 		return TC_ACT_OK;
+	/* A unicast frame sent to another MAC is not this node's: a switch
+	 * floods a frame whose destination it has not learned (a port that
+	 * just moved) to every node. Served here too, a flow to a VIP held by
+	 * another node would take a second endpoint, which resets it. The
+	 * kernel drops (and counts, rx_otherhost_dropped) what no upper
+	 * device takes. */
+	if (skb->pkt_type == PACKET_OTHERHOST)
+		return TC_ACT_OK;
 	struct lace_config *cfg = config();
 	if (!cfg)
 		return TC_ACT_OK;

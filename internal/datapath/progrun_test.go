@@ -82,7 +82,10 @@ func ether(dst net.HardwareAddr, proto uint16, payload []byte) []byte {
 	return append(b, payload...)
 }
 
-var unicastMAC = net.HardwareAddr{2, 0, 0, 0, 0, 0xaa}
+// unicastMAC is the node's own: BPF_PROG_RUN receives a frame on the
+// loopback device, whose MAC is all zeros, and a frame sent to any other
+// is another host's (from_underlay leaves it to the kernel).
+var unicastMAC = net.HardwareAddr{0, 0, 0, 0, 0, 0}
 
 func ipv4(src, dst netip.Addr, proto byte, payload []byte) []byte {
 	b := make([]byte, 20, 20+len(payload))
