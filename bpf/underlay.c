@@ -24,7 +24,10 @@
  *   external network by the longest external prefix (none: dropped,
  *   unclassified-source) and its destination looked up in that network's
  *   view: a pod is delivered here or encapsulated to its node with the
- *   source preserved; anything else is dropped (a node is not a router).
+ *   source preserved; anything else is dropped (a node is not a router);
+ * - IP in a frame sent to another MAC (a switch flooded it) is served in
+ *   none of the ways above: the kernel's when addressed to the node, else
+ *   dropped (other-host).
  *
  * Until the agent has written the node's own addresses it does not set
  * LACE_CFG_UNDERLAY_GUARD, and plain IP passes (no pod is attached before). */
@@ -1178,18 +1181,20 @@ static __always_inline int from_underlay_run(struct __sk_buff *skb)
 	struct ethhdr *eth = data;
 	if ((void *)(eth + 1) > end)
 		return TC_ACT_OK;
-	/* A unicast frame sent to another MAC is not this node's: a switch
-	 * floods a frame whose destination it has not learned (a port that
-	 * just moved) to every node. Served here too, a flow to a VIP held by
-	 * another node would take a second endpoint, which resets it. The
-	 * kernel drops (and counts, rx_otherhost_dropped) what no upper
-	 * device takes. */
-	if (skb->pkt_type == PACKET_OTHERHOST)
-		return TC_ACT_OK;
 	struct lace_config *cfg = config();
 	if (!cfg)
 		return TC_ACT_OK;
 	int guard = cfg->flags & LACE_CFG_UNDERLAY_GUARD;
+	/* A unicast frame sent to another MAC is not this node's to serve: a
+	 * switch floods a frame whose destination it has not learned (a port
+	 * that just moved) to every node, and a flow to a VIP held by another
+	 * node, served here too, would take a second endpoint, which resets
+	 * it. Its IP goes to the kernel only when addressed to the node (an
+	 * upper device with a MAC of its own takes it, else the kernel drops
+	 * it); the rest is dropped, as the guard drops plain IP: the kernel
+	 * would route it to the node's pods past every check. ARP and ND are
+	 * answered as before (a probe to a VIP's former holder's MAC). */
+	int other = skb->pkt_type == PACKET_OTHERHOST;
 
 	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
 		struct iphdr *ip = (void *)(eth + 1);
@@ -1201,7 +1206,9 @@ static __always_inline int from_underlay_run(struct __sk_buff *skb)
 		    ip->daddr == 0xffffffff)
 			return TC_ACT_OK;
 		if (host_addr(LACE_FAMILY_V4, &ip->daddr))
-			return to_host(skb, bpf_htons(ETH_P_IP));
+			return other ? TC_ACT_OK : to_host(skb, bpf_htons(ETH_P_IP));
+		if (other)
+			return drop(DROP_OTHER_HOST);
 		return outside(skb, bpf_htons(ETH_P_IP));
 	}
 	if (eth->h_proto == bpf_htons(ETH_P_ARP_))
@@ -1222,11 +1229,17 @@ static __always_inline int from_underlay_run(struct __sk_buff *skb)
 		if ((void *)(outer + 1) > end)
 			return TC_ACT_OK;
 	}
+	__u8 *d = (__u8 *)&outer->daddr;
+	if (other) {
+		if (!guard || d[0] == 0xff || (d[0] == 0xfe && (d[1] & 0xc0) == 0x80) ||
+		    host_addr(LACE_FAMILY_V6, &outer->daddr))
+			return TC_ACT_OK;
+		return drop(DROP_OTHER_HOST);
+	}
 	if (eq8(&outer->daddr, cfg->locator)) {
 		int rc = decap(skb, outer);
 		return rc == RET_NODE_CTX ? xlb_reply(skb) : rc;
 	}
-	__u8 *d = (__u8 *)&outer->daddr;
 	/* Multicast (ND, MLD) and link-local are the host's. */
 	if (!guard || (eth->h_dest[0] & 1) || d[0] == 0xff || (d[0] == 0xfe && (d[1] & 0xc0) == 0x80))
 		return TC_ACT_OK;

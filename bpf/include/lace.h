@@ -106,7 +106,8 @@ enum drop_reason {
 	DROP_L2_LEARNING = 42, /* l2-learning: a frame of a learning l2 port from a MAC or address its network does not know yet: reported for learning, dropped until it is published */
 	DROP_L2_STANDBY = 43, /* l2-standby: a frame at a live migration's target port before the VM showed up there (the target pod's own address configuration, never an announcement or the VM's data) */
 	DROP_POLICY = 44, /* policy: refused by a NetworkPolicy of the pod it goes to or comes from (counted per policy: lace_policy_drops_total) */
-	DROP_MAX = 45,
+	DROP_OTHER_HOST = 45, /* other-host: plain IP from the fabric in a frame sent to another MAC (a switch flooded it), not to one of the node's addresses */
+	DROP_MAX = 46,
 };
 
 enum fwd_counter {

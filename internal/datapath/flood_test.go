@@ -26,7 +26,8 @@ import (
 //
 // The fabric learns nothing of n1's port here, so every frame the outside
 // sends to n1 reaches n2 too. The LoadBalancer's one endpoint is on n2:
-// served by n1 it sees n1's address; served by n2, the outside's.
+// served by n1 it sees n1's address; served by n2, the outside's. n2
+// counts each flooded frame as other-host.
 func TestFloodedFramesServedOnce(t *testing.T) {
 	w := newWorld(t, 2)
 	n1, n2 := w.nodes[0], w.nodes[1]
@@ -52,8 +53,12 @@ func TestFloodedFramesServedOnce(t *testing.T) {
 		_, err := n.dp.ApplyServices([]datapath.Service{web, frontend(tables.FrontendLoadBalancer, lb4, 8, web, false, web.Backends...)})
 		must(t, err)
 	}
-	n1MAC := unlearn(t, netutil.Path(w.fabric), n1.name)
-	flooded := framesTo(t, netutil.Path(n2.ns), n1MAC, lb4, 8)
+	eth, err := netutil.GetLink(netutil.Path(n1.ns), "eth0")
+	must(t, err)
+	unlearn(t, netutil.Path(w.fabric), n1.name)
+	flooded := framesTo(t, netutil.Path(n2.ns), eth.MAC, lb4, 8)
+	before, err := n2.dp.Drops()
+	must(t, err)
 
 	want := "b " + n1.v4.String()
 	for i := range 8 {
@@ -66,6 +71,11 @@ func TestFloodedFramesServedOnce(t *testing.T) {
 	if n := flooded(); n < 8*3 {
 		t.Fatalf("n2 was flooded %d frames for n1's MAC to %s:8, want the 8 connections' (at least 24)", n, lb4)
 	}
+	after, err := n2.dp.Drops()
+	must(t, err)
+	if n := flooded(); after["other-host"]-before["other-host"] < uint64(n) || n == 0 {
+		t.Errorf("n2 counted %d other-host drops for the %d frames flooded to it", after["other-host"]-before["other-host"], n)
+	}
 	flows, err := n2.dp.Conntrack()
 	must(t, err)
 	for _, f := range flows {
@@ -76,11 +86,9 @@ func TestFloodedFramesServedOnce(t *testing.T) {
 }
 
 // unlearn stops the bridge in the namespace at ns learning where port's
-// MACs are, and forgets what it learned: frames to them are flooded. It
-// returns the MAC of the link at port's far end.
-func unlearn(t *testing.T, ns, port string) net.HardwareAddr {
+// MACs are, and forgets what it learned: frames to them are flooded.
+func unlearn(t *testing.T, ns, port string) {
 	t.Helper()
-	var mac net.HardwareAddr
 	must(t, netutil.Do(ns, func() error {
 		l, err := netlink.LinkByName(port)
 		if err != nil {
@@ -97,22 +105,18 @@ func unlearn(t *testing.T, ns, port string) net.HardwareAddr {
 			if e.State&netlink.NUD_PERMANENT != 0 {
 				continue // the port's own MAC
 			}
-			mac = e.HardwareAddr
 			if err := netlink.NeighDel(&e); err != nil {
 				return err
 			}
 		}
 		return nil
 	}))
-	if mac == nil {
-		t.Fatalf("the bridge had learned no MAC on %s", port)
-	}
-	return mac
 }
 
-// framesTo counts, from now until the returned function is called, the
-// TCP frames to dst that arrive at eth0 in the namespace at ns with
-// destination MAC mac.
+// framesTo counts, from now until the returned function is called (a
+// running total), the TCP frames to dst that arrive at eth0 in the
+// namespace at ns with destination MAC mac: all of them, read ahead of the
+// data plane (ETH_P_ALL), whatever it does with them.
 func framesTo(t *testing.T, ns string, mac net.HardwareAddr, dst netip.Addr, port uint16) func() int {
 	t.Helper()
 	var fd int
@@ -121,17 +125,17 @@ func framesTo(t *testing.T, ns string, mac net.HardwareAddr, dst netip.Addr, por
 		if err != nil {
 			return err
 		}
-		if fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_IP))); err != nil {
+		if fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL))); err != nil {
 			return err
 		}
-		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: iface.Index})
+		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: iface.Index})
 	}))
 	t.Cleanup(func() { unix.Close(fd) })
 	tv := unix.NsecToTimeval((200 * time.Millisecond).Nanoseconds())
 	must(t, unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv))
 	d := dst.As4()
+	n := 0
 	return func() int {
-		n := 0
 		buf := make([]byte, 2048)
 		for {
 			got, _, err := unix.Recvfrom(fd, buf, 0)
@@ -139,7 +143,7 @@ func framesTo(t *testing.T, ns string, mac net.HardwareAddr, dst netip.Addr, por
 				return n
 			}
 			f := buf[:got]
-			if got < 14+20+4 || net.HardwareAddr(f[0:6]).String() != mac.String() || f[14+9] != 6 ||
+			if got < 14+20+4 || net.HardwareAddr(f[0:6]).String() != mac.String() || binary.BigEndian.Uint16(f[12:14]) != unix.ETH_P_IP || f[14+9] != 6 ||
 				[4]byte(f[14+16:14+20]) != d {
 				continue
 			}

@@ -87,6 +87,10 @@ func ether(dst net.HardwareAddr, proto uint16, payload []byte) []byte {
 // is another host's (from_underlay leaves it to the kernel).
 var unicastMAC = net.HardwareAddr{0, 0, 0, 0, 0, 0}
 
+// otherMAC is another host's: the kernel marks a frame to it
+// PACKET_OTHERHOST.
+var otherMAC = net.HardwareAddr{2, 0, 0, 0, 0, 0xbb}
+
 func ipv4(src, dst netip.Addr, proto byte, payload []byte) []byte {
 	b := make([]byte, 20, 20+len(payload))
 	b[0], b[8], b[9] = 0x45, 64, proto
@@ -218,6 +222,15 @@ func TestProgUnderlay(t *testing.T) {
 		{"SRv6 fragment", ether(unicastMAC, 0x86dd, ipv6(progPeerV6, mySID, 44, fragment)), actShot, "decap-fragment"},
 		{"SRv6 with hop-by-hop options", ether(unicastMAC, 0x86dd, ipv6(progPeerV6, mySID, 0, hopByHop)), actShot, "decap-extension-header"},
 		{"SRv6 truncated inner header", srv6(progPeerV6, mySID, inner4[:12], true), actShot, "decap-truncated"},
+		// Sent to another MAC (a switch flooded it): nothing is served or
+		// forwarded; what is addressed to the node is the kernel's (an
+		// upper device with that MAC takes it, else the kernel drops it).
+		{"another MAC: plain IP to a pod", ether(otherMAC, 0x0800, ipv4(ext4, progPodV4, 17, udp(999, 7))), actShot, "other-host"},
+		{"another MAC: IPv6 to a pod", ether(otherMAC, 0x86dd, ipv6(ext6, progPodV6, 17, udp(999, 7))), actShot, "other-host"},
+		{"another MAC: SRv6 from a node", ether(otherMAC, 0x86dd, ipv6(progPeerV6, mySID, 4, inner4)), actShot, "other-host"},
+		{"another MAC: IPv4 to the node", ether(otherMAC, 0x0800, ipv4(ext4, progNodeV4, 6, tcpSYN(999, 10250))), actOK, ""},
+		{"another MAC: IPv6 to the node", ether(otherMAC, 0x86dd, ipv6(ext6, progNodeV6, 6, tcpSYN(999, 10250))), actOK, ""},
+		{"another MAC: link-local", ether(otherMAC, 0x86dd, ipv6(netip.MustParseAddr("fe80::1"), netip.MustParseAddr("fe80::2"), 58, icmpEcho(true))), actOK, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -359,7 +372,7 @@ func onesSum(b []byte) uint16 {
 func TestProgPodTimeExceeded(t *testing.T) {
 	d := progPodDatapath(t)
 	remote4, remote6 := netip.MustParseAddr("10.70.2.2"), netip.MustParseAddr("fd00:70:0:2::2")
-	podMAC, hostMAC := net.HardwareAddr{2, 0, 0, 0, 0, 0xee}, unicastMAC
+	podMAC, hostMAC := net.HardwareAddr{2, 0, 0, 0, 0, 0xee}, net.HardwareAddr{2, 0, 0, 0, 0, 0xaa}
 	t.Run("IPv4", func(t *testing.T) {
 		in := withTTL(ether(hostMAC, 0x0800, ipv4(progPodV4, remote4, 17, udp(33434, 33434))), 1)
 		before, _ := d.Drops()

@@ -49,6 +49,7 @@ var DropReasons = []string{
 	"l2-learning",
 	"l2-standby",
 	"policy",
+	"other-host",
 }
 
 // DropMeanings say what the drop reasons count, in the same order.
@@ -98,6 +99,7 @@ var DropMeanings = []string{
 	"a frame of a learning l2 port from a MAC or address its network does not know yet: reported for learning, dropped until it is published",
 	"a frame at a live migration's target port before the VM showed up there (the target pod's own address configuration, never an announcement or the VM's data)",
 	"refused by a NetworkPolicy of the pod it goes to or comes from (counted per policy: lace_policy_drops_total)",
+	"plain IP from the fabric in a frame sent to another MAC (a switch flooded it), not to one of the node's addresses",
 }
 
 // ForwardCounters name the counters, in the order of the C enum.
