@@ -87,7 +87,7 @@ func Up(ctx context.Context, c Config, out io.Writer) (*Status, error) {
 		"--name", c.Name, "--nodes", strconv.Itoa(c.Nodes), "--zones", strconv.Itoa(c.Zones),
 		"--state-root", c.StateRoot, "--k8s-bin", c.K8sBinDir, "--cni-bin", c.CNIBinDir,
 		"--cni", c.CNI, "--images", c.ImageDir, "--helm", c.Helm,
-		"--lace-tag", c.LaceTag, "--dns="+strconv.FormatBool(c.DNS))
+		"--lace-tag", c.LaceTag, "--dns="+strconv.FormatBool(c.DNS), "--set", c.HelmSet)
 	cmd.Env = append(os.Environ(), EnvLab+"="+c.Name)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

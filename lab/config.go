@@ -49,6 +49,10 @@ type Config struct {
 	Helm string
 	// LaceTag is the tag of the Lace image the chart runs.
 	LaceTag string
+	// HelmSet are chart values set at install on top of the lab's own
+	// (helm --set syntax: a=1,b=2), e.g. a default network with room for
+	// a thousand simulated nodes (lab/bench's nodes benchmark).
+	HelmSet string
 	// DNS runs cluster DNS: CoreDNS behind kube-system/kube-dns (DNSAddrs),
 	// as kubeadm deploys it, and kubelets that point pods at it. lace-lab
 	// up turns it on unless given --dns=false (or --cni bridge); this

@@ -75,21 +75,25 @@ func HelmInstallChart(ctx context.Context, c Config, dir string, values ...strin
 // installLace installs the chart with the lab's values.
 func installLace(ctx context.Context, c Config, apiPort int) error {
 	v4, _ := APIServerAddrs()
-	return HelmInstall(ctx, c,
-		"image.repository="+images.LaceRepo,
-		"image.tag="+c.LaceTag,
-		"apiServer.host="+v4.String(),
-		"apiServer.port="+strconv.Itoa(apiPort),
+	var set []string
+	if c.HelmSet != "" {
+		set = []string{c.HelmSet}
+	}
+	return HelmInstall(ctx, c, append([]string{
+		"image.repository=" + images.LaceRepo,
+		"image.tag=" + c.LaceTag,
+		"apiServer.host=" + v4.String(),
+		"apiServer.port=" + strconv.Itoa(apiPort),
 		"controller.blockReleaseGrace=5s",
 		// External IPs the lab allows: a slice of the fabric no one else
 		// uses, and the addresses the upstream ExternalIP conformance spec
 		// names. Everything else (the API server's address, the external
 		// host's) is refused, as in any install.
-		"services.externalIPs.allowedCIDRs={"+strings.Join(ExternalIPRanges(), ",")+"}",
+		"services.externalIPs.allowedCIDRs={" + strings.Join(ExternalIPRanges(), ",") + "}",
 		// The machine is cgroup v1 with a cgroup2 hierarchy beside it; each
 		// node's processes and pods live below its own cgroup root there.
-		"agent.hostCgroup=/sys/fs/cgroup/unified/"+cgroupPrefix(c.Name)+"$(NODE_NAME)",
-	)
+		"agent.hostCgroup=/sys/fs/cgroup/unified/" + cgroupPrefix(c.Name) + "$(NODE_NAME)",
+	}, set...)...)
 }
 
 // waitLace waits until the agent DaemonSet and the controller are ready,

@@ -25,6 +25,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -38,7 +39,10 @@ func main() {
 	dur := flag.Duration("duration", 3*time.Second, fmt.Sprintf("length of each throughput and latency run (each path runs %d rounds)", rounds))
 	pods := flag.Int("pods", 100, "pods for the CNI ADD latency run")
 	bin := flag.String("bin", "bin", "directory of the Lace binaries")
-	only := flag.String("only", "forwarding,l2,migration,cni,netpol,services,failover", "benchmarks to run (comma separated)")
+	only := flag.String("only", "forwarding,l2,migration,cni,netpol,services,failover,nodes", "benchmarks to run (comma separated)")
+	var no nodeOptions
+	flag.IntVar(&no.nodes, "sim-nodes", 1000, "simulated nodes of the nodes benchmark (a lab it brings up has room for 4,000)")
+	flag.IntVar(&no.pods, "sim-pods", 30, "pods on each simulated node")
 	migrationRounds := flag.Int("migration-rounds", 3, "live migrations each way (announced, announcement lost) of the migration benchmark")
 	failoverRounds := flag.Int("failover-rounds", 3, "rounds of the L2 failover benchmark")
 	labName := flag.String("lab", "", "run on this lab, which is up already (and stays up), instead of a new one")
@@ -65,8 +69,8 @@ func main() {
 	want := map[string]bool{}
 	for _, b := range strings.Split(*only, ",") {
 		b = strings.TrimSpace(b)
-		if b != "forwarding" && b != "cni" && b != "services" && b != "failover" && b != "l2" && b != "migration" && b != "netpol" {
-			fmt.Fprintf(os.Stderr, "bench: --only: %q is not forwarding, l2, migration, cni, netpol, services or failover\n", b)
+		if !slices.Contains([]string{"forwarding", "cni", "services", "failover", "l2", "migration", "netpol", "nodes"}, b) {
+			fmt.Fprintf(os.Stderr, "bench: --only: %q is not forwarding, l2, migration, cni, netpol, services, failover or nodes\n", b)
 			os.Exit(2)
 		}
 		want[b] = true
@@ -74,7 +78,7 @@ func main() {
 	// An interrupt cancels the run, so that the deferred cleanups (lab,
 	// peer namespaces) still happen.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, *bin, *labName, want, *dur, *pods, *failoverRounds, *migrationRounds, so)
+	err := run(ctx, *bin, *labName, want, *dur, *pods, *failoverRounds, *migrationRounds, so, no)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -82,7 +86,7 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, bin, name string, want map[string]bool, dur time.Duration, pods, failoverRounds, migrationRounds int, so svcOptions) error {
+func run(ctx context.Context, bin, name string, want map[string]bool, dur time.Duration, pods, failoverRounds, migrationRounds int, so svcOptions, no nodeOptions) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("the benchmark needs root (network namespaces, eBPF)")
 	}
@@ -97,7 +101,11 @@ func run(ctx context.Context, bin, name string, want map[string]bool, dur time.D
 		if want["migration"] {
 			nodes = "3"
 		}
-		up := exec.Command(labBin, "up", "--name", name, "--nodes", nodes, "--zones", "1", "--dns=false")
+		args := []string{"up", "--name", name, "--nodes", nodes, "--zones", "1", "--dns=false"}
+		if want["nodes"] {
+			args = append(args, "--set", nodesHelmSet)
+		}
+		up := exec.Command(labBin, args...)
 		up.Stdout, up.Stderr = os.Stderr, os.Stderr
 		// Down even when up fails half-way; it removes what exists.
 		defer func() {
@@ -142,7 +150,14 @@ func run(ctx context.Context, bin, name string, want map[string]bool, dur time.D
 		}
 	}
 	if want["services"] {
-		return benchServices(ctx, name, so)
+		if err := benchServices(ctx, name, so); err != nil {
+			return err
+		}
+	}
+	// Last: a thousand nodes' worth of state would weigh on the others'
+	// figures.
+	if want["nodes"] {
+		return benchNodes(ctx, name, no)
 	}
 	return nil
 }

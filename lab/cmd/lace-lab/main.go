@@ -89,6 +89,7 @@ func run(ctx context.Context, args []string, out io.Writer) (int, error) {
 		fs.StringVar(&cfg.ImageDir, "images", cfg.ImageDir, "directory of the image tarballs every node imports (make images)")
 		fs.StringVar(&cfg.Helm, "helm", cfg.Helm, "helm binary that installs Lace's chart")
 		fs.StringVar(&cfg.LaceTag, "lace-tag", cfg.LaceTag, "tag of the Lace image the chart runs")
+		fs.StringVar(&cfg.HelmSet, "set", "", "chart values to set at install, over the lab's own (helm --set syntax: a=1,b=2)")
 		// Cluster DNS is on by default, as in kubeadm and kind; only Lace
 		// serves kube-dns (no kube-proxy), so a bridge lab goes without.
 		fs.BoolVar(&cfg.DNS, "dns", true, "run cluster DNS (CoreDNS behind kube-system/kube-dns; make coredns builds its image); --dns=false leaves it out")
