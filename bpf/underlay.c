@@ -25,9 +25,10 @@
  *   unclassified-source) and its destination looked up in that network's
  *   view: a pod is delivered here or encapsulated to its node with the
  *   source preserved; anything else is dropped (a node is not a router);
- * - IP in a frame sent to another MAC (a switch flooded it) is served in
- *   none of the ways above: the kernel's when addressed to the node, else
- *   dropped (other-host).
+ * - IP in a unicast frame sent to another MAC (a switch flooded it) is
+ *   neither decapsulated, translated nor forwarded: the kernel's when
+ *   addressed to the node's underlay address or link-local, else dropped
+ *   (other-host). ARP and ND for a VIP are answered whatever the MAC.
  *
  * Until the agent has written the node's own addresses it does not set
  * LACE_CFG_UNDERLAY_GUARD, and plain IP passes (no pod is attached before). */

@@ -84,7 +84,7 @@ func ether(dst net.HardwareAddr, proto uint16, payload []byte) []byte {
 
 // unicastMAC is the node's own: BPF_PROG_RUN receives a frame on the
 // loopback device, whose MAC is all zeros, and a frame sent to any other
-// is another host's (from_underlay leaves it to the kernel).
+// is another host's (from_underlay serves none of its IP).
 var unicastMAC = net.HardwareAddr{0, 0, 0, 0, 0, 0}
 
 // otherMAC is another host's: the kernel marks a frame to it
