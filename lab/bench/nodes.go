@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -350,38 +349,34 @@ func (b *nodeBench) waitRoutes(ctx context.Context, from, to int, timeout time.D
 	})
 }
 
-// routesTo counts the routes in the namespace at ns to a locator of want
-// through its node's address.
+// routesTo counts the routes Lace owns in the namespace at ns to a
+// locator of want through its node's address.
 func routesTo(ns string, want map[netip.Prefix]netip.Addr) int {
+	owned, err := netutil.OwnedRoutes(ns)
+	if err != nil {
+		return 0
+	}
 	n := 0
-	_ = netutil.Do(ns, func() error {
-		rs, err := netlink.RouteListFiltered(netlink.FAMILY_V6, &netlink.Route{Table: 254}, netlink.RT_FILTER_TABLE)
-		if err != nil {
-			return err
+	for p, gw := range want {
+		if owned[p] == gw {
+			n++
 		}
-		for _, r := range rs {
-			if r.Dst == nil || r.Gw == nil {
-				continue
-			}
-			p, ok1 := netip.AddrFromSlice(r.Dst.IP)
-			gw, ok2 := netip.AddrFromSlice(r.Gw)
-			ones, _ := r.Dst.Mask.Size()
-			if ok1 && ok2 && want[netip.PrefixFrom(p, ones)] == gw {
-				n++
-			}
-		}
-		return nil
-	})
+	}
 	return n
 }
 
 func (b *nodeBench) ensureNamespace(ctx context.Context) error {
 	_, err := b.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: simNS,
 		Labels: map[string]string{simLabel: "true"}}}, metav1.CreateOptions{})
-	if apierrors.IsAlreadyExists(err) {
-		return nil
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
 	}
-	return err
+	// Pods are admitted only once the namespace's default service account
+	// exists.
+	return waitFor(ctx, time.Minute, "the default service account of "+simNS, func() error {
+		_, err := b.cs.CoreV1().ServiceAccounts(simNS).Get(ctx, "default", metav1.GetOptions{})
+		return err
+	})
 }
 
 // createPods creates count pods bound to simulated node i, and their
