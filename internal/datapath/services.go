@@ -821,12 +821,17 @@ func (d *Datapath) FlushServiceFlows(gone Gone) (int, error) {
 		err := walk(m, &noBatch, func(k podCtKey, v podCtVal) {
 			nat := netip.AddrPortFrom(fromAddr16(k.Family, v.NatAddr), ntohs(v.NatPort))
 			remote := netip.AddrPortFrom(fromAddr16(k.Family, k.Raddr), ntohs(k.Rport))
+			// The frontend is the remote side of a flow the node's pod
+			// (or the node) opened; an outside client's flow is keyed
+			// from the frontend's side (xlb_in), the client remote: judged
+			// by the client's address, a restarted agent's sweep forgot
+			// every outside flow through the node.
+			front := remote
+			if v.Flags&ctOriginLocal == 0 {
+				front = netip.AddrPortFrom(fromAddr16(k.Family, k.Laddr), ntohs(k.Lport))
+			}
 			switch {
-			case v.Flags&ctService != 0 && goes(vipEP{remote, nat, k.Proto}):
-				doomed = append(doomed, k)
-			case v.Flags&ctService != 0 && dead[vipEP{netip.AddrPortFrom(fromAddr16(k.Family, k.Laddr), ntohs(k.Lport)), nat, k.Proto}]:
-				// An outside client's flow to a frontend, keyed from the
-				// frontend's side.
+			case v.Flags&ctService != 0 && goes(vipEP{front, nat, k.Proto}):
 				doomed = append(doomed, k)
 			case v.Flags&ctDNAT != 0 && dead[vipEP{nat, remote, k.Proto}]:
 				doomed = append(doomed, k)

@@ -3,6 +3,8 @@ package datapath
 import (
 	"net/netip"
 	"testing"
+
+	"github.com/lace-cni/lace/internal/tables"
 )
 
 // TestServiceFlowsGoWithTheirEndpoint: when an endpoint stops being a
@@ -103,5 +105,41 @@ func TestServiceFlowsGoWithTheirEndpoint(t *testing.T) {
 	apply(svc(6, []Backend{other}, nil))
 	if held(6) {
 		t.Error("after a reload, a connection to an endpoint that left the slices was kept")
+	}
+
+	// An outside client's flow through a NodePort of this node, keyed from
+	// the frontend's side as xlb_in writes it: a restarted agent keeps it
+	// while its endpoint is listed (the sweep once judged it by the
+	// client's address, listed nowhere, and forgot it), and forgets it
+	// once the endpoint left.
+	np := func(backends []Backend) Service {
+		return Service{VIP: progNodeV4, Proto: 6, Port: 30080, NetID: progNet, Backends: backends,
+			Frontend: tables.FrontendNodePort, ClusterIP: vip, ClusterPort: 80}
+	}
+	extKey := podCtKey{NetId: progNet, Family: 4, Proto: 6, Lport: ntohs(30080), Rport: ntohs(40000),
+		Laddr: addr16(progNodeV4), Raddr: addr16(netip.MustParseAddr("203.0.113.5"))}
+	openExt := func() {
+		t.Helper()
+		v := podCtVal{Expires: 1 << 62, PeerNet: progNet, Flags: ctSeenReply | ctAssured | ctService,
+			NatAddr: addr16(ep.Addr), NatPort: ntohs(ep.Port)}
+		if err := d.pod.LaceCt.Put(extKey, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	extHeld := func() bool {
+		var v podCtVal
+		return d.pod.LaceCt.Lookup(extKey, &v) == nil
+	}
+	apply(svc(6, []Backend{ep}, nil), np([]Backend{ep}))
+	openExt()
+	st = NewServiceTable(d)
+	apply(svc(6, []Backend{ep}, nil), np([]Backend{ep}))
+	if !extHeld() {
+		t.Error("a restarted agent forgot an outside client's connection through a NodePort to a listed endpoint")
+	}
+	st = NewServiceTable(d)
+	apply(svc(6, []Backend{other}, nil), np([]Backend{other}))
+	if extHeld() {
+		t.Error("a restarted agent kept an outside client's connection to an endpoint that left while it was down")
 	}
 }
