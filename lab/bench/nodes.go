@@ -22,6 +22,7 @@ import (
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/controller"
 	"github.com/lace-cni/lace/internal/netutil"
 	"github.com/lace-cni/lace/lab"
 	"github.com/lace-cni/lace/pkg/scheme"
@@ -385,7 +386,7 @@ func (b *nodeBench) ensureNamespace(ctx context.Context) error {
 func (b *nodeBench) createPods(ctx context.Context, i, count int) (int, error) {
 	node, _ := simNode(i)
 	var alloc lacev1.Allocation
-	if err := b.cl.Get(ctx, crclient.ObjectKey{Name: allocationName("default", node)}, &alloc); err != nil {
+	if err := b.cl.Get(ctx, crclient.ObjectKey{Name: controller.AllocationName("default", node)}, &alloc); err != nil {
 		return 0, fmt.Errorf("block of %s: %w", node, err)
 	}
 	var block netip.Prefix
@@ -427,10 +428,6 @@ func (b *nodeBench) createPods(ctx context.Context, i, count int) (int, error) {
 	}
 	return count, nil
 }
-
-// allocationName is the controller's name for network's Allocation on node
-// (controller.AllocationName).
-func allocationName(network, node string) string { return network + "." + node }
 
 // computations reads each real node's agent's count of services computed.
 func (b *nodeBench) computations(ctx context.Context) map[string]float64 {
