@@ -162,7 +162,6 @@ func AgentLeaseName(node string) string { return announce.LeaseName(node) }
 // The data plane and the node's namespace serve every part's narrow view.
 var (
 	_ cni.Tables         = (*datapath.Datapath)(nil)
-	_ nodesync.DataPlane = (*datapath.Datapath)(nil)
 	_ announce.DataPlane = (*datapath.Datapath)(nil)
 	_ status.Counters    = (*datapath.Datapath)(nil)
 	_ cni.Kernel         = linuxNode{}

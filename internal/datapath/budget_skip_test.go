@@ -27,7 +27,7 @@ func TestServiceApplySkipsOverfullFrontend(t *testing.T) {
 	if err := d.pod.LaceServices.Lookup(svcKey(victim), &v); err != nil || v.Count != 3 {
 		t.Fatalf("victim: %+v %v", v, err)
 	}
-	bigKey := ServiceKey{big.VIP, big.Proto, big.Port}
+	bigKey := big.Key()
 	if why := tab.Skipped()[bigKey]; why == "" {
 		t.Fatalf("big service not reported: %v", tab.Skipped())
 	}

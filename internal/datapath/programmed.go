@@ -88,7 +88,7 @@ func snapshotFrontends(pinDir string, maps map[string]*ebpf.MapSpec, log *slog.L
 		if p.External {
 			p.SourceRanges = ranges[v.Id]
 		}
-		out[ServiceKey{fromAddr16(k.Family, k.Vip), k.Proto, ntohs(k.Port)}] = p
+		out[ServiceKey{VIP: fromAddr16(k.Family, k.Vip), Proto: k.Proto, Port: ntohs(k.Port)}] = p
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read lace_services: %w", err)

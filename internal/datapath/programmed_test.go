@@ -29,9 +29,9 @@ func TestProgrammedFrontendsSurviveRestartAndResize(t *testing.T) {
 	}
 	d.Close()
 	want := map[ServiceKey]ProgrammedFrontend{
-		{netip.MustParseAddr("10.99.0.1"), 6, 80}: {Backends: 2},
-		{netip.MustParseAddr("10.99.0.2"), 6, 80}: {Backends: 3},
-		{netip.MustParseAddr("192.0.2.7"), 6, 80}: {External: true, Backends: 3, SourceRanges: 2},
+		{VIP: netip.MustParseAddr("10.99.0.1"), Proto: 6, Port: 80}: {Backends: 2},
+		{VIP: netip.MustParseAddr("10.99.0.2"), Proto: 6, Port: 80}: {Backends: 3},
+		{VIP: netip.MustParseAddr("192.0.2.7"), Proto: 6, Port: 80}: {External: true, Backends: 3, SourceRanges: 2},
 	}
 	check := func(what string, got map[ServiceKey]ProgrammedFrontend) {
 		t.Helper()

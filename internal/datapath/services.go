@@ -95,11 +95,7 @@ type svcEntry struct {
 }
 
 // ServiceKey names one service port.
-type ServiceKey struct {
-	VIP   netip.Addr
-	Proto uint8
-	Port  uint16
-}
+type ServiceKey = tables.FrontendKey
 
 // Services reads the services the data plane serves, backends included.
 func (d *Datapath) Services() ([]Service, error) {
@@ -160,7 +156,7 @@ func (d *Datapath) serviceEntries() (map[ServiceKey]svcEntry, error) {
 	var v podSvcVal
 	it := d.pod.LaceServices.Iterate()
 	for it.Next(&k, &v) {
-		out[ServiceKey{fromAddr16(k.Family, k.Vip), k.Proto, ntohs(k.Port)}] = svcEntry{k, v}
+		out[ServiceKey{VIP: fromAddr16(k.Family, k.Vip), Proto: k.Proto, Port: ntohs(k.Port)}] = svcEntry{k, v}
 	}
 	return out, it.Err()
 }
@@ -319,7 +315,7 @@ func (t *ServiceTable) load() error {
 			s.Backends = append(s.Backends, Backend{Addr: fromAddr16(k.Family, b.Addr), Port: ntohs(b.Port)})
 		}
 		a.svc = s
-		cur[ServiceKey{s.VIP, s.Proto, s.Port}] = a
+		cur[s.Key()] = a
 		used[v.Id] = true
 	}
 	// Affinity entries of no service the maps hold are a removed
@@ -388,13 +384,30 @@ func (d *Datapath) countEntries(m *ebpf.Map) (int, error) {
 }
 
 // Apply makes the services map equal want, writing only what differs from
-// what the table last wrote, deletions before additions (mapWrites.flush). It returns the endpoints that stopped being a
-// backend of a service, so that their flows can be forgotten
-// (FlushServiceFlows). want's backends are kept, not copied: the caller
-// must not change them afterwards.
+// what the table last wrote, deletions before additions (mapWrites.flush).
+// It returns the endpoints that stopped being a backend of a service, so
+// that their flows can be forgotten (FlushServiceFlows). want's backends
+// are kept, not copied: the caller must not change them afterwards.
 func (t *ServiceTable) Apply(want []Service) (gone Gone, err error) {
 	t.d.tab.mu.Lock()
 	defer t.d.tab.mu.Unlock()
+	return t.apply(want, nil, false)
+}
+
+// ApplyKeys is Apply for a want that differs from the one last applied
+// without error only at keys (a service there changed, came or went): it
+// visits those alone, and costs what changed rather than a walk of every
+// service. want is sorted by key, as the agent's merge gives it. Keys the
+// table cannot judge alone (its maps not read yet, the first Apply's
+// sweep to do) make it a whole Apply.
+func (t *ServiceTable) ApplyKeys(want []Service, keys []ServiceKey) (gone Gone, err error) {
+	t.d.tab.mu.Lock()
+	defer t.d.tab.mu.Unlock()
+	return t.apply(want, keys, !t.loaded || t.sweep)
+}
+
+// apply is Apply (whole) or ApplyKeys. The caller holds d.tab.mu.
+func (t *ServiceTable) apply(want []Service, keys []ServiceKey, whole bool) (gone Gone, err error) {
 	if !t.loaded {
 		if err := t.load(); err != nil {
 			return Gone{}, err
@@ -407,181 +420,232 @@ func (t *ServiceTable) Apply(want []Service) (gone Gone, err error) {
 		}
 	}()
 	t.gen++
-	t.skipped = nil
-	next := uint32(1)
-	newID := func() uint32 {
-		for t.used[next] {
-			next++
-		}
-		t.used[next] = true
-		return next
-	}
-	var w mapWrites
-	gone = newGone()
+	r := &serviceRun{t: t, gone: newGone(), deadAff: map[uint32]map[Backend]bool{}, next: 1}
 	if t.sweep {
-		gone.Listed = make(map[ServiceKey][]Backend, len(want))
+		r.gone.Listed = make(map[ServiceKey][]Backend, len(want))
 		for i := range want {
 			s := &want[i]
-			gone.Listed[ServiceKey{s.VIP, s.Proto, s.Port}] = unlisted(s, nil)
+			r.gone.Listed[s.Key()] = unlisted(s, nil)
 		}
 		t.sweep = false
 	}
-	// Affinity entries to forget: every one of a removed service (its ID
-	// may be reused), those of endpoints that left, and all of a service
-	// whose affinity was turned off or changed.
-	deadAff := map[uint32]map[Backend]bool{}
-	for i := range want {
-		s := &want[i]
-		k := ServiceKey{s.VIP, s.Proto, s.Port}
-		old := t.cur[k]
-		if old != nil && !old.broken && sameService(&old.svc, s) {
-			// The maps stay; an endpoint that stopped lingering left
-			// the slices.
-			if !sameBackends(old.svc.Lingering, s.Lingering) {
-				if lost := unlisted(&old.svc, s); len(lost) > 0 {
-					gone.Unlisted[k] = lost
-				}
-				old.svc.Lingering = s.Lingering
+	if whole || keys == nil {
+		t.skipped = nil
+		for i := range want {
+			r.put(&want[i])
+		}
+		for k, a := range t.cur {
+			if a.gen != t.gen {
+				r.remove(k, a)
 			}
-			old.gen = t.gen
+		}
+		for i := range want {
+			r.followLocal(&want[i])
+		}
+		return r.finish()
+	}
+	var at []int // the keys' places in want
+	for _, k := range keys {
+		delete(t.skipped, k)
+		i, ok := slices.BinarySearchFunc(want, k, func(s Service, k ServiceKey) int { return s.Key().Compare(k) })
+		if ok && r.put(&want[i]) {
+			at = append(at, i)
 			continue
 		}
-		if len(s.Backends) > maxFrontendBackends {
-			// Left out (and removed if it was there), the others written.
-			if t.skipped == nil {
-				t.skipped = map[ServiceKey]string{}
-			}
-			t.skipped[k] = fmt.Sprintf("service %s:%d has %d backends, more than the %d the data plane holds on one frontend",
-				s.VIP, s.Port, len(s.Backends), maxFrontendBackends)
-			continue
+		// Gone, or left out: removed if it was there (and not put by
+		// this Apply already, under a key listed twice).
+		if a := t.cur[k]; a != nil && a.gen != t.gen {
+			r.remove(k, a)
 		}
-		a := &appliedService{svc: *s, gen: t.gen}
-		var oldBackends []Backend
-		if old != nil {
-			a.id, oldBackends = old.id, old.svc.Backends
-		} else {
-			a.id = newID()
-		}
-		for i, b := range s.Backends {
-			// A backend the map holds at its index already stays.
-			if old != nil && !old.broken && i < len(oldBackends) && oldBackends[i] == b {
-				continue
-			}
-			w.backendPuts = append(w.backendPuts, podBackendKey{Id: a.id, Index: uint32(i)})
-			w.backendVals = append(w.backendVals, podBackendVal{Addr: addr16(b.Addr), Port: ntohs(b.Port)})
-		}
-		// A frontend's ClusterIP and source ranges go before it, as its
-		// backends do.
-		if s.External() {
-			w.backendPuts = append(w.backendPuts, podBackendKey{Id: a.id, Index: backendClusterRef})
-			w.backendVals = append(w.backendVals, podBackendVal{Addr: addr16(s.ClusterIP), Port: ntohs(s.ClusterPort)})
-			for _, p := range s.SourceRanges {
-				w.rangePuts = append(w.rangePuts, srcRangeKey(a.id, p))
-			}
-		}
-		if old != nil && old.svc.External() {
-			if !s.External() {
-				w.backendDels = append(w.backendDels, podBackendKey{Id: a.id, Index: backendClusterRef})
-			}
-			for _, p := range old.svc.SourceRanges {
-				if !slices.Contains(s.SourceRanges, p) {
-					w.rangeDels = append(w.rangeDels, srcRangeKey(a.id, p))
-				}
-			}
-		}
-		v := svcVal(s, a.id)
-		if old != nil && len(s.Backends) < len(oldBackends) && shrinkFirst(&old.svc, s) {
-			// A service that loses backends frees their entries before
-			// anything is added: its count goes down first (the
-			// backends below it are there, old or new), then its tail.
-			w.shrinkPuts = append(w.shrinkPuts, svcKey(*s))
-			w.shrinkVals = append(w.shrinkVals, v)
-			for i := len(s.Backends); i < len(oldBackends); i++ {
-				w.shrinkDels = append(w.shrinkDels, podBackendKey{Id: a.id, Index: uint32(i)})
-			}
-		} else {
-			w.svcPuts = append(w.svcPuts, svcKey(*s))
-			w.svcVals = append(w.svcVals, v)
-			for i := len(s.Backends); i < len(oldBackends); i++ {
-				w.backendDels = append(w.backendDels, podBackendKey{Id: a.id, Index: uint32(i)})
-			}
-		}
-		if old != nil {
+	}
+	for _, i := range at {
+		r.followLocal(&want[i])
+	}
+	return r.finish()
+}
+
+// serviceRun is one Apply's work: the writes, the endpoints that left,
+// and the affinity entries to forget.
+type serviceRun struct {
+	t    *ServiceTable
+	w    mapWrites
+	gone Gone
+	// deadAff are the affinity entries to forget: every one of a removed
+	// service (its ID may be reused), those of endpoints that left, and
+	// all of a service whose affinity was turned off or changed.
+	deadAff map[uint32]map[Backend]bool
+	freed   []uint32
+	next    uint32
+}
+
+func (r *serviceRun) newID() uint32 {
+	for r.t.used[r.next] {
+		r.next++
+	}
+	r.t.used[r.next] = true
+	return r.next
+}
+
+// put makes s's entries what it wants, and reports whether it is served
+// (false: it has more backends than a frontend holds, and is left out).
+func (r *serviceRun) put(s *Service) bool {
+	t, w := r.t, &r.w
+	k := s.Key()
+	old := t.cur[k]
+	if old != nil && !old.broken && sameService(&old.svc, s) {
+		// The maps stay; an endpoint that stopped lingering left the
+		// slices.
+		if !sameBackends(old.svc.Lingering, s.Lingering) {
 			if lost := unlisted(&old.svc, s); len(lost) > 0 {
-				gone.Unlisted[k] = lost
+				r.gone.Unlisted[k] = lost
 			}
-			if lost := missing(oldBackends, s.Backends); len(lost) > 0 {
-				gone.Left[k] = lost
-				deadAff[a.id] = map[Backend]bool{}
-				for _, b := range lost {
-					deadAff[a.id][b] = true
-				}
-			}
-			if old.svc.AffinitySeconds != s.AffinitySeconds {
-				deadAff[a.id] = nil
-			}
+			old.svc.Lingering = s.Lingering
 		}
-		t.cur[k] = a
+		old.gen = t.gen
+		return true
 	}
-	var freed []uint32
-	for k, a := range t.cur {
-		if a.gen == t.gen {
+	if len(s.Backends) > maxFrontendBackends {
+		// Left out (and removed if it was there), the others written.
+		if t.skipped == nil {
+			t.skipped = map[ServiceKey]string{}
+		}
+		t.skipped[k] = fmt.Sprintf("service %s:%d has %d backends, more than the %d the data plane holds on one frontend",
+			s.VIP, s.Port, len(s.Backends), maxFrontendBackends)
+		return false
+	}
+	a := &appliedService{svc: *s, gen: t.gen}
+	var oldBackends []Backend
+	if old != nil {
+		a.id, oldBackends = old.id, old.svc.Backends
+	} else {
+		a.id = r.newID()
+	}
+	for i, b := range s.Backends {
+		// A backend the map holds at its index already stays.
+		if old != nil && !old.broken && i < len(oldBackends) && oldBackends[i] == b {
 			continue
 		}
-		w.svcDels = append(w.svcDels, svcKey(a.svc))
-		for i := range uint32(len(a.svc.Backends)) {
-			w.goneBackends = append(w.goneBackends, podBackendKey{Id: a.id, Index: i})
+		w.backendPuts = append(w.backendPuts, podBackendKey{Id: a.id, Index: uint32(i)})
+		w.backendVals = append(w.backendVals, podBackendVal{Addr: addr16(b.Addr), Port: ntohs(b.Port)})
+	}
+	// A frontend's ClusterIP and source ranges go before it, as its
+	// backends do.
+	if s.External() {
+		w.backendPuts = append(w.backendPuts, podBackendKey{Id: a.id, Index: backendClusterRef})
+		w.backendVals = append(w.backendVals, podBackendVal{Addr: addr16(s.ClusterIP), Port: ntohs(s.ClusterPort)})
+		for _, p := range s.SourceRanges {
+			w.rangePuts = append(w.rangePuts, srcRangeKey(a.id, p))
 		}
-		if a.svc.External() {
-			w.goneBackends = append(w.goneBackends, podBackendKey{Id: a.id, Index: backendClusterRef})
-			for _, p := range a.svc.SourceRanges {
-				w.goneRanges = append(w.goneRanges, srcRangeKey(a.id, p))
+	}
+	if old != nil && old.svc.External() {
+		if !s.External() {
+			w.backendDels = append(w.backendDels, podBackendKey{Id: a.id, Index: backendClusterRef})
+		}
+		for _, p := range old.svc.SourceRanges {
+			if !slices.Contains(s.SourceRanges, p) {
+				w.rangeDels = append(w.rangeDels, srcRangeKey(a.id, p))
 			}
 		}
-		gone.Left[k] = a.svc.Backends
-		gone.Unlisted[k] = unlisted(&a.svc, nil)
-		deadAff[a.id] = nil
-		delete(t.cur, k)
-		freed = append(freed, a.id)
 	}
-	// A pod or the node reaching a Local frontend was sent to one of the
-	// ClusterIP's endpoints, but its flows are keyed by the frontend:
-	// they go with the ClusterIP's endpoints that left.
-	for _, s := range want {
-		if !s.External() || !s.Local {
-			continue
+	v := svcVal(s, a.id)
+	if old != nil && len(s.Backends) < len(oldBackends) && shrinkFirst(&old.svc, s) {
+		// A service that loses backends frees their entries before
+		// anything is added: its count goes down first (the backends
+		// below it are there, old or new), then its tail.
+		w.shrinkPuts = append(w.shrinkPuts, svcKey(*s))
+		w.shrinkVals = append(w.shrinkVals, v)
+		for i := len(s.Backends); i < len(oldBackends); i++ {
+			w.shrinkDels = append(w.shrinkDels, podBackendKey{Id: a.id, Index: uint32(i)})
 		}
-		k := ServiceKey{s.VIP, s.Proto, s.Port}
-		ck := ServiceKey{s.ClusterIP, s.Proto, s.ClusterPort}
-		if lost := gone.Left[ck]; len(lost) > 0 {
-			gone.Left[k] = append(gone.Left[k], lost...)
-		}
-		if lost := gone.Unlisted[ck]; len(lost) > 0 {
-			gone.Unlisted[k] = append(gone.Unlisted[k], lost...)
+	} else {
+		w.svcPuts = append(w.svcPuts, svcKey(*s))
+		w.svcVals = append(w.svcVals, v)
+		for i := len(s.Backends); i < len(oldBackends); i++ {
+			w.backendDels = append(w.backendDels, podBackendKey{Id: a.id, Index: uint32(i)})
 		}
 	}
+	if old != nil {
+		if lost := unlisted(&old.svc, s); len(lost) > 0 {
+			r.gone.Unlisted[k] = lost
+		}
+		if lost := missing(oldBackends, s.Backends); len(lost) > 0 {
+			r.gone.Left[k] = lost
+			r.deadAff[a.id] = map[Backend]bool{}
+			for _, b := range lost {
+				r.deadAff[a.id][b] = true
+			}
+		}
+		if old.svc.AffinitySeconds != s.AffinitySeconds {
+			r.deadAff[a.id] = nil
+		}
+	}
+	t.cur[k] = a
+	return true
+}
+
+// remove takes service k (held as a) out of the maps.
+func (r *serviceRun) remove(k ServiceKey, a *appliedService) {
+	w := &r.w
+	w.svcDels = append(w.svcDels, svcKey(a.svc))
+	for i := range uint32(len(a.svc.Backends)) {
+		w.goneBackends = append(w.goneBackends, podBackendKey{Id: a.id, Index: i})
+	}
+	if a.svc.External() {
+		w.goneBackends = append(w.goneBackends, podBackendKey{Id: a.id, Index: backendClusterRef})
+		for _, p := range a.svc.SourceRanges {
+			w.goneRanges = append(w.goneRanges, srcRangeKey(a.id, p))
+		}
+	}
+	r.gone.Left[k] = a.svc.Backends
+	r.gone.Unlisted[k] = unlisted(&a.svc, nil)
+	r.deadAff[a.id] = nil
+	delete(r.t.cur, k)
+	r.freed = append(r.freed, a.id)
+}
+
+// followLocal: a pod or the node reaching a Local frontend was sent to one
+// of the ClusterIP's endpoints, but its flows are keyed by the frontend:
+// they go with the ClusterIP's endpoints that left. The ClusterIP is the
+// same Service's, so a change of its endpoints is a change of s's too.
+func (r *serviceRun) followLocal(s *Service) {
+	if !s.External() || !s.Local {
+		return
+	}
+	k := s.Key()
+	ck := ServiceKey{VIP: s.ClusterIP, Proto: s.Proto, Port: s.ClusterPort}
+	if lost := r.gone.Left[ck]; len(lost) > 0 {
+		r.gone.Left[k] = append(r.gone.Left[k], lost...)
+	}
+	if lost := r.gone.Unlisted[ck]; len(lost) > 0 {
+		r.gone.Unlisted[k] = append(r.gone.Unlisted[k], lost...)
+	}
+}
+
+// finish writes the run's entries and forgets the affinity it names.
+func (r *serviceRun) finish() (Gone, error) {
+	t := r.t
 	// A removed service's ID stays taken until its clients' affinity is
 	// forgotten: a new service given the ID would send them to the old
 	// one's endpoints. Recorded before the writes, which may fail after
 	// the removal reached the maps; what a failed write or walk left is
 	// retried by the next Apply, whatever it wants (and an agent
 	// restarted meanwhile sweeps it at load: sweepAffinity).
-	for _, id := range freed {
+	for _, id := range r.freed {
 		t.freeing[id] = true
 	}
-	mergeAffinity(t.pendingAff, deadAff)
+	mergeAffinity(t.pendingAff, r.deadAff)
 	// gone is returned even when a write fails: forgetting the flows of an
 	// endpoint whose removal did not reach the maps costs them one new
 	// pick, while a retry, reading the maps, would not see it leave.
-	if err := w.flush(t.d); err != nil {
-		return gone, err
+	if err := r.w.flush(t.d); err != nil {
+		return r.gone, err
 	}
 	forget := t.d.forgetAffinity
 	if t.forgetHook != nil {
 		forget = t.forgetHook
 	}
 	if err := forget(t.pendingAff); err != nil {
-		return gone, err
+		return r.gone, err
 	}
 	if len(t.freeing) > 0 {
 		held := map[uint32]bool{}
@@ -596,7 +660,7 @@ func (t *ServiceTable) Apply(want []Service) (gone Gone, err error) {
 		clear(t.freeing)
 	}
 	clear(t.pendingAff)
-	return gone, nil
+	return r.gone, nil
 }
 
 // mergeAffinity adds the affinity entries to forget of more to pending:

@@ -19,7 +19,7 @@ func TestServiceIDKeptUntilAffinityForgotten(t *testing.T) {
 	d := progPodDatapath(t)
 	st := NewServiceTable(d)
 	oldID, client := stickyService(t, d, st)
-	old := ServiceKey{netip.MustParseAddr("10.96.0.40"), 6, 80}
+	old := ServiceKey{VIP: netip.MustParseAddr("10.96.0.40"), Proto: 6, Port: 80}
 	var sv podSvcVal
 	st.forgetHook = func(map[uint32]map[Backend]bool) error { return ebpf.ErrIterationAborted }
 	gone, err := st.Apply(nil)

@@ -164,6 +164,11 @@ func ComputeDesired(in DesiredInput) (NodeDesired, error) {
 		}
 		d.NodeState.Services = svcs
 	}
+	// Gating or hostPorts that changed the merged slice changed entries
+	// the merge's log does not name: the data plane compares them all.
+	if m, n := d.Services.Services, d.NodeState.Services; len(m) == len(n) && (len(m) == 0 || &m[0] == &n[0]) {
+		d.NodeState.ServiceChanges = d.Services.Changes
+	}
 	return d, nil
 }
 

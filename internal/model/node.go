@@ -96,9 +96,11 @@ type NodeState struct {
 	Blocks []Block
 	// Services are the service ports this node serves (ComputeServices;
 	// the agent fills them in), and HealthChecks the healthCheckNodePorts
-	// it answers.
-	Services     []tables.Service
-	HealthChecks []HealthCheck
+	// it answers. ServiceChanges says which of Services may differ from
+	// earlier states' (the merge's, when nothing after it changed any).
+	Services       []tables.Service
+	ServiceChanges ServiceChanges
+	HealthChecks   []HealthCheck
 	// HostRoutes send the node's own traffic for other nodes' pod blocks
 	// over the underlay to their owners, as plain IP from the node address
 	// (the owner judges it as from any outside host: docs/external-networks.md,

@@ -137,6 +137,9 @@ type ServiceState struct {
 	// (LoadBalancer services with externalTrafficPolicy Local), sorted by
 	// port.
 	HealthChecks []HealthCheck
+	// Changes says which frontends of Services may differ from the
+	// merges before (the agent's cache; the zero value: not known).
+	Changes ServiceChanges
 }
 
 // HealthCheck is a service's healthCheckNodePort and the number of its
@@ -373,7 +376,7 @@ func MergeServices(results []*ServiceResult) ServiceState {
 			fronts = append(fronts, FrontendRef{r, i})
 		}
 	}
-	slices.SortStableFunc(fronts, func(a, b FrontendRef) int { return compareFrontend(a.entry(), b.entry()) })
+	slices.SortStableFunc(fronts, func(a, b FrontendRef) int { return compareFrontend(a.Entry(), b.Entry()) })
 	return MergeSorted(order, fronts, nil)
 }
 
@@ -386,7 +389,8 @@ type FrontendRef struct {
 	I int
 }
 
-func (f FrontendRef) entry() *tables.Service { return &f.R.Services[f.I] }
+// Entry is the table entry f names.
+func (f FrontendRef) Entry() *tables.Service { return &f.R.Services[f.I] }
 
 func compareFrontend(a, b *tables.Service) int {
 	return cmp.Or(a.VIP.Compare(b.VIP), cmp.Compare(a.Proto, b.Proto), cmp.Compare(a.Port, b.Port))
@@ -397,7 +401,7 @@ func compareFrontend(a, b *tables.Service) int {
 // and their place in its result, which is what the stable sort of results
 // in (namespace, name) order gives when no Service is listed twice.
 func CompareFrontends(a, b FrontendRef) int {
-	return cmp.Or(compareFrontend(a.entry(), b.entry()),
+	return cmp.Or(compareFrontend(a.Entry(), b.Entry()),
 		cmp.Compare(a.R.Binding.Namespace, b.R.Binding.Namespace), cmp.Compare(a.R.Binding.Name, b.R.Binding.Name), cmp.Compare(a.I, b.I))
 }
 
@@ -457,7 +461,7 @@ func MergeSorted(order []*ServiceResult, fronts []FrontendRef, skip func(*Servic
 		if skip != nil && skip(f.R) {
 			continue
 		}
-		sv := f.entry()
+		sv := f.Entry()
 		if xown != nil && sv.Frontend == tables.FrontendExternalIP && xown[sv.VIP].r != f.R {
 			continue
 		}

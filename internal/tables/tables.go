@@ -252,6 +252,28 @@ func (f Frontend) String() string {
 // cluster.
 func (s *Service) External() bool { return s.Frontend != FrontendClusterIP }
 
+// FrontendKey names one service port, an entry of lace_services: the
+// order of the desired services (by address, protocol, then port).
+type FrontendKey struct {
+	VIP   netip.Addr
+	Proto uint8
+	Port  uint16
+}
+
+// Key is s's entry's key.
+func (s *Service) Key() FrontendKey { return FrontendKey{s.VIP, s.Proto, s.Port} }
+
+// Compare orders keys as the desired services are sorted.
+func (k FrontendKey) Compare(o FrontendKey) int {
+	if c := k.VIP.Compare(o.VIP); c != 0 {
+		return c
+	}
+	if k.Proto != o.Proto {
+		return int(k.Proto) - int(o.Proto)
+	}
+	return int(k.Port) - int(o.Port)
+}
+
 // NodeNetID is the nodes' own context (NODE_NET_ID in lace.h): a network
 // ID no Network is given. SIDs naming it carry the flows an external
 // frontend sends from its node's address to an endpoint on another node,

@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/lace-cni/lace/internal/datapath"
+	"github.com/lace-cni/lace/internal/model"
 )
 
 // tableDP is the node's data plane with its services written through a
@@ -45,27 +46,43 @@ func (d tableDP) SyncRoutes(want []datapath.Route) error {
 
 // ApplyServices implements DataPlane. The desired services are computed
 // anew only when they change (serviceCache): the very slice applied last
-// time, applied without error, is left alone without even a comparison.
-func (d tableDP) ApplyServices(want []datapath.Service) (datapath.Gone, error) {
+// time, applied without error, is left alone without even a comparison,
+// and one whose changes since the last applied reach back to it is
+// applied by those keys alone (ServiceTable.ApplyKeys).
+func (d tableDP) ApplyServices(want []datapath.Service, changes model.ServiceChanges) (datapath.Gone, error) {
 	if d.applied.same(want) {
+		d.applied.gen = changes.Gen // a step that changed no frontend
 		return *d.unflushed, nil
 	}
-	gone, err := d.services.Apply(want)
-	d.keepUnflushed(gone, want)
+	var gone datapath.Gone
+	var err error
+	keys, ok := changes.Since(d.applied.gen)
+	if ok && d.applied.ok {
+		gone, err = d.services.ApplyKeys(want, keys)
+	} else {
+		keys = nil
+		gone, err = d.services.Apply(want)
+	}
+	d.keepUnflushed(gone, want, keys)
 	for k, why := range d.services.Skipped() {
 		// The budget refuses such a Service (with an Event) before it
 		// gets here; this is the last guard.
 		slog.Warn("service frontend left out of the data plane", "frontend", k.VIP.String(), "port", k.Port, "why", why)
 	}
 	d.applied.set(want, err == nil)
+	d.applied.gen = 0
+	if err == nil {
+		d.applied.gen = changes.Gen
+	}
 	return *d.unflushed, err
 }
 
 // keepUnflushed adds gone to the endpoints whose flows are still to
 // forget, each once, less those that are back in their service in want
 // (their flows are live again: a flush would reset them): a backend
-// again, or for Unlisted, back in the slices (Lingering).
-func (d tableDP) keepUnflushed(gone datapath.Gone, want []datapath.Service) {
+// again, or for Unlisted, back in the slices (Lingering). Only the
+// services at keys can be back when keys is not nil (ApplyKeys).
+func (d tableDP) keepUnflushed(gone datapath.Gone, want []datapath.Service, keys []datapath.ServiceKey) {
 	u := d.unflushed
 	u.Left = mergeGone(u.Left, gone.Left)
 	u.Unlisted = mergeGone(u.Unlisted, gone.Unlisted)
@@ -75,12 +92,23 @@ func (d tableDP) keepUnflushed(gone datapath.Gone, want []datapath.Service) {
 	if len(u.Left) == 0 && len(u.Unlisted) == 0 {
 		return
 	}
-	for _, s := range want {
-		k := datapath.ServiceKey{VIP: s.VIP, Proto: s.Proto, Port: s.Port}
+	prune := func(s *datapath.Service) {
+		k := s.Key()
 		pruneGone(u.Left, k, func(b datapath.Backend) bool { return slices.Contains(s.Backends, b) })
 		pruneGone(u.Unlisted, k, func(b datapath.Backend) bool {
 			return slices.Contains(s.Backends, b) || slices.Contains(s.Lingering, b)
 		})
+	}
+	if keys == nil {
+		for i := range want {
+			prune(&want[i])
+		}
+		return
+	}
+	for _, k := range keys {
+		if i, ok := slices.BinarySearchFunc(want, k, func(s datapath.Service, k datapath.ServiceKey) int { return s.Key().Compare(k) }); ok {
+			prune(&want[i])
+		}
 	}
 }
 
@@ -133,6 +161,9 @@ type appliedSlice[T any] struct {
 	ptr *T
 	n   int
 	ok  bool
+	// gen is the applied services' merge (model.ServiceChanges.Gen; 0:
+	// not known).
+	gen uint64
 }
 
 func (a *appliedSlice[T]) same(s []T) bool {

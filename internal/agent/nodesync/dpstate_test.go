@@ -21,7 +21,7 @@ func TestUnflushedKeptOnceUntilLiveAgain(t *testing.T) {
 	without := []datapath.Service{{VIP: vip, Proto: 6, Port: 80, Backends: []datapath.Backend{other}}}
 	for range 100 {
 		d.keepUnflushed(datapath.Gone{Left: map[datapath.ServiceKey][]datapath.Backend{k: {ep}},
-			Unlisted: map[datapath.ServiceKey][]datapath.Backend{k: {ep}}}, without)
+			Unlisted: map[datapath.ServiceKey][]datapath.Backend{k: {ep}}}, without, nil)
 	}
 	if got := d.unflushed.Left[k]; len(got) != 1 || got[0] != ep {
 		t.Fatalf("after 100 departures of one endpoint, to flush: %v, want [%v]", got, ep)
@@ -32,7 +32,7 @@ func TestUnflushedKeptOnceUntilLiveAgain(t *testing.T) {
 	// Back in the slices, not ready: its connections are live again, its
 	// datagram flows still to forget.
 	lingers := []datapath.Service{{VIP: vip, Proto: 6, Port: 80, Backends: []datapath.Backend{other}, Lingering: []datapath.Backend{ep}}}
-	d.keepUnflushed(datapath.Gone{}, lingers)
+	d.keepUnflushed(datapath.Gone{}, lingers, []datapath.ServiceKey{k}) // a step naming k
 	if got, ok := d.unflushed.Unlisted[k]; ok {
 		t.Errorf("the endpoint is in the slices again and its connections still to flush: %v", got)
 	}
@@ -40,7 +40,7 @@ func TestUnflushedKeptOnceUntilLiveAgain(t *testing.T) {
 		t.Errorf("a lingering endpoint's datagram flows are no longer to flush: %v", got)
 	}
 	back := []datapath.Service{{VIP: vip, Proto: 6, Port: 80, Backends: []datapath.Backend{other, ep}}}
-	d.keepUnflushed(datapath.Gone{}, back)
+	d.keepUnflushed(datapath.Gone{}, back, nil)
 	if got, ok := d.unflushed.Left[k]; ok {
 		t.Errorf("the endpoint is a backend again and still to flush: %v", got)
 	}

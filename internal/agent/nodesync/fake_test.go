@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"reflect"
 	"sync"
 	"testing"
 
@@ -22,20 +23,21 @@ import (
 
 // fakeDP is an in-memory DataPlane that counts writes.
 type fakeDP struct {
-	mu       sync.Mutex
-	writes   int
-	routes   map[string]datapath.Route
-	nets     map[uint32]datapath.Network
-	cls      map[netip.Prefix]datapath.Classifier
-	inside   map[netip.Prefix]datapath.Inside
-	nodeLocs map[netip.Addr]datapath.NodeLocator
-	nodes    map[netip.Addr]bool
-	host     map[netip.Addr]bool
-	attached map[string]bool
-	cfg      datapath.Config
-	services []datapath.Service
-	l2Neigh  []datapath.L2Neighbor
-	l2FDB    []datapath.FDBEntry
+	mu          sync.Mutex
+	writes      int
+	routes      map[string]datapath.Route
+	nets        map[uint32]datapath.Network
+	cls         map[netip.Prefix]datapath.Classifier
+	inside      map[netip.Prefix]datapath.Inside
+	nodeLocs    map[netip.Addr]datapath.NodeLocator
+	nodes       map[netip.Addr]bool
+	host        map[netip.Addr]bool
+	attached    map[string]bool
+	cfg         datapath.Config
+	services    []datapath.Service
+	servicesGen uint64
+	l2Neigh     []datapath.L2Neighbor
+	l2FDB       []datapath.FDBEntry
 }
 
 func (f *fakeDP) SyncL2Cluster(n []datapath.L2Neighbor, fdb []datapath.FDBEntry, _ []datapath.L2FloodNode) error {
@@ -98,11 +100,47 @@ func (f *fakeDP) NodeLocators() ([]datapath.NodeLocator, error) {
 	return agenttest.Values(&f.mu, f.nodeLocs), nil
 }
 
-func (f *fakeDP) ApplyServices(s []datapath.Service) (datapath.Gone, error) {
+// ApplyServices holds the agent to its changes: a step from the services
+// last applied may differ from them only at the keys it names.
+func (f *fakeDP) ApplyServices(s []datapath.Service, ch model.ServiceChanges) (datapath.Gone, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.services = s
+	if keys, ok := ch.Since(f.servicesGen); ok {
+		if bad := unnamedChanges(f.services, s, keys); len(bad) > 0 {
+			panic(fmt.Sprintf("services changed at %v, not named by the step from merge %d to %d (%v)", bad, f.servicesGen, ch.Gen, keys))
+		}
+	}
+	f.services, f.servicesGen = s, ch.Gen
 	return datapath.Gone{}, nil
+}
+
+// unnamedChanges are the frontends whose entries differ between was and
+// now (added, removed or changed) and are not in keys.
+func unnamedChanges(was, now []datapath.Service, keys []datapath.ServiceKey) []datapath.ServiceKey {
+	named := map[datapath.ServiceKey]bool{}
+	for _, k := range keys {
+		named[k] = true
+	}
+	entries := func(l []datapath.Service) map[datapath.ServiceKey]*datapath.Service {
+		m := make(map[datapath.ServiceKey]*datapath.Service, len(l))
+		for i := range l {
+			m[l[i].Key()] = &l[i]
+		}
+		return m
+	}
+	a, b := entries(was), entries(now)
+	var bad []datapath.ServiceKey
+	for k, x := range a {
+		if y := b[k]; !named[k] && (y == nil || !reflect.DeepEqual(*x, *y)) {
+			bad = append(bad, k)
+		}
+	}
+	for k := range b {
+		if a[k] == nil && !named[k] {
+			bad = append(bad, k)
+		}
+	}
+	return bad
 }
 
 func (f *fakeDP) AttachHostSockets(string) error { return nil }

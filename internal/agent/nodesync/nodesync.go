@@ -85,7 +85,9 @@ type RouteTable interface {
 // datapath.ServiceTable, which keeps what it wrote) and the flows to
 // endpoints that left.
 type Services interface {
-	ApplyServices([]datapath.Service) (datapath.Gone, error)
+	// ApplyServices makes the services want; changes say which of them
+	// may differ from earlier ones (model.ServiceChanges).
+	ApplyServices(want []datapath.Service, changes model.ServiceChanges) (datapath.Gone, error)
 	FlushServiceFlows(datapath.Gone) (int, error)
 }
 

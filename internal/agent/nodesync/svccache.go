@@ -60,6 +60,12 @@ type serviceCache struct {
 	// order has entries by (namespace, name), the merge's order.
 	order []*svcEntry
 	gen   uint64
+	// before are the entries the update in progress replaced or dropped,
+	// as the last merge had them (nil: the service is new), by service:
+	// what a patch of that merge (svcpatch.go) compares against.
+	before map[model.ServiceKey]*svcEntry
+	// mergeGen numbers the merges (model.ServiceChanges.Gen).
+	mergeGen uint64
 	// state and vips are the merge of entries.
 	state model.ServiceState
 	vips  []model.ServiceVIPs
@@ -125,6 +131,8 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool) (st
 		c.triggers = append(c.triggers, trig[:min(len(trig), room)]...)
 	}
 	c.touched = c.touched[:0]
+	clear(c.before)
+	hadRefused := len(c.refused) > 0
 	var added []*svcEntry
 	gone := false
 	for i := range changes {
@@ -169,6 +177,7 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool) (st
 			results[i] = &model.ServiceResult{Binding: b}
 		}
 	}
+	patch := !all && !hadRefused && len(c.refused) == 0 && len(c.frontsIn)+len(c.frontsOut) <= maxPatchEntries
 	c.syncFronts()
 	var skip func(*model.ServiceResult) bool
 	if len(c.refused) > 0 {
@@ -177,7 +186,19 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool) (st
 			return ok
 		}
 	}
-	c.state = model.MergeSorted(results, c.fronts, skip)
+	c.mergeGen++
+	patched := false
+	if patch {
+		var st model.ServiceState
+		if st, patched = c.patch(results); patched {
+			c.state = st
+		}
+	}
+	if !patched {
+		changes := c.state.Changes
+		c.state = model.MergeSorted(results, c.fronts, skip)
+		c.state.Changes = changes.Next(c.mergeGen, nil)
+	}
 	if !c.vipsDirty && !sharedChanged {
 		return c.state, c.vips, false
 	}
@@ -208,6 +229,12 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool) (st
 // new). A replaced entry keeps its place in order.
 func (c *serviceCache) put(k model.ServiceKey, svc *corev1.Service, group []*discoveryv1.EndpointSlice) (n, e *svcEntry) {
 	e = c.entries[k]
+	if _, seen := c.before[k]; !seen {
+		if c.before == nil {
+			c.before = map[model.ServiceKey]*svcEntry{}
+		}
+		c.before[k] = e
+	}
 	if e != nil {
 		c.forget(e)
 	}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"math/rand"
+	"net/netip"
 	"reflect"
 	"slices"
 	"strconv"
@@ -75,7 +76,26 @@ func TestServiceCacheMatchesComputeServices(t *testing.T) {
 				Ports: []corev1.ServicePort{{Name: "http", Port: 80}, {Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53}}}}
 		vip := fmt.Sprintf("10.96.%d.%d", rng.Intn(4), rng.Intn(200))
 		s.Spec.ClusterIP, s.Spec.ClusterIPs = vip, []string{vip}
-		switch rng.Intn(6) {
+		switch rng.Intn(9) {
+		case 6:
+			s.Spec.Type = corev1.ServiceTypeNodePort
+			for i := range s.Spec.Ports {
+				s.Spec.Ports[i].NodePort = int32(30000 + rng.Intn(8))
+			}
+		case 7:
+			// A Local load balancer: a health check, an address
+			// another Service's external IP may name.
+			s.Spec.Type, s.Spec.ExternalTrafficPolicy = corev1.ServiceTypeLoadBalancer, corev1.ServiceExternalTrafficPolicyLocal
+			s.Spec.HealthCheckNodePort = int32(32000 + rng.Intn(4))
+			for i := range s.Spec.Ports {
+				s.Spec.Ports[i].NodePort = int32(30100 + rng.Intn(8))
+			}
+			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: fmt.Sprintf("192.0.2.%d", rng.Intn(4))}}
+		case 8:
+			// Another port than the others' at the address: owned (and
+			// served) or not by who else claims it.
+			s.Spec.ExternalIPs = []string{fmt.Sprintf("192.0.2.%d", rng.Intn(4))}
+			s.Spec.Ports[0].Port = 8080
 		case 0:
 			s.Labels = map[string]string{"net": "red"}
 		case 1:
@@ -124,7 +144,8 @@ func TestServiceCacheMatchesComputeServices(t *testing.T) {
 	var c serviceCache
 	var vNets, vNbps, vNss versions
 	zone, lastZone := "z1", ""
-	computed := 0
+	computed, patched := 0, 0
+	var lastGen uint64
 	for round := range 300 {
 		if round > 0 {
 			switch rng.Intn(12) {
@@ -170,7 +191,8 @@ func TestServiceCacheMatchesComputeServices(t *testing.T) {
 		for _, ns := range nss {
 			nsLabels[ns.Name] = ns.Labels
 		}
-		shared := model.ServiceInput{Node: "n1", Zone: zone, Networks: nets, BindingPolicies: nbps, Namespaces: nsLabels}
+		shared := model.ServiceInput{Node: "n1", Zone: zone, Networks: nets, BindingPolicies: nbps, Namespaces: nsLabels,
+			NodeAddrs: []netip.Addr{netip.MustParseAddr("192.0.2.100")}, AllowedExternalIPs: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}}
 		c1 := vNets.update(len(nets), func(i int) client.Object { return &nets[i] })
 		c2 := vNbps.update(len(nbps), func(i int) client.Object { return &nbps[i] })
 		c4 := vNss.update(len(nss), func(i int) client.Object { return &nss[i] })
@@ -199,6 +221,14 @@ func TestServiceCacheMatchesComputeServices(t *testing.T) {
 		full := shared
 		full.Services, full.EndpointSlices, full.NetworkEndpoints = svcs, sls, neps
 		want := model.ComputeServices(full)
+		if st.Changes.Gen == 0 || len(st.Changes.Log) > 0 && st.Changes.Log[len(st.Changes.Log)-1].Base == st.Changes.Gen {
+			t.Fatalf("round %d: changes %+v: not a new merge's", round, st.Changes)
+		}
+		if n := len(st.Changes.Log); n > 0 && st.Changes.Gen != lastGen {
+			patched++
+		}
+		lastGen = st.Changes.Gen
+		st.Changes = model.ServiceChanges{}
 		if !reflect.DeepEqual(st, want) {
 			t.Fatalf("round %d: incremental state differs:\n got %+v\nwant %+v", round, st, want)
 		}
@@ -215,6 +245,11 @@ func TestServiceCacheMatchesComputeServices(t *testing.T) {
 	if computed > 300*30/3 {
 		t.Errorf("%d services computed over 300 rounds of ~30 services", computed)
 	}
+	// Most changes of one service are a patch of the last merge.
+	if patched < 50 {
+		t.Errorf("%d of 300 merges were patches", patched)
+	}
+	t.Logf("%d services computed, %d of 300 merges patched", computed, patched)
 }
 
 // BenchmarkServiceCacheOneChange: one EndpointSlice of 10,000 services

@@ -1,0 +1,125 @@
+package nodesync
+
+import (
+	"net/netip"
+	"slices"
+
+	"github.com/lace-cni/lace/internal/model"
+	"github.com/lace-cni/lace/internal/tables"
+)
+
+// maxPatchEntries is the most entries an update may compute or drop for
+// its merge to be a patch of the last one; more make a whole merge, which
+// costs about as much.
+const maxPatchEntries = 256
+
+// patch is the merge of the entries as a step from the last merge: the
+// frontends of the services the update computed or dropped (before) are
+// merged again and put in place, every other entry kept as it was, and
+// the bindings, excluded endpoints and health checks kept too when those
+// services' did not change. Its Changes name the frontends it visited, so
+// that the data plane visits only those. It declines (false) what a step
+// cannot judge alone: a frontend two services claim (the contest weighs
+// them all), or an external IP at an address it visits (its owner is
+// judged across every service at that address). A patch gives the state
+// model.MergeSorted gives for the same entries.
+func (c *serviceCache) patch(results []*model.ServiceResult) (model.ServiceState, bool) {
+	prev := c.state
+	if prev.Changes.Gen == 0 {
+		return model.ServiceState{}, false
+	}
+	var keys []tables.FrontendKey
+	var addrs []netip.Addr
+	sides := true
+	for k, old := range c.before {
+		var was, is *model.ServiceResult
+		if old != nil {
+			was = &old.res
+		}
+		if now := c.entries[k]; now != nil {
+			is = &now.res
+		}
+		for _, r := range []*model.ServiceResult{was, is} {
+			if r == nil {
+				continue
+			}
+			for i := range r.Services {
+				keys = append(keys, r.Services[i].Key())
+				addrs = append(addrs, r.Services[i].VIP)
+			}
+			// A load balancer address claims its address for the
+			// external IPs' owners even without a frontend there.
+			addrs = append(addrs, r.LoadBalancerAddrs...)
+		}
+		sides = sides && sameSides(was, is)
+	}
+	slices.SortFunc(keys, tables.FrontendKey.Compare)
+	keys = slices.Compact(keys)
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	for _, a := range slices.Compact(addrs) {
+		for j := c.frontAt(tables.FrontendKey{VIP: a}); j < len(c.fronts) && c.fronts[j].Entry().VIP == a; j++ {
+			if c.fronts[j].Entry().Frontend == tables.FrontendExternalIP {
+				return model.ServiceState{}, false
+			}
+		}
+	}
+	merged := make([]*tables.Service, len(keys))
+	for i, k := range keys {
+		for j := c.frontAt(k); j < len(c.fronts) && c.fronts[j].Entry().Key() == k; j++ {
+			if merged[i] != nil {
+				return model.ServiceState{}, false
+			}
+			merged[i] = c.fronts[j].Entry()
+		}
+	}
+	st := prev
+	if len(keys) > 0 {
+		old := prev.Services
+		out := make([]tables.Service, 0, len(old)+len(keys))
+		j := 0
+		for i, k := range keys {
+			n, found := slices.BinarySearchFunc(old[j:], k, func(s tables.Service, k tables.FrontendKey) int { return s.Key().Compare(k) })
+			n += j
+			out = append(out, old[j:n]...)
+			if found {
+				n++
+			}
+			if merged[i] != nil {
+				out = append(out, *merged[i])
+			}
+			j = n
+		}
+		out = append(out, old[j:]...)
+		if len(out) == 0 {
+			out = nil
+		}
+		st.Services = out
+	}
+	if !sides {
+		whole := model.MergeSorted(results, nil, nil)
+		st.Bound, st.Excluded, st.HealthChecks = whole.Bound, whole.Excluded, whole.HealthChecks
+	}
+	if keys == nil {
+		keys = []tables.FrontendKey{} // a step all the same
+	}
+	st.Changes = prev.Changes.Next(c.mergeGen, keys)
+	return st, true
+}
+
+// frontAt is the index of the first of fronts at or after k.
+func (c *serviceCache) frontAt(k tables.FrontendKey) int {
+	i, _ := slices.BinarySearchFunc(c.fronts, k, func(f model.FrontendRef, k tables.FrontendKey) int { return f.Entry().Key().Compare(k) })
+	return i
+}
+
+// sameSides: a service merged as a and then as b (nil: not there) leaves
+// the merge's bindings, excluded endpoints and health checks as they
+// were. A skipped service has none.
+func sameSides(a, b *model.ServiceResult) bool {
+	la, lb := a != nil && !a.Skipped, b != nil && !b.Skipped
+	if !la || !lb {
+		return la == lb
+	}
+	return a.Binding == b.Binding && slices.Equal(a.Excluded, b.Excluded) &&
+		(a.HealthCheck == nil) == (b.HealthCheck == nil) && (a.HealthCheck == nil || *a.HealthCheck == *b.HealthCheck)
+}
