@@ -8,8 +8,8 @@ import (
 )
 
 // BenchmarkServicesApplyOneChange: one endpoint of one of 10,000 services
-// (10 backends each) changes and the whole desired list is applied, as
-// the agent's sync hands it over after an EndpointSlice change. The
+// (10 backends each) changes and the desired list is applied, as the
+// agent's sync hands it over after an EndpointSlice change. The
 // unchanged services' backends share their arrays with the previous
 // list, as the agent's merge of its cached results does.
 func BenchmarkServicesApplyOneChange(b *testing.B) {
@@ -29,19 +29,30 @@ func BenchmarkServicesApplyOneChange(b *testing.B) {
 	if _, err := t.Apply(want); err != nil {
 		b.Fatal(err)
 	}
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := range b.N {
-		b.StopTimer()
-		next := make([]Service, n)
-		copy(next, want)
-		s := &next[i%n]
-		s.Backends = append([]tables.Backend(nil), s.Backends...)
-		s.Backends[0].Port = uint16(8081 + i%2)
-		b.StartTimer()
-		if _, err := t.Apply(next); err != nil {
-			b.Fatal(err)
-		}
-		want = next
+	// whole: the table walks every frontend; keys: it is told which one
+	// changed (ApplyKeys), as the agent's patched merge tells it.
+	for _, keyed := range []bool{false, true} {
+		b.Run(map[bool]string{false: "whole", true: "keys"}[keyed], func(b *testing.B) {
+			b.ReportAllocs()
+			for i := range b.N {
+				b.StopTimer()
+				next := make([]Service, n)
+				copy(next, want)
+				s := &next[i%n]
+				s.Backends = append([]tables.Backend(nil), s.Backends...)
+				s.Backends[0].Port = uint16(8081 + i%2)
+				b.StartTimer()
+				var err error
+				if keyed {
+					_, err = t.ApplyKeys(next, []ServiceKey{s.Key()})
+				} else {
+					_, err = t.Apply(next)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				want = next
+			}
+		})
 	}
 }
