@@ -166,17 +166,6 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool) (st
 	}
 	c.place(added, gone)
 	c.refused = c.admit()
-	results := make([]*model.ServiceResult, len(c.order))
-	for i, e := range c.order {
-		results[i] = &e.res
-		if r, ok := c.refused[e.key]; ok {
-			// Refused whole: bound to nothing, so neither its frontends
-			// nor its VIPs reach the data plane.
-			b := e.res.Binding
-			b.Err = r.Message
-			results[i] = &model.ServiceResult{Binding: b}
-		}
-	}
 	patch := !all && !hadRefused && len(c.refused) == 0 && len(c.frontsIn)+len(c.frontsOut) <= maxPatchEntries
 	c.syncFronts()
 	var skip func(*model.ServiceResult) bool
@@ -190,13 +179,13 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool) (st
 	patched := false
 	if patch {
 		var st model.ServiceState
-		if st, patched = c.patch(results); patched {
+		if st, patched = c.patch(); patched {
 			c.state = st
 		}
 	}
 	if !patched {
 		changes := c.state.Changes
-		c.state = model.MergeSorted(results, c.fronts, skip)
+		c.state = model.MergeSorted(c.results(), c.fronts, skip)
 		c.state.Changes = changes.Next(c.mergeGen, nil)
 	}
 	if !c.vipsDirty && !sharedChanged {
@@ -222,6 +211,21 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool) (st
 		c.vips = vips
 	}
 	return c.state, c.vips, vipsChanged
+}
+
+// results are the entries' results in order, a refused one's bound to
+// nothing: neither its frontends nor its VIPs reach the data plane.
+func (c *serviceCache) results() []*model.ServiceResult {
+	results := make([]*model.ServiceResult, len(c.order))
+	for i, e := range c.order {
+		results[i] = &e.res
+		if r, ok := c.refused[e.key]; ok {
+			b := e.res.Binding
+			b.Err = r.Message
+			results[i] = &model.ServiceResult{Binding: b}
+		}
+	}
+	return results
 }
 
 // put computes service k from svc (nil: it is gone) and its slices, and

@@ -23,7 +23,7 @@ const maxPatchEntries = 256
 // them all), or an external IP at an address it visits (its owner is
 // judged across every service at that address). A patch gives the state
 // model.MergeSorted gives for the same entries.
-func (c *serviceCache) patch(results []*model.ServiceResult) (model.ServiceState, bool) {
+func (c *serviceCache) patch() (model.ServiceState, bool) {
 	prev := c.state
 	if prev.Changes.Gen == 0 {
 		return model.ServiceState{}, false
@@ -96,7 +96,7 @@ func (c *serviceCache) patch(results []*model.ServiceResult) (model.ServiceState
 		st.Services = out
 	}
 	if !sides {
-		whole := model.MergeSorted(results, nil, nil)
+		whole := model.MergeSorted(c.results(), nil, nil)
 		st.Bound, st.Excluded, st.HealthChecks = whole.Bound, whole.Excluded, whole.HealthChecks
 	}
 	if keys == nil {
