@@ -40,6 +40,9 @@ func TestStreamSurvivesConntrackMigration(t *testing.T) {
 	}
 	echo := func(msg string) {
 		t.Helper()
+		// Each exchange has its own deadline: reloading both nodes'
+		// programs between two takes tens of seconds on a loaded machine.
+		_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
 		if _, err := conn.Write([]byte(msg + "\n")); err != nil {
 			t.Fatalf("write %q: %v", msg, err)
 		}
