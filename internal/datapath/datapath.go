@@ -61,6 +61,8 @@ type Datapath struct {
 	programmed map[ServiceKey]ProgrammedFrontend
 	// tab writes the maps the agent programs (nodetables.go).
 	tab *nodeTables
+	// ctWalk is the flush's conntrack walk buffers (FlushServiceFlows).
+	ctWalk walkBuf[podCtKey, podCtVal]
 }
 
 func verifierDetail(err error) error {

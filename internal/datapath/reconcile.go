@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/cilium/ebpf"
 )
@@ -98,8 +99,15 @@ func (t *table[K, V]) read() (map[K]V, error) {
 // the agent's walks of the maps the programs churn (conntrack under a
 // flood, affinity) finish.
 func walk[K, V any](m kernelMap, noBatch *bool, fn func(K, V)) error {
+	return walkInto(m, noBatch, nil, nil, fn)
+}
+
+// walkInto is walk reading batches into keys and vals (nil: new ones).
+func walkInto[K, V any](m kernelMap, noBatch *bool, keys []K, vals []V, fn func(K, V)) error {
 	if !*noBatch {
-		keys, vals := make([]K, tableBatch), make([]V, tableBatch)
+		if keys == nil {
+			keys, vals = make([]K, tableBatch), make([]V, tableBatch)
+		}
 		var cursor ebpf.MapBatchCursor
 		for {
 			n, err := m.BatchLookup(&cursor, keys, vals, nil)
@@ -308,4 +316,24 @@ func (t *table[K, V]) repair(cur map[K]V) (int, error) {
 		return 0, err
 	}
 	return len(puts) + len(dels), nil
+}
+
+// walkBuf keeps a walk's batch buffers between walks: a walk made per
+// change (the flush of the flows of endpoints that left, over every
+// conntrack map) would otherwise allocate a batch of keys and values
+// each time, a third of an endpoint change's garbage at 10,000 services.
+type walkBuf[K, V any] struct {
+	mu   sync.Mutex
+	keys []K
+	vals []V
+}
+
+// walk is walk with b's buffers; one walk at a time uses them.
+func (b *walkBuf[K, V]) walk(m kernelMap, noBatch *bool, fn func(K, V)) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.keys == nil {
+		b.keys, b.vals = make([]K, tableBatch), make([]V, tableBatch)
+	}
+	return walkInto(m, noBatch, b.keys, b.vals, fn)
 }

@@ -882,7 +882,7 @@ func (d *Datapath) FlushServiceFlows(gone Gone) (int, error) {
 	for _, m := range d.ctMaps() {
 		var doomed []podCtKey
 		var noBatch bool
-		err := walk(m, &noBatch, func(k podCtKey, v podCtVal) {
+		err := d.ctWalk.walk(m, &noBatch, func(k podCtKey, v podCtVal) {
 			nat := netip.AddrPortFrom(fromAddr16(k.Family, v.NatAddr), ntohs(v.NatPort))
 			remote := netip.AddrPortFrom(fromAddr16(k.Family, k.Raddr), ntohs(k.Rport))
 			// The frontend is the remote side of a flow the node's pod
