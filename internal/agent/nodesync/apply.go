@@ -70,7 +70,8 @@ func (s *Syncer) apply(st model.NodeState) error {
 	// never looked up before it is served. Flows to endpoints that left a
 	// service are forgotten (a UDP client is never black-holed), even
 	// when the apply failed part way: what left is kept until forgotten.
-	gone, err := s.dp.ApplyServices(st.Services, st.ServiceChanges)
+	var gone datapath.Gone
+	s.compute.services.readServices(func() { gone, err = s.dp.ApplyServices(st.Services, st.ServiceChanges) })
 	errs = append(errs, err)
 	if n, err := s.dp.FlushServiceFlows(gone); err != nil {
 		errs = append(errs, fmt.Errorf("forget flows to endpoints that left: %w", err))

@@ -50,8 +50,10 @@ func (d tableDP) SyncRoutes(want []datapath.Route) error {
 // and one whose changes since the last applied reach back to it is
 // applied by those keys alone (ServiceTable.ApplyKeys).
 func (d tableDP) ApplyServices(want []datapath.Service, changes model.ServiceChanges) (datapath.Gone, error) {
-	if d.applied.same(want) {
-		d.applied.gen = changes.Gen // a step that changed no frontend
+	// The merge's list may be changed in place: it is the same as the
+	// one applied when its number is. A list of no number (gated, with
+	// hostPorts) is a new one each time it changes.
+	if d.applied.ok && (changes.Gen != 0 && changes.Gen == d.applied.gen || changes.Gen == 0 && d.applied.gen == 0 && d.applied.same(want)) {
 		return *d.unflushed, nil
 	}
 	var gone datapath.Gone

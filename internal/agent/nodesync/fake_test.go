@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"reflect"
+	"slices"
 	"sync"
 	"testing"
 
@@ -100,18 +102,39 @@ func (f *fakeDP) NodeLocators() ([]datapath.NodeLocator, error) {
 	return agenttest.Values(&f.mu, f.nodeLocs), nil
 }
 
-// ApplyServices holds the agent to its changes: a step from the services
-// last applied may differ from them only at the keys it names.
+// ApplyServices applies as the service table does: the keys a step names
+// when the changes reach back to the list applied last, everything
+// otherwise. A change a step leaves unnamed stays unapplied, as it would
+// in the maps.
 func (f *fakeDP) ApplyServices(s []datapath.Service, ch model.ServiceChanges) (datapath.Gone, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if keys, ok := ch.Since(f.servicesGen); ok {
-		if bad := unnamedChanges(f.services, s, keys); len(bad) > 0 {
-			panic(fmt.Sprintf("services changed at %v, not named by the step from merge %d to %d (%v)", bad, f.servicesGen, ch.Gen, keys))
+	keys, ok := ch.Since(f.servicesGen)
+	if !ok {
+		f.services = slices.Clone(s)
+	} else {
+		f.services = applyKeys(f.services, s, keys)
+	}
+	f.servicesGen = ch.Gen
+	return datapath.Gone{}, nil
+}
+
+// applyKeys is have with the entries of want at keys (added, changed or
+// removed), sorted.
+func applyKeys(have, want []datapath.Service, keys []datapath.ServiceKey) []datapath.Service {
+	m := make(map[datapath.ServiceKey]datapath.Service, len(have))
+	for _, s := range have {
+		m[s.Key()] = s
+	}
+	for _, k := range keys {
+		delete(m, k)
+		if i, ok := slices.BinarySearchFunc(want, k, compareKey); ok {
+			m[k] = want[i]
 		}
 	}
-	f.services, f.servicesGen = s, ch.Gen
-	return datapath.Gone{}, nil
+	out := slices.Collect(maps.Values(m))
+	slices.SortFunc(out, func(a, b datapath.Service) int { return a.Key().Compare(b.Key()) })
+	return out
 }
 
 // unnamedChanges are the frontends whose entries differ between was and

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -66,6 +67,11 @@ type serviceCache struct {
 	before map[model.ServiceKey]*svcEntry
 	// mergeGen numbers the merges (model.ServiceChanges.Gen).
 	mergeGen uint64
+	// inPlace: a patch that only replaces entries changes the merged
+	// list where it is, under pub, which the applier holds while it
+	// reads the list (readServices). Otherwise every patch copies it.
+	inPlace bool
+	pub     sync.RWMutex
 	// state and vips are the merge of entries.
 	state model.ServiceState
 	vips  []model.ServiceVIPs

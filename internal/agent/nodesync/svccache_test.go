@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/model"
 )
 
@@ -141,11 +142,13 @@ func TestServiceCacheMatchesComputeServices(t *testing.T) {
 		}
 	}
 
-	var c serviceCache
+	// As the agent has it: entries replaced in place.
+	c := serviceCache{inPlace: true}
 	var vNets, vNbps, vNss versions
 	zone, lastZone := "z1", ""
 	computed, patched := 0, 0
 	var lastGen uint64
+	var lastList []datapath.Service
 	for round := range 300 {
 		if round > 0 {
 			switch rng.Intn(12) {
@@ -227,6 +230,13 @@ func TestServiceCacheMatchesComputeServices(t *testing.T) {
 		if n := len(st.Changes.Log); n > 0 && st.Changes.Gen != lastGen {
 			patched++
 		}
+		// A step names every frontend it changed.
+		if keys, ok := st.Changes.Since(lastGen); ok {
+			if bad := unnamedChanges(lastList, st.Services, keys); len(bad) > 0 {
+				t.Fatalf("round %d: frontends %v changed, not named by the step from %d to %d (%v)", round, bad, lastGen, st.Changes.Gen, keys)
+			}
+		}
+		lastList = slices.Clone(st.Services)
 		lastGen = st.Changes.Gen
 		st.Changes = model.ServiceChanges{}
 		if !reflect.DeepEqual(st, want) {

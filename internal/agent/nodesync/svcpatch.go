@@ -73,12 +73,22 @@ func (c *serviceCache) patch() (model.ServiceState, bool) {
 		}
 	}
 	st := prev
-	if len(keys) > 0 {
+	if c.inPlace && replaces(prev.Services, keys, merged) {
+		// Every key is there and stays: the entries are replaced where
+		// they are, not copied to a new list (1.6 MB at 10,000
+		// frontends). The applier reads the list under pub.
+		c.pub.Lock()
+		for i, k := range keys {
+			j, _ := slices.BinarySearchFunc(prev.Services, k, compareKey)
+			prev.Services[j] = *merged[i]
+		}
+		c.pub.Unlock()
+	} else if len(keys) > 0 {
 		old := prev.Services
 		out := make([]tables.Service, 0, len(old)+len(keys))
 		j := 0
 		for i, k := range keys {
-			n, found := slices.BinarySearchFunc(old[j:], k, func(s tables.Service, k tables.FrontendKey) int { return s.Key().Compare(k) })
+			n, found := slices.BinarySearchFunc(old[j:], k, compareKey)
 			n += j
 			out = append(out, old[j:n]...)
 			if found {
@@ -104,6 +114,27 @@ func (c *serviceCache) patch() (model.ServiceState, bool) {
 	}
 	st.Changes = prev.Changes.Next(c.mergeGen, keys)
 	return st, true
+}
+
+// replaces: every key is in list and has a merged entry (a change of
+// entries, none added or removed).
+func replaces(list []tables.Service, keys []tables.FrontendKey, merged []*tables.Service) bool {
+	for i, k := range keys {
+		if _, ok := slices.BinarySearchFunc(list, k, compareKey); !ok || merged[i] == nil {
+			return false
+		}
+	}
+	return true
+}
+
+func compareKey(s tables.Service, k tables.FrontendKey) int { return s.Key().Compare(k) }
+
+// readServices runs f, which reads the merged list, while no patch
+// changes it in place.
+func (c *serviceCache) readServices(f func()) {
+	c.pub.RLock()
+	defer c.pub.RUnlock()
+	f()
 }
 
 // frontAt is the index of the first of fronts at or after k.
