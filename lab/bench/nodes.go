@@ -66,7 +66,7 @@ type nodeBench struct {
 	real []string // the lab's nodes
 }
 
-func benchNodes(ctx context.Context, name string, o nodeOptions) error {
+func benchNodes(ctx context.Context, name string, o nodeOptions) (err error) {
 	cs, c, err := fastClient(name)
 	if err != nil {
 		return err
@@ -92,11 +92,16 @@ func benchNodes(ctx context.Context, name string, o nodeOptions) error {
 	// Whatever happens, the simulated nodes go: a lab left with a
 	// thousand nodes that never answer is no lab.
 	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		cctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 		defer cancel()
-		if err := b.cleanup(cctx); err != nil {
-			fmt.Printf("  cleanup: %v\n", err)
+		start := time.Now()
+		if cerr := b.cleanup(cctx); cerr != nil {
+			fmt.Printf("  cleanup: %v\n", cerr)
+			err = errors.Join(err, fmt.Errorf("the simulated nodes were not all removed: %w", cerr))
+			return
 		}
+		fmt.Printf("  %d simulated nodes and their pods deleted; every block and locator released %s later\n",
+			o.nodes, time.Since(start).Round(time.Second))
 	}()
 	return b.run(ctx, o)
 }
@@ -512,13 +517,22 @@ func (b *nodeBench) cleanup(ctx context.Context) error {
 	sel := metav1.ListOptions{LabelSelector: simLabel}
 	zero := metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}
 	var errs []error
-	// No kubelet confirms a pod's end: deleted at once.
-	errs = append(errs, b.cs.CoreV1().Pods(simNS).DeleteCollection(ctx, zero, sel))
+	// No kubelet confirms a pod's end: deleted at once. A collection of
+	// tens of thousands can outlast the API server's request timeout:
+	// tried again (what went stays gone), and the namespace's deletion
+	// takes what is left in any case.
+	var derr error
+	for range 5 {
+		if derr = b.cs.CoreV1().Pods(simNS).DeleteCollection(ctx, zero, sel); derr == nil {
+			break
+		}
+	}
+	errs = append(errs, derr)
 	if err := b.cs.CoreV1().Namespaces().Delete(ctx, simNS, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		errs = append(errs, err)
 	}
 	errs = append(errs, b.cs.CoreV1().Nodes().DeleteCollection(ctx, metav1.DeleteOptions{}, sel))
-	errs = append(errs, waitFor(ctx, 5*time.Minute, "the simulated nodes' blocks, locators and pods gone", func() error {
+	errs = append(errs, waitFor(ctx, 15*time.Minute, "the simulated nodes' blocks, locators and pods gone", func() error {
 		var allocs lacev1.AllocationList
 		var ueps lacev1.UnderlayEndpointList
 		if err := errors.Join(b.cl.List(ctx, &allocs), b.cl.List(ctx, &ueps)); err != nil {
