@@ -286,7 +286,7 @@ func BenchmarkServiceCacheOneChange(b *testing.B) {
 		}
 		sls[i] = sl
 	}
-	var c serviceCache
+	c := serviceCache{inPlace: true} // as the agent has it
 	sp, slp := ptrs(svcs), ptrs(sls)
 	c.updateLists(shared, true, sp, slp)
 	b.ReportAllocs()
