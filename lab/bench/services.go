@@ -578,6 +578,11 @@ feed:
 			r.notes = append(r.notes, fmt.Sprintf("Lace: change %d not served after 30s", k))
 		} else {
 			r.laceChange = append(r.laceChange, lt)
+			if lt > 50*time.Millisecond {
+				// The slow ones, to line up with the agent's log.
+				fmt.Fprintf(os.Stderr, "services: change %d at %s (%s into the phase) took %s\n", k,
+					start.UTC().Format("15:04:05.000"), start.Sub(phase).Round(time.Millisecond), lt.Round(100*time.Microsecond))
+			}
 		}
 		if kp != nil {
 			if kt < 0 {
