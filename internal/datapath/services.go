@@ -397,7 +397,9 @@ func (t *ServiceTable) Apply(want []Service) (gone Gone, err error) {
 // ApplyKeys is Apply for a want that differs from the one last applied
 // without error only at keys (a service there changed, came or went): it
 // visits those alone, and costs what changed rather than a walk of every
-// service. want is sorted by key, as the agent's merge gives it. Keys the
+// service. keys name every frontend of a Service whose entries changed,
+// old and new: a Local frontend's flows follow its ClusterIP's endpoints
+// that left, though its own entry may stay as it was. want is sorted by key, as the agent's merge gives it. Keys the
 // table cannot judge alone (its maps not read yet, the first Apply's
 // sweep to do) make it a whole Apply.
 func (t *ServiceTable) ApplyKeys(want []Service, keys []ServiceKey) (gone Gone, err error) {
@@ -444,6 +446,11 @@ func (t *ServiceTable) apply(want []Service, keys []ServiceKey, whole bool) (gon
 		}
 		return r.finish()
 	}
+	// Each key once: a key listed twice would count its Local
+	// frontends' departures twice.
+	keys = slices.Clone(keys)
+	slices.SortFunc(keys, ServiceKey.Compare)
+	keys = slices.Compact(keys)
 	var at []int // the keys' places in want
 	for _, k := range keys {
 		delete(t.skipped, k)
@@ -452,8 +459,7 @@ func (t *ServiceTable) apply(want []Service, keys []ServiceKey, whole bool) (gon
 			at = append(at, i)
 			continue
 		}
-		// Gone, or left out: removed if it was there (and not put by
-		// this Apply already, under a key listed twice).
+		// Gone, or left out: removed if it was there.
 		if a := t.cur[k]; a != nil && a.gen != t.gen {
 			r.remove(k, a)
 		}

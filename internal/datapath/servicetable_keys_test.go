@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"maps"
 	"math/rand"
 	"net/netip"
 	"reflect"
@@ -57,7 +58,7 @@ func TestServiceTableApplyKeysMatchesApply(t *testing.T) {
 		return out
 	}
 	have := map[int][]Service{}
-	var prev []Service
+	var prev map[int][]Service
 	for round := range 60 {
 		switch round {
 		case 0:
@@ -85,7 +86,7 @@ func TestServiceTableApplyKeysMatchesApply(t *testing.T) {
 			}
 		}
 		slices.SortFunc(cur, func(a, b Service) int { return a.Key().Compare(b.Key()) })
-		keys := changedKeys(prev, cur)
+		keys := changedKeys(prev, have)
 		// A key named that did not change costs a look, nothing else.
 		if len(cur) > 0 {
 			keys = append(keys, cur[rng.Intn(len(cur))].Key())
@@ -121,27 +122,24 @@ func TestServiceTableApplyKeysMatchesApply(t *testing.T) {
 		if n, m := iterCount(t, keyed.pod.LaceSrcRanges), iterCount(t, whole.pod.LaceSrcRanges); n != m {
 			t.Fatalf("round %d: %d source ranges, a whole apply's %d", round, n, m)
 		}
-		prev = cur
+		prev = maps.Clone(have)
 	}
 }
 
-// changedKeys are the keys whose services differ between a and b (added,
-// removed or changed), as the agent's merge names them.
-func changedKeys(a, b []Service) []ServiceKey {
-	m := map[ServiceKey]*Service{}
-	for i := range a {
-		m[a[i].Key()] = &a[i]
-	}
+// changedKeys are the keys of the services that changed between a and b
+// (added, removed or any of their entries changed), every frontend of
+// each, old and new, as the agent's merge names them: a Local NodePort is
+// named when its ClusterIP's endpoints change, though its own entry may
+// not (its flows follow the ClusterIP's endpoints that left).
+func changedKeys(a, b map[int][]Service) []ServiceKey {
 	var out []ServiceKey
-	for i := range b {
-		k := b[i].Key()
-		if o := m[k]; o == nil || !reflect.DeepEqual(*o, b[i]) {
-			out = append(out, k)
+	for i := range 64 {
+		if reflect.DeepEqual(a[i], b[i]) {
+			continue
 		}
-		delete(m, k)
-	}
-	for k := range m {
-		out = append(out, k)
+		for _, s := range append(slices.Clone(a[i]), b[i]...) {
+			out = append(out, s.Key())
+		}
 	}
 	return out
 }

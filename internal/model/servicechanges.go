@@ -44,6 +44,7 @@ func (c ServiceChanges) Since(gen uint64) (keys []tables.FrontendKey, ok bool) {
 	if i == len(c.Log)-1 {
 		return c.Log[i].Keys, true
 	}
+	keys = []tables.FrontendKey{} // steps that changed nothing: none, not "everything"
 	for _, ch := range c.Log[i:] {
 		keys = append(keys, ch.Keys...)
 	}

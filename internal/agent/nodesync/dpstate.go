@@ -157,8 +157,9 @@ func (d tableDP) FlushServiceFlows(gone datapath.Gone) (int, error) {
 
 // appliedSlice remembers which slice was last applied: the desired state
 // keeps a slice while it is unchanged and makes a new one when it
-// changes (nothing changes one in place), so the same slice, applied
-// without error, needs no work.
+// changes, so the same slice, applied without error, needs no work. The
+// services' merged list is the exception: it changes in place, and its
+// merge number (gen) tells instead.
 type appliedSlice[T any] struct {
 	ptr *T
 	n   int

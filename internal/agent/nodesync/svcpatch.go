@@ -29,7 +29,7 @@ func (c *serviceCache) patch() (model.ServiceState, bool) {
 		return model.ServiceState{}, false
 	}
 	var keys []tables.FrontendKey
-	var addrs []netip.Addr
+	var addrs, owned []netip.Addr
 	sides := true
 	for k, old := range c.before {
 		var was, is *model.ServiceResult
@@ -50,6 +50,7 @@ func (c *serviceCache) patch() (model.ServiceState, bool) {
 			// A load balancer address claims its address for the
 			// external IPs' owners even without a frontend there.
 			addrs = append(addrs, r.LoadBalancerAddrs...)
+			owned = append(owned, r.VIPs...)
 		}
 		sides = sides && sameSides(was, is)
 	}
@@ -59,6 +60,19 @@ func (c *serviceCache) patch() (model.ServiceState, bool) {
 	for _, a := range slices.Compact(addrs) {
 		for j := c.frontAt(tables.FrontendKey{VIP: a}); j < len(c.fronts) && c.fronts[j].Entry().VIP == a; j++ {
 			if c.fronts[j].Entry().Frontend == tables.FrontendExternalIP {
+				return model.ServiceState{}, false
+			}
+		}
+	}
+	// A contest anywhere is judged by the age of the Service that owns
+	// the contestants' addresses: an address of a visited Service that
+	// another Service's entries also stand on (a stale cache's duplicate
+	// ClusterIP) may change the verdict at keys the patch does not visit.
+	slices.SortFunc(owned, netip.Addr.Compare)
+	for _, a := range slices.Compact(owned) {
+		for j := c.frontAt(tables.FrontendKey{VIP: a}); j < len(c.fronts) && c.fronts[j].Entry().VIP == a; j++ {
+			b := c.fronts[j].R.Binding
+			if _, visited := c.before[model.ServiceKey{Namespace: b.Namespace, Name: b.Name}]; !visited {
 				return model.ServiceState{}, false
 			}
 		}
@@ -73,11 +87,11 @@ func (c *serviceCache) patch() (model.ServiceState, bool) {
 		}
 	}
 	st := prev
-	if c.inPlace && replaces(prev.Services, keys, merged) {
-		// Every key is there and stays: the entries are replaced where
-		// they are, not copied to a new list (1.6 MB at 10,000
-		// frontends). The applier reads the list under pub.
-		c.pub.Lock()
+	// Every key is there and stays: the entries are replaced where they
+	// are, not copied to a new list (1.6 MB at 10,000 frontends). The
+	// applier reads the list under pub; while it does (writing the maps),
+	// the computation copies rather than wait for it.
+	if c.inPlace && len(keys) > 0 && replaces(prev.Services, keys, merged) && c.pub.TryLock() {
 		for i, k := range keys {
 			j, _ := slices.BinarySearchFunc(prev.Services, k, compareKey)
 			prev.Services[j] = *merged[i]
