@@ -454,7 +454,7 @@ func (t *ServiceTable) apply(want []Service, keys []ServiceKey, whole bool) (gon
 	var at []int // the keys' places in want
 	for _, k := range keys {
 		delete(t.skipped, k)
-		i, ok := slices.BinarySearchFunc(want, k, func(s Service, k ServiceKey) int { return s.Key().Compare(k) })
+		i, ok := tables.FindFrontend(want, k)
 		if ok && r.put(&want[i]) {
 			at = append(at, i)
 			continue

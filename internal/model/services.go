@@ -392,9 +392,7 @@ type FrontendRef struct {
 // Entry is the table entry f names.
 func (f FrontendRef) Entry() *tables.Service { return &f.R.Services[f.I] }
 
-func compareFrontend(a, b *tables.Service) int {
-	return cmp.Or(a.VIP.Compare(b.VIP), cmp.Compare(a.Proto, b.Proto), cmp.Compare(a.Port, b.Port))
-}
+func compareFrontend(a, b *tables.Service) int { return a.Key().Compare(b.Key()) }
 
 // CompareFrontends orders entries as MergeServices does: by address,
 // protocol and port, then (ties) by their Service's namespace and name

@@ -10,6 +10,7 @@ package tables
 import (
 	"net"
 	"net/netip"
+	"slices"
 )
 
 // SID function layout (bpf/include/lace.h): byte 8 of the SID is the
@@ -262,6 +263,12 @@ type FrontendKey struct {
 
 // Key is s's entry's key.
 func (s *Service) Key() FrontendKey { return FrontendKey{s.VIP, s.Proto, s.Port} }
+
+// FindFrontend is the place of k's entry in l, sorted by key (the desired
+// services' order), and whether it is there.
+func FindFrontend(l []Service, k FrontendKey) (int, bool) {
+	return slices.BinarySearchFunc(l, k, func(s Service, k FrontendKey) int { return s.Key().Compare(k) })
+}
 
 // Compare orders keys as the desired services are sorted.
 func (k FrontendKey) Compare(o FrontendKey) int {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/model"
+	"github.com/lace-cni/lace/internal/tables"
 )
 
 // tableDP is the node's data plane with its services written through a
@@ -108,7 +109,7 @@ func (d tableDP) keepUnflushed(gone datapath.Gone, want []datapath.Service, keys
 		return
 	}
 	for _, k := range keys {
-		if i, ok := slices.BinarySearchFunc(want, k, func(s datapath.Service, k datapath.ServiceKey) int { return s.Key().Compare(k) }); ok {
+		if i, ok := tables.FindFrontend(want, k); ok {
 			prune(&want[i])
 		}
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/lace-cni/lace/internal/agent/agenttest"
 	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/model"
+	"github.com/lace-cni/lace/internal/tables"
 	"github.com/lace-cni/lace/pkg/scheme"
 )
 
@@ -128,7 +129,7 @@ func applyKeys(have, want []datapath.Service, keys []datapath.ServiceKey) []data
 	}
 	for _, k := range keys {
 		delete(m, k)
-		if i, ok := slices.BinarySearchFunc(want, k, compareKey); ok {
+		if i, ok := tables.FindFrontend(want, k); ok {
 			m[k] = want[i]
 		}
 	}

@@ -93,7 +93,7 @@ func (c *serviceCache) patch() (model.ServiceState, bool) {
 	// the computation copies rather than wait for it.
 	if c.inPlace && len(keys) > 0 && replaces(prev.Services, keys, merged) && c.pub.TryLock() {
 		for i, k := range keys {
-			j, _ := slices.BinarySearchFunc(prev.Services, k, compareKey)
+			j, _ := tables.FindFrontend(prev.Services, k)
 			prev.Services[j] = *merged[i]
 		}
 		c.pub.Unlock()
@@ -102,7 +102,7 @@ func (c *serviceCache) patch() (model.ServiceState, bool) {
 		out := make([]tables.Service, 0, len(old)+len(keys))
 		j := 0
 		for i, k := range keys {
-			n, found := slices.BinarySearchFunc(old[j:], k, compareKey)
+			n, found := tables.FindFrontend(old[j:], k)
 			n += j
 			out = append(out, old[j:n]...)
 			if found {
@@ -134,14 +134,12 @@ func (c *serviceCache) patch() (model.ServiceState, bool) {
 // entries, none added or removed).
 func replaces(list []tables.Service, keys []tables.FrontendKey, merged []*tables.Service) bool {
 	for i, k := range keys {
-		if _, ok := slices.BinarySearchFunc(list, k, compareKey); !ok || merged[i] == nil {
+		if _, ok := tables.FindFrontend(list, k); !ok || merged[i] == nil {
 			return false
 		}
 	}
 	return true
 }
-
-func compareKey(s tables.Service, k tables.FrontendKey) int { return s.Key().Compare(k) }
 
 // readServices runs f, which reads the merged list, while no patch
 // changes it in place.
