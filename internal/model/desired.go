@@ -73,9 +73,10 @@ type DesiredStages struct {
 	// Views computes the views (ComputeNode); the agent's only when its
 	// inputs changed.
 	Views func(d *NodeDesired, in NodeInput) NodeState
-	// HostPorts returns d.Services with the hostPorts of the node's pods
-	// added (ComputeHostPorts); they depend on the node's own records
-	// (which pods run here, its listening sockets). The default adds none.
+	// HostPorts returns the entries of the node's pods' hostPorts
+	// (HostPortEntries) that d.Services gives way to; they depend on the
+	// node's own records (which pods run here, its listening sockets).
+	// The default adds none.
 	HostPorts func(d *NodeDesired) ([]tables.Service, error)
 }
 
@@ -155,20 +156,23 @@ func ComputeDesired(in DesiredInput) (NodeDesired, error) {
 	} else {
 		d.NodeState = ComputeNode(nodeIn)
 	}
-	d.NodeState.Services = GateNodePorts(d.Services.Services, &d.NodeState)
+	var extra []tables.FrontendKey
+	d.NodeState.Services, extra = gateNodePorts(d.Services.Services, &d.NodeState)
 	d.HealthChecks = d.Services.HealthChecks
 	if in.Stages.HostPorts != nil {
-		svcs, err := in.Stages.HostPorts(&d)
+		entries, err := in.Stages.HostPorts(&d)
 		if err != nil {
 			return NodeDesired{}, err
 		}
-		d.NodeState.Services = svcs
+		d.NodeState.Services = AddHostPorts(d.NodeState.Services, entries)
+		for i := range entries {
+			extra = append(extra, entries[i].Key())
+		}
 	}
-	// Gating or hostPorts that changed the merged slice changed entries
-	// the merge's log does not name: the data plane compares them all.
-	if m, n := d.Services.Services, d.NodeState.Services; len(m) == len(n) && (len(m) == 0 || &m[0] == &n[0]) {
-		d.NodeState.ServiceChanges = d.Services.Changes
-	}
+	// What the gate and the hostPorts changed, the merge's log does not
+	// name: the data plane visits those keys too.
+	d.NodeState.ServiceChanges = d.Services.Changes
+	d.NodeState.ServiceChanges.Extra = extra
 	return d, nil
 }
 

@@ -171,8 +171,11 @@ func TestComputeDesiredIsTheAssemblyBefore(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !reflect.DeepEqual(d.NodeState, want) {
-				t.Errorf("%s (lacectl %v): ComputeDesired\n%+v\nassembled before\n%+v", name, lacectl, d.NodeState, want)
+			checkExtra(t, name, d)
+			got := d.NodeState
+			got.ServiceChanges.Extra = nil
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("%s (lacectl %v): ComputeDesired\n%+v\nassembled before\n%+v", name, lacectl, got, want)
 			}
 			for _, s := range d.NodeState.Services {
 				if s.Frontend == tables.FrontendNodePort {
@@ -223,9 +226,35 @@ func TestComputeDesiredIsTheAssemblyBefore(t *testing.T) {
 	}
 }
 
+// checkExtra: the keys the data plane is told beside the merge's are
+// exactly those at which the node's list differs from the merge's, each
+// once (a key left out would leave its entry unwritten).
+func checkExtra(t *testing.T, name string, d NodeDesired) {
+	t.Helper()
+	merged, final := d.Services.Services, d.NodeState.Services
+	var want []tables.FrontendKey
+	for i := range final {
+		j, ok := tables.FindFrontend(merged, final[i].Key())
+		if !ok || !reflect.DeepEqual(merged[j], final[i]) {
+			want = append(want, final[i].Key())
+		}
+	}
+	for i := range merged {
+		if _, ok := tables.FindFrontend(final, merged[i].Key()); !ok {
+			want = append(want, merged[i].Key())
+		}
+	}
+	slices.SortFunc(want, tables.FrontendKey.Compare)
+	got := slices.SortedFunc(slices.Values(d.NodeState.ServiceChanges.Extra), tables.FrontendKey.Compare)
+	if !slices.Equal(got, want) {
+		t.Errorf("%s: the data plane is told %v beside the merge's keys, the list differs at %v", name, got, want)
+	}
+}
+
 // TestComputeDesiredHostPorts: the hostPorts stage gets the gated
-// services and health checks, its answer is the state's services, and its
-// error is ComputeDesired's.
+// services and health checks, its entries join the state's services in
+// key order and are named to the data plane, and its error is
+// ComputeDesired's.
 func TestComputeDesiredHostPorts(t *testing.T) {
 	in := desiredClusters()["frontends"]
 	d, _ := ComputeDesired(in)
@@ -234,12 +263,15 @@ func TestComputeDesiredHostPorts(t *testing.T) {
 		if !reflect.DeepEqual(got.NodeState.Services, d.NodeState.Services) || !reflect.DeepEqual(got.HealthChecks, d.HealthChecks) {
 			t.Errorf("hostPorts stage got %v, want the gated services %v", got.NodeState.Services, d.NodeState.Services)
 		}
-		return append(slices.Clone(got.NodeState.Services), hp), nil
+		return []tables.Service{hp}, nil
 	}
 	withHP, err := ComputeDesired(in)
-	if err != nil || len(withHP.NodeState.Services) != len(d.NodeState.Services)+1 || !reflect.DeepEqual(withHP.NodeState.Services[len(d.NodeState.Services)], hp) {
+	i, ok := tables.FindFrontend(withHP.NodeState.Services, hp.Key())
+	if err != nil || len(withHP.NodeState.Services) != len(d.NodeState.Services)+1 || !ok || !reflect.DeepEqual(withHP.NodeState.Services[i], hp) ||
+		!slices.IsSortedFunc(withHP.NodeState.Services, func(a, b tables.Service) int { return a.Key().Compare(b.Key()) }) {
 		t.Errorf("with hostPorts: %v, %v", withHP.NodeState.Services, err)
 	}
+	checkExtra(t, "with hostPorts", withHP)
 	boom := errors.New("boom")
 	in.Stages.HostPorts = func(*NodeDesired) ([]tables.Service, error) { return nil, boom }
 	if _, err := ComputeDesired(in); !errors.Is(err, boom) {

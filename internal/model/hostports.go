@@ -136,8 +136,32 @@ var (
 // the winner when it is of the loser's namespace (another namespace's
 // pod names are not the loser's to read).
 func ComputeHostPorts(in HostPortInput, svcs []tables.Service) ([]tables.Service, []HostPortRefusal) {
+	entries, refused := HostPortEntries(in, svcs)
+	return AddHostPorts(svcs, entries), refused
+}
+
+// AddHostPorts is svcs with entries (HostPortEntries: sorted, at keys
+// svcs does not hold) merged in; svcs itself when there are none.
+func AddHostPorts(svcs, entries []tables.Service) []tables.Service {
+	if len(entries) == 0 {
+		return svcs
+	}
+	out := make([]tables.Service, 0, len(svcs)+len(entries))
+	i := 0
+	for _, e := range entries {
+		j, _ := tables.FindFrontend(svcs[i:], e.Key())
+		out = append(append(out, svcs[i:i+j]...), e)
+		i += j
+	}
+	return append(out, svcs[i:]...)
+}
+
+// HostPortEntries are the entries ComputeHostPorts adds to svcs (sorted
+// by key as svcs is), and the refusals: each costs what the node's pods
+// ask, svcs being only looked up.
+func HostPortEntries(in HostPortInput, svcs []tables.Service) ([]tables.Service, []HostPortRefusal) {
 	if len(in.Pods) == 0 {
-		return svcs, nil // nothing to publish: no pass over the services
+		return nil, nil // nothing to publish: no pass over the services
 	}
 	pods := slices.Clone(in.Pods)
 	slices.SortFunc(pods, func(a, b HostPortPod) int {
@@ -147,10 +171,6 @@ func ComputeHostPorts(in HostPortInput, svcs []tables.Service) ([]tables.Service
 		addr  netip.Addr
 		proto uint8
 		port  uint16
-	}
-	taken := map[key]tables.Frontend{}
-	for _, s := range svcs {
-		taken[key{s.VIP, s.Proto, s.Port}] = s.Frontend
 	}
 	type held struct {
 		pod    *HostPortPod
@@ -196,8 +216,8 @@ func ComputeHostPorts(in HostPortInput, svcs []tables.Service) ([]tables.Service
 				}
 			}
 			k := key{at, proto, port}
-			if f, ok := taken[k]; ok {
-				refuse(p, HostPortTaken, "%s on %s: a Service's %s holds it", what, at, f)
+			if i, ok := tables.FindFrontend(svcs, tables.FrontendKey{VIP: at, Proto: proto, Port: port}); ok {
+				refuse(p, HostPortTaken, "%s on %s: a Service's %s holds it", what, at, svcs[i].Frontend)
 				continue
 			}
 			if o := owner[k]; o.pod != nil {
@@ -265,14 +285,9 @@ func ComputeHostPorts(in HostPortInput, svcs []tables.Service) ([]tables.Service
 	for _, c := range yielding {
 		publish(c)
 	}
-	if len(out) == 0 {
-		return svcs, refused
-	}
-	merged := append(slices.Clone(svcs), out...)
-	slices.SortStableFunc(merged, func(a, b tables.Service) int {
-		return cmp.Or(a.VIP.Compare(b.VIP), cmp.Compare(a.Proto, b.Proto), cmp.Compare(a.Port, b.Port))
-	})
-	return merged, refused
+	// owner holds each key once: no two entries share one.
+	slices.SortFunc(out, func(a, b tables.Service) int { return a.Key().Compare(b.Key()) })
+	return out, refused
 }
 
 const protoSCTP = 132

@@ -2,7 +2,9 @@ package model
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -181,5 +183,36 @@ func TestHostPortBudgetPerTenant(t *testing.T) {
 	}
 	if hog != MaxHostPortEntries/4 {
 		t.Errorf("the tenant holds %d entries, want its namespace's share %d", hog, MaxHostPortEntries/4)
+	}
+}
+
+// TestAddHostPortsIsTheSortedUnion: the hostPorts join the services'
+// list at their keys' places (a merge, not a sort of the whole list), and
+// none of the services' entries moves or is lost.
+func TestAddHostPortsIsTheSortedUnion(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	for range 200 {
+		at := map[tables.FrontendKey]bool{}
+		var svcs, entries []tables.Service
+		for range rng.IntN(40) {
+			s := tables.Service{VIP: netip.AddrFrom4([4]byte{10, 0, 0, byte(rng.IntN(8))}), Proto: 6, Port: uint16(rng.IntN(16))}
+			if at[s.Key()] {
+				continue
+			}
+			at[s.Key()] = true
+			if rng.IntN(4) == 0 {
+				s.Frontend = tables.FrontendHostPort
+				entries = append(entries, s)
+			} else {
+				svcs = append(svcs, s)
+			}
+		}
+		byKey := func(a, b tables.Service) int { return a.Key().Compare(b.Key()) }
+		slices.SortFunc(svcs, byKey)
+		slices.SortFunc(entries, byKey)
+		want := slices.SortedFunc(slices.Values(append(slices.Clone(svcs), entries...)), byKey)
+		if got := AddHostPorts(svcs, entries); !reflect.DeepEqual(got, want) && len(got)+len(want) > 0 {
+			t.Fatalf("AddHostPorts(%v, %v) = %v, want %v", svcs, entries, got, want)
+		}
 	}
 }

@@ -11,9 +11,16 @@ import (
 // frontend. Gen numbers the merge (0: not known, compare everything);
 // Log[i] lists the frontends whose entries may differ between merge
 // Log[i].Base and the next one in the log, the last one being Gen.
+//
+// Extra are the keys at which the node's list differs from merge Gen's
+// own: the NodePorts the gate changed and the hostPorts. The data plane
+// visits them, and those of the list it applied before, beside the log's:
+// the gate and the hostPorts change with what the merge does not number
+// (the views, the node's pods).
 type ServiceChanges struct {
-	Gen uint64
-	Log []ServiceChange
+	Gen   uint64
+	Log   []ServiceChange
+	Extra []tables.FrontendKey
 }
 
 // ServiceChange is one merge's step from Base: the frontends (added,

@@ -1280,13 +1280,21 @@ func ClassifyAddr(cls []tables.Classifier, a netip.Addr) uint32 {
 // from E selecting the service). svcs is not modified: the result shares
 // it unless something closes.
 func GateNodePorts(svcs []tables.Service, st *NodeState) []tables.Service {
+	out, _ := gateNodePorts(svcs, st)
+	return out
+}
+
+// gateNodePorts is GateNodePorts, with the keys of the entries it
+// changed (sorted, as svcs is): the data plane visits those beside the
+// merge's own changes.
+func gateNodePorts(svcs []tables.Service, st *NodeState) (out []tables.Service, changed []tables.FrontendKey) {
 	type reach struct {
 		view uint32
 		vip  netip.Addr
 	}
 	var ext map[netip.Addr]uint32 // node address -> its external network
 	var open map[reach]uint32     // (view, ClusterIP) -> the service's network
-	out := svcs
+	out = svcs
 	for i := range svcs {
 		s := &svcs[i]
 		if s.Frontend != tables.FrontendNodePort {
@@ -1319,8 +1327,9 @@ func GateNodePorts(svcs []tables.Service, st *NodeState) []tables.Service {
 			out = slices.Clone(svcs)
 		}
 		out[i].Closed = closed
+		changed = append(changed, s.Key())
 	}
-	return out
+	return out, changed
 }
 
 // BoundServiceVIPs are the ClusterIPs of the services bound to a network

@@ -51,16 +51,23 @@ func (d tableDP) SyncRoutes(want []datapath.Route) error {
 // and one whose changes since the last applied reach back to it is
 // applied by those keys alone (ServiceTable.ApplyKeys).
 func (d tableDP) ApplyServices(want []datapath.Service, changes model.ServiceChanges) (datapath.Gone, error) {
-	// The merge's list may be changed in place: it is the same as the
-	// one applied when its number is. A list of no number (gated, with
-	// hostPorts) is a new one each time it changes.
-	if d.applied.ok && (changes.Gen != 0 && changes.Gen == d.applied.gen || changes.Gen == 0 && d.applied.gen == 0 && d.applied.same(want)) {
+	a := d.applied
+	// The merge's list may be changed in place: it is the one applied
+	// when its number is, unless the gate or the hostPorts changed
+	// entries of it, now or then. A list of no number is a new one each
+	// time it changes.
+	if a.ok && (changes.Gen != 0 && changes.Gen == a.gen && len(changes.Extra) == 0 && len(a.extra) == 0 ||
+		changes.Gen == 0 && a.gen == 0 && a.same(want)) {
 		return *d.unflushed, nil
 	}
 	var gone datapath.Gone
 	var err error
-	keys, ok := changes.Since(d.applied.gen)
-	if ok && d.applied.ok {
+	keys, ok := changes.Since(a.gen)
+	if ok && a.ok {
+		if len(changes.Extra) > 0 || len(a.extra) > 0 {
+			// Clipped: Since may give the log's own array.
+			keys = append(append(slices.Clip(keys), changes.Extra...), a.extra...)
+		}
 		gone, err = d.services.ApplyKeys(want, keys)
 	} else {
 		keys = nil
@@ -72,10 +79,10 @@ func (d tableDP) ApplyServices(want []datapath.Service, changes model.ServiceCha
 		// gets here; this is the last guard.
 		slog.Warn("service frontend left out of the data plane", "frontend", k.VIP.String(), "port", k.Port, "why", why)
 	}
-	d.applied.set(want, err == nil)
-	d.applied.gen = 0
+	a.set(want, err == nil)
+	a.gen, a.extra = 0, nil
 	if err == nil {
-		d.applied.gen = changes.Gen
+		a.gen, a.extra = changes.Gen, changes.Extra
 	}
 	return *d.unflushed, err
 }
@@ -166,8 +173,10 @@ type appliedSlice[T any] struct {
 	n   int
 	ok  bool
 	// gen is the applied services' merge (model.ServiceChanges.Gen; 0:
-	// not known).
-	gen uint64
+	// not known), and extra the keys at which the list applied differed
+	// from that merge's (model.ServiceChanges.Extra).
+	gen   uint64
+	extra []tables.FrontendKey
 }
 
 func (a *appliedSlice[T]) same(s []T) bool {

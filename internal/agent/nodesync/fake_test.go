@@ -26,21 +26,22 @@ import (
 
 // fakeDP is an in-memory DataPlane that counts writes.
 type fakeDP struct {
-	mu          sync.Mutex
-	writes      int
-	routes      map[string]datapath.Route
-	nets        map[uint32]datapath.Network
-	cls         map[netip.Prefix]datapath.Classifier
-	inside      map[netip.Prefix]datapath.Inside
-	nodeLocs    map[netip.Addr]datapath.NodeLocator
-	nodes       map[netip.Addr]bool
-	host        map[netip.Addr]bool
-	attached    map[string]bool
-	cfg         datapath.Config
-	services    []datapath.Service
-	servicesGen uint64
-	l2Neigh     []datapath.L2Neighbor
-	l2FDB       []datapath.FDBEntry
+	mu            sync.Mutex
+	writes        int
+	routes        map[string]datapath.Route
+	nets          map[uint32]datapath.Network
+	cls           map[netip.Prefix]datapath.Classifier
+	inside        map[netip.Prefix]datapath.Inside
+	nodeLocs      map[netip.Addr]datapath.NodeLocator
+	nodes         map[netip.Addr]bool
+	host          map[netip.Addr]bool
+	attached      map[string]bool
+	cfg           datapath.Config
+	services      []datapath.Service
+	servicesGen   uint64
+	servicesExtra []datapath.ServiceKey
+	l2Neigh       []datapath.L2Neighbor
+	l2FDB         []datapath.FDBEntry
 }
 
 func (f *fakeDP) SyncL2Cluster(n []datapath.L2Neighbor, fdb []datapath.FDBEntry, _ []datapath.L2FloodNode) error {
@@ -105,8 +106,9 @@ func (f *fakeDP) NodeLocators() ([]datapath.NodeLocator, error) {
 
 // ApplyServices applies as the service table does: the keys a step names
 // when the changes reach back to the list applied last, everything
-// otherwise. A change a step leaves unnamed stays unapplied, as it would
-// in the maps.
+// otherwise, and the gate's and hostPorts' keys of this list and the last
+// one. A change a step leaves unnamed stays unapplied, as it would in the
+// maps.
 func (f *fakeDP) ApplyServices(s []datapath.Service, ch model.ServiceChanges) (datapath.Gone, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -114,9 +116,9 @@ func (f *fakeDP) ApplyServices(s []datapath.Service, ch model.ServiceChanges) (d
 	if !ok {
 		f.services = slices.Clone(s)
 	} else {
-		f.services = applyKeys(f.services, s, keys)
+		f.services = applyKeys(f.services, s, append(append(slices.Clip(keys), ch.Extra...), f.servicesExtra...))
 	}
-	f.servicesGen = ch.Gen
+	f.servicesGen, f.servicesExtra = ch.Gen, ch.Extra
 	return datapath.Gone{}, nil
 }
 

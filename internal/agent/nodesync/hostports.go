@@ -15,15 +15,15 @@ import (
 	"github.com/lace-cni/lace/internal/tables"
 )
 
-// hostPorts adds the hostPorts of this node's pods to svcs
-// (model.ComputeHostPorts) and reports what it refuses. A pod counts once
+// hostPorts are the entries of this node's pods' hostPorts that svcs
+// gives way to (model.HostPortEntries), and it reports what it refuses. A pod counts once
 // its endpoint is Ready on this node: its addresses and network are the
 // node's own records, not the pod's status.
 func (s *Syncer) hostPorts(ctx context.Context, node *corev1.Node, addrs []netip.Addr, svcs []tables.Service,
 	healthChecks []model.HealthCheck, slices []*discoveryv1.EndpointSlice) ([]tables.Service, error) {
 	var pods corev1.PodList
 	if err := s.client.List(ctx, &pods, client.UnsafeDisableDeepCopy); err != nil {
-		return svcs, fmt.Errorf("list pods: %w", err)
+		return nil, fmt.Errorf("list pods: %w", err)
 	}
 	type ep struct {
 		net   uint32
@@ -70,20 +70,18 @@ func (s *Syncer) hostPorts(ctx context.Context, node *corev1.Node, addrs []netip
 	if len(in.Pods) > 0 {
 		listeners, err := nodeListeners("/proc/self/net")
 		if err != nil {
-			return svcs, fmt.Errorf("the node's listening sockets: %w", err)
+			return nil, fmt.Errorf("the node's listening sockets: %w", err)
 		}
 		in.Reserved = append(s.reservedPorts(node, addrs, healthChecks, slices), listeners...)
 	}
-	out, refused := model.ComputeHostPorts(in, svcs)
+	entries, refused := model.HostPortEntries(in, svcs)
 	s.reportHostPorts(refused)
-	var served []uint16
-	for _, s := range out {
-		if s.Frontend == tables.FrontendHostPort {
-			served = append(served, s.Port)
-		}
+	served := make([]uint16, len(entries))
+	for i := range entries {
+		served[i] = entries[i].Port
 	}
 	s.reserveLocalPorts(served)
-	return out, nil
+	return entries, nil
 }
 
 // reserveLocalPorts keeps the served hostPorts and the SNAT range out of
