@@ -87,7 +87,11 @@ const retry = time.Second
 func (e *Enforcer) Run(ctx context.Context) error {
 	h := toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { e.Kick() },
-		UpdateFunc: func(any, any) { e.Kick() },
+		UpdateFunc: func(old, new any) {
+			if changed(old, new) {
+				e.Kick()
+			}
+		},
 		DeleteFunc: func(any) { e.Kick() },
 	}
 	for _, w := range []struct {

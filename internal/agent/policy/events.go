@@ -1,0 +1,40 @@
+package policy
+
+import (
+	"maps"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/predicates"
+)
+
+// changed reports whether an update changes what a compile reads of the
+// object. A compile lists every pod of the cluster, and most updates a
+// cluster makes change nothing of it: the controller manager rewrites the
+// status of every pod on a node that is not Ready, the nodes' status
+// carries conditions, and a NetworkEndpoint's its conditions. Kinds not
+// named here (policies, namespaces, networks: few and rarely written)
+// always count.
+func changed(old, new any) bool {
+	switch o := old.(type) {
+	case *corev1.Pod:
+		n, ok := new.(*corev1.Pod)
+		// Its labels and named ports (netpolapi.TrimPod keeps those).
+		return !ok || o.UID != n.UID || !maps.Equal(o.Labels, n.Labels) || !equality.Semantic.DeepEqual(o.Spec, n.Spec)
+	case *corev1.Node:
+		n, ok := new.(*corev1.Node)
+		return !ok || predicates.NodeUpdate(o, n) // labels and addresses: nodes peers
+	case *lacev1.NetworkEndpoint:
+		n, ok := new.(*lacev1.NetworkEndpoint)
+		// Its network, addresses and pod (netpolapi.PodsOf).
+		return !ok || !maps.Equal(o.Labels, n.Labels) || !equality.Semantic.DeepEqual(o.Spec, n.Spec) ||
+			!slices.Equal(o.Status.Addresses, n.Status.Addresses)
+	}
+	ob, ok1 := old.(client.Object)
+	nb, ok2 := new.(client.Object)
+	return !ok1 || !ok2 || ob.GetResourceVersion() != nb.GetResourceVersion() || ob.GetResourceVersion() == ""
+}
