@@ -2,6 +2,7 @@ package nodesync
 
 import (
 	"cmp"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -87,6 +88,11 @@ type serviceCache struct {
 	// (datapath.ProgrammedFrontends): the first admit takes what each
 	// Service was admitted with from it (seedAdmitted), then drops it.
 	programmed map[datapath.ServiceKey]datapath.ProgrammedFrontend
+	// judged counts the budget's passes over every service.
+	judged int
+	// whole: every update computes, judges and merges every service,
+	// with none of the shortcuts (the tests' oracle for them).
+	whole bool
 }
 
 type admittedCost struct {
@@ -127,7 +133,7 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool) (st
 	c.initPods()
 	// The first update (no env yet) computes everything, as does a
 	// change of what every service shares.
-	all := c.env == nil || sharedChanged
+	all := c.env == nil || sharedChanged || c.whole
 	if all {
 		shared.NetworkEndpoints, shared.PodIndex = nil, c.pods
 		c.env = model.NewServiceEnv(shared)
@@ -138,7 +144,7 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool) (st
 	}
 	c.touched = c.touched[:0]
 	clear(c.before)
-	hadRefused := len(c.refused) > 0
+	wasRefused := c.refused
 	var added []*svcEntry
 	gone := false
 	for i := range changes {
@@ -172,7 +178,11 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool) (st
 	}
 	c.place(added, gone)
 	c.refused = c.admit()
-	patch := !all && !hadRefused && len(c.refused) == 0 && len(c.frontsIn)+len(c.frontsOut) <= maxPatchEntries
+	// A refusal changed bindings and VIPs of services the update did not
+	// touch, and a refused service's frontends stay out of the list: the
+	// merge is whole unless the same are refused and none was touched.
+	patch := !all && maps.Equal(wasRefused, c.refused) && !c.touchesRefused() &&
+		len(c.frontsIn)+len(c.frontsOut) <= maxPatchEntries
 	c.syncFronts()
 	var skip func(*model.ServiceResult) bool
 	if len(c.refused) > 0 {
@@ -443,7 +453,7 @@ func (c *serviceCache) admit() map[model.ServiceKey]model.Refusal {
 	// While nothing is refused and everything fits, the verdict is the
 	// same whatever the order: only what changed is remembered as
 	// admitted, with no pass over every service.
-	if c.programmed == nil && len(c.refused) == 0 && c.budget.AdmitsAll(&c.sum) {
+	if c.programmed == nil && len(c.refused) == 0 && !c.whole && c.budget.AdmitsAll(&c.sum) {
 		if c.admitted == nil {
 			c.admitted = map[model.ServiceKey]admittedCost{}
 		}
@@ -456,8 +466,12 @@ func (c *serviceCache) admit() map[model.ServiceKey]model.Refusal {
 		}
 		return nil
 	}
+	if c.programmed == nil && !c.whole && c.costsKept() {
+		return c.refused
+	}
 	// Refusals may change for services that did not: their VIPs with them.
 	c.vipsDirty = true
+	c.judged++
 	cands := make([]model.Candidate, 0, len(c.order))
 	for _, e := range c.order {
 		if !counted(e) {
@@ -482,6 +496,34 @@ func (c *serviceCache) admit() map[model.ServiceKey]model.Refusal {
 		}
 	}
 	return refused
+}
+
+// costsKept: every service the update touched is admitted with the cost
+// it has now (the same Service, by UID). The budget's candidates are then
+// those of its last verdict, which stands, with no pass over every
+// service while one is refused.
+func (c *serviceCache) costsKept() bool {
+	for _, k := range c.touched {
+		e := c.entries[k]
+		a, ok := c.admitted[k]
+		if e == nil || !counted(e) || !ok || a.uid != e.uid || a.cost != e.cost {
+			return false
+		}
+		if _, refused := c.refused[k]; refused {
+			return false
+		}
+	}
+	return true
+}
+
+// touchesRefused: a service the update computed or dropped is refused.
+func (c *serviceCache) touchesRefused() bool {
+	for k := range c.before {
+		if _, ok := c.refused[k]; ok {
+			return true
+		}
+	}
+	return false
 }
 
 // programmedCost is what the agent before this one admitted r with, as the

@@ -3,6 +3,7 @@ package nodesync
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"math/rand"
 	"net/netip"
 	"reflect"
@@ -144,6 +145,13 @@ func TestServiceCacheMatchesComputeServices(t *testing.T) {
 
 	// As the agent has it: entries replaced in place.
 	c := serviceCache{inPlace: true}
+	// A budget that refuses some of them: the patched cache against one
+	// that judges and merges everything each round.
+	budget := model.Budget{NamespaceFrontends: 40, TotalFrontends: 60}
+	cb, cw := serviceCache{inPlace: true, budget: budget}, serviceCache{budget: budget, whole: true}
+	var lastListB []datapath.Service
+	var lastGenB uint64
+	refusedRounds, patchedRefused := 0, 0
 	var vNets, vNbps, vNss versions
 	zone, lastZone := "z1", ""
 	computed, patched := 0, 0
@@ -152,7 +160,24 @@ func TestServiceCacheMatchesComputeServices(t *testing.T) {
 	var appliedGen uint64
 	for round := range 300 {
 		if round > 0 {
-			switch rng.Intn(12) {
+			switch rng.Intn(13) {
+			case 12:
+				// An endpoint replaced: the service's cost stays. Half
+				// of them of a Service the budget refuses.
+				i := rng.Intn(len(sls))
+				if rng.Intn(2) == 0 {
+					for j := range sls {
+						k := model.ServiceKey{Namespace: sls[j].Namespace, Name: sls[j].Labels[discoveryv1.LabelServiceName]}
+						if _, ok := cb.refused[k]; ok && len(sls[j].Endpoints) > 0 {
+							i = j
+						}
+					}
+				}
+				if len(sls[i].Endpoints) > 0 {
+					sls[i].Endpoints = slices.Clone(sls[i].Endpoints)
+					sls[i].Endpoints[0].Addresses = []string{addr()}
+					bump(&sls[i].ObjectMeta)
+				}
 			case 0, 1, 2:
 				i := rng.Intn(len(sls))
 				sls[i] = newSlice(sls[i].Namespace, sls[i].Labels[discoveryv1.LabelServiceName], sls[i].Name)
@@ -216,6 +241,39 @@ func TestServiceCacheMatchesComputeServices(t *testing.T) {
 		rng.Shuffle(len(nes), func(i, j int) { nes[i], nes[j] = nes[j], nes[i] })
 		c.indexPods(c.podChanges(nes))
 		st, vips, _ := c.updateLists(shared, sharedChanged, svcPtrs, slicePtrs)
+		for _, x := range []*serviceCache{&cb, &cw} {
+			x.indexPods(x.podChanges(nes))
+		}
+		stB, vipsB, _ := cb.updateLists(shared, sharedChanged, svcPtrs, slicePtrs)
+		stW, vipsW, _ := cw.updateLists(shared, sharedChanged, svcPtrs, slicePtrs)
+		if len(cb.refused) > 0 {
+			refusedRounds++
+			if n := len(stB.Changes.Log); n > 0 && stB.Changes.Gen != lastGenB {
+				patchedRefused++
+			}
+		}
+		if keys, ok := stB.Changes.Since(lastGenB); ok {
+			if bad := unnamedChanges(lastListB, stB.Services, keys); len(bad) > 0 {
+				t.Fatalf("round %d, budget: frontends %v changed, not named by the step (%v)", round, bad, keys)
+			}
+		}
+		lastListB, lastGenB = slices.Clone(stB.Services), stB.Changes.Gen
+		stB.Changes, stW.Changes = model.ServiceChanges{}, model.ServiceChanges{}
+		// The same refused; their messages' sums may differ, as a
+		// verdict that stands is not judged again.
+		sameRefused := maps.EqualFunc(cb.refused, cw.refused, func(a, b model.Refusal) bool { return a.Reason == b.Reason })
+		for _, st := range []*model.ServiceState{&stB, &stW} {
+			st.Bound = slices.Clone(st.Bound)
+			for i := range st.Bound {
+				if _, ok := cb.refused[model.ServiceKey{Namespace: st.Bound[i].Namespace, Name: st.Bound[i].Name}]; ok {
+					st.Bound[i].Err = "refused"
+				}
+			}
+		}
+		if !sameRefused || !reflect.DeepEqual(stB, stW) || !reflect.DeepEqual(vipsB, vipsW) {
+			t.Fatalf("round %d, budget: refused %v, state %+v, VIPs %v; judged and merged whole: refused %v, state %+v, VIPs %v",
+				round, cb.refused, stB, vipsB, cw.refused, stW, vipsW)
+		}
 		for k, e := range c.entries {
 			if gens[k] != e {
 				computed++
@@ -274,7 +332,17 @@ func TestServiceCacheMatchesComputeServices(t *testing.T) {
 	if patched < 50 {
 		t.Errorf("%d of 300 merges were patches", patched)
 	}
-	t.Logf("%d services computed, %d of 300 merges patched", computed, patched)
+	// While a Service is refused, a change elsewhere is still a patch.
+	if refusedRounds < 60 || patchedRefused < 10 {
+		t.Errorf("the budget refused in %d rounds, %d of them patched", refusedRounds, patchedRefused)
+	}
+	// A change that keeps every touched Service's cost leaves the
+	// verdict standing, with no pass over every Service.
+	if cb.judged > refusedRounds*3/4 {
+		t.Errorf("the budget judged every Service %d times in %d rounds with a refusal", cb.judged, refusedRounds)
+	}
+	t.Logf("%d services computed, %d of 300 merges patched; with the budget %d rounds refused, %d of them patched, %d judged all",
+		computed, patched, refusedRounds, patchedRefused, cb.judged)
 }
 
 // BenchmarkServiceCacheOneChange: one EndpointSlice of 10,000 services
