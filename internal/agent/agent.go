@@ -246,7 +246,7 @@ func wire(cfg *rest.Config, o Options, log *slog.Logger, dp *datapath.Datapath) 
 	log = log.With("node", o.NodeName)
 	c, reader := mgr.GetClient(), mgr.GetAPIReader()
 	rec := mgr.GetEventRecorderFor("lace-agent/" + o.NodeName)
-	node := linuxNode{ns: o.NetNS, underlay: o.UnderlayInterface, neigh: &netutil.NeighKeeper{}}
+	node := linuxNode{ns: o.NetNS, underlay: o.UnderlayInterface, neigh: &netutil.NeighKeeper{}, kept: netutil.NewKeptNS(o.NetNS)}
 	a = &Agent{opts: o, log: log, mgr: mgr, dp: dp, health: status.NewHealthChecks(log)}
 	a.pods, err = cni.New(cni.Options{NodeName: o.NodeName, NetNS: o.NetNS, UnderlayInterface: o.UnderlayInterface,
 		HostCgroup: o.HostCgroup, CNISocket: o.CNISocket, DelQueueDir: o.DelQueueDir, MTU: o.MTU},

@@ -15,19 +15,35 @@ type linuxNode struct {
 	underlay string // name of the underlay interface
 	// neigh keeps the next hops of Lace's underlay routes resolved.
 	neigh *netutil.NeighKeeper
+	// kept is the node namespace's netlink handle for what every sync
+	// asks (its addresses, the underlay link, the owned routes): opening
+	// one per call cost a setns and a socket per netlink family.
+	kept *netutil.KeptNS
 }
 
-func (n linuxNode) UnderlayAddrs() ([]netip.Addr, error) {
-	return netutil.GlobalAddrs(n.ns, n.underlay)
+func (n linuxNode) UnderlayAddrs() (addrs []netip.Addr, err error) {
+	err = n.kept.Do(func(ns *netutil.NS) error {
+		addrs, err = ns.GlobalAddrs(n.underlay)
+		return err
+	})
+	return addrs, err
+}
+
+func (n linuxNode) underlayLink() (l netutil.LinkInfo, err error) {
+	err = n.kept.Do(func(ns *netutil.NS) error {
+		l, _, err = ns.Link(n.underlay)
+		return err
+	})
+	return l, err
 }
 
 func (n linuxNode) UnderlayIndex() (int, error) {
-	l, err := netutil.GetLink(n.ns, n.underlay)
+	l, err := n.underlayLink()
 	return l.Index, err
 }
 
 func (n linuxNode) UnderlayMTU() (int, error) {
-	l, err := netutil.GetLink(n.ns, n.underlay)
+	l, err := n.underlayLink()
 	return l.MTU, err
 }
 
@@ -52,12 +68,16 @@ func (n linuxNode) EnableForwarding() error {
 	return nil
 }
 
-func (n linuxNode) OwnedRoutes() (map[netip.Prefix]netip.Addr, error) {
-	return netutil.OwnedRoutes(n.ns)
+func (n linuxNode) OwnedRoutes() (routes map[netip.Prefix]netip.Addr, err error) {
+	err = n.kept.Do(func(ns *netutil.NS) error {
+		routes, err = ns.OwnedRoutes()
+		return err
+	})
+	return routes, err
 }
 
 func (n linuxNode) ReplaceOwnedRoute(dst netip.Prefix, via netip.Addr) error {
-	return netutil.ReplaceOwnedRoute(n.ns, dst, via, n.underlay)
+	return n.kept.Do(func(ns *netutil.NS) error { return ns.ReplaceOwnedRoute(dst, via, n.underlay) })
 }
 
 func (n linuxNode) KeepResolved(hops []netip.Addr) error {

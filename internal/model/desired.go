@@ -157,7 +157,9 @@ func ComputeDesired(in DesiredInput) (NodeDesired, error) {
 		d.NodeState = ComputeNode(nodeIn)
 	}
 	var extra []tables.FrontendKey
-	d.NodeState.Services, extra = gateNodePorts(d.Services.Services, &d.NodeState)
+	// The NodePorts are at the node addresses alone: the gate visits
+	// those entries, with no pass over the list.
+	d.NodeState.Services, extra = gateNodePorts(d.Services.Services, &d.NodeState, append([]netip.Addr{}, d.NodeAddrs...))
 	d.HealthChecks = d.Services.HealthChecks
 	if in.Stages.HostPorts != nil {
 		entries, err := in.Stages.HostPorts(&d)

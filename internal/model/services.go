@@ -1280,43 +1280,58 @@ func ClassifyAddr(cls []tables.Classifier, a netip.Addr) uint32 {
 // from E selecting the service). svcs is not modified: the result shares
 // it unless something closes.
 func GateNodePorts(svcs []tables.Service, st *NodeState) []tables.Service {
-	out, _ := gateNodePorts(svcs, st)
+	out, _ := gateNodePorts(svcs, st, nil)
 	return out
 }
 
 // gateNodePorts is GateNodePorts, with the keys of the entries it
 // changed (sorted, as svcs is): the data plane visits those beside the
-// merge's own changes.
-func gateNodePorts(svcs []tables.Service, st *NodeState) (out []tables.Service, changed []tables.FrontendKey) {
+// merge's own changes. at, when not nil, are the node addresses, the only
+// ones a NodePort entry has: the gate then visits their entries alone,
+// found by key, with no pass over the list.
+func gateNodePorts(svcs []tables.Service, st *NodeState, at []netip.Addr) (out []tables.Service, changed []tables.FrontendKey) {
+	var nodePorts []int
+	if at == nil {
+		for i := range svcs {
+			if svcs[i].Frontend == tables.FrontendNodePort {
+				nodePorts = append(nodePorts, i)
+			}
+		}
+	} else {
+		for _, a := range slices.Compact(slices.SortedFunc(slices.Values(at), netip.Addr.Compare)) {
+			i, _ := tables.FindFrontend(svcs, tables.FrontendKey{VIP: a})
+			for ; i < len(svcs) && svcs[i].VIP == a; i++ {
+				if svcs[i].Frontend == tables.FrontendNodePort {
+					nodePorts = append(nodePorts, i)
+				}
+			}
+		}
+	}
+	if len(nodePorts) == 0 {
+		return svcs, nil
+	}
 	type reach struct {
 		view uint32
 		vip  netip.Addr
 	}
-	var ext map[netip.Addr]uint32 // node address -> its external network
-	var open map[reach]uint32     // (view, ClusterIP) -> the service's network
+	ext := map[netip.Addr]uint32{} // node address -> its external network
+	open := map[reach]uint32{}     // (view, ClusterIP) -> the service's network
+	views := map[uint32]bool{}
+	for _, i := range nodePorts {
+		a := svcs[i].VIP
+		if _, done := ext[a]; !done {
+			ext[a] = ClassifyAddr(st.Classifiers, a)
+			views[ext[a]] = true
+		}
+	}
+	for _, r := range st.Routes {
+		if r.Kind == tables.RouteService && views[r.NetID] && r.Prefix.IsSingleIP() {
+			open[reach{r.NetID, r.Prefix.Addr()}] = r.DstNet
+		}
+	}
 	out = svcs
-	for i := range svcs {
+	for _, i := range nodePorts {
 		s := &svcs[i]
-		if s.Frontend != tables.FrontendNodePort {
-			continue
-		}
-		if ext == nil {
-			ext, open = map[netip.Addr]uint32{}, map[reach]uint32{}
-			views := map[uint32]bool{}
-			for j := range svcs {
-				if a := svcs[j].VIP; svcs[j].Frontend == tables.FrontendNodePort {
-					if _, done := ext[a]; !done {
-						ext[a] = ClassifyAddr(st.Classifiers, a)
-						views[ext[a]] = true
-					}
-				}
-			}
-			for _, r := range st.Routes {
-				if r.Kind == tables.RouteService && views[r.NetID] && r.Prefix.IsSingleIP() {
-					open[reach{r.NetID, r.Prefix.Addr()}] = r.DstNet
-				}
-			}
-		}
 		e := ext[s.VIP]
 		net, ok := open[reach{e, s.ClusterIP}]
 		closed := e == 0 || !ok || net != s.NetID

@@ -219,11 +219,17 @@ func DeleteRoute(nsPath string, dst netip.Prefix, link string) error {
 
 // GlobalAddrs returns the global unicast addresses of link.
 func GlobalAddrs(nsPath, link string) ([]netip.Addr, error) {
-	h, err := Handle(nsPath)
+	n, err := OpenNS(nsPath)
 	if err != nil {
 		return nil, err
 	}
-	defer h.Close()
+	defer n.Close()
+	return n.GlobalAddrs(link)
+}
+
+// GlobalAddrs returns the global unicast addresses of link.
+func (n *NS) GlobalAddrs(link string) ([]netip.Addr, error) {
+	h := n.h
 	l, err := h.LinkByName(link)
 	if err != nil {
 		return nil, fmt.Errorf("find %s: %w", link, err)
@@ -248,11 +254,17 @@ const RouteProto = 0x1a
 
 // ReplaceOwnedRoute installs dst via gw out of link, marked as Lace's.
 func ReplaceOwnedRoute(nsPath string, dst netip.Prefix, gw netip.Addr, link string) error {
-	h, err := Handle(nsPath)
+	n, err := OpenNS(nsPath)
 	if err != nil {
 		return err
 	}
-	defer h.Close()
+	defer n.Close()
+	return n.ReplaceOwnedRoute(dst, gw, link)
+}
+
+// ReplaceOwnedRoute installs dst via gw out of link, marked as Lace's.
+func (n *NS) ReplaceOwnedRoute(dst netip.Prefix, gw netip.Addr, link string) error {
+	h := n.h
 	l, err := h.LinkByName(link)
 	if err != nil {
 		return fmt.Errorf("find %s: %w", link, err)
@@ -271,12 +283,17 @@ func ReplaceOwnedRoute(nsPath string, dst netip.Prefix, gw netip.Addr, link stri
 
 // OwnedRoutes lists the routes marked as Lace's: destination -> gateway.
 func OwnedRoutes(nsPath string) (map[netip.Prefix]netip.Addr, error) {
-	h, err := Handle(nsPath)
+	n, err := OpenNS(nsPath)
 	if err != nil {
 		return nil, err
 	}
-	defer h.Close()
-	routes, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: RouteProto}, netlink.RT_FILTER_PROTOCOL)
+	defer n.Close()
+	return n.OwnedRoutes()
+}
+
+// OwnedRoutes lists the routes marked as Lace's: destination -> gateway.
+func (n *NS) OwnedRoutes() (map[netip.Prefix]netip.Addr, error) {
+	routes, err := n.h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: RouteProto}, netlink.RT_FILTER_PROTOCOL)
 	if err != nil {
 		return nil, fmt.Errorf("list routes: %w", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -29,6 +30,54 @@ func OpenNS(nsPath string) (*NS, error) {
 
 // Close releases the handle.
 func (n *NS) Close() { n.h.Close() }
+
+// KeptNS keeps an NS open for a namespace queried on every sync (the
+// node's own: its addresses, links and routes), and opens it again when
+// its path comes to name another namespace (a node's namespace made
+// again). Calls through it run one at a time.
+type KeptNS struct {
+	path string
+	mu   sync.Mutex
+	ns   *NS
+	id   [2]uint64 // the namespace's device and inode when opened
+}
+
+// NewKeptNS keeps the namespace at path; nothing is opened before the
+// first Do.
+func NewKeptNS(path string) *KeptNS { return &KeptNS{path: path} }
+
+// Do runs f with the namespace's handle.
+func (k *KeptNS) Do(f func(*NS) error) error {
+	var st unix.Stat_t
+	if err := unix.Stat(k.path, &st); err != nil {
+		return fmt.Errorf("open netns %s: %w", k.path, err)
+	}
+	id := [2]uint64{uint64(st.Dev), st.Ino}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.ns == nil || k.id != id {
+		if k.ns != nil {
+			k.ns.Close()
+			k.ns = nil
+		}
+		n, err := OpenNS(k.path)
+		if err != nil {
+			return err
+		}
+		k.ns, k.id = n, id
+	}
+	return f(k.ns)
+}
+
+// Close releases the handle, if one is open.
+func (k *KeptNS) Close() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.ns != nil {
+		k.ns.Close()
+		k.ns = nil
+	}
+}
 
 // Link returns the index and MAC of link name.
 func (n *NS) Link(name string) (LinkInfo, netlink.Link, error) {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -45,6 +46,11 @@ type localPorts struct {
 	loaded bool
 	others portSet // ports someone else reserved
 	own    portSet // ports the agent added
+	// settled is the sysctl's value as a sync found it right for the
+	// ports settledFor: the same value and ports again need no
+	// computation (each sync asks).
+	settled    string
+	settledFor []uint16
 }
 
 func newLocalPorts(sysctl, stateDir string) *localPorts {
@@ -67,6 +73,9 @@ func (l *localPorts) reserve(ports []uint16) error {
 	raw, err := os.ReadFile(l.sysctl)
 	if err != nil {
 		return fmt.Errorf("read %s: %w", l.sysctl, err)
+	}
+	if l.loaded && string(raw) == l.settled && slices.Equal(ports, l.settledFor) {
+		return nil
 	}
 	cur, err := parsePortList(string(raw))
 	if err != nil {
@@ -99,6 +108,7 @@ func (l *localPorts) reserve(ports []uint16) error {
 	want := others.union(ours).fitList(maxPortList)
 	own := want.minus(others)
 	if want == cur && own == l.own && others == l.others {
+		l.settled, l.settledFor = string(raw), slices.Clone(ports)
 		return nil
 	}
 	// The record first: an agent that dies between the two writes leaves

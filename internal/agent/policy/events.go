@@ -19,22 +19,22 @@ import (
 // carries conditions, and a NetworkEndpoint's its conditions. Kinds not
 // named here (policies, namespaces, networks: few and rarely written)
 // always count.
-func changed(old, new any) bool {
-	switch o := old.(type) {
+func changed(was, is any) bool {
+	switch o := was.(type) {
 	case *corev1.Pod:
-		n, ok := new.(*corev1.Pod)
+		n, ok := is.(*corev1.Pod)
 		// Its labels and named ports (netpolapi.TrimPod keeps those).
 		return !ok || o.UID != n.UID || !maps.Equal(o.Labels, n.Labels) || !equality.Semantic.DeepEqual(o.Spec, n.Spec)
 	case *corev1.Node:
-		n, ok := new.(*corev1.Node)
+		n, ok := is.(*corev1.Node)
 		return !ok || predicates.NodeUpdate(o, n) // labels and addresses: nodes peers
 	case *lacev1.NetworkEndpoint:
-		n, ok := new.(*lacev1.NetworkEndpoint)
+		n, ok := is.(*lacev1.NetworkEndpoint)
 		// Its network, addresses and pod (netpolapi.PodsOf).
 		return !ok || !maps.Equal(o.Labels, n.Labels) || !equality.Semantic.DeepEqual(o.Spec, n.Spec) ||
 			!slices.Equal(o.Status.Addresses, n.Status.Addresses)
 	}
-	ob, ok1 := old.(client.Object)
-	nb, ok2 := new.(client.Object)
+	ob, ok1 := was.(client.Object)
+	nb, ok2 := is.(client.Object)
 	return !ok1 || !ok2 || ob.GetResourceVersion() != nb.GetResourceVersion() || ob.GetResourceVersion() == ""
 }

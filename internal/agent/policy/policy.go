@@ -86,9 +86,9 @@ const retry = time.Second
 // Run watches the inputs and keeps the tables written until ctx ends.
 func (e *Enforcer) Run(ctx context.Context) error {
 	h := toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { e.Kick() },
-		UpdateFunc: func(old, new any) {
-			if changed(old, new) {
+		AddFunc: func(any) { e.Kick() },
+		UpdateFunc: func(was, is any) {
+			if changed(was, is) {
 				e.Kick()
 			}
 		},
