@@ -63,6 +63,9 @@ type Datapath struct {
 	tab *nodeTables
 	// ctWalk is the flush's conntrack walk buffers (FlushServiceFlows).
 	ctWalk walkBuf[podCtKey, podCtVal]
+	// affWalk is the affinity map's, walked when a service with affinity
+	// loses endpoints.
+	affWalk walkBuf[podAffinityKey, podAffinityVal]
 }
 
 func verifierDetail(err error) error {

@@ -576,9 +576,14 @@ func (r *serviceRun) put(s *Service) bool {
 		}
 		if lost := missing(oldBackends, s.Backends); len(lost) > 0 {
 			r.gone.Left[k] = lost
-			r.deadAff[a.id] = map[Backend]bool{}
-			for _, b := range lost {
-				r.deadAff[a.id][b] = true
+			// Only a service with affinity has entries to forget (those
+			// of one that had it went when it was turned off): no walk
+			// of the affinity map for every endpoint change.
+			if old.svc.AffinitySeconds > 0 {
+				r.deadAff[a.id] = map[Backend]bool{}
+				for _, b := range lost {
+					r.deadAff[a.id][b] = true
+				}
 			}
 		}
 		if old.svc.AffinitySeconds != s.AffinitySeconds {
@@ -800,7 +805,7 @@ func (d *Datapath) forgetAffinity(dead map[uint32]map[Backend]bool) error {
 	}
 	var doomed []podAffinityKey
 	var noBatch bool
-	err := walk(d.pod.LaceAffinity, &noBatch, func(k podAffinityKey, v podAffinityVal) {
+	err := d.affWalk.walk(d.pod.LaceAffinity, &noBatch, func(k podAffinityKey, v podAffinityVal) {
 		set, ok := dead[k.Id]
 		if !ok {
 			return

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -27,7 +29,16 @@ import (
 type NeighKeeper struct {
 	mu   sync.Mutex
 	mine map[netip.Addr]bool
+	// kept are the next hops last kept without error (sorted), at
+	// keptAt: the same again within neighRecheck lists nothing (every
+	// sync asks, and the listing is most of its garbage).
+	kept   []netip.Addr
+	keptAt time.Time
 }
+
+// neighRecheck is how long the same next hops are taken as kept: an entry
+// someone removed meanwhile is made again after at most that long.
+const neighRecheck = 5 * time.Second
 
 func lacesManaged(n netlink.Neigh) bool {
 	return n.FlagsExt&netlink.NTF_EXT_MANAGED != 0 && n.Flags&netlink.NTF_EXT_LEARNED != 0
@@ -36,16 +47,37 @@ func lacesManaged(n netlink.Neigh) bool {
 // Keep makes want the next hops on link (in the namespace at nsPath) that
 // stay resolved.
 func (k *NeighKeeper) Keep(nsPath, link string, want []netip.Addr) error {
+	n, err := OpenNS(nsPath)
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	return k.KeepIn(n, link, want)
+}
+
+// KeepIn is Keep in the namespace n has open.
+func (k *NeighKeeper) KeepIn(ns *NS, link string, want []netip.Addr) (err error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.mine == nil {
 		k.mine = map[netip.Addr]bool{}
 	}
-	h, err := Handle(nsPath)
-	if err != nil {
-		return err
+	sorted := make([]netip.Addr, len(want))
+	for i, a := range want {
+		sorted[i] = a.Unmap()
 	}
-	defer h.Close()
+	slices.SortFunc(sorted, netip.Addr.Compare)
+	sorted = slices.Compact(sorted)
+	if slices.Equal(sorted, k.kept) && k.kept != nil && time.Since(k.keptAt) < neighRecheck {
+		return nil
+	}
+	k.kept = nil
+	defer func() {
+		if err == nil {
+			k.kept, k.keptAt = sorted, time.Now()
+		}
+	}()
+	h := ns.h
 	l, err := h.LinkByName(link)
 	if err != nil {
 		return fmt.Errorf("find %s: %w", link, err)

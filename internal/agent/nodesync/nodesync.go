@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
+	"time"
 
 	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -187,6 +188,9 @@ type Syncer struct {
 	// mirror has the Services and EndpointSlices, and which changed.
 	mirror   svcMirror
 	hostPort hostPortState
+	// staleChecked is when the reconcile last looked for endpoints whose
+	// interface is gone (only it reads and writes it).
+	staleChecked time.Time
 
 	// applier is the one writer of the data plane.
 	applier *applier.Applier
@@ -210,6 +214,10 @@ type Syncer struct {
 	// underlay (nil once it is).
 	attachErr error
 }
+
+// staleCheckPeriod is how often a reconcile looks for pods' endpoints
+// whose host interface is gone.
+const staleCheckPeriod = 5 * time.Second
 
 // hostPortState is what the hostPorts keep between syncs.
 type hostPortState struct {

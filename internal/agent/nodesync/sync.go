@@ -44,9 +44,15 @@ func (s *Syncer) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.
 	}
 	// The checkpoint is made true to the kernel before the data plane is
 	// written from it: stale endpoints go, and (once per start) what the
-	// kernel holds and the checkpoint lost is adopted.
-	if err := s.pods.DropStaleEndpoints(ctx); err != nil {
-		return reconcile.Result{}, err
+	// kernel holds and the checkpoint lost is adopted. The stale ones are
+	// looked for at most every staleCheckPeriod: it lists every link of
+	// the node, a sync's largest garbage, for an interface gone behind
+	// the CNI's back, which is rare.
+	if now := time.Now(); now.Sub(s.staleChecked) >= staleCheckPeriod {
+		if err := s.pods.DropStaleEndpoints(ctx); err != nil {
+			return reconcile.Result{}, err
+		}
+		s.staleChecked = now
 	}
 	if err := s.pods.AdoptOnce(ctx, st, in.nets); err != nil {
 		return reconcile.Result{}, fmt.Errorf("adopt pod attachments: %w", err)
