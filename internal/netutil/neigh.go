@@ -34,6 +34,9 @@ type NeighKeeper struct {
 	// sync asks, and the listing is most of its garbage).
 	kept   []netip.Addr
 	keptAt time.Time
+	// keptOn is the link (its index) they were kept on: one made again
+	// lost its neighbours.
+	keptOn int
 }
 
 // neighRecheck is how long the same next hops are taken as kept: an entry
@@ -68,17 +71,17 @@ func (k *NeighKeeper) KeepIn(ns *NS, link string, want []netip.Addr) (err error)
 	}
 	slices.SortFunc(sorted, netip.Addr.Compare)
 	sorted = slices.Compact(sorted)
-	if slices.Equal(sorted, k.kept) && k.kept != nil && time.Since(k.keptAt) < neighRecheck {
+	h := ns.h
+	l, err := h.LinkByName(link)
+	if err == nil && slices.Equal(sorted, k.kept) && k.kept != nil && k.keptOn == l.Attrs().Index && time.Since(k.keptAt) < neighRecheck {
 		return nil
 	}
 	k.kept = nil
 	defer func() {
 		if err == nil {
-			k.kept, k.keptAt = sorted, time.Now()
+			k.kept, k.keptAt, k.keptOn = sorted, time.Now(), l.Attrs().Index
 		}
 	}()
-	h := ns.h
-	l, err := h.LinkByName(link)
 	if err != nil {
 		return fmt.Errorf("find %s: %w", link, err)
 	}

@@ -66,3 +66,28 @@ func budgetFixture() (model.ServiceInput, func(ns, name string, age, ports int, 
 	}
 	return model.ServiceInput{Node: "n1", Networks: nets, BindingPolicies: nbps}, svc
 }
+
+// TestServiceBudgetVerdictSettles: a verdict that refuses a Service only
+// because a bigger one was still counted, and then refuses the bigger one
+// too, is judged again at once: the small one fits and is admitted, and
+// the verdict kept is one that judging again leaves as it is (a verdict
+// stands while costs do).
+func TestServiceBudgetVerdictSettles(t *testing.T) {
+	in, svc := budgetFixture()
+	c := &serviceCache{budget: model.Budget{TotalFrontends: 10}}
+	big := svc("b", "big", 5, 8, "1")
+	if c.updateLists(in, true, []*corev1.Service{big}, nil); len(c.refused) != 0 {
+		t.Fatalf("before: %v", c.refused)
+	}
+	// An older Service new to the node, while the younger one grows past
+	// the maps: the first round refuses both (the grown one's 8 still
+	// counted when the small one was judged).
+	small := svc("a", "small", 0, 3, "1")
+	c.updateLists(in, false, []*corev1.Service{small, svc("b", "big", 5, 20, "2")}, nil)
+	if r, ok := c.refused[model.ServiceKey{Namespace: "a", Name: "small"}]; ok {
+		t.Errorf("the small Service is refused though it fits once the grown one is: %+v", r)
+	}
+	if _, ok := c.refused[model.ServiceKey{Namespace: "b", Name: "big"}]; !ok {
+		t.Errorf("the grown Service is admitted past the maps: refused %v", c.refused)
+	}
+}

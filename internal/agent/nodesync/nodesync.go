@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/client-go/tools/record"
@@ -188,9 +189,10 @@ type Syncer struct {
 	// mirror has the Services and EndpointSlices, and which changed.
 	mirror   svcMirror
 	hostPort hostPortState
-	// staleChecked is when the reconcile last looked for endpoints whose
-	// interface is gone (only it reads and writes it).
-	staleChecked time.Time
+	// staleChecked is when a reconcile last looked for endpoints whose
+	// interface is gone (Unix nanoseconds): the controller's, a CNI ADD's
+	// and the resync's reconciles may run at once.
+	staleChecked atomic.Int64
 
 	// applier is the one writer of the data plane.
 	applier *applier.Applier

@@ -472,6 +472,28 @@ func (c *serviceCache) admit() map[model.ServiceKey]model.Refusal {
 	// Refusals may change for services that did not: their VIPs with them.
 	c.vipsDirty = true
 	c.judged++
+	// A verdict changes what each Service counts as admitted: judged
+	// again, a Service refused beside a bigger one that was refused too
+	// may fit. The verdict kept is the one judging again leaves as it is,
+	// so that it stands while costs do (costsKept). Each round admits
+	// what the last refused or nothing more: a few rounds reach it.
+	var refused map[model.ServiceKey]model.Refusal
+	for round := 0; round < maxJudgeRounds; round++ {
+		was := refused
+		refused = c.judge()
+		if round > 0 && sameKeys(was, refused) {
+			break
+		}
+	}
+	return refused
+}
+
+// maxJudgeRounds bounds the budget's rounds to a settled verdict.
+const maxJudgeRounds = 8
+
+// judge is one verdict of the budget over every counted service, from
+// what each was admitted with, and remembers what it admits.
+func (c *serviceCache) judge() map[model.ServiceKey]model.Refusal {
 	cands := make([]model.Candidate, 0, len(c.order))
 	for _, e := range c.order {
 		if !counted(e) {
@@ -496,6 +518,18 @@ func (c *serviceCache) admit() map[model.ServiceKey]model.Refusal {
 		}
 	}
 	return refused
+}
+
+func sameKeys[K comparable, V any](a, b map[K]V) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k := range a {
+		if _, ok := b[k]; !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // costsKept: every service the update touched is admitted with the cost

@@ -80,7 +80,10 @@ func (c *serviceCache) patch() (model.ServiceState, bool) {
 	merged := make([]*tables.Service, len(keys))
 	for i, k := range keys {
 		for j := c.frontAt(k); j < len(c.fronts) && c.fronts[j].Entry().Key() == k; j++ {
-			if merged[i] != nil {
+			// A refused Service's entries stay in fronts but out of the
+			// list: the whole merge judges what stands there.
+			b := c.fronts[j].R.Binding
+			if _, ok := c.refused[model.ServiceKey{Namespace: b.Namespace, Name: b.Name}]; ok || merged[i] != nil {
 				return model.ServiceState{}, false
 			}
 			merged[i] = c.fronts[j].Entry()

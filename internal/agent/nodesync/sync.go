@@ -48,11 +48,11 @@ func (s *Syncer) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.
 	// looked for at most every staleCheckPeriod: it lists every link of
 	// the node, a sync's largest garbage, for an interface gone behind
 	// the CNI's back, which is rare.
-	if now := time.Now(); now.Sub(s.staleChecked) >= staleCheckPeriod {
+	if now := time.Now(); now.Sub(time.Unix(0, s.staleChecked.Load())) >= staleCheckPeriod {
 		if err := s.pods.DropStaleEndpoints(ctx); err != nil {
 			return reconcile.Result{}, err
 		}
-		s.staleChecked = now
+		s.staleChecked.Store(now.UnixNano())
 	}
 	if err := s.pods.AdoptOnce(ctx, st, in.nets); err != nil {
 		return reconcile.Result{}, fmt.Errorf("adopt pod attachments: %w", err)
