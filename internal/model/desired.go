@@ -156,10 +156,13 @@ func ComputeDesired(in DesiredInput) (NodeDesired, error) {
 	} else {
 		d.NodeState = ComputeNode(nodeIn)
 	}
-	var extra []tables.FrontendKey
+	// What the gate and the hostPorts change, the merge's log does not
+	// name: the data plane is told those keys too.
+	d.NodeState.ServiceChanges = d.Services.Changes
 	// The NodePorts are at the node addresses alone: the gate visits
 	// those entries, with no pass over the list.
-	d.NodeState.Services, extra = gateNodePorts(d.Services.Services, &d.NodeState, append([]netip.Addr{}, d.NodeAddrs...))
+	d.NodeState.Services, d.NodeState.ServiceChanges.Gated = gateNodePorts(d.Services.Services, &d.NodeState,
+		append([]netip.Addr{}, d.NodeAddrs...))
 	d.HealthChecks = d.Services.HealthChecks
 	if in.Stages.HostPorts != nil {
 		entries, err := in.Stages.HostPorts(&d)
@@ -168,13 +171,9 @@ func ComputeDesired(in DesiredInput) (NodeDesired, error) {
 		}
 		d.NodeState.Services = AddHostPorts(d.NodeState.Services, entries)
 		for i := range entries {
-			extra = append(extra, entries[i].Key())
+			d.NodeState.ServiceChanges.HostPorts = append(d.NodeState.ServiceChanges.HostPorts, entries[i].Key())
 		}
 	}
-	// What the gate and the hostPorts changed, the merge's log does not
-	// name: the data plane visits those keys too.
-	d.NodeState.ServiceChanges = d.Services.Changes
-	d.NodeState.ServiceChanges.Extra = extra
 	return d, nil
 }
 

@@ -173,7 +173,7 @@ func TestComputeDesiredIsTheAssemblyBefore(t *testing.T) {
 			}
 			checkExtra(t, name, d)
 			got := d.NodeState
-			got.ServiceChanges.Extra = nil
+			got.ServiceChanges.Gated, got.ServiceChanges.HostPorts = nil, nil
 			if !reflect.DeepEqual(got, want) {
 				t.Errorf("%s (lacectl %v): ComputeDesired\n%+v\nassembled before\n%+v", name, lacectl, got, want)
 			}
@@ -245,7 +245,11 @@ func checkExtra(t *testing.T, name string, d NodeDesired) {
 		}
 	}
 	slices.SortFunc(want, tables.FrontendKey.Compare)
-	got := slices.SortedFunc(slices.Values(d.NodeState.ServiceChanges.Extra), tables.FrontendKey.Compare)
+	ch := d.NodeState.ServiceChanges
+	if !slices.IsSortedFunc(ch.Gated, tables.FrontendKey.Compare) {
+		t.Errorf("%s: the gated keys %v are not sorted", name, ch.Gated)
+	}
+	got := slices.SortedFunc(slices.Values(append(slices.Clone(ch.Gated), ch.HostPorts...)), tables.FrontendKey.Compare)
 	if !slices.Equal(got, want) {
 		t.Errorf("%s: the data plane is told %v beside the merge's keys, the list differs at %v", name, got, want)
 	}

@@ -12,15 +12,57 @@ import (
 // Log[i] lists the frontends whose entries may differ between merge
 // Log[i].Base and the next one in the log, the last one being Gen.
 //
-// Extra are the keys at which the node's list differs from merge Gen's
-// own: the NodePorts the gate changed and the hostPorts. The data plane
-// visits them, and those of the list it applied before, beside the log's:
-// the gate and the hostPorts change with what the merge does not number
-// (the views, the node's pods).
+// The node's list differs from merge Gen's own at the keys of Gated, the
+// NodePorts the gate closed (sorted; their entries are the merge's with
+// Closed set), and of HostPorts, the hostPorts' entries: both change
+// with what the merge does not number (the views, the node's pods).
 type ServiceChanges struct {
-	Gen   uint64
-	Log   []ServiceChange
-	Extra []tables.FrontendKey
+	Gen       uint64
+	Log       []ServiceChange
+	Gated     []tables.FrontendKey
+	HostPorts []tables.FrontendKey
+}
+
+// Same: the node's list is the one of was, entry for entry (the same
+// merge, closed alike, no hostPorts in either).
+func (c ServiceChanges) Same(was ServiceChanges) bool {
+	return c.Gen != 0 && c.Gen == was.Gen && len(c.HostPorts) == 0 && len(was.HostPorts) == 0 && slices.Equal(c.Gated, was.Gated)
+}
+
+// Between are the frontends whose entries may differ between the list
+// of was (applied) and this one, each once or more; ok is false when the
+// log does not reach back to was's merge (the caller compares
+// everything). A NodePort closed in both lists is the same entry unless
+// the merge changed it (then the log names it): only one closed in one
+// of them is visited, so that closed NodePorts cost nothing while they
+// stay closed. A hostPort's entry may change at its key: every one is.
+func (c ServiceChanges) Between(was ServiceChanges) (keys []tables.FrontendKey, ok bool) {
+	keys, ok = c.Since(was.Gen)
+	if !ok {
+		return nil, false
+	}
+	extra := symmetricDifference(c.Gated, was.Gated)
+	if len(extra)+len(c.HostPorts)+len(was.HostPorts) == 0 {
+		return keys, true
+	}
+	// Clipped: Since may give the log's own array.
+	return append(append(append(slices.Clip(keys), extra...), c.HostPorts...), was.HostPorts...), true
+}
+
+// symmetricDifference are the keys in one of a and b (both sorted) only.
+func symmetricDifference(a, b []tables.FrontendKey) []tables.FrontendKey {
+	var out []tables.FrontendKey
+	for len(a) > 0 && len(b) > 0 {
+		switch c := a[0].Compare(b[0]); {
+		case c < 0:
+			out, a = append(out, a[0]), a[1:]
+		case c > 0:
+			out, b = append(out, b[0]), b[1:]
+		default:
+			a, b = a[1:], b[1:]
+		}
+	}
+	return append(append(out, a...), b...)
 }
 
 // ServiceChange is one merge's step from Base: the frontends (added,

@@ -62,3 +62,46 @@ func TestServiceChangesSince(t *testing.T) {
 		t.Error("the merge before a whole merge is known")
 	}
 }
+
+// TestServiceChangesBetween: beside the log's keys, a NodePort closed in
+// one of the two lists only and every hostPort of either is visited; one
+// closed in both is not (its entry is the same unless the log names it).
+// The same merge, closed alike and with no hostPorts, is the same list.
+func TestServiceChangesBetween(t *testing.T) {
+	key := func(i int) tables.FrontendKey {
+		return tables.FrontendKey{VIP: netip.AddrFrom4([4]byte{10, 96, 0, byte(i)}), Proto: 6, Port: 80}
+	}
+	keys := func(is ...int) []tables.FrontendKey {
+		var out []tables.FrontendKey
+		for _, i := range is {
+			out = append(out, key(i))
+		}
+		return out
+	}
+	was := ServiceChanges{}.Next(1, nil)
+	was.Gated = keys(2, 3)
+	now := was.Next(2, keys(1))
+	now.Gated, now.HostPorts = keys(3, 4), keys(9)
+	got, ok := now.Between(was)
+	slices.SortFunc(got, tables.FrontendKey.Compare)
+	if want := keys(1, 2, 4, 9); !ok || !slices.Equal(slices.Compact(got), want) {
+		t.Errorf("Between = %v, %v; want %v", got, ok, want)
+	}
+	if got, ok := now.Between(ServiceChanges{Gen: 7}); ok {
+		t.Errorf("Between a merge the log does not reach = %v, true", got)
+	}
+	same := was
+	same.Gated = keys(2, 3)
+	if !same.Same(was) {
+		t.Error("the same merge, closed alike, is not the same list")
+	}
+	if other := (ServiceChanges{Gen: 1, Gated: keys(2)}); other.Same(was) {
+		t.Error("a list closed otherwise is the same list")
+	}
+	if hp := (ServiceChanges{Gen: 1, Gated: keys(2, 3), HostPorts: keys(9)}); hp.Same(was) || was.Same(hp) {
+		t.Error("a list with hostPorts is the same list")
+	}
+	if (ServiceChanges{}).Same(ServiceChanges{}) {
+		t.Error("a list of no merge is the same list")
+	}
+}

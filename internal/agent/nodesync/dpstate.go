@@ -53,21 +53,15 @@ func (d tableDP) SyncRoutes(want []datapath.Route) error {
 func (d tableDP) ApplyServices(want []datapath.Service, changes model.ServiceChanges) (datapath.Gone, error) {
 	a := d.applied
 	// The merge's list may be changed in place: it is the one applied
-	// when its number is, unless the gate or the hostPorts changed
-	// entries of it, now or then. A list of no number is a new one each
-	// time it changes.
-	if a.ok && (changes.Gen != 0 && changes.Gen == a.gen && len(changes.Extra) == 0 && len(a.extra) == 0 ||
-		changes.Gen == 0 && a.gen == 0 && a.same(want)) {
+	// when its number, gate and hostPorts are (Same). A list of no number
+	// is a new one each time it changes.
+	if a.ok && (changes.Same(a.changes) || changes.Gen == 0 && a.changes.Gen == 0 && a.same(want)) {
 		return *d.unflushed, nil
 	}
 	var gone datapath.Gone
 	var err error
-	keys, ok := changes.Since(a.gen)
+	keys, ok := changes.Between(a.changes)
 	if ok && a.ok {
-		if len(changes.Extra) > 0 || len(a.extra) > 0 {
-			// Clipped: Since may give the log's own array.
-			keys = append(append(slices.Clip(keys), changes.Extra...), a.extra...)
-		}
 		gone, err = d.services.ApplyKeys(want, keys)
 	} else {
 		keys = nil
@@ -80,9 +74,9 @@ func (d tableDP) ApplyServices(want []datapath.Service, changes model.ServiceCha
 		slog.Warn("service frontend left out of the data plane", "frontend", k.VIP.String(), "port", k.Port, "why", why)
 	}
 	a.set(want, err == nil)
-	a.gen, a.extra = 0, nil
+	a.changes = model.ServiceChanges{}
 	if err == nil {
-		a.gen, a.extra = changes.Gen, changes.Extra
+		a.changes = changes
 	}
 	return *d.unflushed, err
 }
@@ -172,11 +166,9 @@ type appliedSlice[T any] struct {
 	ptr *T
 	n   int
 	ok  bool
-	// gen is the applied services' merge (model.ServiceChanges.Gen; 0:
-	// not known), and extra the keys at which the list applied differed
-	// from that merge's (model.ServiceChanges.Extra).
-	gen   uint64
-	extra []tables.FrontendKey
+	// changes are the applied services' (their merge, gate and
+	// hostPorts; Gen 0: not known).
+	changes model.ServiceChanges
 }
 
 func (a *appliedSlice[T]) same(s []T) bool {

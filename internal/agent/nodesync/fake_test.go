@@ -26,22 +26,22 @@ import (
 
 // fakeDP is an in-memory DataPlane that counts writes.
 type fakeDP struct {
-	mu            sync.Mutex
-	writes        int
-	routes        map[string]datapath.Route
-	nets          map[uint32]datapath.Network
-	cls           map[netip.Prefix]datapath.Classifier
-	inside        map[netip.Prefix]datapath.Inside
-	nodeLocs      map[netip.Addr]datapath.NodeLocator
-	nodes         map[netip.Addr]bool
-	host          map[netip.Addr]bool
-	attached      map[string]bool
-	cfg           datapath.Config
-	services      []datapath.Service
-	servicesGen   uint64
-	servicesExtra []datapath.ServiceKey
-	l2Neigh       []datapath.L2Neighbor
-	l2FDB         []datapath.FDBEntry
+	mu       sync.Mutex
+	writes   int
+	routes   map[string]datapath.Route
+	nets     map[uint32]datapath.Network
+	cls      map[netip.Prefix]datapath.Classifier
+	inside   map[netip.Prefix]datapath.Inside
+	nodeLocs map[netip.Addr]datapath.NodeLocator
+	nodes    map[netip.Addr]bool
+	host     map[netip.Addr]bool
+	attached map[string]bool
+	cfg      datapath.Config
+	services []datapath.Service
+	// servicesApplied are the changes of the services last applied.
+	servicesApplied model.ServiceChanges
+	l2Neigh         []datapath.L2Neighbor
+	l2FDB           []datapath.FDBEntry
 }
 
 func (f *fakeDP) SyncL2Cluster(n []datapath.L2Neighbor, fdb []datapath.FDBEntry, _ []datapath.L2FloodNode) error {
@@ -112,13 +112,13 @@ func (f *fakeDP) NodeLocators() ([]datapath.NodeLocator, error) {
 func (f *fakeDP) ApplyServices(s []datapath.Service, ch model.ServiceChanges) (datapath.Gone, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	keys, ok := ch.Since(f.servicesGen)
+	keys, ok := ch.Between(f.servicesApplied)
 	if !ok {
 		f.services = slices.Clone(s)
 	} else {
-		f.services = applyKeys(f.services, s, append(append(slices.Clip(keys), ch.Extra...), f.servicesExtra...))
+		f.services = applyKeys(f.services, s, keys)
 	}
-	f.servicesGen, f.servicesExtra = ch.Gen, ch.Extra
+	f.servicesApplied = ch
 	return datapath.Gone{}, nil
 }
 

@@ -140,7 +140,7 @@ func (d *scaleDP) ApplyServices(want []datapath.Service, ch model.ServiceChanges
 	defer d.mu.Unlock()
 	// Not kept: the cache changes its list in place, and nothing here
 	// reads it.
-	d.servicesGen = ch.Gen
+	d.servicesApplied = ch
 	return datapath.Gone{}, nil
 }
 
