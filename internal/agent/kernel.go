@@ -81,7 +81,7 @@ func (n linuxNode) ReplaceOwnedRoute(dst netip.Prefix, via netip.Addr) error {
 }
 
 func (n linuxNode) KeepResolved(hops []netip.Addr) error {
-	return n.kept.Do(func(ns *netutil.NS) error { return n.neigh.KeepIn(ns, n.underlay, hops) })
+	return n.kept.Do(func(ns *netutil.NS) error { return n.neigh.Keep(ns, n.underlay, hops) })
 }
 
 func (n linuxNode) DeleteRoute(dst netip.Prefix) error { return netutil.DeleteRoute(n.ns, dst, "") }

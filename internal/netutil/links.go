@@ -253,16 +253,6 @@ func (n *NS) GlobalAddrs(link string) ([]netip.Addr, error) {
 const RouteProto = 0x1a
 
 // ReplaceOwnedRoute installs dst via gw out of link, marked as Lace's.
-func ReplaceOwnedRoute(nsPath string, dst netip.Prefix, gw netip.Addr, link string) error {
-	n, err := OpenNS(nsPath)
-	if err != nil {
-		return err
-	}
-	defer n.Close()
-	return n.ReplaceOwnedRoute(dst, gw, link)
-}
-
-// ReplaceOwnedRoute installs dst via gw out of link, marked as Lace's.
 func (n *NS) ReplaceOwnedRoute(dst netip.Prefix, gw netip.Addr, link string) error {
 	h := n.h
 	l, err := h.LinkByName(link)

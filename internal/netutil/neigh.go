@@ -47,19 +47,9 @@ func lacesManaged(n netlink.Neigh) bool {
 	return n.FlagsExt&netlink.NTF_EXT_MANAGED != 0 && n.Flags&netlink.NTF_EXT_LEARNED != 0
 }
 
-// Keep makes want the next hops on link (in the namespace at nsPath) that
-// stay resolved.
-func (k *NeighKeeper) Keep(nsPath, link string, want []netip.Addr) error {
-	n, err := OpenNS(nsPath)
-	if err != nil {
-		return err
-	}
-	defer n.Close()
-	return k.KeepIn(n, link, want)
-}
-
-// KeepIn is Keep in the namespace n has open.
-func (k *NeighKeeper) KeepIn(ns *NS, link string, want []netip.Addr) (err error) {
+// Keep makes want the next hops on link (in the namespace ns has open)
+// that stay resolved.
+func (k *NeighKeeper) Keep(ns *NS, link string, want []netip.Addr) (err error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.mine == nil {

@@ -93,7 +93,15 @@ func TestKeepResolved(t *testing.T) {
 		return out
 	}
 	var k NeighKeeper
-	if err := k.Keep(Path(node), "ul", []netip.Addr{hop, other}); err != nil {
+	keep := func(want []netip.Addr) error {
+		n, err := OpenNS(Path(node))
+		if err != nil {
+			return err
+		}
+		defer n.Close()
+		return k.Keep(n, "ul", want)
+	}
+	if err := keep([]netip.Addr{hop, other}); err != nil {
 		t.Fatal(err)
 	}
 	if n := entries()[other]; n.State != netlink.NUD_PERMANENT || n.FlagsExt&netlink.NTF_EXT_MANAGED != 0 {
@@ -111,13 +119,13 @@ func TestKeepResolved(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	// Idempotent: a second call leaves the resolved entry as it is.
-	if err := k.Keep(Path(node), "ul", []netip.Addr{hop, other}); err != nil {
+	if err := keep([]netip.Addr{hop, other}); err != nil {
 		t.Fatal(err)
 	}
 	if n := entries()[hop]; n.HardwareAddr.String() != peerMAC.String() {
 		t.Errorf("a second call reset the resolved entry: %+v", n)
 	}
-	if err := k.Keep(Path(node), "ul", nil); err != nil {
+	if err := keep(nil); err != nil {
 		t.Fatal(err)
 	}
 	got := entries()

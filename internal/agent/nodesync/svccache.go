@@ -481,7 +481,7 @@ func (c *serviceCache) admit() map[model.ServiceKey]model.Refusal {
 	for round := 0; round < maxJudgeRounds; round++ {
 		was := refused
 		refused = c.judge()
-		if round > 0 && sameKeys(was, refused) {
+		if round > 0 && maps.EqualFunc(was, refused, func(model.Refusal, model.Refusal) bool { return true }) {
 			break
 		}
 	}
@@ -520,20 +520,9 @@ func (c *serviceCache) judge() map[model.ServiceKey]model.Refusal {
 	return refused
 }
 
-func sameKeys[K comparable, V any](a, b map[K]V) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k := range a {
-		if _, ok := b[k]; !ok {
-			return false
-		}
-	}
-	return true
-}
-
-// costsKept: every service the update touched is admitted with the cost
-// it has now (the same Service, by UID). The budget's candidates are then
+// costsKept: every service the update touched is admitted (a refused one
+// is not in admitted) with the cost it has now (the same Service, by
+// UID). The budget's candidates are then
 // those of its last verdict, which stands, with no pass over every
 // service while one is refused.
 func (c *serviceCache) costsKept() bool {
@@ -541,9 +530,6 @@ func (c *serviceCache) costsKept() bool {
 		e := c.entries[k]
 		a, ok := c.admitted[k]
 		if e == nil || !counted(e) || !ok || a.uid != e.uid || a.cost != e.cost {
-			return false
-		}
-		if _, refused := c.refused[k]; refused {
 			return false
 		}
 	}
