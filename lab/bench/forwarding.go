@@ -331,9 +331,18 @@ func requestResponse(ctx context.Context, src, dst string, addr netip.Addr, dur 
 // connection; the listen and dial addresses differ when the client goes
 // through a VIP.
 func pingPongRTT(ctx context.Context, srvNS, listen, cliNS, dial string, dur time.Duration) (p50, p99 time.Duration, perS float64, err error) {
-	ln, err := netutil.Listen(srvNS, "tcp", listen)
+	lat, perS, err := pingPongSamples(ctx, srvNS, listen, cliNS, dial, dur)
 	if err != nil {
 		return 0, 0, 0, err
+	}
+	return lat[len(lat)/2], lat[len(lat)*99/100], perS, nil
+}
+
+// pingPongSamples is pingPongRTT's every round trip, sorted.
+func pingPongSamples(ctx context.Context, srvNS, listen, cliNS, dial string, dur time.Duration) (lat []time.Duration, perS float64, err error) {
+	ln, err := netutil.Listen(srvNS, "tcp", listen)
+	if err != nil {
+		return nil, 0, err
 	}
 	defer ln.Close()
 	go func() {
@@ -354,26 +363,25 @@ func pingPongRTT(ctx context.Context, srvNS, listen, cliNS, dial string, dur tim
 	}()
 	conn, err := netutil.DialContext(ctx, cliNS, "tcp", dial)
 	if err != nil {
-		return 0, 0, 0, err
+		return nil, 0, err
 	}
 	defer conn.Close()
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	var lat []time.Duration
 	one := []byte{1}
 	start := time.Now()
 	for time.Since(start) < dur {
 		t := time.Now()
 		if _, err := conn.Write(one); err != nil {
-			return 0, 0, 0, err
+			return nil, 0, err
 		}
 		if _, err := io.ReadFull(conn, one); err != nil {
-			return 0, 0, 0, err
+			return nil, 0, err
 		}
 		lat = append(lat, time.Since(t))
 	}
 	perS = float64(len(lat)) / time.Since(start).Seconds()
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	return lat[len(lat)/2], lat[len(lat)*99/100], perS, nil
+	return lat, perS, nil
 }

@@ -39,7 +39,7 @@ func main() {
 	dur := flag.Duration("duration", 3*time.Second, fmt.Sprintf("length of each throughput and latency run (each path runs %d rounds)", rounds))
 	pods := flag.Int("pods", 100, "pods for the CNI ADD latency run")
 	bin := flag.String("bin", "bin", "directory of the Lace binaries")
-	only := flag.String("only", "forwarding,l2,migration,cni,netpol,services,failover,nodes", "benchmarks to run (comma separated)")
+	only := flag.String("only", "forwarding,l2,migration,cni,netpol,failover,load,services,nodes", "benchmarks to run (comma separated)")
 	var no nodeOptions
 	flag.IntVar(&no.nodes, "sim-nodes", 1000, "simulated nodes of the nodes benchmark (a lab it brings up has room for 4,000)")
 	flag.IntVar(&no.pods, "sim-pods", 30, "pods on each simulated node")
@@ -51,8 +51,12 @@ func main() {
 	flag.IntVar(&so.endpoints, "service-endpoints", 10, "endpoints per service")
 	flag.IntVar(&so.namespaces, "service-namespaces", 10, "namespaces the services are spread over")
 	flag.IntVar(&so.changes, "service-changes", 100, "single endpoint changes timed per service count")
+	flag.IntVar(&so.loadedChanges, "service-loaded-changes", 300, "endpoint changes timed back to back, Lace's alone, while kube-proxy syncs each")
 	flag.DurationVar(&so.changeTime, "service-change-time", 2*time.Minute, "longest time spent timing endpoint changes per service count")
 	flag.IntVar(&so.conns, "service-conns", 500, "new TCP connections timed per path and service count")
+	var lo loadOptions
+	flag.IntVar(&lo.workers, "load-workers", 8, "concurrent connections of the load benchmark's generator")
+	flag.IntVar(&lo.ctFill, "load-ct-fill", 1_000_000, "flows the load benchmark fills each node's conntrack map with for its second pass (0: none)")
 	flag.StringVar(&so.kubeProxy, "kube-proxy", filepath.Join(lab.DefaultConfig().K8sBinDir, "kube-proxy"),
 		"kube-proxy binary of the services peer (\"\" for none)")
 	flag.Parse()
@@ -66,11 +70,12 @@ func main() {
 	}
 	sort.Ints(so.sizes)
 	so.dur = *dur
+	lo.dur, lo.kubeProxy = *dur, so.kubeProxy
 	want := map[string]bool{}
 	for _, b := range strings.Split(*only, ",") {
 		b = strings.TrimSpace(b)
-		if !slices.Contains([]string{"forwarding", "cni", "services", "failover", "l2", "migration", "netpol", "nodes"}, b) {
-			fmt.Fprintf(os.Stderr, "bench: --only: %q is not forwarding, l2, migration, cni, netpol, services, failover or nodes\n", b)
+		if !slices.Contains([]string{"forwarding", "cni", "services", "failover", "l2", "migration", "netpol", "load", "nodes"}, b) {
+			fmt.Fprintf(os.Stderr, "bench: --only: %q is not forwarding, l2, migration, cni, netpol, failover, load, services or nodes\n", b)
 			os.Exit(2)
 		}
 		want[b] = true
@@ -78,7 +83,7 @@ func main() {
 	// An interrupt cancels the run, so that the deferred cleanups (lab,
 	// peer namespaces) still happen.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, *bin, *labName, want, *dur, *pods, *failoverRounds, *migrationRounds, so, no)
+	err := run(ctx, *bin, *labName, want, *dur, *pods, *failoverRounds, *migrationRounds, so, lo, no)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -86,7 +91,7 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, bin, name string, want map[string]bool, dur time.Duration, pods, failoverRounds, migrationRounds int, so svcOptions, no nodeOptions) error {
+func run(ctx context.Context, bin, name string, want map[string]bool, dur time.Duration, pods, failoverRounds, migrationRounds int, so svcOptions, lo loadOptions, no nodeOptions) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("the benchmark needs root (network namespaces, eBPF)")
 	}
@@ -102,8 +107,16 @@ func run(ctx context.Context, bin, name string, want map[string]bool, dur time.D
 			nodes = "3"
 		}
 		args := []string{"up", "--name", name, "--nodes", nodes, "--zones", "1", "--dns=false"}
+		var set []string
 		if want["nodes"] {
-			args = append(args, "--set", nodesHelmSet)
+			set = append(set, nodesHelmSet)
+		}
+		if want["load"] && lo.ctFill > 0 {
+			// Room for a million flows and the run's own (load.go).
+			set = append(set, fmt.Sprintf("agent.maps.conntrack=%d", lo.ctFill+loadCTHeadroom))
+		}
+		if len(set) > 0 {
+			args = append(args, "--set", strings.Join(set, ","))
 		}
 		up := exec.Command(labBin, args...)
 		up.Stdout, up.Stderr = os.Stderr, os.Stderr
@@ -146,6 +159,11 @@ func run(ctx context.Context, bin, name string, want map[string]bool, dur time.D
 	}
 	if want["failover"] {
 		if err := benchFailover(ctx, name, bin, failoverRounds); err != nil {
+			return err
+		}
+	}
+	if want["load"] {
+		if err := benchLoad(ctx, name, lo); err != nil {
 			return err
 		}
 	}
