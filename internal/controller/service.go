@@ -45,8 +45,52 @@ type ServiceReconciler struct {
 	Allowed []netip.Prefix
 }
 
+// neAddrIndex indexes NetworkEndpoints by the addresses they hold: a
+// Service's reconcile reads those of its endpoints, not every pod's of the
+// cluster (30,000 objects copied out of the cache per Service at 1,000
+// nodes of 30 pods).
+const neAddrIndex = "lace.addresses"
+
+// networkEndpointsAt looks NetworkEndpoints up by address (neAddrIndex).
+func (r *ServiceReconciler) networkEndpointsAt(ctx context.Context) func(netip.Addr) ([]*lacev1.NetworkEndpoint, error) {
+	return func(a netip.Addr) ([]*lacev1.NetworkEndpoint, error) {
+		var l lacev1.NetworkEndpointList
+		if err := r.Client.List(ctx, &l, client.MatchingFields{neAddrIndex: a.String()}); err != nil {
+			return nil, fmt.Errorf("network endpoints at %s: %w", a, err)
+		}
+		out := make([]*lacev1.NetworkEndpoint, len(l.Items))
+		for i := range l.Items {
+			out[i] = &l.Items[i]
+		}
+		return out, nil
+	}
+}
+
+// networkEndpoint gets a pod's NetworkEndpoint (named after it), or nil.
+func (r *ServiceReconciler) networkEndpoint(ctx context.Context) func(types.NamespacedName) (*lacev1.NetworkEndpoint, error) {
+	return func(n types.NamespacedName) (*lacev1.NetworkEndpoint, error) {
+		var ne lacev1.NetworkEndpoint
+		if err := r.Client.Get(ctx, n, &ne); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, nil
+			}
+			return nil, fmt.Errorf("network endpoint %s: %w", n, err)
+		}
+		return &ne, nil
+	}
+}
+
 // SetupWithManager registers the reconciler.
 func (r *ServiceReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &lacev1.NetworkEndpoint{}, neAddrIndex, func(o client.Object) []string {
+		var out []string
+		for _, a := range model.NetworkEndpointAddrs(o.(*lacev1.NetworkEndpoint)) {
+			out = append(out, a.String())
+		}
+		return out
+	}); err != nil {
+		return fmt.Errorf("index NetworkEndpoints by address: %w", err)
+	}
 	all := handler.EnqueueRequestsFromMapFunc(r.allServices)
 	sliceOwner := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 		name := o.GetLabels()[discoveryv1.LabelServiceName]
@@ -100,7 +144,6 @@ func (r *ServiceReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	var nets lacev1.NetworkList
 	var nbps lacev1.NetworkBindingPolicyList
 	var slices discoveryv1.EndpointSliceList
-	var neps lacev1.NetworkEndpointList
 	var ns corev1.Namespace
 	for _, l := range []client.ObjectList{&nets, &nbps} {
 		if err := r.Client.List(ctx, l); err != nil {
@@ -110,8 +153,9 @@ func (r *ServiceReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	if err := r.Client.List(ctx, &slices, client.InNamespace(svc.Namespace), client.MatchingLabels{discoveryv1.LabelServiceName: svc.Name}); err != nil {
 		return reconcile.Result{}, fmt.Errorf("list endpoint slices of %s: %w", req, err)
 	}
-	if err := r.Client.List(ctx, &neps); err != nil {
-		return reconcile.Result{}, fmt.Errorf("list network endpoints: %w", err)
+	pods, err := model.PodIndexOf(slices.Items, r.networkEndpointsAt(ctx), r.networkEndpoint(ctx))
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("network endpoints of %s: %w", req, err)
 	}
 	if err := r.Client.Get(ctx, types.NamespacedName{Name: svc.Namespace}, &ns); err != nil && !apierrors.IsNotFound(err) {
 		return reconcile.Result{}, fmt.Errorf("get namespace %s: %w", svc.Namespace, err)
@@ -121,7 +165,7 @@ func (r *ServiceReconciler) Reconcile(ctx context.Context, req reconcile.Request
 		return reconcile.Result{}, err
 	}
 	st := model.ComputeServices(model.ServiceInput{Networks: nets.Items, BindingPolicies: nbps.Items,
-		Services: []corev1.Service{svc}, EndpointSlices: slices.Items, NetworkEndpoints: neps.Items,
+		Services: []corev1.Service{svc}, EndpointSlices: slices.Items, PodIndex: pods,
 		Namespaces: map[string]map[string]string{svc.Namespace: ns.Labels}, HostEndpoints: hostEPs})
 	if len(st.Bound) == 0 {
 		return reconcile.Result{}, nil // not Lace's: headless, ExternalName, another proxy's

@@ -72,3 +72,63 @@ func TestRefusedEndpointsReportIsBounded(t *testing.T) {
 		return fmt.Errorf("no %s event", controller.ReasonEndpointRefused)
 	})
 }
+
+// TestServiceExcludesEndpointsOfOtherNetworks: the controller reads a
+// Service's endpoints' NetworkEndpoints by address and by target pod (an
+// index, not a list of every pod's in the cluster), and names on the
+// Service the endpoints whose pod is in another network, leaving those
+// whose pod is in the Service's network served.
+func TestServiceExcludesEndpointsOfOtherNetworks(t *testing.T) {
+	env := cptest.Start(t)
+	startController(t, env, nil)
+	c := env.Client
+	ctx := context.Background()
+	create(t, c, l3Network("default", "10.7.0.0/16", "", 24, 0))
+	create(t, c, l3Network("other", "10.8.0.0/16", "", 24, 0))
+	create(t, c, &lacev1.NetworkBindingPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"},
+		Spec: lacev1.NetworkBindingPolicySpec{Network: "default", Priority: model.CatchAllPriority}})
+	// Each NetworkEndpoint has its pod on its node (the controller
+	// deletes one that has none).
+	create(t, c, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "default"}})
+	ne := func(name, network, addr string) *lacev1.NetworkEndpoint {
+		create(t, c, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+			Spec: corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{Name: "c", Image: "pause"}}}})
+		return &lacev1.NetworkEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+			Spec: lacev1.NetworkEndpointSpec{Network: network, Node: "n1", Addresses: []lacev1.IPAddress{lacev1.IPAddress(addr)}}}
+	}
+	// Found by address: the endpoint names no pod.
+	create(t, c, ne("by-addr", "other", "10.7.1.5"))
+	// Found by the pod the endpoint names.
+	create(t, c, ne("by-pod", "other", "10.7.1.6"))
+	create(t, c, ne("mine", "default", "10.7.1.7"))
+	// Another network's pod elsewhere in the cluster: not an endpoint.
+	create(t, c, ne("unrelated", "other", "10.7.1.9"))
+	create(t, c, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}}})
+	ep := func(addr, pod string) discoveryv1.Endpoint {
+		e := discoveryv1.Endpoint{Addresses: []string{addr}, NodeName: ptr.To("n1")}
+		if pod != "" {
+			e.TargetRef = &corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: pod}
+		}
+		return e
+	}
+	create(t, c, &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web-1",
+			Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{ep("10.7.1.5", ""), ep("10.7.1.6", "by-pod"), ep("10.7.1.7", "mine")},
+		Ports:       []discoveryv1.EndpointPort{{Port: ptr.To[int32](80), Protocol: ptr.To(corev1.ProtocolTCP)}}})
+	eventually(t, 30*time.Second, "endpoints of another network named", func() error {
+		var s corev1.Service
+		if err := c.Get(ctx, types.NamespacedName{Namespace: "default", Name: "web"}, &s); err != nil {
+			return err
+		}
+		if got, want := s.Annotations[lacev1.AnnotationExcludedEndpoints], "10.7.1.5,10.7.1.6"; got != want {
+			return fmt.Errorf("excluded endpoints %q, want %q (annotations %v)", got, want, s.Annotations)
+		}
+		if got := s.Annotations[lacev1.AnnotationServiceNetwork]; got != "default" {
+			return fmt.Errorf("network %q, want default", got)
+		}
+		return nil
+	})
+}

@@ -703,6 +703,43 @@ func (ix *PodAddrIndex) Each(fn func(types.NamespacedName)) {
 // Get is the NetworkEndpoint indexed by name k, or nil.
 func (ix *PodAddrIndex) Get(k types.NamespacedName) *lacev1.NetworkEndpoint { return ix.byPod[k] }
 
+// PodIndexOf indexes what ComputeServices looks up for the endpoints of
+// slices: the NetworkEndpoints holding an endpoint's address (byAddr) and
+// the one its target pod names (byName, nil when none). A caller
+// computing a few services thus reads the NetworkEndpoints of their
+// endpoints instead of every one in the cluster.
+func PodIndexOf(slices []discoveryv1.EndpointSlice, byAddr func(netip.Addr) ([]*lacev1.NetworkEndpoint, error),
+	byName func(types.NamespacedName) (*lacev1.NetworkEndpoint, error)) (*PodAddrIndex, error) {
+	ix := NewPodAddrIndex()
+	for _, sl := range slices {
+		for i := range sl.Endpoints {
+			ep := &sl.Endpoints[i]
+			if len(ep.Addresses) == 0 {
+				continue
+			}
+			if addr, ok := parseSloppyIP(ep.Addresses[0]); ok {
+				nes, err := byAddr(addr)
+				if err != nil {
+					return nil, err
+				}
+				for _, ne := range nes {
+					ix.Add(ne)
+				}
+			}
+			if pod, ok := targetPodOf(sl.Namespace, ep); ok && ix.byPod[pod] == nil {
+				ne, err := byName(pod)
+				if err != nil {
+					return nil, err
+				}
+				if ne != nil {
+					ix.Add(ne)
+				}
+			}
+		}
+	}
+	return ix, nil
+}
+
 // NetworkEndpointAddrs are the addresses ne holds, as the index reads
 // them.
 func NetworkEndpointAddrs(ne *lacev1.NetworkEndpoint) []netip.Addr {

@@ -52,8 +52,33 @@ func TestFeedsRecordBeforeKick(t *testing.T) {
 		}
 	}
 
+	// The controller's binding annotations, which the cache transform
+	// drops, leave nothing to compute; a label it keeps does not.
+	kicks := len(got)
+	bound := svc.DeepCopy()
+	bound.ResourceVersion, bound.Annotations = "5", map[string]string{lacev1.AnnotationServiceNetwork: "default"}
+	a, err := trimService(svc.DeepCopy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := trimService(bound)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svcH.OnAdd(a, false)
+	svcH.OnUpdate(a, b)
+	if len(got) != kicks+1 {
+		t.Fatalf("an update of an annotation the agent does not read kicked: %+v", got[kicks:])
+	}
+	labelled := b.(*corev1.Service).DeepCopy()
+	labelled.ResourceVersion, labelled.Labels = "6", map[string]string{"tier": "web"}
+	svcH.OnUpdate(b, labelled)
+	if len(got) != kicks+2 || len(got[kicks+1]) != 1 || got[kicks+1][0].Service != labelled {
+		t.Fatalf("a label change did not kick with the new Service: %+v", got[kicks:])
+	}
+
 	p := nePending{reg: syncedReg{}}
-	kicks := 0
+	kicks = 0
 	p.kick = func() {
 		kicks++
 		if m, _, _ := p.take(); len(m) != 1 {
