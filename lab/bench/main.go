@@ -52,6 +52,7 @@ func main() {
 	flag.IntVar(&so.namespaces, "service-namespaces", 10, "namespaces the services are spread over")
 	flag.IntVar(&so.changes, "service-changes", 100, "single endpoint changes timed per service count")
 	flag.IntVar(&so.loadedChanges, "service-loaded-changes", 300, "endpoint changes timed back to back, Lace's alone, while kube-proxy syncs each")
+	flag.DurationVar(&so.rest, "service-rest", time.Minute, "time the CPU at rest is measured for after the changes, per service count")
 	flag.DurationVar(&so.changeTime, "service-change-time", 2*time.Minute, "longest time spent timing endpoint changes per service count")
 	flag.IntVar(&so.conns, "service-conns", 500, "new TCP connections timed per path and service count")
 	var lo loadOptions

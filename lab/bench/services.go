@@ -35,6 +35,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/netutil"
 	"github.com/lace-cni/lace/lab"
 )
@@ -54,6 +55,9 @@ type svcOptions struct {
 	// loadedChanges is how many changes are timed back to back, Lace's
 	// alone, while kube-proxy syncs every one.
 	loadedChanges int
+	// rest is how long the CPU and allocation at rest are measured for,
+	// after the changes, per size.
+	rest time.Duration
 	// dur is the length of each request/response round.
 	dur time.Duration
 	// kubeProxy is the kube-proxy binary of the peer; "" runs no peer.
@@ -334,12 +338,21 @@ type progResult struct {
 	// From the last (and first) object written to the data plane serving
 	// them all, per data plane; negative: not reached.
 	lace, laceFirst, lace2, lace2First, kp, kpFirst time.Duration
+	// From the last object written to the controller's binding annotation
+	// on every service (waited for before the changes are timed: each is
+	// a write of the Service); negative: not reached.
+	bound time.Duration
 	// One endpoint change to the data plane serving it.
 	laceChange, kpChange []time.Duration
 	// Lace's changes timed back to back while kube-proxy syncs each, how
 	// long that took and the CPU kube-proxy spent meanwhile.
 	laceLoaded             []time.Duration
 	loadedFor, loadedKPCPU time.Duration
+	// At rest after the changes: CPU per process, for how long, and what
+	// the agent on laceNode allocated.
+	restCPU   map[string]time.Duration
+	restFor   time.Duration
+	restAlloc float64
 	// RSS after programming, bytes.
 	rss map[string]int64
 	// CPU time used by each process from the first object written to
@@ -507,6 +520,7 @@ feed:
 		}, &r.kp, &r.kpFirst, "kube-proxy "+peerNode)
 	}
 	pw.Wait()
+	r.bound = waitBound(ctx, cs, prefix+"-", n, last, timeout)
 	r.progCPU = cpuDelta(cpu0, cpuOf(procs))
 	r.rss = rssOf(procs)
 	laceNS, peerNS := netutil.Path(c.NetNS(laceNode)), netutil.Path(c.NetNS(peerNode))
@@ -628,14 +642,34 @@ feed:
 	if kp != nil {
 		r.kpSync = mean(peerNS, kpMetrics, kpSyncM, kpSync0)
 	}
-	if kp == nil || o.loadedChanges == 0 {
-		return r, nil
+	if kp != nil && o.loadedChanges > 0 {
+		if err := timeLoaded(ctx, &r, procs, change, o); err != nil {
+			return r, err
+		}
 	}
-	// The same changes back to back, Lace's timed alone, while kube-proxy
-	// syncs every one of them on the same two CPUs: the spaced changes
-	// above leave the machine idle between kube-proxy's syncs, and its
-	// own figures come from those (a change behind a stream waits for the
-	// sync under way, which is not kube-proxy's latency).
+	if o.rest > 0 {
+		fmt.Fprintf(os.Stderr, "services: at rest for %s\n", o.rest)
+		cpu0, t := cpuOf(procs), time.Now()
+		a0, _ := promValue(ctx, laceNS, "127.0.0.1:9962", "go_memstats_alloc_bytes_total")
+		select {
+		case <-time.After(o.rest):
+		case <-ctx.Done():
+			return r, ctx.Err()
+		}
+		r.restCPU, r.restFor = cpuDelta(cpu0, cpuOf(procs)), time.Since(t)
+		if a1, err := promValue(ctx, laceNS, "127.0.0.1:9962", "go_memstats_alloc_bytes_total"); err == nil && a0 > 0 {
+			r.restAlloc = a1 - a0
+		}
+	}
+	return r, nil
+}
+
+// timeLoaded times the same changes back to back, Lace's alone, while
+// kube-proxy syncs every one of them on the same two CPUs: the spaced
+// changes leave the machine idle between kube-proxy's syncs, and its own
+// figures come from those (a change behind a stream waits for the sync
+// under way, which is not kube-proxy's latency).
+func timeLoaded(ctx context.Context, r *progResult, procs map[string]int, change func(int, bool) (time.Duration, error), o svcOptions) error {
 	fmt.Fprintf(os.Stderr, "services: timing %d endpoint changes back to back beside kube-proxy\n", o.loadedChanges)
 	cpuL, loaded := cpuOf(procs), time.Now()
 	for k := range o.loadedChanges {
@@ -645,7 +679,7 @@ feed:
 		}
 		lt, err := change(o.changes+k, false)
 		if err != nil {
-			return r, err
+			return err
 		}
 		if lt >= 0 {
 			r.laceLoaded = append(r.laceLoaded, lt)
@@ -653,7 +687,33 @@ feed:
 	}
 	r.loadedFor = time.Since(loaded)
 	r.loadedKPCPU = cpuDelta(cpuL, cpuOf(procs))["kube-proxy"]
-	return r, nil
+	return nil
+}
+
+// waitBound waits until the controller has annotated each of the run's n
+// services (named prefix...) with its network, and returns how long after
+// last that was (negative: not within timeout). The changes are timed
+// after it: each annotation is a write of a Service, which every data
+// plane watches.
+func waitBound(ctx context.Context, cs kubernetes.Interface, prefix string, n int, last time.Time, timeout time.Duration) time.Duration {
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline) && ctx.Err() == nil; {
+		// From the API server's watch cache (resourceVersion 0): a poll
+		// must not cost the CPU the others need.
+		l, err := cs.CoreV1().Services("").List(ctx, metav1.ListOptions{ResourceVersion: "0"})
+		if err == nil {
+			bound := 0
+			for _, s := range l.Items {
+				if strings.HasPrefix(s.Name, prefix) && s.Annotations[lacev1.AnnotationServiceNetwork] != "" {
+					bound++
+				}
+			}
+			if bound >= n {
+				return time.Since(last)
+			}
+		}
+		time.Sleep(time.Second)
+	}
+	return -1
 }
 
 // benchSlice is the EndpointSlice of service name (the i-th of its run):
@@ -1348,6 +1408,9 @@ func printProgramming(rs []progResult, o svcOptions) {
 			ms(r.lace), ms(r.lace2), ms(r.kp), ratio(r.lace, r.kp), ms(r.laceFirst), ms(r.kpFirst), ratio(r.laceFirst, r.kpFirst))
 	}
 	tw.Flush()
+	for _, r := range rs {
+		fmt.Printf("%d services: every one annotated with its network by the controller %s after the last write\n", r.n, msOr(r.bound))
+	}
 	fmt.Printf("one endpoint change (a slice's first address replaced; from the PATCH sent to the data plane serving it; %d changes, >= 1.1 s apart)\n", o.changes)
 	tw = tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "services\tchanges\tLace p50\tkube-proxy p50\tratio\tLace p99\tkube-proxy p99\tratio\tLace reconcile\tLace sync\tkube-proxy sync\t")
@@ -1383,6 +1446,21 @@ func printProgramming(rs []progResult, o svcOptions) {
 			msOr(r.progCPU["controller"]), msOr(r.progCPU["kube-proxy"]), per("agent "+laceNode), per("agent "+peerNode), per("kube-proxy"))
 	}
 	tw.Flush()
+	for _, r := range rs {
+		if r.restFor <= 0 {
+			continue
+		}
+		perMin := func(k string) string {
+			d, ok := r.restCPU[k]
+			if !ok {
+				return "-"
+			}
+			return time.Duration(float64(d) * float64(time.Minute) / float64(r.restFor)).Round(10 * time.Millisecond).String()
+		}
+		fmt.Printf("%d services at rest (%s with no change): CPU per minute: Lace agent %s %s, %s %s, controller %s, kube-proxy %s; agent %s allocated %s per minute\n",
+			r.n, r.restFor.Round(time.Second), laceNode, perMin("agent "+laceNode), peerNode, perMin("agent "+peerNode), perMin("controller"),
+			perMin("kube-proxy"), laceNode, mib(int64(r.restAlloc*float64(time.Minute)/float64(r.restFor))))
+	}
 	for _, r := range rs {
 		if r.readBackN > 0 {
 			fmt.Printf("reading %d services' %d backends back from %s's maps one lookup each (what each sync cost before the tables kept mirrors of their writes; none reads back now) took %s\n",
