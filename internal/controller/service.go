@@ -45,18 +45,19 @@ type ServiceReconciler struct {
 	Allowed []netip.Prefix
 }
 
-// neAddrIndex indexes NetworkEndpoints by the addresses they hold: a
-// Service's reconcile reads those of its endpoints, not every pod's of the
-// cluster (30,000 objects copied out of the cache per Service at 1,000
-// nodes of 30 pods).
+// neAddrIndex indexes NetworkEndpoints by their node and each address they
+// hold (model.NodeAddrKey): a Service's reconcile reads those of its
+// endpoints, not every pod's of the cluster (30,000 objects copied out of
+// the cache per Service at 1,000 nodes of 30 pods).
 const neAddrIndex = "lace.addresses"
 
-// networkEndpointsAt looks NetworkEndpoints up by address (neAddrIndex).
-func (r *ServiceReconciler) networkEndpointsAt(ctx context.Context) func(netip.Addr) ([]*lacev1.NetworkEndpoint, error) {
-	return func(a netip.Addr) ([]*lacev1.NetworkEndpoint, error) {
+// networkEndpointsAt looks NetworkEndpoints up by node and address
+// (neAddrIndex).
+func (r *ServiceReconciler) networkEndpointsAt(ctx context.Context) func(string, netip.Addr) ([]*lacev1.NetworkEndpoint, error) {
+	return func(node string, a netip.Addr) ([]*lacev1.NetworkEndpoint, error) {
 		var l lacev1.NetworkEndpointList
-		if err := r.Client.List(ctx, &l, client.MatchingFields{neAddrIndex: a.String()}); err != nil {
-			return nil, fmt.Errorf("network endpoints at %s: %w", a, err)
+		if err := r.Client.List(ctx, &l, client.MatchingFields{neAddrIndex: model.NodeAddrKey(node, a)}); err != nil {
+			return nil, fmt.Errorf("network endpoints of node %s at %s: %w", node, a, err)
 		}
 		out := make([]*lacev1.NetworkEndpoint, len(l.Items))
 		for i := range l.Items {
@@ -83,9 +84,10 @@ func (r *ServiceReconciler) networkEndpoint(ctx context.Context) func(types.Name
 // SetupWithManager registers the reconciler.
 func (r *ServiceReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &lacev1.NetworkEndpoint{}, neAddrIndex, func(o client.Object) []string {
+		ne := o.(*lacev1.NetworkEndpoint)
 		var out []string
-		for _, a := range model.NetworkEndpointAddrs(o.(*lacev1.NetworkEndpoint)) {
-			out = append(out, a.String())
+		for _, a := range model.NetworkEndpointAddrs(ne) {
+			out = append(out, model.NodeAddrKey(ne.Spec.Node, a))
 		}
 		return out
 	}); err != nil {

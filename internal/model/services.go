@@ -704,21 +704,30 @@ func (ix *PodAddrIndex) Each(fn func(types.NamespacedName)) {
 func (ix *PodAddrIndex) Get(k types.NamespacedName) *lacev1.NetworkEndpoint { return ix.byPod[k] }
 
 // PodIndexOf indexes what ComputeServices looks up for the endpoints of
-// slices: the NetworkEndpoints holding an endpoint's address (byAddr) and
-// the one its target pod names (byName, nil when none). A caller
+// slices: of an endpoint on a node, the NetworkEndpoints of that node
+// holding its address (byAddr) and the one its target pod names (byName,
+// nil when none); an endpoint on no node looks nothing up. A caller
 // computing a few services thus reads the NetworkEndpoints of their
-// endpoints instead of every one in the cluster.
-func PodIndexOf(slices []discoveryv1.EndpointSlice, byAddr func(netip.Addr) ([]*lacev1.NetworkEndpoint, error),
+// endpoints instead of every one in the cluster. Each (node, address) and
+// each pod is looked up once, however many endpoints name it: a tenant's
+// slices cannot make one computation read a NetworkEndpoint twice.
+func PodIndexOf(slices []discoveryv1.EndpointSlice, byAddr func(node string, a netip.Addr) ([]*lacev1.NetworkEndpoint, error),
 	byName func(types.NamespacedName) (*lacev1.NetworkEndpoint, error)) (*PodAddrIndex, error) {
 	ix := NewPodAddrIndex()
+	type at struct {
+		node string
+		addr netip.Addr
+	}
+	seenAt, seenPod := map[at]bool{}, map[types.NamespacedName]bool{}
 	for _, sl := range slices {
 		for i := range sl.Endpoints {
 			ep := &sl.Endpoints[i]
-			if len(ep.Addresses) == 0 {
+			if len(ep.Addresses) == 0 || ep.NodeName == nil || *ep.NodeName == "" {
 				continue
 			}
-			if addr, ok := parseSloppyIP(ep.Addresses[0]); ok {
-				nes, err := byAddr(addr)
+			if addr, ok := parseSloppyIP(ep.Addresses[0]); ok && !seenAt[at{*ep.NodeName, addr}] {
+				seenAt[at{*ep.NodeName, addr}] = true
+				nes, err := byAddr(*ep.NodeName, addr)
 				if err != nil {
 					return nil, err
 				}
@@ -726,7 +735,11 @@ func PodIndexOf(slices []discoveryv1.EndpointSlice, byAddr func(netip.Addr) ([]*
 					ix.Add(ne)
 				}
 			}
-			if pod, ok := targetPodOf(sl.Namespace, ep); ok && ix.byPod[pod] == nil {
+			if pod, ok := targetPodOf(sl.Namespace, ep); ok && !seenPod[pod] {
+				seenPod[pod] = true
+				if ix.byPod[pod] != nil {
+					continue
+				}
 				ne, err := byName(pod)
 				if err != nil {
 					return nil, err
@@ -739,6 +752,10 @@ func PodIndexOf(slices []discoveryv1.EndpointSlice, byAddr func(netip.Addr) ([]*
 	}
 	return ix, nil
 }
+
+// NodeAddrKey is how a NetworkEndpoint is indexed by node and address
+// (PodIndexOf's lookups).
+func NodeAddrKey(node string, a netip.Addr) string { return node + "/" + a.String() }
 
 // NetworkEndpointAddrs are the addresses ne holds, as the index reads
 // them.

@@ -265,7 +265,20 @@ func (m *svcMirror) serviceHandler() toolscache.ResourceEventHandler {
 	return toolscache.ResourceEventHandlerFuncs{
 		AddFunc: upsert,
 		UpdateFunc: func(old, o any) {
-			if !sameVersion(old, o) && !sameTrimmedService(old, o) {
+			switch {
+			case sameVersion(old, o):
+			case sameTrimmedService(old, o):
+				// Nothing to compute; the new object replaces the old
+				// in the mirror, so that the informer's store and the
+				// mirror do not hold two copies.
+				svc := o.(*corev1.Service)
+				k := model.ServiceKey{Namespace: svc.Namespace, Name: svc.Name}
+				m.mu.Lock()
+				if _, ok := m.svcs[k]; ok {
+					m.svcs[k] = svc
+				}
+				m.mu.Unlock()
+			default:
 				upsert(o)
 			}
 		},

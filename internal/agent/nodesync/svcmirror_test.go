@@ -70,6 +70,9 @@ func TestFeedsRecordBeforeKick(t *testing.T) {
 	if len(got) != kicks+1 {
 		t.Fatalf("an update of an annotation the agent does not read kicked: %+v", got[kicks:])
 	}
+	if m.svcs[web] != b {
+		t.Fatalf("the mirror kept the old Service beside the informer's new one")
+	}
 	labelled := b.(*corev1.Service).DeepCopy()
 	labelled.ResourceVersion, labelled.Labels = "6", map[string]string{"tier": "web"}
 	svcH.OnUpdate(b, labelled)
