@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"os"
 	"runtime"
@@ -36,6 +37,13 @@ type rttResult struct {
 // acceptAndClose serves addr in the namespace at nsPath: every connection
 // is accepted and closed.
 func acceptAndClose(nsPath, addr string) (func(), error) {
+	return serveTCP(nsPath, addr, func(c net.Conn) { c.Close() })
+}
+
+// serveTCP listens on addr in the namespace at nsPath and hands every
+// connection to handle, on the accepting goroutine; it returns what
+// stops listening.
+func serveTCP(nsPath, addr string, handle func(net.Conn)) (func(), error) {
 	ln, err := netutil.Listen(nsPath, "tcp", addr)
 	if err != nil {
 		return nil, err
@@ -46,7 +54,7 @@ func acceptAndClose(nsPath, addr string) (func(), error) {
 			if err != nil {
 				return
 			}
-			c.Close()
+			handle(c)
 		}
 	}()
 	return func() { ln.Close() }, nil

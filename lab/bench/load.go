@@ -426,30 +426,19 @@ func loadService(ctx context.Context, cs kubernetes.Interface, name, app string)
 // gets one byte back for its first and is closed after the client closes
 // (so the server side keeps no TIME_WAIT).
 func serveOneExchange(nsPath, addr string) (func(), error) {
-	ln, err := netutil.Listen(nsPath, "tcp", addr)
-	if err != nil {
-		return nil, err
-	}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
+	return serveTCP(nsPath, addr, func(c net.Conn) {
+		go func() {
+			defer c.Close()
+			b := make([]byte, 1)
+			if _, err := io.ReadFull(c, b); err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				b := make([]byte, 1)
-				if _, err := io.ReadFull(c, b); err != nil {
-					return
-				}
-				if _, err := c.Write(b); err != nil {
-					return
-				}
-				_, _ = io.Copy(io.Discard, c)
-			}()
-		}
-	}()
-	return func() { ln.Close() }, nil
+			if _, err := c.Write(b); err != nil {
+				return
+			}
+			_, _ = io.Copy(io.Discard, c)
+		}()
+	})
 }
 
 // waitExchange waits until one exchange on p succeeds (the Services are
@@ -726,6 +715,10 @@ func fillConntrack(c lab.Config, node string, n int) (int, func(), error) {
 	if m.KeySize() != ctKeySize || m.ValueSize() != ctValSize {
 		m.Close()
 		return 0, func() {}, fmt.Errorf("lace_ct: key %d, value %d bytes; the benchmark knows %d and %d", m.KeySize(), m.ValueSize(), ctKeySize, ctValSize)
+	}
+	if n > 1<<22 {
+		m.Close()
+		return 0, func() {}, fmt.Errorf("%d flows: the fill's addresses (100.64.0.0/10) hold 4,194,304", n)
 	}
 	if int(m.MaxEntries()) < n+loadCTHeadroom {
 		m.Close()

@@ -27,7 +27,6 @@ import (
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -125,17 +124,8 @@ func benchServices(ctx context.Context, name string, o svcOptions) error {
 	}
 	// A namespace left by an earlier run on the same lab is gone first.
 	for _, ns := range o.allNS() {
-		for deadline := time.Now().Add(3 * time.Minute); ; {
-			_, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
-				metav1.CreateOptions{})
-			if err == nil {
-				break
-			}
-			if !apierrors.IsAlreadyExists(err) && !apierrors.IsConflict(err) && !apierrors.IsForbidden(err) || time.Now().After(deadline) {
-				return fmt.Errorf("namespace %s: %w", ns, err)
-			}
-			_ = cs.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
-			time.Sleep(time.Second)
+		if err := freshNamespace(ctx, cs, ns); err != nil {
+			return err
 		}
 	}
 	defer func() {
@@ -252,38 +242,11 @@ type svcPods struct {
 }
 
 func startSvcPods(ctx context.Context, cs kubernetes.Interface, c lab.Config) (svcPods, error) {
-	var pp svcPods
-	for _, p := range []struct{ name, node string }{{"svc-srv", laceNode}, {"svc-cli", peerNode}} {
-		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.name, Labels: map[string]string{"app": p.name}},
-			Spec: corev1.PodSpec{NodeName: p.node, TerminationGracePeriodSeconds: ptr.To[int64](1),
-				Containers: []corev1.Container{{Name: "pause", Image: "registry.k8s.io/pause:3.10"}}}}
-		if _, err := cs.CoreV1().Pods(svcNS).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-			return pp, err
-		}
+	pods, err := runPods(ctx, cs, c, svcNS, map[string]string{"svc-srv": laceNode, "svc-cli": peerNode})
+	if err != nil {
+		return svcPods{}, err
 	}
-	deadline := time.Now().Add(time.Minute)
-	for pp.cliNS == "" || pp.srvNS == "" {
-		if time.Now().After(deadline) {
-			return pp, errors.New("service bench pods did not start")
-		}
-		time.Sleep(200 * time.Millisecond)
-		for _, n := range []string{"svc-srv", "svc-cli"} {
-			p, err := cs.CoreV1().Pods(svcNS).Get(ctx, n, metav1.GetOptions{})
-			if err != nil || p.Status.Phase != corev1.PodRunning || p.Status.PodIP == "" {
-				continue
-			}
-			ns, err := lab.PodNetNS(ctx, c, svcNS, n)
-			if err != nil {
-				return pp, err
-			}
-			if n == "svc-srv" {
-				pp.srvNS, pp.srvIP = ns, netip.MustParseAddr(p.Status.PodIP)
-			} else {
-				pp.cliNS = ns
-			}
-		}
-	}
-	return pp, nil
+	return svcPods{cliNS: pods["svc-cli"].ns, srvNS: pods["svc-srv"].ns, srvIP: pods["svc-srv"].ip}, nil
 }
 
 // rrService is the Service in front of the server pod; it returns its VIP.
