@@ -185,6 +185,9 @@ type Gone struct {
 	Listed         map[ServiceKey][]Backend
 }
 
+// Empty tells whether g names no endpoint to forget the flows of.
+func (g Gone) Empty() bool { return len(g.Left) == 0 && len(g.Unlisted) == 0 && g.Listed == nil }
+
 func newGone() Gone {
 	return Gone{Left: map[ServiceKey][]Backend{}, Unlisted: map[ServiceKey][]Backend{}}
 }
@@ -850,7 +853,7 @@ func missing(old, now []Backend) []Backend {
 // address next, a pod of no Service at all, so it goes too, and a new
 // connection picks a live endpoint. It returns how many it removed.
 func (d *Datapath) FlushServiceFlows(gone Gone) (int, error) {
-	if len(gone.Left) == 0 && len(gone.Unlisted) == 0 && gone.Listed == nil {
+	if gone.Empty() {
 		return 0, nil
 	}
 	type vipEP struct {

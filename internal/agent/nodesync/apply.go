@@ -73,10 +73,15 @@ func (s *Syncer) apply(st model.NodeState) error {
 	var gone datapath.Gone
 	s.compute.services.readServices(func() { gone, err = s.dp.ApplyServices(st.Services, st.ServiceChanges) })
 	errs = append(errs, err)
-	if n, err := s.dp.FlushServiceFlows(gone); err != nil {
-		errs = append(errs, fmt.Errorf("forget flows to endpoints that left: %w", err))
-	} else if n > 0 {
-		s.log.Info("forgot flows to endpoints that left their service", "flows", n)
+	if !gone.Empty() && s.flushPace.due(time.Now(), s.flushLater) {
+		start := time.Now()
+		n, err := s.dp.FlushServiceFlows(gone)
+		s.flushPace.ran(start, time.Since(start))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("forget flows to endpoints that left: %w", err))
+		} else if n > 0 {
+			s.log.Info("forgot flows to endpoints that left their service", "flows", n)
+		}
 	}
 	errs = append(errs, s.dp.SyncRoutes(st.Routes))
 	errs = append(errs, s.dp.SyncClassifiers(st.Classifiers), s.dp.SyncInsides(st.Inside))

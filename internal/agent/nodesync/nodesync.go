@@ -196,6 +196,8 @@ type Syncer struct {
 
 	// applier is the one writer of the data plane.
 	applier *applier.Applier
+	// flushPace spaces the conntrack walks of FlushServiceFlows.
+	flushPace flushPacer
 
 	// computeMu serialises computations of the desired state (the
 	// reconciler's, the periodic resync's, a CNI ADD waiting for blocks),
@@ -273,7 +275,10 @@ func New(o Options, log *slog.Logger, c client.Client, rec record.EventRecorder,
 func (s *Syncer) Wire(p Pods, h HealthPorts, kick func()) { s.pods, s.health, s.kick = p, h, kick }
 
 // Run runs the applier until ctx ends.
-func (s *Syncer) Run(ctx context.Context) error { return s.applier.Run(ctx) }
+func (s *Syncer) Run(ctx context.Context) error {
+	defer s.flushPace.stop()
+	return s.applier.Run(ctx)
+}
 
 // Sync asks the applier for a sync and waits for it.
 func (s *Syncer) Sync(ctx context.Context) error { return s.applier.Sync(ctx) }
