@@ -188,6 +188,21 @@ type Gone struct {
 // Empty tells whether g names no endpoint to forget the flows of.
 func (g Gone) Empty() bool { return len(g.Left) == 0 && len(g.Unlisted) == 0 && g.Listed == nil }
 
+// Walks tells whether FlushServiceFlows(g) walks the conntrack maps: a
+// TCP endpoint that only left the backends (not ready, terminating)
+// keeps its flows, so g of those alone walks nothing.
+func (g Gone) Walks() bool {
+	if len(g.Unlisted) > 0 || g.Listed != nil {
+		return true
+	}
+	for k, bs := range g.Left {
+		if k.Proto != unix.IPPROTO_TCP && len(bs) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 func newGone() Gone {
 	return Gone{Left: map[ServiceKey][]Backend{}, Unlisted: map[ServiceKey][]Backend{}}
 }

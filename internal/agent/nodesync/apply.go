@@ -73,7 +73,9 @@ func (s *Syncer) apply(st model.NodeState) error {
 	var gone datapath.Gone
 	s.compute.services.readServices(func() { gone, err = s.dp.ApplyServices(st.Services, st.ServiceChanges) })
 	errs = append(errs, err)
-	if !gone.Empty() && s.flushPace.due(time.Now(), s.flushLater) {
+	// Only a flush that walks the maps is paced; one that walks nothing
+	// (TCP endpoints no longer ready keep their flows) clears the set.
+	if !gone.Empty() && (!gone.Walks() || s.flushPace.due(time.Now(), s.flushLater)) {
 		start := time.Now()
 		n, err := s.dp.FlushServiceFlows(gone)
 		s.flushPace.ran(start, time.Since(start))

@@ -15,9 +15,20 @@ import (
 // the last one's cost has been repaid flushIdle times over in time with
 // no walk: the walks take at most 1/(1+flushIdle) of a CPU. The endpoints
 // that leave meanwhile wait in the data plane's unflushed set, which
-// forgets one that comes back, and the next walk takes them all; a cheap
-// walk (a node with few flows) is never held back.
-const flushIdle = 4
+// forgets one that comes back, and the next walk takes them all.
+//
+// A walk under flushPaceFrom (a node with some ten thousand flows or
+// fewer) holds nothing back: an extra sync would cost more than it saves.
+// No walk is held back over flushHoldMost: a flow to an endpoint whose
+// pod is gone must not outlive it long, since its address may be given
+// to another tenant's pod (model's reusedBy), and a tenant filling the
+// maps or starving the agent of CPU would otherwise stretch that window
+// with the walk's time.
+const (
+	flushIdle     = 4
+	flushPaceFrom = 10 * time.Millisecond
+	flushHoldMost = time.Second
+)
 
 // flushPacer says when the next walk may start, and has one sync asked
 // for then when a walk was held back.
@@ -49,8 +60,12 @@ func (p *flushPacer) due(now time.Time, later func()) bool {
 // ran records a walk that started at start and took took.
 func (p *flushPacer) ran(start time.Time, took time.Duration) {
 	p.mu.Lock()
-	p.next = start.Add(took * (1 + flushIdle))
-	p.mu.Unlock()
+	defer p.mu.Unlock()
+	if took < flushPaceFrom {
+		p.next = time.Time{}
+		return
+	}
+	p.next = start.Add(took + min(took*flushIdle, flushHoldMost))
 }
 
 // stop drops an arrangement not run yet.

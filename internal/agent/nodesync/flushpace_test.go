@@ -39,9 +39,19 @@ func TestFlushPacerRepaysAWalk(t *testing.T) {
 		t.Fatal("no sync was asked for the walk held back")
 	}
 	// A cheap walk holds nothing back.
-	p.ran(time.Now(), 0)
+	p.ran(time.Now(), flushPaceFrom-time.Millisecond)
 	if !p.due(time.Now(), ask) {
-		t.Fatal("a walk that cost nothing held the next back")
+		t.Fatal("a cheap walk held the next back")
+	}
+	// No walk holds the next back over flushHoldMost, however long it
+	// took.
+	start = time.Now()
+	p.ran(start, time.Hour)
+	if p.due(start.Add(time.Hour+flushHoldMost-time.Millisecond), ask) {
+		t.Fatal("a walk was due before its hold-back ended")
+	}
+	if !p.due(start.Add(time.Hour+flushHoldMost), ask) {
+		t.Fatalf("a walk of an hour held the next back over %s", flushHoldMost)
 	}
 }
 
