@@ -1,18 +1,11 @@
 package datapath
 
 import (
-	"encoding/hex"
 	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"testing"
 
-	"crypto/rand"
-
 	"golang.org/x/sys/unix"
-
-	"github.com/lace-cni/lace/internal/netutil"
 )
 
 // BenchmarkFlushServiceFlows measures the sync's cost of an endpoint that
@@ -23,21 +16,7 @@ import (
 func BenchmarkFlushServiceFlows(b *testing.B) {
 	for _, flows := range []int{1000, 1000000} {
 		b.Run(fmt.Sprintf("flows=%d", flows), func(b *testing.B) {
-			if os.Geteuid() != 0 {
-				b.Skip("needs root (eBPF maps)")
-			}
-			suffix := make([]byte, 3)
-			_, _ = rand.Read(suffix)
-			dir := filepath.Join(os.TempDir(), "lbench"+hex.EncodeToString(suffix))
-			if err := netutil.EnsureBPFFS(dir); err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { _ = netutil.UnmountBPFFS(dir) })
-			d, err := LoadWith(filepath.Join(dir, "node"), LoadOptions{Sizes: MapSizes{Conntrack: uint32(flows + flows/8)}})
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { d.Close() })
+			d := benchDatapathWith(b, LoadOptions{Sizes: MapSizes{Conntrack: uint32(flows + flows/8)}})
 			// Pods' established flows to a VIP, translated to endpoints
 			// that stay.
 			keys := make([]podCtKey, 0, 10000)

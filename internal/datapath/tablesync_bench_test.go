@@ -134,7 +134,10 @@ func benchSync[T comparable, K comparable](cur, want []T, key func(T) K, upsert,
 	return errors.Join(errs...)
 }
 
-func benchDatapath(b *testing.B) *Datapath {
+func benchDatapath(b *testing.B) *Datapath { return benchDatapathWith(b, LoadOptions{}) }
+
+// benchDatapathWith is benchDatapath loaded with o.
+func benchDatapathWith(b *testing.B, o LoadOptions) *Datapath {
 	b.Helper()
 	if os.Geteuid() != 0 {
 		b.Skip("needs root (eBPF maps)")
@@ -146,7 +149,7 @@ func benchDatapath(b *testing.B) *Datapath {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = netutil.UnmountBPFFS(dir) })
-	d, err := Load(filepath.Join(dir, "node"))
+	d, err := LoadWith(filepath.Join(dir, "node"), o)
 	if err != nil {
 		b.Fatal(err)
 	}
