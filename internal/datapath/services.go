@@ -868,7 +868,7 @@ func missing(old, now []Backend) []Backend {
 // address next, a pod of no Service at all, so it goes too, and a new
 // connection picks a live endpoint. It returns how many it removed.
 func (d *Datapath) FlushServiceFlows(gone Gone) (int, error) {
-	if gone.Empty() {
+	if !gone.Walks() {
 		return 0, nil
 	}
 	type vipEP struct {
