@@ -189,6 +189,15 @@ func (h *harness) run(ctx context.Context) error {
 		for _, l := range h.serviceDump(ctx) {
 			fmt.Fprintln(h.out, "  "+l)
 		}
+		// What the agents said as the VIP moved, last: a failure's tail
+		// is often all that is read of it (CI).
+		for _, m := range r.moves {
+			near := logs.vipLines(m.since.Add(-vipMoveWindow), m.at.Add(time.Second))
+			h.printf("the agents on the VIPs and their Leases around %s: %d lines", m, len(near))
+			for _, l := range near[max(0, len(near)-maxMoveLines):] {
+				fmt.Fprintln(h.out, "  "+l)
+			}
+		}
 		return fmt.Errorf("%s: %s\n%s", r.fault, strings.Join(r.problems, "; "), replay)
 	}
 	// The baseline: the workload measured for a while before any fault.
@@ -422,6 +431,8 @@ type row struct {
 	// excused are breaks the fault explains and Lace does not promise
 	// to survive (a VIP's failover).
 	excused []string
+	// moves are the VIP's moves no fault explains, behind a break.
+	moves []vipMove
 }
 
 func (h *harness) printReport(rows []row) {

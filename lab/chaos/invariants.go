@@ -91,6 +91,7 @@ func (h *harness) check(ctx context.Context, w *workload, f *fault, start time.T
 					continue
 				} else if len(moves) > 0 {
 					msg += " (" + movesString(moves) + ")"
+					r.moves = append(r.moves, moves...)
 				}
 			}
 			r.problems = append(r.problems, msg)

@@ -115,8 +115,12 @@ func (c *logCopier) copyFile(src, dst string) {
 // announceLine is what the agents log about the VIPs and their Leases.
 var announceLine = regexp.MustCompile(`(?i)announc|lease|cache's view|API server (un)?reachable|restart grace`)
 
-// maxVIPLines bounds what a failure prints of the agents' logs.
-const maxVIPLines = 80
+// maxVIPLines bounds what a failure prints of the agents' logs;
+// maxMoveLines what it prints again around each move no fault explains.
+const (
+	maxVIPLines  = 80
+	maxMoveLines = 16
+)
 
 // vipLog returns the agents' lines about the VIPs written between from
 // and to, oldest first, each after the pod's name (at most maxVIPLines,

@@ -109,7 +109,10 @@ type Announcer struct {
 	// lastFailLog is when a failed renewal was last logged.
 	lastFailLog time.Time
 	lastDown    time.Time
-	announced   map[netip.Addr]bool
+	// peerAlive is what the last look at the Leases found, so that a
+	// peer's lapse and return are logged once each.
+	peerAlive map[string]bool
+	announced map[netip.Addr]bool
 	// blind is set while the API server is out of reach (announcements
 	// kept as they were) until the own Lease is renewed again.
 	blind bool
@@ -230,6 +233,12 @@ func (an *Announcer) renew(ctx context.Context, now time.Time, force bool) bool 
 		return false
 	}
 	an.renewed, an.lastOK = now, true
+	// A renewal that took half the lease brings a takeover near: the
+	// API server's latency, or this process starved of CPU, shows here
+	// before a VIP moves for it.
+	if took := an.now().Sub(now); took > an.duration/2 {
+		an.log.Info("slow agent lease renewal", "took", took.String(), "duration", an.duration.String())
+	}
 	return true
 }
 
@@ -371,7 +380,28 @@ func (an *Announcer) alive(ctx context.Context, now time.Time) (map[string]bool,
 		}
 	}
 	out[an.opts.NodeName] = now.Sub(an.renewed) < an.duration
+	an.logLapses(out, now, judged)
 	return out, nil
+}
+
+// logLapses logs each peer whose Lease lapsed, or is renewed again,
+// since the last look: the reason any VIP moves.
+func (an *Announcer) logLapses(alive map[string]bool, now, judged time.Time) {
+	if an.peerAlive == nil {
+		an.peerAlive = map[string]bool{}
+	}
+	for node, s := range an.seen {
+		was, known := an.peerAlive[node]
+		an.peerAlive[node] = alive[node]
+		switch {
+		case node == an.opts.NodeName || !known || was == alive[node]:
+		case alive[node]:
+			an.log.Info("agent Lease renewed again", "peer", node)
+		default:
+			an.log.Info("agent Lease lapsed", "peer", node, "silentFor", now.Sub(s.at).String(),
+				"cacheBehind", now.Sub(judged).String())
+		}
+	}
 }
 
 // leaving tells that a node is being taken out of service, so no agent

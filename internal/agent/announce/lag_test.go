@@ -1,10 +1,12 @@
 package announce
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -314,6 +316,8 @@ func TestAnnouncerTakesOverSoonAfterLapse(t *testing.T) {
 		lc := &laggingCache{}
 		an1, _ := lagAgent(store, store, "n1", dur, &clock)
 		an2, dp2 := lagAgent(store, lc.client(store), "n2", dur, &clock)
+		var logged bytes.Buffer
+		an2.log = slog.New(slog.NewJSONHandler(&logged, nil))
 		step := laggedTicks(t, &clock, lc, store, dur)
 		// n2 starts phase ticks after n1: its renewals are out of step
 		// with n1's by as much.
@@ -336,6 +340,10 @@ func TestAnnouncerTakesOverSoonAfterLapse(t *testing.T) {
 		}
 		if held != 8 {
 			t.Fatalf("phase %d: n1 dead for 5 s: n2 holds %d of 8", phase, held)
+		}
+		// The takeover names its reason, once.
+		if n := strings.Count(logged.String(), `"msg":"agent Lease lapsed","peer":"n1"`); n != 1 {
+			t.Errorf("phase %d: n2 logged n1's lapse %d times, want 1:\n%s", phase, n, logged.String())
 		}
 		// The lease is 7.97 ticks of dur/8+1ms: lapsed at the 8th after
 		// n2 first saw the renewal, itself a tick late.
