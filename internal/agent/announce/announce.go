@@ -130,6 +130,9 @@ type leaseSeen struct {
 	// stale: first seen with a renewTime already older than its grace
 	// (by this node's clock): a grace left behind, not honoured again.
 	stale bool
+	// credit is how much of the silence since at the API server's
+	// stalls took (creditStall), at most a lease duration.
+	credit time.Duration
 }
 
 // tick is how often announcements are decided: a few times per lease
@@ -222,7 +225,9 @@ func (an *Announcer) renew(ctx context.Context, now time.Time, force bool) bool 
 	ctx, cancel := context.WithTimeout(ctx, an.duration)
 	defer cancel()
 	// Back from a restart: the grace is over.
-	if err := an.writeLease(ctx, now, ""); err != nil {
+	err := an.writeLease(ctx, now, "")
+	an.creditStall(an.now().Sub(now))
+	if err != nil {
 		// Through an outage a failure comes every other tick: logged when
 		// renewals start failing, then every failLogEvery.
 		if an.lastOK || now.Sub(an.lastFailLog) >= failLogEvery {
@@ -233,13 +238,42 @@ func (an *Announcer) renew(ctx context.Context, now time.Time, force bool) bool 
 		return false
 	}
 	an.renewed, an.lastOK = now, true
-	// A renewal that took half the lease brings a takeover near: the
-	// API server's latency, or this process starved of CPU, shows here
-	// before a VIP moves for it.
-	if took := an.now().Sub(now); took > an.duration/2 {
-		an.log.Info("slow agent lease renewal", "took", took.String(), "duration", an.duration.String())
-	}
 	return true
+}
+
+// creditStall counts a renewal that took half a lease or more (took:
+// from its stamp to its answer, or to its timeout) as the API server
+// stalled for that long, and takes it off every peer's silence: a peer
+// renewing every quarter lease had a renewal caught in the same stall,
+// and only a stall of a lease or more times a renewal out (one shorter
+// delays the peers' renewals without silencing them for a lease): a
+// renewal caught in one waits at least the stall less a quarter lease
+// and a tick, half a lease or more.
+// Without it, after a stall of about a lease (etcd's disk, a loaded API
+// server), the peer whose renewal timed out in it was taken for dead by
+// the one whose renewal got through first, and its VIPs moved and moved
+// back (chaos, pod-burst-agent-kill, in CI). A renewal that failed fast
+// (refused) says nothing of a stall. A peer really dead is still taken
+// over, at most a lease later: a silence is credited at most a lease in
+// all, so an API server slow for good (every write waiting most of a
+// lease) delays a failover by that much, not by as long as it lasts.
+func (an *Announcer) creditStall(took time.Duration) {
+	if took < an.duration/2 {
+		return
+	}
+	an.log.Info("slow agent lease renewal: the peers' silence meanwhile is not counted", "took", took.String(),
+		"duration", an.duration.String())
+	now := an.now()
+	for node, s := range an.seen {
+		if node == an.opts.NodeName {
+			continue
+		}
+		c := min(took, an.duration-s.credit, now.Sub(s.at))
+		if c > 0 {
+			s.at, s.credit = s.at.Add(c), s.credit+c
+			an.seen[node] = s
+		}
+	}
 }
 
 // writeLease renews the own Lease at now, with the restart grace
