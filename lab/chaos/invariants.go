@@ -91,7 +91,11 @@ func (h *harness) check(ctx context.Context, w *workload, f *fault, start time.T
 					continue
 				} else if len(moves) > 0 {
 					msg += " (" + movesString(moves) + ")"
-					r.moves = append(r.moves, moves...)
+					for _, m := range moves {
+						if !slices.Contains(r.moves, m) {
+							r.moves = append(r.moves, m)
+						}
+					}
 				}
 			}
 			r.problems = append(r.problems, msg)

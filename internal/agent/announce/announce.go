@@ -106,8 +106,10 @@ type Announcer struct {
 	// cache's freshness alone (zero: none). One renewal after it is all
 	// they wait for; a cache behind by more than that needs none more.
 	lapseWaits time.Time
-	// lastFailLog is when a failed renewal was last logged.
+	// lastFailLog is when a failed renewal was last logged, lastSlowLog
+	// a slow one.
 	lastFailLog time.Time
+	lastSlowLog time.Time
 	lastDown    time.Time
 	// peerAlive is what the last look at the Leases found, so that a
 	// peer's lapse and return are logged once each.
@@ -133,6 +135,9 @@ type leaseSeen struct {
 	// credit is how much of the silence since at the API server's
 	// stalls took (creditStall), at most a lease duration.
 	credit time.Duration
+	// lapsed: the last look found the peer dead (its VIPs taken over);
+	// no stall brings it back, only a renewal.
+	lapsed bool
 }
 
 // tick is how often announcements are decided: a few times per lease
@@ -261,11 +266,16 @@ func (an *Announcer) creditStall(took time.Duration) {
 	if took < an.duration/2 {
 		return
 	}
-	an.log.Info("slow agent lease renewal: the peers' silence meanwhile is not counted", "took", took.String(),
-		"duration", an.duration.String())
 	now := an.now()
+	if now.Sub(an.lastSlowLog) >= failLogEvery {
+		an.log.Info("slow agent lease renewal: the peers' silence meanwhile is not counted", "took", took.String(),
+			"duration", an.duration.String())
+		an.lastSlowLog = now
+	}
 	for node, s := range an.seen {
-		if node == an.opts.NodeName {
+		// A peer already taken for dead stays so: crediting it would
+		// hand its VIPs back to a dead node, for a lease.
+		if node == an.opts.NodeName || s.lapsed {
 			continue
 		}
 		c := min(took, an.duration-s.credit, now.Sub(s.at))
@@ -411,6 +421,9 @@ func (an *Announcer) alive(ctx context.Context, now time.Time) (map[string]bool,
 			if now.Sub(s.at) >= g && s.at.Add(g).After(an.lapseWaits) {
 				an.lapseWaits = s.at.Add(g)
 			}
+		} else if !s.lapsed {
+			s.lapsed = true
+			an.seen[node] = s
 		}
 	}
 	out[an.opts.NodeName] = now.Sub(an.renewed) < an.duration
@@ -432,8 +445,8 @@ func (an *Announcer) logLapses(alive map[string]bool, now, judged time.Time) {
 		case alive[node]:
 			an.log.Info("agent Lease renewed again", "peer", node)
 		default:
-			an.log.Info("agent Lease lapsed", "peer", node, "silentFor", now.Sub(s.at).String(),
-				"cacheBehind", now.Sub(judged).String())
+			an.log.Info("agent Lease lapsed", "peer", node, "silentFor", (now.Sub(s.at) + s.credit).String(),
+				"stallsCredited", s.credit.String(), "cacheBehind", now.Sub(judged).String())
 		}
 	}
 }
@@ -536,6 +549,7 @@ func (an *Announcer) once(ctx context.Context) error {
 		// first sight, since none could while the API server was down.
 		an.log.Info("API server reachable again: peers get a lease duration to renew before any takeover")
 		an.seen, an.blind = map[string]leaseSeen{}, false
+		clear(an.peerAlive)
 	}
 	alive, err := an.alive(ctx, now)
 	if err != nil {

@@ -2,6 +2,8 @@ package announce
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"testing"
@@ -152,5 +154,66 @@ func TestAnnouncerTakesOverWhileTheAPIStalls(t *testing.T) {
 			r.tick(dur, 0)
 		}
 		t.Logf("writes waiting %s: n1 took n2's VIPs %s after n2's last tick", c.wait, r.now.Sub(last))
+		// Slow writes after the takeover give the dead peer nothing back.
+		for i := range 16 {
+			r.stallUntil = r.clocks[0].Add(dur - dur/20)
+			r.tick(dur, 0)
+			if got := len(r.held(0)); got != 8 {
+				t.Fatalf("writes waiting %s: %d ticks after the takeover, n1 holds %d of 8: a stall revived dead n2", c.wait, i+1, got)
+			}
+		}
+	}
+}
+
+// TestCreditStall pins the credit's rule: only a wait of half a lease or
+// more counts, it moves a live peer's silence by the wait, at most a
+// lease per silence (a renewal starts a new one), never past now, and
+// leaves the own node and a peer already taken for dead alone.
+func TestCreditStall(t *testing.T) {
+	const dur = 2 * time.Second
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	an := New(Options{NodeName: "n1", LeaseDuration: dur}, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, nil, nil, nil)
+	an.now = func() time.Time { return now }
+	at := now.Add(-dur)
+	reset := func() {
+		an.seen = map[string]leaseSeen{
+			"n1":   {renew: "a", at: at},
+			"live": {renew: "a", at: at},
+			"dead": {renew: "a", at: at, lapsed: true},
+			"new":  {renew: "a", at: now.Add(-dur / 4)},
+		}
+	}
+	for _, c := range []struct {
+		name  string
+		waits []time.Duration
+		live  time.Duration // how far live's at moves
+		newer time.Duration // how far new's at moves
+	}{
+		{"under half a lease", []time.Duration{dur/2 - time.Millisecond}, 0, 0},
+		{"half a lease", []time.Duration{dur / 2}, dur / 2, dur / 4},
+		{"a timeout", []time.Duration{dur}, dur, dur / 4},
+		{"at most a lease per silence", []time.Duration{dur * 3 / 4, dur * 3 / 4}, dur, dur / 4},
+	} {
+		reset()
+		for _, w := range c.waits {
+			an.creditStall(w)
+		}
+		if got := an.seen["live"].at.Sub(at); got != c.live {
+			t.Errorf("%s: a live peer's silence moved %s, want %s", c.name, got, c.live)
+		}
+		if got := an.seen["new"].at.Sub(now.Add(-dur / 4)); got != c.newer {
+			t.Errorf("%s: a peer seen a quarter lease ago moved %s, want %s (never past now)", c.name, got, c.newer)
+		}
+		if an.seen["n1"].at != at || an.seen["dead"].at != at {
+			t.Errorf("%s: the own node or a dead peer was credited: %+v", c.name, an.seen)
+		}
+	}
+	// A renewal seen starts a new silence, with a lease of credit again.
+	reset()
+	an.creditStall(dur)
+	an.seen["live"] = leaseSeen{renew: "b", at: now.Add(-dur)}
+	an.creditStall(dur)
+	if got := an.seen["live"].at; !got.Equal(now) {
+		t.Errorf("after a renewal, a second stall moved the live peer to %s, want now (%s)", got, now)
 	}
 }
