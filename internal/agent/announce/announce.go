@@ -132,12 +132,6 @@ type leaseSeen struct {
 	// stale: first seen with a renewTime already older than its grace
 	// (by this node's clock): a grace left behind, not honoured again.
 	stale bool
-	// credit is how much of the silence since at the API server's
-	// stalls took (creditStall), at most a lease duration.
-	credit time.Duration
-	// lapsed: the last look found the peer dead (its VIPs taken over);
-	// no stall brings it back, only a renewal.
-	lapsed bool
 }
 
 // tick is how often announcements are decided: a few times per lease
@@ -231,7 +225,13 @@ func (an *Announcer) renew(ctx context.Context, now time.Time, force bool) bool 
 	defer cancel()
 	// Back from a restart: the grace is over.
 	err := an.writeLease(ctx, now, "")
-	an.creditStall(an.now().Sub(now))
+	// A renewal that waited half the lease or more (to its answer or its
+	// timeout) brings a takeover near: the API server's latency, or this
+	// agent starved of CPU, shows here before a VIP moves for it.
+	if took := an.now().Sub(now); took >= an.duration/2 && now.Sub(an.lastSlowLog) >= failLogEvery {
+		an.log.Info("slow agent lease renewal", "took", took.String(), "duration", an.duration.String(), "err", err)
+		an.lastSlowLog = now
+	}
 	if err != nil {
 		// Through an outage a failure comes every other tick: logged when
 		// renewals start failing, then every failLogEvery.
@@ -244,46 +244,6 @@ func (an *Announcer) renew(ctx context.Context, now time.Time, force bool) bool 
 	}
 	an.renewed, an.lastOK = now, true
 	return true
-}
-
-// creditStall counts a renewal that took half a lease or more (took:
-// from its stamp to its answer, or to its timeout) as the API server
-// stalled for that long, and takes it off every peer's silence: a peer
-// renewing every quarter lease had a renewal caught in the same stall,
-// and only a stall of a lease or more times a renewal out (one shorter
-// delays the peers' renewals without silencing them for a lease): a
-// renewal caught in one waits at least the stall less a quarter lease
-// and a tick, half a lease or more.
-// Without it, after a stall of about a lease (etcd's disk, a loaded API
-// server), the peer whose renewal timed out in it was taken for dead by
-// the one whose renewal got through first, and its VIPs moved and moved
-// back (chaos, pod-burst-agent-kill, in CI). A renewal that failed fast
-// (refused) says nothing of a stall. A peer really dead is still taken
-// over, at most a lease later: a silence is credited at most a lease in
-// all, so an API server slow for good (every write waiting most of a
-// lease) delays a failover by that much, not by as long as it lasts.
-func (an *Announcer) creditStall(took time.Duration) {
-	if took < an.duration/2 {
-		return
-	}
-	now := an.now()
-	if now.Sub(an.lastSlowLog) >= failLogEvery {
-		an.log.Info("slow agent lease renewal: the peers' silence meanwhile is not counted", "took", took.String(),
-			"duration", an.duration.String())
-		an.lastSlowLog = now
-	}
-	for node, s := range an.seen {
-		// A peer already taken for dead stays so: crediting it would
-		// hand its VIPs back to a dead node, for a lease.
-		if node == an.opts.NodeName || s.lapsed {
-			continue
-		}
-		c := min(took, an.duration-s.credit, now.Sub(s.at))
-		if c > 0 {
-			s.at, s.credit = s.at.Add(c), s.credit+c
-			an.seen[node] = s
-		}
-	}
 }
 
 // writeLease renews the own Lease at now, with the restart grace
@@ -421,9 +381,6 @@ func (an *Announcer) alive(ctx context.Context, now time.Time) (map[string]bool,
 			if now.Sub(s.at) >= g && s.at.Add(g).After(an.lapseWaits) {
 				an.lapseWaits = s.at.Add(g)
 			}
-		} else if !s.lapsed {
-			s.lapsed = true
-			an.seen[node] = s
 		}
 	}
 	out[an.opts.NodeName] = now.Sub(an.renewed) < an.duration
@@ -445,8 +402,8 @@ func (an *Announcer) logLapses(alive map[string]bool, now, judged time.Time) {
 		case alive[node]:
 			an.log.Info("agent Lease renewed again", "peer", node)
 		default:
-			an.log.Info("agent Lease lapsed", "peer", node, "silentFor", (now.Sub(s.at) + s.credit).String(),
-				"stallsCredited", s.credit.String(), "cacheBehind", now.Sub(judged).String())
+			an.log.Info("agent Lease lapsed", "peer", node, "silentFor", now.Sub(s.at).String(),
+				"cacheBehind", now.Sub(judged).String())
 		}
 	}
 }

@@ -2,8 +2,6 @@ package announce
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"net/netip"
 	"slices"
 	"testing"
@@ -18,18 +16,27 @@ import (
 
 // stallRig is two agents, each on a clock of its own, writing to one API
 // server that stalls every write until stallUntil: a write waits for the
-// stall's end on its agent's clock, or times out after a lease duration.
-// An agent whose tick ran past the next one skips it, as a ticker drops
-// ticks.
+// stall's end on its agent's clock, or times out after a lease duration,
+// and lands (shows to the other agent) when the shared time passes the
+// stall's end; a timed-out one is lost, or lands then too (lateLand: the
+// server committed it after the client gave up). An agent whose tick ran
+// past the next one skips it, as a ticker drops ticks.
 type stallRig struct {
-	t      *testing.T
-	now    time.Time
-	clocks [2]*time.Time
-	ans    [2]*Announcer
-	dps    [2]*fakeDP
-	// stallUntil: a write lands when called (the fake store itself
-	// never waits), its wait is counted on its agent's clock.
+	t          *testing.T
+	now        time.Time
+	clocks     [2]*time.Time
+	ans        [2]*Announcer
+	dps        [2]*fakeDP
 	stallUntil time.Time
+	lateLand   bool
+	// pending are the stalled writes, in the order they were made, each
+	// with the end of the stall it waited for.
+	pending []pendingWrite
+}
+
+type pendingWrite struct {
+	at   time.Time
+	land func()
 }
 
 func newStallRig(t *testing.T, dur time.Duration) *stallRig {
@@ -40,14 +47,36 @@ func newStallRig(t *testing.T, dur time.Duration) *stallRig {
 		r.clocks[i] = &clk
 		stalled := interceptor.NewClient(store, interceptor.Funcs{
 			Update: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.UpdateOption) error {
-				if wait := r.stallUntil.Sub(clk); wait > 0 {
-					if wait >= dur {
-						clk = clk.Add(dur)
-						return context.DeadlineExceeded
-					}
-					clk = r.stallUntil
+				wait := r.stallUntil.Sub(clk)
+				if wait <= 0 {
+					return c.Update(ctx, o, opts...)
 				}
-				return c.Update(ctx, o, opts...)
+				timedOut := wait >= dur
+				if !timedOut || r.lateLand {
+					// Lands at the stall's end. The agent's copy keeps
+					// the version it wrote from (a real answer would
+					// bring the new one): the late write lands over
+					// whatever version is there, or its successor, and
+					// every write after, would conflict.
+					late := o.DeepCopyObject().(client.Object)
+					land := func() {
+						cur := late.DeepCopyObject().(client.Object)
+						if err := c.Get(context.Background(), client.ObjectKeyFromObject(late), cur); err != nil {
+							r.t.Fatal(err)
+						}
+						late.SetResourceVersion(cur.GetResourceVersion())
+						if err := c.Update(context.Background(), late); err != nil {
+							r.t.Fatal(err)
+						}
+					}
+					r.pending = append(r.pending, pendingWrite{at: r.stallUntil, land: land})
+				}
+				if timedOut {
+					clk = clk.Add(dur)
+					return context.DeadlineExceeded
+				}
+				clk = r.stallUntil
+				return nil
 			},
 		})
 		r.ans[i], r.dps[i] = lagAgent(store, stalled, node, dur, &clk)
@@ -60,6 +89,13 @@ func newStallRig(t *testing.T, dur time.Duration) *stallRig {
 func (r *stallRig) tick(dur time.Duration, which ...int) {
 	r.t.Helper()
 	r.now = r.now.Add(dur/8 + time.Millisecond)
+	r.pending = slices.DeleteFunc(r.pending, func(w pendingWrite) bool {
+		if w.at.After(r.now) {
+			return false
+		}
+		w.land()
+		return true
+	})
 	for _, i := range which {
 		if r.clocks[i].After(r.now) {
 			continue
@@ -80,54 +116,65 @@ func (r *stallRig) held(i int) []netip.Addr {
 }
 
 // TestAnnouncerNoTakeoverAcrossAnAPIStall: the API server stalls every
-// write for about a lease duration (etcd's disk on a loaded machine). The
-// renewal of one agent times out in it while the other's waits and gets
-// through; the second then saw the first silent for a lease and took its
-// VIPs, which moved back a tick later (CI's chaos run, a VIP moving n3 to
-// n1 in a pod burst that killed n2's agent). Each agent's own wait is
-// taken off its peers' silence: no VIP moves, at any phase of the two
-// agents' renewals and any stall length around the lease.
+// write for about a lease duration (etcd's disk on a loaded machine): one
+// agent's renewal times out in it (lost, or committed late) while the
+// other's waits and gets through. The survivor's own renewal shows in its
+// cache only when the stall ends, so its peers are judged only that far
+// (fresh): no VIP moves, at any phase of the two agents' renewals and any
+// stall length around the lease. (A first version of this rig let a
+// stalled write show at once, and a takeover followed; a stall credit
+// added for it was taken out again once the rig landed writes when the
+// stall ends: the rule above already holds.)
 func TestAnnouncerNoTakeoverAcrossAnAPIStall(t *testing.T) {
 	const dur = pairDur
-	for phase := range 4 {
-		for _, stall := range []time.Duration{dur - dur/8, dur, dur + dur/8, dur + dur/4, dur + dur/2} {
-			r := newStallRig(t, dur)
-			for range phase {
-				r.tick(dur, 0)
-			}
-			for range 8 {
-				r.tick(dur, 0, 1)
-			}
-			before := [2][]netip.Addr{r.held(0), r.held(1)}
-			if len(before[0]) == 0 || len(before[1]) == 0 {
-				t.Fatalf("each node should hold some of the 8 VIPs: %v", before)
-			}
-			r.stallUntil = r.now.Add(stall)
-			for i := range 40 {
-				r.tick(dur, 0, 1)
-				for a := range 2 {
-					for _, v := range r.held(a) {
-						if slices.Contains(before[1-a], v) {
-							t.Fatalf("phase %d, stall %s: tick %d after the stall began, n%d took %s from n%d",
-								phase, stall, i+1, a+1, v, 2-a)
-						}
-					}
-				}
-			}
-			// Both renew again and hold what they held.
-			for a := range 2 {
-				if got := r.held(a); !slices.Equal(got, before[a]) {
-					t.Errorf("phase %d, stall %s: n%d holds %v after the stall, held %v", phase, stall, a+1, got, before[a])
-				}
+	for _, lateLand := range []bool{false, true} {
+		for phase := range 4 {
+			for _, stall := range []time.Duration{dur - dur/8, dur, dur + dur/8, dur + dur/4, dur + dur/2} {
+				noTakeoverAcross(t, dur, phase, stall, lateLand)
 			}
 		}
 	}
 }
 
+func noTakeoverAcross(t *testing.T, dur time.Duration, phase int, stall time.Duration, lateLand bool) {
+	t.Helper()
+	r := newStallRig(t, dur)
+	r.lateLand = lateLand
+	for range phase {
+		r.tick(dur, 0)
+	}
+	for range 8 {
+		r.tick(dur, 0, 1)
+	}
+	before := [2][]netip.Addr{r.held(0), r.held(1)}
+	if len(before[0]) == 0 || len(before[1]) == 0 {
+		t.Fatalf("each node should hold some of the 8 VIPs: %v", before)
+	}
+	r.stallUntil = r.now.Add(stall)
+	for i := range 40 {
+		r.tick(dur, 0, 1)
+		for a := range 2 {
+			for _, v := range r.held(a) {
+				if slices.Contains(before[1-a], v) {
+					t.Fatalf("phase %d, stall %s, late landing %t: tick %d after the stall began, n%d took %s from n%d",
+						phase, stall, lateLand, i+1, a+1, v, 2-a)
+				}
+			}
+		}
+	}
+	// Both renew again and hold what they held.
+	for a := range 2 {
+		if got := r.held(a); !slices.Equal(got, before[a]) {
+			t.Errorf("phase %d, stall %s, late landing %t: n%d holds %v after the stall, held %v",
+				phase, stall, lateLand, a+1, got, before[a])
+		}
+	}
+}
+
 // TestAnnouncerTakesOverWhileTheAPIStalls: a dead peer is still taken over
-// while every write of the survivor is slow: promptly when its writes
-// wait less than half a lease (no stall credited), and still, later,
-// when they wait more (a silence is credited at most a lease).
+// while every write of the survivor is slow, later by about the wait: the
+// survivor's own renewals show in its cache that much later, and peers
+// are judged only as far as they do.
 func TestAnnouncerTakesOverWhileTheAPIStalls(t *testing.T) {
 	const dur = pairDur
 	for _, c := range []struct {
@@ -162,58 +209,5 @@ func TestAnnouncerTakesOverWhileTheAPIStalls(t *testing.T) {
 				t.Fatalf("writes waiting %s: %d ticks after the takeover, n1 holds %d of 8: a stall revived dead n2", c.wait, i+1, got)
 			}
 		}
-	}
-}
-
-// TestCreditStall pins the credit's rule: only a wait of half a lease or
-// more counts, it moves a live peer's silence by the wait, at most a
-// lease per silence (a renewal starts a new one), never past now, and
-// leaves the own node and a peer already taken for dead alone.
-func TestCreditStall(t *testing.T) {
-	const dur = 2 * time.Second
-	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	an := New(Options{NodeName: "n1", LeaseDuration: dur}, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, nil, nil, nil)
-	an.now = func() time.Time { return now }
-	at := now.Add(-dur)
-	reset := func() {
-		an.seen = map[string]leaseSeen{
-			"n1":   {renew: "a", at: at},
-			"live": {renew: "a", at: at},
-			"dead": {renew: "a", at: at, lapsed: true},
-			"new":  {renew: "a", at: now.Add(-dur / 4)},
-		}
-	}
-	for _, c := range []struct {
-		name  string
-		waits []time.Duration
-		live  time.Duration // how far live's at moves
-		newer time.Duration // how far new's at moves
-	}{
-		{"under half a lease", []time.Duration{dur/2 - time.Millisecond}, 0, 0},
-		{"half a lease", []time.Duration{dur / 2}, dur / 2, dur / 4},
-		{"a timeout", []time.Duration{dur}, dur, dur / 4},
-		{"at most a lease per silence", []time.Duration{dur * 3 / 4, dur * 3 / 4}, dur, dur / 4},
-	} {
-		reset()
-		for _, w := range c.waits {
-			an.creditStall(w)
-		}
-		if got := an.seen["live"].at.Sub(at); got != c.live {
-			t.Errorf("%s: a live peer's silence moved %s, want %s", c.name, got, c.live)
-		}
-		if got := an.seen["new"].at.Sub(now.Add(-dur / 4)); got != c.newer {
-			t.Errorf("%s: a peer seen a quarter lease ago moved %s, want %s (never past now)", c.name, got, c.newer)
-		}
-		if an.seen["n1"].at != at || an.seen["dead"].at != at {
-			t.Errorf("%s: the own node or a dead peer was credited: %+v", c.name, an.seen)
-		}
-	}
-	// A renewal seen starts a new silence, with a lease of credit again.
-	reset()
-	an.creditStall(dur)
-	an.seen["live"] = leaseSeen{renew: "b", at: now.Add(-dur)}
-	an.creditStall(dur)
-	if got := an.seen["live"].at; !got.Equal(now) {
-		t.Errorf("after a renewal, a second stall moved the live peer to %s, want now (%s)", got, now)
 	}
 }
