@@ -4,14 +4,19 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"sync"
+	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/model"
 )
 
@@ -52,4 +57,90 @@ func hostEndpoints(ctx context.Context, c client.Reader, allowed []netip.Prefix)
 		slices[i] = &api.Items[i]
 	}
 	return model.NewHostEndpoints(nodes.Items, accepted, slices, pods.Items), nil
+}
+
+// hostEndpointsMemo keeps the gate between changes of what it is built
+// from: every Service reconcile asks for it, and building it lists every
+// Node (twice), UnderlayEndpoint, Network, ServiceCIDR, LoadBalancerClass
+// and hostNetwork pod, out of the cache as copies (at 1,000 nodes, 2,000
+// Node copies per Service). Informer events of those kinds bump gen; a
+// gate built at an older gen is built again. An event that comes while
+// one is built makes the next ask build it again, never keeps it stale.
+type hostEndpointsMemo struct {
+	gen atomic.Uint64
+	mu  sync.Mutex
+	at  uint64
+	ok  bool
+	val model.HostEndpoints
+}
+
+// changed marks the gate out of date (nil: no memo, nothing to mark).
+func (m *hostEndpointsMemo) changed() {
+	if m != nil {
+		m.gen.Add(1)
+	}
+}
+
+// get returns the gate as of the latest event (shared: never modified);
+// without a memo (a reconciler not set up by SetupWithManager), it builds
+// it every time.
+func (m *hostEndpointsMemo) get(ctx context.Context, c client.Reader, allowed []netip.Prefix) (model.HostEndpoints, error) {
+	if m == nil {
+		return hostEndpoints(ctx, c, allowed)
+	}
+	g := m.gen.Load()
+	m.mu.Lock()
+	if m.ok && m.at == g {
+		defer m.mu.Unlock()
+		return m.val, nil
+	}
+	m.mu.Unlock()
+	v, err := hostEndpoints(ctx, c, allowed)
+	if err != nil {
+		return v, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.ok || g >= m.at {
+		m.val, m.at, m.ok = v, g, true
+	}
+	return v, nil
+}
+
+// watch bumps gen on every event of the kinds the gate is built from (of
+// EndpointSlices, the kubernetes Service's only).
+func (m *hostEndpointsMemo) watch(ctx context.Context, informers cache.Informers) error {
+	bump := toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { m.changed() },
+		UpdateFunc: func(any, any) { m.changed() },
+		DeleteFunc: func(any) { m.changed() },
+	}
+	apiSlice := func(o any) bool {
+		if d, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
+			o = d.Obj
+		}
+		sl, ok := o.(*discoveryv1.EndpointSlice)
+		return !ok || isAPIServerSlice(sl)
+	}
+	kinds := []client.Object{&corev1.Node{}, &lacev1.UnderlayEndpoint{}, &lacev1.Network{}, &networkingv1.ServiceCIDR{},
+		&lacev1.LoadBalancerClass{}, &corev1.Pod{}, &discoveryv1.EndpointSlice{}}
+	for _, k := range kinds {
+		inf, err := informers.GetInformer(ctx, k)
+		if err != nil {
+			return fmt.Errorf("host endpoint gate: informer of %T: %w", k, err)
+		}
+		h := toolscache.ResourceEventHandler(bump)
+		if _, ok := k.(*discoveryv1.EndpointSlice); ok {
+			h = toolscache.FilteringResourceEventHandler{FilterFunc: apiSlice, Handler: bump}
+		}
+		if _, err := inf.AddEventHandler(h); err != nil {
+			return fmt.Errorf("host endpoint gate: watch %T: %w", k, err)
+		}
+	}
+	return nil
+}
+
+// isAPIServerSlice tells a slice of the kubernetes Service.
+func isAPIServerSlice(sl *discoveryv1.EndpointSlice) bool {
+	return sl.Namespace == metav1.NamespaceDefault && sl.Labels[discoveryv1.LabelServiceName] == "kubernetes"
 }

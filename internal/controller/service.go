@@ -14,6 +14,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -43,6 +44,9 @@ type ServiceReconciler struct {
 	// Allowed is the externalIP allow-list, which the agents' acceptance
 	// of underlay addresses (and so the host endpoint gate) reads.
 	Allowed []netip.Prefix
+	// gate is the host endpoint gate, built again only after a change of
+	// what it is built from (SetupWithManager).
+	gate *hostEndpointsMemo
 }
 
 // neAddrIndex indexes NetworkEndpoints by their node and each address they
@@ -93,6 +97,10 @@ func (r *ServiceReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}); err != nil {
 		return fmt.Errorf("index NetworkEndpoints by address: %w", err)
 	}
+	r.gate = &hostEndpointsMemo{}
+	if err := r.gate.watch(context.Background(), mgr.GetCache()); err != nil {
+		return err
+	}
 	all := handler.EnqueueRequestsFromMapFunc(r.allServices)
 	sliceOwner := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 		name := o.GetLabels()[discoveryv1.LabelServiceName]
@@ -110,10 +118,21 @@ func (r *ServiceReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// A hostNetwork pod (the only ones cached) may make its
 		// namespace's endpoints at its node's address served, or not.
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.namespaceServices)).
+		// A reconcile reads the cache and patches its own Service only:
+		// one worker wrote the bindings of 10,000 Services at ~40/s
+		// (docs/performance.md), each waiting for its patch's answer.
+		WithOptions(controller.Options{MaxConcurrentReconciles: serviceWorkers}).
 		Complete(r)
 }
 
+// serviceWorkers reconcile Services in parallel (never one Service twice
+// at once: the workqueue hands a key to one worker).
+const serviceWorkers = 4
+
 func (r *ServiceReconciler) allServices(ctx context.Context, _ client.Object) []reconcile.Request {
+	// The gate's own handler may run after the reconciles this enqueues:
+	// they must not build on the gate as it was.
+	r.gate.changed()
 	var l corev1.ServiceList
 	if err := r.Client.List(ctx, &l); err != nil {
 		return nil
@@ -126,6 +145,7 @@ func (r *ServiceReconciler) allServices(ctx context.Context, _ client.Object) []
 }
 
 func (r *ServiceReconciler) namespaceServices(ctx context.Context, o client.Object) []reconcile.Request {
+	r.gate.changed() // as in allServices
 	var l corev1.ServiceList
 	if err := r.Client.List(ctx, &l, client.InNamespace(o.GetNamespace())); err != nil {
 		return nil
@@ -162,7 +182,7 @@ func (r *ServiceReconciler) Reconcile(ctx context.Context, req reconcile.Request
 	if err := r.Client.Get(ctx, types.NamespacedName{Name: svc.Namespace}, &ns); err != nil && !apierrors.IsNotFound(err) {
 		return reconcile.Result{}, fmt.Errorf("get namespace %s: %w", svc.Namespace, err)
 	}
-	hostEPs, err := hostEndpoints(ctx, r.Client, r.Allowed)
+	hostEPs, err := r.gate.get(ctx, r.Client, r.Allowed)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
