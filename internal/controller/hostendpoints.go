@@ -90,7 +90,7 @@ func (m *hostEndpointsMemo) get(ctx context.Context, c client.Reader, allowed []
 	}
 	g := m.gen.Load()
 	m.mu.Lock()
-	if m.ok && m.at == g {
+	if m.ok && m.at >= g { // one built as late or later
 		defer m.mu.Unlock()
 		return m.val, nil
 	}
@@ -101,7 +101,7 @@ func (m *hostEndpointsMemo) get(ctx context.Context, c client.Reader, allowed []
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if !m.ok || g >= m.at {
+	if !m.ok || g > m.at {
 		m.val, m.at, m.ok = v, g, true
 	}
 	return v, nil

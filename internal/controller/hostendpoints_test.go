@@ -8,12 +8,14 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/cache/informertest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/pkg/scheme"
 )
 
@@ -100,5 +102,37 @@ func TestHostEndpointsMemo(t *testing.T) {
 	get("n1", false)
 	if b := builds(); b != 4 {
 		t.Fatalf("after changed(): %d builds, want 4", b)
+	}
+}
+
+// TestHostEndpointsMemoWatchesEveryInput: an event of each kind the gate
+// is built from marks it out of date, as does the Service reconciler's
+// map function for hostNetwork pods before it enqueues.
+func TestHostEndpointsMemoWatchesEveryInput(t *testing.T) {
+	ctx := context.Background()
+	infs := &informertest.FakeInformers{Scheme: scheme.Scheme}
+	m := &hostEndpointsMemo{}
+	if err := m.watch(ctx, infs); err != nil {
+		t.Fatal(err)
+	}
+	meta := metav1.ObjectMeta{Name: "x"}
+	for _, o := range []client.Object{&corev1.Node{ObjectMeta: meta}, &lacev1.UnderlayEndpoint{ObjectMeta: meta},
+		&lacev1.Network{ObjectMeta: meta}, &networkingv1.ServiceCIDR{ObjectMeta: meta},
+		&lacev1.LoadBalancerClass{ObjectMeta: meta}, &corev1.Pod{ObjectMeta: meta}} {
+		fi, err := infs.FakeInformerFor(ctx, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := m.gen.Load()
+		fi.Add(o)
+		if m.gen.Load() == g {
+			t.Errorf("an event of %T left the gate as it was", o)
+		}
+	}
+	r := &ServiceReconciler{Client: fake.NewClientBuilder().WithScheme(scheme.Scheme).Build(), gate: m}
+	g := m.gen.Load()
+	r.namespaceServices(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "t", Name: "h"}})
+	if m.gen.Load() == g {
+		t.Error("namespaceServices enqueued without marking the gate out of date")
 	}
 }

@@ -114,7 +114,11 @@ func (r *ServiceReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&corev1.Service{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}))).
 		Watches(&discoveryv1.EndpointSlice{}, sliceOwner).
 		Watches(&lacev1.NetworkBindingPolicy{}, all, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&lacev1.Network{}, all).
+		// A Network is read by the host endpoint gate too.
+		Watches(&lacev1.Network{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			r.gate.changed() // as in namespaceServices
+			return r.allServices(ctx, o)
+		})).
 		// A hostNetwork pod (the only ones cached) may make its
 		// namespace's endpoints at its node's address served, or not.
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.namespaceServices)).
@@ -130,9 +134,6 @@ func (r *ServiceReconciler) SetupWithManager(mgr ctrl.Manager) error {
 const serviceWorkers = 4
 
 func (r *ServiceReconciler) allServices(ctx context.Context, _ client.Object) []reconcile.Request {
-	// The gate's own handler may run after the reconciles this enqueues:
-	// they must not build on the gate as it was.
-	r.gate.changed()
 	var l corev1.ServiceList
 	if err := r.Client.List(ctx, &l); err != nil {
 		return nil
@@ -145,7 +146,9 @@ func (r *ServiceReconciler) allServices(ctx context.Context, _ client.Object) []
 }
 
 func (r *ServiceReconciler) namespaceServices(ctx context.Context, o client.Object) []reconcile.Request {
-	r.gate.changed() // as in allServices
+	// The gate's own handler may run after the reconciles this enqueues:
+	// they must not build on the gate as it was.
+	r.gate.changed()
 	var l corev1.ServiceList
 	if err := r.Client.List(ctx, &l, client.InNamespace(o.GetNamespace())); err != nil {
 		return nil
