@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -15,6 +16,7 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/model"
@@ -68,10 +70,12 @@ func hostEndpoints(ctx context.Context, c client.Reader, allowed []netip.Prefix)
 // one is built makes the next ask build it again, never keeps it stale.
 type hostEndpointsMemo struct {
 	gen atomic.Uint64
-	mu  sync.Mutex
-	at  uint64
-	ok  bool
-	val model.HostEndpoints
+	// checked is the gen watchChanges last compared the gate at.
+	checked atomic.Uint64
+	mu      sync.Mutex
+	at      uint64
+	ok      bool
+	val     model.HostEndpoints
 }
 
 // changed marks the gate out of date (nil: no memo, nothing to mark).
@@ -143,4 +147,46 @@ func (m *hostEndpointsMemo) watch(ctx context.Context, informers cache.Informers
 // isAPIServerSlice tells a slice of the kubernetes Service.
 func isAPIServerSlice(sl *discoveryv1.EndpointSlice) bool {
 	return sl.Namespace == metav1.NamespaceDefault && sl.Labels[discoveryv1.LabelServiceName] == "kubernetes"
+}
+
+// gateCheckEvery spaces the checks of the gate for changes (watchChanges):
+// a node whose addresses flap costs every Service a reconcile at most
+// this often.
+const gateCheckEvery = 2 * time.Second
+
+// watchChanges, every interval, builds the gate again when an event marked
+// it out of date and, when it differs from the one last checked, sends one
+// event on out, from which every Service is reconciled: what a Node, an
+// UnderlayEndpoint or the kubernetes Service's slices change in the gate
+// (a node listing another's address) is reported on Services that did
+// not change themselves. Errors are retried at the next check.
+func (m *hostEndpointsMemo) watchChanges(ctx context.Context, c client.Reader, allowed []netip.Prefix, every time.Duration,
+	out chan<- event.GenericEvent) error {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var last model.HostEndpoints
+	seen := false
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		g := m.gen.Load()
+		if seen && m.checked.Load() == g {
+			continue
+		}
+		h, err := m.get(ctx, c, allowed)
+		if err != nil {
+			continue
+		}
+		if seen && !h.Equal(last) {
+			select {
+			case out <- event.GenericEvent{Object: &corev1.Service{}}:
+			default: // one is pending: it reconciles every Service
+			}
+		}
+		last, seen = h, true
+		m.checked.Store(g)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -14,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/pkg/scheme"
@@ -134,5 +136,57 @@ func TestHostEndpointsMemoWatchesEveryInput(t *testing.T) {
 	r.namespaceServices(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "t", Name: "h"}})
 	if m.gen.Load() == g {
 		t.Error("namespaceServices enqueued without marking the gate out of date")
+	}
+}
+
+// TestHostEndpointsGateChanges: a change of the gate (a second node
+// listing n1's address contests it) sends one event, from which every
+// Service is reconciled; an event that changes nothing of it sends none.
+func TestHostEndpointsGateChanges(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	node := func(name string) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.0.2.1"}}}}
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(node("n1")).Build()
+	m := &hostEndpointsMemo{}
+	out := make(chan event.GenericEvent, 1)
+	done := make(chan error, 1)
+	go func() { done <- m.watchChanges(ctx, c, nil, 5*time.Millisecond, out) }()
+	// checkedPast waits until the watcher compared the gate at gen g or later.
+	checkedPast := func(g uint64) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for m.checked.Load() < g {
+			if time.Now().After(deadline) {
+				t.Fatalf("the watcher did not check the gate at gen %d (at %d)", g, m.checked.Load())
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	m.changed()
+	checkedPast(m.gen.Load())
+	// Marked out of date, nothing changed: no event.
+	m.changed()
+	checkedPast(m.gen.Load())
+	select {
+	case <-out:
+		t.Fatal("an event that changed nothing of the gate reconciled every Service")
+	default:
+	}
+	// n2 lists n1's address: the address is contested now.
+	if err := c.Create(ctx, node("n2")); err != nil {
+		t.Fatal(err)
+	}
+	m.changed()
+	select {
+	case <-out:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the gate changed (192.0.2.1 contested) and no Service was reconciled")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -15,9 +15,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/model"
@@ -101,6 +104,14 @@ func (r *ServiceReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err := r.gate.watch(context.Background(), mgr.GetCache()); err != nil {
 		return err
 	}
+	// A change of the gate reconciles every Service: their refused
+	// endpoints may change with it.
+	gateChanged := make(chan event.GenericEvent, 1)
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		return r.gate.watchChanges(ctx, r.Client, r.Allowed, gateCheckEvery, gateChanged)
+	})); err != nil {
+		return fmt.Errorf("watch the host endpoint gate: %w", err)
+	}
 	all := handler.EnqueueRequestsFromMapFunc(r.allServices)
 	sliceOwner := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 		name := o.GetLabels()[discoveryv1.LabelServiceName]
@@ -122,6 +133,7 @@ func (r *ServiceReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// A hostNetwork pod (the only ones cached) may make its
 		// namespace's endpoints at its node's address served, or not.
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.namespaceServices)).
+		WatchesRawSource(source.Channel(gateChanged, all)).
 		// A reconcile reads the cache and patches its own Service only:
 		// one worker wrote the bindings of 10,000 Services at ~40/s
 		// (docs/performance.md), each waiting for its patch's answer.
