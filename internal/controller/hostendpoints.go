@@ -124,7 +124,7 @@ func (m *hostEndpointsMemo) watch(ctx context.Context, informers cache.Informers
 			o = d.Obj
 		}
 		sl, ok := o.(*discoveryv1.EndpointSlice)
-		return !ok || isAPIServerSlice(sl)
+		return !ok || model.IsKubernetesService(sl.Namespace, sl.Labels[discoveryv1.LabelServiceName])
 	}
 	kinds := []client.Object{&corev1.Node{}, &lacev1.UnderlayEndpoint{}, &lacev1.Network{}, &networkingv1.ServiceCIDR{},
 		&lacev1.LoadBalancerClass{}, &corev1.Pod{}, &discoveryv1.EndpointSlice{}}
@@ -142,11 +142,6 @@ func (m *hostEndpointsMemo) watch(ctx context.Context, informers cache.Informers
 		}
 	}
 	return nil
-}
-
-// isAPIServerSlice tells a slice of the kubernetes Service.
-func isAPIServerSlice(sl *discoveryv1.EndpointSlice) bool {
-	return sl.Namespace == metav1.NamespaceDefault && sl.Labels[discoveryv1.LabelServiceName] == "kubernetes"
 }
 
 // gateCheckEvery spaces the checks of the gate for changes (watchChanges):

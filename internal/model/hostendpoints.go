@@ -107,7 +107,7 @@ func NewHostEndpoints(nodes []corev1.Node, ueps []lacev1.UnderlayEndpoint, epSli
 		}
 	}
 	for _, sl := range epSlices {
-		if !isKubernetesService(sl.Namespace, sl.Labels[discoveryv1.LabelServiceName]) {
+		if !IsKubernetesService(sl.Namespace, sl.Labels[discoveryv1.LabelServiceName]) {
 			continue
 		}
 		for _, ep := range sl.Endpoints {
@@ -141,14 +141,16 @@ func TrimHostPod(obj any) (any, error) {
 		Spec: corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork}}, nil
 }
 
-func isKubernetesService(ns, name string) bool {
+// IsKubernetesService tells the API server's own Service (its slices
+// name the API server's addresses).
+func IsKubernetesService(ns, name string) bool {
 	return ns == metav1.NamespaceDefault && name == "kubernetes"
 }
 
 // Refused tells why the endpoint ep at addr, in a slice of Service
 // svc's namespace, is not served ("" when it may be).
 func (h HostEndpoints) Refused(svc *corev1.Service, ep *discoveryv1.Endpoint, addr netip.Addr) string {
-	if h.Nodes == nil || isKubernetesService(svc.Namespace, svc.Name) {
+	if h.Nodes == nil || IsKubernetesService(svc.Namespace, svc.Name) {
 		return ""
 	}
 	// Endpoints (v1) validation refuses these (ValidateNonSpecialIP);
