@@ -104,13 +104,13 @@ type svcEntry struct {
 	key     model.ServiceKey
 	uid     types.UID
 	created time.Time
-	// svc and slices are what res was computed from (the informers'
-	// objects), computed again from when a NetworkEndpoint changes.
-	svc    *corev1.Service
-	slices []*discoveryv1.EndpointSlice
-	res    model.ServiceResult
-	cost   model.Cost
-	gen    uint64
+	// The entry keeps no Service or EndpointSlice: the mirror has them.
+	// An update that changes nothing the agent reads swaps the mirror's
+	// object for the informer's newer one, and a copy held here would
+	// keep the older alive (a second copy of every annotated Service).
+	res  model.ServiceResult
+	cost model.Cost
+	gen  uint64
 }
 
 func byKey(e *svcEntry, k model.ServiceKey) int {
@@ -156,11 +156,15 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool) (st
 			gone = true
 		}
 	}
-	// A NetworkEndpoint change reached these: computed again from what
-	// they were computed from.
+	// A NetworkEndpoint change reached these: computed again from the
+	// mirror's objects. One the mirror lost since the take is left to the
+	// next take, which removes it.
 	for k := range c.stale {
-		if e := c.entries[k]; e != nil {
-			c.put(k, e.svc, e.slices)
+		if c.entries[k] == nil {
+			continue
+		}
+		if svc, group := c.mirror.current(k); svc != nil {
+			c.put(k, svc, group)
 		}
 	}
 	c.stale = nil
@@ -265,7 +269,7 @@ func (c *serviceCache) put(k model.ServiceKey, svc *corev1.Service, group []*dis
 		}
 		return nil, e
 	}
-	n = &svcEntry{key: k, uid: svc.UID, created: svc.CreationTimestamp.Time, svc: svc, slices: group, gen: c.gen,
+	n = &svcEntry{key: k, uid: svc.UID, created: svc.CreationTimestamp.Time, gen: c.gen,
 		res: c.env.Compute(svc, group)}
 	serviceComputations.Inc()
 	n.cost = model.CostOf(&n.res)

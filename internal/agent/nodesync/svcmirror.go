@@ -178,6 +178,18 @@ func (m *svcMirror) take(all bool) ([]svcChange, []time.Time) {
 	return out, trig
 }
 
+// current is service k as the mirror has it now (nil: gone) and its
+// served EndpointSlices.
+func (m *svcMirror) current(k model.ServiceKey) (*corev1.Service, []*discoveryv1.EndpointSlice) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	svc := m.svcs[k]
+	if svc == nil {
+		return nil, nil
+	}
+	return svc, m.group(k, true)
+}
+
 // group is service k's EndpointSlices by name: only model.SliceService's
 // when served, else all that name it. The caller holds mu.
 func (m *svcMirror) group(k model.ServiceKey, served bool) []*discoveryv1.EndpointSlice {
