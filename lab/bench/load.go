@@ -367,8 +367,17 @@ func runPods(ctx context.Context, cs kubernetes.Interface, c lab.Config, ns stri
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": name}},
 			Spec: corev1.PodSpec{NodeName: node, TerminationGracePeriodSeconds: ptr.To[int64](1),
 				Containers: []corev1.Container{{Name: "pause", Image: "registry.k8s.io/pause:3.10"}}}}
-		if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-			return nil, fmt.Errorf("pod %s: %w", name, err)
+		// The API server's namespace admission may still take a namespace
+		// that an earlier run deleted and this one created again for the
+		// old one, terminating, for a few seconds.
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Second) {
+			_, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+			if err == nil {
+				break
+			}
+			if !apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) || time.Now().After(deadline) {
+				return nil, fmt.Errorf("pod %s: %w", name, err)
+			}
 		}
 	}
 	out := map[string]benchPod{}

@@ -316,8 +316,9 @@ type progResult struct {
 	restCPU   map[string]time.Duration
 	restFor   time.Duration
 	restAlloc float64
-	// RSS after programming, bytes.
-	rss map[string]int64
+	// RSS after programming and after the rest, and the part of each
+	// that maps files (the binary), bytes.
+	rss, rssFile, restRSS, restRSSFile map[string]int64
 	// CPU time used by each process from the first object written to
 	// every service served, and over the changes.
 	progCPU, changeCPU map[string]time.Duration
@@ -485,7 +486,7 @@ feed:
 	pw.Wait()
 	r.bound = waitBound(ctx, cs, prefix+"-", n, last, timeout)
 	r.progCPU = cpuDelta(cpu0, cpuOf(procs))
-	r.rss = rssOf(procs)
+	r.rss, r.rssFile = rssOf(procs), fileRSSOf(procs)
 	laceNS, peerNS := netutil.Path(c.NetNS(laceNode)), netutil.Path(c.NetNS(peerNode))
 	r.heap, _ = promValue(ctx, laceNS, "127.0.0.1:9962", "go_memstats_heap_inuse_bytes")
 	// What every sync of the agent reads back from the maps before
@@ -620,6 +621,7 @@ feed:
 			return r, ctx.Err()
 		}
 		r.restCPU, r.restFor = cpuDelta(cpu0, cpuOf(procs)), time.Since(t)
+		r.restRSS, r.restRSSFile = rssOf(procs), fileRSSOf(procs)
 		if a1, err := promValue(ctx, laceNS, "127.0.0.1:9962", "go_memstats_alloc_bytes_total"); err == nil && a0 > 0 {
 			r.restAlloc = a1 - a0
 		}
@@ -1254,13 +1256,27 @@ func cpuDelta(a, b map[string]time.Duration) map[string]time.Duration {
 	return out
 }
 
-func vmRSS(pid int) int64 {
+// fileRSSOf returns the resident pages of each process that map files
+// (RssFile): mostly the pages of its binary, which the kernel can drop
+// and read again, shared with any other process of the same binary.
+func fileRSSOf(procs map[string]int) map[string]int64 {
+	out := map[string]int64{}
+	for k, pid := range procs {
+		out[k] = statusBytes(pid, "RssFile:")
+	}
+	return out
+}
+
+func vmRSS(pid int) int64 { return statusBytes(pid, "VmRSS:") }
+
+// statusBytes is the field of /proc/pid/status named key, in bytes.
+func statusBytes(pid int, key string) int64 {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0
 	}
 	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+		if v, ok := strings.CutPrefix(l, key); ok {
 			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 			return kb << 10
 		}
@@ -1436,12 +1452,24 @@ func printProgramming(rs []progResult, o svcOptions) {
 				r.n, laceNode, mib(int64(r.heap)), mib(int64(r.allocPerChange)))
 		}
 	}
-	fmt.Println("memory (VmRSS) after programming")
+	fmt.Println("memory (VmRSS; in brackets RssFile, the part that maps the binary's pages)")
 	tw = tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "services\tendpoints\tLace agent "+laceNode+"\tLace agent "+peerNode+"\tLace controller\tkube-proxy "+peerNode+"\t")
+	fmt.Fprintln(tw, "services\tendpoints\twhen\tLace agent "+laceNode+"\tLace agent "+peerNode+"\tLace controller\tkube-proxy "+peerNode+"\t")
+	mem := func(rss, file map[string]int64, k string) string {
+		if rss[k] == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%s (%s)", mib(rss[k]), mib(file[k]))
+	}
 	for _, r := range rs {
-		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t\n", r.n, r.n*o.endpoints, mib(r.rss["agent "+laceNode]), mib(r.rss["agent "+peerNode]),
-			mib(r.rss["controller"]), mib(r.rss["kube-proxy"]))
+		row := func(when string, rss, file map[string]int64) {
+			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t\n", r.n, r.n*o.endpoints, when, mem(rss, file, "agent "+laceNode),
+				mem(rss, file, "agent "+peerNode), mem(rss, file, "controller"), mem(rss, file, "kube-proxy"))
+		}
+		row("after programming", r.rss, r.rssFile)
+		if r.restRSS != nil {
+			row("after the rest", r.restRSS, r.restRSSFile)
+		}
 	}
 	tw.Flush()
 	fmt.Println("target: agent <= 100 MiB with 10,000 services and 100,000 endpoints")
