@@ -142,8 +142,14 @@ func (c *serviceCache) update(shared model.ServiceInput, sharedChanged bool) (st
 	if room := maxTriggers - len(c.triggers); room > 0 {
 		c.triggers = append(c.triggers, trig[:min(len(trig), room)]...)
 	}
-	c.touched = c.touched[:0]
-	clear(c.before)
+	c.touched = reuse(c.touched)
+	// before is the update's alone: what it holds goes with it.
+	defer func() {
+		if len(c.before) > reuseMax {
+			c.before = nil // a burst's table goes
+		}
+		clear(c.before)
+	}()
 	wasRefused := c.refused
 	var added []*svcEntry
 	gone := false
@@ -418,15 +424,16 @@ func (c *serviceCache) forget(e *svcEntry) {
 // the last call: each entry's refs taken out and put in at their place
 // (a memmove each), or, when many changed, all of them sorted again.
 func (c *serviceCache) syncFronts() {
-	defer func() { c.frontsIn, c.frontsOut = c.frontsIn[:0], c.frontsOut[:0] }()
+	defer func() { c.frontsIn, c.frontsOut = reuse(c.frontsIn), reuse(c.frontsOut) }()
 	if len(c.frontsIn)+len(c.frontsOut) > 256 {
-		c.fronts = c.fronts[:0]
+		fronts := reuse(c.fronts)
 		for _, e := range c.order {
 			for i := range e.res.Services {
-				c.fronts = append(c.fronts, model.FrontendRef{R: &e.res, I: i})
+				fronts = append(fronts, model.FrontendRef{R: &e.res, I: i})
 			}
 		}
-		slices.SortFunc(c.fronts, model.CompareFrontends)
+		slices.SortFunc(fronts, model.CompareFrontends)
+		c.fronts = fronts
 		return
 	}
 	for _, e := range c.frontsOut {
@@ -447,6 +454,24 @@ func (c *serviceCache) syncFronts() {
 			c.fronts = slices.Insert(c.fronts, j, ref)
 		}
 	}
+}
+
+// reuseMax is the most elements a scratch slice or map of the cache keeps
+// room for between updates: a burst (10,000 Services created or deleted)
+// leaves no table of its size behind.
+const reuseMax = 1024
+
+// reuse empties s for the next update. What s held is cleared, since a
+// truncated slice still points at it: the refs of entries forgotten would
+// keep every one of them, results and backends, alive (after 10,000
+// Services were deleted, 20 MB of them stayed). A burst's large array
+// goes.
+func reuse[T any](s []T) []T {
+	if cap(s) > reuseMax {
+		return nil
+	}
+	clear(s[:cap(s)])
+	return s[:0]
 }
 
 // counted: the service takes room in the maps, and the budget judges it.

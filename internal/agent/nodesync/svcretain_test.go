@@ -1,12 +1,15 @@
 package nodesync
 
 import (
+	"fmt"
 	"runtime"
 	"testing"
 	"weak"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/model"
@@ -49,5 +52,56 @@ func TestServiceCacheKeepsNoReplacedService(t *testing.T) {
 		t.Fatal("the replaced Service is still held beside the informer's new one")
 	}
 	runtime.KeepAlive(next)
+	runtime.KeepAlive(&c)
+}
+
+// TestServiceCacheReleasesDeletedServices: once a burst of Services is
+// deleted, nothing of the cache holds their entries (results, backends).
+// The refs of the frontends' order and the update's scratch lists were
+// truncated, not cleared, and kept every entry of the burst alive.
+func TestServiceCacheReleasesDeletedServices(t *testing.T) {
+	shared := model.ServiceInput{Node: "n1", Networks: []lacev1.Network{{ObjectMeta: metav1.ObjectMeta{Name: "default"},
+		Status: lacev1.NetworkStatus{ID: 1}}}, BindingPolicies: []lacev1.NetworkBindingPolicy{{ObjectMeta: metav1.ObjectMeta{Name: "default"},
+		Spec: lacev1.NetworkBindingPolicySpec{Network: "default", Priority: model.CatchAllPriority}}}}
+	// One Service kept, so that the merge after the deletion is not empty.
+	const n = 3000
+	var c serviceCache
+	entries := func() []weak.Pointer[svcEntry] {
+		var svcs []*corev1.Service
+		var sls []*discoveryv1.EndpointSlice
+		for i := range n {
+			name, vip := fmt.Sprintf("s%05d", i), fmt.Sprintf("10.96.%d.%d", i>>8, i&255)
+			svcs = append(svcs, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: name, ResourceVersion: "1"},
+				Spec: corev1.ServiceSpec{ClusterIP: vip, ClusterIPs: []string{vip}, Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}})
+			sls = append(sls, &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: name, ResourceVersion: "1",
+				Labels: map[string]string{discoveryv1.LabelServiceName: name}}, AddressType: discoveryv1.AddressTypeIPv4,
+				Ports:     []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080)}},
+				Endpoints: []discoveryv1.Endpoint{{Addresses: []string{fmt.Sprintf("10.1.%d.%d", i>>8, i&255)}}}})
+		}
+		if st, _, _ := c.updateLists(shared, true, svcs, sls); len(st.Services) != n {
+			t.Fatalf("%d services programmed, want %d", len(st.Services), n)
+		}
+		var out []weak.Pointer[svcEntry]
+		for _, e := range c.entries {
+			if e.key.Name != "s00000" {
+				out = append(out, weak.Make(e))
+			}
+		}
+		if st, _, _ := c.updateLists(shared, false, svcs[:1], sls[:1]); len(st.Services) != 1 {
+			t.Fatalf("%d services programmed after the deletion, want 1", len(st.Services))
+		}
+		return out
+	}()
+	runtime.GC()
+	runtime.GC()
+	held := 0
+	for _, w := range entries {
+		if w.Value() != nil {
+			held++
+		}
+	}
+	if held > 0 {
+		t.Fatalf("%d of %d deleted services' entries are still held", held, len(entries))
+	}
 	runtime.KeepAlive(&c)
 }
