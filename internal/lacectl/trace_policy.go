@@ -50,7 +50,7 @@ func (p *TracePolicy) Denied() bool {
 // subject: Decide looks at the pods it is asked about).
 func policyInput(in TraceInput) netpol.Input {
 	out := netpol.Input{ClusterPolicies: in.ClusterPolicies, Nodes: netpolapi.NodesOf(in.Nodes),
-		Pods: netpolapi.PodsOf(in.Pods, in.NetworkEndpoints, in.Networks), Namespaces: map[string]map[string]string{}}
+		Pods: netpolapi.PodsOf(netpolapi.PeersOf(in.Pods), in.NetworkEndpoints, in.Networks), Namespaces: map[string]map[string]string{}}
 	for i := range in.NetworkPolicies {
 		out.Policies = append(out.Policies, &in.NetworkPolicies[i])
 	}

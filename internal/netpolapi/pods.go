@@ -2,8 +2,11 @@ package netpolapi
 
 import (
 	"net/netip"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -18,16 +21,16 @@ var ClusterNetworkPolicyListGVK = schema.GroupVersionKind{Group: ClusterNetworkP
 // PodsOf are the policies' pods: each pod with a NetworkEndpoint of its own
 // (same name and UID) in a network that has its ID, at the endpoint's
 // addresses. Host-network pods have none: they are their node's addresses.
-func PodsOf(pods []corev1.Pod, endpoints []lacev1.NetworkEndpoint, networks []lacev1.Network) []netpol.Pod {
+func PodsOf(pods []*PeerPod, endpoints []lacev1.NetworkEndpoint, networks []lacev1.Network) []netpol.Pod {
 	netID := make(map[string]uint32, len(networks))
 	for _, n := range networks {
 		if n.Status.ID > 0 {
 			netID[n.Name] = uint32(n.Status.ID)
 		}
 	}
-	byName := make(map[client.ObjectKey]*corev1.Pod, len(pods))
-	for i := range pods {
-		byName[client.ObjectKeyFromObject(&pods[i])] = &pods[i]
+	byName := make(map[client.ObjectKey]*PeerPod, len(pods))
+	for _, p := range pods {
+		byName[client.ObjectKeyFromObject(p)] = p
 	}
 	var out []netpol.Pod
 	for i := range endpoints {
@@ -76,8 +79,35 @@ func endpointAddrs(ne *lacev1.NetworkEndpoint) []netip.Addr {
 	return out
 }
 
-func podOf(p *corev1.Pod, netID uint32, addrs []netip.Addr) netpol.Pod {
-	out := netpol.Pod{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels, NetID: netID, Addrs: addrs}
+func podOf(p *PeerPod, netID uint32, addrs []netip.Addr) netpol.Pod {
+	return netpol.Pod{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels, NetID: netID, Addrs: addrs, Ports: p.Ports}
+}
+
+// PeerPod is what network policies read of a pod: its name, namespace,
+// UID, labels and named ports. The agent keeps one for every pod of the
+// cluster (the peers policies select), in the store of an informer whose
+// transform, TrimPod, makes them: a corev1.Pod value alone is 1,152 bytes,
+// nearly all of it fields no policy reads. Its metadata holds only those
+// and the resourceVersion (the informer's).
+type PeerPod struct {
+	metav1.ObjectMeta
+	Ports []netpol.Port
+}
+
+// GetObjectKind implements runtime.Object: a PeerPod is no API kind.
+func (p *PeerPod) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
+
+// DeepCopyObject implements runtime.Object.
+func (p *PeerPod) DeepCopyObject() runtime.Object {
+	out := &PeerPod{Ports: slices.Clone(p.Ports)}
+	p.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
+	return out
+}
+
+// PeerOf is what policies read of p.
+func PeerOf(p *corev1.Pod) *PeerPod {
+	out := &PeerPod{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID,
+		ResourceVersion: p.ResourceVersion, Labels: p.Labels}}
 	for _, c := range p.Spec.Containers {
 		for _, port := range c.Ports {
 			if port.Name != "" {
@@ -88,25 +118,20 @@ func podOf(p *corev1.Pod, netID uint32, addrs []netip.Addr) netpol.Pod {
 	return out
 }
 
-// TrimPod is the transform of the every-pod cache: what policies read of
-// a pod (its name, UID, labels, named ports).
+// PeersOf are PeerOf of each pod.
+func PeersOf(pods []corev1.Pod) []*PeerPod {
+	out := make([]*PeerPod, len(pods))
+	for i := range pods {
+		out[i] = PeerOf(&pods[i])
+	}
+	return out
+}
+
+// TrimPod is the transform of the every-pod informer: a pod becomes its
+// PeerPod; anything else (a tombstone) stays as it is.
 func TrimPod(in any) (any, error) {
-	p, ok := in.(*corev1.Pod)
-	if !ok {
-		return in, nil
+	if p, ok := in.(*corev1.Pod); ok {
+		return PeerOf(p), nil
 	}
-	out := &corev1.Pod{}
-	out.Name, out.Namespace, out.UID, out.ResourceVersion, out.Labels = p.Name, p.Namespace, p.UID, p.ResourceVersion, p.Labels
-	for _, c := range p.Spec.Containers {
-		var ports []corev1.ContainerPort
-		for _, port := range c.Ports {
-			if port.Name != "" {
-				ports = append(ports, corev1.ContainerPort{Name: port.Name, Protocol: port.Protocol, ContainerPort: port.ContainerPort})
-			}
-		}
-		if ports != nil {
-			out.Spec.Containers = append(out.Spec.Containers, corev1.Container{Ports: ports})
-		}
-	}
-	return out, nil
+	return in, nil
 }

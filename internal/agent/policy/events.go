@@ -9,6 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
+	"github.com/lace-cni/lace/internal/netpolapi"
 	"github.com/lace-cni/lace/internal/predicates"
 )
 
@@ -21,10 +22,9 @@ import (
 // always count.
 func changed(was, is any) bool {
 	switch o := was.(type) {
-	case *corev1.Pod:
-		n, ok := is.(*corev1.Pod)
-		// Its labels and named ports (netpolapi.TrimPod keeps those).
-		return !ok || o.UID != n.UID || !maps.Equal(o.Labels, n.Labels) || !equality.Semantic.DeepEqual(o.Spec, n.Spec)
+	case *netpolapi.PeerPod:
+		n, ok := is.(*netpolapi.PeerPod)
+		return !ok || o.UID != n.UID || !maps.Equal(o.Labels, n.Labels) || !slices.Equal(o.Ports, n.Ports)
 	case *corev1.Node:
 		n, ok := is.(*corev1.Node)
 		return !ok || predicates.NodeUpdate(o, n) // labels and addresses: nodes peers

@@ -14,11 +14,11 @@ import (
 // TestChangedPassesWhatACompileReads: status churn of pods, nodes and
 // NetworkEndpoints compiles nothing; every field the compile reads does.
 func TestChangedPassesWhatACompileReads(t *testing.T) {
-	trim := func(p *corev1.Pod) *corev1.Pod {
+	trim := func(p *corev1.Pod) *netpolapi.PeerPod {
 		out, _ := netpolapi.TrimPod(p)
-		return out.(*corev1.Pod)
+		return out.(*netpolapi.PeerPod)
 	}
-	pod := func(mut func(*corev1.Pod)) *corev1.Pod {
+	pod := func(mut func(*corev1.Pod)) *netpolapi.PeerPod {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a", UID: "u1", ResourceVersion: "1",
 			Labels: map[string]string{"app": "a"}},
 			Spec: corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{Ports: []corev1.ContainerPort{

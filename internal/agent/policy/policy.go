@@ -43,11 +43,18 @@ type Locals interface {
 	EachLocal(fn func(namespace, name string, ifindex uint32))
 }
 
+// PodInformer is the informer of every pod of the cluster, whose store
+// holds them as netpolapi.PeerPods (its transform is netpolapi.TrimPod).
+type PodInformer interface {
+	AddEventHandler(toolscache.ResourceEventHandler) (toolscache.ResourceEventHandlerRegistration, error)
+	GetStore() toolscache.Store
+}
+
 // Enforcer compiles and writes the node's policy tables.
 type Enforcer struct {
 	log    *slog.Logger
 	cache  cache.Cache // policies, namespaces, NetworkEndpoints, networks
-	pods   cache.Cache // every pod, trimmed (TrimPod)
+	pods   PodInformer
 	locals Locals
 	dp     DataPlane
 	rec    record.EventRecorder
@@ -63,7 +70,7 @@ type Enforcer struct {
 }
 
 // New makes an Enforcer; Run starts it.
-func New(log *slog.Logger, c, pods cache.Cache, locals Locals, dp DataPlane, rec record.EventRecorder) *Enforcer {
+func New(log *slog.Logger, c cache.Cache, pods PodInformer, locals Locals, dp DataPlane, rec record.EventRecorder) *Enforcer {
 	return &Enforcer{log: log.With("part", "policy"), cache: c, pods: pods, locals: locals, dp: dp, rec: rec,
 		kick: make(chan struct{}, 1)}
 }
@@ -99,7 +106,7 @@ func (e *Enforcer) Run(ctx context.Context) error {
 		obj client.Object
 	}{
 		{e.cache, &networkingv1.NetworkPolicy{}}, {e.cache, &corev1.Namespace{}}, {e.cache, &corev1.Node{}},
-		{e.cache, &lacev1.NetworkEndpoint{}}, {e.cache, &lacev1.Network{}}, {e.pods, &corev1.Pod{}},
+		{e.cache, &lacev1.NetworkEndpoint{}}, {e.cache, &lacev1.Network{}},
 	} {
 		inf, err := w.c.GetInformer(ctx, w.obj)
 		if err != nil {
@@ -108,6 +115,15 @@ func (e *Enforcer) Run(ctx context.Context) error {
 		if _, err := inf.AddEventHandler(h); err != nil {
 			return fmt.Errorf("watch %T: %w", w.obj, err)
 		}
+	}
+	// The caches above are synced once GetInformer returns; the pods'
+	// informer is waited for here.
+	reg, err := e.pods.AddEventHandler(h)
+	if err != nil {
+		return fmt.Errorf("watch pods: %w", err)
+	}
+	if !toolscache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
+		return nil
 	}
 	settled := make(chan struct{})
 	go e.watchClusterPolicies(ctx, h, settled)
@@ -208,15 +224,19 @@ func (e *Enforcer) input(ctx context.Context) (netpol.Input, error) {
 	if err := e.cache.List(ctx, &nets); err != nil {
 		return in, fmt.Errorf("list networks: %w", err)
 	}
+	// One per pod of the cluster, read only (PodsOf): not deep-copied.
 	var neps lacev1.NetworkEndpointList
-	if err := e.cache.List(ctx, &neps); err != nil {
+	if err := e.cache.List(ctx, &neps, client.UnsafeDisableDeepCopy); err != nil {
 		return in, fmt.Errorf("list network endpoints: %w", err)
 	}
-	var pods corev1.PodList
-	if err := e.pods.List(ctx, &pods); err != nil {
-		return in, fmt.Errorf("list pods: %w", err)
+	objs := e.pods.GetStore().List()
+	pods := make([]*netpolapi.PeerPod, 0, len(objs))
+	for _, o := range objs {
+		if p, ok := o.(*netpolapi.PeerPod); ok {
+			pods = append(pods, p)
+		}
 	}
-	in.Pods = netpolapi.PodsOf(pods.Items, neps.Items, nets.Items)
+	in.Pods = netpolapi.PodsOf(pods, neps.Items, nets.Items)
 	if err := e.clusterInput(ctx, &in); err != nil {
 		return in, err
 	}
