@@ -30,8 +30,10 @@ type svcMirror struct {
 	svcs map[model.ServiceKey]*corev1.Service
 	// slices are by the namespace and kubernetes.io/service-name label
 	// they carry (whatever else they say: model.SliceService filters),
-	// each by name; sliceKey is where each slice is filed.
-	slices   map[model.ServiceKey]map[string]*discoveryv1.EndpointSlice
+	// sorted by name: most services have one, and a map of one per
+	// service cost 10,000 small maps (about 2.5 MB); sliceKey is where
+	// each slice is filed.
+	slices   map[model.ServiceKey][]*discoveryv1.EndpointSlice
 	sliceKey map[types.NamespacedName]model.ServiceKey
 	dirty    map[model.ServiceKey]bool
 	// triggers are the last-change-trigger-times of the slices that
@@ -53,7 +55,7 @@ var kubernetesService = model.ServiceKey{Namespace: metav1.NamespaceDefault, Nam
 
 func (m *svcMirror) init() {
 	if m.svcs == nil {
-		m.svcs, m.slices = map[model.ServiceKey]*corev1.Service{}, map[model.ServiceKey]map[string]*discoveryv1.EndpointSlice{}
+		m.svcs, m.slices = map[model.ServiceKey]*corev1.Service{}, map[model.ServiceKey][]*discoveryv1.EndpointSlice{}
 		m.sliceKey, m.dirty = map[types.NamespacedName]model.ServiceKey{}, map[model.ServiceKey]bool{}
 	}
 }
@@ -75,7 +77,9 @@ func (m *svcMirror) setService(k model.ServiceKey, svc *corev1.Service) {
 func (m *svcMirror) setSlice(n types.NamespacedName, sl *discoveryv1.EndpointSlice, timed bool) {
 	m.init()
 	if old, ok := m.sliceKey[n]; ok {
-		delete(m.slices[old], n.Name)
+		if i, ok := m.find(old, n.Name); ok {
+			m.slices[old] = slices.Delete(m.slices[old], i, i+1)
+		}
 		if len(m.slices[old]) == 0 {
 			delete(m.slices, old)
 		}
@@ -90,10 +94,11 @@ func (m *svcMirror) setSlice(n types.NamespacedName, sl *discoveryv1.EndpointSli
 		return // nobody's
 	}
 	k := model.ServiceKey{Namespace: sl.Namespace, Name: name}
-	if m.slices[k] == nil {
-		m.slices[k] = map[string]*discoveryv1.EndpointSlice{}
+	if i, ok := m.find(k, n.Name); ok {
+		m.slices[k][i] = sl
+	} else {
+		m.slices[k] = slices.Insert(m.slices[k], i, sl)
 	}
-	m.slices[k][n.Name] = sl
 	m.sliceKey[n] = k
 	m.dirty[k] = true
 	if v, ok := sl.Annotations[corev1.EndpointsLastChangeTriggerTime]; ok && timed && len(m.triggers) < maxTriggers {
@@ -199,8 +204,15 @@ func (m *svcMirror) group(k model.ServiceKey, served bool) []*discoveryv1.Endpoi
 			g = append(g, sl)
 		}
 	}
-	slices.SortFunc(g, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
 	return g
+}
+
+// find is where the slice named name is among service k's (or would be).
+// The caller holds mu.
+func (m *svcMirror) find(k model.ServiceKey, name string) (int, bool) {
+	return slices.BinarySearchFunc(m.slices[k], name, func(sl *discoveryv1.EndpointSlice, name string) int {
+		return cmp.Compare(sl.Name, name)
+	})
 }
 
 // kubernetesSlices are the EndpointSlices of the API server's Service.
@@ -242,7 +254,8 @@ func (m *svcMirror) resync(svcs []*corev1.Service, all []*discoveryv1.EndpointSl
 		}
 		seenSlices[n] = true
 		k, filed := m.sliceKey[n]
-		if old := m.slices[k][n.Name]; !filed || old == nil || changedObject(old, sl) {
+		i, ok := m.find(k, n.Name)
+		if !filed || !ok || changedObject(m.slices[k][i], sl) {
 			m.setSlice(n, sl, m.primed)
 		}
 	}
