@@ -25,7 +25,9 @@ type Port struct {
 	Port     int32
 }
 
-// Pod is what policies need of a pod.
+// Pod is what policies need of a pod. Its Labels and Ports are the
+// agent's informer's own (netpolapi.PodsOf): a compile reads them and must
+// never modify them.
 type Pod struct {
 	Namespace, Name string
 	Labels          map[string]string

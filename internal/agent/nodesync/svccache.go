@@ -464,7 +464,7 @@ const reuseMax = 1024
 // reuse empties s for the next update. What s held is cleared, since a
 // truncated slice still points at it: the refs of entries forgotten would
 // keep every one of them, results and backends, alive (after 10,000
-// Services were deleted, 20 MB of them stayed). A burst's large array
+// Services were deleted, about 15 MB of them stayed). A burst's large array
 // goes.
 func reuse[T any](s []T) []T {
 	if cap(s) > reuseMax {

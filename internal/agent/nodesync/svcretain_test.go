@@ -58,13 +58,18 @@ func TestServiceCacheKeepsNoReplacedService(t *testing.T) {
 // TestServiceCacheReleasesDeletedServices: once a burst of Services is
 // deleted, nothing of the cache holds their entries (results, backends).
 // The refs of the frontends' order and the update's scratch lists were
-// truncated, not cleared, and kept every entry of the burst alive.
+// truncated, not cleared, and kept every entry of the burst alive. A
+// burst below and above reuseMax: scratch lists kept and dropped.
 func TestServiceCacheReleasesDeletedServices(t *testing.T) {
+	for _, n := range []int{500, 3000} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) { testReleasesDeleted(t, n) })
+	}
+}
+
+func testReleasesDeleted(t *testing.T, n int) {
 	shared := model.ServiceInput{Node: "n1", Networks: []lacev1.Network{{ObjectMeta: metav1.ObjectMeta{Name: "default"},
 		Status: lacev1.NetworkStatus{ID: 1}}}, BindingPolicies: []lacev1.NetworkBindingPolicy{{ObjectMeta: metav1.ObjectMeta{Name: "default"},
 		Spec: lacev1.NetworkBindingPolicySpec{Network: "default", Priority: model.CatchAllPriority}}}}
-	// One Service kept, so that the merge after the deletion is not empty.
-	const n = 3000
 	var c serviceCache
 	entries := func() []weak.Pointer[svcEntry] {
 		var svcs []*corev1.Service
@@ -81,6 +86,15 @@ func TestServiceCacheReleasesDeletedServices(t *testing.T) {
 		if st, _, _ := c.updateLists(shared, true, svcs, sls); len(st.Services) != n {
 			t.Fatalf("%d services programmed, want %d", len(st.Services), n)
 		}
+		// One endpoint change between the burst and its deletion.
+		moved := sls[1].DeepCopy()
+		moved.ResourceVersion, moved.Endpoints[0].Addresses[0] = "2", "10.2.0.1"
+		sls[1] = moved
+		if st, _, _ := c.updateLists(shared, false, svcs, sls); len(st.Services) != n {
+			t.Fatalf("%d services programmed after a change, want %d", len(st.Services), n)
+		}
+		// One Service kept, so that the merge after the deletion is not
+		// empty.
 		var out []weak.Pointer[svcEntry]
 		for _, e := range c.entries {
 			if e.key.Name != "s00000" {

@@ -6,6 +6,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	toolscache "k8s.io/client-go/tools/cache"
 
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/netpolapi"
@@ -81,5 +82,25 @@ func TestChangedPassesWhatACompileReads(t *testing.T) {
 		if got := changed(c.old, c.new); got != c.want {
 			t.Errorf("%s: changed = %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+// TestPeerPodsFailClosed: the compile reads the every-pod informer's
+// PeerPods, and fails on anything else there rather than compile without
+// those pods as peers.
+func TestPeerPodsFailClosed(t *testing.T) {
+	store := toolscache.NewStore(toolscache.MetaNamespaceKeyFunc)
+	peer, _ := netpolapi.TrimPod(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a", UID: "u1"}})
+	if err := store.Add(peer); err != nil {
+		t.Fatal(err)
+	}
+	if pods, err := peerPods(store); err != nil || len(pods) != 1 || pods[0].Name != "a" {
+		t.Fatalf("peerPods = %v, %v; want the one PeerPod", pods, err)
+	}
+	if err := store.Add(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "b"}}); err != nil {
+		t.Fatal(err)
+	}
+	if pods, err := peerPods(store); err == nil {
+		t.Fatalf("an untrimmed pod in the store compiled with peers %v", pods)
 	}
 }

@@ -229,12 +229,9 @@ func (e *Enforcer) input(ctx context.Context) (netpol.Input, error) {
 	if err := e.cache.List(ctx, &neps, client.UnsafeDisableDeepCopy); err != nil {
 		return in, fmt.Errorf("list network endpoints: %w", err)
 	}
-	objs := e.pods.GetStore().List()
-	pods := make([]*netpolapi.PeerPod, 0, len(objs))
-	for _, o := range objs {
-		if p, ok := o.(*netpolapi.PeerPod); ok {
-			pods = append(pods, p)
-		}
+	pods, err := peerPods(e.pods.GetStore())
+	if err != nil {
+		return in, err
 	}
 	in.Pods = netpolapi.PodsOf(pods, neps.Items, nets.Items)
 	if err := e.clusterInput(ctx, &in); err != nil {
@@ -244,6 +241,23 @@ func (e *Enforcer) input(ctx context.Context) (netpol.Input, error) {
 		in.Local = append(in.Local, netpol.Local{Namespace: ns, Name: name, Ifindex: ifindex})
 	})
 	return in, nil
+}
+
+// peerPods are the pods of the every-pod informer's store. Anything but a
+// PeerPod there fails the compile, which leaves the tables written last:
+// pods skipped would be peers missing, and a Deny of a ClusterNetworkPolicy
+// that selects them would match nothing.
+func peerPods(store toolscache.Store) ([]*netpolapi.PeerPod, error) {
+	objs := store.List()
+	pods := make([]*netpolapi.PeerPod, 0, len(objs))
+	for _, o := range objs {
+		p, ok := o.(*netpolapi.PeerPod)
+		if !ok {
+			return nil, fmt.Errorf("the pods' informer holds a %T, not a PeerPod (its transform is not netpolapi.TrimPod)", o)
+		}
+		pods = append(pods, p)
+	}
+	return pods, nil
 }
 
 // Collector exports the packets each policy refused on this node.
