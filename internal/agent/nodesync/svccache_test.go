@@ -345,13 +345,19 @@ func TestServiceCacheMatchesComputeServices(t *testing.T) {
 		computed, patched, refusedRounds, patchedRefused, cb.judged)
 }
 
+// defaultNetworkInput is what every service shares on node n1 of a cluster
+// with one network, "default", which binds every service.
+func defaultNetworkInput() model.ServiceInput {
+	return model.ServiceInput{Node: "n1", Networks: []lacev1.Network{{ObjectMeta: metav1.ObjectMeta{Name: "default"},
+		Status: lacev1.NetworkStatus{ID: 1}}}, BindingPolicies: []lacev1.NetworkBindingPolicy{{ObjectMeta: metav1.ObjectMeta{Name: "default"},
+		Spec: lacev1.NetworkBindingPolicySpec{Network: "default", Priority: model.CatchAllPriority}}}}
+}
+
 // BenchmarkServiceCacheOneChange: one EndpointSlice of 10,000 services
 // changes between two updates (the services bench's endpoint change).
 func BenchmarkServiceCacheOneChange(b *testing.B) {
 	const n = 10000
-	shared := model.ServiceInput{Node: "n1", Networks: []lacev1.Network{{ObjectMeta: metav1.ObjectMeta{Name: "default"},
-		Status: lacev1.NetworkStatus{ID: 1}}}, BindingPolicies: []lacev1.NetworkBindingPolicy{{ObjectMeta: metav1.ObjectMeta{Name: "default"},
-		Spec: lacev1.NetworkBindingPolicySpec{Network: "default", Priority: model.CatchAllPriority}}}}
+	shared := defaultNetworkInput()
 	svcs := make([]corev1.Service, n)
 	sls := make([]discoveryv1.EndpointSlice, n)
 	// ClusterIPs are given at random: not in the services' name order.

@@ -11,7 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/model"
 )
 
@@ -21,9 +20,7 @@ import (
 // the agent may still hold the old one: at 10,000 Services a second copy
 // of each was about 12 MiB of the agent's heap.
 func TestServiceCacheKeepsNoReplacedService(t *testing.T) {
-	shared := model.ServiceInput{Node: "n1", Networks: []lacev1.Network{{ObjectMeta: metav1.ObjectMeta{Name: "default"},
-		Status: lacev1.NetworkStatus{ID: 1}}}, BindingPolicies: []lacev1.NetworkBindingPolicy{{ObjectMeta: metav1.ObjectMeta{Name: "default"},
-		Spec: lacev1.NetworkBindingPolicySpec{Network: "default", Priority: model.CatchAllPriority}}}}
+	shared := defaultNetworkInput()
 	c := serviceCache{mirror: &svcMirror{kick: func() {}}}
 	h := c.mirror.serviceHandler()
 	var next *corev1.Service
@@ -67,9 +64,7 @@ func TestServiceCacheReleasesDeletedServices(t *testing.T) {
 }
 
 func testReleasesDeleted(t *testing.T, n int) {
-	shared := model.ServiceInput{Node: "n1", Networks: []lacev1.Network{{ObjectMeta: metav1.ObjectMeta{Name: "default"},
-		Status: lacev1.NetworkStatus{ID: 1}}}, BindingPolicies: []lacev1.NetworkBindingPolicy{{ObjectMeta: metav1.ObjectMeta{Name: "default"},
-		Spec: lacev1.NetworkBindingPolicySpec{Network: "default", Priority: model.CatchAllPriority}}}}
+	shared := defaultNetworkInput()
 	var c serviceCache
 	entries := func() []weak.Pointer[svcEntry] {
 		var svcs []*corev1.Service
