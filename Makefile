@@ -16,6 +16,9 @@ E2E_TEST  := $(K8S_BIN)/e2e.test
 # 1.34 deploys, and its image beside the lab's.
 COREDNS_VERSION := v1.12.1
 COREDNS   := $(CACHE_DIR)/coredns-$(COREDNS_VERSION)/coredns
+# The peer cluster's pod network (lace-lab up --cni flannel, make bench).
+FLANNEL_VERSION := v0.28.10
+FLANNEL   := $(CACHE_DIR)/flannel-$(FLANNEL_VERSION)/flanneld
 GO        ?= go
 GOFLAGS_TEST ?=
 # Cluster DNS in the labs of make lab and make test (DNS=0 goes without).
@@ -27,6 +30,7 @@ E2E_IMAGE_BINS := $(E2E_K8S_IMAGE_BINS) $(K8S_BIN)/sample-apiserver $(K8S_BIN)/e
 
 export LACE_K8S_BIN := $(K8S_BIN)
 export LACE_CNI_BIN := $(CNI_BIN)
+export LACE_FLANNEL := $(FLANNEL)
 # The lab's image tarballs (make images); tests import them from here.
 export LACE_IMAGES := $(BIN_DIR)/images
 COREDNS_TAR := $(LACE_IMAGES)/coredns.tar
@@ -128,7 +132,7 @@ test: deps k8s-bins cni-bins build images check-generated lint $(HELM) $(K8S_BIN
 	$(GO) test $(GOFLAGS_TEST) -count=1 -tags lace_ctv2 -run TestCTv2 ./internal/datapath
 
 .PHONY: bench
-bench: deps k8s-bins cni-bins build images $(HELM) ## Benchmarks on a lab, beside peers measured in the same run (root).
+bench: deps k8s-bins cni-bins build images flannel $(HELM) ## Benchmarks on a lab, beside peers measured in the same run (root).
 	$(GO) run ./lab/bench --bin $(BIN_DIR) $(if $(ONLY),--only $(ONLY))
 
 # Upstream's e2e suite of the pinned release, run on a lab by
@@ -297,6 +301,18 @@ $(COREDNS): hack/tools/coredns/go.mod hack/tools/coredns/go.sum hack/tools/cored
 
 $(COREDNS_TAR): $(COREDNS) lab/images/coredns.go
 	$(GO) run ./lab/mkimages --coredns $(COREDNS) --out $(LACE_IMAGES)
+
+# flannel has its own module too (hack/tools/flannel, go.mod says why it
+# replaces one SDK). Built as flannel's release is: cgo on (its udp
+# backend needs it), the version stamped.
+$(FLANNEL): hack/tools/flannel/go.mod hack/tools/flannel/go.sum $(wildcard hack/tools/flannel/tencentvpc-stub/*/*.go)
+	mkdir -p $(dir $@)
+	cd hack/tools/flannel && $(GO) build -trimpath \
+		-ldflags '-s -w -X github.com/flannel-io/flannel/pkg/version.Version=$(FLANNEL_VERSION)' -o $@ github.com/flannel-io/flannel
+	touch $@
+
+.PHONY: flannel
+flannel: $(FLANNEL) ## Build flanneld, the pod network of the peer cluster make bench measures (lace-lab up --cni flannel).
 
 .PHONY: coredns
 coredns: $(COREDNS_TAR) ## Build CoreDNS (the labs' cluster DNS, on by default) and its image into bin/images.

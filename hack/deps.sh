@@ -9,6 +9,8 @@ need=(
   clang:clang llc:llvm bpftool:bpftool ip:iproute2 nft:nftables conntrack:conntrack
   tcpdump:tcpdump curl:curl ping:iputils-ping ethtool:ethtool iperf3:iperf3
   traceroute:traceroute nsenter:util-linux
+  # flanneld (the flannel lab) clears the iptables rules of its other mode.
+  iptables:iptables
   containerd:containerd ctr:containerd runc:runc
 )
 # Headers without a command.

@@ -86,7 +86,7 @@ func Up(ctx context.Context, c Config, out io.Writer) (*Status, error) {
 	cmd := exec.Command(self, "daemon",
 		"--name", c.Name, "--nodes", strconv.Itoa(c.Nodes), "--zones", strconv.Itoa(c.Zones),
 		"--state-root", c.StateRoot, "--k8s-bin", c.K8sBinDir, "--cni-bin", c.CNIBinDir,
-		"--cni", c.CNI, "--images", c.ImageDir, "--helm", c.Helm,
+		"--cni", c.CNI, "--flannel", c.Flannel, "--images", c.ImageDir, "--helm", c.Helm,
 		"--lace-tag", c.LaceTag, "--dns="+strconv.FormatBool(c.DNS), "--set", c.HelmSet)
 	cmd.Env = append(os.Environ(), EnvLab+"="+c.Name)
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -135,8 +135,16 @@ func checkBinaries(c Config) error {
 		return fmt.Errorf("missing %s in %s: run 'make k8s-bins'", strings.Join(m, ", "), c.K8sBinDir)
 	}
 	plugins := []string{"loopback"}
-	if c.CNI == CNIBridge {
+	if c.CNI == CNIBridge || c.CNI == CNIFlannel {
 		plugins = append(plugins, "bridge", "host-local")
+	}
+	if c.CNI == CNIFlannel {
+		if _, err := os.Stat(c.Flannel); err != nil {
+			return fmt.Errorf("missing flanneld at %s: run 'make flannel'", c.Flannel)
+		}
+		if m := controlplane.MissingBinaries(c.K8sBinDir, "kube-proxy"); len(m) > 0 {
+			return fmt.Errorf("missing kube-proxy in %s: run 'make k8s-bins'", c.K8sBinDir)
+		}
 	}
 	if m := controlplane.MissingBinaries(c.CNIBinDir, plugins...); len(m) > 0 {
 		return fmt.Errorf("missing CNI plugins %s in %s: run 'make cni-bins'", strings.Join(m, ", "), c.CNIBinDir)

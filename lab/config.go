@@ -41,8 +41,12 @@ type Config struct {
 	K8sBinDir string
 	// CNIBinDir holds the reference CNI plugins (the bridge fallback).
 	CNIBinDir string
-	// CNI is the lab's pod network: lace (default) or bridge.
+	// CNI is the lab's pod network: lace (default), bridge, or flannel
+	// (the peer cluster: flannel's vxlan backend and kube-proxy in
+	// nftables mode on every node; see flannel.go).
 	CNI string
+	// Flannel is the flanneld binary of a flannel lab (`make flannel`).
+	Flannel string
 	// ImageDir holds the image tarballs every node imports (`make images`).
 	ImageDir string
 	// Helm is the helm binary that installs Lace's chart.
@@ -64,6 +68,9 @@ type Config struct {
 const (
 	CNILace   = "lace"
 	CNIBridge = "bridge"
+	// CNIFlannel is not Lace at all: the setup k3s ships, which the
+	// benchmarks measure Lace against.
+	CNIFlannel = "flannel"
 )
 
 // DefaultStateRoot is where labs keep their state: on tmpfs, like the
@@ -72,6 +79,9 @@ const DefaultStateRoot = "/run/lace-lab"
 
 // CNIVersion is the containernetworking/plugins release the tools module pins.
 const CNIVersion = "v1.9.1"
+
+// FlannelVersion is the flannel release hack/tools/flannel pins.
+const FlannelVersion = "v0.28.10"
 
 // DefaultConfig is the lab `lace-lab up` makes without flags.
 func DefaultConfig() Config {
@@ -84,6 +94,10 @@ func DefaultConfig() Config {
 	images := os.Getenv("LACE_IMAGES")
 	if images == "" {
 		images = filepath.Join(filepath.Dir(self), "images")
+	}
+	flannel := os.Getenv("LACE_FLANNEL")
+	if flannel == "" {
+		flannel = filepath.Join(home, ".cache", "lace", "flannel-"+FlannelVersion, "flanneld")
 	}
 	helm := os.Getenv("LACE_HELM")
 	if helm == "" {
@@ -100,6 +114,7 @@ func DefaultConfig() Config {
 		StateRoot: DefaultStateRoot,
 		K8sBinDir: controlplane.DefaultBinDir(),
 		CNIBinDir: cni,
+		Flannel:   flannel,
 	}
 }
 
@@ -113,12 +128,14 @@ func (c Config) Validate() error {
 	if c.Nodes < 1 || c.Nodes > 50 {
 		return fmt.Errorf("--nodes %d: want 1 to 50", c.Nodes)
 	}
-	if c.CNI != CNILace && c.CNI != CNIBridge {
-		return fmt.Errorf("--cni %q: want lace or bridge", c.CNI)
+	if c.CNI != CNILace && c.CNI != CNIBridge && c.CNI != CNIFlannel {
+		return fmt.Errorf("--cni %q: want lace, bridge or flannel", c.CNI)
 	}
 	if c.DNS && c.CNI != CNILace {
-		// No kube-proxy runs in a lab: Lace is what serves kube-dns.
-		return fmt.Errorf("--dns needs --cni lace: the bridge lab has no service proxy to serve kube-dns")
+		// Cluster DNS is set up and checked for Lace's labs only: the
+		// bridge lab has no service proxy, and the flannel lab is a peer
+		// for the benchmarks, which resolve nothing.
+		return fmt.Errorf("--dns needs --cni lace")
 	}
 	if c.Zones < 1 || c.Zones > c.Nodes {
 		return fmt.Errorf("--zones %d: want 1 to the number of nodes", c.Zones)

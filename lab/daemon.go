@@ -224,7 +224,14 @@ func (d *daemon) up(ctx context.Context) error {
 	d.mu.Lock()
 	d.status.FabricAPIServer = "https://" + net.JoinHostPort(apiV4.String(), apiURL.Port())
 	d.mu.Unlock()
-	for _, start := range []func(...string) (*controlplane.Process, error){cp.StartControllerManager, cp.StartScheduler} {
+	var kcmArgs []string
+	if c.CNI == CNIFlannel {
+		kcmArgs = flannelControllerManagerArgs()
+	}
+	for _, start := range []func() (*controlplane.Process, error){
+		func() (*controlplane.Process, error) { return cp.StartControllerManager(kcmArgs...) },
+		func() (*controlplane.Process, error) { return cp.StartScheduler() },
+	} {
 		p, err := start()
 		if err != nil {
 			return err
@@ -252,6 +259,11 @@ func (d *daemon) up(ctx context.Context) error {
 	}
 	if err := d.startNodes(ctx, cp.PKI, d.status.FabricAPIServer); err != nil {
 		return err
+	}
+	if c.CNI == CNIFlannel {
+		if err := d.startFlannel(ctx, client); err != nil {
+			return err
+		}
 	}
 	if err := d.waitReady(ctx, client); err != nil {
 		return err
@@ -295,6 +307,25 @@ func (d *daemon) startNodes(ctx context.Context, pki *controlplane.PKI, apiServe
 	}
 	d.collectProcs()
 	return nil
+}
+
+// startFlannel brings every node's flannel and kube-proxy up, in parallel.
+func (d *daemon) startFlannel(ctx context.Context, client kubernetes.Interface) error {
+	if err := flannelRBAC(ctx, client); err != nil {
+		return err
+	}
+	errs := make([]error, len(d.nodes))
+	var wg sync.WaitGroup
+	for i, n := range d.nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = n.startFlannel(ctx, client)
+		}()
+	}
+	wg.Wait()
+	d.collectProcs()
+	return errors.Join(errs...)
 }
 
 // collectProcs adds the nodes' processes to the lab's list.

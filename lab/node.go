@@ -43,6 +43,8 @@ type node struct {
 	log   *slog.Logger
 
 	holder, containerd, kubelet *controlplane.Process
+	// flanneld and kubeProxy run on the nodes of a flannel lab only.
+	flanneld, kubeProxy *controlplane.Process
 }
 
 func newNode(cfg Config, i int, log *slog.Logger) *node {
@@ -60,7 +62,7 @@ func (n *node) logPath(component string) string {
 // processes are the node's long-running processes started so far.
 func (n *node) processes() []*controlplane.Process {
 	var out []*controlplane.Process
-	for _, p := range []*controlplane.Process{n.holder, n.containerd, n.kubelet} {
+	for _, p := range []*controlplane.Process{n.holder, n.containerd, n.kubelet, n.flanneld, n.kubeProxy} {
 		if p != nil {
 			out = append(out, p)
 		}
@@ -231,7 +233,7 @@ func (n *node) writeFiles(pki *controlplane.PKI, apiServer string) error {
 		return err
 	}
 	files := map[string]string{
-		nodeKubeDir + "/kubelet.conf":        kubeletKubeconfig(apiServer, n.name),
+		nodeKubeDir + "/kubelet.conf":        nodeKubeconfig(apiServer, "system:node:"+n.name, "kubelet-client"),
 		nodeKubeDir + "/kubelet-config.yaml": kubeletConfig(n.cgroupRoot(), n.cfg.DNS),
 		nodeContainerdConf:                   containerdConfig,
 	}
@@ -244,9 +246,15 @@ func (n *node) writeFiles(pki *controlplane.PKI, apiServer string) error {
 	// with it), as distributions' CNI plugin packages do; the pod network's
 	// plugin is installed by the network's own DaemonSet.
 	plugins := []string{"loopback"}
-	if n.cfg.CNI == CNIBridge {
+	switch n.cfg.CNI {
+	case CNIBridge:
 		plugins = append(plugins, "bridge", "host-local")
 		if err := WriteBridgeConfig(n.index, n.fs.path(nodeCNIConfDir), "/var/lib/cni/networks"); err != nil {
+			return err
+		}
+	case CNIFlannel:
+		plugins = append(plugins, "bridge", "host-local")
+		if err := n.writeFlannelFiles(pki, apiServer); err != nil {
 			return err
 		}
 	}
@@ -278,7 +286,9 @@ func (n *node) routeBridgePods() error {
 	return nil
 }
 
-func kubeletKubeconfig(server, node string) string {
+// nodeKubeconfig is the kubeconfig of a node's component that signs in as
+// user with the certificate pki/<cert>.crt of the node's kubernetes dir.
+func nodeKubeconfig(server, user, cert string) string {
 	return fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:
@@ -287,15 +297,15 @@ clusters:
     server: %s
     certificate-authority: %[2]s/pki/ca.crt
 users:
-- name: system:node:%[3]s
+- name: %[3]q
   user:
-    client-certificate: %[2]s/pki/kubelet-client.crt
-    client-key: %[2]s/pki/kubelet-client.key
+    client-certificate: %[2]s/pki/%[4]s.crt
+    client-key: %[2]s/pki/%[4]s.key
 contexts:
 - name: lab
-  context: {cluster: lab, user: "system:node:%[3]s"}
+  context: {cluster: lab, user: %[3]q}
 current-context: lab
-`, server, nodeKubeDir, node)
+`, server, nodeKubeDir, user, cert)
 }
 
 // kubeletConfig is a kubeadm-like kubelet configuration for a node of a
@@ -380,11 +390,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     conf_dir = %q
 `, nodeContainerdSock, sandboxImage, nodeCNIBinDir, nodeCNIConfDir)
 
-// stop stops the kubelet, then containerd, then kills whatever ran in the
-// node's cgroups (containers and their shims outlive containerd), then the
-// holder, which takes the node's mounts with it.
+// stop stops a flannel lab's kube-proxy and flanneld, the kubelet, then
+// containerd, then kills whatever ran in the node's cgroups (containers and
+// their shims outlive containerd), then the holder, which takes the node's
+// mounts with it.
 func (n *node) stop() error {
-	for _, p := range []*controlplane.Process{n.kubelet, n.containerd} {
+	for _, p := range []*controlplane.Process{n.kubeProxy, n.flanneld, n.kubelet, n.containerd} {
 		if p != nil {
 			p.Stop(10 * time.Second)
 		}

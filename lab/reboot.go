@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/lace-cni/lace/internal/netutil"
 	"github.com/lace-cni/lace/lab/controlplane"
@@ -106,6 +107,18 @@ func (d *daemon) reboot(ctx context.Context, n *node) error {
 	}
 	if err := n.startKubelet(); err != nil {
 		return fmt.Errorf("boot %s: %w", n.name, err)
+	}
+	if d.cfg.CNI == CNIFlannel {
+		d.mu.Lock()
+		cp := d.cp
+		d.mu.Unlock()
+		client, err := kubernetes.NewForConfig(cp.RESTConfig())
+		if err != nil {
+			return err
+		}
+		if err := n.startFlannel(ctx, client); err != nil {
+			return fmt.Errorf("boot %s: %w", n.name, err)
+		}
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()

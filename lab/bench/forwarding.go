@@ -48,39 +48,23 @@ func labClient(name string) (kubernetes.Interface, lab.Config, error) {
 }
 
 // benchForwarding measures pod-to-pod paths of the lab beside their
-// kernel-routed twin (see twin) in the same run.
-func benchForwarding(ctx context.Context, name string, dur time.Duration) error {
-	cs, c, err := labClient(name)
+// kernel-routed twin (see twin) and, when peerLab is not "", the same
+// paths of a flannel lab (flannel vxlan, kube-proxy nftables), all in the
+// same run.
+func benchForwarding(ctx context.Context, name, peerLab string, dur time.Duration) error {
+	nsOf, ipOf, cleanupPods, err := forwardingPods(ctx, name)
 	if err != nil {
 		return err
 	}
-	nsOf := map[string]string{}
-	ipOf := map[string]netip.Addr{}
-	for _, p := range []struct{ name, node string }{{"bench-a", "n1"}, {"bench-b", "n1"}, {"bench-c", "n2"}} {
-		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.name}, Spec: corev1.PodSpec{NodeName: p.node,
-			TerminationGracePeriodSeconds: ptr.To[int64](1),
-			Containers:                    []corev1.Container{{Name: "pause", Image: "registry.k8s.io/pause:3.10"}}}}
-		if _, err := cs.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-			return err
+	defer cleanupPods()
+	var flNS map[string]string
+	var flIP map[string]netip.Addr
+	if peerLab != "" {
+		var cleanupPeer func()
+		if flNS, flIP, cleanupPeer, err = forwardingPods(ctx, peerLab); err != nil {
+			return fmt.Errorf("flannel lab %s: %w", peerLab, err)
 		}
-	}
-	deadline := time.Now().Add(time.Minute)
-	for len(nsOf) < 3 && time.Now().Before(deadline) {
-		for _, n := range []string{"bench-a", "bench-b", "bench-c"} {
-			p, err := cs.CoreV1().Pods("default").Get(ctx, n, metav1.GetOptions{})
-			if err == nil && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" {
-				ns, err := lab.PodNetNS(ctx, c, "default", n)
-				if err != nil {
-					return err
-				}
-				nsOf[n] = ns
-				ipOf[n] = netip.MustParseAddr(p.Status.PodIP)
-			}
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	if len(nsOf) < 3 {
-		return errors.New("bench pods did not start")
+		defer cleanupPeer()
 	}
 
 	// The twin's pods get the MTU Lace gave its pods, so both carry the
@@ -88,6 +72,12 @@ func benchForwarding(ctx context.Context, name string, dur time.Duration) error 
 	mtu, err := linkMTU(nsOf["bench-a"], "eth0")
 	if err != nil {
 		return fmt.Errorf("lace pod mtu: %w", err)
+	}
+	flMTU := 0
+	if peerLab != "" {
+		if flMTU, err = linkMTU(flNS["bench-a"], "eth0"); err != nil {
+			return fmt.Errorf("flannel pod mtu: %w", err)
+		}
 	}
 	tw, cleanup, err := buildTwin(name+"-twin", mtu)
 	if err != nil {
@@ -103,16 +93,22 @@ func benchForwarding(ctx context.Context, name string, dur time.Duration) error 
 	// The paths take turns, rounds times, starting each round one path
 	// further, so that drift on a busy machine hits each of them alike;
 	// each reports its median round.
-	paths := []struct {
+	type path struct {
 		name     string
 		src, dst string
 		addr     netip.Addr
-	}{
+	}
+	paths := []path{
 		{"Lace same node", nsOf["bench-a"], nsOf["bench-b"], ipOf["bench-b"]},
 		{"Lace across nodes", nsOf["bench-a"], nsOf["bench-c"], ipOf["bench-c"]},
 		{"twin same node", tw.a, tw.b, tw.bAddr},
 		{"twin across nodes", tw.a, tw.c, tw.cAddr},
 		{"veth pair", pairSrc, pairDst, pairAddr},
+	}
+	if peerLab != "" {
+		paths = append(paths,
+			path{"flannel same node", flNS["bench-a"], flNS["bench-b"], flIP["bench-b"]},
+			path{"flannel across nodes", flNS["bench-a"], flNS["bench-c"], flIP["bench-c"]})
 	}
 	// One short exchange per path first: neighbours get resolved and
 	// nothing is cold when the first round starts.
@@ -144,17 +140,28 @@ func benchForwarding(ctx context.Context, name string, dur time.Duration) error 
 		name, peerName string
 		lace, peer     result
 	}
-	rows := []row{
+	var rows []row
+	if peerLab != "" {
+		rows = append(rows,
+			row{"pod to pod, same node", "flannel, same node (bridge)", m[0], m[5]},
+			row{"pod to pod, across nodes (SRv6)", "flannel, across nodes (vxlan)", m[1], m[6]})
+	}
+	rows = append(rows, []row{
 		{"pod to pod, same node", "same node, kernel routing", m[0], m[2]},
 		{"pod to pod, across nodes (SRv6)", "across nodes, kernel routing", m[1], m[3]},
 		// Not a peer: one veth pair is not the path of any pod (no node,
 		// no fabric); the row only links to the figures of earlier runs.
 		{"reference only: across nodes", "one veth pair (not a peer)", m[1], m[4]},
-	}
+	}...)
 
 	fmt.Printf("Forwarding (IPv4, pod MTU %d; throughput = iperf3, one TCP stream, %s, sender and receiver on one CPU; request/response = 1-byte ping-pong on one connection, %s; median of %d interleaved rounds)\n",
 		mtu, dur, dur, rounds)
-	fmt.Println("peer = the same namespaces and links (pod veth, node, fabric bridge, node, pod veth) routed by the kernel without encapsulation")
+	if peerLab != "" {
+		fmt.Printf("peers: flannel = lab %s (flannel %s, vxlan, pod MTU %d; the same nodes, fabric and kernel); kernel routing = the same namespaces and links (pod veth, node, fabric bridge, node, pod veth) routed by the kernel without encapsulation\n",
+			peerLab, lab.FlannelVersion, flMTU)
+	} else {
+		fmt.Println("peer = the same namespaces and links (pod veth, node, fabric bridge, node, pod veth) routed by the kernel without encapsulation")
+	}
 	tab := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tab, "Lace path\tpeer\tLace Gbit/s\tpeer Gbit/s\tratio\tLace p50\tpeer p50\tratio\tLace p99\tpeer p99\tratio\t")
 	for _, r := range rows {
@@ -165,12 +172,56 @@ func benchForwarding(ctx context.Context, name string, dur time.Duration) error 
 	}
 	tab.Flush()
 	fmt.Println("throughput ratio = Lace / peer (higher is better); latency ratio = Lace / peer (lower is better)")
-	fmt.Println("target across nodes: throughput ratio >= 0.95, p50 ratio <= 1.10")
+	fmt.Println("targets across nodes: against flannel, throughput ratio >= 1.2 and p50 ratio <= 0.8; against kernel routing, throughput ratio >= 0.95 and p50 ratio <= 1.10")
 	fmt.Println()
-	for _, n := range []string{"bench-a", "bench-b", "bench-c"} {
-		_ = cs.CoreV1().Pods("default").Delete(ctx, n, metav1.DeleteOptions{})
-	}
 	return nil
+}
+
+// forwardingPods starts the forwarding benchmark's pods on the lab name,
+// bench-a and bench-b on n1 and bench-c on n2, and returns their network
+// namespaces and addresses; cleanup deletes them.
+func forwardingPods(ctx context.Context, name string) (nsOf map[string]string, ipOf map[string]netip.Addr, cleanup func(), err error) {
+	cs, c, err := labClient(name)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	pods := []struct{ name, node string }{{"bench-a", "n1"}, {"bench-b", "n1"}, {"bench-c", "n2"}}
+	cleanup = func() {
+		for _, p := range pods {
+			_ = cs.CoreV1().Pods("default").Delete(context.WithoutCancel(ctx), p.name, metav1.DeleteOptions{})
+		}
+	}
+	for _, p := range pods {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.name}, Spec: corev1.PodSpec{NodeName: p.node,
+			TerminationGracePeriodSeconds: ptr.To[int64](1),
+			Containers:                    []corev1.Container{{Name: "pause", Image: "registry.k8s.io/pause:3.10"}}}}
+		if _, err := cs.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			cleanup()
+			return nil, nil, nil, err
+		}
+	}
+	nsOf, ipOf = map[string]string{}, map[string]netip.Addr{}
+	deadline := time.Now().Add(time.Minute)
+	for len(nsOf) < len(pods) && time.Now().Before(deadline) {
+		for _, p := range pods {
+			got, err := cs.CoreV1().Pods("default").Get(ctx, p.name, metav1.GetOptions{})
+			if err == nil && got.Status.Phase == corev1.PodRunning && got.Status.PodIP != "" {
+				ns, err := lab.PodNetNS(ctx, c, "default", p.name)
+				if err != nil {
+					cleanup()
+					return nil, nil, nil, err
+				}
+				nsOf[p.name] = ns
+				ipOf[p.name] = netip.MustParseAddr(got.Status.PodIP)
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if len(nsOf) < len(pods) {
+		cleanup()
+		return nil, nil, nil, errors.New("bench pods did not start")
+	}
+	return nsOf, ipOf, cleanup, nil
 }
 
 // linkMTU returns the MTU of link name in the namespace at nsPath.

@@ -80,6 +80,8 @@ type loadPath struct {
 	// ref is the index of the path this one is compared with (the same
 	// client straight to the endpoint pod); -1: none.
 	ref int
+	// srv is the network namespace of the endpoint pod that answers.
+	srv string
 }
 
 // connRound is one round of the connection load on one path.
@@ -89,7 +91,7 @@ type connRound struct {
 	lat          []time.Duration
 }
 
-func benchLoad(ctx context.Context, name string, o loadOptions) error {
+func benchLoad(ctx context.Context, name, peerLab string, o loadOptions) error {
 	cs, c, err := fastClient(name)
 	if err != nil {
 		return err
@@ -146,24 +148,41 @@ func benchLoad(ctx context.Context, name string, o loadOptions) error {
 	}
 	at := func(a netip.Addr, port int32) netip.AddrPort { return netip.AddrPortFrom(a, uint16(port)) }
 	var paths []loadPath
-	// pair adds a path through a proxy and its reference.
-	pair := func(name, ns string, dst netip.AddrPort, lace bool, refName string, ref netip.AddrPort) {
-		paths = append(paths, loadPath{name, ns, dst, lace, len(paths) + 1}, loadPath{refName, ns, ref, false, -1})
-	}
 	directExt, directPod := at(srv2.ip, loadConnPort), at(srv1.ip, loadConnPort)
-	pair("Lace: external -> "+peerNode+" NodePort -> pod on "+peerNode, ext, at(peerV4, np2), true,
-		"external -> pod on "+peerNode+" direct", directExt)
-	pair("Lace: pod on "+peerNode+" -> ClusterIP -> pod on "+laceNode, cli.ns, at(vip1, 81), true,
-		"pod on "+peerNode+" -> pod on "+laceNode+" direct", directPod)
+	// The peer cluster's paths are compared with these two (flannelLoadPaths
+	// returns its NodePort pair, then its ClusterIP pair).
+	laceShapes := []int{0, 2}
+	paths = pairPaths(paths, "Lace: external -> "+peerNode+" NodePort -> pod on "+peerNode, ext, at(peerV4, np2), true,
+		"external -> pod on "+peerNode+" direct", directExt, srv2.ns)
+	paths = pairPaths(paths, "Lace: pod on "+peerNode+" -> ClusterIP -> pod on "+laceNode, cli.ns, at(vip1, 81), true,
+		"pod on "+peerNode+" -> pod on "+laceNode+" direct", directPod, srv1.ns)
 	if kp != nil {
-		pair("kube-proxy: external -> "+peerNode+" NodePort -> pod on "+peerNode, ext, at(netip.MustParseAddr(kpNodePortAddr), np2), false,
-			"external -> pod on "+peerNode+" direct", directExt)
-		pair("kube-proxy: "+peerNode+" -> ClusterIP -> pod on "+laceNode, peerNS, at(vip1, 81), false,
-			peerNode+" -> pod on "+laceNode+" direct", directPod)
+		paths = pairPaths(paths, "kube-proxy: external -> "+peerNode+" NodePort -> pod on "+peerNode, ext, at(netip.MustParseAddr(kpNodePortAddr), np2), false,
+			"external -> pod on "+peerNode+" direct", directExt, srv2.ns)
+		paths = pairPaths(paths, "kube-proxy: "+peerNode+" -> ClusterIP -> pod on "+laceNode, peerNS, at(vip1, 81), false,
+			peerNode+" -> pod on "+laceNode+" direct", directPod, srv1.ns)
 	}
 	// Lace only: a NodePort whose endpoint is on another node leaves the
 	// node from a port of its own (SNAT), 4,536 per endpoint.
-	paths = append(paths, loadPath{"Lace: external -> " + laceNode + " NodePort -> pod on " + peerNode + " (SNAT)", ext, at(laceV4, np2), true, 1})
+	paths = append(paths, loadPath{"Lace: external -> " + laceNode + " NodePort -> pod on " + peerNode + " (SNAT)", ext, at(laceV4, np2), true, 1, srv2.ns})
+	// The same two Services on the peer cluster: its pods and Services,
+	// its external host, through its kube-proxy and vxlan.
+	var versus [][2]int
+	if peerLab != "" {
+		peer, cleanup, err := flannelLoadPaths(ctx, peerLab)
+		defer cleanup()
+		if err != nil {
+			return fmt.Errorf("flannel lab %s: %w", peerLab, err)
+		}
+		for i, p := range peer {
+			if p.ref >= 0 {
+				p.ref += len(paths)
+				versus = append(versus, [2]int{laceShapes[len(versus)], len(paths) + i})
+			}
+			peer[i] = p
+		}
+		paths = append(paths, peer...)
+	}
 	for _, p := range paths {
 		if err := waitExchange(ctx, p); err != nil {
 			return err
@@ -177,11 +196,14 @@ func benchLoad(ctx context.Context, name string, o loadOptions) error {
 		return err
 	}
 	printConns(paths, conns, nil, "against direct")
-	rr, err := rrRounds(ctx, paths, srvOf(paths, srv1, srv2), o)
+	rr, err := rrRounds(ctx, paths, o)
 	if err != nil {
 		return err
 	}
 	printRR(paths, rr, nil, "direct", o)
+	if len(versus) > 0 {
+		printVersus(paths, versus, conns, rr, peerLab)
+	}
 	if o.ctFill == 0 {
 		return nil
 	}
@@ -222,7 +244,7 @@ func benchLoad(ctx context.Context, name string, o loadOptions) error {
 	if err != nil {
 		return err
 	}
-	fullRR, err := rrRounds(ctx, lace, srvOf(lace, srv1, srv2), o)
+	fullRR, err := rrRounds(ctx, lace, o)
 	if err != nil {
 		return err
 	}
@@ -585,15 +607,12 @@ func oneExchange(dst netip.AddrPort) (time.Duration, error) {
 // reference (loadPath.ref) or, with base, the same path's rounds in base.
 func printConns(paths []loadPath, rs [][]connRound, base [][]connRound, baseName string) {
 	summary := func(rounds []connRound) (perS float64, p50, p99 time.Duration, failed int, lat []time.Duration) {
-		var rates []float64
 		for _, r := range rounds {
-			rates = append(rates, r.perS)
 			lat = append(lat, r.lat...)
 			failed += r.failed
 		}
-		slices.Sort(rates)
 		slices.Sort(lat)
-		return rates[len(rates)/2], quantile(lat, 50), quantile(lat, 99), failed, lat
+		return medianPerS(rounds), quantile(lat, 50), quantile(lat, 99), failed, lat
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "path\tconns/s\tp50\tp99\tfailed\t"+baseName+": conns/s\tp50\tratio of p50s (95% CI)\t")
@@ -619,6 +638,16 @@ func printConns(paths []loadPath, rs [][]connRound, base [][]connRound, baseName
 	fmt.Println()
 }
 
+// medianPerS is the median round's connections per second.
+func medianPerS(rounds []connRound) float64 {
+	rates := make([]float64, len(rounds))
+	for i, r := range rounds {
+		rates[i] = r.perS
+	}
+	slices.Sort(rates)
+	return rates[len(rates)/2]
+}
+
 // sample is at most 20,000 of l, evenly spaced (l is sorted): the
 // bootstrap's cost grows with the samples.
 func sample(l []time.Duration) []time.Duration {
@@ -633,16 +662,10 @@ func sample(l []time.Duration) []time.Duration {
 	return out
 }
 
-// srvOf maps each path to the namespace of the pod that serves it.
-func srvOf(paths []loadPath, srv1, srv2 benchPod) []string {
-	out := make([]string, len(paths))
-	for i, p := range paths {
-		out[i] = srv2.ns
-		if p.dst.Addr() == srv1.ip || p.dst.Port() == 81 {
-			out[i] = srv1.ns
-		}
-	}
-	return out
+// pairPaths appends a path through a proxy and its reference, both
+// answered in srv.
+func pairPaths(paths []loadPath, name, ns string, dst netip.AddrPort, lace bool, refName string, ref netip.AddrPort, srv string) []loadPath {
+	return append(paths, loadPath{name, ns, dst, lace, len(paths) + 1, srv}, loadPath{refName, ns, ref, false, -1, srv})
 }
 
 // rrRun is one path's request/response: a sample of every round's round
@@ -654,14 +677,14 @@ func (r rrRun) median() time.Duration { return r.all[len(r.all)/2] }
 // rrRounds runs the one-connection request/response on every path
 // (pingPong's echo, listening on loadRRPort in the path's pod, srv),
 // rounds times, interleaved.
-func rrRounds(ctx context.Context, paths []loadPath, srv []string, o loadOptions) ([]rrRun, error) {
+func rrRounds(ctx context.Context, paths []loadPath, o loadOptions) ([]rrRun, error) {
 	out := make([]rrRun, len(paths))
 	for round := range rounds {
 		for k := range paths {
 			i := (k + round) % len(paths)
 			p := paths[i]
 			dst := netip.AddrPortFrom(p.dst.Addr(), rrPortOf(p.dst.Port()))
-			lat, _, err := pingPongSamples(ctx, srv[i], fmt.Sprintf(":%d", loadRRPort), p.ns, dst.String(), o.dur)
+			lat, _, err := pingPongSamples(ctx, p.srv, fmt.Sprintf(":%d", loadRRPort), p.ns, dst.String(), o.dur)
 			if err != nil {
 				return nil, fmt.Errorf("%s: request/response: %w", p.name, err)
 			}

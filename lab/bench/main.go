@@ -46,6 +46,7 @@ func main() {
 	migrationRounds := flag.Int("migration-rounds", 3, "live migrations each way (announced, announcement lost) of the migration benchmark")
 	failoverRounds := flag.Int("failover-rounds", 3, "rounds of the L2 failover benchmark")
 	labName := flag.String("lab", "", "run on this lab, which is up already (and stays up), instead of a new one")
+	peerLab := flag.String("flannel-lab", "", "the peer cluster of the forwarding benchmark: a flannel lab (lace-lab up --cni flannel) that is up already; \"\" brings one up for the run, \"none\" measures no peer cluster")
 	var so svcOptions
 	sizes := flag.String("services", "1000,10000", "service counts of the services benchmark, each programmed from nothing")
 	flag.IntVar(&so.endpoints, "service-endpoints", 10, "endpoints per service")
@@ -84,7 +85,7 @@ func main() {
 	// An interrupt cancels the run, so that the deferred cleanups (lab,
 	// peer namespaces) still happen.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, *bin, *labName, want, *dur, *pods, *failoverRounds, *migrationRounds, so, lo, no)
+	err := run(ctx, *bin, *labName, *peerLab, want, *dur, *pods, *failoverRounds, *migrationRounds, so, lo, no)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -92,7 +93,7 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, bin, name string, want map[string]bool, dur time.Duration, pods, failoverRounds, migrationRounds int, so svcOptions, lo loadOptions, no nodeOptions) error {
+func run(ctx context.Context, bin, name, peerLab string, want map[string]bool, dur time.Duration, pods, failoverRounds, migrationRounds int, so svcOptions, lo loadOptions, no nodeOptions) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("the benchmark needs root (network namespaces, eBPF)")
 	}
@@ -101,13 +102,12 @@ func run(ctx context.Context, bin, name string, want map[string]bool, dur time.D
 		suffix := make([]byte, 2)
 		_, _ = rand.Read(suffix)
 		name = "bench" + hex.EncodeToString(suffix)
-		labBin := filepath.Join(bin, "lace-lab")
 		// A live migration needs a third node: the VM's peer.
 		nodes := "2"
 		if want["migration"] {
 			nodes = "3"
 		}
-		args := []string{"up", "--name", name, "--nodes", nodes, "--zones", "1", "--dns=false"}
+		args := []string{"--nodes", nodes, "--zones", "1", "--dns=false"}
 		var set []string
 		if want["nodes"] {
 			set = append(set, nodesHelmSet)
@@ -119,21 +119,27 @@ func run(ctx context.Context, bin, name string, want map[string]bool, dur time.D
 		if len(set) > 0 {
 			args = append(args, "--set", strings.Join(set, ","))
 		}
-		up := exec.Command(labBin, args...)
-		up.Stdout, up.Stderr = os.Stderr, os.Stderr
-		// Down even when up fails half-way; it removes what exists.
-		defer func() {
-			down := exec.Command(labBin, "down", "--name", name)
-			down.Stdout, down.Stderr = os.Stderr, os.Stderr
-			_ = down.Run()
-		}()
-		if err := up.Run(); err != nil {
-			return fmt.Errorf("lace-lab up: %w", err)
+		down, err := labUp(bin, name, args...)
+		defer down()
+		if err != nil {
+			return err
+		}
+	}
+	switch {
+	case peerLab == "none" || !want["forwarding"] && !want["load"]:
+		peerLab = ""
+	case peerLab == "":
+		// A lab name has at most 10 characters.
+		peerLab = name[:min(len(name), 9)] + "f"
+		down, err := labUp(bin, peerLab, "--cni", lab.CNIFlannel, "--nodes", "2", "--zones", "1")
+		defer down()
+		if err != nil {
+			return err
 		}
 	}
 	fmt.Printf("Lace benchmark, %s, kernel %s, %d CPUs\n\n", time.Now().Format(time.RFC3339), kernel(), cpus())
 	if want["forwarding"] {
-		if err := benchForwarding(ctx, name, dur); err != nil {
+		if err := benchForwarding(ctx, name, peerLab, dur); err != nil {
 			return err
 		}
 	}
@@ -164,7 +170,7 @@ func run(ctx context.Context, bin, name string, want map[string]bool, dur time.D
 		}
 	}
 	if want["load"] {
-		if err := benchLoad(ctx, name, lo); err != nil {
+		if err := benchLoad(ctx, name, peerLab, lo); err != nil {
 			return err
 		}
 	}
@@ -179,6 +185,23 @@ func run(ctx context.Context, bin, name string, want map[string]bool, dur time.D
 		return benchNodes(ctx, name, no)
 	}
 	return nil
+}
+
+// labUp brings up lab name with lace-lab up args; down takes it down
+// again, even when up failed half-way (it removes what exists).
+func labUp(bin, name string, args ...string) (down func(), err error) {
+	labBin := filepath.Join(bin, "lace-lab")
+	down = func() {
+		cmd := exec.Command(labBin, "down", "--name", name)
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		_ = cmd.Run()
+	}
+	up := exec.Command(labBin, append([]string{"up", "--name", name}, args...)...)
+	up.Stdout, up.Stderr = os.Stderr, os.Stderr
+	if err := up.Run(); err != nil {
+		return down, fmt.Errorf("lace-lab up %s: %w", name, err)
+	}
+	return down, nil
 }
 
 func kernel() string {

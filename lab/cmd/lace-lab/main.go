@@ -24,10 +24,12 @@ import (
 const usage = `usage: lace-lab COMMAND [flags]
 
 commands:
-  up [--name N] [--nodes 3] [--zones 2] [--dns=false]
+  up [--name N] [--nodes 3] [--zones 2] [--dns=false] [--cni lace|bridge|flannel]
                                           start a lab (a no-op when it runs) with cluster DNS
                                           (CoreDNS, kube-system/kube-dns) as kubeadm deploys it;
-                                          --dns=false leaves DNS out (the default with --cni bridge)
+                                          --dns=false leaves DNS out (the default with another --cni);
+                                          --cni flannel runs the peer cluster instead of Lace: flannel
+                                          (vxlan) and kube-proxy (nftables) on every node
   down [--name N] [--all]                 stop a lab and remove all it made
   status [--name N]                       show nodes and processes
   kubeconfig [--name N]                   print the path of the lab's kubeconfig
@@ -85,13 +87,14 @@ func run(ctx context.Context, args []string, out io.Writer) (int, error) {
 		fs.IntVar(&cfg.Zones, "zones", cfg.Zones, "number of zones")
 		fs.StringVar(&cfg.K8sBinDir, "k8s-bin", cfg.K8sBinDir, "directory of etcd, the Kubernetes binaries and agnhost")
 		fs.StringVar(&cfg.CNIBinDir, "cni-bin", cfg.CNIBinDir, "directory of the reference CNI plugins (bridge fallback)")
-		fs.StringVar(&cfg.CNI, "cni", cfg.CNI, "pod network: lace, or bridge (the reference plugins)")
+		fs.StringVar(&cfg.CNI, "cni", cfg.CNI, "pod network: lace, bridge (the reference plugins), or flannel (flannel vxlan and kube-proxy nftables, the benchmarks' peer cluster)")
+		fs.StringVar(&cfg.Flannel, "flannel", cfg.Flannel, "flanneld binary of a flannel lab (make flannel)")
 		fs.StringVar(&cfg.ImageDir, "images", cfg.ImageDir, "directory of the image tarballs every node imports (make images)")
 		fs.StringVar(&cfg.Helm, "helm", cfg.Helm, "helm binary that installs Lace's chart")
 		fs.StringVar(&cfg.LaceTag, "lace-tag", cfg.LaceTag, "tag of the Lace image the chart runs")
 		fs.StringVar(&cfg.HelmSet, "set", "", "chart values to set at install, over the lab's own (helm --set syntax: a=1,b=2)")
 		// Cluster DNS is on by default, as in kubeadm and kind; only Lace
-		// serves kube-dns (no kube-proxy), so a bridge lab goes without.
+		// serves kube-dns (no kube-proxy), so bridge and flannel labs go without.
 		fs.BoolVar(&cfg.DNS, "dns", true, "run cluster DNS (CoreDNS behind kube-system/kube-dns; make coredns builds its image); --dns=false leaves it out")
 	case "down":
 		fs.BoolVar(&all, "all", false, "remove every lab, including what crashed runs left")
