@@ -204,8 +204,19 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 			*port = x->rk.port;
 			return 0;
 		}
-		/* A port whose flow is over is taken again, once its client's
-		 * conntrack entry is gone too. */
+		/* A port whose flow is over is taken again: once its client's
+		 * conntrack entry is gone, or at once when that TCP flow closed
+		 * by FINs both ways, as a pod's SNAT port (fwd.h). Not on a
+		 * reset, which comes from outside here (the client's, or forged
+		 * by anybody on the path): such a port waits for its entry's
+		 * expiry, CT_TCP_CLOSE. Holding FIN-closed ports that long
+		 * capped new connections through a NodePort to an endpoint on
+		 * another node at SNAT_PORT_RANGE / 10 s, about 450 a second.
+		 * An endpoint that closed first keeps the old connection in
+		 * TIME_WAIT: its kernel takes the new SYN when its sequence
+		 * number or timestamp is the newer, and otherwise answers with
+		 * an ACK that the new client resets, which ends the TIME_WAIT,
+		 * and the client's retransmitted SYN gets through. */
 		struct xlb_rev_val *cur = bpf_map_lookup_elem(&lace_xlb_rev, &x->rk);
 		if (!cur)
 			continue;
@@ -218,7 +229,8 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 		__builtin_memcpy(x->ek.laddr, cur->front, 16);
 		__builtin_memcpy(x->ek.raddr, cur->client, 16);
 		struct ct_val *owner = ct_lookup(&x->ek);
-		if (owner && (owner->flags & CT_SNAT) && owner->snat_port == x->rk.port) {
+		if (owner && (owner->flags & CT_SNAT) && owner->snat_port == x->rk.port &&
+		    !(p->proto == IPPROTO_TCP && ct_fin_both(owner))) {
 			/* Early drop, as Linux's conntrack does when full: a flow
 			 * not assured yet (a bare SYN of a flood) gives its port up
 			 * when no port is free, an established one never. Of those

@@ -412,6 +412,15 @@ static __always_inline struct ct_val *ct_create(struct ct_key *k, __u32 peer_net
 	return bpf_map_lookup_elem(&lace_ct_new, k);
 }
 
+/* ct_fin_both tells whether both sides of a TCP entry sent their FIN.
+ * ct_closing and ct_port_free spell the same test out: through this
+ * helper, clang orders from_pod's branches so that its verifier walk
+ * grows by 12,000 instructions. */
+static __always_inline int ct_fin_both(struct ct_val *v)
+{
+	return (v->flags & CT_FIN_ORIG) && (v->flags & CT_FIN_REPLY);
+}
+
 /* ct_closing tells whether a TCP entry is done, so that a SYN reusing
  * the tuple opens a new flow. */
 static __always_inline int ct_closing(struct ct_val *v)
