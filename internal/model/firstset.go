@@ -27,6 +27,12 @@ func (m FirstSet[K, V]) Add(k K, v V) {
 	}
 }
 
+// Has tells whether k's set has a value.
+func (m FirstSet[K, V]) Has(k K) bool {
+	_, ok := m.first[k]
+	return ok
+}
+
 // Remove takes v out of k's set.
 func (m FirstSet[K, V]) Remove(k K, v V) {
 	more := m.more[k]

@@ -258,6 +258,8 @@ func New(o Options, log *slog.Logger, c client.Client, rec record.EventRecorder,
 	// refused stays refused: a restart changes no verdict.
 	s.compute.services.programmed = capacity.Programmed
 	s.compute.services.mirror = &s.mirror
+	s.compute.services.watched = &s.nePending.watched
+	s.nePending.node = o.NodeName
 	s.compute.services.inPlace = true
 	s.compute.services.budget = model.Budget{ServiceFrontends: o.ServiceFrontends, ServiceBackends: o.ServiceBackends,
 		// loadBalancerSourceRanges have no bound in Kubernetes: one

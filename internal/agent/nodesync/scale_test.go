@@ -244,6 +244,66 @@ func TestPodsElsewhereComputeNoService(t *testing.T) {
 	}
 }
 
+// TestPodsElsewhereKickNothing: once the node's services are computed, the
+// addresses their results read are the ones whose NetworkEndpoints kick
+// the node's sync: a thousand pods created on other nodes kick nothing
+// (and are indexed by the next computation all the same), a change of an
+// endpoint's NetworkEndpoint kicks, and so does one of this node's.
+func TestPodsElsewhereKickNothing(t *testing.T) {
+	sc := scaleSyncer(t, 200, 3)
+	s := newScaleSyncer(t, sc)
+	kicks := 0
+	s.nePending.kick = func() { kicks++ }
+	if got := len(s.nePending.watched.m); got != 600 {
+		t.Fatalf("%d addresses watched after computing 200 services of 3 endpoints, want 600", got)
+	}
+	h := s.nePending.handler()
+	for i := range 1000 {
+		h.OnAdd(&lacev1.NetworkEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "other", Name: fmt.Sprintf("new%d", i), ResourceVersion: "1"},
+			Spec: lacev1.NetworkEndpointSpec{Network: "default", Node: fmt.Sprintf("n%d", 2+i%100),
+				Addresses: []lacev1.IPAddress{lacev1.IPAddress(fmt.Sprintf("10.250.%d.%d", i>>8, i&255))}}}, false)
+	}
+	if kicks != 0 {
+		t.Fatalf("1000 pods on other nodes, none an endpoint, kicked %d syncs, want 0", kicks)
+	}
+	victim := sc.neps[7*3].DeepCopy()
+	moved := victim.DeepCopy()
+	moved.ResourceVersion, moved.Spec.Network = "2", "red"
+	h.OnUpdate(victim, moved)
+	if kicks != 1 {
+		t.Fatalf("an endpoint's NetworkEndpoint changing network kicked %d syncs, want 1", kicks)
+	}
+	h.OnAdd(&lacev1.NetworkEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "here", ResourceVersion: "1"},
+		Spec: lacev1.NetworkEndpointSpec{Network: "default", Node: "n1", Addresses: []lacev1.IPAddress{"10.251.0.1"}}}, false)
+	if kicks != 2 {
+		t.Fatalf("a NetworkEndpoint of this node kicked %d syncs in all, want 2", kicks)
+	}
+	// The next sync indexes them all.
+	if _, err := s.Reconcile(t.Context(), reconcile.Request{}); err != nil {
+		t.Fatal(err)
+	}
+	if s.compute.services.pods.Get(types.NamespacedName{Namespace: "other", Name: "new999"}) == nil {
+		t.Error("a pod created elsewhere was not indexed by the next sync")
+	}
+	// A Service gone: its endpoints' addresses are no longer watched, and
+	// their NetworkEndpoints kick nothing.
+	s.mirror.mu.Lock()
+	s.mirror.setService(model.ServiceKey{Namespace: "default", Name: "s00009"}, nil)
+	s.mirror.mu.Unlock()
+	if _, err := s.Reconcile(t.Context(), reconcile.Request{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(s.nePending.watched.m); got != 597 {
+		t.Fatalf("%d addresses watched after a service of 3 endpoints went, want 597", got)
+	}
+	kicks = 0
+	gone := sc.neps[9*3].DeepCopy()
+	h.OnDelete(gone)
+	if kicks != 0 {
+		t.Fatalf("the NetworkEndpoint of a deleted Service's endpoint kicked %d syncs, want 0", kicks)
+	}
+}
+
 // TestSharedWritesComputeWhatTheyReach: a namespace's new labels compute
 // its own services again (and bind them by them), not the others'; an
 // UnderlayEndpoint's status report (a new resourceVersion, the same

@@ -39,6 +39,9 @@ type serviceCache struct {
 	// each address up.
 	pods   *model.PodAddrIndex
 	byAddr model.FirstSet[netip.Addr, model.ServiceKey]
+	// watched mirrors byAddr's keys for the NetworkEndpoint handler (nil
+	// without one).
+	watched *watchedAddrs
 	// stale are the services a NetworkEndpoint change reached, computed
 	// again at the next update.
 	stale map[model.ServiceKey]bool
@@ -400,6 +403,9 @@ func (c *serviceCache) staleNamespaces(nss []string) {
 // looked each pod address up), the budget's running sum, and touched.
 func (c *serviceCache) remember(e *svcEntry) {
 	for _, a := range e.res.PodAddrs {
+		if c.watched != nil && !c.byAddr.Has(a) {
+			c.watched.set(a, true)
+		}
 		c.byAddr.Add(a, e.key)
 	}
 	if counted(e) {
@@ -412,6 +418,9 @@ func (c *serviceCache) remember(e *svcEntry) {
 func (c *serviceCache) forget(e *svcEntry) {
 	for _, a := range e.res.PodAddrs {
 		c.byAddr.Remove(a, e.key)
+		if c.watched != nil && !c.byAddr.Has(a) {
+			c.watched.set(a, false)
+		}
 	}
 	if counted(e) {
 		c.sum.Remove(c.budget, e.key.Namespace, e.cost)

@@ -80,7 +80,7 @@ func TestFeedsRecordBeforeKick(t *testing.T) {
 		t.Fatalf("a label change did not kick with the new Service: %+v", got[kicks:])
 	}
 
-	p := nePending{reg: syncedReg{}}
+	p := nePending{reg: syncedReg{}, node: "n1"}
 	kicks = 0
 	p.kick = func() {
 		kicks++
@@ -89,7 +89,8 @@ func TestFeedsRecordBeforeKick(t *testing.T) {
 		}
 	}
 	h := p.handler()
-	ne := &lacev1.NetworkEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "p", ResourceVersion: "1"}}
+	ne := &lacev1.NetworkEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "p", ResourceVersion: "1"},
+		Spec: lacev1.NetworkEndpointSpec{Node: "n1"}}
 	h.OnAdd(ne, false)
 	h.OnUpdate(ne, ne)
 	h.OnDelete(ne)

@@ -230,6 +230,9 @@ func (s *Syncer) desiredState(ctx context.Context) (model.NodeState, listed, []t
 	if err != nil {
 		return model.NodeState{}, listed{}, nil, err
 	}
+	// The services looked up what they did: a NetworkEndpoint change
+	// that came meanwhile and kicked nothing may be at one of them.
+	s.nePending.recheck()
 	triggers := c.services.triggers
 	c.services.triggers = nil
 	return d.NodeState, in, triggers, nil
