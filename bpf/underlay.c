@@ -186,6 +186,14 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 	 * port another flow holds gets a new window on each try, not the same
 	 * one again. (A stride, not a branch on the first try: the branch
 	 * doubled the verifier's work on from_underlay.) */
+	/* A closed flow's port (below): what its entry carries, and by when
+	 * it expires once silent XLB_PORT_QUIET. Worked out once, not in the
+	 * loop, whose every branch the verifier walks 32 times. Not TCP:
+	 * every bit, which no entry carries (the top ones are no flag's). */
+	__u16 closed = CT_ASSURED | CT_FIN_ORIG | CT_FIN_REPLY;
+	if (p->proto != IPPROTO_TCP)
+		closed = 0xffff;
+	__u64 quiet_since = now + CT_TCP_CLOSE - XLB_PORT_QUIET;
 	__u32 first = (__u32)(lb_flow_hash(p) >> 32);
 	__u32 stride = bpf_get_prandom_u32() | 1;
 	__u16 steal = 0;
@@ -205,13 +213,18 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 			return 0;
 		}
 		/* A port whose flow is over is taken again: once its client's
-		 * conntrack entry is gone, or at once when that TCP flow closed
-		 * by FINs both ways, as a pod's SNAT port (fwd.h). Not on a
-		 * reset, which comes from outside here (the client's, or forged
-		 * by anybody on the path): such a port waits for its entry's
-		 * expiry, CT_TCP_CLOSE. Holding FIN-closed ports that long
-		 * capped new connections through a NodePort to an endpoint on
-		 * another node at SNAT_PORT_RANGE / 10 s, about 450 a second.
+		 * conntrack entry is gone, or once that TCP flow, assured, closed
+		 * by FINs both ways and stayed silent XLB_PORT_QUIET. Holding
+		 * FIN-closed ports until the entry expired (CT_TCP_CLOSE after
+		 * the last packet) capped new connections through a NodePort to
+		 * an endpoint on another node at SNAT_PORT_RANGE / 10 s, about
+		 * 450 a second. Nothing checks a FIN's sequence number, and the
+		 * client is outside: anybody on the path can forge both FINs of
+		 * a live flow, so a flow that still talks keeps its port (each
+		 * packet refreshes expires), as it did when only the expiry
+		 * freed it; a forged pair shortens an idle flow's hold from
+		 * CT_TCP_CLOSE to the quiet time. A reset, which comes from
+		 * outside here too, frees nothing before the expiry.
 		 * An endpoint that closed first keeps the old connection in
 		 * TIME_WAIT: its kernel takes the new SYN when its sequence
 		 * number or timestamp is the newer, and otherwise answers with
@@ -230,7 +243,7 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 		__builtin_memcpy(x->ek.raddr, cur->client, 16);
 		struct ct_val *owner = ct_lookup(&x->ek);
 		if (owner && (owner->flags & CT_SNAT) && owner->snat_port == x->rk.port &&
-		    !(p->proto == IPPROTO_TCP && ct_fin_both(owner))) {
+		    !((owner->flags & closed) == closed && owner->expires <= quiet_since)) {
 			/* Early drop, as Linux's conntrack does when full: a flow
 			 * not assured yet (a bare SYN of a flood) gives its port up
 			 * when no port is free, an established one never. Of those

@@ -224,6 +224,10 @@ struct {
 #define SNAT_PORT_MIN 61000
 #define SNAT_PORT_RANGE 4536
 #define SNAT_TRIES 32
+/* How long a NodePort flow's node port stays with its flow once the flow
+ * closed by FINs both ways and fell silent (xlb_port): its last ACK is on
+ * the way within it. */
+#define XLB_PORT_QUIET (NSEC / 2)
 
 /* SNAT exhaustion, per destination: which outside address, port and
  * protocol found no free port, how often and when last (the agent exports
@@ -410,15 +414,6 @@ static __always_inline struct ct_val *ct_create(struct ct_key *k, __u32 peer_net
 	if (v.flags & CT_ORIGIN_LOCAL)
 		return bpf_map_lookup_elem(&lace_ct_local, k);
 	return bpf_map_lookup_elem(&lace_ct_new, k);
-}
-
-/* ct_fin_both tells whether both sides of a TCP entry sent their FIN.
- * ct_closing and ct_port_free spell the same test out: through this
- * helper, clang orders from_pod's branches so that its verifier walk
- * grows by 12,000 instructions. */
-static __always_inline int ct_fin_both(struct ct_val *v)
-{
-	return (v->flags & CT_FIN_ORIG) && (v->flags & CT_FIN_REPLY);
 }
 
 /* ct_closing tells whether a TCP entry is done, so that a SYN reusing

@@ -7,29 +7,37 @@ import (
 
 // TestXLBPortsOfClosedFlowsFreed: a NodePort's flows to an endpoint on
 // another node leave from node ports, SNAT_PORT_RANGE of them toward that
-// endpoint. A port whose TCP flow closed by FINs both ways goes to a new
-// flow at once, as a pod's SNAT port does; held until the client's entry
+// endpoint. A port whose TCP flow closed by FINs both ways and then fell
+// silent for half a second goes to a new flow; held until the client's entry
 // expired (10 s after the close), the ports capped new connections at
-// about 450 a second per endpoint. A flow reset from outside (the
-// client's reset, or one forged by anybody on the path) and a live flow
-// keep their ports: with every port so held, a new SYN is dropped
-// snat-failed.
+// about 450 a second per endpoint. A live flow, a flow reset from outside
+// (the client's reset, or one forged by anybody on the path), one closed
+// one way, and one whose FINs both ways (which anybody on the path can
+// forge) are followed by more packets keep their ports: with every port
+// so held, a new SYN is dropped snat-failed.
 func TestXLBPortsOfClosedFlowsFreed(t *testing.T) {
 	remote := netip.MustParseAddr("10.70.2.5")
 	const settled = ctSNAT | ctSeenReply | ctAssured
+	// expires is a TCP flow's last packet + 10 s once it closed; an
+	// established flow's is hours away.
+	const closeTimeout = 10e9
 	for _, tc := range []struct {
 		name  string
 		flags uint16
+		// left is how long the entries have to live.
+		left  uint64
 		freed bool
 	}{
-		{"established", settled, false},
-		{"reset by the client", settled | ctRST, false},
-		{"FIN one way", settled | ctFinOrig, false},
-		{"FINs both ways", settled | ctFinOrig | ctFinReply, true},
+		{"established", settled, 3600e9, false},
+		{"reset by the client, silent since", settled | ctRST, closeTimeout - 2e9, false},
+		{"FIN one way, silent since", settled | ctFinOrig, closeTimeout - 2e9, false},
+		// Both FINs may be forged: a flow that still talks keeps its port.
+		{"FINs both ways, talking", settled | ctFinOrig | ctFinReply, closeTimeout - 1e8, false},
+		{"FINs both ways, silent 2 s", settled | ctFinOrig | ctFinReply, closeTimeout - 2e9, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := nodePortWorld(t, remote)
-			holdAllXLBPorts(t, d, remote, tc.flags)
+			holdAllXLBPorts(t, d, remote, tc.flags, tc.left)
 			client := netip.MustParseAddrPort("203.0.113.5:40000")
 			// (The test's namespace has no route to the endpoint's node:
 			// snatDrops leaves that drop out.)
@@ -54,8 +62,8 @@ func TestXLBPortsOfClosedFlowsFreed(t *testing.T) {
 
 // holdAllXLBPorts gives every node port toward remote:8080 to a client's
 // flow through NodePort 30080 (SYNs from many sources), then makes each
-// client's entry settled with flags, expiring in an hour.
-func holdAllXLBPorts(t *testing.T, d *Datapath, remote netip.Addr, flags uint16) {
+// client's entry settled with flags, expiring in left.
+func holdAllXLBPorts(t *testing.T, d *Datapath, remote netip.Addr, flags uint16, left uint64) {
 	t.Helper()
 	// More SYNs than ports: the last ones take the ports left over from
 	// their random tries (early drop of the oldest unanswered flows).
@@ -81,6 +89,9 @@ func holdAllXLBPorts(t *testing.T, d *Datapath, remote netip.Addr, flags uint16)
 	if err := it.Err(); err != nil {
 		t.Fatal(err)
 	}
+	if tmpl == nil {
+		t.Fatal("the flood took no node port")
+	}
 	// Each client spoke past its SYN (its flow is settled below): no
 	// flow is half open at the endpoint.
 	for port := range held {
@@ -94,9 +105,6 @@ func holdAllXLBPorts(t *testing.T, d *Datapath, remote netip.Addr, flags uint16)
 		}
 	}
 	tmpl.Flags &^= 1
-	if tmpl == nil {
-		t.Fatal("the flood took no node port")
-	}
 	filled := 0
 	for i := range uint16(snatPorts) {
 		port := snatPortMin + i
@@ -134,7 +142,7 @@ func holdAllXLBPorts(t *testing.T, d *Datapath, remote netip.Addr, flags uint16)
 			if v.Flags&ctSNAT == 0 {
 				continue
 			}
-			v.Flags, v.Expires = flags, now+3600e9
+			v.Flags, v.Expires = flags, now+left
 			keys, vals, gone = append(keys, k), append(vals, v), append(gone, k)
 		}
 		if err := it.Err(); err != nil {
