@@ -131,6 +131,13 @@ func run(ctx context.Context, bin, name, peerLab string, want map[string]bool, d
 	case peerLab == "":
 		// A lab name has at most 10 characters.
 		peerLab = name[:min(len(name), 9)] + "f"
+		// One that is up is someone's: up would be a no-op, and the
+		// deferred down would take it away.
+		c := lab.DefaultConfig()
+		c.Name = peerLab
+		if _, err := lab.GetStatus(c); err == nil || peerLab == name {
+			return fmt.Errorf("the flannel lab's name %s is taken: pass --flannel-lab NAME (a flannel lab that is up) or none", peerLab)
+		}
 		down, err := labUp(bin, peerLab, "--cni", lab.CNIFlannel, "--nodes", "2", "--zones", "1")
 		defer down()
 		if err != nil {

@@ -278,12 +278,19 @@ func TestPodsElsewhereKickNothing(t *testing.T) {
 	if kicks != 2 {
 		t.Fatalf("a NetworkEndpoint of this node kicked %d syncs in all, want 2", kicks)
 	}
-	// The next sync indexes them all.
+	// The next sync indexes them all, and the endpoint now red's is left
+	// out of s00007.
 	if _, err := s.Reconcile(t.Context(), reconcile.Request{}); err != nil {
 		t.Fatal(err)
 	}
 	if s.compute.services.pods.Get(types.NamespacedName{Namespace: "other", Name: "new999"}) == nil {
 		t.Error("a pod created elsewhere was not indexed by the next sync")
+	}
+	e := s.compute.services.entries[model.ServiceKey{Namespace: "default", Name: "s00007"}]
+	if e == nil || !slices.ContainsFunc(e.res.Excluded, func(x model.ExcludedEndpoint) bool {
+		return x.Addr == netip.MustParseAddr(string(victim.Spec.Addresses[0])) && x.Network == "red"
+	}) {
+		t.Fatalf("after the kicked sync, s00007 does not leave out its endpoint now red's: %+v", e)
 	}
 	// A Service gone: its endpoints' addresses are no longer watched, and
 	// their NetworkEndpoints kick nothing.
