@@ -286,18 +286,7 @@ func (d *daemon) startNodes(ctx context.Context, pki *controlplane.PKI, apiServe
 	for i := 1; i <= c.Nodes; i++ {
 		d.nodes = append(d.nodes, newNode(c, i, d.log))
 	}
-	errs := make([]error, len(d.nodes))
-	var wg sync.WaitGroup
-	for i, n := range d.nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = n.start(ctx, pki, apiServer, c.Images())
-		}()
-	}
-	wg.Wait()
-	d.collectProcs()
-	if err := errors.Join(errs...); err != nil {
+	if err := d.eachNode(func(n *node) error { return n.start(ctx, pki, apiServer, c.Images()) }); err != nil {
 		return err
 	}
 	for _, n := range d.nodes {
@@ -314,13 +303,19 @@ func (d *daemon) startFlannel(ctx context.Context, client kubernetes.Interface) 
 	if err := flannelRBAC(ctx, client); err != nil {
 		return err
 	}
+	return d.eachNode(func(n *node) error { return n.startFlannel(ctx, client) })
+}
+
+// eachNode runs f on every node at once, then adds what they started to
+// the lab's processes, failed or not (teardown stops them).
+func (d *daemon) eachNode(f func(*node) error) error {
 	errs := make([]error, len(d.nodes))
 	var wg sync.WaitGroup
 	for i, n := range d.nodes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = n.startFlannel(ctx, client)
+			errs[i] = f(n)
 		}()
 	}
 	wg.Wait()
