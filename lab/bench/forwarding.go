@@ -19,11 +19,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/utils/ptr"
 
 	"github.com/lace-cni/lace/internal/netutil"
 	"github.com/lace-cni/lace/lab"
@@ -52,30 +50,30 @@ func labClient(name string) (kubernetes.Interface, lab.Config, error) {
 // paths of a flannel lab (flannel vxlan, kube-proxy nftables), all in the
 // same run.
 func benchForwarding(ctx context.Context, name, peerLab string, dur time.Duration) error {
-	nsOf, ipOf, cleanupPods, err := forwardingPods(ctx, name)
+	pods, cleanupPods, err := forwardingPods(ctx, name)
+	defer cleanupPods()
 	if err != nil {
 		return err
 	}
-	defer cleanupPods()
-	var flNS map[string]string
-	var flIP map[string]netip.Addr
+	var peer map[string]benchPod
 	if peerLab != "" {
 		var cleanupPeer func()
-		if flNS, flIP, cleanupPeer, err = forwardingPods(ctx, peerLab); err != nil {
+		peer, cleanupPeer, err = forwardingPods(ctx, peerLab)
+		defer cleanupPeer()
+		if err != nil {
 			return fmt.Errorf("flannel lab %s: %w", peerLab, err)
 		}
-		defer cleanupPeer()
 	}
 
 	// The twin's pods get the MTU Lace gave its pods, so both carry the
 	// same segments.
-	mtu, err := linkMTU(nsOf["bench-a"], "eth0")
+	mtu, err := linkMTU(pods["bench-a"].ns, "eth0")
 	if err != nil {
 		return fmt.Errorf("lace pod mtu: %w", err)
 	}
 	flMTU := 0
 	if peerLab != "" {
-		if flMTU, err = linkMTU(flNS["bench-a"], "eth0"); err != nil {
+		if flMTU, err = linkMTU(peer["bench-a"].ns, "eth0"); err != nil {
 			return fmt.Errorf("flannel pod mtu: %w", err)
 		}
 	}
@@ -99,16 +97,16 @@ func benchForwarding(ctx context.Context, name, peerLab string, dur time.Duratio
 		addr     netip.Addr
 	}
 	paths := []path{
-		{"Lace same node", nsOf["bench-a"], nsOf["bench-b"], ipOf["bench-b"]},
-		{"Lace across nodes", nsOf["bench-a"], nsOf["bench-c"], ipOf["bench-c"]},
+		{"Lace same node", pods["bench-a"].ns, pods["bench-b"].ns, pods["bench-b"].ip},
+		{"Lace across nodes", pods["bench-a"].ns, pods["bench-c"].ns, pods["bench-c"].ip},
 		{"twin same node", tw.a, tw.b, tw.bAddr},
 		{"twin across nodes", tw.a, tw.c, tw.cAddr},
 		{"veth pair", pairSrc, pairDst, pairAddr},
 	}
 	if peerLab != "" {
 		paths = append(paths,
-			path{"flannel same node", flNS["bench-a"], flNS["bench-b"], flIP["bench-b"]},
-			path{"flannel across nodes", flNS["bench-a"], flNS["bench-c"], flIP["bench-c"]})
+			path{"flannel same node", peer["bench-a"].ns, peer["bench-b"].ns, peer["bench-b"].ip},
+			path{"flannel across nodes", peer["bench-a"].ns, peer["bench-c"].ns, peer["bench-c"].ip})
 	}
 	// One short exchange per path first: neighbours get resolved and
 	// nothing is cold when the first round starts.
@@ -178,50 +176,21 @@ func benchForwarding(ctx context.Context, name, peerLab string, dur time.Duratio
 }
 
 // forwardingPods starts the forwarding benchmark's pods on the lab name,
-// bench-a and bench-b on n1 and bench-c on n2, and returns their network
-// namespaces and addresses; cleanup deletes them.
-func forwardingPods(ctx context.Context, name string) (nsOf map[string]string, ipOf map[string]netip.Addr, cleanup func(), err error) {
+// bench-a and bench-b on n1 and bench-c on n2 (runPods); cleanup deletes
+// them, also after an error.
+func forwardingPods(ctx context.Context, name string) (pods map[string]benchPod, cleanup func(), err error) {
 	cs, c, err := labClient(name)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, func() {}, err
 	}
-	pods := []struct{ name, node string }{{"bench-a", "n1"}, {"bench-b", "n1"}, {"bench-c", "n2"}}
+	nodes := map[string]string{"bench-a": "n1", "bench-b": "n1", "bench-c": "n2"}
 	cleanup = func() {
-		for _, p := range pods {
-			_ = cs.CoreV1().Pods("default").Delete(context.WithoutCancel(ctx), p.name, metav1.DeleteOptions{})
+		for p := range nodes {
+			_ = cs.CoreV1().Pods("default").Delete(context.WithoutCancel(ctx), p, metav1.DeleteOptions{})
 		}
 	}
-	for _, p := range pods {
-		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.name}, Spec: corev1.PodSpec{NodeName: p.node,
-			TerminationGracePeriodSeconds: ptr.To[int64](1),
-			Containers:                    []corev1.Container{{Name: "pause", Image: "registry.k8s.io/pause:3.10"}}}}
-		if _, err := cs.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-			cleanup()
-			return nil, nil, nil, err
-		}
-	}
-	nsOf, ipOf = map[string]string{}, map[string]netip.Addr{}
-	deadline := time.Now().Add(time.Minute)
-	for len(nsOf) < len(pods) && time.Now().Before(deadline) {
-		for _, p := range pods {
-			got, err := cs.CoreV1().Pods("default").Get(ctx, p.name, metav1.GetOptions{})
-			if err == nil && got.Status.Phase == corev1.PodRunning && got.Status.PodIP != "" {
-				ns, err := lab.PodNetNS(ctx, c, "default", p.name)
-				if err != nil {
-					cleanup()
-					return nil, nil, nil, err
-				}
-				nsOf[p.name] = ns
-				ipOf[p.name] = netip.MustParseAddr(got.Status.PodIP)
-			}
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	if len(nsOf) < len(pods) {
-		cleanup()
-		return nil, nil, nil, errors.New("bench pods did not start")
-	}
-	return nsOf, ipOf, cleanup, nil
+	pods, err = runPods(ctx, cs, c, "default", nodes)
+	return pods, cleanup, err
 }
 
 // linkMTU returns the MTU of link name in the namespace at nsPath.

@@ -92,19 +92,14 @@ type connRound struct {
 }
 
 func benchLoad(ctx context.Context, name, peerLab string, o loadOptions) error {
-	cs, c, err := fastClient(name)
+	w, cleanup, err := setupLoadWorld(ctx, name)
+	defer cleanup()
 	if err != nil {
 		return err
 	}
-	if err := freshNamespace(ctx, cs, loadNS); err != nil {
-		return err
-	}
-	defer func() { _ = cs.CoreV1().Namespaces().Delete(context.Background(), loadNS, metav1.DeleteOptions{}) }()
-
-	ext := netutil.Path(c.NetNS("external"))
+	c, ext, srv1, srv2, cli := w.c, w.ext, w.srv1, w.srv2, w.cli
 	peerNS := netutil.Path(c.NetNS(peerNode))
 	laceV4, _ := lab.NodeUnderlay(1)
-	peerV4, _ := lab.NodeUnderlay(2)
 	var kp *kubeProxy
 	if o.kubeProxy != "" {
 		undo, err := kpNodePortAddress(c, ext, peerNS)
@@ -118,62 +113,30 @@ func benchLoad(ctx context.Context, name, peerLab string, o loadOptions) error {
 		defer kp.stop()
 	}
 
-	pods, err := runPods(ctx, cs, c, loadNS, map[string]string{"load-srv1": laceNode, "load-srv2": peerNode, "load-cli": peerNode})
-	if err != nil {
-		return err
-	}
-	srv1, srv2, cli := pods["load-srv1"], pods["load-srv2"], pods["load-cli"]
-	for _, p := range []benchPod{srv1, srv2} {
-		stop, err := serveOneExchange(p.ns, fmt.Sprintf(":%d", loadConnPort))
-		if err != nil {
-			return err
-		}
-		defer stop()
-	}
-	// The external host reaches the pod on peerNode through that node (it
-	// routes pod addresses over every node, equal cost, otherwise).
-	direct := netip.PrefixFrom(srv2.ip, 32)
-	if err := netutil.EnsureRoute(ext, direct, peerV4, "eth0"); err != nil {
-		return fmt.Errorf("external host: route to %s: %w", srv2.ip, err)
-	}
-	defer func() { _ = netutil.DeleteRoute(ext, direct, "eth0") }()
-
-	vip1, _, err := loadService(ctx, cs, "load-np1", "load-srv1")
-	if err != nil {
-		return err
-	}
-	_, np2, err := loadService(ctx, cs, "load-np2", "load-srv2")
-	if err != nil {
-		return err
-	}
-	at := func(a netip.Addr, port int32) netip.AddrPort { return netip.AddrPortFrom(a, uint16(port)) }
-	var paths []loadPath
-	directExt, directPod := at(srv2.ip, loadConnPort), at(srv1.ip, loadConnPort)
-	// The peer cluster's paths are compared with these two (flannelLoadPaths
-	// returns its NodePort pair, then its ClusterIP pair).
+	// The peer cluster's paths are compared with these two (its shapes,
+	// in the same order).
+	paths := w.shapes("Lace: ", "", true)
 	laceShapes := []int{0, 2}
-	paths = pairPaths(paths, "Lace: external -> "+peerNode+" NodePort -> pod on "+peerNode, ext, at(peerV4, np2), true,
-		"external -> pod on "+peerNode+" direct", directExt, srv2.ns)
-	paths = pairPaths(paths, "Lace: pod on "+peerNode+" -> ClusterIP -> pod on "+laceNode, cli.ns, at(vip1, 81), true,
-		"pod on "+peerNode+" -> pod on "+laceNode+" direct", directPod, srv1.ns)
 	if kp != nil {
-		paths = pairPaths(paths, "kube-proxy: external -> "+peerNode+" NodePort -> pod on "+peerNode, ext, at(netip.MustParseAddr(kpNodePortAddr), np2), false,
+		directExt, directPod := at(srv2.ip, loadConnPort), at(srv1.ip, loadConnPort)
+		paths = pairPaths(paths, "kube-proxy: external -> "+peerNode+" NodePort -> pod on "+peerNode, ext, at(netip.MustParseAddr(kpNodePortAddr), w.np2), false,
 			"external -> pod on "+peerNode+" direct", directExt, srv2.ns)
-		paths = pairPaths(paths, "kube-proxy: "+peerNode+" -> ClusterIP -> pod on "+laceNode, peerNS, at(vip1, 81), false,
+		paths = pairPaths(paths, "kube-proxy: "+peerNode+" -> ClusterIP -> pod on "+laceNode, peerNS, at(w.vip1, 81), false,
 			peerNode+" -> pod on "+laceNode+" direct", directPod, srv1.ns)
 	}
 	// Lace only: a NodePort whose endpoint is on another node leaves the
 	// node from a port of its own (SNAT), 4,536 per endpoint.
-	paths = append(paths, loadPath{"Lace: external -> " + laceNode + " NodePort -> pod on " + peerNode + " (SNAT)", ext, at(laceV4, np2), true, 1, srv2.ns})
+	paths = append(paths, loadPath{"Lace: external -> " + laceNode + " NodePort -> pod on " + peerNode + " (SNAT)", ext, at(laceV4, w.np2), true, 1, srv2.ns})
 	// The same two Services on the peer cluster: its pods and Services,
 	// its external host, through its kube-proxy and vxlan.
 	var versus [][2]int
 	if peerLab != "" {
-		peer, cleanup, err := flannelLoadPaths(ctx, peerLab)
-		defer cleanup()
+		pw, cleanupPeer, err := setupLoadWorld(ctx, peerLab)
+		defer cleanupPeer()
 		if err != nil {
 			return fmt.Errorf("flannel lab %s: %w", peerLab, err)
 		}
+		peer := pw.shapes("flannel: ", "flannel: ", false)
 		for i, p := range peer {
 			if p.ref >= 0 {
 				p.ref += len(paths)
@@ -218,7 +181,7 @@ func benchLoad(ctx context.Context, name, peerLab string, o loadOptions) error {
 	}
 	// A connection kept open through the ClusterIP gives each node's map
 	// an established IPv4 TCP flow to copy.
-	keep, err := netutil.DialContext(ctx, cli.ns, "tcp", netip.AddrPortFrom(vip1, 81).String())
+	keep, err := netutil.DialContext(ctx, cli.ns, "tcp", netip.AddrPortFrom(w.vip1, 81).String())
 	if err == nil {
 		defer keep.Close()
 		b := []byte{1}

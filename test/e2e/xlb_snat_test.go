@@ -41,10 +41,11 @@ func TestNodePortSNATPortsFreed(t *testing.T) {
 
 	const n = 12000
 	start := time.Now()
-	// Paced at 2,000 a second: four times what ports held 10 s after
-	// their close allow, under a quarter of the 9,000 that ports given
-	// back half a second after it do (unpaced, about 6,000 a second, a
-	// SYN now and then found its 32 tries all held).
+	// Paced by a 2,000-a-second ticker (about 1,270 a second here): well
+	// above the 454 that ports held 10 s after their close allow, well
+	// under the 9,000 that ports given back half a second after it do
+	// (unpaced, about 6,000 a second, a SYN now and then found its 32
+	// tries all held).
 	tick := time.NewTicker(time.Second / 2000)
 	defer tick.Stop()
 	failed, first := churn(t, ext, n, 4, func(int) error {
