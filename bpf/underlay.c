@@ -136,6 +136,10 @@ struct xlb_scratch {
 	 * splits every state the verifier walks there. */
 	__u32 isn;
 	__u32 syn;
+	/* The node port the client's tuple had (network order), when its
+	 * entry is still there (a SYN starting it over, or a mapping lost):
+	 * xlb_port tries it first. */
+	__u16 again;
 };
 
 struct {
@@ -179,13 +183,6 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 	/* Held as long as the client's conntrack entry, which starts as an
 	 * unanswered flow's and is copied here by every packet. */
 	x->rv.expires = now + CT_NEW_IN;
-	/* The first port tried is drawn from the flow, as its endpoint is: a
-	 * flow whose conntrack entry was lost between its packets finds the
-	 * port it had (its mapping still names it), and the endpoint sees one
-	 * flow. The others by a random stride from it: a client whose first
-	 * port another flow holds gets a new window on each try, not the same
-	 * one again. (A stride, not a branch on the first try: the branch
-	 * doubled the verifier's work on from_underlay.) */
 	/* A closed flow's port (below): what its entry carries, and by when
 	 * it expires once silent XLB_PORT_QUIET. Worked out once, not in the
 	 * loop, whose every branch the verifier walks 32 times. Not TCP:
@@ -194,7 +191,32 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 	if (p->proto != IPPROTO_TCP)
 		closed = 0xffff;
 	__u64 quiet_since = now + CT_TCP_CLOSE - XLB_PORT_QUIET;
-	__u32 first = (__u32)(lb_flow_hash(p) >> 32);
+	/* The first port tried is the one the tuple had: the one its entry
+	 * names (a SYN starting it over after its reset or FINs), or else
+	 * the one drawn from the flow, as its endpoint is (a flow whose entry
+	 * was lost between its packets). A mapping naming this very tuple is
+	 * taken as it is, and the endpoint sees one flow. Given another port,
+	 * the old one would lose its owner and go to the next flow toward
+	 * the endpoint, with the endpoint's answers to the old connection
+	 * (still open there when the reset was forged). Toward another
+	 * endpoint, the same port number is tried first: the old mapping
+	 * then keeps an owner (the new entry names its port) as long as the
+	 * new flow. The others by a random stride from it: a client whose
+	 * first port another flow holds gets a new window on each try, not
+	 * the same one again. (A stride, not a branch on the first try in
+	 * the loop: the branch doubled the verifier's work on
+	 * from_underlay.) */
+	__u32 first = x->again ? (__u32)bpf_ntohs(x->again) - SNAT_PORT_MIN : (__u32)(lb_flow_hash(p) >> 32);
+	x->rk.port = bpf_htons(SNAT_PORT_MIN + first % SNAT_PORT_RANGE);
+	struct xlb_rev_val *mine = bpf_map_lookup_elem(&lace_xlb_rev, &x->rk);
+	if (mine && mine->cport == p->sport && mine->fport == p->dport && mine->ext_net == ext &&
+	    eq16(mine->client, p->saddr) && eq16(mine->front, p->daddr)) {
+		x->prev_isn = mine->isn;
+		x->prev_flags = mine->flags;
+		bpf_map_update_elem(&lace_xlb_rev, &x->rk, &x->rv, BPF_ANY);
+		*port = x->rk.port;
+		return 0;
+	}
 	__u32 stride = bpf_get_prandom_u32() | 1;
 	__u16 steal = 0;
 	__u64 steal_expires = ~0ULL;
@@ -212,8 +234,9 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 			*port = x->rk.port;
 			return 0;
 		}
-		/* A port whose flow is over is taken again: once its client's
-		 * conntrack entry is gone, or once that TCP flow, assured, closed
+		/* A port whose flow is over is taken again: once its mapping
+		 * expired and no client's conntrack entry names the port, or
+		 * once that TCP flow, assured, closed
 		 * by FINs both ways and stayed silent XLB_PORT_QUIET. Holding
 		 * FIN-closed ports until the entry expired (CT_TCP_CLOSE after
 		 * the last packet) capped new connections through a NodePort to
@@ -242,8 +265,16 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 		__builtin_memcpy(x->ek.laddr, cur->front, 16);
 		__builtin_memcpy(x->ek.raddr, cur->client, 16);
 		struct ct_val *owner = ct_lookup(&x->ek);
-		if (owner && (owner->flags & CT_SNAT) && owner->snat_port == x->rk.port &&
-		    !((owner->flags & closed) == closed && owner->expires <= quiet_since)) {
+		if (!owner || !(owner->flags & CT_SNAT) || owner->snat_port != x->rk.port) {
+			/* No entry names the port any more: it was lost (the
+			 * shared lace_ct evicts the idle under a flood), or its
+			 * tuple went on elsewhere. The mapping is held until its
+			 * own expiry, the last its flow's entry had: freeing it
+			 * at once handed an idle live flow's port to the next
+			 * client. */
+			if (cur->expires > now)
+				continue;
+		} else if (!((owner->flags & closed) == closed && owner->expires <= quiet_since)) {
 			/* Early drop, as Linux's conntrack does when full: a flow
 			 * not assured yet (a bare SYN of a flood) gives its port up
 			 * when no port is free, an established one never. Of those
@@ -332,6 +363,7 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 	ct_key_of(&x->k, ext, p, 0);
 	struct ct_val *ct = ct_lookup(&x->k);
 	__u16 be_port, nport = 0;
+	x->again = ct && (ct->flags & (CT_SERVICE | CT_SNAT)) == (CT_SERVICE | CT_SNAT) ? ct->snat_port : 0;
 	if (ct && (ct->flags & CT_SERVICE) && !(is_tcp_syn(p) && ct_closing(ct))) {
 		__builtin_memcpy(x->be, ct->nat_addr, 16);
 		be_port = ct->nat_port;

@@ -211,8 +211,13 @@ struct xlb_rev_val {
 
 #define XLB_REV_HALF_OPEN 1
 
+/* Not an LRU, as lace_snat: an eviction freed an idle live flow's port,
+ * and a SYN flood toward a few endpoints evicted them at will. Full, it
+ * fails closed (snat-failed, counted per endpoint); xlb_port takes a
+ * mapping whose flow is over again in place, and the agent sweeps the
+ * others out (Datapath.ReclaimSNAT). */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
 	__type(key, struct xlb_rev_key);
 	__type(value, struct xlb_rev_val);

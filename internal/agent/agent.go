@@ -383,10 +383,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	return a.mgr.Start(ctx)
 }
 
-// snatSweepPeriod is how often the SNAT mappings of flows that are over
-// are deleted: lace_snat never evicts (an eviction would hand a live
-// flow's port to another), so a node whose pods open many short flows to
-// many destinations fills it (snat-failed) unless they are swept.
+// snatSweepPeriod is how often the node port mappings of flows that are
+// over are deleted: lace_snat and lace_xlb_rev never evict (an eviction
+// would hand a live flow's port to another), so a node whose pods (or
+// NodePort clients) open many short flows to many destinations fills them
+// (snat-failed) unless they are swept.
 const snatSweepPeriod = 10 * time.Second
 
 // reclaimSNAT deletes the SNAT mappings whose flows are over.

@@ -63,8 +63,7 @@ func TestXLBResetAheadOfReusedPort(t *testing.T) {
 		t.Errorf("reset-ahead +%d after 500 takeovers of flood ports, want at least 500", n)
 	}
 	owners := map[uint16]uint32{}
-	// lace_xlb_rev is an LRU: it may have evicted a few mappings of the
-	// flood, whose ports are then free.
+	// Ports the flood's random tries never hit are free.
 	free := map[uint16]bool{}
 	val := make([]byte, d.underlay.LaceXlbRev.ValueSize())
 	for port := range uint16(snatPorts) {

@@ -14,7 +14,8 @@ import (
 // (the client's reset, or one forged by anybody on the path), one closed
 // one way, and one whose FINs both ways (which anybody on the path can
 // forge) are followed by more packets keep their ports: with every port
-// so held, a new SYN is dropped snat-failed.
+// so held, a new SYN is dropped snat-failed. So is a port whose client's
+// entry was lost while its mapping has time left.
 func TestXLBPortsOfClosedFlowsFreed(t *testing.T) {
 	remote := netip.MustParseAddr("10.70.2.5")
 	const settled = ctSNAT | ctSeenReply | ctAssured
@@ -25,19 +26,30 @@ func TestXLBPortsOfClosedFlowsFreed(t *testing.T) {
 		name  string
 		flags uint16
 		// left is how long the entries have to live.
-		left  uint64
+		left uint64
+		// lost: the clients' entries are gone, and their mappings expire
+		// in lost (0: the entries stay).
+		lost  int64
 		freed bool
 	}{
-		{"established", settled, 3600e9, false},
-		{"reset by the client, silent since", settled | ctRST, closeTimeout - 2e9, false},
-		{"FIN one way, silent since", settled | ctFinOrig, closeTimeout - 2e9, false},
+		{"established", settled, 3600e9, 0, false},
+		{"reset by the client, silent since", settled | ctRST, closeTimeout - 2e9, 0, false},
+		{"FIN one way, silent since", settled | ctFinOrig, closeTimeout - 2e9, 0, false},
 		// Both FINs may be forged: a flow that still talks keeps its port.
-		{"FINs both ways, talking", settled | ctFinOrig | ctFinReply, closeTimeout - 1e8, false},
-		{"FINs both ways, silent 2 s", settled | ctFinOrig | ctFinReply, closeTimeout - 2e9, true},
+		{"FINs both ways, talking", settled | ctFinOrig | ctFinReply, closeTimeout - 1e8, 0, false},
+		{"FINs both ways, silent 2 s", settled | ctFinOrig | ctFinReply, closeTimeout - 2e9, 0, true},
+		// The shared lace_ct evicts an idle client's entry when a tenant
+		// opens enough flows: the mapping holds the port until its own
+		// expiry (the last its entry had), not the first new flow.
+		{"entry lost, mapping live", settled, 3600e9, 3600e9, false},
+		{"entry lost, mapping expired", settled, 3600e9, -1e9, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := nodePortWorld(t, remote)
 			holdAllXLBPorts(t, d, remote, tc.flags, tc.left)
+			if tc.lost != 0 {
+				loseXLBOwners(t, d, remote, tc.lost)
+			}
 			client := netip.MustParseAddrPort("203.0.113.5:40000")
 			// (The test's namespace has no route to the endpoint's node:
 			// snatDrops leaves that drop out.)
@@ -71,9 +83,9 @@ func holdAllXLBPorts(t *testing.T, d *Datapath, remote netip.Addr, flags uint16,
 		src := netip.AddrFrom4([4]byte{172, 31, byte(i / 60000), 200})
 		runUnder(t, d, ether(unicastMAC, 0x0800, ipv4(src, progNodeV4, 6, seg4(uint16(1024+i%60000), 30080, 0x02))))
 	}
-	// The map is an LRU: a few mappings of the flood are gone. Their ports
-	// go to copies of a flood flow with client ports of their own, so
-	// that every port has a live owner.
+	// A few ports the flood's random tries never hit: they go to copies
+	// of a flood flow with client ports of their own, so that every port
+	// has a live owner.
 	var k underlayXlbRevKey
 	var v underlayXlbRevVal
 	var tmpl *underlayXlbRevVal
@@ -157,4 +169,220 @@ func holdAllXLBPorts(t *testing.T, d *Datapath, remote netip.Addr, flags uint16,
 	if _, err := d.pod.LaceCt.BatchUpdate(keys, vals, nil); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// loseXLBOwners deletes the conntrack entries of every flow leaving
+// from a node port (an eviction) and gives each mapping toward remote
+// left to live.
+func loseXLBOwners(t *testing.T, d *Datapath, remote netip.Addr, left int64) {
+	t.Helper()
+	now, err := monotonicNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range d.ctMaps() {
+		var k podCtKey
+		var v podCtVal
+		var gone []podCtKey
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			if v.Flags&ctSNAT != 0 {
+				gone = append(gone, k)
+			}
+		}
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range gone {
+			if err := m.Delete(k); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var k underlayXlbRevKey
+	var v underlayXlbRevVal
+	var keys []underlayXlbRevKey
+	it := d.underlay.LaceXlbRev.Iterate()
+	for it.Next(&k, &v) {
+		if fromAddr16(k.Family, k.Raddr) == remote {
+			keys = append(keys, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if err := d.underlay.LaceXlbRev.Lookup(&k, &v); err != nil {
+			t.Fatal(err)
+		}
+		v.Expires = uint64(int64(now) + left)
+		if err := d.underlay.LaceXlbRev.Put(&k, &v); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestXLBRestartKeepsPort: a forged client reset followed by a forged SYN
+// on the same tuple starts the client's NodePort flow over. It keeps its
+// node port toward the same endpoint, whose connection is still open (the
+// forged reset's sequence number was not its). Given another port, as
+// before, the old one had no owner any more and went to the next client
+// toward the endpoint, with the endpoint's answers to the live
+// connection; the client's next segment, from the new port, was reset.
+func TestXLBRestartKeepsPort(t *testing.T) {
+	remote := netip.MustParseAddr("10.70.2.5")
+	d := nodePortWorld(t, remote)
+	client := netip.MustParseAddrPort("203.0.113.5:40000")
+	send := func(flags byte) {
+		t.Helper()
+		if moved := snatDrops(t, d, func() {
+			runUnder(t, d, ether(unicastMAC, 0x0800, ipv4(client.Addr(), progNodeV4, 6, seg4(client.Port(), 30080, flags))))
+		}); len(moved) != 0 {
+			t.Fatalf("flags %#x: drops %v", flags, moved)
+		}
+	}
+	send(0x02)
+	settleFlow(t, d, client)
+	send(0x10)
+	p := nodePortFlow(t, d, client).SNATPort
+	if p < snatPortMin {
+		t.Fatalf("the flow holds node port %d", p)
+	}
+	send(0x04)
+	send(0x02)
+	f := nodePortFlow(t, d, client)
+	if f.Assured {
+		t.Fatal("the SYN after the reset did not start the flow over: the test cannot tell")
+	}
+	if f.SNATPort != p {
+		t.Errorf("started over on node port %d, had %d: the old port has no owner", f.SNATPort, p)
+	}
+	var v underlayXlbRevVal
+	if err := d.underlay.LaceXlbRev.Lookup(xlbRevKey(remote, p), &v); err != nil {
+		t.Fatalf("the mapping of port %d: %v", p, err)
+	}
+	if c := netip.AddrPortFrom(fromAddr16(4, v.Client), ntohs(v.Cport)); c != client {
+		t.Errorf("port %d maps back to %s, want %s", p, c, client)
+	}
+	// Its next segment keeps the port: the endpoint's connection goes on.
+	send(0x10)
+	if got := nodePortFlow(t, d, client).SNATPort; got != p {
+		t.Errorf("the next segment left from port %d, want %d", got, p)
+	}
+}
+
+// settleFlow marks client's NodePort flow answered and assured, as the
+// endpoint's answer and the client's ACK would.
+func settleFlow(t *testing.T, d *Datapath, client netip.AddrPort) {
+	t.Helper()
+	for _, m := range d.ctMaps() {
+		var k podCtKey
+		var v podCtVal
+		var keys []podCtKey
+		var vals []podCtVal
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			if ntohs(k.Rport) == client.Port() && fromAddr16(k.Family, k.Raddr) == client.Addr() && v.Flags&ctService != 0 {
+				v.Flags |= ctSeenReply | ctAssured
+				keys, vals = append(keys, k), append(vals, v)
+			}
+		}
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
+		}
+		for i := range keys {
+			if err := m.Put(keys[i], vals[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if len(keys) > 0 {
+			return
+		}
+	}
+	t.Fatalf("no flow of %s", client)
+}
+
+// TestXLBRevNotEvicted: lace_xlb_rev is a plain hash. Full, a new flow
+// toward an endpoint it holds no port for is dropped snat-failed, and no
+// mapping is evicted for it (an LRU evicted the idle, whose ports went to
+// the next client with their endpoints' answers). The agent's sweep
+// deletes the mappings whose flows are over, and only those; the new
+// flow then gets its port.
+func TestXLBRevNotEvicted(t *testing.T) {
+	remote := netip.MustParseAddr("10.70.2.5")
+	d := nodePortWorld(t, remote)
+	m := d.underlay.LaceXlbRev
+	now, err := monotonicNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every entry toward other endpoints (10.71.x.x); one in three has
+	// expired, with no entry naming its port (a flow that is over).
+	size := int(m.MaxEntries())
+	keys := make([]underlayXlbRevKey, size)
+	vals := make([]underlayXlbRevVal, size)
+	expired := 0
+	for i := range size {
+		ep := uint16(i / snatPorts)
+		keys[i] = underlayXlbRevKey{Family: 4, Proto: 6, Port: ntohs(snatPortMin + uint16(i%snatPorts)), Rport: ntohs(8080)}
+		keys[i].Raddr[0], keys[i].Raddr[1], keys[i].Raddr[2], keys[i].Raddr[3] = 10, 71, byte(ep>>8), byte(ep)
+		vals[i] = underlayXlbRevVal{Cport: ntohs(uint16(1024 + i%60000)), Fport: ntohs(30080), ExtNet: snatWorld, Expires: now + 3600e9}
+		vals[i].Client[0], vals[i].Client[1], vals[i].Client[2], vals[i].Client[3] = 198, 18, byte(i>>8), byte(i)
+		if i%3 == 0 {
+			vals[i].Expires = now - 1e9
+			expired++
+		}
+	}
+	if n, err := m.BatchUpdate(keys, vals, nil); err != nil || n != size {
+		t.Fatalf("fill lace_xlb_rev: %d of %d, %v", n, size, err)
+	}
+	client := netip.MustParseAddrPort("203.0.113.5:40000")
+	syn := ether(unicastMAC, 0x0800, ipv4(client.Addr(), progNodeV4, 6, seg4(client.Port(), 30080, 0x02)))
+	moved := snatDrops(t, d, func() { runUnder(t, d, syn) })
+	if len(moved) != 1 || moved["snat-failed"] != 1 {
+		t.Errorf("a SYN with lace_xlb_rev full: drops %v, want it dropped snat-failed", moved)
+	}
+	if n := countXLBRev(t, d); n != size {
+		t.Fatalf("lace_xlb_rev holds %d mappings after the SYN, want the %d it was filled with", n, size)
+	}
+	var v underlayXlbRevVal
+	for i := range keys {
+		if err := m.Lookup(&keys[i], &v); err != nil {
+			t.Fatalf("EVICTED: mapping %d (port %d toward %v): %v", i, ntohs(keys[i].Port), keys[i].Raddr[:4], err)
+		}
+	}
+
+	n, err := d.ReclaimSNAT()
+	if err != nil || n != expired {
+		t.Errorf("ReclaimSNAT: %d, %v; want the %d expired mappings deleted", n, err, expired)
+	}
+	for i := range keys {
+		err := m.Lookup(&keys[i], &v)
+		if live := i%3 != 0; live && err != nil {
+			t.Fatalf("the sweep deleted live mapping %d: %v", i, err)
+		} else if !live && err == nil {
+			t.Fatalf("the sweep kept expired mapping %d", i)
+		}
+	}
+	if moved := snatDrops(t, d, func() { runUnder(t, d, syn) }); len(moved) != 0 {
+		t.Errorf("the SYN after the sweep: drops %v", moved)
+	}
+	if p := nodePortFlow(t, d, client).SNATPort; p < snatPortMin {
+		t.Errorf("the SYN after the sweep holds node port %d", p)
+	}
+}
+
+func countXLBRev(t *testing.T, d *Datapath) int {
+	t.Helper()
+	var k underlayXlbRevKey
+	var v underlayXlbRevVal
+	n := 0
+	it := d.underlay.LaceXlbRev.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

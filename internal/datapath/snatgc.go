@@ -7,22 +7,39 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-// ReclaimSNAT deletes the SNAT mappings whose pod flow is over, once the
-// map is half full (until then a finished flow's mapping stays, and
+// ReclaimSNAT deletes the node port mappings whose flows are over, once
+// their map is half full (until then a finished flow's mapping stays, and
 // traffic to it is dropped and counted snat-closed rather than handed to
-// the host's stack): no live
-// conntrack entry of that flow holds the mapping's port any more (it
-// expired, was evicted, or took another port). lace_snat is a plain hash,
-// never evicted (an eviction would free a live flow's port): the data
-// plane takes a stale mapping again only when a new flow picks its very
-// port toward the same destination, so without this sweep mappings toward
-// destinations never used again would fill it. It mirrors snat_owner
-// (ct.h). Returns how many it deleted.
+// the host's stack). Both maps are plain hashes, never evicted (an
+// eviction would free a live flow's port): the data plane takes a stale
+// mapping again only when a new flow picks its very port toward the same
+// destination, so without this sweep mappings toward destinations never
+// used again would fill them.
+//   - lace_snat (a pod's flow leaving from the node's address): stale when
+//     no live conntrack entry of that flow holds the mapping's port any
+//     more (it expired, was evicted, or took another port). It mirrors
+//     snat_owner (ct.h).
+//   - lace_xlb_rev (a NodePort or LoadBalancer flow sent to an endpoint on
+//     another node): stale when no live entry of its client's flow holds
+//     the port and the mapping itself expired. It mirrors xlb_port
+//     (underlay.c), which holds a mapping whose entry was lost until its
+//     own expiry.
+//
+// Returns how many it deleted.
 func (d *Datapath) ReclaimSNAT() (int, error) {
 	now, err := monotonicNow()
 	if err != nil {
 		return 0, err
 	}
+	n, err := d.reclaimPodSNAT(now)
+	if err != nil {
+		return n, err
+	}
+	m, err := d.reclaimXLB(now)
+	return n + m, err
+}
+
+func (d *Datapath) reclaimPodSNAT(now uint64) (int, error) {
 	type mapping struct {
 		k podSnatKey
 		v podSnatVal
@@ -38,20 +55,9 @@ func (d *Datapath) ReclaimSNAT() (int, error) {
 		if k.Proto == 1 || k.Proto == 58 { // ICMP echo: the identifier on both sides
 			ck.Rport = v.Lport
 		}
-		live := false
-		for _, m := range d.ctMaps() {
-			var cv podCtVal
-			err := m.Lookup(&ck, &cv)
-			if errors.Is(err, ebpf.ErrKeyNotExist) {
-				continue
-			}
-			if err != nil {
-				return 0, fmt.Errorf("look up the flow of a SNAT mapping: %w", err)
-			}
-			if cv.Expires >= now && cv.Flags&ctSNAT != 0 && cv.SnatPort == k.Port {
-				live = true
-				break
-			}
+		live, err := d.portOwned(ck, k.Port, now)
+		if err != nil {
+			return 0, fmt.Errorf("look up the flow of a SNAT mapping: %w", err)
 		}
 		if !live {
 			stale = append(stale, mapping{k, v})
@@ -78,4 +84,69 @@ func (d *Datapath) ReclaimSNAT() (int, error) {
 		}
 	}
 	return n, nil
+}
+
+func (d *Datapath) reclaimXLB(now uint64) (int, error) {
+	type mapping struct {
+		k underlayXlbRevKey
+		v underlayXlbRevVal
+	}
+	var stale []mapping
+	var k underlayXlbRevKey
+	var v underlayXlbRevVal
+	total := 0
+	m := d.underlay.LaceXlbRev
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		total++
+		if v.Expires >= now {
+			continue
+		}
+		ck := podCtKey{NetId: v.ExtNet, Family: k.Family, Proto: k.Proto, Lport: v.Fport, Rport: v.Cport, Laddr: v.Front, Raddr: v.Client}
+		live, err := d.portOwned(ck, k.Port, now)
+		if err != nil {
+			return 0, fmt.Errorf("look up the flow of a node port mapping: %w", err)
+		}
+		if !live {
+			stale = append(stale, mapping{k, v})
+		}
+	}
+	if err := it.Err(); err != nil {
+		return 0, fmt.Errorf("iterate lace_xlb_rev: %w", err)
+	}
+	if total < int(m.MaxEntries())/2 {
+		return 0, nil
+	}
+	n := 0
+	for i := range stale {
+		// Taken by a new flow since (xlb_port rewrites it in place):
+		// not stale any more.
+		var cur underlayXlbRevVal
+		if err := m.Lookup(&stale[i].k, &cur); err != nil || cur != stale[i].v {
+			continue
+		}
+		if err := m.Delete(&stale[i].k); err == nil {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// portOwned tells whether flow ck has a live conntrack entry that leaves
+// from node port port (network order).
+func (d *Datapath) portOwned(ck podCtKey, port uint16, now uint64) (bool, error) {
+	for _, m := range d.ctMaps() {
+		var cv podCtVal
+		err := m.Lookup(&ck, &cv)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			continue
+		}
+		if err != nil {
+			return false, err
+		}
+		if cv.Expires >= now && cv.Flags&ctSNAT != 0 && cv.SnatPort == port {
+			return true, nil
+		}
+	}
+	return false, nil
 }

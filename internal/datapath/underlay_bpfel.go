@@ -377,7 +377,8 @@ type underlayXlbScratch struct {
 	PrevFlags uint32
 	Isn       uint32
 	Syn       uint32
-	_         [4]byte
+	Again     uint16
+	_         [2]byte
 }
 
 // Names of all BPF objects in the ELF.

@@ -1,13 +1,20 @@
 package e2e
 
 import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
 	"net/netip"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/netutil"
 )
 
@@ -64,5 +71,114 @@ func TestNodePortSNATPortsFreed(t *testing.T) {
 	// Slower than a port's old hold allowed, the run would show nothing.
 	if limit := 10 * time.Second * n / 4536; took >= limit {
 		t.Errorf("the churn took %v, no faster than the %v that 4536 ports held 10 s each allow: it cannot tell", took, limit)
+	}
+}
+
+// TestForgedResetKeepsNodePortFlow: a connection from the external host
+// through n1's NodePort to the endpoint on n2 leaves n1 from a node port
+// of its own. A host on the path forges the client's reset (a sequence
+// number the endpoint does not take) and then a SYN on the same tuple:
+// n1 starts the client's flow over, on the same node port, so the
+// endpoint's still open connection keeps its one client. Before, the flow
+// started over on another port: the old one had no owner any more (the
+// next client toward the endpoint got the endpoint's answers to the old
+// connection), and the client's next request, from the new port, was
+// reset by the endpoint.
+func TestForgedResetKeepsNodePortFlow(t *testing.T) {
+	needLab(t)
+	semStart(t, semPod("xlb-rst", "xlb-rst", "n2"))
+	svc := semService(t, "xlb-rst", "xlb-rst", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeNodePort })
+	tcpPort, _ := nodePorts(t, svc)
+	dst := netip.AddrPortFrom(nodeAddr(1, true), tcpPort)
+	ext := externalNS()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var s *stream
+	eventually(t, 30*time.Second, "a connection through "+dst.String(), func() error {
+		var err error
+		s, err = openStream(ctx, "victim", ext, dst)
+		return err
+	})
+	defer s.conn.Close()
+	client := netip.MustParseAddrPort(s.conn.LocalAddr().String())
+	before := clientFlow(t, "n1", dst, client)
+	if before.SNATPort == 0 || !before.Assured {
+		t.Fatalf("n1's entry of %s: %+v, want an assured flow leaving from a node port", client, before)
+	}
+	forgeTCP(t, ext, client, dst, 0x04) // RST
+	forgeTCP(t, ext, client, dst, 0x02) // SYN
+	// The forged SYN starts the entry over: on the same port, not
+	// assured until the client's next segment; on another port, the
+	// client's stack answers the endpoint's SYN-ACK at once (assured
+	// again, and reset by the endpoint).
+	var after datapath.Flow
+	eventually(t, 10*time.Second, "n1 starts the flow over on the forged SYN (else the test cannot tell)", func() error {
+		if after = clientFlow(t, "n1", dst, client); after.Assured && after.SNATPort == before.SNATPort {
+			return fmt.Errorf("n1's entry %+v", after)
+		}
+		return nil
+	})
+	if after.SNATPort != before.SNATPort {
+		t.Errorf("the flow started over on node port %d, had %d: the old port has no owner", after.SNATPort, before.SNATPort)
+	}
+	if err := s.ask(); err != nil {
+		t.Errorf("the connection after the forged reset and SYN: %v", err)
+	}
+	if f := clientFlow(t, "n1", dst, client); f.SNATPort != before.SNATPort {
+		t.Errorf("the request left n1 from node port %d, want %d", f.SNATPort, before.SNATPort)
+	}
+}
+
+// clientFlow is node's conntrack entry of client's flow to frontend dst.
+func clientFlow(t *testing.T, node string, dst, client netip.AddrPort) datapath.Flow {
+	t.Helper()
+	dp, err := datapath.Load(filepath.Join(labConfig().NodeRoot(node), "sys/fs/bpf/lace"))
+	if err != nil {
+		t.Fatalf("open the data plane of %s: %v", node, err)
+	}
+	defer dp.Close()
+	flows, err := dp.Conntrack()
+	if err != nil {
+		t.Fatalf("conntrack of %s: %v", node, err)
+	}
+	for _, f := range flows {
+		if f.Service && f.Local == dst && f.Remote == client {
+			return f
+		}
+	}
+	t.Fatalf("%s has no entry of %s to %s", node, client, dst)
+	return datapath.Flow{}
+}
+
+// forgeTCP sends one TCP segment with flags and a random sequence number
+// from src to dst, from a raw socket in namespace nsPath (whose own stack
+// never sees it).
+func forgeTCP(t *testing.T, nsPath string, src, dst netip.AddrPort, flags byte) {
+	t.Helper()
+	var fd int
+	err := netutil.Do(nsPath, func() error {
+		var err error
+		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("raw socket: %v", err)
+	}
+	defer unix.Close(fd)
+	s4, d4 := src.Addr().As4(), dst.Addr().As4()
+	pkt := make([]byte, 40)
+	pkt[0], pkt[8], pkt[9] = 0x45, 64, 6
+	binary.BigEndian.PutUint16(pkt[2:], 40)
+	copy(pkt[12:16], s4[:])
+	copy(pkt[16:20], d4[:])
+	seg := pkt[20:]
+	binary.BigEndian.PutUint16(seg[0:], src.Port())
+	binary.BigEndian.PutUint16(seg[2:], dst.Port())
+	binary.BigEndian.PutUint32(seg[4:], rand.Uint32())
+	seg[12], seg[13] = 5<<4, flags
+	binary.BigEndian.PutUint16(seg[14:], 64240)
+	binary.BigEndian.PutUint16(seg[16:], tcpSum(s4, d4, seg))
+	if err := unix.Sendto(fd, pkt, 0, &unix.SockaddrInet4{Addr: d4}); err != nil {
+		t.Fatalf("forge %#x %s -> %s: %v", flags, src, dst, err)
 	}
 }
