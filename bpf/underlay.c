@@ -209,8 +209,11 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 	__u32 first = x->again ? (__u32)bpf_ntohs(x->again) - SNAT_PORT_MIN : (__u32)(lb_flow_hash(p) >> 32);
 	x->rk.port = bpf_htons(SNAT_PORT_MIN + first % SNAT_PORT_RANGE);
 	struct xlb_rev_val *mine = bpf_map_lookup_elem(&lace_xlb_rev, &x->rk);
-	if (mine && mine->cport == p->sport && mine->fport == p->dport && mine->ext_net == ext &&
-	    eq16(mine->client, p->saddr) && eq16(mine->front, p->daddr)) {
+	/* (Unless a pod's SNAT flow to the same endpoint holds the port now,
+	 * as in the loop: its answers are that flow's.) */
+	struct snat_val *msn = bpf_map_lookup_elem(&lace_snat, &x->rk);
+	if (mine && !(msn && snat_owner((struct snat_key *)&x->rk, msn, &x->ek)) && mine->cport == p->sport &&
+	    mine->fport == p->dport && mine->ext_net == ext && eq16(mine->client, p->saddr) && eq16(mine->front, p->daddr)) {
 		x->prev_isn = mine->isn;
 		x->prev_flags = mine->flags;
 		bpf_map_update_elem(&lace_xlb_rev, &x->rk, &x->rv, BPF_ANY);
@@ -271,8 +274,11 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 			 * tuple went on elsewhere. The mapping is held until its
 			 * own expiry, the last its flow's entry had: freeing it
 			 * at once handed an idle live flow's port to the next
-			 * client. */
-			if (cur->expires > now)
+			 * client. Unless its client never spoke past its SYN
+			 * (a flood's, whose entries lace_ct_new evicts): the
+			 * endpoint holds at most a request, which the reset
+			 * ahead clears (xlb_in), and early drop stays possible. */
+			if (cur->expires > now && !(cur->flags & XLB_REV_HALF_OPEN))
 				continue;
 		} else if (!((owner->flags & closed) == closed && owner->expires <= quiet_since)) {
 			/* Early drop, as Linux's conntrack does when full: a flow
@@ -331,6 +337,24 @@ static __always_inline int xlb_port_held(struct xlb_scratch *x, struct pkt *p, _
 	return 0;
 }
 
+/* xlb_restarts tells whether a SYN on the tuple of a closing flow from
+ * outside starts it over. Not after the client's reset of an assured flow
+ * (unless FINs closed it both ways): nothing checks a reset's sequence
+ * number, so it may be forged, and a new entry for the forged SYN after it
+ * would be an unanswered flow's, its node port free within seconds while
+ * the endpoint's connection is still open. The SYN goes on as the flow's,
+ * to the same endpoint from the same port: an open connection answers it
+ * with a challenge ACK, which revives the entry (ct_refresh); one the
+ * genuine reset closed takes it as a new connection. */
+static __always_inline int xlb_restarts(struct ct_val *ct)
+{
+	__u16 f = ct->flags;
+	if ((f & (CT_ASSURED | CT_RST | CT_RST_REPLY)) == (CT_ASSURED | CT_RST) &&
+	    (f & (CT_FIN_ORIG | CT_FIN_REPLY)) != (CT_FIN_ORIG | CT_FIN_REPLY))
+		return 0;
+	return ct_closing(ct);
+}
+
 /* xlb_in serves a packet from outside to an external frontend: the
  * source's external network must reach the service's ClusterIP (and lie
  * in its loadBalancerSourceRanges); the flow keeps its endpoint in
@@ -364,7 +388,7 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 	struct ct_val *ct = ct_lookup(&x->k);
 	__u16 be_port, nport = 0;
 	x->again = ct && (ct->flags & (CT_SERVICE | CT_SNAT)) == (CT_SERVICE | CT_SNAT) ? ct->snat_port : 0;
-	if (ct && (ct->flags & CT_SERVICE) && !(is_tcp_syn(p) && ct_closing(ct))) {
+	if (ct && (ct->flags & CT_SERVICE) && !(is_tcp_syn(p) && xlb_restarts(ct))) {
 		__builtin_memcpy(x->be, ct->nat_addr, 16);
 		be_port = ct->nat_port;
 		nport = ct->flags & CT_SNAT ? ct->snat_port : 0;

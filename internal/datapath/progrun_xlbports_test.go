@@ -29,26 +29,31 @@ func TestXLBPortsOfClosedFlowsFreed(t *testing.T) {
 		left uint64
 		// lost: the clients' entries are gone, and their mappings expire
 		// in lost (0: the entries stay).
-		lost  int64
-		freed bool
+		lost     int64
+		halfOpen bool
+		freed    bool
 	}{
-		{"established", settled, 3600e9, 0, false},
-		{"reset by the client, silent since", settled | ctRST, closeTimeout - 2e9, 0, false},
-		{"FIN one way, silent since", settled | ctFinOrig, closeTimeout - 2e9, 0, false},
+		{"established", settled, 3600e9, 0, false, false},
+		{"reset by the client, silent since", settled | ctRST, closeTimeout - 2e9, 0, false, false},
+		{"FIN one way, silent since", settled | ctFinOrig, closeTimeout - 2e9, 0, false, false},
 		// Both FINs may be forged: a flow that still talks keeps its port.
-		{"FINs both ways, talking", settled | ctFinOrig | ctFinReply, closeTimeout - 1e8, 0, false},
-		{"FINs both ways, silent 2 s", settled | ctFinOrig | ctFinReply, closeTimeout - 2e9, 0, true},
+		{"FINs both ways, talking", settled | ctFinOrig | ctFinReply, closeTimeout - 1e8, 0, false, false},
+		{"FINs both ways, silent 2 s", settled | ctFinOrig | ctFinReply, closeTimeout - 2e9, 0, false, true},
 		// The shared lace_ct evicts an idle client's entry when a tenant
 		// opens enough flows: the mapping holds the port until its own
 		// expiry (the last its entry had), not the first new flow.
-		{"entry lost, mapping live", settled, 3600e9, 3600e9, false},
-		{"entry lost, mapping expired", settled, 3600e9, -1e9, true},
+		{"entry lost, mapping live", settled, 3600e9, 3600e9, false, false},
+		{"entry lost, mapping expired", settled, 3600e9, -1e9, false, true},
+		// A flood's mappings (its clients sent only SYNs) whose entries
+		// lace_ct_new evicted: the endpoint holds a request at most,
+		// which the reset ahead clears; early drop takes them.
+		{"entry lost, mapping live, only SYNs", settled, 3600e9, 3600e9, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := nodePortWorld(t, remote)
 			holdAllXLBPorts(t, d, remote, tc.flags, tc.left)
 			if tc.lost != 0 {
-				loseXLBOwners(t, d, remote, tc.lost)
+				loseXLBOwners(t, d, remote, tc.lost, tc.halfOpen)
 			}
 			client := netip.MustParseAddrPort("203.0.113.5:40000")
 			// (The test's namespace has no route to the endpoint's node:
@@ -173,8 +178,9 @@ func holdAllXLBPorts(t *testing.T, d *Datapath, remote netip.Addr, flags uint16,
 
 // loseXLBOwners deletes the conntrack entries of every flow leaving
 // from a node port (an eviction) and gives each mapping toward remote
-// left to live.
-func loseXLBOwners(t *testing.T, d *Datapath, remote netip.Addr, left int64) {
+// left to live, marked as its client's having sent only SYNs when
+// halfOpen.
+func loseXLBOwners(t *testing.T, d *Datapath, remote netip.Addr, left int64, halfOpen bool) {
 	t.Helper()
 	now, err := monotonicNow()
 	if err != nil {
@@ -216,64 +222,124 @@ func loseXLBOwners(t *testing.T, d *Datapath, remote netip.Addr, left int64) {
 			t.Fatal(err)
 		}
 		v.Expires = uint64(int64(now) + left)
+		if halfOpen {
+			v.Flags |= 1 // XLB_REV_HALF_OPEN
+		}
 		if err := d.underlay.LaceXlbRev.Put(&k, &v); err != nil {
 			t.Fatal(err)
 		}
 	}
 }
 
-// TestXLBRestartKeepsPort: a forged client reset followed by a forged SYN
-// on the same tuple starts the client's NodePort flow over. It keeps its
-// node port toward the same endpoint, whose connection is still open (the
-// forged reset's sequence number was not its). Given another port, as
-// before, the old one had no owner any more and went to the next client
-// toward the endpoint, with the endpoint's answers to the live
-// connection; the client's next segment, from the new port, was reset.
+// TestXLBRestartKeepsPort: a client's reset and then a SYN on the same
+// tuple, both of which anybody on the path can forge. After the reset of
+// an assured flow the SYN does not start it over: it goes on as the
+// flow's, from the same node port to the same endpoint (whose connection
+// is still open when the reset was forged: it answers with a challenge
+// ACK, which revives the entry). Before, the SYN started the flow over on
+// another port, and the old one, with no owner, went to the next client
+// toward the endpoint with the endpoint's answers to the open connection.
+// After FINs both ways, the SYN starts the flow over, on the port it had
+// (its mapping names this very tuple).
 func TestXLBRestartKeepsPort(t *testing.T) {
+	remote := netip.MustParseAddr("10.70.2.5")
+	for _, tc := range []struct {
+		name    string
+		close   []byte
+		restart bool
+	}{
+		{"reset by the client", []byte{0x04}, false},
+		{"FINs both ways", []byte{0x11, 0x11}, true}, // the second one stands for the endpoint's (settleFlow marks it)
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := nodePortWorld(t, remote)
+			client := netip.MustParseAddrPort("203.0.113.5:40000")
+			send := func(flags byte) {
+				t.Helper()
+				if moved := snatDrops(t, d, func() {
+					runUnder(t, d, ether(unicastMAC, 0x0800, ipv4(client.Addr(), progNodeV4, 6, seg4(client.Port(), 30080, flags))))
+				}); len(moved) != 0 {
+					t.Fatalf("flags %#x: drops %v", flags, moved)
+				}
+			}
+			send(0x02)
+			settleFlow(t, d, client, 0)
+			send(0x10)
+			p := nodePortFlow(t, d, client).SNATPort
+			if p < snatPortMin {
+				t.Fatalf("the flow holds node port %d", p)
+			}
+			send(tc.close[0])
+			if len(tc.close) > 1 {
+				settleFlow(t, d, client, ctFinReply)
+			}
+			send(0x02)
+			f := nodePortFlow(t, d, client)
+			if f.Assured == tc.restart {
+				t.Errorf("the SYN after the close: entry assured %v, want started over %v", f.Assured, tc.restart)
+			}
+			if f.SNATPort != p {
+				t.Errorf("the SYN left from node port %d, the flow had %d: the old port has no owner", f.SNATPort, p)
+			}
+			var v underlayXlbRevVal
+			if err := d.underlay.LaceXlbRev.Lookup(xlbRevKey(remote, p), &v); err != nil {
+				t.Fatalf("the mapping of port %d: %v", p, err)
+			}
+			if c := netip.AddrPortFrom(fromAddr16(4, v.Client), ntohs(v.Cport)); c != client {
+				t.Errorf("port %d maps back to %s, want %s", p, c, client)
+			}
+			send(0x10)
+			if got := nodePortFlow(t, d, client).SNATPort; got != p {
+				t.Errorf("the next segment left from port %d, want %d", got, p)
+			}
+		})
+	}
+}
+
+// TestXLBPortOfPodSNATKept: a client whose entry was lost comes back on
+// its tuple to the port drawn from it, whose mapping still names it. A
+// pod's SNAT flow to the same endpoint (outside the cluster: a hostNetwork
+// endpoint's node) that took that port meanwhile keeps it: the client's
+// flow leaves from another one. Taken back, the endpoint's answers to the
+// pod's flow went to the client.
+func TestXLBPortOfPodSNATKept(t *testing.T) {
 	remote := netip.MustParseAddr("10.70.2.5")
 	d := nodePortWorld(t, remote)
 	client := netip.MustParseAddrPort("203.0.113.5:40000")
-	send := func(flags byte) {
-		t.Helper()
-		if moved := snatDrops(t, d, func() {
-			runUnder(t, d, ether(unicastMAC, 0x0800, ipv4(client.Addr(), progNodeV4, 6, seg4(client.Port(), 30080, flags))))
-		}); len(moved) != 0 {
-			t.Fatalf("flags %#x: drops %v", flags, moved)
-		}
-	}
-	send(0x02)
-	settleFlow(t, d, client)
-	send(0x10)
+	syn := ether(unicastMAC, 0x0800, ipv4(client.Addr(), progNodeV4, 6, seg4(client.Port(), 30080, 0x02)))
+	runUnder(t, d, syn)
 	p := nodePortFlow(t, d, client).SNATPort
 	if p < snatPortMin {
 		t.Fatalf("the flow holds node port %d", p)
 	}
-	send(0x04)
-	send(0x02)
-	f := nodePortFlow(t, d, client)
-	if f.Assured {
-		t.Fatal("the SYN after the reset did not start the flow over: the test cannot tell")
+	loseXLBOwners(t, d, remote, 3600e9, false)
+	now, err := monotonicNow()
+	if err != nil {
+		t.Fatal(err)
 	}
-	if f.SNATPort != p {
-		t.Errorf("started over on node port %d, had %d: the old port has no owner", f.SNATPort, p)
+	// The pod's flow 10.244.1.7:5000 -> remote:8080 from node port p.
+	podAddr := netip.MustParseAddr("10.244.1.7")
+	sk := snatKeyOf(6, netip.AddrPortFrom(remote, 8080), p)
+	sv := podSnatVal{NetId: progNet, Lport: ntohs(5000)}
+	a := podAddr.As4()
+	copy(sv.Laddr[:], a[:])
+	ck := podCtKey{NetId: progNet, Family: 4, Proto: 6, Lport: sv.Lport, Rport: ntohs(8080), Laddr: sv.Laddr, Raddr: sk.Raddr}
+	cv := podCtVal{Flags: ctOriginLocal | ctSeenReply | ctAssured | ctSNAT, SnatPort: ntohs(p), PeerNet: snatWorld, Expires: now + 3600e9}
+	if err := d.pod.LaceSnat.Put(sk, sv); err != nil {
+		t.Fatal(err)
 	}
-	var v underlayXlbRevVal
-	if err := d.underlay.LaceXlbRev.Lookup(xlbRevKey(remote, p), &v); err != nil {
-		t.Fatalf("the mapping of port %d: %v", p, err)
+	if err := d.pod.LaceCt.Put(ck, cv); err != nil {
+		t.Fatal(err)
 	}
-	if c := netip.AddrPortFrom(fromAddr16(4, v.Client), ntohs(v.Cport)); c != client {
-		t.Errorf("port %d maps back to %s, want %s", p, c, client)
-	}
-	// Its next segment keeps the port: the endpoint's connection goes on.
-	send(0x10)
-	if got := nodePortFlow(t, d, client).SNATPort; got != p {
-		t.Errorf("the next segment left from port %d, want %d", got, p)
+	runUnder(t, d, syn)
+	if got := nodePortFlow(t, d, client).SNATPort; got == p || got < snatPortMin {
+		t.Errorf("the client's flow took node port %d back, which the pod's SNAT flow holds", got)
 	}
 }
 
 // settleFlow marks client's NodePort flow answered and assured, as the
-// endpoint's answer and the client's ACK would.
-func settleFlow(t *testing.T, d *Datapath, client netip.AddrPort) {
+// endpoint's answer and the client's ACK would, with flags more.
+func settleFlow(t *testing.T, d *Datapath, client netip.AddrPort, flags uint16) {
 	t.Helper()
 	for _, m := range d.ctMaps() {
 		var k podCtKey
@@ -283,7 +349,7 @@ func settleFlow(t *testing.T, d *Datapath, client netip.AddrPort) {
 		it := m.Iterate()
 		for it.Next(&k, &v) {
 			if ntohs(k.Rport) == client.Port() && fromAddr16(k.Family, k.Raddr) == client.Addr() && v.Flags&ctService != 0 {
-				v.Flags |= ctSeenReply | ctAssured
+				v.Flags |= ctSeenReply | ctAssured | flags
 				keys, vals = append(keys, k), append(vals, v)
 			}
 		}
