@@ -14,25 +14,47 @@ import (
 // runner, without its timer: the reconciler's resync is the periodic full
 // sync). A caller learns the result of the first sync that started after
 // it asked, so when Sync returns nil its change is in the kernel.
+//
+// A sync is full (every table: the reconciler's) or a part of it (the
+// pods' entries: what a CNI ADD or DEL changed, SyncPart). A batch with a
+// full request runs the full sync, which writes the part too; a batch of
+// part requests alone runs only the part, so a pod's ADD does not wait
+// for every other table of the node to be compared and its routes read
+// back.
 type Applier struct {
-	sync func() error
+	full, part func() error
 	// minInterval spaces syncs out under load (0: back to back).
 	minInterval time.Duration
 
 	mu      sync.Mutex
-	pending []chan error
+	pending []waiter
 	kick    chan struct{}
 }
 
-func New(sync func() error, minInterval time.Duration) *Applier {
-	return &Applier{sync: sync, minInterval: minInterval, kick: make(chan struct{}, 1)}
+type waiter struct {
+	ch   chan error
+	full bool
 }
 
-// Sync asks for a sync and waits for it.
-func (p *Applier) Sync(ctx context.Context) error {
+// New makes an applier of the full sync and its part (nil: the full one
+// serves part requests too).
+func New(full, part func() error, minInterval time.Duration) *Applier {
+	if part == nil {
+		part = full
+	}
+	return &Applier{full: full, part: part, minInterval: minInterval, kick: make(chan struct{}, 1)}
+}
+
+// Sync asks for a full sync and waits for it.
+func (p *Applier) Sync(ctx context.Context) error { return p.wait(ctx, true) }
+
+// SyncPart asks for the part sync (or a full one) and waits for it.
+func (p *Applier) SyncPart(ctx context.Context) error { return p.wait(ctx, false) }
+
+func (p *Applier) wait(ctx context.Context, full bool) error {
 	ch := make(chan error, 1)
 	p.mu.Lock()
-	p.pending = append(p.pending, ch)
+	p.pending = append(p.pending, waiter{ch, full})
 	p.mu.Unlock()
 	select {
 	case p.kick <- struct{}{}:
@@ -71,10 +93,17 @@ func (p *Applier) Run(ctx context.Context) error {
 		if len(batch) == 0 {
 			continue
 		}
-		err := p.sync()
+		sync := p.part
+		for _, w := range batch {
+			if w.full {
+				sync = p.full
+				break
+			}
+		}
+		err := sync()
 		last = time.Now()
-		for _, ch := range batch {
-			ch <- err
+		for _, w := range batch {
+			w.ch <- err
 		}
 	}
 }
@@ -84,8 +113,8 @@ func (p *Applier) fail(err error) {
 	batch := p.pending
 	p.pending = nil
 	p.mu.Unlock()
-	for _, ch := range batch {
-		ch <- err
+	for _, w := range batch {
+		w.ch <- err
 	}
 }
 

@@ -20,7 +20,7 @@ func TestApplierCoalesces(t *testing.T) {
 		started <- struct{}{}
 		<-release
 		return nil
-	}, 0)
+	}, nil, 0)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go p.Run(ctx)
@@ -62,7 +62,7 @@ func TestApplierCoalesces(t *testing.T) {
 // TestApplierStopsWaiters: a waiter is not left hanging when the applier
 // stops.
 func TestApplierStopsWaiters(t *testing.T) {
-	p := New(func() error { return nil }, time.Hour)
+	p := New(func() error { return nil }, nil, time.Hour)
 	ctx, cancel := context.WithCancel(context.Background())
 	go p.Run(ctx)
 	if err := p.Sync(context.Background()); err != nil {
@@ -86,5 +86,59 @@ func TestApplierStopsWaiters(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("waiter hangs after the applier stopped")
+	}
+}
+
+// TestApplierPartAlone: a batch of part requests runs the part sync only;
+// a batch with one full request among them runs the full sync, which
+// serves them all.
+func TestApplierPartAlone(t *testing.T) {
+	var full, part atomic.Int32
+	release := make(chan struct{})
+	started := make(chan struct{}, 10)
+	p := New(func() error {
+		full.Add(1)
+		started <- struct{}{}
+		<-release
+		return nil
+	}, func() error {
+		part.Add(1)
+		return nil
+	}, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go p.Run(ctx)
+
+	for range 3 {
+		if err := p.SyncPart(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if f, pt := full.Load(), part.Load(); f != 0 || pt != 3 {
+		t.Fatalf("three part requests one after the other: %d full, %d part syncs; want 0 and 3", f, pt)
+	}
+	// A full sync runs; a part and a full request queue behind it and are
+	// served by one full sync.
+	first := make(chan error, 1)
+	go func() { first <- p.Sync(ctx) }()
+	<-started
+	errs := make(chan error, 2)
+	go func() { errs <- p.SyncPart(ctx) }()
+	go func() { errs <- p.Sync(ctx) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for p.Waiting() < 2 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if f, pt := full.Load(), part.Load(); f != 2 || pt != 3 {
+		t.Errorf("after a full sync and a mixed batch: %d full, %d part syncs; want 2 and 3", f, pt)
 	}
 }

@@ -74,8 +74,9 @@ type Node interface {
 	// Attached, programmed and attached without error.
 	Applied() bool
 	Attached() bool
-	// Sync asks the applier for a sync and waits for it.
-	Sync(ctx context.Context) error
+	// SyncPods asks the applier for a sync of the pods' entries and
+	// waits for it.
+	SyncPods(ctx context.Context) error
 }
 
 // Health is what CNI STATUS reports of the node beside its readiness

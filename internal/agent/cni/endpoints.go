@@ -176,7 +176,7 @@ func (s *Server) teardown(ctx context.Context, e Endpoint) error {
 		return err
 	}
 	var errs []error
-	errs = append(errs, s.sync.Sync(ctx), s.node.TeardownPod(e.HostIf, e.Addrs))
+	errs = append(errs, s.sync.SyncPods(ctx), s.node.TeardownPod(e.HostIf, e.Addrs))
 	ne := &lacev1.NetworkEndpoint{}
 	ne.Namespace, ne.Name = e.PodNS, e.PodName
 	// An endpoint adopted without a pod has no record to remove.

@@ -196,7 +196,7 @@ func (f *fakeSync) Attached() bool {
 	defer f.mu.Unlock()
 	return f.attached
 }
-func (f *fakeSync) Sync(ctx context.Context) error { return f.applier.Sync(ctx) }
+func (f *fakeSync) SyncPods(ctx context.Context) error { return f.applier.SyncPart(ctx) }
 
 // fakeHealth is a node that can carry pod traffic unless problem is set.
 type fakeHealth struct {
@@ -257,7 +257,7 @@ func newTestAgentIn(ctx context.Context, dir string, blockBits int32, objs ...cl
 	}
 	fs := &fakeSync{state: w.State("n1"),
 		own: []netip.Addr{netip.MustParseAddr("fd00:30::11")}}
-	fs.applier = applier.New(s.SyncEntries, 0)
+	fs.applier = applier.New(s.SyncEntries, nil, 0)
 	go func() { _ = fs.applier.Run(ctx) }()
 	h := &fakeHealth{}
 	s.Wire(fs, h)

@@ -257,7 +257,7 @@ func (s *Server) cmdAdd(ctx context.Context, req cniapi.Request) (json.RawMessag
 		e.Ready = true
 		if err = s.cp.put(e); err == nil {
 			t2 = time.Now()
-			err = s.sync.Sync(ctx)
+			err = s.sync.SyncPods(ctx)
 		}
 	}
 	if err != nil {

@@ -208,7 +208,7 @@ func TestConcurrentAddsShareSyncs(t *testing.T) {
 		<-gate
 		syncs.Add(1)
 		return a.SyncEntries()
-	}, 0)
+	}, nil, 0)
 	a.sync.applier = ap
 	go func() { _ = ap.Run(t.Context()) }()
 	var wg sync.WaitGroup

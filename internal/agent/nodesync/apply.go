@@ -151,7 +151,12 @@ func (s *Syncer) syncHealthPorts(hcs []model.HealthCheck) error {
 	return s.health.Sync(hcs)
 }
 
-// syncDataplane is the applier's sync: the whole node once its state is
+// syncPods is the applier's part sync: the pods' entries alone (a CNI ADD
+// or DEL changed nothing else; the node's state follows from the API
+// objects, its reconciler asks for a full sync).
+func (s *Syncer) syncPods() error { return s.pods.SyncEntries() }
+
+// syncDataplane is the applier's full sync: the whole node once its state is
 // known, the pods' entries alone before.
 //
 // Its result is the pods' part: a pod's ADD or DEL must not fail because

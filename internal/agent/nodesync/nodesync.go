@@ -268,7 +268,7 @@ func New(o Options, log *slog.Logger, c client.Client, rec record.EventRecorder,
 		NamespaceFrontends:  share(o.NamespaceFrontends, svcMax), NamespaceBackends: share(o.NamespaceBackends, beMax),
 		NamespaceSourceRanges: share(0, rangeMax),
 		TotalFrontends:        svcMax, TotalBackends: beMax, TotalSourceRanges: rangeMax}
-	s.applier = applier.New(s.syncDataplane, 0)
+	s.applier = applier.New(s.syncDataplane, s.syncPods, 0)
 	return s
 }
 
@@ -282,8 +282,9 @@ func (s *Syncer) Run(ctx context.Context) error {
 	return s.applier.Run(ctx)
 }
 
-// Sync asks the applier for a sync and waits for it.
-func (s *Syncer) Sync(ctx context.Context) error { return s.applier.Sync(ctx) }
+// SyncPods asks the applier for a sync of the pods' entries and waits
+// for it.
+func (s *Syncer) SyncPods(ctx context.Context) error { return s.applier.SyncPart(ctx) }
 
 // Refresh reconciles the node now. Unlike the controller's Reconcile, it
 // fails while the informers' handlers have not seen everything yet

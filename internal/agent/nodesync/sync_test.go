@@ -63,7 +63,7 @@ func TestSyncSurvivesNodeApplyFailure(t *testing.T) {
 	a.state.LocatorRoutes = []model.LocatorRoute{{Node: "n2", Locator: netip.MustParsePrefix("fd1a:ce:0:1::/64"),
 		Via: netip.MustParseAddr("fd00:30::12")}}
 	a.node.failRoutes = true
-	if err := a.Sync(context.Background()); err != nil {
+	if err := a.applier.Sync(context.Background()); err != nil {
 		t.Fatalf("sync failed on an unrelated route: %v", err)
 	}
 	if a.pods.syncs == 0 {
@@ -79,6 +79,38 @@ func TestSyncSurvivesNodeApplyFailure(t *testing.T) {
 	// could not be installed (an address off the link) is not probed.
 	if len(a.node.hops) != 0 {
 		t.Errorf("next hops kept resolved %v, want none: their route was not installed", a.node.hops)
+	}
+}
+
+// TestSyncPodsWritesPodsOnly: a CNI ADD's or DEL's sync writes the pods'
+// entries and nothing else of the node: a route that would be written (and
+// fail) by the full sync is not touched, and the reconciler's error is
+// not overwritten.
+func TestSyncPodsWritesPodsOnly(t *testing.T) {
+	a := newTestSyncer(t, 29)
+	a.state.LocatorRoutes = []model.LocatorRoute{{Node: "n2", Locator: netip.MustParsePrefix("fd1a:ce:0:1::/64"),
+		Via: netip.MustParseAddr("fd00:30::12")}}
+	a.node.failRoutes = true
+	if err := a.SyncPods(context.Background()); err != nil {
+		t.Fatalf("pods' sync: %v", err)
+	}
+	if a.pods.syncs != 1 {
+		t.Errorf("the pods' entries were synced %d times, want 1", a.pods.syncs)
+	}
+	a.mu.Lock()
+	err := a.applyErr
+	a.mu.Unlock()
+	if err != nil {
+		t.Errorf("the pods' sync applied the node: %v", err)
+	}
+	if err := a.applier.Sync(context.Background()); err != nil {
+		t.Fatalf("full sync failed on an unrelated route: %v", err)
+	}
+	a.mu.Lock()
+	err = a.applyErr
+	a.mu.Unlock()
+	if err == nil || a.pods.syncs < 2 {
+		t.Errorf("full sync: node error %v, pods synced %d times in all; want the route's error, and the pods' entries again", err, a.pods.syncs)
 	}
 }
 
