@@ -210,12 +210,20 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 	x->rk.port = bpf_htons(SNAT_PORT_MIN + first % SNAT_PORT_RANGE);
 	struct xlb_rev_val *mine = bpf_map_lookup_elem(&lace_xlb_rev, &x->rk);
 	/* (Unless a pod's SNAT flow to the same endpoint holds the port now,
-	 * as in the loop: its answers are that flow's.) */
+	 * as in the loop: its answers are that flow's. Nor for a SYN when the
+	 * endpoint held more than a request: a new connection, or a forged
+	 * SYN on a lost entry's tuple, whose unanswered entry would cut the
+	 * hold to seconds; the search below keeps the port held.) */
 	struct snat_val *msn = bpf_map_lookup_elem(&lace_snat, &x->rk);
 	if (mine && !(msn && snat_owner((struct snat_key *)&x->rk, msn, &x->ek)) && mine->cport == p->sport &&
-	    mine->fport == p->dport && mine->ext_net == ext && eq16(mine->client, p->saddr) && eq16(mine->front, p->daddr)) {
+	    mine->fport == p->dport && mine->ext_net == ext && eq16(mine->client, p->saddr) && eq16(mine->front, p->daddr) &&
+	    ((mine->flags & XLB_REV_HALF_OPEN) || !x->syn)) {
 		x->prev_isn = mine->isn;
 		x->prev_flags = mine->flags;
+		/* The segment of a flow whose entry was lost: the mapping's
+		 * hold stays (xlb_hold). */
+		if (mine->expires > x->rv.expires)
+			x->rv.expires = mine->expires;
 		bpf_map_update_elem(&lace_xlb_rev, &x->rk, &x->rv, BPF_ANY);
 		*port = x->rk.port;
 		return 0;
@@ -315,11 +323,21 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 	return 0;
 }
 
+/* xlb_hold keeps mapping rv as long as its flow's entry ct. Only a flow
+ * that is closing shortens it: a new entry for the tuple (an unanswered
+ * flow's, after the old one was lost) must not cut an established flow's
+ * hold to seconds while the endpoint's connection may be open. */
+static __always_inline void xlb_hold(struct xlb_rev_val *rv, struct ct_val *ct)
+{
+	if (ct_closing(ct) || ct->expires > rv->expires)
+		rv->expires = ct->expires;
+}
+
 /* xlb_port_held tells whether the node's port of a translated flow
  * (x->be:be_port, x->k its client's entry) is still this client's, and
  * keeps it as long as the client's entry (expires): 0 when held, -1 when
  * evicted or handed to another client. */
-static __always_inline int xlb_port_held(struct xlb_scratch *x, struct pkt *p, __u16 be_port, __u16 nport, __u64 expires)
+static __always_inline int xlb_port_held(struct xlb_scratch *x, struct pkt *p, __u16 be_port, __u16 nport, struct ct_val *ct)
 {
 	__builtin_memset(&x->rk, 0, sizeof(x->rk));
 	x->rk.family = p->family;
@@ -330,7 +348,7 @@ static __always_inline int xlb_port_held(struct xlb_scratch *x, struct pkt *p, _
 	struct xlb_rev_val *rv = bpf_map_lookup_elem(&lace_xlb_rev, &x->rk);
 	if (!rv || rv->cport != p->sport || rv->fport != p->dport || !eq16(rv->client, p->saddr) || !eq16(rv->front, p->daddr))
 		return -1;
-	rv->expires = expires;
+	xlb_hold(rv, ct);
 	/* The client spoke past its SYN: the endpoint's side is its own now. */
 	if (!is_tcp_syn(p))
 		rv->flags &= ~XLB_REV_HALF_OPEN;
@@ -345,11 +363,15 @@ static __always_inline int xlb_port_held(struct xlb_scratch *x, struct pkt *p, _
  * the endpoint's connection is still open. The SYN goes on as the flow's,
  * to the same endpoint from the same port: an open connection answers it
  * with a challenge ACK, which revives the entry (ct_refresh); one the
- * genuine reset closed takes it as a new connection. */
+ * genuine reset closed takes it as a new connection, and its SYN-ACK
+ * revives the entry (xlb_back). After the endpoint's own reset (final,
+ * CT_RST_LOCAL, whatever came after it) a SYN starts the flow over: else
+ * a blind client could keep a refused flow assured with a SYN now and
+ * then, its port never early dropped. */
 static __always_inline int xlb_restarts(struct ct_val *ct)
 {
 	__u16 f = ct->flags;
-	if ((f & (CT_ASSURED | CT_RST | CT_RST_REPLY)) == (CT_ASSURED | CT_RST) &&
+	if ((f & (CT_ASSURED | CT_RST | CT_RST_REPLY | CT_RST_LOCAL)) == (CT_ASSURED | CT_RST) &&
 	    (f & (CT_FIN_ORIG | CT_FIN_REPLY)) != (CT_FIN_ORIG | CT_FIN_REPLY))
 		return 0;
 	return ct_closing(ct);
@@ -396,7 +418,7 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 		/* The node's port must still be this flow's (an evicted or
 		 * reused one would hand its answers to somebody else): else the
 		 * flow starts over. */
-		if (nport && xlb_port_held(x, p, be_port, nport, ct->expires))
+		if (nport && xlb_port_held(x, p, be_port, nport, ct))
 			ct = NULL;
 	} else {
 		ct = NULL;
@@ -619,8 +641,22 @@ static __noinline int xlb_back(struct __sk_buff *skb, struct pkt *p, __u64 flags
 	 * inside address (a pod's answers come over SRv6, from its node). */
 	if (!flags && outside_spoofed(p))
 		return drop(DROP_OUTSIDE_SPOOF);
+	/* Over SRv6 the answer is the endpoint's own (nobody outside can
+	 * forge it, foreign_source): its reset is final, its SYN-ACK to a SYN
+	 * that went on after the client's reset (xlb_restarts) is a new
+	 * connection, which revives the entry, and anything else but a SYN
+	 * says it holds more than a request (its mapping is not half open). */
+	if (flags && p->proto == IPPROTO_TCP) {
+		if ((p->tcp_flags & (TCP_SYN | TCP_ACK)) == (TCP_SYN | TCP_ACK) &&
+		    (ct->flags & (CT_RST | CT_RST_REPLY | CT_RST_LOCAL)) == CT_RST)
+			ct->flags &= ~CT_RST;
+		if (!(p->tcp_flags & TCP_SYN))
+			rvp->flags &= ~XLB_REV_HALF_OPEN;
+	}
 	ct_refresh(ct, p, 0);
-	rvp->expires = ct->expires;
+	if (flags && p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_RST))
+		ct->flags |= CT_RST_LOCAL;
+	xlb_hold(rvp, ct);
 
 	if (flags) {
 		if (bpf_skb_adjust_room(skb, -(int)sizeof(struct ipv6hdr), BPF_ADJ_ROOM_MAC, flags) ||

@@ -72,9 +72,10 @@ struct ct_val {
  * flow the remote side reset is handed to another flow only once the
  * entry expired, never at once (see ct_port_free). */
 #define CT_RST_REPLY 2048
-/* With CT_RST: the reset left a pod of this node (from_pod saw it), so
- * nobody on the path forged it. It is final: the side it was sent to
- * speaking on does not revive the flow. Otherwise a spoofed outside host
+/* With CT_RST: the reset left a pod of this node (from_pod saw it), or an
+ * endpoint on another node over SRv6 (xlb_back), so nobody on the path
+ * forged it. It is final: the side it was sent to speaking on does not
+ * revive the flow, nor does a reset after it. Otherwise a spoofed outside host
  * could handshake blindly (SYN, an ACK for a SYN-ACK it never saw: the
  * flow is assured), ignore the pod's reset and send one more ACK, and
  * hold an established 6 h entry in lace_ct for four packets. */
@@ -376,7 +377,10 @@ static __always_inline void ct_refresh(struct ct_val *v, struct pkt *p, int from
 		f |= CT_SEEN_REPLY;
 	if (p->proto == IPPROTO_TCP) {
 		if (p->tcp_flags & TCP_RST) {
-			f = (f & ~(CT_RST_REPLY | CT_RST_LOCAL)) | CT_RST | (from_origin ? 0 : CT_RST_REPLY);
+			/* A reset known to be genuine (CT_RST_LOCAL) stays
+			 * final: a later one, forged from outside, must not
+			 * make the flow revivable again. */
+			f = (f & ~CT_RST_REPLY) | CT_RST | (from_origin ? 0 : CT_RST_REPLY);
 		} else if ((f & (CT_RST | CT_RST_LOCAL)) == CT_RST && !(p->tcp_flags & TCP_SYN) && !!from_origin == !!(f & CT_RST_REPLY)) {
 			/* The side the reset was sent to speaks on: its stack
 			 * refused it (out of window), the flow lives. */

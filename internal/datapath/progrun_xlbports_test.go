@@ -3,6 +3,8 @@ package datapath
 import (
 	"net/netip"
 	"testing"
+
+	"github.com/lace-cni/lace/internal/tables"
 )
 
 // TestXLBPortsOfClosedFlowsFreed: a NodePort's flows to an endpoint on
@@ -239,8 +241,8 @@ func loseXLBOwners(t *testing.T, d *Datapath, remote netip.Addr, left int64, hal
 // ACK, which revives the entry). Before, the SYN started the flow over on
 // another port, and the old one, with no owner, went to the next client
 // toward the endpoint with the endpoint's answers to the open connection.
-// After FINs both ways, the SYN starts the flow over, on the port it had
-// (its mapping names this very tuple).
+// After FINs both ways the SYN starts the flow over; the old port stays
+// held (its mapping names the client) until the closed flow fell silent.
 func TestXLBRestartKeepsPort(t *testing.T) {
 	remote := netip.MustParseAddr("10.70.2.5")
 	for _, tc := range []struct {
@@ -278,7 +280,7 @@ func TestXLBRestartKeepsPort(t *testing.T) {
 			if f.Assured == tc.restart {
 				t.Errorf("the SYN after the close: entry assured %v, want started over %v", f.Assured, tc.restart)
 			}
-			if f.SNATPort != p {
+			if !tc.restart && f.SNATPort != p {
 				t.Errorf("the SYN left from node port %d, the flow had %d: the old port has no owner", f.SNATPort, p)
 			}
 			var v underlayXlbRevVal
@@ -289,8 +291,63 @@ func TestXLBRestartKeepsPort(t *testing.T) {
 				t.Errorf("port %d maps back to %s, want %s", p, c, client)
 			}
 			send(0x10)
-			if got := nodePortFlow(t, d, client).SNATPort; got != p {
-				t.Errorf("the next segment left from port %d, want %d", got, p)
+			if got := nodePortFlow(t, d, client).SNATPort; got != f.SNATPort {
+				t.Errorf("the next segment left from port %d, want %d", got, f.SNATPort)
+			}
+		})
+	}
+}
+
+// TestXLBLostEntryHoldKept: an established NodePort flow whose client's
+// entry was lost (the shared lace_ct evicts the idle) keeps its port for
+// its mapping's hold. A SYN forged on its tuple does not take the mapping
+// back as its own (its unanswered entry, expiring in seconds, would set
+// the hold): it leaves from another port. A segment of the flow (the
+// client's, or one forged) goes on from the same port, and neither it nor
+// the endpoint's answer cuts the hold to an unanswered flow's.
+func TestXLBLostEntryHoldKept(t *testing.T) {
+	remote := netip.MustParseAddr("10.70.2.5")
+	client := netip.MustParseAddrPort("203.0.113.5:40000")
+	for _, tc := range []struct {
+		name  string
+		flags byte
+	}{{"a SYN", 0x02}, {"a segment", 0x10}} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := nodePortWorld(t, remote)
+			if err := d.UpsertNetwork(Network{ID: tables.NodeNetID}); err != nil {
+				t.Fatal(err)
+			}
+			send := func(flags byte) {
+				t.Helper()
+				runUnder(t, d, ether(unicastMAC, 0x0800, ipv4(client.Addr(), progNodeV4, 6, seg4(client.Port(), 30080, flags))))
+			}
+			send(0x02)
+			settleFlow(t, d, client, 0)
+			send(0x10)
+			p := nodePortFlow(t, d, client).SNATPort
+			loseXLBOwners(t, d, remote, 3600e9, false)
+			send(tc.flags)
+			f := nodePortFlow(t, d, client)
+			if tc.flags == 0x02 && f.SNATPort == p {
+				t.Errorf("a SYN on the lost flow's tuple took its established mapping (port %d) as its own", p)
+			}
+			if tc.flags != 0x02 && f.SNATPort != p {
+				t.Errorf("the lost flow's segment left from port %d, want %d", f.SNATPort, p)
+			}
+			if tc.flags != 0x02 {
+				sid := SID(progLocator, BehaviourL3Decap, progNet, tables.NodeNetID)
+				runUnder(t, d, srv6(progPeerV6, sid, ipv4(remote, progNodeV4, 6, seg4(8080, p, 0x10)), true))
+			}
+			now, err := monotonicNow()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var v underlayXlbRevVal
+			if err := d.underlay.LaceXlbRev.Lookup(xlbRevKey(remote, p), &v); err != nil {
+				t.Fatalf("the mapping of port %d: %v", p, err)
+			}
+			if c := netip.AddrPortFrom(fromAddr16(4, v.Client), ntohs(v.Cport)); c != client || v.Expires < now+3000e9 {
+				t.Errorf("port %d maps back to %s until %d (now %d), want %s held for the hour it had", p, c, v.Expires, now, client)
 			}
 		})
 	}
@@ -451,4 +508,94 @@ func countXLBRev(t *testing.T, d *Datapath) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// TestXLBEndpointAnswers: what the endpoint of a NodePort flow sends back
+// over SRv6 is its own (nobody outside can forge it), and tells what the
+// client's resets and SYNs cannot:
+//   - its reset is final. A blind client (a spoofed source: a SYN, an ACK
+//     for a SYN-ACK it never saw, assured) that the endpoint resets, and
+//     that resets in turn and then sends a SYN now and then, used to keep
+//     an assured entry, whose port early drop never takes; now the SYN
+//     starts the flow over, unassured;
+//   - its SYN-ACK to a SYN that went on after the client's reset is a new
+//     connection: the entry is revived (its reset forgotten, an
+//     established flow's timeout), not left to expire 10 s later while the
+//     connection lives;
+//   - anything but a SYN says it holds more than a request: the mapping is
+//     not half open (its port is not free to early drop once its entry is
+//     lost).
+func TestXLBEndpointAnswers(t *testing.T) {
+	remote := netip.MustParseAddr("10.70.2.5")
+	client := netip.MustParseAddrPort("203.0.113.5:40000")
+	setup := func(t *testing.T) (*Datapath, uint16, func(byte), func(byte)) {
+		d := nodePortWorld(t, remote)
+		// The nodes' context, in which the endpoint's node answers.
+		if err := d.UpsertNetwork(Network{ID: tables.NodeNetID}); err != nil {
+			t.Fatal(err)
+		}
+		send := func(flags byte) {
+			t.Helper()
+			runUnder(t, d, ether(unicastMAC, 0x0800, ipv4(client.Addr(), progNodeV4, 6, seg4(client.Port(), 30080, flags))))
+		}
+		send(0x02)
+		p := nodePortFlow(t, d, client).SNATPort
+		if p < snatPortMin {
+			t.Fatalf("the flow holds node port %d", p)
+		}
+		answer := func(flags byte) {
+			t.Helper()
+			sid := SID(progLocator, BehaviourL3Decap, progNet, tables.NodeNetID)
+			if moved := snatDrops(t, d, func() {
+				runUnder(t, d, srv6(progPeerV6, sid, ipv4(remote, progNodeV4, 6, seg4(8080, p, flags)), true))
+			}); len(moved) != 0 {
+				t.Fatalf("the endpoint's answer %#x: drops %v", flags, moved)
+			}
+		}
+		return d, p, send, answer
+	}
+	t.Run("its reset is final", func(t *testing.T) {
+		d, _, send, answer := setup(t)
+		answer(0x12) // SYN-ACK
+		send(0x10)   // the blind ACK: assured
+		if !nodePortFlow(t, d, client).Assured {
+			t.Fatal("the handshake did not assure the flow: the test cannot tell")
+		}
+		answer(0x04) // the endpoint refuses it
+		send(0x04)
+		send(0x02)
+		if f := nodePortFlow(t, d, client); f.Assured {
+			t.Errorf("a SYN after the endpoint's reset and the client's: entry %+v still assured, want the flow started over", f)
+		}
+	})
+	t.Run("its SYN-ACK revives", func(t *testing.T) {
+		d, p, send, answer := setup(t)
+		answer(0x12)
+		send(0x10)
+		send(0x04) // the client's reset
+		send(0x02) // and its SYN on the same tuple: goes on as the flow's
+		answer(0x12)
+		now, err := monotonicNow()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := nodePortFlow(t, d, client)
+		if f.Reset || f.SNATPort != p || f.ExpiresMonotonicNanos < now+60e9 {
+			t.Errorf("after the endpoint's SYN-ACK: entry %+v (now %d), want it revived on port %d with an established flow's timeout", f, now, p)
+		}
+	})
+	t.Run("a non-SYN answer is not half open", func(t *testing.T) {
+		d, p, _, answer := setup(t)
+		if _, half := xlbRevOf(t, d, remote, p); !half {
+			t.Fatal("a SYN's mapping is not half open: the test cannot tell")
+		}
+		answer(0x12)
+		if _, half := xlbRevOf(t, d, remote, p); !half {
+			t.Error("the endpoint's SYN-ACK ended the mapping's half open state; only the client's ACK or a non-SYN answer does")
+		}
+		answer(0x10) // a challenge ACK: the endpoint holds a connection
+		if _, half := xlbRevOf(t, d, remote, p); half {
+			t.Error("the mapping is still half open after the endpoint's ACK")
+		}
+	})
 }

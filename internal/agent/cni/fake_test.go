@@ -257,8 +257,11 @@ func newTestAgentIn(ctx context.Context, dir string, blockBits int32, objs ...cl
 	}
 	fs := &fakeSync{state: w.State("n1"),
 		own: []netip.Addr{netip.MustParseAddr("fd00:30::11")}}
-	fs.applier = applier.New(s.SyncEntries, nil, 0)
-	go func() { _ = fs.applier.Run(ctx) }()
+	// The goroutine runs this applier, not fs.applier, which a test may
+	// replace (a race).
+	ap := applier.New(s.SyncEntries, nil, 0)
+	fs.applier = ap
+	go func() { _ = ap.Run(ctx) }()
 	h := &fakeHealth{}
 	s.Wire(fs, h)
 	return &testAgent{Server: s, dp: dp, node: node, sync: fs, health: h, c: c, rec: rec}, nil
