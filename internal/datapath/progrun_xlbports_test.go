@@ -150,6 +150,19 @@ func holdAllXLBPorts(t *testing.T, d *Datapath, remote netip.Addr, flags uint16,
 	if err != nil {
 		t.Fatal(err)
 	}
+	keys, vals := takeSNATEntries(t, d)
+	for i := range vals {
+		vals[i].Flags, vals[i].Expires = flags, now+left
+	}
+	if _, err := d.pod.LaceCt.BatchUpdate(keys, vals, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// takeSNATEntries deletes the conntrack entries of every flow leaving
+// from a node port, and returns them.
+func takeSNATEntries(t *testing.T, d *Datapath) ([]podCtKey, []podCtVal) {
+	t.Helper()
 	var keys []podCtKey
 	var vals []podCtVal
 	for _, m := range d.ctMaps() {
@@ -158,11 +171,9 @@ func holdAllXLBPorts(t *testing.T, d *Datapath, remote netip.Addr, flags uint16,
 		var gone []podCtKey
 		it := m.Iterate()
 		for it.Next(&k, &v) {
-			if v.Flags&ctSNAT == 0 {
-				continue
+			if v.Flags&ctSNAT != 0 {
+				keys, vals, gone = append(keys, k), append(vals, v), append(gone, k)
 			}
-			v.Flags, v.Expires = flags, now+left
-			keys, vals, gone = append(keys, k), append(vals, v), append(gone, k)
 		}
 		if err := it.Err(); err != nil {
 			t.Fatal(err)
@@ -173,9 +184,7 @@ func holdAllXLBPorts(t *testing.T, d *Datapath, remote netip.Addr, flags uint16,
 			}
 		}
 	}
-	if _, err := d.pod.LaceCt.BatchUpdate(keys, vals, nil); err != nil {
-		t.Fatal(err)
-	}
+	return keys, vals
 }
 
 // loseXLBOwners deletes the conntrack entries of every flow leaving
@@ -188,25 +197,7 @@ func loseXLBOwners(t *testing.T, d *Datapath, remote netip.Addr, left int64, hal
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range d.ctMaps() {
-		var k podCtKey
-		var v podCtVal
-		var gone []podCtKey
-		it := m.Iterate()
-		for it.Next(&k, &v) {
-			if v.Flags&ctSNAT != 0 {
-				gone = append(gone, k)
-			}
-		}
-		if err := it.Err(); err != nil {
-			t.Fatal(err)
-		}
-		for _, k := range gone {
-			if err := m.Delete(k); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	takeSNATEntries(t, d)
 	var k underlayXlbRevKey
 	var v underlayXlbRevVal
 	var keys []underlayXlbRevKey
@@ -254,23 +245,9 @@ func TestXLBRestartKeepsPort(t *testing.T) {
 		{"FINs both ways", []byte{0x11, 0x11}, true}, // the second one stands for the endpoint's (settleFlow marks it)
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := nodePortWorld(t, remote)
-			client := netip.MustParseAddrPort("203.0.113.5:40000")
-			send := func(flags byte) {
-				t.Helper()
-				if moved := snatDrops(t, d, func() {
-					runUnder(t, d, ether(unicastMAC, 0x0800, ipv4(client.Addr(), progNodeV4, 6, seg4(client.Port(), 30080, flags))))
-				}); len(moved) != 0 {
-					t.Fatalf("flags %#x: drops %v", flags, moved)
-				}
-			}
-			send(0x02)
-			settleFlow(t, d, client, 0)
-			send(0x10)
-			p := nodePortFlow(t, d, client).SNATPort
-			if p < snatPortMin {
-				t.Fatalf("the flow holds node port %d", p)
-			}
+			c := newXLBClient(t, remote)
+			d, client, send := c.d, c.client, c.send
+			p := c.established()
 			send(tc.close[0])
 			if len(tc.close) > 1 {
 				settleFlow(t, d, client, ctFinReply)
@@ -283,12 +260,8 @@ func TestXLBRestartKeepsPort(t *testing.T) {
 			if !tc.restart && f.SNATPort != p {
 				t.Errorf("the SYN left from node port %d, the flow had %d: the old port has no owner", f.SNATPort, p)
 			}
-			var v underlayXlbRevVal
-			if err := d.underlay.LaceXlbRev.Lookup(xlbRevKey(remote, p), &v); err != nil {
-				t.Fatalf("the mapping of port %d: %v", p, err)
-			}
-			if c := netip.AddrPortFrom(fromAddr16(4, v.Client), ntohs(v.Cport)); c != client {
-				t.Errorf("port %d maps back to %s, want %s", p, c, client)
+			if got, _ := c.mapping(p); got != client {
+				t.Errorf("port %d maps back to %s, want %s", p, got, client)
 			}
 			send(0x10)
 			if got := nodePortFlow(t, d, client).SNATPort; got != f.SNATPort {
@@ -313,20 +286,11 @@ func TestXLBLostEntryHoldKept(t *testing.T) {
 		flags byte
 	}{{"a SYN", 0x02}, {"a segment", 0x10}} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := nodePortWorld(t, remote)
-			if err := d.UpsertNetwork(Network{ID: tables.NodeNetID}); err != nil {
-				t.Fatal(err)
-			}
-			send := func(flags byte) {
-				t.Helper()
-				runUnder(t, d, ether(unicastMAC, 0x0800, ipv4(client.Addr(), progNodeV4, 6, seg4(client.Port(), 30080, flags))))
-			}
-			send(0x02)
-			settleFlow(t, d, client, 0)
-			send(0x10)
-			p := nodePortFlow(t, d, client).SNATPort
+			c := newXLBClient(t, remote)
+			d := c.d
+			p := c.established()
 			loseXLBOwners(t, d, remote, 3600e9, false)
-			send(tc.flags)
+			c.send(tc.flags)
 			f := nodePortFlow(t, d, client)
 			if tc.flags == 0x02 && f.SNATPort == p {
 				t.Errorf("a SYN on the lost flow's tuple took its established mapping (port %d) as its own", p)
@@ -335,19 +299,14 @@ func TestXLBLostEntryHoldKept(t *testing.T) {
 				t.Errorf("the lost flow's segment left from port %d, want %d", f.SNATPort, p)
 			}
 			if tc.flags != 0x02 {
-				sid := SID(progLocator, BehaviourL3Decap, progNet, tables.NodeNetID)
-				runUnder(t, d, srv6(progPeerV6, sid, ipv4(remote, progNodeV4, 6, seg4(8080, p, 0x10)), true))
+				c.answer(p, 0x10)
 			}
 			now, err := monotonicNow()
 			if err != nil {
 				t.Fatal(err)
 			}
-			var v underlayXlbRevVal
-			if err := d.underlay.LaceXlbRev.Lookup(xlbRevKey(remote, p), &v); err != nil {
-				t.Fatalf("the mapping of port %d: %v", p, err)
-			}
-			if c := netip.AddrPortFrom(fromAddr16(4, v.Client), ntohs(v.Cport)); c != client || v.Expires < now+3000e9 {
-				t.Errorf("port %d maps back to %s until %d (now %d), want %s held for the hour it had", p, c, v.Expires, now, client)
+			if got, until := c.mapping(p); got != client || until < now+3000e9 {
+				t.Errorf("port %d maps back to %s until %d (now %d), want %s held for the hour it had", p, got, until, now, client)
 			}
 		})
 	}
@@ -529,30 +488,13 @@ func TestXLBEndpointAnswers(t *testing.T) {
 	remote := netip.MustParseAddr("10.70.2.5")
 	client := netip.MustParseAddrPort("203.0.113.5:40000")
 	setup := func(t *testing.T) (*Datapath, uint16, func(byte), func(byte)) {
-		d := nodePortWorld(t, remote)
-		// The nodes' context, in which the endpoint's node answers.
-		if err := d.UpsertNetwork(Network{ID: tables.NodeNetID}); err != nil {
-			t.Fatal(err)
-		}
-		send := func(flags byte) {
-			t.Helper()
-			runUnder(t, d, ether(unicastMAC, 0x0800, ipv4(client.Addr(), progNodeV4, 6, seg4(client.Port(), 30080, flags))))
-		}
-		send(0x02)
-		p := nodePortFlow(t, d, client).SNATPort
+		c := newXLBClient(t, remote)
+		c.send(0x02)
+		p := nodePortFlow(t, c.d, c.client).SNATPort
 		if p < snatPortMin {
 			t.Fatalf("the flow holds node port %d", p)
 		}
-		answer := func(flags byte) {
-			t.Helper()
-			sid := SID(progLocator, BehaviourL3Decap, progNet, tables.NodeNetID)
-			if moved := snatDrops(t, d, func() {
-				runUnder(t, d, srv6(progPeerV6, sid, ipv4(remote, progNodeV4, 6, seg4(8080, p, flags)), true))
-			}); len(moved) != 0 {
-				t.Fatalf("the endpoint's answer %#x: drops %v", flags, moved)
-			}
-		}
-		return d, p, send, answer
+		return c.d, p, c.send, func(flags byte) { c.answer(p, flags) }
 	}
 	t.Run("its reset is final", func(t *testing.T) {
 		d, _, send, answer := setup(t)
@@ -598,4 +540,69 @@ func TestXLBEndpointAnswers(t *testing.T) {
 			t.Error("the mapping is still half open after the endpoint's ACK")
 		}
 	})
+}
+
+// xlbClient is a client's flow through NodePort 30080 of d to the
+// endpoint remote:8080 on another node, whose node answers over SRv6 in
+// the nodes' context.
+type xlbClient struct {
+	t      *testing.T
+	d      *Datapath
+	remote netip.Addr
+	client netip.AddrPort
+}
+
+func newXLBClient(t *testing.T, remote netip.Addr) *xlbClient {
+	d := nodePortWorld(t, remote)
+	if err := d.UpsertNetwork(Network{ID: tables.NodeNetID}); err != nil {
+		t.Fatal(err)
+	}
+	return &xlbClient{t: t, d: d, remote: remote, client: netip.MustParseAddrPort("203.0.113.5:40000")}
+}
+
+// send runs the client's segment with flags through the node; nothing
+// may be dropped.
+func (c *xlbClient) send(flags byte) {
+	c.t.Helper()
+	if moved := snatDrops(c.t, c.d, func() {
+		runUnder(c.t, c.d, ether(unicastMAC, 0x0800, ipv4(c.client.Addr(), progNodeV4, 6, seg4(c.client.Port(), 30080, flags))))
+	}); len(moved) != 0 {
+		c.t.Fatalf("the client's %#x: drops %v", flags, moved)
+	}
+}
+
+// answer runs the endpoint's segment with flags to node port port, over
+// SRv6 from its node; nothing may be dropped.
+func (c *xlbClient) answer(port uint16, flags byte) {
+	c.t.Helper()
+	sid := SID(progLocator, BehaviourL3Decap, progNet, tables.NodeNetID)
+	if moved := snatDrops(c.t, c.d, func() {
+		runUnder(c.t, c.d, srv6(progPeerV6, sid, ipv4(c.remote, progNodeV4, 6, seg4(8080, port, flags)), true))
+	}); len(moved) != 0 {
+		c.t.Fatalf("the endpoint's %#x: drops %v", flags, moved)
+	}
+}
+
+// established makes the client's flow assured (its SYN, the endpoint's
+// answer, its ACK) and returns its node port.
+func (c *xlbClient) established() uint16 {
+	c.t.Helper()
+	c.send(0x02)
+	settleFlow(c.t, c.d, c.client, 0)
+	c.send(0x10)
+	p := nodePortFlow(c.t, c.d, c.client).SNATPort
+	if p < snatPortMin {
+		c.t.Fatalf("the flow holds node port %d", p)
+	}
+	return p
+}
+
+// mapping returns the client node port port maps back to, and until when.
+func (c *xlbClient) mapping(port uint16) (netip.AddrPort, uint64) {
+	c.t.Helper()
+	var v underlayXlbRevVal
+	if err := c.d.underlay.LaceXlbRev.Lookup(xlbRevKey(c.remote, port), &v); err != nil {
+		c.t.Fatalf("the mapping of port %d: %v", port, err)
+	}
+	return netip.AddrPortFrom(fromAddr16(4, v.Client), ntohs(v.Cport)), v.Expires
 }

@@ -104,26 +104,13 @@ const floodPorts = 30000
 // referenced in the LRU, so the flood's entries are not the first the
 // kernel's LRU evicts (they defeat its second chance).
 func synFlood(nsPath string, src, dst netip.Addr, dports []uint16, stop <-chan struct{}) (uint64, error) {
-	var fd int
-	err := netutil.Do(nsPath, func() error {
-		var err error
-		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)
-		return err
-	})
+	fd, err := rawSocket4(nsPath)
 	if err != nil {
-		return 0, fmt.Errorf("raw socket: %w", err)
+		return 0, err
 	}
 	defer unix.Close(fd)
-	s4, d4 := src.As4(), dst.As4()
 	pkt := make([]byte, 40)
-	pkt[0], pkt[8], pkt[9] = 0x45, 64, 6
-	binary.BigEndian.PutUint16(pkt[2:], 40)
-	copy(pkt[12:16], s4[:])
-	copy(pkt[16:20], d4[:])
-	seg := pkt[20:]
-	seg[12], seg[13] = 5<<4, 0x02
-	binary.BigEndian.PutUint16(seg[14:], 64240)
-	to := &unix.SockaddrInet4{Addr: d4}
+	to := &unix.SockaddrInet4{Addr: dst.As4()}
 	var sent uint64
 	for i := 0; ; i++ {
 		select {
@@ -131,12 +118,9 @@ func synFlood(nsPath string, src, dst netip.Addr, dports []uint16, stop <-chan s
 			return sent, nil
 		default:
 		}
-		binary.BigEndian.PutUint16(seg[2:], dports[i%len(dports)])
 		for j := range 256 {
-			binary.BigEndian.PutUint16(seg[0:], uint16(1024+(i/len(dports)*256+j)%floodPorts))
-			binary.BigEndian.PutUint32(seg[4:], rand.Uint32())
-			seg[16], seg[17] = 0, 0
-			binary.BigEndian.PutUint16(seg[16:], tcpSum(s4, d4, seg))
+			sport := uint16(1024 + (i/len(dports)*256+j)%floodPorts)
+			tcpPacket4(pkt, netip.AddrPortFrom(src, sport), netip.AddrPortFrom(dst, dports[i%len(dports)]), rand.Uint32(), 0x02)
 			for range 2 {
 				if err := unix.Sendto(fd, pkt, 0, to); err == nil {
 					sent++
@@ -144,6 +128,39 @@ func synFlood(nsPath string, src, dst netip.Addr, dports []uint16, stop <-chan s
 			}
 		}
 	}
+}
+
+// rawSocket4 opens a raw IPv4 socket that sends whole packets (headers
+// included) from the namespace at nsPath.
+func rawSocket4(nsPath string) (int, error) {
+	var fd int
+	err := netutil.Do(nsPath, func() error {
+		var err error
+		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)
+		return err
+	})
+	if err != nil {
+		return -1, fmt.Errorf("raw socket: %w", err)
+	}
+	return fd, nil
+}
+
+// tcpPacket4 writes into pkt (40 bytes) an IPv4 TCP segment without data
+// from src to dst with sequence number seq and flags, its checksum valid.
+func tcpPacket4(pkt []byte, src, dst netip.AddrPort, seq uint32, flags byte) {
+	clear(pkt)
+	s4, d4 := src.Addr().As4(), dst.Addr().As4()
+	pkt[0], pkt[8], pkt[9] = 0x45, 64, 6
+	binary.BigEndian.PutUint16(pkt[2:], 40)
+	copy(pkt[12:16], s4[:])
+	copy(pkt[16:20], d4[:])
+	seg := pkt[20:40]
+	binary.BigEndian.PutUint16(seg[0:], src.Port())
+	binary.BigEndian.PutUint16(seg[2:], dst.Port())
+	binary.BigEndian.PutUint32(seg[4:], seq)
+	seg[12], seg[13] = 5<<4, flags
+	binary.BigEndian.PutUint16(seg[14:], 64240)
+	binary.BigEndian.PutUint16(seg[16:], tcpSum(s4, d4, seg))
 }
 
 // TestSYNFloodKeepsStreams: 50 established streams cross n1 — 25 from a pod

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -157,30 +156,14 @@ func clientFlow(t *testing.T, node string, dst, client netip.AddrPort) datapath.
 // never sees it).
 func forgeTCP(t *testing.T, nsPath string, src, dst netip.AddrPort, flags byte) {
 	t.Helper()
-	var fd int
-	err := netutil.Do(nsPath, func() error {
-		var err error
-		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)
-		return err
-	})
+	fd, err := rawSocket4(nsPath)
 	if err != nil {
-		t.Fatalf("raw socket: %v", err)
+		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	s4, d4 := src.Addr().As4(), dst.Addr().As4()
 	pkt := make([]byte, 40)
-	pkt[0], pkt[8], pkt[9] = 0x45, 64, 6
-	binary.BigEndian.PutUint16(pkt[2:], 40)
-	copy(pkt[12:16], s4[:])
-	copy(pkt[16:20], d4[:])
-	seg := pkt[20:]
-	binary.BigEndian.PutUint16(seg[0:], src.Port())
-	binary.BigEndian.PutUint16(seg[2:], dst.Port())
-	binary.BigEndian.PutUint32(seg[4:], rand.Uint32())
-	seg[12], seg[13] = 5<<4, flags
-	binary.BigEndian.PutUint16(seg[14:], 64240)
-	binary.BigEndian.PutUint16(seg[16:], tcpSum(s4, d4, seg))
-	if err := unix.Sendto(fd, pkt, 0, &unix.SockaddrInet4{Addr: d4}); err != nil {
+	tcpPacket4(pkt, src, dst, rand.Uint32(), flags)
+	if err := unix.Sendto(fd, pkt, 0, &unix.SockaddrInet4{Addr: dst.Addr().As4()}); err != nil {
 		t.Fatalf("forge %#x %s -> %s: %v", flags, src, dst, err)
 	}
 }
