@@ -175,7 +175,7 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 	x->rv.fport = p->dport;
 	x->rv.ext_net = ext;
 	x->rv.isn = x->isn;
-	x->rv.flags = x->syn ? XLB_REV_HALF_OPEN : 0;
+	x->rv.flags = XLB_REV_HALF_OPEN | (x->syn ? XLB_REV_ISN : 0);
 	x->prev_flags = 0;
 	__builtin_memcpy(x->rv.client, p->saddr, 16);
 	__builtin_memcpy(x->rv.front, p->daddr, 16);
@@ -221,9 +221,11 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 		x->prev_isn = mine->isn;
 		x->prev_flags = mine->flags;
 		/* The segment of a flow whose entry was lost: the mapping's
-		 * hold stays (xlb_hold). */
+		 * hold stays (xlb_hold), and what the endpoint showed. */
 		if (mine->expires > x->rv.expires)
 			x->rv.expires = mine->expires;
+		if (!(mine->flags & XLB_REV_HALF_OPEN))
+			x->rv.flags &= ~XLB_REV_HALF_OPEN;
 		bpf_map_update_elem(&lace_xlb_rev, &x->rk, &x->rv, BPF_ANY);
 		*port = x->rk.port;
 		return 0;
@@ -282,21 +284,22 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 			 * tuple went on elsewhere. The mapping is held until its
 			 * own expiry, the last its flow's entry had: freeing it
 			 * at once handed an idle live flow's port to the next
-			 * client. Unless its client never spoke past its SYN
-			 * (a flood's, whose entries lace_ct_new evicts): the
-			 * endpoint holds at most a request, which the reset
-			 * ahead clears (xlb_in), and early drop stays possible. */
+			 * client. Unless it is half open (a flood's, whose
+			 * entries lace_ct_new evicts): the endpoint holds at most
+			 * a request, which the reset ahead clears (xlb_in), and
+			 * early drop stays possible. */
 			if (cur->expires > now && !(cur->flags & XLB_REV_HALF_OPEN))
 				continue;
 		} else if (!((owner->flags & closed) == closed && owner->expires <= quiet_since)) {
 			/* Early drop, as Linux's conntrack does when full: a flow
-			 * not assured yet (a bare SYN of a flood) gives its port up
+			 * whose endpoint holds at most a request (a bare SYN of a
+			 * flood, a blind client's assured one) gives its port up
 			 * when no port is free, an established one never. Of those
 			 * tried, the one silent longest: an honest handshake just
 			 * answered (its last ACK on the way) is the youngest, and
 			 * losing its port between SYN and ACK would send that ACK
 			 * to another endpoint, which resets it. */
-			if (!(owner->flags & CT_ASSURED) && owner->expires < steal_expires) {
+			if ((cur->flags & XLB_REV_HALF_OPEN) && owner->expires < steal_expires) {
 				steal = x->rk.port;
 				steal_expires = owner->expires;
 				steal_isn = cur->isn;
@@ -349,9 +352,6 @@ static __always_inline int xlb_port_held(struct xlb_scratch *x, struct pkt *p, _
 	if (!rv || rv->cport != p->sport || rv->fport != p->dport || !eq16(rv->client, p->saddr) || !eq16(rv->front, p->daddr))
 		return -1;
 	xlb_hold(rv, ct);
-	/* The client spoke past its SYN: the endpoint's side is its own now. */
-	if (!is_tcp_syn(p))
-		rv->flags &= ~XLB_REV_HALF_OPEN;
 	return 0;
 }
 
@@ -466,7 +466,8 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 			 * what it continues. (The number, not the tuple, tells:
 			 * another flow with the same number sends no reset, as
 			 * before resets existed.) */
-			if (x->syn && (x->prev_flags & XLB_REV_HALF_OPEN) && x->prev_isn != x->isn) {
+			if (x->syn && (x->prev_flags & (XLB_REV_HALF_OPEN | XLB_REV_ISN)) == (XLB_REV_HALF_OPEN | XLB_REV_ISN) &&
+			    x->prev_isn != x->isn) {
 				x->ra.seq = bpf_htonl(bpf_ntohl(x->prev_isn) + 1);
 				x->ra.l4_off = 1;
 			}
@@ -642,17 +643,18 @@ static __noinline int xlb_back(struct __sk_buff *skb, struct pkt *p, __u64 flags
 	if (!flags && outside_spoofed(p))
 		return drop(DROP_OUTSIDE_SPOOF);
 	/* Over SRv6 the answer is the endpoint's own (nobody outside can
-	 * forge it, foreign_source): its reset is final, its SYN-ACK to a SYN
-	 * that went on after the client's reset (xlb_restarts) is a new
-	 * connection, which revives the entry, and anything else but a SYN
-	 * says it holds more than a request (its mapping is not half open). */
-	if (flags && p->proto == IPPROTO_TCP) {
-		if ((p->tcp_flags & (TCP_SYN | TCP_ACK)) == (TCP_SYN | TCP_ACK) &&
-		    (ct->flags & (CT_RST | CT_RST_REPLY | CT_RST_LOCAL)) == CT_RST)
-			ct->flags &= ~CT_RST;
-		if (!(p->tcp_flags & TCP_SYN))
-			rvp->flags &= ~XLB_REV_HALF_OPEN;
-	}
+	 * forge it, foreign_source): its reset is final, and its SYN-ACK to a
+	 * SYN that went on after the client's reset (xlb_restarts) is a new
+	 * connection, which revives the entry. Its ACK (neither a SYN nor a
+	 * reset: those it sends for a request, or for nothing) shows a
+	 * connection: the mapping is not half open; so does a UDP answer. (A
+	 * plain answer too: an endpoint at a node address is trusted no
+	 * further than the fabric, as before.) */
+	if (flags && p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_SYN | TCP_ACK)) == (TCP_SYN | TCP_ACK) &&
+	    (ct->flags & (CT_RST | CT_RST_REPLY | CT_RST_LOCAL)) == CT_RST)
+		ct->flags &= ~CT_RST;
+	if (p->proto != IPPROTO_TCP || (p->tcp_flags & (TCP_SYN | TCP_RST | TCP_ACK)) == TCP_ACK)
+		rvp->flags &= ~XLB_REV_HALF_OPEN;
 	ct_refresh(ct, p, 0);
 	if (flags && p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_RST))
 		ct->flags |= CT_RST_LOCAL;

@@ -202,15 +202,23 @@ struct xlb_rev_val {
 	__u16 fport;
 	__u32 ext_net; /* the client's external network (its conntrack entry's) */
 	__u64 expires;
-	/* The client's SYN sequence number (network order), while the client
-	 * has sent nothing but SYNs (XLB_REV_HALF_OPEN): the endpoint may then
-	 * hold the flow half open, and a new flow given this port first
-	 * resets it there (xlb_in). */
+	/* The client's SYN sequence number (network order, XLB_REV_ISN): while
+	 * the mapping is XLB_REV_HALF_OPEN the endpoint may hold the flow half
+	 * open, and a new flow given this port first resets it there
+	 * (xlb_in). */
 	__u32 isn;
 	__u32 flags;
 };
 
+/* The endpoint has not shown a connection on this port: it holds at most
+ * a request. Every mapping starts so; only the endpoint's ACK (neither a
+ * SYN nor a reset) or a UDP answer ends it (xlb_back). The client's ACK
+ * does not: a blind client (a spoofed source) sends one for a SYN-ACK it
+ * never saw, and its flow is assured, but its mapping stays half open:
+ * early drop takes it, an established connection's never. */
 #define XLB_REV_HALF_OPEN 1
+/* isn is the client's SYN's. */
+#define XLB_REV_ISN 2
 
 /* Not an LRU, as lace_snat: an eviction freed an idle live flow's port,
  * and a SYN flood toward a few endpoints evicted them at will. Full, it
