@@ -226,6 +226,10 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 			x->rv.expires = mine->expires;
 		if (!(mine->flags & XLB_REV_HALF_OPEN))
 			x->rv.flags &= ~XLB_REV_HALF_OPEN;
+		if (!x->syn) {
+			x->rv.isn = mine->isn;
+			x->rv.flags |= mine->flags & XLB_REV_ISN;
+		}
 		bpf_map_update_elem(&lace_xlb_rev, &x->rk, &x->rv, BPF_ANY);
 		*port = x->rk.port;
 		return 0;
@@ -593,6 +597,35 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 	return encap_and_send_ahead(skb, p, x->sid, 0, &x->ra);
 }
 
+/* xlb_shows_connection tells whether the endpoint's TCP answer p shows an
+ * established connection on the mapping's port: an ACK (neither a SYN nor
+ * a reset) that acknowledges more of the client than its SYN, or that
+ * carries data. The endpoint accepts data, and sends it, only once the
+ * client acknowledged its SYN-ACK, which a blind client (a spoofed source)
+ * never saw. A bare ACK of the SYN alone shows nothing: a request answers
+ * a stray segment (another SYN, a bad ACK) with one. */
+static __always_inline int xlb_shows_connection(struct __sk_buff *skb, struct pkt *p, struct xlb_rev_val *rv)
+{
+	if ((p->tcp_flags & (TCP_SYN | TCP_RST | TCP_ACK)) != TCP_ACK || p->frag == PKT_FRAG_LATER)
+		return 0;
+	__u32 ack;
+	__u8 doff;
+	__u16 len;
+	if (bpf_skb_load_bytes(skb, p->l4_off + 8, &ack, 4) || bpf_skb_load_bytes(skb, p->l4_off + 12, &doff, 1))
+		return 0;
+	if ((rv->flags & XLB_REV_ISN) && ack != bpf_htonl(bpf_ntohl(rv->isn) + 1))
+		return 1;
+	__u32 hdr = p->l4_off - p->l3_off + (doff >> 4) * 4;
+	if (p->family == LACE_FAMILY_V4) {
+		if (bpf_skb_load_bytes(skb, p->l3_off + 2, &len, 2))
+			return 0;
+		return bpf_ntohs(len) > hdr;
+	}
+	if (bpf_skb_load_bytes(skb, p->l3_off + 4, &len, 2))
+		return 0;
+	return bpf_ntohs(len) + sizeof(struct ipv6hdr) > hdr;
+}
+
 /* RET_NOT_XLB: xlb_back found no frontend flow the plain packet answers. */
 #define RET_NOT_XLB 0x7003
 
@@ -645,15 +678,14 @@ static __noinline int xlb_back(struct __sk_buff *skb, struct pkt *p, __u64 flags
 	/* Over SRv6 the answer is the endpoint's own (nobody outside can
 	 * forge it, foreign_source): its reset is final, and its SYN-ACK to a
 	 * SYN that went on after the client's reset (xlb_restarts) is a new
-	 * connection, which revives the entry. Its ACK (neither a SYN nor a
-	 * reset: those it sends for a request, or for nothing) shows a
-	 * connection: the mapping is not half open; so does a UDP answer. (A
-	 * plain answer too: an endpoint at a node address is trusted no
-	 * further than the fabric, as before.) */
+	 * connection, which revives the entry. An answer that shows a
+	 * connection (xlb_shows_connection), or a UDP answer, ends the
+	 * mapping's half open state. (A plain answer too: an endpoint at a
+	 * node address is trusted no further than the fabric, as before.) */
 	if (flags && p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_SYN | TCP_ACK)) == (TCP_SYN | TCP_ACK) &&
 	    (ct->flags & (CT_RST | CT_RST_REPLY | CT_RST_LOCAL)) == CT_RST)
 		ct->flags &= ~CT_RST;
-	if (p->proto != IPPROTO_TCP || (p->tcp_flags & (TCP_SYN | TCP_RST | TCP_ACK)) == TCP_ACK)
+	if (p->proto != IPPROTO_TCP || xlb_shows_connection(skb, p, rvp))
 		rvp->flags &= ~XLB_REV_HALF_OPEN;
 	ct_refresh(ct, p, 0);
 	if (flags && p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_RST))

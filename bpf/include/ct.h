@@ -211,11 +211,12 @@ struct xlb_rev_val {
 };
 
 /* The endpoint has not shown a connection on this port: it holds at most
- * a request. Every mapping starts so; only the endpoint's ACK (neither a
- * SYN nor a reset) or a UDP answer ends it (xlb_back). The client's ACK
+ * a request. Every mapping starts so; only the endpoint's answer that
+ * shows one (xlb_shows_connection: it acknowledges data of the client, or
+ * carries data) or a UDP answer ends it (xlb_back). The client's ACK
  * does not: a blind client (a spoofed source) sends one for a SYN-ACK it
  * never saw, and its flow is assured, but its mapping stays half open:
- * early drop takes it, an established connection's never. */
+ * early drop takes it, a connection that carried data never. */
 #define XLB_REV_HALF_OPEN 1
 /* isn is the client's SYN's. */
 #define XLB_REV_ISN 2

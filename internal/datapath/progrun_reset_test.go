@@ -47,9 +47,10 @@ func TestXLBResetAheadOfReusedPort(t *testing.T) {
 	if got := capture.resets(300 * time.Millisecond); len(got) != 0 {
 		t.Errorf("a SYN on a free port sent %d resets", len(got))
 	}
-	// Its ACK, and the endpoint's (over SRv6 from its node): the
-	// endpoint showed a connection, the port is not half open. The
-	// client's ACK alone does not tell (a blind client sends one).
+	// Its ACK, and the endpoint's (over SRv6 from its node), which
+	// acknowledges more than the SYN: the endpoint showed a connection,
+	// the port is not half open. The client's ACK alone does not tell (a
+	// blind client sends one).
 	p0 := nodePortFlow(t, d, client(0)).SNATPort
 	runUnder(t, d, ether(unicastMAC, 0x0800, ipv4(client(0).Addr(), progNodeV4, 6, seg4(client(0).Port(), 30080, 0x10))))
 	if _, half := xlbRevOf(t, d, remote, p0); !half {

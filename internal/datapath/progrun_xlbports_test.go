@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"encoding/binary"
 	"net/netip"
 	"testing"
 
@@ -455,63 +456,84 @@ func countXLBRev(t *testing.T, d *Datapath) int {
 //     lost).
 func TestXLBEndpointAnswers(t *testing.T) {
 	remote := netip.MustParseAddr("10.70.2.5")
-	client := netip.MustParseAddrPort("203.0.113.5:40000")
-	setup := func(t *testing.T) (*Datapath, uint16, func(byte), func(byte)) {
+	// The client's SYN (sequence number 0) and its node port.
+	setup := func(t *testing.T) (*xlbClient, uint16) {
 		c := newXLBClient(t, remote)
 		c.send(0x02)
 		p := nodePortFlow(t, c.d, c.client).SNATPort
 		if p < snatPortMin {
 			t.Fatalf("the flow holds node port %d", p)
 		}
-		return c.d, p, c.send, func(flags byte) { c.answer(p, flags) }
+		return c, p
 	}
 	t.Run("its reset is final", func(t *testing.T) {
-		d, _, send, answer := setup(t)
-		answer(0x12) // SYN-ACK
-		send(0x10)   // the blind ACK: assured
-		if !nodePortFlow(t, d, client).Assured {
+		c, p := setup(t)
+		c.answer(p, 0x12) // SYN-ACK
+		c.send(0x10)      // the blind ACK: assured
+		if !nodePortFlow(t, c.d, c.client).Assured {
 			t.Fatal("the handshake did not assure the flow: the test cannot tell")
 		}
-		answer(0x04) // the endpoint refuses it
-		send(0x04)
-		send(0x02)
-		if f := nodePortFlow(t, d, client); f.Assured {
+		c.answer(p, 0x04) // the endpoint refuses it
+		c.send(0x04)
+		c.send(0x02)
+		if f := nodePortFlow(t, c.d, c.client); f.Assured {
 			t.Errorf("a SYN after the endpoint's reset and the client's: entry %+v still assured, want the flow started over", f)
 		}
 	})
 	t.Run("its SYN-ACK revives", func(t *testing.T) {
-		d, p, send, answer := setup(t)
-		answer(0x12)
-		send(0x10)
-		send(0x04) // the client's reset
-		send(0x02) // and its SYN on the same tuple: goes on as the flow's
-		answer(0x12)
+		c, p := setup(t)
+		c.answer(p, 0x12)
+		c.send(0x10)
+		c.send(0x04) // the client's reset
+		c.send(0x02) // and its SYN on the same tuple: goes on as the flow's
+		c.answer(p, 0x12)
 		now, err := monotonicNow()
 		if err != nil {
 			t.Fatal(err)
 		}
-		f := nodePortFlow(t, d, client)
+		f := nodePortFlow(t, c.d, c.client)
 		if f.Reset || f.SNATPort != p || f.ExpiresMonotonicNanos < now+60e9 {
 			t.Errorf("after the endpoint's SYN-ACK: entry %+v (now %d), want it revived on port %d with an established flow's timeout", f, now, p)
 		}
+		if _, until := c.mapping(p); until < now+60e9 {
+			t.Errorf("after the endpoint's SYN-ACK: the mapping is held until %d (now %d), want an established flow's hold", until, now)
+		}
 	})
-	t.Run("a non-SYN answer is not half open", func(t *testing.T) {
-		d, p, _, answer := setup(t)
-		if _, half := xlbRevOf(t, d, remote, p); !half {
-			t.Fatal("a SYN's mapping is not half open: the test cannot tell")
+	// What shows a connection ends the mapping's half open state; what a
+	// request also sends does not.
+	halfOpen := func(t *testing.T, c *xlbClient, p uint16, want bool, after string) {
+		t.Helper()
+		if _, half := xlbRevOf(t, c.d, remote, p); half != want {
+			t.Errorf("after %s: port %d half open %v, want %v", after, p, half, want)
 		}
-		answer(0x12)
-		if _, half := xlbRevOf(t, d, remote, p); !half {
-			t.Error("the endpoint's SYN-ACK ended the mapping's half open state; only the client's ACK or a non-SYN answer does")
+	}
+	t.Run("a blind client stays half open", func(t *testing.T) {
+		c, p := setup(t)
+		halfOpen(t, c, p, true, "the client's SYN")
+		c.answer(p, 0x12)
+		halfOpen(t, c, p, true, "the endpoint's SYN-ACK")
+		c.send(0x02) // another SYN on the tuple: the request answers it with a bare ACK of the first
+		c.answerSeg(p, 0x10, 1, nil)
+		halfOpen(t, c, p, true, "the endpoint's bare ACK of the SYN")
+		c.send(0x10) // the blind ACK
+		if !nodePortFlow(t, c.d, c.client).Assured {
+			t.Fatal("the blind ACK did not assure the flow: the test cannot tell")
 		}
-		answer(0x04) // a reset: the endpoint holds nothing (or still a request)
-		if _, half := xlbRevOf(t, d, remote, p); !half {
-			t.Error("the endpoint's reset ended the mapping's half open state")
-		}
-		answer(0x10) // a challenge ACK: the endpoint holds a connection
-		if _, half := xlbRevOf(t, d, remote, p); half {
-			t.Error("the mapping is still half open after the endpoint's ACK")
-		}
+		halfOpen(t, c, p, true, "the blind client's ACK")
+		c.answer(p, 0x04)
+		halfOpen(t, c, p, true, "the endpoint's reset")
+	})
+	t.Run("data shows a connection", func(t *testing.T) {
+		c, p := setup(t)
+		c.answer(p, 0x12)
+		c.answerSeg(p, 0x18, 1, []byte("hello")) // the endpoint speaks first
+		halfOpen(t, c, p, false, "the endpoint's data")
+	})
+	t.Run("an ACK of the client's data shows a connection", func(t *testing.T) {
+		c, p := setup(t)
+		c.answer(p, 0x12)
+		c.answer(p, 0x10) // acknowledges a byte past the SYN
+		halfOpen(t, c, p, false, "the endpoint's ACK of the client's data")
 	})
 }
 
@@ -545,12 +567,18 @@ func (c *xlbClient) send(flags byte) {
 }
 
 // answer runs the endpoint's segment with flags to node port port, over
-// SRv6 from its node; nothing may be dropped.
-func (c *xlbClient) answer(port uint16, flags byte) {
+// SRv6 from its node, acknowledging a byte of the client's data past its
+// SYN (whose sequence number is 0); nothing may be dropped.
+func (c *xlbClient) answer(port uint16, flags byte) { c.answerSeg(port, flags, 2, nil) }
+
+// answerSeg is answer with acknowledgment number ack and data.
+func (c *xlbClient) answerSeg(port uint16, flags byte, ack uint32, data []byte) {
 	c.t.Helper()
+	seg := seg4(8080, port, flags)
+	binary.BigEndian.PutUint32(seg[8:12], ack)
 	sid := SID(progLocator, BehaviourL3Decap, progNet, tables.NodeNetID)
 	if moved := snatDrops(c.t, c.d, func() {
-		runUnder(c.t, c.d, srv6(progPeerV6, sid, ipv4(c.remote, progNodeV4, 6, seg4(8080, port, flags)), true))
+		runUnder(c.t, c.d, srv6(progPeerV6, sid, ipv4(c.remote, progNodeV4, 6, append(seg, data...)), true))
 	}); len(moved) != 0 {
 		c.t.Fatalf("the endpoint's %#x: drops %v", flags, moved)
 	}
