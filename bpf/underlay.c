@@ -228,7 +228,7 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 			x->rv.flags &= ~XLB_REV_HALF_OPEN;
 		if (!x->syn) {
 			x->rv.isn = mine->isn;
-			x->rv.flags |= mine->flags & XLB_REV_ISN;
+			x->rv.flags |= mine->flags & (XLB_REV_ISN | XLB_REV_SYNACK);
 		}
 		bpf_map_update_elem(&lace_xlb_rev, &x->rk, &x->rv, BPF_ANY);
 		*port = x->rk.port;
@@ -598,23 +598,40 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 }
 
 /* xlb_shows_connection tells whether the endpoint's TCP answer p shows an
- * established connection on the mapping's port: an ACK (neither a SYN nor
- * a reset) that acknowledges more of the client than its SYN, or that
- * carries data. The endpoint accepts data, and sends it, only once the
- * client acknowledged its SYN-ACK, which a blind client (a spoofed source)
- * never saw. A bare ACK of the SYN alone shows nothing: a request answers
- * a stray segment (another SYN, a bad ACK) with one. */
+ * established connection on the mapping's port, and records its SYN-ACK:
+ * the client's sequence number as the endpoint's request has it (the
+ * SYN-ACK's acknowledgment - 1; not the client's SYN that xlb_port saw,
+ * which may not be the one the endpoint took) goes to rv->isn, for this
+ * test and for the reset ahead (XLB_REV_SYNACK). Shown then: an ACK
+ * (neither a SYN nor a reset) that acknowledges more of the client than
+ * that SYN, or that carries data. The endpoint accepts data, and sends it,
+ * only once the client acknowledged its SYN-ACK, which a blind client (a
+ * spoofed source) never saw. A bare ACK of the SYN alone shows nothing (a
+ * request answers a stray segment with one), nor does anything without a
+ * SYN-ACK before it (a TIME_WAIT's or an older connection's ACK). */
 static __always_inline int xlb_shows_connection(struct __sk_buff *skb, struct pkt *p, struct xlb_rev_val *rv)
 {
-	if ((p->tcp_flags & (TCP_SYN | TCP_RST | TCP_ACK)) != TCP_ACK || p->frag == PKT_FRAG_LATER)
+	if (p->frag == PKT_FRAG_LATER)
+		return 0;
+	__u8 f = p->tcp_flags & (TCP_SYN | TCP_RST | TCP_ACK);
+	if (f != TCP_ACK && f != (TCP_SYN | TCP_ACK))
 		return 0;
 	__u32 ack;
+	if (bpf_skb_load_bytes(skb, p->l4_off + 8, &ack, 4))
+		return 0;
+	if (f == (TCP_SYN | TCP_ACK)) {
+		rv->isn = bpf_htonl(bpf_ntohl(ack) - 1);
+		rv->flags |= XLB_REV_ISN | XLB_REV_SYNACK;
+		return 0;
+	}
+	if (!(rv->flags & XLB_REV_SYNACK))
+		return 0;
+	if ((__s32)(bpf_ntohl(ack) - bpf_ntohl(rv->isn) - 1) > 0)
+		return 1;
 	__u8 doff;
 	__u16 len;
-	if (bpf_skb_load_bytes(skb, p->l4_off + 8, &ack, 4) || bpf_skb_load_bytes(skb, p->l4_off + 12, &doff, 1))
+	if (bpf_skb_load_bytes(skb, p->l4_off + 12, &doff, 1))
 		return 0;
-	if ((rv->flags & XLB_REV_ISN) && ack != bpf_htonl(bpf_ntohl(rv->isn) + 1))
-		return 1;
 	__u32 hdr = p->l4_off - p->l3_off + (doff >> 4) * 4;
 	if (p->family == LACE_FAMILY_V4) {
 		if (bpf_skb_load_bytes(skb, p->l3_off + 2, &len, 2))

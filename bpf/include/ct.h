@@ -212,14 +212,16 @@ struct xlb_rev_val {
 
 /* The endpoint has not shown a connection on this port: it holds at most
  * a request. Every mapping starts so; only the endpoint's answer that
- * shows one (xlb_shows_connection: it acknowledges data of the client, or
- * carries data) or a UDP answer ends it (xlb_back). The client's ACK
+ * shows one (xlb_shows_connection: after its SYN-ACK, it acknowledges data
+ * of the client, or carries data) or a UDP answer ends it (xlb_back). The client's ACK
  * does not: a blind client (a spoofed source) sends one for a SYN-ACK it
  * never saw, and its flow is assured, but its mapping stays half open:
  * early drop takes it, a connection that carried data never. */
 #define XLB_REV_HALF_OPEN 1
 /* isn is the client's SYN's. */
 #define XLB_REV_ISN 2
+/* isn is the one the endpoint's SYN-ACK acknowledged (its request's). */
+#define XLB_REV_SYNACK 4
 
 /* Not an LRU, as lace_snat: an eviction freed an idle live flow's port,
  * and a SYN flood toward a few endpoints evicted them at will. Full, it

@@ -60,7 +60,14 @@ func TestXLBResetAheadOfReusedPort(t *testing.T) {
 		t.Fatal(err)
 	}
 	sid := SID(progLocator, BehaviourL3Decap, progNet, tables.NodeNetID)
-	runUnder(t, d, srv6(progPeerV6, sid, ipv4(remote, progNodeV4, 6, seg4(8080, p0, 0x10)), true))
+	for _, a := range []struct {
+		flags byte
+		ack   uint32
+	}{{0x12, 0x01020305}, {0x10, 0x01020306}} { // its SYN-ACK, its ACK of a byte of data
+		seg := seg4(8080, p0, a.flags)
+		binary.BigEndian.PutUint32(seg[8:12], a.ack)
+		runUnder(t, d, srv6(progPeerV6, sid, ipv4(remote, progNodeV4, 6, seg), true))
+	}
 	if isn, half := xlbRevOf(t, d, remote, p0); half {
 		t.Errorf("port %d still half open (isn %#x) after the endpoint's ACK", p0, isn)
 	}

@@ -513,7 +513,7 @@ func TestXLBEndpointAnswers(t *testing.T) {
 		c.answer(p, 0x12)
 		halfOpen(t, c, p, true, "the endpoint's SYN-ACK")
 		c.send(0x02) // another SYN on the tuple: the request answers it with a bare ACK of the first
-		c.answerSeg(p, 0x10, 1, nil)
+		c.answerSeg(p, 0x10, c.isn+1, nil)
 		halfOpen(t, c, p, true, "the endpoint's bare ACK of the SYN")
 		c.send(0x10) // the blind ACK
 		if !nodePortFlow(t, c.d, c.client).Assured {
@@ -526,8 +526,28 @@ func TestXLBEndpointAnswers(t *testing.T) {
 	t.Run("data shows a connection", func(t *testing.T) {
 		c, p := setup(t)
 		c.answer(p, 0x12)
-		c.answerSeg(p, 0x18, 1, []byte("hello")) // the endpoint speaks first
+		c.answerSeg(p, 0x18, c.isn+1, []byte("hello")) // the endpoint speaks first
 		halfOpen(t, c, p, false, "the endpoint's data")
+	})
+	// The endpoint's request may be another SYN's than the one the node
+	// recorded (a SYN|FIN it dropped, a SYN with a bad checksum, then
+	// another SYN on the tuple): its SYN-ACK says which.
+	t.Run("the request's own SYN counts", func(t *testing.T) {
+		c, p := setup(t)
+		other := c.isn + 1000
+		c.sendSeq(0x02, other)
+		c.answerSeg(p, 0x12, other+1, nil)
+		c.answerSeg(p, 0x10, other+1, nil) // the request's bare ACK to a stray segment
+		halfOpen(t, c, p, true, "the bare ACK of the request's SYN, another than the one recorded")
+		c.answerSeg(p, 0x10, other+2, nil)
+		halfOpen(t, c, p, false, "an ACK of data past the request's SYN")
+	})
+	// An ACK without a SYN-ACK before it (a TIME_WAIT's, an older
+	// connection's on the port) shows nothing of this client.
+	t.Run("no SYN-ACK, no connection", func(t *testing.T) {
+		c, p := setup(t)
+		c.answerSeg(p, 0x10, 0x55555555, nil)
+		halfOpen(t, c, p, true, "an ACK with no SYN-ACK before it")
 	})
 	t.Run("an ACK of the client's data shows a connection", func(t *testing.T) {
 		c, p := setup(t)
@@ -545,6 +565,7 @@ type xlbClient struct {
 	d      *Datapath
 	remote netip.Addr
 	client netip.AddrPort
+	isn    uint32 // the client's SYN's sequence number
 }
 
 func newXLBClient(t *testing.T, remote netip.Addr) *xlbClient {
@@ -552,24 +573,38 @@ func newXLBClient(t *testing.T, remote netip.Addr) *xlbClient {
 	if err := d.UpsertNetwork(Network{ID: tables.NodeNetID}); err != nil {
 		t.Fatal(err)
 	}
-	return &xlbClient{t: t, d: d, remote: remote, client: netip.MustParseAddrPort("203.0.113.5:40000")}
+	return &xlbClient{t: t, d: d, remote: remote, client: netip.MustParseAddrPort("203.0.113.5:40000"), isn: 0x11223344}
 }
 
-// send runs the client's segment with flags through the node; nothing
-// may be dropped.
-func (c *xlbClient) send(flags byte) {
+// send runs the client's segment with flags through the node (a SYN with
+// sequence number isn, anything else isn + 1); nothing may be dropped.
+func (c *xlbClient) send(flags byte) { c.sendSeq(flags, c.isn+1) }
+
+func (c *xlbClient) sendSeq(flags byte, seq uint32) {
 	c.t.Helper()
+	seg := seg4(c.client.Port(), 30080, flags)
+	if flags&0x02 != 0 && seq == c.isn+1 {
+		seq = c.isn
+	}
+	binary.BigEndian.PutUint32(seg[4:8], seq)
 	if moved := snatDrops(c.t, c.d, func() {
-		runUnder(c.t, c.d, ether(unicastMAC, 0x0800, ipv4(c.client.Addr(), progNodeV4, 6, seg4(c.client.Port(), 30080, flags))))
+		runUnder(c.t, c.d, ether(unicastMAC, 0x0800, ipv4(c.client.Addr(), progNodeV4, 6, seg)))
 	}); len(moved) != 0 {
 		c.t.Fatalf("the client's %#x: drops %v", flags, moved)
 	}
 }
 
 // answer runs the endpoint's segment with flags to node port port, over
-// SRv6 from its node, acknowledging a byte of the client's data past its
-// SYN (whose sequence number is 0); nothing may be dropped.
-func (c *xlbClient) answer(port uint16, flags byte) { c.answerSeg(port, flags, 2, nil) }
+// SRv6 from its node: a SYN-ACK acknowledges the client's SYN (isn + 1),
+// anything else a byte of the client's data past it; nothing may be
+// dropped.
+func (c *xlbClient) answer(port uint16, flags byte) {
+	ack := c.isn + 2
+	if flags&0x02 != 0 {
+		ack = c.isn + 1
+	}
+	c.answerSeg(port, flags, ack, nil)
+}
 
 // answerSeg is answer with acknowledgment number ack and data.
 func (c *xlbClient) answerSeg(port uint16, flags byte, ack uint32, data []byte) {
