@@ -21,9 +21,9 @@ import (
 //     snat_owner (ct.h).
 //   - lace_xlb_rev (a NodePort or LoadBalancer flow sent to an endpoint on
 //     another node): stale when no live entry of its client's flow holds
-//     the port and the mapping itself expired. It mirrors xlb_port
-//     (underlay.c), which holds a mapping whose entry was lost until its
-//     own expiry.
+//     the port and the mapping itself expired. xlb_port (underlay.c) holds
+//     a mapping whose entry was lost until its own expiry too, but takes a
+//     half open one at once: the sweep leaves those to it.
 //
 // Returns how many it deleted.
 func (d *Datapath) ReclaimSNAT() (int, error) {
@@ -31,12 +31,10 @@ func (d *Datapath) ReclaimSNAT() (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	n, err := d.reclaimPodSNAT(now)
-	if err != nil {
-		return n, err
-	}
-	m, err := d.reclaimXLB(now)
-	return n + m, err
+	// Each map is swept even when the other's sweep failed.
+	n, errPod := d.reclaimPodSNAT(now)
+	m, errXLB := d.reclaimXLB(now)
+	return n + m, errors.Join(errPod, errXLB)
 }
 
 func (d *Datapath) reclaimPodSNAT(now uint64) (int, error) {
