@@ -38,92 +38,66 @@ func (d *Datapath) ReclaimSNAT() (int, error) {
 }
 
 func (d *Datapath) reclaimPodSNAT(now uint64) (int, error) {
-	type mapping struct {
-		k podSnatKey
-		v podSnatVal
-	}
-	var stale []mapping
-	var k podSnatKey
-	var v podSnatVal
-	total := 0
-	it := d.pod.LaceSnat.Iterate()
-	for it.Next(&k, &v) {
-		total++
+	return sweepStale(d.pod.LaceSnat, "lace_snat", func(k podSnatKey, v podSnatVal) (bool, error) {
 		ck := podCtKey{NetId: v.NetId, Family: k.Family, Proto: k.Proto, Lport: v.Lport, Rport: k.Rport, Laddr: v.Laddr, Raddr: k.Raddr}
 		if k.Proto == 1 || k.Proto == 58 { // ICMP echo: the identifier on both sides
 			ck.Rport = v.Lport
 		}
 		live, err := d.portOwned(ck, k.Port, now)
-		if err != nil {
-			return 0, fmt.Errorf("look up the flow of a SNAT mapping: %w", err)
-		}
-		if !live {
-			stale = append(stale, mapping{k, v})
-		}
-	}
-	if err := it.Err(); err != nil {
-		return 0, fmt.Errorf("iterate lace_snat: %w", err)
-	}
-	if total < int(d.pod.LaceSnat.MaxEntries())/2 {
-		return 0, nil
-	}
-	n := 0
-	for i := range stale {
-		// The data plane may have given the port to a new flow since:
-		// delete only a mapping still the stale one (a flow that lost
-		// its mapping in the remaining race puts it back with its next
-		// packet: snat_out).
-		var cur podSnatVal
-		if err := d.pod.LaceSnat.Lookup(&stale[i].k, &cur); err != nil || cur != stale[i].v {
-			continue
-		}
-		if err := d.pod.LaceSnat.Delete(&stale[i].k); err == nil {
-			n++
-		}
-	}
-	return n, nil
+		return !live, err
+	})
 }
 
 func (d *Datapath) reclaimXLB(now uint64) (int, error) {
-	type mapping struct {
-		k underlayXlbRevKey
-		v underlayXlbRevVal
-	}
-	var stale []mapping
-	var k underlayXlbRevKey
-	var v underlayXlbRevVal
-	total := 0
-	m := d.underlay.LaceXlbRev
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		total++
+	return sweepStale(d.underlay.LaceXlbRev, "lace_xlb_rev", func(k underlayXlbRevKey, v underlayXlbRevVal) (bool, error) {
 		if v.Expires >= now {
-			continue
+			return false, nil
 		}
 		ck := podCtKey{NetId: v.ExtNet, Family: k.Family, Proto: k.Proto, Lport: v.Fport, Rport: v.Cport, Laddr: v.Front, Raddr: v.Client}
 		live, err := d.portOwned(ck, k.Port, now)
+		return !live, err
+	})
+}
+
+// sweepStale deletes the entries of node port map m (named name) that
+// stale says are over, once m is half full. Each goes only if it is still
+// the entry seen: the data plane may have given its port to a new flow
+// since (xlb_port rewrites a mapping in place; a pod's flow that lost its
+// mapping in the remaining race puts it back with its next packet,
+// snat_out). Returns how many it deleted.
+func sweepStale[K any, V comparable](m *ebpf.Map, name string, stale func(K, V) (bool, error)) (int, error) {
+	type entry struct {
+		k K
+		v V
+	}
+	var gone []entry
+	var k K
+	var v V
+	total := 0
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		total++
+		over, err := stale(k, v)
 		if err != nil {
-			return 0, fmt.Errorf("look up the flow of a node port mapping: %w", err)
+			return 0, fmt.Errorf("look up the flow of a %s mapping: %w", name, err)
 		}
-		if !live {
-			stale = append(stale, mapping{k, v})
+		if over {
+			gone = append(gone, entry{k, v})
 		}
 	}
 	if err := it.Err(); err != nil {
-		return 0, fmt.Errorf("iterate lace_xlb_rev: %w", err)
+		return 0, fmt.Errorf("iterate %s: %w", name, err)
 	}
 	if total < int(m.MaxEntries())/2 {
 		return 0, nil
 	}
 	n := 0
-	for i := range stale {
-		// Taken by a new flow since (xlb_port rewrites it in place):
-		// not stale any more.
-		var cur underlayXlbRevVal
-		if err := m.Lookup(&stale[i].k, &cur); err != nil || cur != stale[i].v {
+	for i := range gone {
+		var cur V
+		if err := m.Lookup(&gone[i].k, &cur); err != nil || cur != gone[i].v {
 			continue
 		}
-		if err := m.Delete(&stale[i].k); err == nil {
+		if err := m.Delete(&gone[i].k); err == nil {
 			n++
 		}
 	}
