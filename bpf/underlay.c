@@ -181,7 +181,7 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 	__builtin_memcpy(x->rv.front, p->daddr, 16);
 	__u64 now = bpf_ktime_get_ns();
 	/* Held as long as the client's conntrack entry, which starts as an
-	 * unanswered flow's and is copied here by every packet. */
+	 * unanswered flow's; its packets extend the hold (xlb_hold). */
 	x->rv.expires = now + CT_NEW_IN;
 	/* A closed flow's port (below): what its entry carries, and by when
 	 * it expires once silent XLB_PORT_QUIET. Worked out once, not in the

@@ -202,10 +202,11 @@ struct xlb_rev_val {
 	__u16 fport;
 	__u32 ext_net; /* the client's external network (its conntrack entry's) */
 	__u64 expires;
-	/* The client's SYN sequence number (network order, XLB_REV_ISN): while
-	 * the mapping is XLB_REV_HALF_OPEN the endpoint may hold the flow half
-	 * open, and a new flow given this port first resets it there
-	 * (xlb_in). */
+	/* The client's SYN sequence number (network order, XLB_REV_ISN): the
+	 * SYN xlb_port saw, then the one the endpoint's SYN-ACK acknowledged
+	 * (XLB_REV_SYNACK). While the mapping is XLB_REV_HALF_OPEN the
+	 * endpoint may hold the flow half open, and a new flow given this port
+	 * first resets it there (xlb_in). */
 	__u32 isn;
 	__u32 flags;
 };
