@@ -228,6 +228,7 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 			x->rv.flags &= ~XLB_REV_HALF_OPEN;
 		if (!x->syn) {
 			x->rv.isn = mine->isn;
+			x->rv.eisn = mine->eisn;
 			x->rv.flags |= mine->flags & (XLB_REV_ISN | XLB_REV_SYNACK);
 		}
 		bpf_map_update_elem(&lace_xlb_rev, &x->rk, &x->rv, BPF_ANY);
@@ -281,7 +282,11 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 		x->ek.rport = cur->cport;
 		__builtin_memcpy(x->ek.laddr, cur->front, 16);
 		__builtin_memcpy(x->ek.raddr, cur->client, 16);
-		struct ct_val *owner = ct_lookup(&x->ek);
+		/* A half open mapping past its hold is free whoever names it
+		 * (a blind client's assured entry does, for hours). */
+		struct ct_val *owner = NULL;
+		if (cur->expires > now || !(cur->flags & XLB_REV_HALF_OPEN))
+			owner = ct_lookup(&x->ek);
 		if (!owner || !(owner->flags & CT_SNAT) || owner->snat_port != x->rk.port) {
 			/* No entry names the port any more: it was lost (the
 			 * shared lace_ct evicts the idle under a flood), or its
@@ -299,13 +304,16 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 			 * whose endpoint holds at most a request (a bare SYN of a
 			 * flood, a blind client's assured one) gives its port up
 			 * when no port is free, an established one never. Of those
-			 * tried, the one silent longest: an honest handshake just
-			 * answered (its last ACK on the way) is the youngest, and
-			 * losing its port between SYN and ACK would send that ACK
-			 * to another endpoint, which resets it. */
-			if ((cur->flags & XLB_REV_HALF_OPEN) && owner->expires < steal_expires) {
+			 * tried, the one silent longest (by the mapping's hold,
+			 * CT_NEW_IN after its last packet; its entry's expiry put
+			 * a blind client's assured flow, 6 h, after any
+			 * handshake): an honest handshake just answered (its last
+			 * ACK on the way) is the youngest, and losing its port
+			 * between SYN and ACK would send that ACK to another
+			 * endpoint, which resets it. */
+			if ((cur->flags & XLB_REV_HALF_OPEN) && cur->expires < steal_expires) {
 				steal = x->rk.port;
-				steal_expires = owner->expires;
+				steal_expires = cur->expires;
 				steal_isn = cur->isn;
 				steal_flags = cur->flags;
 			}
@@ -338,13 +346,37 @@ static __always_inline void xlb_hold(struct xlb_rev_val *rv, struct ct_val *ct)
 {
 	if (ct_closing(ct) || ct->expires > rv->expires)
 		rv->expires = ct->expires;
+	/* A half open mapping, whatever its entry: a blind client's ACK
+	 * assures the entry (6 h), and two packets then held a port, and a
+	 * slot of lace_xlb_rev, for hours. An honest handshake leaves the
+	 * state within its round trip. */
+	__u64 cap = bpf_ktime_get_ns() + CT_NEW_IN;
+	if ((rv->flags & XLB_REV_HALF_OPEN) && rv->expires > cap)
+		rv->expires = cap;
+}
+
+/* xlb_client_saw_synack tells whether the client's segment p acknowledges
+ * exactly the endpoint's SYN-ACK recorded in rv: only the client the
+ * SYN-ACK went to knows its sequence number; a blind one guesses it at
+ * 2^-32 a try. Exactly: while the mapping is half open the endpoint has
+ * sent nothing past its SYN-ACK (its data ends the state). */
+static __always_inline int xlb_client_saw_synack(struct __sk_buff *skb, struct pkt *p, struct xlb_rev_val *rv)
+{
+	if (p->proto != IPPROTO_TCP || p->frag == PKT_FRAG_LATER || !(rv->flags & XLB_REV_SYNACK) ||
+	    (p->tcp_flags & (TCP_SYN | TCP_RST | TCP_ACK)) != TCP_ACK)
+		return 0;
+	__u32 ack;
+	if (bpf_skb_load_bytes(skb, p->l4_off + 8, &ack, 4))
+		return 0;
+	return bpf_ntohl(ack) == bpf_ntohl(rv->eisn) + 1;
 }
 
 /* xlb_port_held tells whether the node's port of a translated flow
  * (x->be:be_port, x->k its client's entry) is still this client's, and
  * keeps it as long as the client's entry (expires): 0 when held, -1 when
  * evicted or handed to another client. */
-static __always_inline int xlb_port_held(struct xlb_scratch *x, struct pkt *p, __u16 be_port, __u16 nport, struct ct_val *ct)
+static __always_inline int xlb_port_held(struct __sk_buff *skb, struct xlb_scratch *x, struct pkt *p, __u16 be_port, __u16 nport,
+					 struct ct_val *ct)
 {
 	__builtin_memset(&x->rk, 0, sizeof(x->rk));
 	x->rk.family = p->family;
@@ -355,6 +387,8 @@ static __always_inline int xlb_port_held(struct xlb_scratch *x, struct pkt *p, _
 	struct xlb_rev_val *rv = bpf_map_lookup_elem(&lace_xlb_rev, &x->rk);
 	if (!rv || rv->cport != p->sport || rv->fport != p->dport || !eq16(rv->client, p->saddr) || !eq16(rv->front, p->daddr))
 		return -1;
+	if ((rv->flags & XLB_REV_HALF_OPEN) && xlb_client_saw_synack(skb, p, rv))
+		rv->flags &= ~XLB_REV_HALF_OPEN;
 	xlb_hold(rv, ct);
 	return 0;
 }
@@ -422,7 +456,7 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 		/* The node's port must still be this flow's (an evicted or
 		 * reused one would hand its answers to somebody else): else the
 		 * flow starts over. */
-		if (nport && xlb_port_held(x, p, be_port, nport, ct))
+		if (nport && xlb_port_held(skb, x, p, be_port, nport, ct))
 			ct = NULL;
 	} else {
 		ct = NULL;
@@ -620,6 +654,8 @@ static __always_inline int xlb_shows_connection(struct __sk_buff *skb, struct pk
 	if (bpf_skb_load_bytes(skb, p->l4_off + 8, &ack, 4))
 		return 0;
 	if (f == (TCP_SYN | TCP_ACK)) {
+		if (bpf_skb_load_bytes(skb, p->l4_off + 4, &rv->eisn, 4))
+			return 0;
 		rv->isn = bpf_htonl(bpf_ntohl(ack) - 1);
 		rv->flags |= XLB_REV_ISN | XLB_REV_SYNACK;
 		return 0;

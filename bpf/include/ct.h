@@ -209,15 +209,23 @@ struct xlb_rev_val {
 	 * first resets it there (xlb_in). */
 	__u32 isn;
 	__u32 flags;
+	/* The endpoint's SYN-ACK's sequence number (network order, with
+	 * XLB_REV_SYNACK): the client that acknowledges exactly it saw the
+	 * SYN-ACK (xlb_client_saw_synack). */
+	__u32 eisn;
+	__u32 pad;
 };
 
-/* The endpoint has not shown a connection on this port: it holds at most
- * a request. Every mapping starts so; only the endpoint's answer that
- * shows one (xlb_shows_connection: after its SYN-ACK, it acknowledges data
- * of the client, or carries data) or a UDP answer ends it (xlb_back). The client's ACK
- * does not: a blind client (a spoofed source) sends one for a SYN-ACK it
- * never saw, and its flow is assured, but its mapping stays half open:
- * early drop takes it, a connection that carried data never. */
+/* Nobody has shown a connection on this port: the endpoint holds at most
+ * a request. Every mapping starts so. What ends it is what a blind client
+ * (a spoofed source, which never sees the endpoint's answers) cannot send:
+ * the client's ACK of exactly the endpoint's SYN-ACK (xlb_in), the
+ * endpoint's own answer that shows a connection (xlb_shows_connection:
+ * after its SYN-ACK, it acknowledges data of the client, or carries data),
+ * or a UDP answer (xlb_back). Any ACK assures the client's entry, a blind
+ * one too; its mapping stays half open: held no longer than CT_NEW_IN
+ * after its last packet (xlb_hold), then free, and early drop may take
+ * it sooner. A connection never. */
 #define XLB_REV_HALF_OPEN 1
 /* isn is the client's SYN's. */
 #define XLB_REV_ISN 2

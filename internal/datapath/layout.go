@@ -26,7 +26,9 @@ import (
 var layoutVersions = map[string]uint32{
 	// 2: struct xlb_rev_val gained isn and flags (a reset ahead of a SYN
 	// given a port whose last flow may be half open at the endpoint).
-	"lace_xlb_rev": 2,
+	// 3: it gained eisn (the endpoint's SYN-ACK, which the client's ACK
+	// must acknowledge to end the half open state).
+	"lace_xlb_rev": 3,
 	// 2: struct fdb_val gained alt_ifindex and alt_sid (a MAC's standby
 	// location, a live migration's target).
 	"lace_fdb": 2,
@@ -35,6 +37,11 @@ var layoutVersions = map[string]uint32{
 func init() {
 	// Version 1's mappings carry no sequence number: they ask no reset.
 	RegisterMigration(Migration{Map: "lace_xlb_rev", From: 1, Convert: func(k, v []byte) ([]byte, []byte, bool) {
+		return k, append(append([]byte(nil), v...), make([]byte, 8)...), true
+	}})
+	// Version 2's mappings carry no SYN-ACK of the endpoint: a half open
+	// one stays so until the endpoint shows a connection, as before.
+	RegisterMigration(Migration{Map: "lace_xlb_rev", From: 2, Convert: func(k, v []byte) ([]byte, []byte, bool) {
 		return k, append(append([]byte(nil), v...), make([]byte, 8)...), true
 	}})
 }

@@ -286,6 +286,8 @@ type podXlbRevVal struct {
 	Expires uint64
 	Isn     uint32
 	Flags   uint32
+	Eisn    uint32
+	Pad     uint32
 }
 
 // Names of all BPF objects in the ELF.

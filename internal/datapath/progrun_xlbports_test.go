@@ -469,7 +469,7 @@ func TestXLBEndpointAnswers(t *testing.T) {
 	t.Run("its reset is final", func(t *testing.T) {
 		c, p := setup(t)
 		c.answer(p, 0x12) // SYN-ACK
-		c.send(0x10)      // the blind ACK: assured
+		c.blind(0x10)     // the blind ACK: assured
 		if !nodePortFlow(t, c.d, c.client).Assured {
 			t.Fatal("the handshake did not assure the flow: the test cannot tell")
 		}
@@ -515,13 +515,34 @@ func TestXLBEndpointAnswers(t *testing.T) {
 		c.send(0x02) // another SYN on the tuple: the request answers it with a bare ACK of the first
 		c.answerSeg(p, 0x10, c.isn+1, nil)
 		halfOpen(t, c, p, true, "the endpoint's bare ACK of the SYN")
-		c.send(0x10) // the blind ACK
+		c.blind(0x10)
 		if !nodePortFlow(t, c.d, c.client).Assured {
 			t.Fatal("the blind ACK did not assure the flow: the test cannot tell")
 		}
 		halfOpen(t, c, p, true, "the blind client's ACK")
+		c.sendSeg(0x10, c.isn+1, c.eisn+2)
+		halfOpen(t, c, p, true, "an ACK of a byte past the SYN-ACK (the endpoint sent none)")
+		c.sendSeg(0x14, c.isn+1, c.eisn+1)
+		halfOpen(t, c, p, true, "a reset that acknowledges the SYN-ACK")
 		c.answer(p, 0x04)
 		halfOpen(t, c, p, true, "the endpoint's reset")
+	})
+	// Only the client the SYN-ACK went to knows its sequence number: its
+	// ACK of it shows a connection, one on which nobody may have spoken
+	// yet (a pooled connection), which early drop then never takes, and
+	// whose port is held as long as its entry.
+	t.Run("the client's ACK of the SYN-ACK shows a connection", func(t *testing.T) {
+		c, p := setup(t)
+		c.answer(p, 0x12)
+		c.send(0x10)
+		halfOpen(t, c, p, false, "the client's ACK of the SYN-ACK")
+		now, err := monotonicNow()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, until := c.mapping(p); until < now+3600e9 {
+			t.Errorf("the mapping is held until %d (now %d), want an established flow's hold", until, now)
+		}
 	})
 	t.Run("data shows a connection", func(t *testing.T) {
 		c, p := setup(t)
@@ -566,6 +587,7 @@ type xlbClient struct {
 	remote netip.Addr
 	client netip.AddrPort
 	isn    uint32 // the client's SYN's sequence number
+	eisn   uint32 // the endpoint's SYN-ACK's
 }
 
 func newXLBClient(t *testing.T, remote netip.Addr) *xlbClient {
@@ -573,20 +595,29 @@ func newXLBClient(t *testing.T, remote netip.Addr) *xlbClient {
 	if err := d.UpsertNetwork(Network{ID: tables.NodeNetID}); err != nil {
 		t.Fatal(err)
 	}
-	return &xlbClient{t: t, d: d, remote: remote, client: netip.MustParseAddrPort("203.0.113.5:40000"), isn: 0x11223344}
+	return &xlbClient{t: t, d: d, remote: remote, client: netip.MustParseAddrPort("203.0.113.5:40000"), isn: 0x11223344, eisn: 0x55667788}
 }
 
 // send runs the client's segment with flags through the node (a SYN with
-// sequence number isn, anything else isn + 1); nothing may be dropped.
-func (c *xlbClient) send(flags byte) { c.sendSeq(flags, c.isn+1) }
+// sequence number isn, anything else isn + 1, acknowledging the endpoint's
+// SYN-ACK); nothing may be dropped.
+func (c *xlbClient) send(flags byte) { c.sendSeg(flags, c.isn+1, c.eisn+1) }
 
-func (c *xlbClient) sendSeq(flags byte, seq uint32) {
+// sendSeq is send with sequence number seq.
+func (c *xlbClient) sendSeq(flags byte, seq uint32) { c.sendSeg(flags, seq, c.eisn+1) }
+
+// blind is send by a blind client (a spoofed source): it never saw the
+// endpoint's SYN-ACK, and acknowledges another number.
+func (c *xlbClient) blind(flags byte) { c.sendSeg(flags, c.isn+1, c.eisn+0x7000) }
+
+func (c *xlbClient) sendSeg(flags byte, seq, ack uint32) {
 	c.t.Helper()
 	seg := seg4(c.client.Port(), 30080, flags)
 	if flags&0x02 != 0 && seq == c.isn+1 {
 		seq = c.isn
 	}
 	binary.BigEndian.PutUint32(seg[4:8], seq)
+	binary.BigEndian.PutUint32(seg[8:12], ack)
 	if moved := snatDrops(c.t, c.d, func() {
 		runUnder(c.t, c.d, ether(unicastMAC, 0x0800, ipv4(c.client.Addr(), progNodeV4, 6, seg)))
 	}); len(moved) != 0 {
@@ -606,10 +637,16 @@ func (c *xlbClient) answer(port uint16, flags byte) {
 	c.answerSeg(port, flags, ack, nil)
 }
 
-// answerSeg is answer with acknowledgment number ack and data.
+// answerSeg is answer with acknowledgment number ack and data (a SYN-ACK
+// with sequence number eisn, anything else eisn + 1).
 func (c *xlbClient) answerSeg(port uint16, flags byte, ack uint32, data []byte) {
 	c.t.Helper()
 	seg := seg4(8080, port, flags)
+	seq := c.eisn + 1
+	if flags&0x02 != 0 {
+		seq = c.eisn
+	}
+	binary.BigEndian.PutUint32(seg[4:8], seq)
 	binary.BigEndian.PutUint32(seg[8:12], ack)
 	sid := SID(progLocator, BehaviourL3Decap, progNet, tables.NodeNetID)
 	if moved := snatDrops(c.t, c.d, func() {

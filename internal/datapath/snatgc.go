@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 
 	"github.com/cilium/ebpf"
 )
@@ -23,7 +24,10 @@ import (
 //     another node): stale when no live entry of its client's flow holds
 //     the port and the mapping itself expired. xlb_port (underlay.c) holds
 //     a mapping whose entry was lost until its own expiry too, but takes a
-//     half open one at once: the sweep leaves those to it.
+//     half open one at once: the sweep leaves those to it. A half open
+//     mapping past its own hold (CT_NEW_IN after its last packet) is
+//     stale whoever names it: a blind client's entry, assured by an ACK
+//     the endpoint never took, lives for hours.
 //
 // Returns how many it deleted.
 func (d *Datapath) ReclaimSNAT() (int, error) {
@@ -48,10 +52,16 @@ func (d *Datapath) reclaimPodSNAT(now uint64) (int, error) {
 	})
 }
 
+// xlbRevHalfOpen is XLB_REV_HALF_OPEN (ct.h).
+const xlbRevHalfOpen = 1
+
 func (d *Datapath) reclaimXLB(now uint64) (int, error) {
 	return sweepStale(d.underlay.LaceXlbRev, "lace_xlb_rev", func(k underlayXlbRevKey, v underlayXlbRevVal) (bool, error) {
 		if v.Expires >= now {
 			return false, nil
+		}
+		if v.Flags&xlbRevHalfOpen != 0 {
+			return true, nil
 		}
 		ck := podCtKey{NetId: v.ExtNet, Family: k.Family, Proto: k.Proto, Lport: v.Fport, Rport: v.Cport, Laddr: v.Front, Raddr: v.Client}
 		live, err := d.portOwned(ck, k.Port, now)
@@ -121,4 +131,41 @@ func (d *Datapath) portOwned(ck podCtKey, port uint16, now uint64) (bool, error)
 		}
 	}
 	return false, nil
+}
+
+// NodePortMapping is a node port held toward an endpoint on another node
+// by a NodePort or LoadBalancer flow from outside (lace_xlb_rev).
+type NodePortMapping struct {
+	Proto    uint8
+	Port     uint16         // the node's port
+	Endpoint netip.AddrPort // where the flow goes
+	Client   netip.AddrPort // where it comes from
+	Frontend netip.AddrPort // what the client asked
+	// HalfOpen: nobody has shown a connection on the port; it is held
+	// CT_NEW_IN after its last packet at most, and early drop may take it.
+	HalfOpen              bool
+	ExpiresMonotonicNanos uint64
+}
+
+// NodePortMappings lists lace_xlb_rev, expired mappings included.
+func (d *Datapath) NodePortMappings() ([]NodePortMapping, error) {
+	var out []NodePortMapping
+	var k underlayXlbRevKey
+	var v underlayXlbRevVal
+	it := d.underlay.LaceXlbRev.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, NodePortMapping{
+			Proto:                 k.Proto,
+			Port:                  ntohs(k.Port),
+			Endpoint:              netip.AddrPortFrom(fromAddr16(k.Family, k.Raddr), ntohs(k.Rport)),
+			Client:                netip.AddrPortFrom(fromAddr16(k.Family, v.Client), ntohs(v.Cport)),
+			Frontend:              netip.AddrPortFrom(fromAddr16(k.Family, v.Front), ntohs(v.Fport)),
+			HalfOpen:              v.Flags&xlbRevHalfOpen != 0,
+			ExpiresMonotonicNanos: v.Expires,
+		})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("iterate lace_xlb_rev: %w", err)
+	}
+	return out, nil
 }

@@ -281,6 +281,8 @@ type sockXlbRevVal struct {
 	Expires uint64
 	Isn     uint32
 	Flags   uint32
+	Eisn    uint32
+	Pad     uint32
 }
 
 // Names of all BPF objects in the ELF.

@@ -350,6 +350,8 @@ type underlayXlbRevVal struct {
 	Expires uint64
 	Isn     uint32
 	Flags   uint32
+	Eisn    uint32
+	Pad     uint32
 }
 
 type underlayXlbScratch struct {

@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/netip"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +18,7 @@ import (
 
 	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/netutil"
+	"github.com/lace-cni/lace/lab"
 )
 
 // TestNodePortSNATPortsFreed: a NodePort's connections to an endpoint on
@@ -133,22 +137,11 @@ func TestForgedResetKeepsNodePortFlow(t *testing.T) {
 // clientFlow is node's conntrack entry of client's flow to frontend dst.
 func clientFlow(t *testing.T, node string, dst, client netip.AddrPort) datapath.Flow {
 	t.Helper()
-	dp, err := datapath.Load(filepath.Join(labConfig().NodeRoot(node), "sys/fs/bpf/lace"))
-	if err != nil {
-		t.Fatalf("open the data plane of %s: %v", node, err)
+	f, ok := flowOf(t, node, dst, client)
+	if !ok {
+		t.Fatalf("%s has no entry of %s to %s", node, client, dst)
 	}
-	defer dp.Close()
-	flows, err := dp.Conntrack()
-	if err != nil {
-		t.Fatalf("conntrack of %s: %v", node, err)
-	}
-	for _, f := range flows {
-		if f.Service && f.Local == dst && f.Remote == client {
-			return f
-		}
-	}
-	t.Fatalf("%s has no entry of %s to %s", node, client, dst)
-	return datapath.Flow{}
+	return f
 }
 
 // forgeTCP sends one TCP segment with flags and a random sequence number
@@ -165,5 +158,155 @@ func forgeTCP(t *testing.T, nsPath string, src, dst netip.AddrPort, flags byte) 
 	tcpPacket4(pkt, src, dst, rand.Uint32(), flags)
 	if err := unix.Sendto(fd, pkt, 0, &unix.SockaddrInet4{Addr: dst.Addr().As4()}); err != nil {
 		t.Fatalf("forge %#x %s -> %s: %v", flags, src, dst, err)
+	}
+}
+
+// TestBlindClientHoldsNodePortSeconds: a blind client (it never sees the
+// endpoint's SYN-ACK: here the external host drops it, as a spoofed
+// source would never get it) sends a SYN through n1's NodePort to the
+// endpoint on n2, and then an ACK the endpoint never takes (a bad
+// checksum). n1 assures its flow for hours, as Linux's conntrack would,
+// but its node port mapping stays half open and is held 5 s after its
+// last packet (CT_NEW_IN). Before, the mapping followed the entry: two
+// packets held a node port toward the endpoint, and a slot of n1's
+// lace_xlb_rev, for six hours. An honest connection on which nobody has
+// spoken yet (a pooled one) is shown by its client's ACK of the endpoint's
+// real SYN-ACK: not half open, held as long as its entry.
+func TestBlindClientHoldsNodePortSeconds(t *testing.T) {
+	needLab(t)
+	semStart(t, semPod("xlb-blind", "xlb-blind", "n2"))
+	svc := semService(t, "xlb-blind", "xlb-blind", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeNodePort })
+	tcpPort, _ := nodePorts(t, svc)
+	dst := netip.AddrPortFrom(nodeAddr(1, true), tcpPort)
+	ext := externalNS()
+
+	var honest net.Conn
+	eventually(t, 30*time.Second, "a connection through "+dst.String(), func() error {
+		var err error
+		honest, err = netutil.DialContext(context.Background(), ext, "tcp", dst.String())
+		return err
+	})
+	defer honest.Close()
+	honestAddr := netip.MustParseAddrPort(honest.LocalAddr().String())
+	eventually(t, 10*time.Second, "n1 sees the honest client's ACK of the endpoint's SYN-ACK", func() error {
+		m, err := nodePortMappingOf(t, "n1", honestAddr)
+		if err != nil {
+			return err
+		}
+		if left := heldFor(t, m); m.HalfOpen || left < time.Hour {
+			return fmt.Errorf("the honest client's mapping: half open %v, held %v more", m.HalfOpen, left)
+		}
+		return nil
+	})
+
+	extV4, _ := lab.ExternalUnderlay()
+	blind := netip.AddrPortFrom(extV4, 47000+uint16(rand.IntN(1000)))
+	dropSYNACKs(t, dst.Port(), blind.Port())
+	forgeTCP(t, ext, blind, dst, 0x02)
+	eventually(t, 10*time.Second, "the endpoint's SYN-ACK to the blind client passes n1", func() error {
+		if f, ok := flowOf(t, "n1", dst, blind); !ok || !f.SeenReply {
+			return fmt.Errorf("n1's entry of the blind client: %+v (found %v)", f, ok)
+		}
+		return nil
+	})
+	forgeBadSumACK(t, ext, blind, dst)
+	eventually(t, 10*time.Second, "the blind ACK assures the flow at n1 (else the test cannot tell)", func() error {
+		if f, ok := flowOf(t, "n1", dst, blind); !ok || !f.Assured {
+			return fmt.Errorf("n1's entry of the blind client: %+v (found %v)", f, ok)
+		}
+		return nil
+	})
+	m, err := nodePortMappingOf(t, "n1", blind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left := heldFor(t, m); !m.HalfOpen || left > 5*time.Second {
+		t.Errorf("the blind client's node port %d: half open %v, held %v more; want half open and at most 5 s", m.Port, m.HalfOpen, left)
+	}
+}
+
+// flowOf is clientFlow without failing: false when node has no entry.
+func flowOf(t *testing.T, node string, dst, client netip.AddrPort) (datapath.Flow, bool) {
+	t.Helper()
+	dp, err := datapath.Load(filepath.Join(labConfig().NodeRoot(node), "sys/fs/bpf/lace"))
+	if err != nil {
+		t.Fatalf("open the data plane of %s: %v", node, err)
+	}
+	defer dp.Close()
+	flows, err := dp.Conntrack()
+	if err != nil {
+		t.Fatalf("conntrack of %s: %v", node, err)
+	}
+	for _, f := range flows {
+		if f.Service && f.Local == dst && f.Remote == client {
+			return f, true
+		}
+	}
+	return datapath.Flow{}, false
+}
+
+// nodePortMappingOf is node's node port mapping of client's flow.
+func nodePortMappingOf(t *testing.T, node string, client netip.AddrPort) (datapath.NodePortMapping, error) {
+	t.Helper()
+	dp, err := datapath.Load(filepath.Join(labConfig().NodeRoot(node), "sys/fs/bpf/lace"))
+	if err != nil {
+		t.Fatalf("open the data plane of %s: %v", node, err)
+	}
+	defer dp.Close()
+	ms, err := dp.NodePortMappings()
+	if err != nil {
+		t.Fatalf("node port mappings of %s: %v", node, err)
+	}
+	for _, m := range ms {
+		if m.Client == client {
+			return m, nil
+		}
+	}
+	return datapath.NodePortMapping{}, fmt.Errorf("%s holds no node port for %s", node, client)
+}
+
+// heldFor is how much longer mapping m is held.
+func heldFor(t *testing.T, m datapath.NodePortMapping) time.Duration {
+	t.Helper()
+	now, err := monotonicNanos()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(int64(m.ExpiresMonotonicNanos) - int64(now))
+}
+
+// dropSYNACKs makes the external host drop the SYN-ACKs from node port
+// nodePort to its port port (its own table, removed at the end): a blind
+// client's source never answers them, its kernel would reset them.
+func dropSYNACKs(t *testing.T, nodePort, port uint16) {
+	t.Helper()
+	extName := labConfig().NetNS("external")
+	table := fmt.Sprintf("laceblind%d", port)
+	rules := fmt.Sprintf("table ip %s {\n chain in {\n type filter hook input priority 0;\n tcp sport %d tcp dport %d tcp flags & (syn|ack) == syn|ack drop\n }\n}\n", table, nodePort, port)
+	nft := exec.Command("ip", "netns", "exec", extName, "nft", "-f", "-")
+	nft.Stdin = strings.NewReader(rules)
+	if out, err := nft.CombinedOutput(); err != nil {
+		t.Fatalf("nft in the external host: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		_ = exec.Command("ip", "netns", "exec", extName, "nft", "delete", "table", "ip", table).Run()
+	})
+}
+
+// forgeBadSumACK sends from src to dst an ACK whose TCP checksum is wrong:
+// the node passes it on (it checks no checksum), the endpoint's kernel
+// drops it unseen.
+func forgeBadSumACK(t *testing.T, nsPath string, src, dst netip.AddrPort) {
+	t.Helper()
+	fd, err := rawSocket4(nsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	pkt := make([]byte, 40)
+	tcpPacket4(pkt, src, dst, rand.Uint32(), 0x10)
+	pkt[20+16] ^= 0xff
+	if err := unix.Sendto(fd, pkt, 0, &unix.SockaddrInet4{Addr: dst.Addr().As4()}); err != nil {
+		t.Fatalf("forge an ACK %s -> %s: %v", src, dst, err)
 	}
 }
