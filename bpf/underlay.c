@@ -149,6 +149,22 @@ struct {
 	__type(value, struct xlb_scratch);
 } lace_xlb_scratch SEC(".maps");
 
+/* xlb_client_saw_synack tells whether the client's segment p acknowledges
+ * exactly the endpoint's SYN-ACK recorded in rv: only the client the
+ * SYN-ACK went to knows its sequence number; a blind one guesses it at
+ * 2^-32 a try. Exactly: while the mapping is half open the endpoint has
+ * sent nothing past its SYN-ACK (its data ends the state). */
+static __always_inline int xlb_client_saw_synack(struct __sk_buff *skb, struct pkt *p, struct xlb_rev_val *rv)
+{
+	if (p->proto != IPPROTO_TCP || p->frag == PKT_FRAG_LATER || !(rv->flags & XLB_REV_EISN) ||
+	    (p->tcp_flags & (TCP_SYN | TCP_RST | TCP_ACK)) != TCP_ACK)
+		return 0;
+	__u32 ack;
+	if (bpf_skb_load_bytes(skb, p->l4_off + 8, &ack, 4))
+		return 0;
+	return bpf_ntohl(ack) == bpf_ntohl(rv->eisn) + 1;
+}
+
 /* xlb_port finds the node's port for a translated flow to endpoint
  * x->be:be_port and records how to turn its answers back. isn: a SYN's
  * sequence number.
@@ -163,7 +179,8 @@ struct {
  * fails however often it retries. So xlb_port asks (x->ra) for a reset
  * of the old flow, sent to the endpoint just ahead of the new SYN on the
  * same path: the old request is gone when the SYN arrives. */
-static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 be_port, __u32 ext, __u16 *port)
+static __always_inline int xlb_port(struct __sk_buff *skb, struct xlb_scratch *x, struct pkt *p, __u16 be_port, __u32 ext,
+				    __u16 *port)
 {
 	__builtin_memset(&x->rk, 0, sizeof(x->rk));
 	x->rk.family = p->family;
@@ -191,6 +208,15 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 	if (p->proto != IPPROTO_TCP)
 		closed = 0xffff;
 	__u64 quiet_since = now + CT_TCP_CLOSE - XLB_PORT_QUIET;
+	/* Only a SYN takes a half open port whose endpoint answered: the
+	 * reset sent ahead of it clears what the endpoint holds (xlb_in). A
+	 * copy of anything else cannot be made a reset, and the endpoint's
+	 * answers to the old flow would go to the new client (a mapping of
+	 * layout version 2 may be an honest connection nobody spoke on). */
+	__u32 synack = x->syn ? 0 : XLB_REV_SYNACK;
+	/* Nor, expired, one whose flow is over: its endpoint may still have
+	 * answered it. (Worked out here, not in the loop: the verifier.) */
+	__u64 expired_by = p->proto == IPPROTO_TCP && !x->syn ? 0 : now;
 	/* The first port tried is the one the tuple had: the one its entry
 	 * names (a SYN starting it over after its reset or FINs), or else
 	 * the one drawn from the flow, as its endpoint is (a flow whose entry
@@ -229,7 +255,17 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 		if (!x->syn) {
 			x->rv.isn = mine->isn;
 			x->rv.eisn = mine->eisn;
-			x->rv.flags |= mine->flags & (XLB_REV_ISN | XLB_REV_SYNACK);
+			x->rv.flags |= mine->flags & (XLB_REV_ISN | XLB_REV_SYNACK | XLB_REV_EISN);
+			/* Its ACK of the endpoint's SYN-ACK, as xlb_port_held
+			 * takes it: the handshake's last ACK may be the first
+			 * packet after the entry was lost. */
+			if (xlb_client_saw_synack(skb, p, &x->rv))
+				x->rv.flags &= ~XLB_REV_HALF_OPEN;
+		} else if (x->isn == mine->isn) {
+			/* The same SYN again (its entry lost): the same request
+			 * at the endpoint, whose SYN-ACK stays recorded. */
+			x->rv.eisn = mine->eisn;
+			x->rv.flags |= mine->flags & (XLB_REV_SYNACK | XLB_REV_EISN);
 		}
 		bpf_map_update_elem(&lace_xlb_rev, &x->rk, &x->rv, BPF_ANY);
 		*port = x->rk.port;
@@ -282,11 +318,7 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 		x->ek.rport = cur->cport;
 		__builtin_memcpy(x->ek.laddr, cur->front, 16);
 		__builtin_memcpy(x->ek.raddr, cur->client, 16);
-		/* A half open mapping past its hold is free whoever names it
-		 * (a blind client's assured entry does, for hours). */
-		struct ct_val *owner = NULL;
-		if (cur->expires > now || !(cur->flags & XLB_REV_HALF_OPEN))
-			owner = ct_lookup(&x->ek);
+		struct ct_val *owner = ct_lookup(&x->ek);
 		if (!owner || !(owner->flags & CT_SNAT) || owner->snat_port != x->rk.port) {
 			/* No entry names the port any more: it was lost (the
 			 * shared lace_ct evicts the idle under a flood), or its
@@ -296,8 +328,12 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 			 * client. Unless it is half open (a flood's, whose
 			 * entries lace_ct_new evicts): the endpoint holds at most
 			 * a request, which the reset ahead clears (xlb_in), and
-			 * early drop stays possible. */
-			if (cur->expires > now && !(cur->flags & XLB_REV_HALF_OPEN))
+			 * early drop stays possible. A TCP segment that is not a
+			 * SYN takes only a half open one the endpoint never
+			 * answered, expired or not (synack, expired_by): no reset
+			 * can go ahead of it, and the endpoint's answers to the
+			 * old flow would be the new client's. */
+			if (cur->expires > expired_by && (cur->flags & (XLB_REV_HALF_OPEN | synack)) != XLB_REV_HALF_OPEN)
 				continue;
 		} else if (!((owner->flags & closed) == closed && owner->expires <= quiet_since)) {
 			/* Early drop, as Linux's conntrack does when full: a flow
@@ -311,7 +347,7 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 			 * ACK on the way) is the youngest, and losing its port
 			 * between SYN and ACK would send that ACK to another
 			 * endpoint, which resets it. */
-			if ((cur->flags & XLB_REV_HALF_OPEN) && cur->expires < steal_expires) {
+			if ((cur->flags & (XLB_REV_HALF_OPEN | synack)) == XLB_REV_HALF_OPEN && cur->expires < steal_expires) {
 				steal = x->rk.port;
 				steal_expires = cur->expires;
 				steal_isn = cur->isn;
@@ -338,10 +374,11 @@ static __always_inline int xlb_port(struct xlb_scratch *x, struct pkt *p, __u16 
 	return 0;
 }
 
-/* xlb_hold keeps mapping rv as long as its flow's entry ct. Only a flow
- * that is closing shortens it: a new entry for the tuple (an unanswered
- * flow's, after the old one was lost) must not cut an established flow's
- * hold to seconds while the endpoint's connection may be open. */
+/* xlb_hold keeps mapping rv as long as its flow's entry ct, and a half
+ * open one at most CT_NEW_IN from now. Else only a flow that is closing
+ * shortens it: a new entry for the tuple (an unanswered flow's, after the
+ * old one was lost) must not cut an established flow's hold to seconds
+ * while the endpoint's connection may be open. */
 static __always_inline void xlb_hold(struct xlb_rev_val *rv, struct ct_val *ct)
 {
 	if (ct_closing(ct) || ct->expires > rv->expires)
@@ -355,25 +392,10 @@ static __always_inline void xlb_hold(struct xlb_rev_val *rv, struct ct_val *ct)
 		rv->expires = cap;
 }
 
-/* xlb_client_saw_synack tells whether the client's segment p acknowledges
- * exactly the endpoint's SYN-ACK recorded in rv: only the client the
- * SYN-ACK went to knows its sequence number; a blind one guesses it at
- * 2^-32 a try. Exactly: while the mapping is half open the endpoint has
- * sent nothing past its SYN-ACK (its data ends the state). */
-static __always_inline int xlb_client_saw_synack(struct __sk_buff *skb, struct pkt *p, struct xlb_rev_val *rv)
-{
-	if (p->proto != IPPROTO_TCP || p->frag == PKT_FRAG_LATER || !(rv->flags & XLB_REV_SYNACK) ||
-	    (p->tcp_flags & (TCP_SYN | TCP_RST | TCP_ACK)) != TCP_ACK)
-		return 0;
-	__u32 ack;
-	if (bpf_skb_load_bytes(skb, p->l4_off + 8, &ack, 4))
-		return 0;
-	return bpf_ntohl(ack) == bpf_ntohl(rv->eisn) + 1;
-}
-
 /* xlb_port_held tells whether the node's port of a translated flow
- * (x->be:be_port, x->k its client's entry) is still this client's, and
- * keeps it as long as the client's entry (expires): 0 when held, -1 when
+ * (x->be:be_port, x->k its client's entry) is still this client's, ends
+ * its half open state when the client's segment p shows it saw the
+ * endpoint's SYN-ACK, and holds it on (xlb_hold): 0 when held, -1 when
  * evicted or handed to another client. */
 static __always_inline int xlb_port_held(struct __sk_buff *skb, struct xlb_scratch *x, struct pkt *p, __u16 be_port, __u16 nport,
 					 struct ct_val *ct)
@@ -387,6 +409,10 @@ static __always_inline int xlb_port_held(struct __sk_buff *skb, struct xlb_scrat
 	struct xlb_rev_val *rv = bpf_map_lookup_elem(&lace_xlb_rev, &x->rk);
 	if (!rv || rv->cport != p->sport || rv->fport != p->dport || !eq16(rv->client, p->saddr) || !eq16(rv->front, p->daddr))
 		return -1;
+	/* Not atomic (the programs are built for BPF v1: no atomic and/or):
+	 * a clear lost to xlb_back writing the flags on another CPU is made
+	 * again by the client's next segment, which acknowledges the same
+	 * SYN-ACK until the endpoint sends data, which shows it in turn. */
 	if ((rv->flags & XLB_REV_HALF_OPEN) && xlb_client_saw_synack(skb, p, rv))
 		rv->flags &= ~XLB_REV_HALF_OPEN;
 	xlb_hold(rv, ct);
@@ -489,7 +515,7 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 					return drop(DROP_ADJUST);
 				x->syn = 1;
 			}
-			if (xlb_port(x, p, be_port, ext, &nport)) {
+			if (xlb_port(skb, x, p, be_port, ext, &nport)) {
 				__builtin_memset(&x->fk, 0, sizeof(x->fk));
 				x->fk.family = p->family;
 				x->fk.proto = p->proto;
@@ -632,17 +658,24 @@ static __noinline int xlb_in(struct __sk_buff *skb, struct pkt *p)
 }
 
 /* xlb_shows_connection tells whether the endpoint's TCP answer p shows an
- * established connection on the mapping's port, and records its SYN-ACK:
- * the client's sequence number as the endpoint's request has it (the
- * SYN-ACK's acknowledgment - 1; not the client's SYN that xlb_port saw,
- * which may not be the one the endpoint took) goes to rv->isn, for this
- * test and for the reset ahead (XLB_REV_SYNACK). Shown then: an ACK
- * (neither a SYN nor a reset) that acknowledges more of the client than
- * that SYN, or that carries data. The endpoint accepts data, and sends it,
- * only once the client acknowledged its SYN-ACK, which a blind client (a
- * spoofed source) never saw. A bare ACK of the SYN alone shows nothing (a
- * request answers a stray segment with one), nor does anything without a
- * SYN-ACK before it (a TIME_WAIT's or an older connection's ACK). */
+ * established connection on the mapping's port (1), and records its
+ * SYN-ACK: its own sequence number goes to rv->eisn (XLB_REV_EISN, for
+ * the client's ACK: xlb_client_saw_synack), the client's sequence number
+ * as the endpoint's request has it (the SYN-ACK's acknowledgment - 1; not
+ * the client's SYN that xlb_port saw, which may not be the one the
+ * endpoint took) to rv->isn, for this test and for the reset ahead
+ * (XLB_REV_SYNACK). XLB_SYNACK_AGAIN: the recorded SYN-ACK retransmitted,
+ * which renews no half open hold. Shown: an ACK (neither a SYN nor a
+ * reset) that carries data, or, after a SYN-ACK, that acknowledges more
+ * of the client than that SYN. The endpoint accepts data, and sends it,
+ * only on a connection, once the client acknowledged its SYN-ACK, which a
+ * blind client (a spoofed source) never saw; a request or a TIME_WAIT
+ * sends none (a connection revived by a segment after its mapping was
+ * gone has no SYN-ACK recorded, and its data shows it). A bare ACK of
+ * the SYN alone shows nothing (a request answers a stray segment with
+ * one), nor does a bare ACK without a SYN-ACK before it (a TIME_WAIT's). */
+#define XLB_SYNACK_AGAIN 2
+
 static __always_inline int xlb_shows_connection(struct __sk_buff *skb, struct pkt *p, struct xlb_rev_val *rv)
 {
 	if (p->frag == PKT_FRAG_LATER)
@@ -654,15 +687,20 @@ static __always_inline int xlb_shows_connection(struct __sk_buff *skb, struct pk
 	if (bpf_skb_load_bytes(skb, p->l4_off + 8, &ack, 4))
 		return 0;
 	if (f == (TCP_SYN | TCP_ACK)) {
-		if (bpf_skb_load_bytes(skb, p->l4_off + 4, &rv->eisn, 4))
+		__u32 seq;
+		if (bpf_skb_load_bytes(skb, p->l4_off + 4, &seq, 4))
 			return 0;
+		/* The same SYN-ACK again: the endpoint retransmits it to a
+		 * client that never acknowledged it (a blind one's) for up to
+		 * a minute, and each would renew a half open hold. */
+		if ((rv->flags & XLB_REV_EISN) && rv->eisn == seq)
+			return XLB_SYNACK_AGAIN;
+		rv->eisn = seq;
 		rv->isn = bpf_htonl(bpf_ntohl(ack) - 1);
-		rv->flags |= XLB_REV_ISN | XLB_REV_SYNACK;
+		rv->flags |= XLB_REV_ISN | XLB_REV_SYNACK | XLB_REV_EISN;
 		return 0;
 	}
-	if (!(rv->flags & XLB_REV_SYNACK))
-		return 0;
-	if ((__s32)(bpf_ntohl(ack) - bpf_ntohl(rv->isn) - 1) > 0)
+	if ((rv->flags & XLB_REV_SYNACK) && (__s32)(bpf_ntohl(ack) - bpf_ntohl(rv->isn) - 1) > 0)
 		return 1;
 	__u8 doff;
 	__u16 len;
@@ -738,12 +776,14 @@ static __noinline int xlb_back(struct __sk_buff *skb, struct pkt *p, __u64 flags
 	if (flags && p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_SYN | TCP_ACK)) == (TCP_SYN | TCP_ACK) &&
 	    (ct->flags & (CT_RST | CT_RST_REPLY | CT_RST_LOCAL)) == CT_RST)
 		ct->flags &= ~CT_RST;
-	if (p->proto != IPPROTO_TCP || xlb_shows_connection(skb, p, rvp))
+	int shown = p->proto != IPPROTO_TCP ? 1 : xlb_shows_connection(skb, p, rvp);
+	if (shown == 1)
 		rvp->flags &= ~XLB_REV_HALF_OPEN;
 	ct_refresh(ct, p, 0);
 	if (flags && p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_RST))
 		ct->flags |= CT_RST_LOCAL;
-	xlb_hold(rvp, ct);
+	if (shown != XLB_SYNACK_AGAIN || !(rvp->flags & XLB_REV_HALF_OPEN))
+		xlb_hold(rvp, ct);
 
 	if (flags) {
 		if (bpf_skb_adjust_room(skb, -(int)sizeof(struct ipv6hdr), BPF_ADJ_ROOM_MAC, flags) ||

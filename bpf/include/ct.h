@@ -210,7 +210,7 @@ struct xlb_rev_val {
 	__u32 isn;
 	__u32 flags;
 	/* The endpoint's SYN-ACK's sequence number (network order, with
-	 * XLB_REV_SYNACK): the client that acknowledges exactly it saw the
+	 * XLB_REV_EISN): the client that acknowledges exactly it saw the
 	 * SYN-ACK (xlb_client_saw_synack). */
 	__u32 eisn;
 	__u32 pad;
@@ -231,6 +231,14 @@ struct xlb_rev_val {
 #define XLB_REV_ISN 2
 /* isn is the one the endpoint's SYN-ACK acknowledged (its request's). */
 #define XLB_REV_SYNACK 4
+/* eisn is the endpoint's SYN-ACK's. Its own flag, not XLB_REV_SYNACK:
+ * mappings of layout version 2 have that one with no eisn (0), and an ACK
+ * of 1 would have ended their half open state. */
+#define XLB_REV_EISN 8
+/* Migrated from layout version 2 while half open: it may be an honest
+ * connection nobody spoke on (no eisn to prove it), and the sweep keeps
+ * it while its entry lives. Any rewrite drops it. */
+#define XLB_REV_V2 16
 
 /* Not an LRU, as lace_snat: an eviction freed an idle live flow's port,
  * and a SYN flood toward a few endpoints evicted them at will. Full, it

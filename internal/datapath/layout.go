@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -39,11 +40,14 @@ func init() {
 	RegisterMigration(Migration{Map: "lace_xlb_rev", From: 1, Convert: func(k, v []byte) ([]byte, []byte, bool) {
 		return k, append(append([]byte(nil), v...), make([]byte, 8)...), true
 	}})
-	// Version 2's mappings carry no SYN-ACK of the endpoint: a half open
-	// one stays so until the endpoint shows a connection, as before.
-	RegisterMigration(Migration{Map: "lace_xlb_rev", From: 2, Convert: func(k, v []byte) ([]byte, []byte, bool) {
-		return k, append(append([]byte(nil), v...), make([]byte, 8)...), true
-	}})
+	// Version 2's mappings carry no SYN-ACK of the endpoint (no
+	// XLB_REV_EISN): no client's ACK ends their half open state. A half
+	// open one with an assured entry may be a blind client's or an honest
+	// connection nobody spoke on yet: it keeps its hold (cut short, it
+	// would go first to early drop, which resets it at the endpoint; its
+	// next packet cuts it, xlb_hold), and XLB_REV_V2 keeps it from the
+	// sweep while its entry lives.
+	RegisterMigration(Migration{Map: "lace_xlb_rev", From: 2, Convert: xlbRevFromV2})
 }
 
 // statefulMaps hold state only the data plane has: kept across a change
@@ -494,3 +498,13 @@ func createPinned(meta *ebpf.Map, name, path string, ms *ebpf.MapSpec) error {
 // afterMigrationRecordForTest, when set, runs between a migration's
 // record and its rename (a test crashes there).
 var afterMigrationRecordForTest func(name string) error
+
+// xlbRevFromV2 converts a lace_xlb_rev value of layout version 2 (56
+// bytes, flags at 52) to version 3.
+func xlbRevFromV2(k, v []byte) ([]byte, []byte, bool) {
+	nv := append(append([]byte(nil), v...), make([]byte, 8)...)
+	if len(v) == 56 && binary.NativeEndian.Uint32(v[52:56])&xlbRevHalfOpen != 0 {
+		binary.NativeEndian.PutUint32(nv[52:56], binary.NativeEndian.Uint32(v[52:56])|xlbRevV2)
+	}
+	return k, nv, true
+}

@@ -570,6 +570,13 @@ func TestXLBEndpointAnswers(t *testing.T) {
 		c.answerSeg(p, 0x10, 0x55555555, nil)
 		halfOpen(t, c, p, true, "an ACK with no SYN-ACK before it")
 	})
+	// Data, though, only a connection sends (one revived by a segment
+	// after its mapping was gone has no SYN-ACK recorded).
+	t.Run("data with no SYN-ACK shows a connection", func(t *testing.T) {
+		c, p := setup(t)
+		c.answerSeg(p, 0x18, 0x55555555, []byte("hello"))
+		halfOpen(t, c, p, false, "the endpoint's data with no SYN-ACK before it")
+	})
 	t.Run("an ACK of the client's data shows a connection", func(t *testing.T) {
 		c, p := setup(t)
 		c.answer(p, 0x12)

@@ -24,10 +24,18 @@ import (
 //     another node): stale when no live entry of its client's flow holds
 //     the port and the mapping itself expired. xlb_port (underlay.c) holds
 //     a mapping whose entry was lost until its own expiry too, but takes a
-//     half open one at once: the sweep leaves those to it. A half open
-//     mapping past its own hold (CT_NEW_IN after its last packet) is
-//     stale whoever names it: a blind client's entry, assured by an ACK
-//     the endpoint never took, lives for hours.
+//     half open one at once (a SYN, with a reset ahead, once the endpoint
+//     answered). A half open mapping past its own hold (CT_NEW_IN after
+//     its last packet) is stale whoever names it: nobody showed a
+//     connection on it (the client's ACK of the endpoint's SYN-ACK, the
+//     endpoint's data), and a blind client's entry, assured by an ACK the
+//     endpoint never took, lives for hours. (One migrated from layout
+//     version 2 half open, XLB_REV_V2, may be an honest connection nobody
+//     spoke on, with nothing recorded to prove it: kept while its entry
+//     lives. Deleted, a mapping asks no reset ahead of the next flow on
+//     its port: a request the endpoint still holds then answers that
+//     flow's SYN with an ACK, the client resets it, and its SYN's
+//     retransmission gets through.)
 //
 // Returns how many it deleted.
 func (d *Datapath) ReclaimSNAT() (int, error) {
@@ -52,15 +60,23 @@ func (d *Datapath) reclaimPodSNAT(now uint64) (int, error) {
 	})
 }
 
-// xlbRevHalfOpen is XLB_REV_HALF_OPEN (ct.h).
-const xlbRevHalfOpen = 1
+// xlbRevHalfOpen is XLB_REV_HALF_OPEN (ct.h), and xlbHalfOpenHold how
+// long a half open mapping is held after its last packet (CT_NEW_IN).
+const (
+	xlbRevHalfOpen  = 1
+	xlbRevEISN      = 8  // XLB_REV_EISN
+	xlbRevV2        = 16 // XLB_REV_V2
+	xlbHalfOpenHold = 5e9
+)
 
 func (d *Datapath) reclaimXLB(now uint64) (int, error) {
 	return sweepStale(d.underlay.LaceXlbRev, "lace_xlb_rev", func(k underlayXlbRevKey, v underlayXlbRevVal) (bool, error) {
 		if v.Expires >= now {
 			return false, nil
 		}
-		if v.Flags&xlbRevHalfOpen != 0 {
+		// Past its hold and still half open: nobody showed a
+		// connection (a blind client's), unless it was migrated so.
+		if v.Flags&xlbRevHalfOpen != 0 && v.Flags&(xlbRevV2|xlbRevEISN) != xlbRevV2 {
 			return true, nil
 		}
 		ck := podCtKey{NetId: v.ExtNet, Family: k.Family, Proto: k.Proto, Lport: v.Fport, Rport: v.Cport, Laddr: v.Front, Raddr: v.Client}

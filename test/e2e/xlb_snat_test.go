@@ -189,7 +189,7 @@ func TestBlindClientHoldsNodePortSeconds(t *testing.T) {
 	defer honest.Close()
 	honestAddr := netip.MustParseAddrPort(honest.LocalAddr().String())
 	eventually(t, 10*time.Second, "n1 sees the honest client's ACK of the endpoint's SYN-ACK", func() error {
-		m, err := nodePortMappingOf(t, "n1", honestAddr)
+		m, err := nodePortMappingOf(t, "n1", dst, honestAddr)
 		if err != nil {
 			return err
 		}
@@ -216,7 +216,7 @@ func TestBlindClientHoldsNodePortSeconds(t *testing.T) {
 		}
 		return nil
 	})
-	m, err := nodePortMappingOf(t, "n1", blind)
+	m, err := nodePortMappingOf(t, "n1", dst, blind)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,8 +245,10 @@ func flowOf(t *testing.T, node string, dst, client netip.AddrPort) (datapath.Flo
 	return datapath.Flow{}, false
 }
 
-// nodePortMappingOf is node's node port mapping of client's flow.
-func nodePortMappingOf(t *testing.T, node string, client netip.AddrPort) (datapath.NodePortMapping, error) {
+// nodePortMappingOf is node's node port mapping of client's flow to
+// frontend dst (an earlier test's client may have had the same address
+// and port, toward another frontend).
+func nodePortMappingOf(t *testing.T, node string, dst, client netip.AddrPort) (datapath.NodePortMapping, error) {
 	t.Helper()
 	dp, err := datapath.Load(filepath.Join(labConfig().NodeRoot(node), "sys/fs/bpf/lace"))
 	if err != nil {
@@ -258,7 +260,7 @@ func nodePortMappingOf(t *testing.T, node string, client netip.AddrPort) (datapa
 		t.Fatalf("node port mappings of %s: %v", node, err)
 	}
 	for _, m := range ms {
-		if m.Client == client {
+		if m.Client == client && m.Frontend == dst {
 			return m, nil
 		}
 	}
