@@ -24,12 +24,7 @@ import (
 func TestXLBBlindClientHeldSeconds(t *testing.T) {
 	remote := netip.MustParseAddr("10.70.2.5")
 	c := newXLBClient(t, remote)
-	c.send(0x02)
-	p := nodePortFlow(t, c.d, c.client).SNATPort
-	if p < snatPortMin {
-		t.Fatalf("the flow holds node port %d", p)
-	}
-	c.answer(p, 0x12)
+	p := c.answered()
 	c.blind(0x10)
 	f := nodePortFlow(t, c.d, c.client)
 	now, err := monotonicNow()
@@ -150,9 +145,7 @@ func TestXLBRevMigratesFromV2(t *testing.T) {
 func TestXLBSynAckAgainNoHold(t *testing.T) {
 	remote := netip.MustParseAddr("10.70.2.5")
 	c := newXLBClient(t, remote)
-	c.send(0x02)
-	p := nodePortFlow(t, c.d, c.client).SNATPort
-	c.answer(p, 0x12)
+	p := c.answered()
 	var v underlayXlbRevVal
 	key := xlbRevKey(remote, p)
 	if err := c.d.underlay.LaceXlbRev.Lookup(key, &v); err != nil {
@@ -262,14 +255,8 @@ func fillXLBRevHalf(t *testing.T, d *Datapath, now uint64) {
 func TestXLBLostEntryACKShowsConnection(t *testing.T) {
 	remote := netip.MustParseAddr("10.70.2.5")
 	c := newXLBClient(t, remote)
-	c.send(0x02)
-	p := nodePortFlow(t, c.d, c.client).SNATPort
-	c.answer(p, 0x12)
-	takeSNATEntries(t, c.d)
-	c.send(0x10)
-	if f := nodePortFlow(t, c.d, c.client); f.SNATPort != p {
-		t.Fatalf("the ACK after the entry was lost left from port %d, want %d: the test cannot tell", f.SNATPort, p)
-	}
+	p := c.answered()
+	c.afterLoss(p, 0x10)
 	if _, half := xlbRevOf(t, c.d, remote, p); half {
 		t.Error("the client's ACK of the SYN-ACK, its entry lost, left the mapping half open")
 	}
@@ -316,14 +303,8 @@ func TestXLBSegmentTakesNoAnsweredPort(t *testing.T) {
 func TestXLBSameSYNKeepsSynAck(t *testing.T) {
 	remote := netip.MustParseAddr("10.70.2.5")
 	c := newXLBClient(t, remote)
-	c.send(0x02)
-	p := nodePortFlow(t, c.d, c.client).SNATPort
-	c.answer(p, 0x12)
-	takeSNATEntries(t, c.d)
-	c.send(0x02)
-	if f := nodePortFlow(t, c.d, c.client); f.SNATPort != p {
-		t.Fatalf("the SYN again left from port %d, want %d: the test cannot tell", f.SNATPort, p)
-	}
+	p := c.answered()
+	c.afterLoss(p, 0x02)
 	var v underlayXlbRevVal
 	if err := c.d.underlay.LaceXlbRev.Lookup(xlbRevKey(remote, p), &v); err != nil {
 		t.Fatal(err)

@@ -15,9 +15,7 @@ import (
 func TestXLBMigratedHalfOpenNotEndedByACK1(t *testing.T) {
 	remote := netip.MustParseAddr("10.70.2.5")
 	c := newXLBClient(t, remote)
-	c.send(0x02)
-	p := nodePortFlow(t, c.d, c.client).SNATPort
-	c.answer(p, 0x12)
+	p := c.answered()
 	var v underlayXlbRevVal
 	if err := c.d.underlay.LaceXlbRev.Lookup(xlbRevKey(remote, p), &v); err != nil {
 		t.Fatal(err)

@@ -663,6 +663,30 @@ func (c *xlbClient) answerSeg(port uint16, flags byte, ack uint32, data []byte) 
 	}
 }
 
+// answered runs the client's SYN and the endpoint's SYN-ACK, and returns
+// the flow's node port.
+func (c *xlbClient) answered() uint16 {
+	c.t.Helper()
+	c.send(0x02)
+	p := nodePortFlow(c.t, c.d, c.client).SNATPort
+	if p < snatPortMin {
+		c.t.Fatalf("the flow holds node port %d", p)
+	}
+	c.answer(p, 0x12)
+	return p
+}
+
+// afterLoss loses every client's entry (an eviction) and runs the
+// client's segment with flags, which must leave from port p still.
+func (c *xlbClient) afterLoss(p uint16, flags byte) {
+	c.t.Helper()
+	takeSNATEntries(c.t, c.d)
+	c.send(flags)
+	if f := nodePortFlow(c.t, c.d, c.client); f.SNATPort != p {
+		c.t.Fatalf("the client's %#x after its entry was lost left from port %d, want %d: the test cannot tell", flags, f.SNATPort, p)
+	}
+}
+
 // established runs the client's handshake with the endpoint (its SYN,
 // the endpoint's SYN-ACK, its ACK) and an ACK of the endpoint (a
 // connection there), and returns the flow's node port.

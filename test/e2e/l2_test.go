@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -19,7 +18,6 @@ import (
 
 	ipamclaimsv1 "github.com/lace-cni/lace/api/ipamclaims/v1alpha1"
 	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
-	"github.com/lace-cni/lace/internal/datapath"
 	"github.com/lace-cni/lace/internal/model/ipam"
 	"github.com/lace-cni/lace/internal/netutil"
 	"github.com/lace-cni/lace/internal/tables"
@@ -391,10 +389,7 @@ func TestL2OverlapIsolated(t *testing.T) {
 // and FDB entries.
 func nodeL2Entries(t *testing.T, node string, id uint32) (neigh, fdb int) {
 	t.Helper()
-	dp, err := datapath.Load(filepath.Join(labConfig().NodeRoot(node), "sys/fs/bpf/lace"))
-	if err != nil {
-		t.Fatalf("open the data plane of %s: %v", node, err)
-	}
+	dp := openNodeDatapath(t, node)
 	defer dp.Close()
 	ns, err := dp.L2Neighbors()
 	if err != nil {

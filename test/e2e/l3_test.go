@@ -272,10 +272,7 @@ func nodeForwarded(t *testing.T, node string) map[string]uint64 {
 // nodeCounters reads one set of node's data plane counters.
 func nodeCounters(t *testing.T, node, what string, read func(*datapath.Datapath) (map[string]uint64, error)) map[string]uint64 {
 	t.Helper()
-	dp, err := datapath.Load(filepath.Join(labConfig().NodeRoot(node), "sys/fs/bpf/lace"))
-	if err != nil {
-		t.Fatalf("open the data plane of %s: %v", node, err)
-	}
+	dp := openNodeDatapath(t, node)
 	defer dp.Close()
 	c, err := read(dp)
 	if err != nil {

@@ -225,13 +225,20 @@ func TestBlindClientHoldsNodePortSeconds(t *testing.T) {
 	}
 }
 
-// flowOf is clientFlow without failing: false when node has no entry.
-func flowOf(t *testing.T, node string, dst, client netip.AddrPort) (datapath.Flow, bool) {
+// openNodeDatapath opens node's pinned data plane (the caller closes it).
+func openNodeDatapath(t *testing.T, node string) *datapath.Datapath {
 	t.Helper()
 	dp, err := datapath.Load(filepath.Join(labConfig().NodeRoot(node), "sys/fs/bpf/lace"))
 	if err != nil {
 		t.Fatalf("open the data plane of %s: %v", node, err)
 	}
+	return dp
+}
+
+// flowOf is clientFlow without failing: false when node has no entry.
+func flowOf(t *testing.T, node string, dst, client netip.AddrPort) (datapath.Flow, bool) {
+	t.Helper()
+	dp := openNodeDatapath(t, node)
 	defer dp.Close()
 	flows, err := dp.Conntrack()
 	if err != nil {
@@ -250,10 +257,7 @@ func flowOf(t *testing.T, node string, dst, client netip.AddrPort) (datapath.Flo
 // and port, toward another frontend).
 func nodePortMappingOf(t *testing.T, node string, dst, client netip.AddrPort) (datapath.NodePortMapping, error) {
 	t.Helper()
-	dp, err := datapath.Load(filepath.Join(labConfig().NodeRoot(node), "sys/fs/bpf/lace"))
-	if err != nil {
-		t.Fatalf("open the data plane of %s: %v", node, err)
-	}
+	dp := openNodeDatapath(t, node)
 	defer dp.Close()
 	ms, err := dp.NodePortMappings()
 	if err != nil {
