@@ -692,12 +692,7 @@ func (c *xlbClient) afterLoss(p uint16, flags byte) {
 // connection there), and returns the flow's node port.
 func (c *xlbClient) established() uint16 {
 	c.t.Helper()
-	c.send(0x02)
-	p := nodePortFlow(c.t, c.d, c.client).SNATPort
-	if p < snatPortMin {
-		c.t.Fatalf("the flow holds node port %d", p)
-	}
-	c.answer(p, 0x12)
+	p := c.answered()
 	c.send(0x10)
 	c.answer(p, 0x10)
 	if f := nodePortFlow(c.t, c.d, c.client); !f.Assured {
