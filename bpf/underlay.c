@@ -192,7 +192,12 @@ static __always_inline int xlb_port(struct __sk_buff *skb, struct xlb_scratch *x
 	x->rv.fport = p->dport;
 	x->rv.ext_net = ext;
 	x->rv.isn = x->isn;
-	x->rv.flags = XLB_REV_HALF_OPEN | (x->syn ? XLB_REV_ISN : 0);
+	/* A UDP request may be answered any time, and no reset can go ahead
+	 * of a datagram: its mapping starts as one the endpoint answered
+	 * (XLB_REV_SYNACK), which no datagram takes before it expired (the
+	 * synack mask below), so a pending answer never reaches a new
+	 * client. */
+	x->rv.flags = XLB_REV_HALF_OPEN | (x->syn ? XLB_REV_ISN : 0) | (p->proto == IPPROTO_UDP ? XLB_REV_SYNACK : 0);
 	x->prev_flags = 0;
 	__builtin_memcpy(x->rv.client, p->saddr, 16);
 	__builtin_memcpy(x->rv.front, p->daddr, 16);
