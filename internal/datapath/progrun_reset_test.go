@@ -168,11 +168,17 @@ func xlbRevOf(t *testing.T, d *Datapath, remote netip.Addr, port uint16) (uint32
 // xlbRevKey is lace_xlb_rev's key of node port port toward remote:8080
 // (TCP).
 func xlbRevKey(remote netip.Addr, port uint16) []byte {
+	return xlbRevKeyOf(6, netip.AddrPortFrom(remote, 8080), port)
+}
+
+// xlbRevKeyOf is lace_xlb_rev's key of node port port toward IPv4
+// endpoint ep over proto.
+func xlbRevKeyOf(proto byte, ep netip.AddrPort, port uint16) []byte {
 	key := make([]byte, 24)
-	key[0], key[1] = 4, 6
+	key[0], key[1] = 4, proto
 	binary.BigEndian.PutUint16(key[2:4], port)
-	binary.BigEndian.PutUint16(key[4:6], 8080)
-	a := remote.As4()
+	binary.BigEndian.PutUint16(key[4:6], ep.Port())
+	a := ep.Addr().As4()
 	copy(key[8:12], a[:])
 	return key
 }

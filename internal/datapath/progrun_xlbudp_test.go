@@ -1,7 +1,6 @@
 package datapath
 
 import (
-	"encoding/binary"
 	"net/netip"
 	"testing"
 )
@@ -18,15 +17,7 @@ func TestXLBPendingUDPAnswerKept(t *testing.T) {
 	d := progPodDatapath(t)
 	client, be := netip.MustParseAddr("203.0.113.5"), netip.MustParseAddr("10.70.2.5")
 	nport := revfragNodePort(t, d, client, be)
-	key := func(port uint16) []byte {
-		k := make([]byte, 24)
-		k[0], k[1] = 4, 17
-		binary.BigEndian.PutUint16(k[2:4], port)
-		binary.BigEndian.PutUint16(k[4:6], 9300)
-		a := be.As4()
-		copy(k[8:12], a[:])
-		return k
-	}
+	key := func(port uint16) []byte { return xlbRevKeyOf(17, netip.AddrPortFrom(be, 9300), port) }
 	var tmpl underlayXlbRevVal
 	if err := d.underlay.LaceXlbRev.Lookup(key(nport), &tmpl); err != nil {
 		t.Fatalf("the request's mapping: %v", err)
