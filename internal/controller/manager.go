@@ -7,9 +7,13 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"reflect"
+	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -20,6 +24,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	ipamclaimsv1 "github.com/lace-cni/lace/api/ipamclaims/v1alpha1"
+	lacev1 "github.com/lace-cni/lace/api/v1alpha1"
 	"github.com/lace-cni/lace/internal/model/ipam"
 	"github.com/lace-cni/lace/pkg/scheme"
 )
@@ -65,11 +71,16 @@ func DefaultOptions() Options {
 	}
 }
 
-// WaitForAPIServer returns once the API server answers discovery (or ctx
-// ends). Building the manager needs it (the cache's types are looked up
-// at once), and failing there would make a controller that starts during
-// an outage, or on a node cut off from the API server, crash-loop until
-// it is back; this waits instead, as kube-controller-manager does.
+// WaitForAPIServer returns once the API server answers discovery and
+// serves every kind of the CRDs the controller watches (or ctx ends).
+// Building the manager needs it (the cache's types are looked up at
+// once), and failing there would make a controller that starts during an
+// outage, or on a node cut off from the API server, crash-loop until it
+// is back; this waits instead, as kube-controller-manager does. The
+// kinds are awaited too because a restarted API server answers /version
+// before its CRD handler has synced: a controller that lost its Lease in
+// the outage and started again then found no NetworkEndpoint kind and
+// exited a second time.
 //
 // Meanwhile healthAddr (when not "" or "0") answers the kubelet's probes:
 // alive, not ready. Without it the liveness probe would restart a
@@ -88,17 +99,19 @@ func WaitForAPIServer(ctx context.Context, cfg *rest.Config, healthAddr string, 
 		defer stop()
 	}
 	delay := 500 * time.Millisecond
-	for logged := false; ; {
-		_, err := dc.ServerVersion()
+	for waitingFor := ""; ; {
+		err := servesCRDKinds(dc)
 		if err == nil {
-			if logged {
-				log.Info("API server reachable")
+			if waitingFor != "" {
+				log.Info("API server reachable, serving Lace's kinds")
 			}
 			return nil
 		}
-		if !logged {
+		// Logged once per distinct reason, so a long outage is one line
+		// and the step from "unreachable" to "kinds missing" shows.
+		if msg := err.Error(); msg != waitingFor {
 			log.Info("waiting for the API server", "err", err)
-			logged = true
+			waitingFor = msg
 		}
 		select {
 		case <-ctx.Done():
@@ -108,6 +121,47 @@ func WaitForAPIServer(ctx context.Context, cfg *rest.Config, healthAddr string, 
 		delay = min(2*delay, 10*time.Second)
 	}
 }
+
+// crdGroupVersions are the group versions of the scheme that CRDs serve
+// (the chart installs them), as opposed to the API server's own.
+var crdGroupVersions = []schema.GroupVersion{lacev1.GroupVersion, ipamclaimsv1.GroupVersion}
+
+// servesCRDKinds fails unless the API server answers and its discovery
+// lists every object kind of crdGroupVersions the scheme knows.
+func servesCRDKinds(dc discovery.DiscoveryInterface) error {
+	if _, err := dc.ServerVersion(); err != nil {
+		return err
+	}
+	for _, gv := range crdGroupVersions {
+		list, err := dc.ServerResourcesForGroupVersion(gv.String())
+		if err != nil {
+			return fmt.Errorf("discover %s: %w", gv, err)
+		}
+		served := map[string]bool{}
+		for _, r := range list.APIResources {
+			served[r.Kind] = true
+		}
+		var missing []string
+		for kind, t := range scheme.Scheme.KnownTypes(gv) {
+			// Lists and the option kinds every group version carries
+			// are no resources of their own.
+			if strings.HasSuffix(kind, "List") || !reflect.PointerTo(t).Implements(objectType) {
+				continue
+			}
+			if !served[kind] {
+				missing = append(missing, kind)
+			}
+		}
+		if len(missing) > 0 {
+			slices.Sort(missing)
+			return fmt.Errorf("%s does not serve %s yet (are Lace's CRDs installed?)", gv, strings.Join(missing, ", "))
+		}
+	}
+	return nil
+}
+
+// objectType is client.Object, which every resource kind implements.
+var objectType = reflect.TypeFor[client.Object]()
 
 // serveWaiting answers /healthz (alive) and nothing else (not ready) on
 // addr until stop returns.
