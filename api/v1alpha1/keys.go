@@ -67,6 +67,12 @@ const (
 	// (capped), so a rolling restart moves no LoadBalancer VIP. The next
 	// agent's first renewal removes it.
 	AnnotationRestartGrace = "lace-cni.io/restart-grace"
+	// AnnotationRenewWait is on an agent's heartbeat Lease, written by
+	// the agent at each renewal (a Go duration): how long its previous
+	// renewal waited for the API server's answer. The agent renews again
+	// only once a renewal answered, so the others credit its silence
+	// that much (at most a lease duration).
+	AnnotationRenewWait = "lace-cni.io/renew-wait"
 	// AnnotationMigrationTargetReady is KubeVirt's, on a live
 	// migration's target pod (virt-launcher): the time the target was
 	// ready to run the VM. Read by lace-agent: the VM's MAC moves to the

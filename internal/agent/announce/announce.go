@@ -93,6 +93,9 @@ type Announcer struct {
 	mu      sync.Mutex
 	seen    map[string]leaseSeen // node -> its Lease's last change, locally
 	renewed time.Time            // own Lease's last successful renewal
+	// took is how long that renewal waited for its answer: the credit
+	// every peer's silence gets (see alive).
+	took time.Duration
 	// lease is the own Lease as this agent last wrote it (nil: read it
 	// from the API server first).
 	lease *coordinationv1.Lease
@@ -132,6 +135,11 @@ type leaseSeen struct {
 	// stale: first seen with a renewTime already older than its grace
 	// (by this node's clock): a grace left behind, not honoured again.
 	stale bool
+	// lapsed: judged silent past its grace. Final until the Lease is
+	// renewed again: the credit for slow answers (see alive) grows and
+	// shrinks with the API server's latency, and must not revive a
+	// peer already taken over.
+	lapsed bool
 }
 
 // tick is how often announcements are decided: a few times per lease
@@ -242,7 +250,7 @@ func (an *Announcer) renew(ctx context.Context, now time.Time, force bool) bool 
 		an.lastOK = false
 		return false
 	}
-	an.renewed, an.lastOK = now, true
+	an.renewed, an.lastOK, an.took = now, true, an.now().Sub(now)
 	return true
 }
 
@@ -284,14 +292,15 @@ func (an *Announcer) updateLease(ctx context.Context, now time.Time, grace strin
 	l.Spec.HolderIdentity = ptr.To(an.opts.NodeName)
 	l.Spec.LeaseDurationSeconds = ptr.To(int32((an.duration + time.Second - 1) / time.Second))
 	l.Spec.RenewTime = &metav1.MicroTime{Time: now}
+	if l.Annotations == nil {
+		l.Annotations = map[string]string{}
+	}
 	if grace != "" {
-		if l.Annotations == nil {
-			l.Annotations = map[string]string{}
-		}
 		l.Annotations[lacev1.AnnotationRestartGrace] = grace
 	} else {
 		delete(l.Annotations, lacev1.AnnotationRestartGrace)
 	}
+	l.Annotations[lacev1.AnnotationRenewWait] = an.took.Round(time.Millisecond).String()
 	var err error
 	if create {
 		err = an.client.Create(ctx, l)
@@ -376,16 +385,38 @@ func (an *Announcer) alive(ctx context.Context, now time.Time) (map[string]bool,
 		if s.stale {
 			g = an.duration
 		}
-		if judged.Sub(s.at) < g {
-			out[node] = true
-			if now.Sub(s.at) >= g && s.at.Add(g).After(an.lapseWaits) {
-				an.lapseWaits = s.at.Add(g)
-			}
+		if s.lapsed || judged.Sub(s.at) >= g+an.waitCredit(&l) {
+			s.lapsed = true
+			an.seen[node] = s
+			continue
+		}
+		out[node] = true
+		if now.Sub(s.at) >= g && s.at.Add(g).After(an.lapseWaits) {
+			an.lapseWaits = s.at.Add(g)
 		}
 	}
 	out[an.opts.NodeName] = now.Sub(an.renewed) < an.duration
 	an.logLapses(out, now, judged)
 	return out, nil
+}
+
+// waitCredit is how much past its grace a peer's silence is forgiven. A
+// peer renews again only once its last renewal answered: while the API
+// server answers slowly (a loaded machine: 1.6 s of a 2 s Lease in CI;
+// or the peer's own path to it, delayed), its renewals land that much
+// further apart than a quarter duration, and a live peer looked silent
+// for a moment past the duration. The credit is the slower of the
+// peer's last wait (AnnotationRenewWait, which shows a path slow for it
+// alone) and this agent's own (which shows at once a slowdown of the
+// API server for everyone, before the peer's next renewal can say so),
+// capped at a duration, where a renewal times out: a dead peer is taken
+// over later by as much, never by more.
+func (an *Announcer) waitCredit(l *coordinationv1.Lease) time.Duration {
+	credit := an.took
+	if d, err := time.ParseDuration(l.Annotations[lacev1.AnnotationRenewWait]); err == nil && d > credit {
+		credit = d
+	}
+	return min(credit, an.duration)
 }
 
 // logLapses logs each peer whose Lease lapsed, or is renewed again,
