@@ -38,15 +38,16 @@ import (
 func main() {
 	dur := flag.Duration("duration", 3*time.Second, fmt.Sprintf("length of each throughput and latency run (each path runs %d rounds)", rounds))
 	pods := flag.Int("pods", 100, "pods for the CNI ADD latency run")
+	runningPods := flag.Int("running-pods", 300, "pods of each burst of the running benchmark (pods to Running, beside the flannel lab)")
 	bin := flag.String("bin", "bin", "directory of the Lace binaries")
-	only := flag.String("only", "forwarding,l2,migration,cni,netpol,failover,load,services,nodes", "benchmarks to run (comma separated)")
+	only := flag.String("only", "forwarding,l2,migration,cni,running,netpol,failover,load,services,nodes", "benchmarks to run (comma separated)")
 	var no nodeOptions
 	flag.IntVar(&no.nodes, "sim-nodes", 1000, "simulated nodes of the nodes benchmark (a lab it brings up has room for 4,000)")
 	flag.IntVar(&no.pods, "sim-pods", 30, "pods on each simulated node")
 	migrationRounds := flag.Int("migration-rounds", 3, "live migrations each way (announced, announcement lost) of the migration benchmark")
 	failoverRounds := flag.Int("failover-rounds", 3, "rounds of the L2 failover benchmark")
 	labName := flag.String("lab", "", "run on this lab, which is up already (and stays up), instead of a new one")
-	peerLab := flag.String("flannel-lab", "", "the peer cluster of the forwarding benchmark: a flannel lab (lace-lab up --cni flannel) that is up already; \"\" brings one up for the run, \"none\" measures no peer cluster")
+	peerLab := flag.String("flannel-lab", "", "the peer cluster of the forwarding, load and running benchmarks: a flannel lab (lace-lab up --cni flannel) that is up already; \"\" brings one up for the run, \"none\" measures no peer cluster")
 	var so svcOptions
 	sizes := flag.String("services", "1000,10000", "service counts of the services benchmark, each programmed from nothing")
 	flag.IntVar(&so.endpoints, "service-endpoints", 10, "endpoints per service")
@@ -76,8 +77,8 @@ func main() {
 	want := map[string]bool{}
 	for _, b := range strings.Split(*only, ",") {
 		b = strings.TrimSpace(b)
-		if !slices.Contains([]string{"forwarding", "cni", "services", "failover", "l2", "migration", "netpol", "load", "nodes"}, b) {
-			fmt.Fprintf(os.Stderr, "bench: --only: %q is not forwarding, l2, migration, cni, netpol, failover, load, services or nodes\n", b)
+		if !slices.Contains([]string{"forwarding", "cni", "running", "services", "failover", "l2", "migration", "netpol", "load", "nodes"}, b) {
+			fmt.Fprintf(os.Stderr, "bench: --only: %q is not forwarding, l2, migration, cni, running, netpol, failover, load, services or nodes\n", b)
 			os.Exit(2)
 		}
 		want[b] = true
@@ -85,7 +86,7 @@ func main() {
 	// An interrupt cancels the run, so that the deferred cleanups (lab,
 	// peer namespaces) still happen.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, *bin, *labName, *peerLab, want, *dur, *pods, *failoverRounds, *migrationRounds, so, lo, no)
+	err := run(ctx, *bin, *labName, *peerLab, want, *dur, *pods, *runningPods, *failoverRounds, *migrationRounds, so, lo, no)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -93,7 +94,7 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, bin, name, peerLab string, want map[string]bool, dur time.Duration, pods, failoverRounds, migrationRounds int, so svcOptions, lo loadOptions, no nodeOptions) error {
+func run(ctx context.Context, bin, name, peerLab string, want map[string]bool, dur time.Duration, pods, runningPods, failoverRounds, migrationRounds int, so svcOptions, lo loadOptions, no nodeOptions) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("the benchmark needs root (network namespaces, eBPF)")
 	}
@@ -126,7 +127,7 @@ func run(ctx context.Context, bin, name, peerLab string, want map[string]bool, d
 		}
 	}
 	switch {
-	case peerLab == "none" || !want["forwarding"] && !want["load"]:
+	case peerLab == "none" || !want["forwarding"] && !want["load"] && !want["running"]:
 		peerLab = ""
 	case peerLab == "":
 		// A lab name has at most 10 characters.
@@ -165,6 +166,14 @@ func run(ctx context.Context, bin, name, peerLab string, want map[string]bool, d
 			return err
 		}
 		fmt.Println()
+	}
+	if want["running"] {
+		if peerLab == "" {
+			fmt.Println("pods to Running: not measured (--flannel-lab none: no peer cluster)")
+			fmt.Println()
+		} else if err := benchRunning(ctx, name, peerLab, runningPods); err != nil {
+			return err
+		}
 	}
 	if want["netpol"] {
 		if err := benchNetpol(ctx, name, dur); err != nil {

@@ -71,6 +71,18 @@ type checkpoint struct {
 	// one may have existed (a missing or unreadable file): the agent then
 	// rebuilds it from the kernel and the API.
 	lost bool
+
+	// Group commit: changed counts the changes made to eps, saved those
+	// a finished write holds. One write at a time; the changes made while
+	// it runs are all written by the next, so a burst of ADDs (each
+	// records its endpoint twice) pays a write per round, not two per
+	// pod, each of the whole file with two fsyncs, one after the other
+	// under mu.
+	changed, saved uint64
+	saving         bool
+	savedCond      *sync.Cond // on mu; signalled when a write ends
+	// write is fsutil.WriteAtomic (tests count and fail writes).
+	write func(path string, mode os.FileMode, fill func(io.Writer) error) error
 }
 
 const checkpointFile = "endpoints.json"
@@ -83,7 +95,8 @@ func loadCheckpoint(dir string) (*checkpoint, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create state dir: %w", err)
 	}
-	c := &checkpoint{path: filepath.Join(dir, checkpointFile), eps: map[string]*Endpoint{}}
+	c := &checkpoint{path: filepath.Join(dir, checkpointFile), eps: map[string]*Endpoint{}, write: fsutil.WriteAtomic}
+	c.savedCond = sync.NewCond(&c.mu)
 	b, err := os.ReadFile(c.path)
 	if errors.Is(err, os.ErrNotExist) {
 		c.lost = true
@@ -113,27 +126,54 @@ func hostIfOf(e *Endpoint) string {
 	return e.HostIf
 }
 
-// save writes the checkpoint atomically and durably (writeAtomic: a temp
-// file in the same directory, fsync, rename, fsync of the directory): a
-// crash leaves the previous checkpoint or the new one, never a torn file.
-// The caller holds mu.
-func (c *checkpoint) save() error {
+// commit records a change the caller made to eps (holding mu) and returns
+// once a write holds it: atomically and durably (fsutil.WriteAtomic: a
+// temp file in the same directory, fsync, rename, fsync of the
+// directory), so a crash leaves the previous checkpoint or the new one,
+// never a torn file, and a change is never reported done before it is on
+// disk. While another write runs, it waits for it, and the first waiter
+// then writes everything changed meanwhile at once. A failed write fails
+// the caller whose write it was; the others try their own. The caller
+// holds mu (released while writing).
+func (c *checkpoint) commit() error {
+	c.changed++
+	mine := c.changed
+	for c.saved < mine {
+		if c.saving {
+			c.savedCond.Wait()
+			continue
+		}
+		upTo := c.changed
+		b, err := c.marshal()
+		if err != nil {
+			return err
+		}
+		c.saving = true
+		c.mu.Unlock()
+		err = c.write(c.path, 0o600, func(w io.Writer) error {
+			_, err := w.Write(b)
+			return err
+		})
+		c.mu.Lock()
+		c.saving = false
+		c.savedCond.Broadcast()
+		if err != nil {
+			return fmt.Errorf("write checkpoint: %w", err)
+		}
+		c.saved = max(c.saved, upTo)
+	}
+	return nil
+}
+
+// marshal is the checkpoint's file: its endpoints sorted by host
+// interface. The caller holds mu.
+func (c *checkpoint) marshal() ([]byte, error) {
 	list := make([]*Endpoint, 0, len(c.eps))
 	for _, e := range c.eps {
 		list = append(list, e)
 	}
 	sort.Slice(list, func(i, j int) bool { return list[i].HostIf < list[j].HostIf })
-	b, err := json.MarshalIndent(list, "", " ")
-	if err != nil {
-		return err
-	}
-	if err := fsutil.WriteAtomic(c.path, 0o600, func(w io.Writer) error {
-		_, err := w.Write(b)
-		return err
-	}); err != nil {
-		return fmt.Errorf("write checkpoint: %w", err)
-	}
-	return nil
+	return json.MarshalIndent(list, "", " ")
 }
 
 // get returns the endpoint of a container.
@@ -155,7 +195,7 @@ func (c *checkpoint) put(e Endpoint) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.eps[hostIfOf(&e)] = &e
-	return c.save()
+	return c.commit()
 }
 
 // putAll records several endpoints with one write.
@@ -165,7 +205,7 @@ func (c *checkpoint) putAll(eps []Endpoint) error {
 	for _, e := range eps {
 		c.eps[hostIfOf(&e)] = &e
 	}
-	return c.save()
+	return c.commit()
 }
 
 // remove forgets the endpoint on host interface hostIf; a missing one is
@@ -177,7 +217,7 @@ func (c *checkpoint) remove(hostIf string) error {
 		return nil
 	}
 	delete(c.eps, hostIf)
-	return c.save()
+	return c.commit()
 }
 
 func (c *checkpoint) all() []Endpoint {

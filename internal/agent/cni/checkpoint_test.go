@@ -1,0 +1,109 @@
+package cni
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lace-cni/lace/internal/fsutil"
+)
+
+// TestCheckpointGroupCommit: endpoints recorded at once (a burst of ADDs)
+// share writes of the checkpoint instead of queueing one whole-file write
+// each, and every one is on disk when its put returns.
+func TestCheckpointGroupCommit(t *testing.T) {
+	dir := t.TempDir()
+	c, err := loadCheckpoint(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var writes atomic.Int32
+	c.write = func(path string, mode os.FileMode, fill func(io.Writer) error) error {
+		writes.Add(1)
+		time.Sleep(5 * time.Millisecond) // a disk's fsyncs
+		return fsutil.WriteAtomic(path, mode, fill)
+	}
+	const n = 64
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			id := fmt.Sprintf("c%02d", i)
+			if err := c.put(Endpoint{ContainerID: id}); err != nil {
+				t.Error(err)
+				return
+			}
+			// Returned: a fresh load of the file holds it.
+			back, err := loadCheckpoint(dir)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if _, ok := back.get(id); !ok {
+				t.Errorf("put of %s returned before a write held it", id)
+			}
+		})
+	}
+	wg.Wait()
+	if w := writes.Load(); w >= n/4 {
+		t.Errorf("%d puts at once took %d writes, want fewer than %d", n, w, n/4)
+	}
+	t.Logf("%d puts at once: %d writes", n, writes.Load())
+	if got := len(c.all()); got != n {
+		t.Errorf("%d endpoints recorded, want %d", got, n)
+	}
+}
+
+// TestCheckpointFailedWrite: a write that fails fails the put whose write
+// it was; a put waiting on it writes its own change and succeeds.
+func TestCheckpointFailedWrite(t *testing.T) {
+	dir := t.TempDir()
+	c, err := loadCheckpoint(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inFirst := make(chan struct{})
+	release := make(chan struct{})
+	var calls atomic.Int32
+	c.write = func(path string, mode os.FileMode, fill func(io.Writer) error) error {
+		if calls.Add(1) == 1 {
+			close(inFirst)
+			<-release
+			return errors.New("disk full")
+		}
+		return fsutil.WriteAtomic(path, mode, fill)
+	}
+	first := make(chan error, 1)
+	go func() { first <- c.put(Endpoint{ContainerID: "a"}) }()
+	<-inFirst
+	second := make(chan error, 1)
+	go func() { second <- c.put(Endpoint{ContainerID: "b"}) }()
+	// b waits on a's write (its change counted), which then fails.
+	for {
+		c.mu.Lock()
+		waiting := c.changed == 2
+		c.mu.Unlock()
+		if waiting {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	if err := <-first; err == nil {
+		t.Error("the put whose write failed returned no error")
+	}
+	if err := <-second; err != nil {
+		t.Errorf("the put waiting on a failed write: %v, want its own write", err)
+	}
+	back, err := loadCheckpoint(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := back.get("b"); !ok {
+		t.Error("b is not on disk")
+	}
+}
