@@ -244,7 +244,14 @@ func wire(cfg *rest.Config, o Options, log *slog.Logger, dp *datapath.Datapath) 
 	log = log.With("node", o.NodeName)
 	c, reader := mgr.GetClient(), mgr.GetAPIReader()
 	rec := mgr.GetEventRecorderFor("lace-agent/" + o.NodeName)
-	node := linuxNode{ns: o.NetNS, underlay: o.UnderlayInterface, neigh: &netutil.NeighKeeper{}, kept: netutil.NewKeptNS(o.NetNS)}
+	node := linuxNode{ns: o.NetNS, underlay: o.UnderlayInterface, neigh: &netutil.NeighKeeper{}, kept: netutil.NewKeptNS(o.NetNS),
+		routes: netutil.NewOwnedRouteCache()}
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		node.routes.Watch(ctx, o.NetNS, o.UnderlayInterface, log)
+		return nil
+	})); err != nil {
+		return nil, fmt.Errorf("watch the node's routes: %w", err)
+	}
 	a = &Agent{opts: o, log: log, mgr: mgr, dp: dp, health: status.NewHealthChecks(log)}
 	a.pods, err = cni.New(cni.Options{NodeName: o.NodeName, NetNS: o.NetNS, UnderlayInterface: o.UnderlayInterface,
 		HostCgroup: o.HostCgroup, CNISocket: o.CNISocket, DelQueueDir: o.DelQueueDir, MTU: o.MTU},

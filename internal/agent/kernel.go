@@ -19,6 +19,9 @@ type linuxNode struct {
 	// asks (its addresses, the underlay link, the owned routes): opening
 	// one per call cost a setns and a socket per netlink family.
 	kept *netutil.KeptNS
+	// routes keeps the last listing of the owned routes while the
+	// namespace's route and link events say nothing changed them.
+	routes *netutil.OwnedRouteCache
 }
 
 func (n linuxNode) UnderlayAddrs() (addrs []netip.Addr, err error) {
@@ -68,15 +71,18 @@ func (n linuxNode) EnableForwarding() error {
 	return nil
 }
 
-func (n linuxNode) OwnedRoutes() (routes map[netip.Prefix]netip.Addr, err error) {
-	err = n.kept.Do(func(ns *netutil.NS) error {
-		routes, err = ns.OwnedRoutes()
-		return err
+func (n linuxNode) OwnedRoutes() (map[netip.Prefix]netip.Addr, error) {
+	return n.routes.Get(func() (routes map[netip.Prefix]netip.Addr, err error) {
+		err = n.kept.Do(func(ns *netutil.NS) error {
+			routes, err = ns.OwnedRoutes()
+			return err
+		})
+		return routes, err
 	})
-	return routes, err
 }
 
 func (n linuxNode) ReplaceOwnedRoute(dst netip.Prefix, via netip.Addr) error {
+	defer n.routes.Changed()
 	return n.kept.Do(func(ns *netutil.NS) error { return ns.ReplaceOwnedRoute(dst, via, n.underlay) })
 }
 
@@ -84,7 +90,10 @@ func (n linuxNode) KeepResolved(hops []netip.Addr) error {
 	return n.kept.Do(func(ns *netutil.NS) error { return n.neigh.Keep(ns, n.underlay, hops) })
 }
 
-func (n linuxNode) DeleteRoute(dst netip.Prefix) error { return netutil.DeleteRoute(n.ns, dst, "") }
+func (n linuxNode) DeleteRoute(dst netip.Prefix) error {
+	defer n.routes.Changed()
+	return netutil.DeleteRoute(n.ns, dst, "")
+}
 
 func (n linuxNode) SetupPod(s podnet.Spec) (podnet.Result, error) { return podnet.Setup(s) }
 
