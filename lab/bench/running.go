@@ -17,8 +17,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
+	"github.com/lace-cni/lace/lab"
 	"github.com/lace-cni/lace/lab/images"
 )
 
@@ -43,7 +45,7 @@ func benchRunning(ctx context.Context, name, peerLab string, n int) error {
 	}
 	var clusters []*cluster
 	for _, c := range []struct{ label, lab string }{{"Lace", name}, {"flannel (bridge + host-local)", peerLab}} {
-		cs, _, err := labClient(c.lab)
+		cs, err := burstClient(c.lab)
 		if err != nil {
 			return err
 		}
@@ -83,6 +85,20 @@ func benchRunning(ctx context.Context, name, peerLab string, n int) error {
 	fmt.Println("ratio = Lace / peer for latency, peer / Lace for pods/s (lower is better)")
 	fmt.Println()
 	return nil
+}
+
+// burstClient is a client of lab name that creates a burst at the API
+// server's pace: client-go's default of 5 requests a second made the first
+// runs time the client's own throttle (300 creates took a minute).
+func burstClient(name string) (kubernetes.Interface, error) {
+	c := lab.DefaultConfig()
+	c.Name = name
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig())
+	if err != nil {
+		return nil, err
+	}
+	cfg.QPS, cfg.Burst = 500, 1000
+	return kubernetes.NewForConfig(cfg)
 }
 
 // runningRun is one burst: each pod's time from its create to Running,
@@ -190,7 +206,11 @@ func runningBurst(ctx context.Context, cs kubernetes.Interface, nodes []string, 
 func deleteNamespaceAndWait(cs kubernetes.Interface, ns string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if err := cs.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil && !apierrors.IsNotFound(err) {
+	// Not forced: a pod leaves the API once its kubelet has stopped its
+	// sandbox (the CNI DEL included), so the next round starts on a
+	// machine that is done with this one. Forced, the pods left at once
+	// and their teardown ran into the other cluster's round.
+	if err := cs.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete namespace %s: %w", ns, err)
 	}
 	return waitFor(ctx, 5*time.Minute, "pods of namespace "+ns+" gone", func() error {
