@@ -148,6 +148,36 @@ func (r *stallRig) tick(dur time.Duration, which ...int) {
 	}
 }
 
+// settle runs n1 alone for phase ticks (the agents' renewals out of step
+// by as much), then both for 8, and returns what each holds then: some
+// of the 8 VIPs each.
+func (r *stallRig) settle(dur time.Duration, phase int) [2][]netip.Addr {
+	r.t.Helper()
+	for range phase {
+		r.tick(dur, 0)
+	}
+	for range 8 {
+		r.tick(dur, 0, 1)
+	}
+	before := [2][]netip.Addr{r.held(0), r.held(1)}
+	if len(before[0]) == 0 || len(before[1]) == 0 {
+		r.t.Fatalf("each node should hold some of the 8 VIPs: %v", before)
+	}
+	return before
+}
+
+// took finds a VIP an agent holds that the other held before (settle).
+func (r *stallRig) took(before [2][]netip.Addr) (agent int, vip netip.Addr, took bool) {
+	for a := range 2 {
+		for _, v := range r.held(a) {
+			if slices.Contains(before[1-a], v) {
+				return a, v, true
+			}
+		}
+	}
+	return 0, netip.Addr{}, false
+}
+
 func (r *stallRig) held(i int) []netip.Addr {
 	r.dps[i].mu.Lock()
 	defer r.dps[i].mu.Unlock()
@@ -181,26 +211,13 @@ func noTakeoverAcross(t *testing.T, dur time.Duration, phase int, stall time.Dur
 	t.Helper()
 	r := newStallRig(t, dur)
 	r.lateLand = lateLand
-	for range phase {
-		r.tick(dur, 0)
-	}
-	for range 8 {
-		r.tick(dur, 0, 1)
-	}
-	before := [2][]netip.Addr{r.held(0), r.held(1)}
-	if len(before[0]) == 0 || len(before[1]) == 0 {
-		t.Fatalf("each node should hold some of the 8 VIPs: %v", before)
-	}
+	before := r.settle(dur, phase)
 	r.stallUntil = r.now.Add(stall)
 	for i := range 40 {
 		r.tick(dur, 0, 1)
-		for a := range 2 {
-			for _, v := range r.held(a) {
-				if slices.Contains(before[1-a], v) {
-					t.Fatalf("phase %d, stall %s, late landing %t: tick %d after the stall began, n%d took %s from n%d",
-						phase, stall, lateLand, i+1, a+1, v, 2-a)
-				}
-			}
+		if a, v, took := r.took(before); took {
+			t.Fatalf("phase %d, stall %s, late landing %t: tick %d after the stall began, n%d took %s from n%d",
+				phase, stall, lateLand, i+1, a+1, v, 2-a)
 		}
 	}
 	// Both renew again and hold what they held.
@@ -271,16 +288,7 @@ func TestAnnouncerNoTakeoverWhileAnswersAreSlow(t *testing.T) {
 	const dur = pairDur
 	for phase := range 4 {
 		r := newStallRig(t, dur)
-		for range phase {
-			r.tick(dur, 0)
-		}
-		for range 8 {
-			r.tick(dur, 0, 1)
-		}
-		before := [2][]netip.Addr{r.held(0), r.held(1)}
-		if len(before[0]) == 0 || len(before[1]) == 0 {
-			t.Fatalf("each node should hold some of the 8 VIPs: %v", before)
-		}
+		before := r.settle(dur, phase)
 		slow := phase % 2
 		r.slowWrite = func(agent, write int) (land, answer time.Duration) {
 			switch {
@@ -295,12 +303,8 @@ func TestAnnouncerNoTakeoverWhileAnswersAreSlow(t *testing.T) {
 		}
 		for i := range 80 {
 			r.tick(dur, 0, 1)
-			for a := range 2 {
-				for _, v := range r.held(a) {
-					if slices.Contains(before[1-a], v) {
-						t.Fatalf("phase %d: tick %d of slow answers to n%d, n%d took %s from n%d", phase, i+1, slow+1, a+1, v, 2-a)
-					}
-				}
+			if a, v, took := r.took(before); took {
+				t.Fatalf("phase %d: tick %d of slow answers to n%d, n%d took %s from n%d", phase, i+1, slow+1, a+1, v, 2-a)
 			}
 		}
 		if r.writes[slow] < 10 {
