@@ -153,8 +153,11 @@ type Agent struct {
 	mgr  manager.Manager
 	dp   *datapath.Datapath
 
-	pods   *cni.Server
-	sync   *nodesync.Syncer
+	pods *cni.Server
+	sync *nodesync.Syncer
+	// routes is the node's owned routes' listing, which each periodic
+	// resync takes again from the kernel.
+	routes *netutil.OwnedRouteCache
 	status *status.Reporter
 	health *status.HealthChecks
 }
@@ -252,7 +255,7 @@ func wire(cfg *rest.Config, o Options, log *slog.Logger, dp *datapath.Datapath) 
 	})); err != nil {
 		return nil, fmt.Errorf("watch the node's routes: %w", err)
 	}
-	a = &Agent{opts: o, log: log, mgr: mgr, dp: dp, health: status.NewHealthChecks(log)}
+	a = &Agent{opts: o, log: log, mgr: mgr, dp: dp, health: status.NewHealthChecks(log), routes: node.routes}
 	a.pods, err = cni.New(cni.Options{NodeName: o.NodeName, NetNS: o.NetNS, UnderlayInterface: o.UnderlayInterface,
 		HostCgroup: o.HostCgroup, CNISocket: o.CNISocket, DelQueueDir: o.DelQueueDir, MTU: o.MTU},
 		o.StateDir, log, c, reader, rec, dp, node)
@@ -451,6 +454,8 @@ func (a *Agent) resync(ctx context.Context) error {
 			if err := a.pods.ReplayQueuedDels(ctx); err != nil {
 				a.log.Info("replay queued DELs", "err", err)
 			}
+			// The resync repairs what no event told of, routes too.
+			a.routes.Changed()
 			if err := a.sync.Refresh(ctx); err != nil {
 				a.log.Info("periodic resync failed", "err", err)
 			}

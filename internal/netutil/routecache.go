@@ -23,7 +23,8 @@ import (
 //     and have seen no route marked RouteProto come or go, and no change
 //     of the watched link (the kernel flushes IPv4 routes through a link
 //     taken down without an event per route);
-//   - this process wrote no route through it since (Changed);
+//   - this process wrote no route through it since, and no periodic
+//     resync asked for a listing (Changed);
 //   - the listing is younger than maxAge, a bound on anything missed.
 //
 // Otherwise Get lists them again.
@@ -65,24 +66,34 @@ func (c *OwnedRouteCache) Get(list func() (map[netip.Prefix]netip.Addr, error)) 
 }
 
 // Changed tells the cache that this process wrote or deleted an owned
-// route (or tried to): the next Get lists again. The write's own event
-// would say so too, but may come after that Get.
+// route (or tried to), or that a periodic resync wants the kernel's own
+// word: the next Get lists again. A write's own event would say so too,
+// but may come after that Get.
 func (c *OwnedRouteCache) Changed() {
 	c.mu.Lock()
 	c.routes = nil
 	c.mu.Unlock()
 }
 
-// Watch subscribes to the route and link events of the namespace at
-// nsPath until ctx ends, marking the cache dirty on each that may change
-// the owned routes: a route marked RouteProto, or a change of link. A
-// subscription that fails or ends (a receive buffer overrun in a burst)
-// leaves the cache listing every time until it is made again.
+// Watch subscribes to the route, link and address events of the
+// namespace at nsPath until ctx ends, marking the cache dirty on each that
+// may change the owned routes: a route marked RouteProto, or a change of
+// link or of its addresses (the kernel flushes the IPv4 routes through a
+// link taken down, or that lost its last IPv4 address, with no event per
+// route). A subscription that fails or ends (a receive buffer overrun in
+// a burst) leaves the cache listing every time until it is made again.
 func (c *OwnedRouteCache) Watch(ctx context.Context, nsPath, link string, log *slog.Logger) {
-	for delay := time.Second; ctx.Err() == nil; delay = min(2*delay, time.Minute) {
+	delay := time.Second
+	for ctx.Err() == nil {
+		began := time.Now()
 		err := c.watchOnce(ctx, nsPath, link)
 		if ctx.Err() != nil {
 			return
+		}
+		// Backing off is for a subscription that keeps failing, not for
+		// the overrun of a burst after an hour of quiet.
+		if time.Since(began) > time.Minute {
+			delay = time.Second
 		}
 		log.Info("route events of the node's namespace lost: listing Lace's routes at every reconcile until subscribed again",
 			"err", err, "retryIn", delay.String())
@@ -91,6 +102,7 @@ func (c *OwnedRouteCache) Watch(ctx context.Context, nsPath, link string, log *s
 			return
 		case <-time.After(delay):
 		}
+		delay = min(2*delay, time.Minute)
 	}
 }
 
@@ -106,7 +118,8 @@ func (c *OwnedRouteCache) watchOnce(ctx context.Context, nsPath, link string) er
 	// socket full while the loop below catches up.
 	routes := make(chan netlink.RouteUpdate, 1024)
 	links := make(chan netlink.LinkUpdate, 256)
-	failed := make(chan error, 2)
+	addrs := make(chan netlink.AddrUpdate, 256)
+	failed := make(chan error, 3)
 	var subscribed []func()
 	defer func() {
 		close(done)
@@ -136,6 +149,22 @@ func (c *OwnedRouteCache) watchOnce(ctx context.Context, nsPath, link string) er
 		for range links {
 		}
 	})
+	if err := netlink.AddrSubscribeWithOptions(addrs, done, netlink.AddrSubscribeOptions{Namespace: &ns, ErrorCallback: onErr}); err != nil {
+		return err
+	}
+	subscribed = append(subscribed, func() {
+		for range addrs {
+		}
+	})
+	// The link's index tells its address events from the pods' veths';
+	// unknown (0: no such link yet), every address event counts.
+	index := 0
+	if h, err := netlink.NewHandleAt(ns); err == nil {
+		if l, err := h.LinkByName(link); err == nil {
+			index = l.Attrs().Index
+		}
+		h.Close()
+	}
 	// Subscribed: anything before is covered by listing once more.
 	c.dirty.Store(true)
 	c.live.Store(true)
@@ -160,6 +189,15 @@ func (c *OwnedRouteCache) watchOnce(ctx context.Context, nsPath, link string) er
 				return errSubscriptionClosed
 			}
 			if linkEvent(u, link) {
+				index = u.Link.Attrs().Index
+				c.dirty.Store(true)
+			}
+		case u, ok := <-addrs:
+			if !ok {
+				c.dirty.Store(true)
+				return errSubscriptionClosed
+			}
+			if index == 0 || u.LinkIndex == index {
 				c.dirty.Store(true)
 			}
 		}

@@ -119,9 +119,20 @@ func TestOwnedRouteCache(t *testing.T) {
 	waitUntil(t, "the deleted owned route gone", func() bool { _, ok := get()[dst]; return !ok })
 	steady("after the route went")
 
+	// The underlay losing an address (the kernel flushes the IPv4
+	// routes through a link that lost its last IPv4 address, with no
+	// event per route): listed again.
+	before := lists.Load()
+	if err := n.h.AddrDel(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "ul", Index: mustIndex(t, n, "ul")}},
+		&netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP("fd00:78::1"), Mask: net.CIDRMask(64, 128)}}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "a listing after the underlay lost an address", func() bool { get(); return lists.Load() > before })
+
 	// The underlay link taken down flushes IPv4 routes without an event
 	// of their own: its event lists again.
-	before := lists.Load()
+	steady("after the address")
+	before = lists.Load()
 	if err := n.h.LinkSetDown(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "ul", Index: mustIndex(t, n, "ul")}}); err != nil {
 		t.Fatal(err)
 	}

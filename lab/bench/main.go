@@ -72,6 +72,10 @@ func main() {
 		so.sizes = append(so.sizes, n)
 	}
 	sort.Ints(so.sizes)
+	if *runningPods < 1 || *pods < 1 {
+		fmt.Fprintln(os.Stderr, "bench: --pods and --running-pods must be at least 1")
+		os.Exit(2)
+	}
 	so.dur = *dur
 	lo.dur, lo.kubeProxy = *dur, so.kubeProxy
 	want := map[string]bool{}

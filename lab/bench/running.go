@@ -145,25 +145,35 @@ func runningBurst(ctx context.Context, cs kubernetes.Interface, nodes []string, 
 	sem := make(chan struct{}, 8)
 	var wg sync.WaitGroup
 	errs := make([]error, n)
-	start := time.Now()
-	for i := range n {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			name := fmt.Sprintf("run-%03d", i)
-			p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-				Spec: corev1.PodSpec{NodeName: nodes[i%len(nodes)], TerminationGracePeriodSeconds: ptr.To[int64](0),
-					Containers: []corev1.Container{{Name: "pause", Image: images.PauseRef}}}}
-			t := time.Now()
-			if _, err := cs.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
-				errs[i] = fmt.Errorf("create %s: %w", name, err)
-				return
-			}
-			mu.Lock()
-			created[name] = t
-			mu.Unlock()
-		})
+	create := func(i int) {
+		defer func() { <-sem }()
+		name := fmt.Sprintf("run-%03d", i)
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Spec: corev1.PodSpec{NodeName: nodes[i%len(nodes)], TerminationGracePeriodSeconds: ptr.To[int64](0),
+				Containers: []corev1.Container{{Name: "pause", Image: images.PauseRef}}}}
+		t := time.Now()
+		if _, err := cs.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			errs[i] = fmt.Errorf("create %s: %w", name, err)
+			return
+		}
+		mu.Lock()
+		created[name] = t
+		mu.Unlock()
 	}
+	start := time.Now()
+	// Created from a goroutine of their own, so that the watch below is
+	// read from the start: a pod Running before the last create is timed
+	// when it is seen, not after.
+	var dispatch sync.WaitGroup
+	dispatch.Go(func() {
+		for i := range n {
+			sem <- struct{}{}
+			wg.Go(func() { create(i) })
+		}
+	})
+	// On an early return too, no create runs into the namespace's
+	// deletion (deferred above, so run after this).
+	defer func() { dispatch.Wait(); wg.Wait() }()
 
 	running := map[string]time.Time{}
 	timeout := time.After(5 * time.Minute)
@@ -189,6 +199,7 @@ func runningBurst(ctx context.Context, cs kubernetes.Interface, nodes []string, 
 			return runningRun{}, ctx.Err()
 		}
 	}
+	dispatch.Wait()
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return runningRun{}, err

@@ -385,7 +385,10 @@ func (an *Announcer) alive(ctx context.Context, now time.Time) (map[string]bool,
 		if s.stale {
 			g = an.duration
 		}
-		if s.lapsed || judged.Sub(s.at) >= g+an.waitCredit(&l) {
+		// The silence a peer is allowed: its grace and the credit for
+		// slow answers, for the lapse and for the forced renewal alike.
+		g += an.waitCredit(&l)
+		if s.lapsed || judged.Sub(s.at) >= g {
 			s.lapsed = true
 			an.seen[node] = s
 			continue

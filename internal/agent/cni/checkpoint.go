@@ -184,6 +184,14 @@ func (c *checkpoint) get(containerID string) (Endpoint, bool) {
 func (c *checkpoint) byHostIf(hostIf string) (Endpoint, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// What ADD, DEL and CHECK decide on must be on disk: a DEL retried
+	// while the first one's removal is being written would otherwise
+	// find nothing and report success before the removal could survive
+	// a crash. A write in flight is waited for; a failed one is not
+	// retried here (its caller failed and the runtime retries).
+	for c.saving && c.saved < c.changed {
+		c.savedCond.Wait()
+	}
 	e, ok := c.eps[hostIf]
 	if !ok {
 		return Endpoint{}, false

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/lace-cni/lace/internal/fsutil"
+	"github.com/lace-cni/lace/internal/podnet"
 )
 
 // TestCheckpointGroupCommit: endpoints recorded at once (a burst of ADDs)
@@ -105,5 +106,50 @@ func TestCheckpointFailedWrite(t *testing.T) {
 	}
 	if _, ok := back.get("b"); !ok {
 		t.Error("b is not on disk")
+	}
+}
+
+// TestCheckpointReadWaitsForWrite: a lookup made while a change is being
+// written answers once the write is done, so a retried DEL cannot report
+// success for a removal that would not survive a crash.
+func TestCheckpointReadWaitsForWrite(t *testing.T) {
+	dir := t.TempDir()
+	c, err := loadCheckpoint(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.put(Endpoint{ContainerID: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	inWrite := make(chan struct{})
+	release := make(chan struct{})
+	var written atomic.Bool
+	c.write = func(path string, mode os.FileMode, fill func(io.Writer) error) error {
+		close(inWrite)
+		<-release
+		err := fsutil.WriteAtomic(path, mode, fill)
+		written.Store(true)
+		return err
+	}
+	removed := make(chan error, 1)
+	go func() { removed <- c.remove(podnet.HostIfName("a")) }()
+	<-inWrite
+	type answer struct{ found, afterWrite bool }
+	looked := make(chan answer, 1)
+	go func() {
+		_, ok := c.get("a")
+		looked <- answer{found: ok, afterWrite: written.Load()}
+	}()
+	select {
+	case <-looked:
+		t.Fatal("a lookup answered while the removal was being written")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	if err := <-removed; err != nil {
+		t.Fatal(err)
+	}
+	if a := <-looked; a.found || !a.afterWrite {
+		t.Errorf("the lookup during the removal's write: found %t, answered after the write %t; want false, true", a.found, a.afterWrite)
 	}
 }
