@@ -123,8 +123,6 @@ func (c *OwnedRouteCache) watchOnce(ctx context.Context, nsPath, link string) er
 	var subscribed []func()
 	defer func() {
 		close(done)
-		// A subscription's reader ends once its socket closes; one
-		// blocked on a full channel needs it drained to see that.
 		for _, drain := range subscribed {
 			go drain()
 		}
@@ -138,24 +136,15 @@ func (c *OwnedRouteCache) watchOnce(ctx context.Context, nsPath, link string) er
 	if err := netlink.RouteSubscribeWithOptions(routes, done, netlink.RouteSubscribeOptions{Namespace: &ns, ErrorCallback: onErr}); err != nil {
 		return err
 	}
-	subscribed = append(subscribed, func() {
-		for range routes {
-		}
-	})
+	subscribed = append(subscribed, drainer(routes))
 	if err := netlink.LinkSubscribeWithOptions(links, done, netlink.LinkSubscribeOptions{Namespace: &ns, ErrorCallback: onErr}); err != nil {
 		return err
 	}
-	subscribed = append(subscribed, func() {
-		for range links {
-		}
-	})
+	subscribed = append(subscribed, drainer(links))
 	if err := netlink.AddrSubscribeWithOptions(addrs, done, netlink.AddrSubscribeOptions{Namespace: &ns, ErrorCallback: onErr}); err != nil {
 		return err
 	}
-	subscribed = append(subscribed, func() {
-		for range addrs {
-		}
-	})
+	subscribed = append(subscribed, drainer(addrs))
 	// The link's index tells its address events from the pods' veths';
 	// unknown (0: no such link yet), every address event counts.
 	index := 0
@@ -211,6 +200,16 @@ func ownedRouteEvent(u netlink.RouteUpdate) bool { return u.Route.Protocol == Ro
 // carry no owned route).
 func linkEvent(u netlink.LinkUpdate, link string) bool {
 	return u.Link != nil && u.Link.Attrs().Name == link
+}
+
+// drainer empties ch until it is closed: a subscription's reader ends
+// once its socket closes, and one blocked on a full channel needs it
+// drained to see that.
+func drainer[T any](ch <-chan T) func() {
+	return func() {
+		for range ch {
+		}
+	}
 }
 
 var errSubscriptionClosed = errors.New("netlink subscription closed")

@@ -21,6 +21,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/lace-cni/lace/internal/netutil"
@@ -35,14 +36,20 @@ type result struct {
 }
 
 func labClient(name string) (kubernetes.Interface, lab.Config, error) {
-	c := lab.DefaultConfig()
-	c.Name = name
-	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig())
+	cfg, c, err := labRESTConfig(name)
 	if err != nil {
 		return nil, c, err
 	}
 	cs, err := kubernetes.NewForConfig(cfg)
 	return cs, c, err
+}
+
+// labRESTConfig is the client configuration of lab name, and the lab's.
+func labRESTConfig(name string) (*rest.Config, lab.Config, error) {
+	c := lab.DefaultConfig()
+	c.Name = name
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig())
+	return cfg, c, err
 }
 
 // benchForwarding measures pod-to-pod paths of the lab beside their

@@ -17,10 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
-	"github.com/lace-cni/lace/lab"
 	"github.com/lace-cni/lace/lab/images"
 )
 
@@ -91,9 +89,7 @@ func benchRunning(ctx context.Context, name, peerLab string, n int) error {
 // server's pace: client-go's default of 5 requests a second made the first
 // runs time the client's own throttle (300 creates took a minute).
 func burstClient(name string) (kubernetes.Interface, error) {
-	c := lab.DefaultConfig()
-	c.Name = name
-	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig())
+	cfg, _, err := labRESTConfig(name)
 	if err != nil {
 		return nil, err
 	}

@@ -93,8 +93,9 @@ type Announcer struct {
 	mu      sync.Mutex
 	seen    map[string]leaseSeen // node -> its Lease's last change, locally
 	renewed time.Time            // own Lease's last successful renewal
-	// took is how long that renewal waited for its answer: the credit
-	// every peer's silence gets (see alive).
+	// took is how long that renewal waited for its answer: written on
+	// the Lease for the peers, and part of the credit each peer's
+	// silence gets here (waitCredit).
 	took time.Duration
 	// lease is the own Lease as this agent last wrote it (nil: read it
 	// from the API server first).
