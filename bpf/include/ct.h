@@ -258,9 +258,20 @@ struct {
 #define SNAT_PORT_MIN 61000
 #define SNAT_PORT_RANGE 4536
 #define SNAT_TRIES 32
+/* How long a pod's SNAT port stays with its TCP flow once the flow closed
+ * by FINs both ways and fell silent (snat_out): the last ACK passes first
+ * (the pod's, a moment after the outside host's FIN; or the host's, a
+ * round trip after the pod's). Handed on at the second FIN, the port's
+ * next flow took the pod's last ACK (dropped snat-closed), and the host,
+ * still in LAST_ACK on the tuple, answered that flow's SYN with an ACK for
+ * the old connection. Short, as a port in it is held: a pod may open
+ * thousands of connections a second to one destination (4536 ports per
+ * 0.1 s; half a second capped it near 8,000 a second). */
+#define SNAT_PORT_QUIET (NSEC / 10)
 /* How long a NodePort flow's node port stays with its flow once the flow
- * closed by FINs both ways and fell silent (xlb_port): its last ACK is on
- * the way within it. */
+ * closed by FINs both ways and fell silent (xlb_port): longer than a pod's
+ * (SNAT_PORT_QUIET), as its client is outside and anybody on the path can
+ * forge both FINs of an idle flow. */
 #define XLB_PORT_QUIET (NSEC / 2)
 
 /* SNAT exhaustion, per destination: which outside address, port and
@@ -461,15 +472,16 @@ static __always_inline int ct_closing(struct ct_val *v)
 }
 
 /* ct_port_free tells whether a live TCP entry's node port may go to
- * another flow at once: closed by FINs both ways, or reset by the side
- * that opened it (a pod of this node: the fabric cannot forge it). A
+ * another flow now: reset by the side that opened it (a pod of this node:
+ * the fabric cannot forge it), or closed by FINs both ways and silent
+ * since quiet_since (an expiry, SNAT_PORT_QUIET after CT_TCP_CLOSE). A
  * reset from the other side (which anybody on the path can forge) frees
  * the port only when the entry expires, CT_TCP_CLOSE after it if the
  * flow stays silent. */
-static __always_inline int ct_port_free(struct ct_val *v)
+static __always_inline int ct_port_free(struct ct_val *v, __u64 quiet_since)
 {
 	return ((v->flags & CT_RST) && !(v->flags & CT_RST_REPLY)) ||
-	       ((v->flags & CT_FIN_ORIG) && (v->flags & CT_FIN_REPLY));
+	       ((v->flags & CT_FIN_ORIG) && (v->flags & CT_FIN_REPLY) && v->expires <= quiet_since);
 }
 
 /* ct_update moves k's entry v on for packet p (sent by the opener or

@@ -485,19 +485,30 @@ static __noinline __attribute__((unused)) int snat_out(struct __sk_buff *skb, st
 	__builtin_memcpy(sk.raddr, p->daddr, 16);
 	struct snat_val sv = {.net_id = net_id, .lport = p->sport};
 	__builtin_memcpy(sv.laddr, p->saddr, 16);
-	if (ct && (ct->flags & CT_SNAT) && !(is_tcp_syn(p) && ct_closing(ct))) {
-		port = ct->snat_port;
-		ct_refresh(ct, p, 1);
+	int held = ct && (ct->flags & CT_SNAT) && !(is_tcp_syn(p) && ct_closing(ct));
+	if (held) {
 		/* The mapping the replies need (the agent's sweep removes only
 		 * those of flows that are over; put back if it raced). A port
 		 * another flow holds now is never shared: that flow gets the
-		 * replies, this one is over. */
-		sk.port = port;
+		 * replies, this one is over. Unless nothing answered this one
+		 * yet and p could open it (a SYN, a datagram, an echo): it
+		 * lost a race for the port (two flows judged it free at once;
+		 * the map has no compare and swap), and nobody can have
+		 * answered it from the port, so it takes another. Dropped, the
+		 * SYN's retransmissions all were, and the connect timed out. */
+		sk.port = ct->snat_port;
 		struct snat_val *cur = bpf_map_lookup_elem(&lace_snat, &sk);
-		if (!cur)
+		if (!cur) {
 			bpf_map_update_elem(&lace_snat, &sk, &sv, BPF_NOEXIST);
-		else if (!(cur->net_id == net_id && cur->lport == sv.lport && eq16(cur->laddr, sv.laddr)))
-			return drop(DROP_SNAT_CLOSED);
+		} else if (!(cur->net_id == net_id && cur->lport == sv.lport && eq16(cur->laddr, sv.laddr))) {
+			if ((ct->flags & CT_SEEN_REPLY) || (p->proto == IPPROTO_TCP && !is_tcp_syn(p)))
+				return drop(DROP_SNAT_CLOSED);
+			held = 0;
+		}
+	}
+	if (held) {
+		port = ct->snat_port;
+		ct_refresh(ct, p, 1);
 	} else {
 		/* Only a SYN opens a TCP flow: a pod's answer to a flow whose
 		 * entry is gone (a flood's SYN evicted from lace_ct_new before
@@ -507,13 +518,16 @@ static __noinline __attribute__((unused)) int snat_out(struct __sk_buff *skb, st
 			return drop(DROP_NO_FLOW);
 		/* A port is free when no live flow holds it: never used, its
 		 * flow's conntrack entry expired or evicted, or (TCP) that
-		 * flow closed by FINs both ways or its pod's reset, whose port
-		 * a new connection takes at once, as Linux's NAT reuses the
-		 * tuple of a closing connection (a reset from outside, which
+		 * flow closed by its pod's reset, whose port a new connection
+		 * takes at once, or by FINs both ways, taken once silent
+		 * SNAT_PORT_QUIET (its last ACK passed), as Linux's NAT reuses
+		 * the tuple of a closed connection (a reset from outside, which
 		 * anybody can forge, frees it only at expiry: ct_port_free).
 		 * lace_snat is no LRU: when it is full, no port is free. */
 		struct ct_key ok;
 		__u32 h = bpf_get_prandom_u32();
+		/* Worked out once, not in the loop: the verifier. */
+		__u64 quiet_since = bpf_ktime_get_ns() + CT_TCP_CLOSE - SNAT_PORT_QUIET;
 		int found = 0;
 		for (int i = 0; i < SNAT_TRIES; i++) {
 			port = bpf_htons(SNAT_PORT_MIN + (h + i) % SNAT_PORT_RANGE);
@@ -527,7 +541,7 @@ static __noinline __attribute__((unused)) int snat_out(struct __sk_buff *skb, st
 				continue;
 			if (!(cur->net_id == net_id && cur->lport == sv.lport && eq16(cur->laddr, sv.laddr))) {
 				struct ct_val *owner = snat_owner(&sk, cur, &ok);
-				if (owner && !(p->proto == IPPROTO_TCP && ct_port_free(owner)))
+				if (owner && !(p->proto == IPPROTO_TCP && ct_port_free(owner, quiet_since)))
 					continue;
 			}
 			bpf_map_update_elem(&lace_snat, &sk, &sv, BPF_ANY);

@@ -105,6 +105,63 @@ func TestCTSNATPortNeverShared(t *testing.T) {
 	}
 }
 
+// Two new flows may judge one port free at once, and the later write of
+// the mapping wins: the loser, which nothing answered yet, takes another
+// port with its next SYN or datagram (dropped snat-closed, its connect
+// timed out); once answered, or with any other segment, it is over.
+func TestCTSNATRaceLoserTakesAnotherPort(t *testing.T) {
+	for _, proto := range []byte{6, 17} {
+		d := snatDatapath(t)
+		dst := netip.MustParseAddrPort("198.51.100.7:443")
+		P := leaves(t, d, proto, 41000, dst)
+		// The winner: flow 42000 holds P, its entry live and naming P.
+		Q := leaves(t, d, proto, 42000, dst)
+		ck, cv := ctOf(t, d, proto, 42000, dst)
+		cv.SnatPort = ntohs(P)
+		for _, m := range d.ctMaps() {
+			if err := m.Update(ck, cv, ebpf.UpdateExist); err == nil {
+				break
+			}
+		}
+		winner := podSnatVal{NetId: progNet, Lport: ntohs(42000)}
+		a := progPodV4.As4()
+		copy(winner.Laddr[:], a[:])
+		if err := d.pod.LaceSnat.Put(snatKeyOf(proto, dst, P), winner); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.pod.LaceSnat.Delete(snatKeyOf(proto, dst, Q)); err != nil {
+			t.Fatal(err)
+		}
+		if proto == 6 {
+			// Not a SYN: it opens nothing, and the port is not its own.
+			moved := snatDrops(t, d, func() {
+				runPod(t, d, ether(unicastMAC, 0x0800, ipv4(progPodV4, dst.Addr(), 6, seg4(41000, 443, 0x10))))
+			})
+			if moved["snat-closed"] != 1 {
+				t.Errorf("an ACK of the loser: drops %v, want snat-closed=1", moved)
+			}
+		}
+		R := leaves(t, d, proto, 41000, dst)
+		if R == P {
+			t.Fatalf("proto %d: the loser's retry left on %d, the winner's port", proto, P)
+		}
+		if _, v := ctOf(t, d, proto, 41000, dst); ntohs(v.SnatPort) != R {
+			t.Errorf("proto %d: the loser's entry names port %d, it left on %d", proto, ntohs(v.SnatPort), R)
+		}
+		// Answered on its new port, it keeps it: the next packet leaves
+		// from R, and the winner's flow still leaves from P.
+		if v := snatReply(t, d, proto, dst, R); v != actRedirect {
+			t.Fatalf("proto %d: the reply to port %d was not delivered (%d)", proto, R, v)
+		}
+		if again := leaves(t, d, proto, 41000, dst); again != R {
+			t.Errorf("proto %d: the answered flow moved from %d to %d", proto, R, again)
+		}
+		if w := leaves(t, d, proto, 42000, dst); w != P {
+			t.Errorf("proto %d: the winner moved from %d to %d", proto, P, w)
+		}
+	}
+}
+
 // lace_snat evicts nothing: a tenant's many SNAT flows fill it and then
 // fail (snat-failed), but never take a live flow's mapping, nor its port
 // toward the same destination.

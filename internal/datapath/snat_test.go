@@ -164,7 +164,8 @@ func holdAllPorts(t *testing.T, d *Datapath, proto byte, dst netip.AddrPort, fla
 
 // TestProgSNATPortsFreed: a node port toward a destination is free again
 // as soon as the flow holding it is over (its conntrack entry gone or
-// expired, or a TCP flow closing), and only live flows exhaust a
+// expired, a TCP flow its pod reset, or one closed by FINs both ways and
+// silent half a second), and only live flows exhaust a
 // destination, which is then counted snat-failed and named in
 // lace_snat_exhausted.
 func TestProgSNATPortsFreed(t *testing.T) {
@@ -212,6 +213,25 @@ func TestProgSNATPortsFreed(t *testing.T) {
 		}
 		// Another port of the same address is another destination.
 		leaves(t, d, 6, 40003, netip.MustParseAddrPort("198.51.100.10:80"))
+	})
+
+	// FINs both ways free the port once the flow fell silent: its last
+	// ACK, on the way just after the second FIN, must still find the
+	// port its own (else the outside host stays in LAST_ACK on the
+	// tuple the next flow gets). An entry's expiry is its last packet
+	// plus 10 s once closed.
+	t.Run("a TCP flow closed by FINs, just now", func(t *testing.T) {
+		dst := netip.MustParseAddrPort("198.51.100.11:443")
+		holdAllPorts(t, d, 6, dst, ctOriginLocalSNAT|ctFinOrig|ctFinReply, now+10e9)
+		var port uint16
+		if moved := snatDrops(t, d, func() { port = snatOut(t, d, 6, 40004, dst) }); port != 0 || moved["snat-failed"] != 1 {
+			t.Fatalf("node port %d, drops %v; want no port, snat-failed=1: every flow's last ACK may be on the way", port, moved)
+		}
+	})
+	t.Run("a TCP flow closed by FINs, silent a second", func(t *testing.T) {
+		dst := netip.MustParseAddrPort("198.51.100.12:443")
+		holdAllPorts(t, d, 6, dst, ctOriginLocalSNAT|ctFinOrig|ctFinReply, now+9e9)
+		leaves(t, d, 6, 40005, dst)
 	})
 }
 
