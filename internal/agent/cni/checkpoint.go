@@ -80,7 +80,10 @@ type checkpoint struct {
 	// under mu.
 	changed, saved uint64
 	saving         bool
-	savedCond      *sync.Cond // on mu; signalled when a write ends
+	// reserving counts changes made by reserve whose waits have not
+	// returned: lookups wait for them as for a write in flight.
+	reserving int
+	savedCond *sync.Cond // on mu; signalled when a write or a reservation ends
 	// write is fsutil.WriteAtomic (tests count and fail writes).
 	write func(path string, mode os.FileMode, fill func(io.Writer) error) error
 }
@@ -127,7 +130,13 @@ func hostIfOf(e *Endpoint) string {
 }
 
 // commit records a change the caller made to eps (holding mu) and returns
-// once a write holds it: atomically and durably (fsutil.WriteAtomic: a
+// once a write holds it (flush).
+func (c *checkpoint) commit() error {
+	c.changed++
+	return c.flush(c.changed)
+}
+
+// flush returns once a write holds change mine: atomically and durably (fsutil.WriteAtomic: a
 // temp file in the same directory, fsync, rename, fsync of the
 // directory), so a crash leaves the previous checkpoint or the new one,
 // never a torn file, and a change is never reported done before it is on
@@ -135,9 +144,7 @@ func hostIfOf(e *Endpoint) string {
 // then writes everything changed meanwhile at once. A failed write fails
 // the caller whose write it was; the others try their own. The caller
 // holds mu (released while writing).
-func (c *checkpoint) commit() error {
-	c.changed++
-	mine := c.changed
+func (c *checkpoint) flush(mine uint64) error {
 	for c.saved < mine {
 		if c.saving {
 			c.savedCond.Wait()
@@ -187,9 +194,12 @@ func (c *checkpoint) byHostIf(hostIf string) (Endpoint, bool) {
 	// What ADD, DEL and CHECK decide on must be on disk: a DEL retried
 	// while the first one's removal is being written would otherwise
 	// find nothing and report success before the removal could survive
-	// a crash. A write in flight is waited for; a failed one is not
-	// retried here (its caller failed and the runtime retries).
-	for c.saving && c.saved < c.changed {
+	// a crash. The changes made before the lookup are waited for while a
+	// write or a reservation is in flight (the next write holds them
+	// all; later changes do not hold the lookup up, so a burst of ADDs
+	// cannot starve it); a failed write is not retried here (its caller
+	// failed and the runtime retries).
+	for target := c.changed; c.saved < target && (c.saving || c.reserving > 0); {
 		c.savedCond.Wait()
 	}
 	e, ok := c.eps[hostIf]
@@ -204,6 +214,29 @@ func (c *checkpoint) put(e Endpoint) error {
 	defer c.mu.Unlock()
 	c.eps[hostIfOf(&e)] = &e
 	return c.commit()
+}
+
+// reserve records e at once (used sees its addresses) and returns a wait
+// that returns once a write holds it. An ADD picks its addresses and
+// reserves them under addLock, and waits for the disk outside it, so ADDs
+// at once share writes as puts do; a put under addLock wrote once per ADD,
+// one after the other. The wait must be called, and once.
+func (c *checkpoint) reserve(e Endpoint) (wait func() error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.eps[hostIfOf(&e)] = &e
+	c.changed++
+	c.reserving++
+	mine := c.changed
+	return func() error {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		defer func() {
+			c.reserving--
+			c.savedCond.Broadcast()
+		}()
+		return c.flush(mine)
+	}
 }
 
 // putAll records several endpoints with one write.

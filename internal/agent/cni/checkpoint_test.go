@@ -153,3 +153,98 @@ func TestCheckpointReadWaitsForWrite(t *testing.T) {
 		t.Errorf("the lookup during the removal's write: found %t, answered after the write %t; want false, true", a.found, a.afterWrite)
 	}
 }
+
+// TestCheckpointReservationsShareWrites: ADDs reserve their addresses one
+// at a time under a lock (as addLock) and wait for the disk outside it, so
+// reservations at once share writes; each is on disk when its wait
+// returns. A put under the lock wrote once per ADD, one after another.
+func TestCheckpointReservationsShareWrites(t *testing.T) {
+	dir := t.TempDir()
+	c, err := loadCheckpoint(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var writes atomic.Int32
+	c.write = func(path string, mode os.FileMode, fill func(io.Writer) error) error {
+		writes.Add(1)
+		time.Sleep(5 * time.Millisecond) // a disk's fsyncs
+		return fsutil.WriteAtomic(path, mode, fill)
+	}
+	const n = 64
+	var addLock sync.Mutex
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			id := fmt.Sprintf("c%02d", i)
+			addLock.Lock()
+			wait := c.reserve(Endpoint{ContainerID: id})
+			addLock.Unlock()
+			if err := wait(); err != nil {
+				t.Error(err)
+				return
+			}
+			back, err := loadCheckpoint(dir)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if _, ok := back.get(id); !ok {
+				t.Errorf("the reservation of %s returned before a write held it", id)
+			}
+		})
+	}
+	wg.Wait()
+	if w := writes.Load(); w >= n/4 {
+		t.Errorf("%d reservations at once took %d writes, want fewer than %d", n, w, n/4)
+	}
+	t.Logf("%d reservations at once: %d writes", n, writes.Load())
+}
+
+// TestCheckpointReadWaitsForReservation: a lookup made while a reservation
+// is not on disk yet answers once a write holds it, and is not held up by
+// reservations made after it began (a burst of ADDs cannot starve it).
+func TestCheckpointReadWaitsForReservation(t *testing.T) {
+	dir := t.TempDir()
+	c, err := loadCheckpoint(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var writes atomic.Int32
+	c.write = func(path string, mode os.FileMode, fill func(io.Writer) error) error {
+		writes.Add(1)
+		return fsutil.WriteAtomic(path, mode, fill)
+	}
+	waitA := c.reserve(Endpoint{ContainerID: "a"})
+	looked := make(chan int32, 1)
+	go func() {
+		if _, ok := c.get("a"); !ok {
+			t.Error("the reserved endpoint was not found")
+		}
+		looked <- writes.Load()
+	}()
+	select {
+	case <-looked:
+		t.Fatal("a lookup answered before the reservation was written")
+	case <-time.After(50 * time.Millisecond):
+	}
+	// b is reserved after the lookup began, and its wait not called yet.
+	waitB := c.reserve(Endpoint{ContainerID: "b"})
+	if err := waitA(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case w := <-looked:
+		if w != 1 {
+			t.Errorf("the lookup answered after %d writes, want 1", w)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the lookup waited on a reservation made after it began")
+	}
+	// a's write held b too: b's wait writes nothing more.
+	if err := waitB(); err != nil {
+		t.Fatal(err)
+	}
+	if w := writes.Load(); w != 1 {
+		t.Errorf("%d writes for two reservations made before the first wait, want 1", w)
+	}
+}

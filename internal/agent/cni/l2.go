@@ -70,7 +70,12 @@ func (s *Server) l2Endpoint(ctx context.Context, req *cniapi.Request, pod *corev
 		e.Gateways = append(e.Gateways, ipam.L2Gateway(p))
 	}
 	s.addLock.Lock()
-	defer s.addLock.Unlock()
+	locked := true
+	defer func() {
+		if locked {
+			s.addLock.Unlock()
+		}
+	}()
 	// The node reaches each of its pods by its address alone (a host
 	// route): an address another pod on the node holds, in whatever
 	// network, or the node's own, cannot be this pod's here.
@@ -97,7 +102,10 @@ func (s *Server) l2Endpoint(ctx context.Context, req *cniapi.Request, pod *corev
 			return Endpoint{}, cniErr(code, "address %s of l2 network %s is in use on node %s by %s", ad, nw.Name, s.opts.NodeName, who)
 		}
 	}
-	return e, s.cp.put(e)
+	wait := s.cp.reserve(e)
+	s.addLock.Unlock()
+	locked = false
+	return e, wait()
 }
 
 // l2Subnet is nw's subnet of a family.

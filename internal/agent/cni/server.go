@@ -308,9 +308,9 @@ func (s *Server) l3Endpoint(ctx context.Context, req *cniapi.Request, pod *corev
 		e.Addrs = append(e.Addrs, ad)
 		e.Gateways = append(e.Gateways, gateway(bl.Prefix))
 	}
-	err = s.cp.put(e)
+	wait := s.cp.reserve(e)
 	s.addLock.Unlock()
-	return e, err
+	return e, wait()
 }
 
 // encapOverhead is what SRv6 reduced encapsulation adds to a pod's packet:
