@@ -80,6 +80,10 @@ struct ct_val {
  * flow is assured), ignore the pod's reset and send one more ACK, and
  * hold an established 6 h entry in lace_ct for four packets. */
 #define CT_RST_LOCAL 4096
+/* With CT_FIN_REPLY: the other side's FIN came before the opener's, so
+ * the last ACK is the other side's, a round trip after the opener's FIN
+ * (ct_port_free). */
+#define CT_FIN_REPLY_FIRST 8192
 
 #define NSEC 1000000000ULL
 /* Timeouts: TCP as the kernel's conntrack orders them (an unanswered
@@ -259,15 +263,18 @@ struct {
 #define SNAT_PORT_RANGE 4536
 #define SNAT_TRIES 32
 /* How long a pod's SNAT port stays with its TCP flow once the flow closed
- * by FINs both ways and fell silent (snat_out): the last ACK passes first
- * (the pod's, a moment after the outside host's FIN; or the host's, a
- * round trip after the pod's). Handed on at the second FIN, the port's
- * next flow took the pod's last ACK (dropped snat-closed), and the host,
- * still in LAST_ACK on the tuple, answered that flow's SYN with an ACK for
- * the old connection. Short, as a port in it is held: a pod may open
- * thousands of connections a second to one destination (4536 ports per
- * 0.1 s; half a second capped it near 8,000 a second). */
+ * by FINs both ways and fell silent (snat_out): the last ACK passes first.
+ * Handed on at the second FIN, the port's next flow took the pod's last
+ * ACK (dropped snat-closed), and the outside host, still in LAST_ACK on
+ * the tuple, answered that flow's SYN with an ACK for the old connection.
+ * When the pod closed first, the last ACK is its own, a moment after the
+ * host's FIN: SNAT_PORT_QUIET, short, as a port in it is held (a pod may
+ * open thousands of connections a second to one destination: 4536 ports
+ * per 0.1 s; half a second capped it near 8,000 a second). When the host
+ * closed first (CT_FIN_REPLY_FIRST), the last ACK is the host's, a round
+ * trip after the pod's FIN: SNAT_PORT_QUIET_RTT. */
 #define SNAT_PORT_QUIET (NSEC / 10)
+#define SNAT_PORT_QUIET_RTT NSEC
 /* How long a NodePort flow's node port stays with its flow once the flow
  * closed by FINs both ways and fell silent (xlb_port): longer than a pod's
  * (SNAT_PORT_QUIET), as its client is outside and anybody on the path can
@@ -425,6 +432,8 @@ static __always_inline void ct_refresh(struct ct_val *v, struct pkt *p, int from
 			 * refused it (out of window), the flow lives. */
 			f &= ~(CT_RST | CT_RST_REPLY);
 		}
+		if ((p->tcp_flags & TCP_FIN) && !from_origin && !(f & (CT_FIN_ORIG | CT_FIN_REPLY)))
+			f |= CT_FIN_REPLY_FIRST;
 		if (p->tcp_flags & TCP_FIN)
 			f |= from_origin ? CT_FIN_ORIG : CT_FIN_REPLY;
 		/* The handshake's last ACK assures it: an ACK, neither a SYN
@@ -473,15 +482,19 @@ static __always_inline int ct_closing(struct ct_val *v)
 
 /* ct_port_free tells whether a live TCP entry's node port may go to
  * another flow now: reset by the side that opened it (a pod of this node:
- * the fabric cannot forge it), or closed by FINs both ways and silent
- * since quiet_since (an expiry, SNAT_PORT_QUIET after CT_TCP_CLOSE). A
- * reset from the other side (which anybody on the path can forge) frees
+ * the fabric cannot forge it), or closed by FINs both ways and silent long
+ * enough for its last ACK to have passed (SNAT_PORT_QUIET; an entry
+ * closed by a packet now expires CT_TCP_CLOSE from now). A reset from the other side (which anybody on the path can forge) frees
  * the port only when the entry expires, CT_TCP_CLOSE after it if the
  * flow stays silent. */
-static __always_inline int ct_port_free(struct ct_val *v, __u64 quiet_since)
+static __always_inline int ct_port_free(struct ct_val *v)
 {
-	return ((v->flags & CT_RST) && !(v->flags & CT_RST_REPLY)) ||
-	       ((v->flags & CT_FIN_ORIG) && (v->flags & CT_FIN_REPLY) && v->expires <= quiet_since);
+	if ((v->flags & CT_RST) && !(v->flags & CT_RST_REPLY))
+		return 1;
+	if (!((v->flags & CT_FIN_ORIG) && (v->flags & CT_FIN_REPLY)))
+		return 0;
+	__u64 quiet = (v->flags & CT_FIN_REPLY_FIRST) ? SNAT_PORT_QUIET_RTT : SNAT_PORT_QUIET;
+	return v->expires + quiet <= bpf_ktime_get_ns() + CT_TCP_CLOSE;
 }
 
 /* ct_update moves k's entry v on for packet p (sent by the opener or

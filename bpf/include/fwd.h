@@ -492,10 +492,9 @@ static __noinline __attribute__((unused)) int snat_out(struct __sk_buff *skb, st
 		 * another flow holds now is never shared: that flow gets the
 		 * replies, this one is over. Unless nothing answered this one
 		 * yet and p could open it (a SYN, a datagram, an echo): it
-		 * lost a race for the port (two flows judged it free at once;
-		 * the map has no compare and swap), and nobody can have
-		 * answered it from the port, so it takes another. Dropped, the
-		 * SYN's retransmissions all were, and the connect timed out. */
+		 * lost a race for the port (below), and takes another. Dropped,
+		 * the SYN's retransmissions all were, and the connect timed
+		 * out. */
 		sk.port = ct->snat_port;
 		struct snat_val *cur = bpf_map_lookup_elem(&lace_snat, &sk);
 		if (!cur) {
@@ -526,9 +525,10 @@ static __noinline __attribute__((unused)) int snat_out(struct __sk_buff *skb, st
 		 * lace_snat is no LRU: when it is full, no port is free. */
 		struct ct_key ok;
 		__u32 h = bpf_get_prandom_u32();
-		/* Worked out once, not in the loop: the verifier. */
-		__u64 quiet_since = bpf_ktime_get_ns() + CT_TCP_CLOSE - SNAT_PORT_QUIET;
 		int found = 0;
+		/* A mapping of another flow that is over was replaced: ok
+		 * keeps that flow's key (snat_owner). */
+		int took = 0;
 		for (int i = 0; i < SNAT_TRIES; i++) {
 			port = bpf_htons(SNAT_PORT_MIN + (h + i) % SNAT_PORT_RANGE);
 			sk.port = port;
@@ -541,8 +541,9 @@ static __noinline __attribute__((unused)) int snat_out(struct __sk_buff *skb, st
 				continue;
 			if (!(cur->net_id == net_id && cur->lport == sv.lport && eq16(cur->laddr, sv.laddr))) {
 				struct ct_val *owner = snat_owner(&sk, cur, &ok);
-				if (owner && !(p->proto == IPPROTO_TCP && ct_port_free(owner, quiet_since)))
+				if (owner && !(p->proto == IPPROTO_TCP && ct_port_free(owner)))
 					continue;
+				took = 1;
 			}
 			bpf_map_update_elem(&lace_snat, &sk, &sv, BPF_ANY);
 			found = 1;
@@ -560,6 +561,30 @@ static __noinline __attribute__((unused)) int snat_out(struct __sk_buff *skb, st
 			ct_refresh(ct, p, 1);
 		} else {
 			ct_create(k, ext_net, CT_ORIGIN_LOCAL | CT_SNAT, port, p, 1);
+		}
+		/* The map has no compare and swap: another new flow may have
+		 * judged the port free at the same moment, its entry not
+		 * written yet, and the later mapping wins. Checked once this
+		 * flow's entry names the port (a later judge sees it live): if
+		 * the mapping is not this flow's, or the flow it replaced has
+		 * an entry naming the port now (it was that other new flow),
+		 * the port is the other's, and this packet goes nowhere, so
+		 * nothing answered from the port can be this flow's. Its next
+		 * SYN or datagram takes another port (above). */
+		struct snat_val *won = bpf_map_lookup_elem(&lace_snat, &sk);
+		if (!won || !(won->net_id == net_id && won->lport == sv.lport && eq16(won->laddr, sv.laddr)))
+			return drop(DROP_SNAT_RACE);
+		if (took) {
+			struct ct_val *owner = ct_lookup(&ok);
+			if (owner && (owner->flags & CT_SNAT) && owner->snat_port == port &&
+			    !(p->proto == IPPROTO_TCP && ct_port_free(owner))) {
+				/* Given back: the mapping that other flow wrote. */
+				sv.net_id = ok.net_id;
+				sv.lport = ok.lport;
+				__builtin_memcpy(sv.laddr, ok.laddr, 16);
+				bpf_map_update_elem(&lace_snat, &sk, &sv, BPF_ANY);
+				return drop(DROP_SNAT_RACE);
+			}
 		}
 	}
 	if (dec_ttl(skb, p) || nat_rewrite(skb, p, 1, node, port))

@@ -107,7 +107,8 @@ enum drop_reason {
 	DROP_L2_STANDBY = 43, /* l2-standby: a frame at a live migration's target port before the VM showed up there (the target pod's own address configuration, never an announcement or the VM's data) */
 	DROP_POLICY = 44, /* policy: refused by a NetworkPolicy of the pod it goes to or comes from (counted per policy: lace_policy_drops_total) */
 	DROP_OTHER_HOST = 45, /* other-host: plain IP from the fabric in a frame sent to another MAC (a switch flooded it), not to one of the node's addresses */
-	DROP_MAX = 46,
+	DROP_SNAT_RACE = 46, /* snat-lost-race: a new flow's first packet toward an outside destination whose SNAT port another new flow took at the same moment: the flow's next SYN or datagram takes another */
+	DROP_MAX = 47,
 };
 
 enum fwd_counter {

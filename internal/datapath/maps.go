@@ -708,6 +708,9 @@ const (
 	ctHairpin
 	ctRevNAT
 	ctAssured
+	ctRSTReply
+	ctRSTLocal
+	ctFinReplyFirst
 )
 
 func ntohs(v uint16) uint16 { return v<<8 | v>>8 }

@@ -159,6 +159,51 @@ func TestCTSNATRaceLoserTakesAnotherPort(t *testing.T) {
 		if w := leaves(t, d, proto, 42000, dst); w != P {
 			t.Errorf("proto %d: the winner moved from %d to %d", proto, P, w)
 		}
+		// Answered, a flow whose port another takes is over, SYN or
+		// datagram: its answers may be on the way to the port.
+		other := podSnatVal{NetId: progNet, Lport: ntohs(43000)}
+		copy(other.Laddr[:], a[:])
+		if err := d.pod.LaceSnat.Put(snatKeyOf(proto, dst, R), other); err != nil {
+			t.Fatal(err)
+		}
+		var port uint16
+		moved := snatDrops(t, d, func() { port = snatOut(t, d, proto, 41000, dst) })
+		if port != 0 || moved["snat-closed"] != 1 {
+			t.Errorf("proto %d: the answered flow whose port was taken left on %d, drops %v; want snat-closed=1", proto, port, moved)
+		}
+	}
+}
+
+// The last ACK of a closed TCP flow is sent by the side that closed first;
+// the entry records when that was the other side (CT_FIN_REPLY_FIRST), whose
+// ACK then comes a round trip after the pod's FIN (ct_port_free).
+func TestCTFinOrder(t *testing.T) {
+	for _, hostFirst := range []bool{false, true} {
+		d := snatDatapath(t)
+		dst := netip.MustParseAddrPort("198.51.100.7:443")
+		P := established(t, d, 41000, dst)
+		podFIN := func() {
+			runPod(t, d, ether(unicastMAC, 0x0800, ipv4(progPodV4, dst.Addr(), 6, seg4(41000, 443, 0x11))))
+		}
+		hostFIN := func() {
+			if v, _ := runUnder(t, d, ether(unicastMAC, 0x0800, ipv4(dst.Addr(), progNodeV4, 6, seg4(443, P, 0x11)))); v != actRedirect {
+				t.Fatal("the host's FIN was not delivered")
+			}
+		}
+		if hostFirst {
+			hostFIN()
+			podFIN()
+		} else {
+			podFIN()
+			hostFIN()
+		}
+		_, v := ctOf(t, d, 6, 41000, dst)
+		if v.Flags&(ctFinOrig|ctFinReply) != ctFinOrig|ctFinReply {
+			t.Fatalf("flags %#x, want both FINs", v.Flags)
+		}
+		if got := v.Flags&ctFinReplyFirst != 0; got != hostFirst {
+			t.Errorf("the host closed first: %t; the entry says %t (flags %#x)", hostFirst, got, v.Flags)
+		}
 	}
 }
 

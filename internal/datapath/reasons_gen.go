@@ -50,6 +50,7 @@ var DropReasons = []string{
 	"l2-standby",
 	"policy",
 	"other-host",
+	"snat-lost-race",
 }
 
 // DropMeanings say what the drop reasons count, in the same order.
@@ -100,6 +101,7 @@ var DropMeanings = []string{
 	"a frame at a live migration's target port before the VM showed up there (the target pod's own address configuration, never an announcement or the VM's data)",
 	"refused by a NetworkPolicy of the pod it goes to or comes from (counted per policy: lace_policy_drops_total)",
 	"plain IP from the fabric in a frame sent to another MAC (a switch flooded it), not to one of the node's addresses",
+	"a new flow's first packet toward an outside destination whose SNAT port another new flow took at the same moment: the flow's next SYN or datagram takes another",
 }
 
 // ForwardCounters name the counters, in the order of the C enum.

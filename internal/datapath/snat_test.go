@@ -165,7 +165,7 @@ func holdAllPorts(t *testing.T, d *Datapath, proto byte, dst netip.AddrPort, fla
 // TestProgSNATPortsFreed: a node port toward a destination is free again
 // as soon as the flow holding it is over (its conntrack entry gone or
 // expired, a TCP flow its pod reset, or one closed by FINs both ways and
-// silent half a second), and only live flows exhaust a
+// silent until its last ACK passed), and only live flows exhaust a
 // destination, which is then counted snat-failed and named in
 // lace_snat_exhausted.
 func TestProgSNATPortsFreed(t *testing.T) {
@@ -215,24 +215,43 @@ func TestProgSNATPortsFreed(t *testing.T) {
 		leaves(t, d, 6, 40003, netip.MustParseAddrPort("198.51.100.10:80"))
 	})
 
-	// FINs both ways free the port once the flow fell silent: its last
-	// ACK, on the way just after the second FIN, must still find the
-	// port its own (else the outside host stays in LAST_ACK on the
-	// tuple the next flow gets). An entry's expiry is its last packet
-	// plus 10 s once closed.
-	t.Run("a TCP flow closed by FINs, just now", func(t *testing.T) {
-		dst := netip.MustParseAddrPort("198.51.100.11:443")
-		holdAllPorts(t, d, 6, dst, ctOriginLocalSNAT|ctFinOrig|ctFinReply, now+10e9)
-		var port uint16
-		if moved := snatDrops(t, d, func() { port = snatOut(t, d, 6, 40004, dst) }); port != 0 || moved["snat-failed"] != 1 {
-			t.Fatalf("node port %d, drops %v; want no port, snat-failed=1: every flow's last ACK may be on the way", port, moved)
-		}
-	})
-	t.Run("a TCP flow closed by FINs, silent a second", func(t *testing.T) {
-		dst := netip.MustParseAddrPort("198.51.100.12:443")
-		holdAllPorts(t, d, 6, dst, ctOriginLocalSNAT|ctFinOrig|ctFinReply, now+9e9)
-		leaves(t, d, 6, 40005, dst)
-	})
+	// FINs both ways free the port once the flow fell silent long enough
+	// for its last ACK to have passed: the pod's, a moment after the
+	// outside host's FIN, when the pod closed first (100 ms); the host's,
+	// a round trip after the pod's FIN, when the host closed first (1 s).
+	// Handed on before, the port's next flow meets the old connection at
+	// the host. An entry's expiry is its last packet plus 10 s once
+	// closed.
+	for i, tc := range []struct {
+		name  string
+		flags uint16
+		// silent: ns since the last packet (as the ports are written,
+		// which takes a while: ahead of now for "just now").
+		silent int64
+		free   bool
+	}{
+		{"the pod closed first, just now", ctFinOrig | ctFinReply, -5e8, false},
+		{"the pod closed first, silent 0.3 s", ctFinOrig | ctFinReply, 3e8, true},
+		{"the host closed first, silent 0.3 s", ctFinOrig | ctFinReply | ctFinReplyFirst, 3e8, false},
+		{"the host closed first, silent 2 s", ctFinOrig | ctFinReply | ctFinReplyFirst, 2e9, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dst := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(20 + i)}), 443)
+			now, err := monotonicNow()
+			if err != nil {
+				t.Fatal(err)
+			}
+			holdAllPorts(t, d, 6, dst, ctOriginLocalSNAT|tc.flags, uint64(int64(now)+10e9-tc.silent))
+			var port uint16
+			moved := snatDrops(t, d, func() { port = snatOut(t, d, 6, uint16(40010+i), dst) })
+			if tc.free && (port == 0 || len(moved) != 0) {
+				t.Errorf("node port %d, drops %v; want a port: the flows' last ACKs passed", port, moved)
+			}
+			if !tc.free && (port != 0 || len(moved) != 1 || moved["snat-failed"] != 1) {
+				t.Errorf("node port %d, drops %v; want no port, snat-failed=1: the flows' last ACKs may be on the way", port, moved)
+			}
+		})
+	}
 }
 
 // TestProgSNATNeedsSYN: a pod's TCP segment toward an outside address that

@@ -5,6 +5,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -13,7 +14,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -87,6 +90,7 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	client = kubernetes.NewForConfigOrDie(cfg)
+	defer writeTimes()
 	return m.Run()
 }
 
@@ -149,6 +153,52 @@ func needLab(t *testing.T) {
 	t.Helper()
 	if skipReason != "" {
 		t.Skip(skipReason)
+	}
+	start := time.Now()
+	// Registered first, run last: the test's own cleanups count too.
+	t.Cleanup(func() {
+		took.Lock()
+		defer took.Unlock()
+		took.tests = append(took.tests, testTime{t.Name(), time.Since(start)})
+	})
+}
+
+// took records how long each lab test ran, so a run that grew slower
+// tells where (CI has about 45 minutes, and this package is its long pole).
+var took struct {
+	sync.Mutex
+	tests []testTime
+}
+
+type testTime struct {
+	name string
+	d    time.Duration
+}
+
+// writeTimes writes the lab tests' times, slowest first, to
+// $LACE_BIN_DIR/e2e-times.txt (make test's bin directory), and prints the
+// slowest ten.
+func writeTimes() {
+	took.Lock()
+	defer took.Unlock()
+	slices.SortFunc(took.tests, func(a, b testTime) int { return cmp.Compare(b.d, a.d) })
+	var b strings.Builder
+	var total time.Duration
+	for _, tt := range took.tests {
+		total += tt.d
+	}
+	fmt.Fprintf(&b, "e2e: %d lab tests took %s (the lab came up in %s)\n", len(took.tests), total.Round(time.Second), upTime.Round(time.Second))
+	for i, tt := range took.tests {
+		line := fmt.Sprintf("  %8s  %s\n", tt.d.Round(100*time.Millisecond), tt.name)
+		b.WriteString(line)
+		if i < 10 {
+			fmt.Print(line)
+		}
+	}
+	if d := os.Getenv("LACE_BIN_DIR"); d != "" {
+		if err := os.WriteFile(filepath.Join(d, "e2e-times.txt"), []byte(b.String()), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e: write the tests' times:", err)
+		}
 	}
 }
 

@@ -220,7 +220,8 @@ func (c *checkpoint) put(e Endpoint) error {
 // that returns once a write holds it. An ADD picks its addresses and
 // reserves them under addLock, and waits for the disk outside it, so ADDs
 // at once share writes as puts do; a put under addLock wrote once per ADD,
-// one after the other. The wait must be called, and once.
+// one after the other. The wait must be called (until it is, lookups
+// wait); a second call only waits again.
 func (c *checkpoint) reserve(e Endpoint) (wait func() error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -228,13 +229,14 @@ func (c *checkpoint) reserve(e Endpoint) (wait func() error) {
 	c.changed++
 	c.reserving++
 	mine := c.changed
+	var once sync.Once
 	return func() error {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		defer func() {
+		once.Do(func() {
 			c.reserving--
 			c.savedCond.Broadcast()
-		}()
+		})
 		return c.flush(mine)
 	}
 }

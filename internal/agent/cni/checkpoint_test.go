@@ -210,11 +210,18 @@ func TestCheckpointReadWaitsForReservation(t *testing.T) {
 		t.Fatal(err)
 	}
 	var writes atomic.Int32
+	inWrite := make(chan struct{}, 2)
+	release := make(chan struct{})
 	c.write = func(path string, mode os.FileMode, fill func(io.Writer) error) error {
+		inWrite <- struct{}{}
+		<-release
 		writes.Add(1)
 		return fsutil.WriteAtomic(path, mode, fill)
 	}
 	waitA := c.reserve(Endpoint{ContainerID: "a"})
+	doneA := make(chan error, 1)
+	go func() { doneA <- waitA() }()
+	<-inWrite // a's write is in flight
 	looked := make(chan int32, 1)
 	go func() {
 		if _, ok := c.get("a"); !ok {
@@ -227,9 +234,11 @@ func TestCheckpointReadWaitsForReservation(t *testing.T) {
 		t.Fatal("a lookup answered before the reservation was written")
 	case <-time.After(50 * time.Millisecond):
 	}
-	// b is reserved after the lookup began, and its wait not called yet.
+	// b is reserved after the lookup began (and after a's write took its
+	// copy); its wait is not called yet.
 	waitB := c.reserve(Endpoint{ContainerID: "b"})
-	if err := waitA(); err != nil {
+	release <- struct{}{}
+	if err := <-doneA; err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -240,11 +249,21 @@ func TestCheckpointReadWaitsForReservation(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the lookup waited on a reservation made after it began")
 	}
-	// a's write held b too: b's wait writes nothing more.
+	close(release)
 	if err := waitB(); err != nil {
 		t.Fatal(err)
 	}
-	if w := writes.Load(); w != 1 {
-		t.Errorf("%d writes for two reservations made before the first wait, want 1", w)
+	if w := writes.Load(); w != 2 {
+		t.Errorf("%d writes, want 2 (b came after a's write began)", w)
+	}
+	// A wait called twice does not undo another reservation's count.
+	if err := waitB(); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	r := c.reserving
+	c.mu.Unlock()
+	if r != 0 {
+		t.Errorf("%d reservations in flight after both waits, want 0", r)
 	}
 }
