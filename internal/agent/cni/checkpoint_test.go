@@ -16,46 +16,65 @@ import (
 
 // TestCheckpointGroupCommit: endpoints recorded at once (a burst of ADDs)
 // share writes of the checkpoint instead of queueing one whole-file write
-// each, and every one is on disk when its put returns.
+// each, and every one is on disk when its put returns. So do address
+// reservations, made one at a time under a lock (as addLock) and waited
+// for outside it: a put under the lock wrote once per ADD, one after
+// another.
 func TestCheckpointGroupCommit(t *testing.T) {
-	dir := t.TempDir()
-	c, err := loadCheckpoint(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var writes atomic.Int32
-	c.write = func(path string, mode os.FileMode, fill func(io.Writer) error) error {
-		writes.Add(1)
-		time.Sleep(5 * time.Millisecond) // a disk's fsyncs
-		return fsutil.WriteAtomic(path, mode, fill)
-	}
-	const n = 64
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			id := fmt.Sprintf("c%02d", i)
-			if err := c.put(Endpoint{ContainerID: id}); err != nil {
-				t.Error(err)
-				return
-			}
-			// Returned: a fresh load of the file holds it.
-			back, err := loadCheckpoint(dir)
+	var addLock sync.Mutex
+	for _, tc := range []struct {
+		name   string
+		record func(c *checkpoint, e Endpoint) error
+	}{
+		{"puts", (*checkpoint).put},
+		{"reservations", func(c *checkpoint, e Endpoint) error {
+			addLock.Lock()
+			wait := c.reserve(e)
+			addLock.Unlock()
+			return wait()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			c, err := loadCheckpoint(dir)
 			if err != nil {
-				t.Error(err)
-				return
+				t.Fatal(err)
 			}
-			if _, ok := back.get(id); !ok {
-				t.Errorf("put of %s returned before a write held it", id)
+			var writes atomic.Int32
+			c.write = func(path string, mode os.FileMode, fill func(io.Writer) error) error {
+				writes.Add(1)
+				time.Sleep(5 * time.Millisecond) // a disk's fsyncs
+				return fsutil.WriteAtomic(path, mode, fill)
+			}
+			const n = 64
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() {
+					id := fmt.Sprintf("c%02d", i)
+					if err := tc.record(c, Endpoint{ContainerID: id}); err != nil {
+						t.Error(err)
+						return
+					}
+					// Returned: a fresh load of the file holds it.
+					back, err := loadCheckpoint(dir)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if _, ok := back.get(id); !ok {
+						t.Errorf("%s returned before a write held it", id)
+					}
+				})
+			}
+			wg.Wait()
+			if w := writes.Load(); w >= n/4 {
+				t.Errorf("%d %s at once took %d writes, want fewer than %d", n, tc.name, w, n/4)
+			}
+			t.Logf("%d %s at once: %d writes", n, tc.name, writes.Load())
+			if got := len(c.all()); got != n {
+				t.Errorf("%d endpoints recorded, want %d", got, n)
 			}
 		})
-	}
-	wg.Wait()
-	if w := writes.Load(); w >= n/4 {
-		t.Errorf("%d puts at once took %d writes, want fewer than %d", n, w, n/4)
-	}
-	t.Logf("%d puts at once: %d writes", n, writes.Load())
-	if got := len(c.all()); got != n {
-		t.Errorf("%d endpoints recorded, want %d", got, n)
 	}
 }
 
@@ -152,52 +171,6 @@ func TestCheckpointReadWaitsForWrite(t *testing.T) {
 	if a := <-looked; a.found || !a.afterWrite {
 		t.Errorf("the lookup during the removal's write: found %t, answered after the write %t; want false, true", a.found, a.afterWrite)
 	}
-}
-
-// TestCheckpointReservationsShareWrites: ADDs reserve their addresses one
-// at a time under a lock (as addLock) and wait for the disk outside it, so
-// reservations at once share writes; each is on disk when its wait
-// returns. A put under the lock wrote once per ADD, one after another.
-func TestCheckpointReservationsShareWrites(t *testing.T) {
-	dir := t.TempDir()
-	c, err := loadCheckpoint(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var writes atomic.Int32
-	c.write = func(path string, mode os.FileMode, fill func(io.Writer) error) error {
-		writes.Add(1)
-		time.Sleep(5 * time.Millisecond) // a disk's fsyncs
-		return fsutil.WriteAtomic(path, mode, fill)
-	}
-	const n = 64
-	var addLock sync.Mutex
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			id := fmt.Sprintf("c%02d", i)
-			addLock.Lock()
-			wait := c.reserve(Endpoint{ContainerID: id})
-			addLock.Unlock()
-			if err := wait(); err != nil {
-				t.Error(err)
-				return
-			}
-			back, err := loadCheckpoint(dir)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			if _, ok := back.get(id); !ok {
-				t.Errorf("the reservation of %s returned before a write held it", id)
-			}
-		})
-	}
-	wg.Wait()
-	if w := writes.Load(); w >= n/4 {
-		t.Errorf("%d reservations at once took %d writes, want fewer than %d", n, w, n/4)
-	}
-	t.Logf("%d reservations at once: %d writes", n, writes.Load())
 }
 
 // TestCheckpointReadWaitsForReservation: a lookup made while a reservation
