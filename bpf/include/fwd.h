@@ -578,11 +578,16 @@ static __noinline __attribute__((unused)) int snat_out(struct __sk_buff *skb, st
 			struct ct_val *owner = ct_lookup(&ok);
 			if (owner && (owner->flags & CT_SNAT) && owner->snat_port == port &&
 			    !(p->proto == IPPROTO_TCP && ct_port_free(owner))) {
-				/* Given back: the mapping that other flow wrote. */
-				sv.net_id = ok.net_id;
-				sv.lport = ok.lport;
-				__builtin_memcpy(sv.laddr, ok.laddr, 16);
-				bpf_map_update_elem(&lace_snat, &sk, &sv, BPF_ANY);
+				/* Given back: the mapping that other flow wrote,
+				 * while the mapping is still this flow's (never
+				 * over a third flow's). */
+				won = bpf_map_lookup_elem(&lace_snat, &sk);
+				if (won && won->net_id == net_id && won->lport == sv.lport && eq16(won->laddr, sv.laddr)) {
+					sv.net_id = ok.net_id;
+					sv.lport = ok.lport;
+					__builtin_memcpy(sv.laddr, ok.laddr, 16);
+					bpf_map_update_elem(&lace_snat, &sk, &sv, BPF_ANY);
+				}
 				return drop(DROP_SNAT_RACE);
 			}
 		}

@@ -233,11 +233,15 @@ func (c *checkpoint) reserve(e Endpoint) (wait func() error) {
 	return func() error {
 		c.mu.Lock()
 		defer c.mu.Unlock()
+		// Counted until a write held it (or failed): a lookup waking
+		// between another write's end and this one's start must still
+		// wait for it.
+		err := c.flush(mine)
 		once.Do(func() {
 			c.reserving--
 			c.savedCond.Broadcast()
 		})
-		return c.flush(mine)
+		return err
 	}
 }
 

@@ -240,3 +240,54 @@ func TestCheckpointReadWaitsForReservation(t *testing.T) {
 		t.Errorf("%d reservations in flight after both waits, want 0", r)
 	}
 }
+
+// TestCheckpointReadWaitsForReservationAfterWrite: a reservation made
+// while another write runs (which does not hold it) is waited for by a
+// lookup until its own write does, even when that write has not begun as
+// the first one ends.
+func TestCheckpointReadWaitsForReservationAfterWrite(t *testing.T) {
+	for range 20 { // the lookup and the reservation's wait wake in either order
+		dir := t.TempDir()
+		c, err := loadCheckpoint(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var writes atomic.Int32
+		inWrite := make(chan struct{}, 4)
+		release := make(chan struct{}, 4)
+		c.write = func(path string, mode os.FileMode, fill func(io.Writer) error) error {
+			inWrite <- struct{}{}
+			<-release
+			writes.Add(1)
+			return fsutil.WriteAtomic(path, mode, fill)
+		}
+		putDone := make(chan error, 1)
+		go func() { putDone <- c.put(Endpoint{ContainerID: "x"}) }()
+		<-inWrite // x's write is in flight, without a
+		waitA := c.reserve(Endpoint{ContainerID: "a"})
+		looked := make(chan int32, 1)
+		go func() {
+			c.get("a")
+			looked <- writes.Load()
+		}()
+		aDone := make(chan error, 1)
+		go func() { aDone <- waitA() }()
+		time.Sleep(time.Millisecond)
+		release <- struct{}{} // x's write ends; a's begins
+		<-inWrite
+		select {
+		case w := <-looked:
+			t.Fatalf("a lookup answered after %d writes, before a's own write ended", w)
+		case <-time.After(20 * time.Millisecond):
+		}
+		release <- struct{}{}
+		for _, ch := range []chan error{putDone, aDone} {
+			if err := <-ch; err != nil {
+				t.Fatal(err)
+			}
+		}
+		if w := <-looked; w != 2 {
+			t.Errorf("the lookup answered after %d writes, want 2", w)
+		}
+	}
+}
