@@ -484,9 +484,10 @@ static __always_inline int ct_closing(struct ct_val *v)
  * another flow now: reset by the side that opened it (a pod of this node:
  * the fabric cannot forge it), or closed by FINs both ways and silent long
  * enough for its last ACK to have passed (SNAT_PORT_QUIET; an entry
- * closed by a packet now expires CT_TCP_CLOSE from now). A reset from the other side (which anybody on the path can forge) frees
- * the port only when the entry expires, CT_TCP_CLOSE after it if the
- * flow stays silent. */
+ * closed by a packet now expires CT_TCP_CLOSE from now). A reset from the
+ * other side (which anybody on the path can forge) frees the port only
+ * when the entry expires, CT_TCP_CLOSE after it if the flow stays
+ * silent. */
 static __always_inline int ct_port_free(struct ct_val *v)
 {
 	if ((v->flags & CT_RST) && !(v->flags & CT_RST_REPLY))
@@ -565,6 +566,13 @@ static __always_inline void snat_exhausted(struct snat_key *sk)
 		bpf_map_update_elem(&lace_snat_exhausted, sk, &nf, BPF_NOEXIST);
 	}
 	sk->port = port;
+}
+
+/* snat_same tells whether mapping a stands for the same pod flow as b
+ * (its network, address and port); NULL a stands for none. */
+static __always_inline int snat_same(const struct snat_val *a, const struct snat_val *b)
+{
+	return a && a->net_id == b->net_id && a->lport == b->lport && eq16(a->laddr, b->laddr);
 }
 
 /* snat_owner returns the live conntrack entry of the pod's flow the SNAT

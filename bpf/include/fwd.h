@@ -499,7 +499,7 @@ static __noinline __attribute__((unused)) int snat_out(struct __sk_buff *skb, st
 		struct snat_val *cur = bpf_map_lookup_elem(&lace_snat, &sk);
 		if (!cur) {
 			bpf_map_update_elem(&lace_snat, &sk, &sv, BPF_NOEXIST);
-		} else if (!(cur->net_id == net_id && cur->lport == sv.lport && eq16(cur->laddr, sv.laddr))) {
+		} else if (!snat_same(cur, &sv)) {
 			if ((ct->flags & CT_SEEN_REPLY) || (p->proto == IPPROTO_TCP && !is_tcp_syn(p)))
 				return drop(DROP_SNAT_CLOSED);
 			held = 0;
@@ -539,7 +539,7 @@ static __noinline __attribute__((unused)) int snat_out(struct __sk_buff *skb, st
 			struct snat_val *cur = bpf_map_lookup_elem(&lace_snat, &sk);
 			if (!cur)
 				continue;
-			if (!(cur->net_id == net_id && cur->lport == sv.lport && eq16(cur->laddr, sv.laddr))) {
+			if (!snat_same(cur, &sv)) {
 				struct ct_val *owner = snat_owner(&sk, cur, &ok);
 				if (owner && !(p->proto == IPPROTO_TCP && ct_port_free(owner)))
 					continue;
@@ -572,7 +572,7 @@ static __noinline __attribute__((unused)) int snat_out(struct __sk_buff *skb, st
 		 * nothing answered from the port can be this flow's. Its next
 		 * SYN or datagram takes another port (above). */
 		struct snat_val *won = bpf_map_lookup_elem(&lace_snat, &sk);
-		if (!won || !(won->net_id == net_id && won->lport == sv.lport && eq16(won->laddr, sv.laddr)))
+		if (!snat_same(won, &sv))
 			return drop(DROP_SNAT_RACE);
 		if (took) {
 			struct ct_val *owner = ct_lookup(&ok);
@@ -581,8 +581,7 @@ static __noinline __attribute__((unused)) int snat_out(struct __sk_buff *skb, st
 				/* Given back: the mapping that other flow wrote,
 				 * while the mapping is still this flow's (never
 				 * over a third flow's). */
-				won = bpf_map_lookup_elem(&lace_snat, &sk);
-				if (won && won->net_id == net_id && won->lport == sv.lport && eq16(won->laddr, sv.laddr)) {
+				if (snat_same(bpf_map_lookup_elem(&lace_snat, &sk), &sv)) {
 					sv.net_id = ok.net_id;
 					sv.lport = ok.lport;
 					__builtin_memcpy(sv.laddr, ok.laddr, 16);

@@ -136,9 +136,9 @@ func (c *checkpoint) commit() error {
 	return c.flush(c.changed)
 }
 
-// flush returns once a write holds change mine: atomically and durably (fsutil.WriteAtomic: a
-// temp file in the same directory, fsync, rename, fsync of the
-// directory), so a crash leaves the previous checkpoint or the new one,
+// flush returns once a write holds change mine: atomically and durably
+// (fsutil.WriteAtomic: a temp file in the same directory, fsync, rename,
+// fsync of the directory), so a crash leaves the previous checkpoint or the new one,
 // never a torn file, and a change is never reported done before it is on
 // disk. While another write runs, it waits for it, and the first waiter
 // then writes everything changed meanwhile at once. A failed write fails

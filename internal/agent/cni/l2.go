@@ -69,16 +69,25 @@ func (s *Server) l2Endpoint(ctx context.Context, req *cniapi.Request, pod *corev
 		e.PrefixBits = append(e.PrefixBits, p.Bits())
 		e.Gateways = append(e.Gateways, ipam.L2Gateway(p))
 	}
+	// Reserved under addLock, written outside it (checkpoint.reserve).
 	s.addLock.Lock()
-	locked := true
-	defer func() {
-		if locked {
-			s.addLock.Unlock()
-		}
-	}()
-	// The node reaches each of its pods by its address alone (a host
-	// route): an address another pod on the node holds, in whatever
-	// network, or the node's own, cannot be this pod's here.
+	err = s.l2AddrsFree(pod, nw, e)
+	var wait func() error
+	if err == nil {
+		wait = s.cp.reserve(e)
+	}
+	s.addLock.Unlock()
+	if err != nil {
+		return Endpoint{}, err
+	}
+	return e, wait()
+}
+
+// l2AddrsFree says why e's addresses cannot be its pod's on this node, or
+// nil. The node reaches each of its pods by its address alone (a host
+// route): an address another pod on the node holds, in whatever network,
+// or the node's own, cannot be this pod's here. The caller holds addLock.
+func (s *Server) l2AddrsFree(pod *corev1.Pod, nw *lacev1.Network, e Endpoint) error {
 	taken := map[netip.Addr]string{}
 	for _, ad := range s.sync.OwnAddrs() {
 		taken[ad] = "the node"
@@ -99,13 +108,10 @@ func (s *Server) l2Endpoint(ctx context.Context, req *cniapi.Request, pod *corev
 				code = errTryAgainLater
 			}
 			s.recorder.Eventf(pod, corev1.EventTypeWarning, "AddressInUse", "address %s of l2 network %s is in use on node %s by %s", ad, nw.Name, s.opts.NodeName, who)
-			return Endpoint{}, cniErr(code, "address %s of l2 network %s is in use on node %s by %s", ad, nw.Name, s.opts.NodeName, who)
+			return cniErr(code, "address %s of l2 network %s is in use on node %s by %s", ad, nw.Name, s.opts.NodeName, who)
 		}
 	}
-	wait := s.cp.reserve(e)
-	s.addLock.Unlock()
-	locked = false
-	return e, wait()
+	return nil
 }
 
 // l2Subnet is nw's subnet of a family.
