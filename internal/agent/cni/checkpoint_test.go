@@ -173,24 +173,31 @@ func TestCheckpointReadWaitsForWrite(t *testing.T) {
 	}
 }
 
-// TestCheckpointReadWaitsForReservation: a lookup made while a reservation
-// is not on disk yet answers once a write holds it, and is not held up by
-// reservations made after it began (a burst of ADDs cannot starve it).
-func TestCheckpointReadWaitsForReservation(t *testing.T) {
-	dir := t.TempDir()
-	c, err := loadCheckpoint(dir)
+// gatedCheckpoint is a checkpoint in a temporary directory whose writes
+// each announce themselves on inWrite and wait for a value on release
+// (channels of the given buffers); writes counts those that ended.
+func gatedCheckpoint(t *testing.T, inBuf, releaseBuf int) (c *checkpoint, writes *atomic.Int32, inWrite, release chan struct{}) {
+	t.Helper()
+	c, err := loadCheckpoint(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	var writes atomic.Int32
-	inWrite := make(chan struct{}, 2)
-	release := make(chan struct{})
+	writes = new(atomic.Int32)
+	inWrite, release = make(chan struct{}, inBuf), make(chan struct{}, releaseBuf)
 	c.write = func(path string, mode os.FileMode, fill func(io.Writer) error) error {
 		inWrite <- struct{}{}
 		<-release
 		writes.Add(1)
 		return fsutil.WriteAtomic(path, mode, fill)
 	}
+	return c, writes, inWrite, release
+}
+
+// TestCheckpointReadWaitsForReservation: a lookup made while a reservation
+// is not on disk yet answers once a write holds it, and is not held up by
+// reservations made after it began (a burst of ADDs cannot starve it).
+func TestCheckpointReadWaitsForReservation(t *testing.T) {
+	c, writes, inWrite, release := gatedCheckpoint(t, 2, 0)
 	waitA := c.reserve(Endpoint{ContainerID: "a"})
 	doneA := make(chan error, 1)
 	go func() { doneA <- waitA() }()
@@ -247,20 +254,7 @@ func TestCheckpointReadWaitsForReservation(t *testing.T) {
 // the first one ends.
 func TestCheckpointReadWaitsForReservationAfterWrite(t *testing.T) {
 	for range 20 { // the lookup and the reservation's wait wake in either order
-		dir := t.TempDir()
-		c, err := loadCheckpoint(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var writes atomic.Int32
-		inWrite := make(chan struct{}, 4)
-		release := make(chan struct{}, 4)
-		c.write = func(path string, mode os.FileMode, fill func(io.Writer) error) error {
-			inWrite <- struct{}{}
-			<-release
-			writes.Add(1)
-			return fsutil.WriteAtomic(path, mode, fill)
-		}
+		c, writes, inWrite, release := gatedCheckpoint(t, 4, 4)
 		putDone := make(chan error, 1)
 		go func() { putDone <- c.put(Endpoint{ContainerID: "x"}) }()
 		<-inWrite // x's write is in flight, without a
